@@ -1,0 +1,236 @@
+"""Generation and evaluation prompts, rendered with the chat template, with labelled spans.
+
+Algorithm (one prompt):
+
+1. Take a template variant (TOML data in ``interp/templates/``, or a user file) and fill its
+   user message piece by piece, recording the character range of each field: ``context``,
+   ``question``, ``candidate`` (the ``{answer}`` field of the eval prompt) and ``reference``.
+2. Render the messages with the tokenizer's chat template (``add_generation_prompt=True``), and
+   locate the user message in the rendered text, so every field's range is known in the
+   RENDERED string; check that ``rendered[start:end]`` is the field text.
+3. Tokenize the rendered text with offsets. Every token position gets exactly one span label:
+   the field whose characters it overlaps most (ties go to the field, not the template), and
+   ``template`` when it overlaps none (BOS, system prompt, instructions, role markers).
+   A field's token span is ``[first, last + 1)`` of the positions labelled with it.
+
+The last position of the prompt is where the model predicts the first output token: for the eval
+prompt it is the *verdict position* (paper section 3.2 reads its attention row).
+"""
+
+from __future__ import annotations
+
+import string
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+SPANS = ("context", "question", "candidate", "template")
+"""Span labels; every prompt position has exactly one. ``reference`` counts as its own field
+when a template uses it, and is reported under that name."""
+
+_FIELD_TO_SPAN = {"context": "context", "question": "question", "answer": "candidate",
+                  "reference": "reference"}
+
+
+class PromptError(ValueError):
+    """A template or a rendered prompt whose spans cannot be located."""
+
+
+@dataclass(frozen=True)
+class Template:
+    """One template variant: system and user message formats for T_gen and T_eval."""
+
+    name: str
+    gen_user: str
+    eval_user: str
+    gen_system: str = ""
+    eval_system: str = ""
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        for task, fmt, need in (("gen", self.gen_user, {"question"}),
+                                ("eval", self.eval_user, {"question", "answer"})):
+            names = [f for _, f, _, _ in string.Formatter().parse(fmt) if f is not None]
+            unknown = set(names) - set(_FIELD_TO_SPAN)
+            if unknown:
+                raise PromptError(f"template {self.name!r} ({task}) has unknown fields "
+                                  f"{sorted(unknown)}; allowed: {sorted(_FIELD_TO_SPAN)}")
+            if missing := need - set(names):
+                raise PromptError(f"template {self.name!r} ({task}) lacks {sorted(missing)}")
+            if len(names) != len(set(names)):
+                raise PromptError(f"template {self.name!r} ({task}) repeats a field")
+
+
+def load_templates(path: str | Path | None = None) -> dict[str, Template]:
+    """Read template variants from a TOML file (default: the bundled ``paper.toml``)."""
+    if path is None:
+        text = resources.files("interp").joinpath("templates/paper.toml").read_text()
+    else:
+        text = Path(path).read_text()
+    data = tomllib.loads(text)
+    return {name: Template(name=name, **body) for name, body in data.items()}
+
+
+def get_template(name: str = "default", path: str | Path | None = None) -> Template:
+    """One template variant by name.
+
+    Raises:
+        PromptError: the name is not in the file (the message lists the names that are).
+    """
+    templates = load_templates(path)
+    if name not in templates:
+        raise PromptError(f"unknown template {name!r}; known: {sorted(templates)}")
+    return templates[name]
+
+
+@dataclass
+class RenderedPrompt:
+    """A prompt rendered with the chat template and tokenized, with labelled spans.
+
+    Attributes:
+        task: ``"gen"`` or ``"eval"``.
+        text: the rendered string fed to the tokenizer.
+        input_ids: token ids, ``[seq]`` (BOS included when the template or tokenizer adds one).
+        char_spans: field -> ``(start, end)`` character range in ``text``.
+        token_spans: span -> ``(start, end)`` token range, end exclusive.
+        labels: span label of every position, ``len(labels) == len(input_ids)``.
+    """
+
+    task: str
+    text: str
+    input_ids: list[int]
+    char_spans: dict[str, tuple[int, int]]
+    token_spans: dict[str, tuple[int, int]]
+    labels: list[str] = field(repr=False)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def span_positions(self, span: str) -> list[int]:
+        """Positions labelled ``span`` (``template`` positions are not contiguous)."""
+        return [i for i, lab in enumerate(self.labels) if lab == span]
+
+    def to_record(self) -> dict[str, Any]:
+        """JSON-safe summary for records.jsonl: length and token spans."""
+        return {"n_tokens": len(self.input_ids),
+                "token_spans": {k: list(v) for k, v in self.token_spans.items()}}
+
+
+def _fill(fmt: str, values: dict[str, str]) -> tuple[str, dict[str, tuple[int, int]]]:
+    out, spans, pos = [], {}, 0
+    for literal, name, _, _ in string.Formatter().parse(fmt):
+        out.append(literal)
+        pos += len(literal)
+        if name is not None:
+            if name not in values:
+                raise PromptError(f"no value for template field {{{name}}}")
+            val = values[name]
+            spans[_FIELD_TO_SPAN[name]] = (pos, pos + len(val))
+            out.append(val)
+            pos += len(val)
+    return "".join(out), spans
+
+
+def _label_tokens(offsets: list[tuple[int, int]], char_spans: dict[str, tuple[int, int]],
+                  n: int) -> list[str]:
+    labels = []
+    for s, e in offsets[:n]:
+        best, best_overlap = "template", 0
+        for name, (fs, fe) in char_spans.items():
+            overlap = min(e, fe) - max(s, fs)
+            if overlap > best_overlap:
+                best, best_overlap = name, overlap
+        labels.append(best)
+    return labels
+
+
+def render(
+    tokenizer: Any,
+    template: Template,
+    task: str,
+    *,
+    context: str,
+    question: str,
+    answer: str | None = None,
+    reference: str | None = None,
+) -> RenderedPrompt:
+    """Render the T_gen or T_eval prompt and label every token position (module docstring).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer with a chat template and offset mapping (fast).
+        template: the variant to use.
+        task: ``"gen"`` or ``"eval"``.
+        context, question: the example's passage and question.
+        answer: the candidate answer (eval only).
+        reference: a gold answer (only for templates with ``{reference}``).
+
+    Returns:
+        The :class:`RenderedPrompt`.
+
+    Raises:
+        PromptError: unknown task, a missing candidate, or a field that cannot be found at its
+            recorded place in the rendered text (a chat template that rewrites content).
+    """
+    if task not in ("gen", "eval"):
+        raise PromptError(f"task must be 'gen' or 'eval', not {task!r}")
+    fmt = template.gen_user if task == "gen" else template.eval_user
+    system = template.gen_system if task == "gen" else template.eval_system
+    if task == "eval" and answer is None:
+        raise PromptError("the eval prompt needs a candidate answer")
+    values = {"context": context, "question": question, "answer": answer or "",
+              "reference": reference or ""}
+    user, user_spans = _fill(fmt, values)
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": user}]
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        base = text.rfind(user)
+        shift = 0
+        if base < 0:  # templates that trim the content (Llama 3 does `| trim`)
+            stripped = user.strip()
+            base = text.rfind(stripped)
+            shift = len(user) - len(user.lstrip())
+        if base < 0:
+            raise PromptError("the chat template rewrote the user message; cannot locate spans")
+    else:  # a base model without a chat template: plain text
+        text, base, shift = user + "\n", 0, 0
+    char_spans = {k: (s + base - shift, e + base - shift) for k, (s, e) in user_spans.items()}
+    for k, (s, e) in char_spans.items():
+        expected = values["answer" if k == "candidate" else k]
+        if text[s:e] != expected:
+            raise PromptError(f"span {k!r} not found at its place in the rendered prompt")
+    bos = getattr(tokenizer, "bos_token", None)
+    add_special = not (bos and text.startswith(bos))
+    enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    labels = _label_tokens(offsets, char_spans, len(ids))
+    token_spans = {}
+    for name in char_spans:
+        pos = [i for i, lab in enumerate(labels) if lab == name]
+        if not pos and char_spans[name][1] > char_spans[name][0]:
+            raise PromptError(f"span {name!r} holds no token after tokenization")
+        if pos:
+            if pos[-1] - pos[0] + 1 != len(pos):
+                raise PromptError(f"span {name!r} is not contiguous in tokens")
+            token_spans[name] = (pos[0], pos[-1] + 1)
+    return RenderedPrompt(task=task, text=text, input_ids=ids, char_spans=char_spans,
+                          token_spans=token_spans, labels=labels)
+
+
+def verdict_token_ids(tokenizer: Any) -> tuple[int, int]:
+    """First token ids of "Correct" and "Incorrect" as the first words of the reply.
+
+    The logit difference ``logit(Correct) - logit(Incorrect)`` at the verdict position and
+    ``p_correct = softmax([l_C, l_I])[0]`` use these ids.
+
+    Raises:
+        PromptError: the two words share their first token (the metric would be 0).
+    """
+    c = tokenizer("Correct", add_special_tokens=False)["input_ids"][0]
+    i = tokenizer("Incorrect", add_special_tokens=False)["input_ids"][0]
+    if c == i:
+        raise PromptError("'Correct' and 'Incorrect' share their first token for this tokenizer")
+    return c, i
