@@ -34,6 +34,7 @@ __all__ = [
     "MAX_EXTRA_TOKENS",
     "SQUAD_F1_THRESHOLD",
     "BaseOracle",
+    "ModelOracle",
     "OracleResult",
     "RuleOracle",
     "drop_em_f1",
@@ -603,3 +604,64 @@ class RuleOracle(BaseOracle):
         if single and _contains(p_toks, g_toks) and len(p_toks) - len(g_toks) <= MAX_EXTRA_TOKENS:
             return "contained"
         return "no_match"
+
+
+ORACLE_SYSTEM = "You are a strict grader. You reply with exactly one word: Correct or Incorrect."
+ORACLE_USER = """Context: {context}
+
+Question: {question}
+
+Gold answer(s): {gold}
+
+Proposed answer: {prediction}
+
+Does the proposed answer mean the same as one of the gold answers? Reply with exactly "Correct" or "Incorrect"."""
+
+
+class ModelOracle(BaseOracle):
+    """LLM oracle (paper section 3.1, ``y* = L*(c, q, a, a*)``): any loadable model grades a
+    prediction against the gold answers with a grading prompt (:data:`ORACLE_USER`).
+
+    The label is the parsed verdict of a greedy reply; when the reply is neither word, the
+    probability of "Correct" vs "Incorrect" at the first reply position decides (> 0.5).
+    EM/F1 are the official metrics, reported alongside. Unanswerable questions are graded by
+    the rule oracle (abstention is correct).
+
+    Args:
+        handle: an :class:`interp.models.ModelHandle` (the oracle model L*).
+        max_new_tokens: reply cap.
+    """
+
+    name = "model"
+
+    def __init__(self, handle, max_new_tokens: int = 8):
+        self.handle, self.max_new_tokens = handle, max_new_tokens
+        self.name = f"model:{handle.spec}"
+        self._rule = RuleOracle()
+
+    def grade(self, prediction, answers, *, dataset, answerable=True, extras=None):
+        """Grade with the oracle model (see the class docstring); ``extras`` must carry the
+        record's ``context`` and ``question``."""
+        from interp.generation import generate, verdict_scores
+        from interp.prompts import verdict_token_ids
+
+        ruled = self._rule.grade(prediction, answers, dataset=dataset, answerable=answerable,
+                                 extras=extras)
+        if not answerable or not answers:
+            return ruled
+        extras = extras or {}
+        tok = self.handle.tokenizer
+        user = ORACLE_USER.format(context=extras.get("context", ""),
+                                  question=extras.get("question", ""),
+                                  gold=" | ".join(answers), prediction=prediction)
+        msgs = [{"role": "system", "content": ORACLE_SYSTEM}, {"role": "user", "content": user}]
+        ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        (g,) = generate(self.handle, [list(ids)], max_new_tokens=self.max_new_tokens,
+                        keep_first_logits=True)
+        verdict = parse_verdict(g.text)
+        if verdict is None:
+            verdict = verdict_scores(g.first_logits, *verdict_token_ids(tok))[1] > 0.5
+        return OracleResult(label=bool(verdict), em=ruled.em, f1=ruled.f1,
+                            rule=f"model:{g.text.strip()[:40]}")

@@ -1,0 +1,59 @@
+"""Shared fixtures.
+
+* ``tokenizer``: the bundled SmolLM2 tokenizer (chat template included).
+* ``tiny``: a tiny random GQA Llama built from a config with that tokenizer (unit tests).
+* ``bundled``: the bundled SmolLM2-135M-Instruct, float32 on CPU (integration tests).
+* ``quick_run``: a finished asymmetry run of the bundled model on a few real records
+  (4 SQuAD 2.0 + 2 HotpotQA), shared by the integration tests of later stages. Tests must not
+  modify it; copy it (``shutil.copytree``) to write into it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+torch.set_num_threads(max(1, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session")
+def bundled():
+    from interp.models import load_model
+
+    return load_model("smollm2-135m-instruct", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(bundled):
+    return bundled.tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny(tokenizer):
+    from interp.models import tiny_llama
+
+    return tiny_llama(tokenizer, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, seed=0)
+
+
+@pytest.fixture(scope="session")
+def quick_run(bundled, tmp_path_factory):
+    from interp.asymmetry import AsymmetryConfig, run_asymmetry
+    from interp.store import RunDir
+
+    out = tmp_path_factory.mktemp("quick_run")
+    cfg = AsymmetryConfig(datasets=["squad_v2"], limit=4, batch_size=4, n_boot=200)
+    run_asymmetry(cfg, out, handle=bundled, log=lambda s: None)
+    cfg = AsymmetryConfig(datasets=["squad_v2", "hotpotqa"], limit=None, batch_size=4,
+                          n_boot=200)
+    # hotpotqa: 2 examples only (long prompts); reuse the same run directory
+    from interp.data import load_examples
+    from interp.asymmetry import evaluate_examples
+    from interp.grading import RuleOracle
+    from interp.prompts import get_template
+
+    recs = evaluate_examples(bundled, load_examples("hotpotqa", limit=2),
+                             template=get_template(), oracle=RuleOracle(), batch_size=2)
+    for r in recs:
+        r["template"] = "default"
+    RunDir(out).append_records(recs)
+    return RunDir(out)
