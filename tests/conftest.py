@@ -4,7 +4,7 @@
 * ``tiny``: a tiny random GQA Llama built from a config with that tokenizer (unit tests).
 * ``bundled``: the bundled SmolLM2-135M-Instruct, float32 on CPU (integration tests).
 * ``quick_run``: a finished asymmetry run of the bundled model on a few real records
-  (4 SQuAD 2.0 + 2 HotpotQA), shared by the integration tests of later stages. Tests must not
+  (3 SQuAD 2.0 + 3 HotpotQA), shared by the integration tests of later stages. Tests must not
   modify it; copy it (``shutil.copytree``) to write into it.
 """
 
@@ -41,19 +41,6 @@ def quick_run(bundled, tmp_path_factory):
     from interp.store import RunDir
 
     out = tmp_path_factory.mktemp("quick_run")
-    cfg = AsymmetryConfig(datasets=["squad_v2"], limit=4, batch_size=4, n_boot=200)
+    cfg = AsymmetryConfig(datasets=["squad_v2", "hotpotqa"], limit=3, batch_size=3, n_boot=200)
     run_asymmetry(cfg, out, handle=bundled, log=lambda s: None)
-    cfg = AsymmetryConfig(datasets=["squad_v2", "hotpotqa"], limit=None, batch_size=4,
-                          n_boot=200)
-    # hotpotqa: 2 examples only (long prompts); reuse the same run directory
-    from interp.data import load_examples
-    from interp.asymmetry import evaluate_examples
-    from interp.grading import RuleOracle
-    from interp.prompts import get_template
-
-    recs = evaluate_examples(bundled, load_examples("hotpotqa", limit=2),
-                             template=get_template(), oracle=RuleOracle(), batch_size=2)
-    for r in recs:
-        r["template"] = "default"
-    RunDir(out).append_records(recs)
     return RunDir(out)
