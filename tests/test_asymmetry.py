@@ -1,0 +1,134 @@
+"""Study 1 harness: metrics against hand computations, resume, config checks, skips."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from interp.asymmetry import (
+    AsymmetryConfig,
+    compute_metrics,
+    evaluate_examples,
+    group_metrics,
+    run_asymmetry,
+)
+from interp.data import load_examples
+from interp.grading import RuleOracle
+from interp.prompts import get_template
+from interp.store import RunDir, RunDirError
+
+
+def _rec(y, v, p=0.5, ds="squad_v2", i=0):
+    return {"id": str(i), "dataset": ds, "status": "ok", "oracle_label": y, "verdict": v,
+            "p_correct": p, "model": "m"}
+
+
+def test_group_metrics_by_hand():
+    """GA, EA, Delta, acceptance rates, invalid count and McNemar counts on a known table."""
+    # (y*, verdict): 3 correct answers, 5 wrong answers
+    rows = [(True, True), (True, True), (True, False),
+            (False, True), (False, True), (False, True), (False, False), (False, None)]
+    recs = [_rec(y, v, p=0.9 if y else 0.2, i=k) for k, (y, v) in enumerate(rows)]
+    m = group_metrics(recs, n_boot=500)
+    assert m["n"] == 8
+    assert m["GA"] == pytest.approx(3 / 8)
+    assert m["EA"] == pytest.approx(3 / 8)  # right: T/T, T/T, F/F
+    assert m["delta"] == pytest.approx(0.0)
+    assert m["acceptance_rate_correct"] == pytest.approx(2 / 3)
+    assert m["acceptance_rate_incorrect"] == pytest.approx(3 / 5)
+    assert m["invalid_verdicts"] == 1
+    # b: gen right & judge wrong = 1 (T/F); c: gen wrong & judge right = 1 (F/F)
+    assert m["mcnemar"]["b"] == 1 and m["mcnemar"]["c"] == 1
+    assert m["auc_p_correct"] == pytest.approx(1.0)
+    lo, hi = m["delta_ci"]
+    assert lo <= m["delta"] <= hi
+    assert m["GA_ci"][0] <= m["GA"] <= m["GA_ci"][1]
+
+
+def test_bootstrap_ci_is_paired():
+    """When the judge is right exactly when the generator is, Delta's CI collapses to 0."""
+    # a judge that accepts everything is right exactly on the oracle-correct answers
+    recs = [_rec(k % 3 == 0, True, i=k) for k in range(30)]
+    m = group_metrics(recs, n_boot=300)
+    assert m["delta_ci"] == [0.0, 0.0]
+
+
+def test_compute_metrics_per_dataset():
+    """Per-dataset groups and the overall group; skipped records are counted apart."""
+    recs = [_rec(True, True, ds="a", i=1), _rec(False, True, ds="b", i=2),
+            {"id": "3", "dataset": "b", "status": "skipped", "reason": "too long"}]
+    m = compute_metrics(recs, n_boot=50)
+    assert m["per_dataset"]["a"]["GA"] == 1.0
+    assert m["per_dataset"]["b"]["acceptance_rate_incorrect"] == 1.0
+    assert m["overall"]["n"] == 2
+    assert m["skipped"] == {"a": 0, "b": 1}
+
+
+def test_evaluate_examples_records(tiny):
+    """Records carry the fields the later studies read, with consistent types."""
+    exs = load_examples("squad_v2", limit=2)
+    recs = evaluate_examples(tiny, exs, template=get_template(), oracle=RuleOracle(),
+                             max_new_tokens=4, verdict_max_new_tokens=3, batch_size=2)
+    for r, ex in zip(recs, exs):
+        assert r["status"] == "ok" and r["id"] == ex.id
+        assert isinstance(r["oracle_label"], bool)
+        assert r["verdict"] in (True, False, None)
+        assert 0.0 <= r["p_correct"] <= 1.0
+        assert r["p_correct"] == pytest.approx(1 / (1 + np.exp(-r["logit_diff"])), abs=1e-6)
+        spans = r["prompts"]["eval"]["token_spans"]
+        assert set(spans) >= {"context", "question"}
+        assert r["prompts"]["gen"]["n_tokens"] < r["prompts"]["eval"]["n_tokens"]
+
+
+def test_too_long_prompt_is_skipped_with_reason(tiny):
+    """A prompt beyond the model's positions is skipped and the reason recorded."""
+    exs = load_examples("musique", limit=1)
+    old = tiny.model.config.max_position_embeddings
+    tiny.model.config.max_position_embeddings = 256
+    try:
+        (r,) = evaluate_examples(tiny, exs, template=get_template(), oracle=RuleOracle(),
+                                 max_new_tokens=4, batch_size=1)
+    finally:
+        tiny.model.config.max_position_embeddings = old
+    assert r["status"] == "skipped" and "256 positions" in r["reason"]
+
+
+def test_run_resumes_and_refuses_other_config(tiny, tmp_path):
+    """A larger limit adds only new records; a different key config is refused."""
+    cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=2, batch_size=2,
+                          max_new_tokens=4, verdict_max_new_tokens=3, n_boot=50)
+    m = run_asymmetry(cfg, tmp_path, handle=tiny, log=lambda s: None)
+    assert m["overall"]["n"] == 2
+    lines = (tmp_path / "records.jsonl").read_text().splitlines()
+    # simulate a crash mid-write: a cut last line is repaired and redone
+    with open(tmp_path / "records.jsonl", "a") as f:
+        f.write('{"id": "cut')
+    cfg.limit = 3
+    m = run_asymmetry(cfg, tmp_path, handle=tiny, log=lambda s: None)
+    recs = RunDir(tmp_path).read_records()
+    assert m["overall"]["n"] == 3 and len(recs) == 3
+    assert [json.loads(x)["id"] for x in lines] == [r["id"] for r in recs[:2]]
+    assert (tmp_path / "figures" / "asymmetry.png").exists()
+    bad = AsymmetryConfig(**{**cfg.__dict__, "template": "reference"})
+    with pytest.raises(RunDirError, match="template"):
+        run_asymmetry(bad, tmp_path, handle=tiny, log=lambda s: None)
+
+
+def test_unknown_config_key():
+    """Config tables with unknown keys are refused with the known ones listed."""
+    with pytest.raises(ValueError, match="known"):
+        AsymmetryConfig.from_mapping({"modle": "x"})
+
+
+@pytest.mark.integration
+def test_quick_run_metrics(quick_run):
+    """The bundled model's run: metrics.json agrees with the records."""
+    m = json.loads((quick_run.path / "metrics.json").read_text())
+    recs = quick_run.read_records()
+    assert m["overall"]["n"] == len(recs) == 6
+    ga = np.mean([r["oracle_label"] for r in recs])
+    assert m["overall"]["GA"] == pytest.approx(ga)
+    manifest = quick_run.manifest()
+    assert manifest["model"]["sha256"] and manifest["model"]["n_layers"] == 30

@@ -1,0 +1,83 @@
+"""Prompt rendering: spans located in the rendered chat text and mapped to token positions."""
+
+from __future__ import annotations
+
+import pytest
+
+from interp.prompts import (
+    PromptError,
+    Template,
+    get_template,
+    load_templates,
+    render,
+    verdict_token_ids,
+)
+
+CTX = "The Normans were a people in Normandy. In 911 Rollo founded the duchy; it cost 3.5 million."
+Q = "Who founded the duchy?"
+
+
+def test_bundled_templates_are_valid():
+    """All bundled variants load and the default one uses every eval field once."""
+    t = load_templates()
+    assert {"default", "reference", "closed_book"} <= set(t)
+    assert "{answer}" in t["default"].eval_user
+
+
+@pytest.mark.parametrize("task", ["gen", "eval"])
+def test_spans_cover_their_text(tokenizer, task):
+    """Char spans hold the field text; every position has one label; span tokens decode back."""
+    p = render(tokenizer, get_template(), task, context=CTX, question=Q,
+               answer="Rollo" if task == "eval" else None)
+    assert p.text[slice(*p.char_spans["context"])] == CTX
+    assert p.text[slice(*p.char_spans["question"])] == Q
+    assert len(p.labels) == len(p.input_ids)
+    assert set(p.labels) <= {"context", "question", "candidate", "template"}
+    s, e = p.token_spans["context"]
+    assert tokenizer.decode(p.input_ids[s:e]).strip() == CTX
+    s, e = p.token_spans["question"]
+    assert tokenizer.decode(p.input_ids[s:e]).strip() == Q
+    if task == "eval":
+        s, e = p.token_spans["candidate"]
+        assert tokenizer.decode(p.input_ids[s:e]).strip() == "Rollo"
+    else:
+        assert "candidate" not in p.token_spans
+    # the rendered text re-tokenizes to the same ids (no BOS doubling, no lost tokens)
+    assert tokenizer.decode(p.input_ids) == p.text
+    # the chat template's system turn and role markers are template positions
+    assert p.labels[0] == "template" and p.labels[-1] == "template"
+
+
+def test_candidate_equal_to_context_words(tokenizer):
+    """A candidate that also occurs in the context is located at its own field."""
+    p = render(tokenizer, get_template(), "eval", context=CTX, question=Q, answer="Normandy")
+    s, e = p.char_spans["candidate"]
+    assert s > p.char_spans["question"][1]
+    assert p.text[s:e] == "Normandy"
+
+
+def test_gen_and_eval_share_context_tokens(tokenizer):
+    """Same context format in both tasks (paper 3.1): identical context token ids."""
+    g = render(tokenizer, get_template(), "gen", context=CTX, question=Q)
+    v = render(tokenizer, get_template(), "eval", context=CTX, question=Q, answer="Rollo")
+    gs, ge = g.token_spans["context"]
+    vs, ve = v.token_spans["context"]
+    assert g.input_ids[gs:ge] == v.input_ids[vs:ve]
+
+
+def test_template_errors(tmp_path):
+    """Unknown fields, missing fields and unknown variants are refused with names."""
+    with pytest.raises(PromptError, match="unknown fields"):
+        Template(name="x", gen_user="{context} {question} {foo}", eval_user="{question}{answer}")
+    with pytest.raises(PromptError, match="lacks"):
+        Template(name="x", gen_user="{context}", eval_user="{question}{answer}")
+    with pytest.raises(PromptError, match="known"):
+        get_template("nope")
+
+
+def test_verdict_tokens_differ(tokenizer):
+    """The first tokens of Correct and Incorrect differ and decode to prefixes of the words."""
+    c, i = verdict_token_ids(tokenizer)
+    assert c != i
+    assert "Correct".startswith(tokenizer.decode([c]))
+    assert "Incorrect".startswith(tokenizer.decode([i]))
