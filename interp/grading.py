@@ -281,7 +281,8 @@ def drop_em_f1(
 # --------------------------------------------------------------------------------------------
 
 _ANSWER_PREFIX = re.compile(
-    r"^\s*(?:\*\*)?(?:(?:the\s+)?(?:final\s+|correct\s+|short\s+)?answer\s*(?:is\s*:?|:)"
+    r"^\s*(?:\*\*)?(?:(?:the\s+)?(?:final\s+|correct\s+|short\s+)?answer"
+    r"(?:\s+to\s+(?:this|the|your)\s+question)?\s*(?:is\s*(?:that\b)?\s*:?|:)"
     r"|(?:ans|a)\s*:)(?:\*\*)?\s*",
     re.IGNORECASE,
 )
@@ -336,6 +337,9 @@ _VERDICT = re.compile(
 )
 
 
+_ATTRIBUTIVE = re.compile(r"\s+(?:answer|response|option|choice|one|reply)\b", re.IGNORECASE)
+
+
 def parse_verdict(text: str) -> bool | None:
     """Parse a judge reply into a verdict.
 
@@ -344,7 +348,8 @@ def parse_verdict(text: str) -> bool | None:
     "Correct or Incorrect" or "correct/incorrect" (a prompt echo) are skipped. The first
     remaining word decides: "correct" -> True, "incorrect" -> False; a preceding "not" or "n't"
     flips it ("Not correct", "isn't correct" -> False). Later words are ignored, so
-    "Incorrect. The correct answer is X" is False. "Yes"/"No", "right"/"wrong" and other words
+    "Incorrect. The correct answer is X" is False. "the correct answer/response/option" is a
+    noun phrase, not a verdict, and is skipped ("The correct answer is: X" alone -> None). "Yes"/"No", "right"/"wrong" and other words
     are NOT verdicts (the judge prompt asks for exactly "Correct" or "Incorrect").
 
     Args:
@@ -358,7 +363,8 @@ def parse_verdict(text: str) -> bool | None:
         Project rule (no official counterpart).
     """
     for m in _VERDICT.finditer(text):
-        if m.group("pair"):
+        if m.group("pair") or (_ATTRIBUTIVE.match(text, m.end())
+                               and text[:m.start()].rstrip().lower().endswith("the")):
             continue
         return bool(m.group("neg")) == bool(m.group("inc"))
     return None

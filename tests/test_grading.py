@@ -316,3 +316,23 @@ def test_rule_oracle_accepts_every_bundled_gold():
                 assert res.label, (path.name, rec["id"], gold, res)
                 n += 1
     assert n > 1000
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("The correct answer is: Carson Palmer", None),
+    ("Correct. The correct answer is Bielany Forest.", True),
+    ("The proposed answer is incorrect. The correct answer is 1", False),
+    ("The answer is correct", True),
+])
+def test_parse_verdict_skips_the_correct_answer_noun_phrase(text, expected):
+    """'the correct answer is X' asserts another answer; it is not a verdict."""
+    assert parse_verdict(text) is expected
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("The answer to this question is: England", "England"),
+    ("The answer to the question is that Hobson argued", "Hobson argued"),
+])
+def test_extract_answer_long_prefixes(text, expected):
+    """Sentence-style prefixes the small model produces are dropped."""
+    assert extract_answer(text) == expected
