@@ -322,7 +322,7 @@ def run_asymmetry(
         overwrite: discard a run directory made with another config.
         handle: an already loaded model (else ``config.model`` is loaded).
         log: where progress lines go.
-        chunk: examples per appended batch of records (default ``4 * batch_size``).
+        chunk: examples per appended batch of records (default ``2 * batch_size``).
 
     Raises:
         interp.store.RunDirError: ``out`` holds a run with another config and not overwrite.
@@ -336,7 +336,7 @@ def run_asymmetry(
     oracle = make_oracle(config.oracle, device=config.device)
     done = {record_key(r) for r in (run.read_records(status=None)
                                     if run.records_path.exists() else [])}
-    chunk = chunk or 4 * config.batch_size
+    chunk = chunk or 2 * config.batch_size
     from tqdm.auto import tqdm
 
     for ds in config.datasets:
