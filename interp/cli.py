@@ -24,7 +24,12 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Is an LLM a better judge than a generator? GA/EA asymmetry, attention "
                        "span mass, activation patching, LoRA transfer and probes.")
 
-COMMAND_MODULES: list[str] = []
+COMMAND_MODULES: list[str] = [
+    "interp.attention",
+    "interp.probing",
+    "interp.transfer",
+    "interp.patching",
+]
 """Modules whose ``register(app)`` adds commands, and whose ``run_stage`` serves ``interp run``
 for the config section of the same name as ``STAGE`` in the module."""
 

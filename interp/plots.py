@@ -81,3 +81,469 @@ def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
     fig.suptitle(f"Task asymmetry — {models}", fontsize=10)
     fig.tight_layout()
     return save(fig, out_dir, name)
+
+
+def plot_probes(results: Mapping[str, Any], out_dir: str | Path, name: str = "probes") -> Path:
+    """Probe metrics per layer for each pooling, with the verbal judge as horizontal lines.
+
+    One row per probed prompt (``eval``, ``gen``), one column per metric (ROC AUC, F1 of
+    Correct, accuracy, balanced accuracy): the first probe's mean over CV test folds per layer,
+    one line per pooling, shaded ±1 std; the other probes' cells as markers. Horizontal lines:
+    the verbal judge on the same test folds (AUC of ``p_correct``, F1 of the verdict, EA,
+    balanced accuracy of the verdict), the majority-class accuracy and chance AUC.
+
+    Args:
+        results: the content of ``DIR/probes/results.json`` (:func:`interp.probing.run_probes`).
+        out_dir: output folder.
+        name: file stem.
+    """
+    tasks = list(results["tasks"])
+    metrics = [("auc", "ROC AUC", "auc"), ("f1", "F1 (Correct)", "f1"),
+               ("accuracy", "accuracy", "accuracy"),
+               ("balanced_accuracy", "balanced accuracy", "balanced_accuracy")]
+    judge = results["judge"]["folds"]
+    probes = results["config"]["probes"]
+    first = probes[0]
+    fig, axes = plt.subplots(len(tasks), len(metrics), figsize=(4.2 * len(metrics),
+                                                                3.3 * len(tasks)),
+                             squeeze=False)
+    cmap = plt.get_cmap("tab10")
+    markers = {"svm": "s", "mlp": "^", "logreg": "o"}
+    for i, task in enumerate(tasks):
+        t = results["tasks"][task]
+        rows = t["grid"]
+        for j, (key, label, jkey) in enumerate(metrics):
+            ax = axes[i, j]
+            for k, pool in enumerate(t["pools"]):
+                pr = sorted((r for r in rows if r["probe"] == first and r["pool"] == pool),
+                            key=lambda r: r["layer"])
+                if not pr:
+                    continue
+                xs = np.array([r["layer"] for r in pr])
+                m = np.array([np.nan if r[key] is None else r[key] for r in pr], float)
+                s = np.array([0.0 if r[f"{key}_std"] is None else r[f"{key}_std"] for r in pr])
+                ax.plot(xs, m, color=cmap(k), lw=1.4, label=f"{first}: {pool}")
+                ax.fill_between(xs, m - s, m + s, color=cmap(k), alpha=0.12, lw=0)
+                for kind in probes[1:]:
+                    other = [r for r in rows if r["probe"] == kind and r["pool"] == pool]
+                    if other:
+                        ax.scatter([r["layer"] for r in other],
+                                   [np.nan if r[key] is None else r[key] for r in other],
+                                   color=cmap(k), marker=markers.get(kind, "x"), s=22,
+                                   edgecolor="black", linewidth=0.5, zorder=3,
+                                   label=f"{kind}: {pool}")
+            jv = judge.get(jkey)
+            if jv is not None:
+                ax.axhline(jv, color="black", ls="--", lw=1.2,
+                           label={"auc": "judge p_correct AUC", "accuracy": "judge EA"}.get(
+                               jkey, f"judge verdict {label}") + f" ({jv:.2f})")
+            if key == "auc":
+                ax.axhline(0.5, color="grey", ls=":", lw=1, label="chance")
+            if key == "accuracy":
+                ax.axhline(results["majority_baseline_accuracy"], color="grey", ls=":", lw=1,
+                           label="majority class")
+            b = t["best"]
+            ax.set_title(f"{task} prompt — {label}", fontsize=9)
+            ax.set_xlabel(f"layer ({results['hook_point']})")
+            ax.set_ylim(0, 1.02)
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+            if j == 0:
+                ax.set_ylabel(f"CV mean over {results['folds']} folds")
+                ax.text(0.02, 0.03, f"best: {b['probe']} L{b['layer']} {b['pool']}\n"
+                        f"AUC {b['auc']:.2f}, F1 {b['f1']:.2f}", transform=ax.transAxes,
+                        fontsize=7, va="bottom")
+        seen: dict[str, Any] = {}
+        for ax in axes[i]:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                seen.setdefault(lab, h)
+        axes[i, -1].legend(list(seen.values()), list(seen), fontsize=6, frameon=False,
+                           loc="center left", bbox_to_anchor=(1.02, 0.5))
+    cc = results["class_counts"]
+    fig.suptitle(f"Residual-stream probes for y* vs the verbal judge — {results['model']}, "
+                 f"n={results['n_records']} (Correct {cc['correct']}, Incorrect "
+                 f"{cc['incorrect']}), best by CV {results['select_by'].upper()}", fontsize=10)
+    fig.tight_layout()
+    return save(fig, out_dir, name)
+
+
+# --- transfer (Study 3, interp/transfer.py) ---------------------------------------------------
+
+
+def _transfer_groups(table: Mapping[str, Any], kind: str = "self") -> tuple[list[str],
+                                                                            list[str]]:
+    models = list(table[kind])
+    datasets = [d for d in next(iter(table[kind].values()))]
+    return models, datasets
+
+
+def plot_transfer_matrix(table: Mapping[str, Any], out_dir: str | Path,
+                         name: str = "transfer_matrix") -> Path:
+    """Transfer matrix: model (base, LoRA-Gen, LoRA-Eval, LoRA-Both) x task heatmap.
+
+    Columns per dataset: GA (T_gen accuracy), EA (T_eval accuracy on its own answers), EA on
+    the base model's answers, and the two acceptance rates; cells annotated with the value.
+
+    Args:
+        table: ``transfer/table.json`` (:func:`interp.transfer.build_table`).
+        out_dir: output folder.
+        name: file stem.
+    """
+    models, datasets = _transfer_groups(table)
+    cols = [("GA", "self", "GA\n(T_gen)"), ("EA", "self", "EA\n(T_eval, own)"),
+            ("EA", "judge_base_answers", "EA\n(base answers)"),
+            ("acceptance_rate_correct", "self", "accept\n| y*=C"),
+            ("acceptance_rate_incorrect", "self", "accept\n| y*=I")]
+    grid, xlabels = [], []
+    for d in datasets:
+        for key, kind, lab in cols:
+            xlabels.append(f"{lab}\n{d}" if len(datasets) > 1 else lab)
+    for m in models:
+        row = []
+        for d in datasets:
+            for key, kind, _ in cols:
+                v = table.get(kind, {}).get(m, {}).get(d, {}).get(key)
+                row.append(np.nan if v is None else v)
+        grid.append(row)
+    arr = np.array(grid, dtype=float)
+    fig, ax = plt.subplots(figsize=(1.25 * arr.shape[1] + 2.2, 0.7 * len(models) + 1.8))
+    im = ax.imshow(arr, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    for i in range(arr.shape[0]):
+        for j in range(arr.shape[1]):
+            if not np.isnan(arr[i, j]):
+                ax.text(j, i, f"{arr[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                        color="white" if arr[i, j] < 0.55 else "black")
+    ax.set_xticks(range(arr.shape[1]), xlabels, fontsize=7)
+    ax.set_yticks(range(len(models)), models)
+    n = next(iter(table["self"].values()))[datasets[0]].get("n")
+    ax.set_title(f"Transfer matrix (model x task), n={n} per dataset", fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.03, pad=0.02)
+    fig.tight_layout()
+    return save(fig, out_dir, name)
+
+
+def plot_transfer_acceptance(table: Mapping[str, Any], out_dir: str | Path,
+                             name: str = "transfer_acceptance") -> Path:
+    """Acceptance rates P(verdict Correct | y*) per model, with Wilson 95% CIs.
+
+    One panel per dataset; for each model two bars: answers the oracle judges correct and
+    incorrect (self-evaluation of the model's own answers), plus GA as a marker.
+
+    Args:
+        table: ``transfer/table.json``.
+        out_dir: output folder.
+        name: file stem.
+    """
+    models, datasets = _transfer_groups(table)
+    fig, axes = plt.subplots(1, len(datasets), figsize=(4.8 * len(datasets), 3.8),
+                             squeeze=False)
+    x = np.arange(len(models))
+    w = 0.38
+    for ax, d in zip(axes[0], datasets):
+        for j, key in enumerate(("correct", "incorrect")):
+            vals, errs = [], []
+            for m in models:
+                g = table["self"][m].get(d, {})
+                v = g.get(f"acceptance_rate_{key}")
+                vals.append(np.nan if v is None else v)
+                errs.append(_err(v or 0.0, g.get(f"acceptance_rate_{key}_ci")))
+            ax.bar(x + (j - 0.5) * w, vals, w, yerr=np.array(errs).T, capsize=3,
+                   color=COLORS[key], label=f"answer oracle-{key}")
+        ga = [table["self"][m].get(d, {}).get("GA", np.nan) for m in models]
+        ax.plot(x, ga, "k_", ms=18, mew=2, label="GA")
+        ax.set_xticks(x, models)
+        ax.set_ylim(0, 1.05)
+        ax.set_title(d)
+        ax.set_ylabel("P(judge says Correct)")
+    axes[0][0].legend(frameon=False, fontsize=8)
+    fig.suptitle("Acceptance rates after LoRA fine-tuning (self-evaluation)", fontsize=10)
+    fig.tight_layout()
+    return save(fig, out_dir, name)
+
+
+def plot_transfer_patching(patching: Mapping[str, Any], out_dir: str | Path,
+                           name: str = "transfer_patching") -> Path:
+    """Per layer, the fraction of the adapter's verdict logit-difference change carried by
+    the patched residual stream (adapter -> base solid, base -> adapter dashed).
+
+    Args:
+        patching: ``transfer/patching.json`` (:func:`interp.transfer.cross_model_patching`
+            per adapter).
+        out_dir: output folder.
+        name: file stem.
+    """
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for k, (adapter, res) in enumerate(patching["adapters"].items()):
+        if res.get("fraction_a_to_b") is None:
+            continue
+        c = f"C{k}"
+        ax.plot(res["layers"], res["fraction_a_to_b"], "-o", ms=3, color=c,
+                label=f"{adapter} -> base (|ΔLD|={res['mean_abs_change']:.2f})")
+        ax.plot(res["layers"], res["fraction_b_to_a"], "--", color=c,
+                label=f"base -> {adapter}")
+    ax.axhline(0, color="black", lw=0.6)
+    ax.axhline(1, color="gray", lw=0.6, ls=":")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_xlabel("layer L (resid_post patched)")
+    ax.set_ylabel("fraction of verdict logit-diff change")
+    ax.set_title(f"Patching across models ({patching['positions']} positions, "
+                 f"{patching['n_prompts']} eval prompts)", fontsize=10)
+    ax.legend(frameon=False, fontsize=7)
+    fig.tight_layout()
+    return save(fig, out_dir, name)
+
+
+# --- Study 2: attention span mass (interp.attention) ---------------------------------------
+
+_SPAN_TITLES = {"context": "context c", "question": "question q", "candidate": "candidate a",
+                "template": "template (rest)", "reference": "reference"}
+
+
+def plot_span_mass_layerwise(summary: Mapping[str, Any], out_dir: str | Path,
+                             name: str = "attention_layerwise") -> Path:
+    """Layerwise last-token span mass, gen vs eval, one panel per span, one row per dataset.
+
+    Lines are means over heads and records; bands are bootstrap 95% CIs over records; the
+    grey area is the summary's layer band (paper: the last eight layers).
+
+    Args:
+        summary: ``attention/summary.json`` (:func:`interp.attention.summarize`).
+        out_dir: output folder.
+        name: file stem.
+    """
+    groups = [(d, g) for d, g in summary["per_dataset"].items() if g.get("layerwise")]
+    if len(groups) > 1:
+        groups.append(("overall", summary["overall"]))
+    spans = [s for s in summary["spans"] if s != "reference"] + (
+        ["reference"] if "reference" in summary["spans"] else [])
+    band = summary["band"]
+    fig, axes = plt.subplots(len(groups), len(spans), figsize=(3.1 * len(spans),
+                                                                2.3 * len(groups) + 0.6),
+                             squeeze=False, sharex=True)
+    for i, (ds, g) in enumerate(groups):
+        for j, s in enumerate(spans):
+            ax = axes[i, j]
+            ax.axvspan(band[0] - 0.5, band[-1] + 0.5, color="0.9", zorder=0)
+            for t in ("gen", "eval"):
+                lw = g["layerwise"][t].get(s)
+                if lw is None or (t == "gen" and s == "candidate"):
+                    continue
+                x = np.arange(len(lw["mean"]))
+                ax.plot(x, lw["mean"], color=COLORS[t], lw=1.4, label=t)
+                ax.fill_between(x, lw["lo"], lw["hi"], color=COLORS[t], alpha=0.25, lw=0)
+            ax.set_ylim(0, None)
+            if i == 0:
+                ax.set_title(_SPAN_TITLES.get(s, s), fontsize=10)
+            if j == 0:
+                ax.set_ylabel(f"{ds} (n={g['n']})\nmass", fontsize=9)
+            if i == len(groups) - 1:
+                ax.set_xlabel("layer")
+    axes[0, 0].legend(frameon=False, fontsize=8)
+    fig.suptitle(f"Last-token attention mass per span ({summary.get('model') or ''}; shaded: "
+                 f"band {band[0]}-{band[-1]})", fontsize=11)
+    fig.tight_layout()
+    return save(fig, out_dir, name)
+
+
+def plot_head_context_heatmaps(summary: Mapping[str, Any], out_dir: str | Path,
+                               name: str = "attention_heads_context",
+                               dataset: str | None = None) -> Path:
+    """Layer x head heatmaps of last-token context mass: gen, eval and gen minus eval.
+
+    Args:
+        summary: ``attention/summary.json``.
+        out_dir: output folder.
+        name: file stem.
+        dataset: one dataset (default: all records).
+    """
+    g = summary["overall"] if dataset is None else summary["per_dataset"][dataset]
+    gen = np.asarray(g["head_context"]["gen"])
+    ev = np.asarray(g["head_context"]["eval"])
+    diff = gen - ev
+    band = summary["band"]
+    fig, axes = plt.subplots(1, 3, figsize=(4 + 0.45 * gen.shape[1] * 3,
+                                            1.2 + 0.2 * gen.shape[0]))
+    vmax = float(max(gen.max(), ev.max()))
+    lim = float(np.abs(diff).max()) or 1.0
+    for ax, arr, title, kw in ((axes[0], gen, "gen", {"cmap": "viridis", "vmin": 0,
+                                                      "vmax": vmax}),
+                               (axes[1], ev, "eval", {"cmap": "viridis", "vmin": 0,
+                                                      "vmax": vmax}),
+                               (axes[2], diff, "gen − eval", {"cmap": "RdBu_r", "vmin": -lim,
+                                                             "vmax": lim})):
+        im = ax.imshow(arr, aspect="auto", origin="lower", interpolation="nearest", **kw)
+        ax.axhline(band[0] - 0.5, color="white" if title != "gen − eval" else "black",
+                   lw=0.8, ls="--")
+        ax.set_title(f"context mass, {title}", fontsize=10)
+        ax.set_xlabel("head")
+        ax.set_xticks(range(arr.shape[1]))
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
+    axes[0].set_ylabel("layer")
+    fig.suptitle(f"Per-head last-token context mass ({dataset or 'all datasets'}, "
+                 f"n={g['n']}; dashed: band start)", fontsize=11)
+    fig.tight_layout()
+    return save(fig, out_dir, name)
+
+
+def plot_context_ratio(summary: Mapping[str, Any], out_dir: str | Path,
+                       name: str = "attention_context_ratio") -> Path:
+    """Per dataset: band context mass gen vs eval, candidate mass (eval), and the ratio.
+
+    Args:
+        summary: ``attention/summary.json``.
+        out_dir: output folder.
+        name: file stem.
+    """
+    groups = [(d, g) for d, g in summary["per_dataset"].items() if g.get("n")]
+    if len(groups) > 1:
+        groups.append(("overall", summary["overall"]))
+    labels = [f"{d}\n(n={g['n']})" for d, g in groups]
+    x = np.arange(len(groups))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 2.4 * len(groups) + 3), 4))
+    w = 0.27
+    bars = (("gen", "context", "context, gen"), ("eval", "context", "context, eval"),
+            ("eval", "candidate", "candidate, eval"))
+    for j, (t, s, lab) in enumerate(bars):
+        vals = [g[t][s]["mean"] or 0.0 for _, g in groups]
+        errs = np.array([_err(g[t][s]["mean"] or 0.0, g[t][s]["ci"]) for _, g in groups]).T
+        color = COLORS[t] if s == "context" else "#8172B3"
+        ax1.bar(x + (j - 1) * w, vals, w, yerr=errs, capsize=3, color=color, label=lab)
+    ax1.set_xticks(x, labels)
+    ax1.set_ylabel("band-mean attention mass")
+    band = summary["band"]
+    ax1.set_title(f"Last-token mass, layers {band[0]}-{band[-1]}, all heads", fontsize=10)
+    ax1.set_ylim(0, 1.3 * ax1.get_ylim()[1])
+    ax1.legend(frameon=True, fontsize=8, ncol=3, loc="upper center")
+    vals = [g.get("context_ratio") or np.nan for _, g in groups]
+    errs = np.array([_err(v if v == v else 0.0, g.get("context_ratio_ci"))
+                     for v, (_, g) in zip(vals, groups)]).T
+    ax2.bar(x, vals, 0.5, yerr=errs, capsize=3, color=COLORS["delta"])
+    ax2.axhline(1, color="black", lw=0.8)
+    ax2.set_xticks(x, labels)
+    ax2.set_ylabel("context mass gen / eval")
+    ax2.set_title("Context ratio (paper: 3-5x)", fontsize=10)
+    fig.tight_layout()
+    return save(fig, out_dir, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Activation patching (interp.patching): drawn from DIR/patching/{pairs}/{kind}/ tables
+# ---------------------------------------------------------------------------------------------
+
+
+def _patching_heat(ax: Any, mat: Any, xlabels: list[str], ylabels: list[str], title: str,
+                   cbar_label: str) -> None:
+    vals = np.asarray(mat, dtype=float)
+    lim = np.nanmax(np.abs(vals)) if np.isfinite(vals).any() else 1.0
+    im = ax.imshow(vals, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim,
+                   interpolation="nearest", origin="lower")
+    ax.set_xticks(range(len(xlabels)), xlabels, rotation=90, fontsize=6)
+    step = max(1, len(ylabels) // 15)
+    ax.set_yticks(range(0, len(ylabels), step), ylabels[::step], fontsize=7)
+    ax.set_title(title, fontsize=9)
+    plt.colorbar(im, ax=ax, fraction=0.03, label=cbar_label)
+
+
+def plot_patching(table_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """Figures of one patching experiment, from its stored tables (``summary.json``,
+    ``effects.parquet``, ``pairs.parquet`` in ``DIR/patching/{pairs}/{kind}/``).
+
+    * ``candidate-swap``/``resid``: layer x position (mean normalised effect per position
+      counted from the verdict position; tick labels are the first pair's tokens) and
+      layer x span heatmaps;
+    * ``task-swap``/``resid``: change of the verdict logit difference, ``p_correct`` and the
+      judge's context attention mass per patched layer (mean over pairs, with each pair thin);
+    * ``heads``: layer x head heatmap (normalised effect, or the change of the logit difference
+      for task-swap);
+    * ``attribution``: attribution-patching estimate vs exact patching (change of the logit
+      difference, nats), heads and residual positions, with Pearson r.
+
+    Returns:
+        The PNG paths written (``patching_{pairs}_{kind}[_...].png``).
+    """
+    import json
+
+    import pandas as pd
+
+    table_dir = Path(table_dir)
+    s = json.loads((table_dir / "summary.json").read_text())
+    if not (table_dir / "effects.parquet").exists():
+        return []
+    df = pd.read_parquet(table_dir / "effects.parquet")
+    pk, kind = s["pairs"], s["kind"]
+    stem = f"patching_{pk.replace('-', '_')}_{kind}"
+    n = s.get("n_pairs", 0)
+    out: list[Path] = []
+    if kind == "resid" and pk == "candidate-swap":
+        pos = df[df.unit == "position"]
+        if len(pos):
+            m = pos.groupby(["layer", "rel_position"]).effect.mean().unstack()
+            first = pos[pos.id == pos.id.iloc[0]].drop_duplicates("rel_position")
+            tok = dict(zip(first.rel_position, first.token))
+            xl = [f"{repr(tok.get(c, ''))[1:-1][:10]} ({c})" for c in m.columns]
+            fig, ax = plt.subplots(figsize=(max(6, 0.28 * len(xl) + 2), 5))
+            _patching_heat(ax, m.to_numpy(), xl, [str(i) for i in m.index],
+                           f"Candidate swap, residual stream patching by position (n={n})",
+                           "normalised effect")
+            ax.set_xlabel("position (token, offset from the end)")
+            ax.set_ylabel("layer")
+            out.append(save(fig, out_dir, f"{stem}_position"))
+        sp = df[df.unit == "span"].groupby(["layer", "span"]).effect.mean().unstack()
+        order = [c for c in ("context", "question", "candidate", "template", "verdict", "all")
+                 if c in sp.columns] + [c for c in sp.columns if c not in
+                                        ("context", "question", "candidate", "template",
+                                         "verdict", "all")]
+        sp = sp[order]
+        fig, ax = plt.subplots(figsize=(5, 5))
+        _patching_heat(ax, sp.to_numpy(), list(sp.columns), [str(i) for i in sp.index],
+                       f"Candidate swap, residual stream by span (n={n})", "normalised effect")
+        ax.set_ylabel("layer")
+        out.append(save(fig, out_dir, f"{stem}_span"))
+    elif kind == "resid":
+        d = df[df.layer >= 0]
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+        for ax, col, lab in zip(axes, ("d_ld", "d_p_correct", "d_context_mass"),
+                                ("Δ logit diff (nats)", "Δ p_correct",
+                                 "Δ context attention mass")):
+            for _, g in d.groupby("id"):
+                ax.plot(g.layer, g[col], color="grey", lw=0.5, alpha=0.4)
+            mean = d.groupby("layer")[col].mean()
+            ax.plot(mean.index, mean.values, color=COLORS["gen"], lw=2, marker="o", ms=3)
+            ax.axhline(0, color="black", lw=0.8)
+            ax.set_xlabel("patched layer (generator → judge, context positions)")
+            ax.set_ylabel(lab)
+        fig.suptitle(f"Task swap: generator residual stream patched into the judge (n={n})",
+                     fontsize=10)
+        fig.tight_layout()
+        out.append(save(fig, out_dir, stem))
+    elif kind == "heads":
+        col = "effect" if pk == "candidate-swap" else "ld"
+        if pk == "task-swap":
+            base = pd.read_parquet(table_dir / "pairs.parquet").set_index("id").corrupt_ld
+            df = df.assign(ld=df.ld - df.id.map(base))
+        m = df.groupby(["layer", "head"])[col].mean().unstack()
+        fig, ax = plt.subplots(figsize=(max(4, 0.5 * m.shape[1] + 2), 5))
+        _patching_heat(ax, m.to_numpy(), [str(c) for c in m.columns],
+                       [str(i) for i in m.index],
+                       f"{pk}: per-head patching of attn.hook_z (n={n})",
+                       "normalised effect" if pk == "candidate-swap" else "Δ logit diff (nats)")
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        out.append(save(fig, out_dir, stem))
+    else:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+        for ax, (lab, g), key in zip(axes, (("heads", df[df.unit == "head"]),
+                                            ("residual", df[df.unit != "head"])),
+                                     ("correlation_heads", "correlation_resid")):
+            ax.scatter(g.exact_d_ld, g.attr_ld, s=8, alpha=0.5, color=COLORS["eval"])
+            if len(g):
+                lo = float(np.nanmin([g.exact_d_ld.min(), g.attr_ld.min()]))
+                hi = float(np.nanmax([g.exact_d_ld.max(), g.attr_ld.max()]))
+                ax.plot([lo, hi], [lo, hi], color="black", lw=0.8, ls="--")
+            r = (s.get(key) or {}).get("pearson")
+            ax.set_title(f"{lab}: Pearson r = {r:.2f}" if r is not None else lab, fontsize=9)
+            ax.set_xlabel("exact patching Δ logit diff (nats)")
+            ax.set_ylabel("attribution patching estimate (nats)")
+        fig.suptitle(f"{pk}: attribution vs exact patching (n={n})", fontsize=10)
+        fig.tight_layout()
+        out.append(save(fig, out_dir, stem))
+    return out
