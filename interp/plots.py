@@ -37,6 +37,15 @@ def _err(value: float, ci: list[float] | None) -> list[float]:
     return [max(value - ci[0], 0.0), max(ci[1] - value, 0.0)]
 
 
+def dataset_groups(table: Mapping[str, Any]) -> tuple[list[tuple[str, Any]], list[str]]:
+    """Non-empty ``per_dataset`` groups of a table, plus ``overall`` when there are several,
+    and their x tick labels (``name\n(n=N)``)."""
+    groups = [(d, g) for d, g in table["per_dataset"].items() if g.get("n")]
+    if len(groups) > 1:
+        groups.append(("overall", table["overall"]))
+    return groups, [f"{d}\n(n={g['n']})" for d, g in groups]
+
+
 def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
                    name: str = "asymmetry") -> Path:
     """GA, EA and Delta per dataset with 95% CI bars, and the two acceptance rates.
@@ -46,10 +55,7 @@ def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
         out_dir: output folder.
         name: file stem.
     """
-    groups = [(d, m) for d, m in metrics["per_dataset"].items() if m.get("n")]
-    if len(groups) > 1:
-        groups.append(("overall", metrics["overall"]))
-    labels = [f"{d}\n(n={m['n']})" for d, m in groups]
+    groups, labels = dataset_groups(metrics)
     x = np.arange(len(groups))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 2.6 * len(groups) + 3), 4.2))
     w = 0.27
@@ -393,10 +399,7 @@ def plot_context_ratio(summary: Mapping[str, Any], out_dir: str | Path,
         out_dir: output folder.
         name: file stem.
     """
-    groups = [(d, g) for d, g in summary["per_dataset"].items() if g.get("n")]
-    if len(groups) > 1:
-        groups.append(("overall", summary["overall"]))
-    labels = [f"{d}\n(n={g['n']})" for d, g in groups]
+    groups, labels = dataset_groups(summary)
     x = np.arange(len(groups))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 2.4 * len(groups) + 3), 4))
     w = 0.27
