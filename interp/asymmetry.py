@@ -36,7 +36,7 @@ from interp.generation import generate, verdict_scores
 from interp.grading import BaseOracle, RuleOracle, extract_answer, parse_verdict
 from interp.models import DEFAULT_MODEL, ModelHandle, load_model
 from interp.prompts import PromptError, Template, get_template, render, verdict_token_ids
-from interp.store import RunDir, record_key, write_json
+from interp.store import RunDir, config_from_table, record_key, write_json
 
 KEY_FIELDS = ("model", "template", "templates_path", "oracle", "include_unanswerable", "split",
               "max_new_tokens", "verdict_max_new_tokens", "dtype", "from_hub")
@@ -83,11 +83,7 @@ class AsymmetryConfig:
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any]) -> AsymmetryConfig:
         """Build from a mapping, refusing unknown keys (the error lists the known ones)."""
-        known = set(cls.__dataclass_fields__)
-        if unknown := set(d) - known:
-            raise ValueError(f"unknown asymmetry config keys {sorted(unknown)}; known: "
-                             f"{sorted(known)}")
-        return cls(**d)
+        return config_from_table(cls, d, "asymmetry")
 
 
 def make_oracle(spec: str, *, template: Template | None = None, device: str | None = None,

@@ -61,7 +61,7 @@ import typer
 
 from interp.models import ModelHandle
 from interp.prompts import RenderedPrompt, get_template, render
-from interp.store import RunDir, RunDirError, read_json, save_tensors, write_json
+from interp.store import RunDir, config_from_table, RunDirError, read_json, save_tensors, write_json
 
 STAGE = "attention"
 SPANS = ("context", "question", "candidate", "template")
@@ -503,11 +503,7 @@ class AttentionConfig:
         Raises:
             AttentionError: unknown keys (the message lists the known ones).
         """
-        known = set(cls.__dataclass_fields__)
-        if unknown := set(d) - known:
-            raise AttentionError(f"[{STAGE}]: unknown keys {sorted(unknown)}; known: "
-                                 f"{sorted(known)}")
-        return cls(**dict(d))
+        return config_from_table(cls, d, STAGE, AttentionError)
 
 
 def _safe(name: str) -> str:

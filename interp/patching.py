@@ -78,7 +78,7 @@ import typer
 
 from interp.models import ModelHandle
 from interp.prompts import RenderedPrompt, get_template, render, verdict_token_ids
-from interp.store import RunDir, read_json, write_json
+from interp.store import RunDir, config_from_table, read_json, write_json
 
 STAGE = "patching"
 PAIR_KINDS = ("candidate-swap", "task-swap")
@@ -1055,15 +1055,11 @@ class PatchingConfig:
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any]) -> PatchingConfig:
         """Build from a mapping, refusing unknown keys and values (lists the known ones)."""
-        known = set(cls.__dataclass_fields__)
-        if unknown := set(d) - known:
-            raise ValueError(f"unknown patching config keys {sorted(unknown)}; known: "
-                             f"{sorted(known)}")
         d = dict(d)
         for k in ("pairs", "kinds"):
             if isinstance(d.get(k), str):
                 d[k] = [d[k]]
-        cfg = cls(**d)
+        cfg = config_from_table(cls, d, "patching")
         cfg.validate()
         return cfg
 

@@ -67,8 +67,8 @@ import typer
 
 from interp.models import ModelHandle
 from interp.prompts import RenderedPrompt, get_template, render
-from interp.store import RunDir, RunDirError, load_tensors, read_json, record_key, save_tensors, \
-    write_json
+from interp.store import RunDir, RunDirError, config_from_table, load_tensors, read_json, \
+    record_key, save_tensors, write_json
 
 STAGE = "probe"
 HOOK_POINT = "resid_post"
@@ -164,11 +164,7 @@ class ProbeConfig:
         Raises:
             ValueError: an unknown key.
         """
-        known = set(cls.__dataclass_fields__)
-        if unknown := set(d) - known:
-            raise ValueError(f"unknown [{STAGE}] config keys {sorted(unknown)}; known: "
-                             f"{sorted(known)}")
-        return cls(**dict(d))
+        return config_from_table(cls, d, STAGE)
 
 
 def parse_layers(spec: str | Sequence[int] | None, n_layers: int | None = None) -> list[int] | None:

@@ -35,6 +35,21 @@ class RunDirError(ValueError):
     """A run directory that is missing what a command needs, or was made with another config."""
 
 
+def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
+                      error: type[Exception] = ValueError) -> Any:
+    """Build the dataclass ``cls`` from a config table (``[section]`` of a TOML file).
+
+    Raises:
+        error: ``table`` has keys that are not fields of ``cls``; the message names the section,
+            the unknown keys and the known ones, so a typo is fixed in one look.
+    """
+    known = set(cls.__dataclass_fields__)
+    if unknown := set(table) - known:
+        raise error(f"[{section}]: unknown config keys {sorted(unknown)}; known: "
+                    f"{sorted(known)}")
+    return cls(**dict(table))
+
+
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Write text to ``path`` through a temporary file in the same folder and a rename."""
     path = Path(path)

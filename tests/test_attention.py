@@ -161,7 +161,7 @@ def test_summary_against_manual_means():
 
 
 def test_config_refuses_unknown_keys():
-    with pytest.raises(AttentionError, match="unknown keys"):
+    with pytest.raises(AttentionError, match=r"\[attention\]: unknown config keys"):
         AttentionConfig.from_mapping({"layer": "last8"})
 
 

@@ -139,7 +139,7 @@ def test_bad_hooks_layers_and_pairs(tiny, tokenizer, prompts):
                     answer="the city of Lyon in France")
     with pytest.raises(PairError, match="equal token length"):
         check_candidate_alignment(clean, longer)
-    with pytest.raises(ValueError, match="unknown patching config keys"):
+    with pytest.raises(ValueError, match=r"\[patching\]: unknown config keys"):
         PatchingConfig.from_mapping({"pairz": "task-swap"})
     r = patch(tiny, clean.input_ids, corrupt.input_ids, hook="blocks.1.hook_resid_post",
               positions=[-1])

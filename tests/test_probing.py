@@ -250,7 +250,7 @@ def test_too_few_examples_error_and_bad_config(tiny, tmp_path):
     # limit keeps the first N records of each dataset: here k = 0, 2 (hotpotqa), 1, 3 (squad_v2)
     with pytest.raises(ProbeError, match=r"y\*=Correct 2, y\*=Incorrect 2"):
         run_probes(run, ProbeConfig(folds=3, limit=2), handle=tiny, log=lambda s: None)
-    with pytest.raises(ValueError, match="unknown \\[probe\\] config keys \\['foo'\\]"):
+    with pytest.raises(ValueError, match="\\[probe\\]: unknown config keys \\['foo'\\]"):
         ProbeConfig.from_mapping({"foo": 1})
     with pytest.raises(ProbeError, match="unknown probe"):
         ProbeConfig(probes=["forest"])

@@ -59,3 +59,24 @@ def test_bundled_provenance(bundled):
     assert (info["n_layers"], info["n_heads"], info["n_kv_heads"], info["head_dim"]) == (
         30, 9, 3, 64)
     json.dumps(info)  # JSON-safe for the manifest
+
+
+def test_config_from_table_names_section_and_keys():
+    """One helper refuses unknown config keys for every stage, naming section and known keys."""
+    from dataclasses import dataclass
+
+    from interp.store import config_from_table
+
+    @dataclass
+    class Cfg:
+        alpha: int = 1
+        beta: str = "x"
+
+    assert config_from_table(Cfg, {"alpha": 3}, "demo") == Cfg(alpha=3)
+
+    class MyError(ValueError):
+        pass
+
+    with pytest.raises(MyError, match=r"\[demo\]: unknown config keys \['alpah'\]; known: "
+                                      r"\['alpha', 'beta'\]"):
+        config_from_table(Cfg, {"alpah": 3}, "demo", MyError)

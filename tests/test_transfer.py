@@ -46,7 +46,7 @@ def _tiny_cfg(**kw) -> TransferConfig:
 
 
 def test_unknown_config_key_is_a_clear_error():
-    with pytest.raises(TransferError, match="unknown transfer config keys.*'rnak'.*known"):
+    with pytest.raises(TransferError, match=r"\[transfer\]: unknown config keys.*'rnak'.*known"):
         TransferConfig.from_mapping({"rnak": 4})
     with pytest.raises(TransferError, match="patch_positions"):
         TransferConfig(patch_positions="middle")
