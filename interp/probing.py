@@ -29,8 +29,10 @@ Algorithm:
 4. Probes (scikit-learn): ``StandardScaler`` fitted on the training fold, then a class-balanced
    ``LogisticRegression`` (``logreg``, the first probe), a class-balanced ``LinearSVC``
    (``svm``) and a small ``MLPClassifier`` (``mlp``, balanced sample weights).
-   ``StratifiedKFold(folds, shuffle=True, random_state=seed)``: the same folds for every layer,
-   pool, probe and for the verbal judge; train and test indices are disjoint.
+   ``StratifiedGroupKFold(folds, shuffle=True, random_state=seed)`` with one group per passage
+   (dataset + context hash; SQuAD and DROP ask several questions about one passage): the same
+   folds for every layer, pool, probe and for the verbal judge; no record and no passage is in
+   both a train and a test fold.
 5. Sweep: the first probe is cross-validated at every (layer, pool); the others at the
    ``top_k`` (layer, pool) of the first by the selection metric (``select_by``: CV ROC AUC by
    default, or CV F1), or at every cell with ``sweep_all``. Per cell: accuracy, balanced
@@ -658,24 +660,52 @@ def binary_metrics(y: np.ndarray, pred: np.ndarray, score: np.ndarray | None) ->
     }
 
 
-def make_folds(y: np.ndarray, folds: int, seed: int, *,
+def make_folds(y: np.ndarray, folds: int, seed: int, *, groups: Sequence[Any] | None = None,
                what: str = "records") -> list[tuple[np.ndarray, np.ndarray]]:
     """Stratified k-fold ``(train, test)`` index pairs, checked for class counts.
 
+    With ``groups`` (e.g. one id per passage: SQuAD and DROP ask several questions about one
+    passage), ``StratifiedGroupKFold`` keeps every group inside one fold, so a probe is never
+    tested on a passage it was trained on; without, ``StratifiedKFold``. Both shuffle with
+    ``seed``.
+
+    Args:
+        y: ``[n]`` bool labels. folds: number of folds. seed: shuffling seed.
+        groups: ``[n]`` hashable group ids, or None (every example its own group).
+        what: what the examples are, for the error message.
+
     Raises:
-        ProbeError: fewer than ``folds`` examples of a class (the message gives the counts).
+        ProbeError: fewer than ``folds`` examples (with groups: groups) of a class; the
+            message gives the counts.
     """
-    from sklearn.model_selection import StratifiedKFold
+    from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
 
     y = np.asarray(y, bool)
     n_c, n_i = int(y.sum()), int((~y).sum())
+    unit = "examples"
+    if groups is not None:
+        g = np.asarray(groups)
+        if len(g) != len(y):
+            raise ProbeError(f"groups has {len(g)} entries for {len(y)} labels")
+        n_c, n_i = len(set(g[y].tolist())), len(set(g[~y].tolist()))
+        unit = "groups (passages)"
     if min(n_c, n_i) < folds:
         raise ProbeError(
-            f"too few examples of a class for {folds}-fold cross-validation of {what}: "
+            f"too few {unit} of a class for {folds}-fold cross-validation of {what}: "
             f"y*=Correct {n_c}, y*=Incorrect {n_i} (each needs >= {folds}); use fewer --folds "
             f"or more records (`interp asymmetry --limit`)")
-    skf = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
-    return [(tr, te) for tr, te in skf.split(np.zeros(len(y)), y)]
+    if groups is None:
+        skf = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+        return [(tr, te) for tr, te in skf.split(np.zeros(len(y)), y)]
+    sgkf = StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=seed)
+    return [(tr, te) for tr, te in sgkf.split(np.zeros(len(y)), y, groups)]
+
+
+def passage_groups(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One group id per record: its dataset plus a hash of its context (the passage)."""
+    return [f"{r.get('dataset')}:"
+            f"{hashlib.sha1(str(r.get('context', '')).encode()).hexdigest()[:12]}"
+            for r in records]
 
 
 def _summ(per_fold: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -813,7 +843,7 @@ def best_row(rows: Sequence[Mapping[str, Any]], select_by: str,
 
 
 def _transfer(feats: np.ndarray, y: np.ndarray, ds: np.ndarray, cfg: ProbeConfig,
-              kind: str) -> dict[str, Any]:
+              kind: str, groups: np.ndarray | None = None) -> dict[str, Any]:
     """Cross-dataset transfer of one (layer, pool) feature matrix ``[n, d]``."""
     names = sorted(set(ds.tolist()))
     eligible, excluded = [], {}
@@ -834,10 +864,13 @@ def _transfer(feats: np.ndarray, y: np.ndarray, ds: np.ndarray, cfg: ProbeConfig
                                    "n_test": int((ds == b).sum())}
             if a == b:
                 yd = y[ds == a]
+                gd = None if groups is None else groups[ds == a]
                 k = min(cfg.folds, int(yd.sum()), int((~yd).sum()))
+                if gd is not None:
+                    k = min(k, len(set(gd[yd].tolist())), len(set(gd[~yd].tolist())))
                 if k >= 2:
-                    summ, _ = cross_validate(feats[ds == a], yd, make_folds(yd, k, cfg.seed),
-                                             kind, **kw)
+                    summ, _ = cross_validate(feats[ds == a], yd,
+                                             make_folds(yd, k, cfg.seed, groups=gd), kind, **kw)
                     row.update({m: summ[m] for m in METRICS}, note=f"within-dataset {k}-fold CV")
                 else:
                     row.update({m: None for m in METRICS}, note="too few for CV")
@@ -918,7 +951,8 @@ def run_probes(run: RunDir | str | Path, config: ProbeConfig | None = None, *,
     layers = parse_layers(cfg.layers, handle.n_layers) or list(range(handle.n_layers))
     y = np.array([bool(r["oracle_label"]) for r in records])
     ds = np.array([r["dataset"] for r in records])
-    folds = make_folds(y, cfg.folds, cfg.seed)
+    groups = np.array(passage_groups(records))
+    folds = make_folds(y, cfg.folds, cfg.seed, groups=groups)
     keys = [_key(r) for r in records]
     probes_dir = run.sub("probes")
     judge = judge_metrics(records, folds)
@@ -926,7 +960,9 @@ def run_probes(run: RunDir | str | Path, config: ProbeConfig | None = None, *,
         "hook_point": HOOK_POINT, "hook_point_doc": HOOK_POINT_DOC,
         "label": "y* = oracle_label; positive class = Correct",
         "model": handle.spec, "n_layers": handle.n_layers, "d_model": handle.info.get("d_model"),
-        "n_records": len(records),
+        "n_records": len(records), "n_passages": len(set(groups.tolist())),
+        "cv": f"StratifiedGroupKFold, groups = passages (dataset + context hash), "
+              f"{cfg.folds} folds, seed {cfg.seed}",
         "datasets": {str(d): int((ds == d).sum()) for d in sorted(set(ds.tolist()))},
         "class_counts": {"correct": int(y.sum()), "incorrect": int((~y).sum())},
         "majority_baseline_accuracy": float(max(y.mean(), 1 - y.mean())),
@@ -942,7 +978,8 @@ def run_probes(run: RunDir | str | Path, config: ProbeConfig | None = None, *,
                                       batch_size=cfg.batch_size,
                                       templates_path=mcfg.get("templates_path"), log=log)
         sig = _digest({"cfg": asdict(cfg), "layers": layers, "keys": keys, "task": task,
-                       "y": y.tolist(), "v": FEATURES_VERSION})
+                       "y": y.tolist(), "v": FEATURES_VERSION,
+                       "groups": groups.tolist()})
         cache = probes_dir / f"sweep_{task}.json"
         if cache.exists() and read_json(cache).get("signature") == sig and not info["n_computed"]:
             rows = read_json(cache)["rows"]
@@ -972,7 +1009,7 @@ def run_probes(run: RunDir | str | Path, config: ProbeConfig | None = None, *,
             "oof_accuracy": float(probe_right.mean()),
         }
         if task == "eval":
-            tres["transfer"] = _transfer(X, y, ds, cfg, best["probe"])
+            tres["transfer"] = _transfer(X, y, ds, cfg, best["probe"], groups)
         # weights: the best cell of each probe kind refitted on all records
         for kind, row in best_by_probe.items():
             fp = fit_probe(feats[row["pool"]][:, row["layer"]], y, kind, **_fit_kw(cfg))

@@ -11,8 +11,8 @@ import torch
 
 from interp import probing
 from interp.probing import (FittedProbe, ProbeConfig, ProbeError, extract_features, fit_probe,
-                            make_folds, parse_layers, pool_resid, rerender, residual_stream,
-                            run_probes)
+                            make_folds, parse_layers, passage_groups, pool_resid, rerender,
+                            residual_stream, run_probes)
 from interp.prompts import get_template, render
 from interp.store import RunDir
 
@@ -118,6 +118,27 @@ def test_folds_disjoint_and_class_count_error():
         assert y[te].any() and (~y[te]).any()
     with pytest.raises(ProbeError, match=r"y\*=Correct 2, y\*=Incorrect 18"):
         make_folds(np.array([True] * 2 + [False] * 18), 5, seed=0)
+
+
+def test_group_folds_keep_each_passage_in_one_fold():
+    """Records about one passage never sit in both a train and a test fold."""
+    rng = np.random.default_rng(0)
+    groups = np.repeat(np.arange(15), 3)            # 15 passages x 3 questions
+    y = rng.random(45) < 0.4
+    y[:3], y[3:6] = True, False                     # both classes present in many groups
+    folds = make_folds(y, 3, seed=0, groups=groups)
+    assert sorted(np.concatenate([te for _, te in folds]).tolist()) == list(range(45))
+    for tr, te in folds:
+        assert not set(groups[tr]) & set(groups[te])
+    # the class check counts passages, not records: 6 Correct records on 2 passages
+    y2 = np.zeros(45, bool)
+    y2[:6] = True
+    with pytest.raises(ProbeError, match=r"too few groups \(passages\).*y\*=Correct 2"):
+        make_folds(y2, 3, seed=0, groups=groups)
+    recs = [{"dataset": "squad_v2", "context": "A"}, {"dataset": "squad_v2", "context": "A"},
+            {"dataset": "drop", "context": "A"}, {"dataset": "squad_v2", "context": "B"}]
+    g = passage_groups(recs)
+    assert g[0] == g[1] and len(set(g)) == 3
 
 
 @pytest.mark.parametrize("kind", ["logreg", "svm", "mlp"])
