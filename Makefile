@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test test-unit bench clean
+.PHONY: venv demo transfer test test-unit bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/interp run experiments/quickstart.toml
+
+# Study 3 on the bundled model (trains three LoRA adapters on CPU; resumable), figures copied.
+transfer: $(STAMP)
+	$(BIN)/interp transfer --config experiments/transfer_quickstart.toml --out runs/transfer_quickstart
+	cp runs/transfer_quickstart/figures/transfer_*.png figures/
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -64,6 +64,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
+import json
 import math
 import re
 import time
@@ -1175,6 +1177,15 @@ def _write_table(df: Any, path: Path) -> Path:
     return path
 
 
+def part_signature(cfg: PatchingConfig, kind: str, layers: Sequence[int],
+                   handle: ModelHandle) -> str:
+    """A short digest of everything that shapes one pair's sweep (model, kind, layers, hook,
+    per-position); a stored part with another signature is recomputed, not reused."""
+    key = {"model": handle.spec, "kind": kind, "layers": list(layers), "hook": cfg.hook,
+           "per_position": cfg.per_position}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def run_patching(run: RunDir, cfg: PatchingConfig, handle: ModelHandle, *,
                  log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run every (pair kind, sweep kind) of ``cfg`` on a run's records; write tables, summary
@@ -1200,12 +1211,17 @@ def run_patching(run: RunDir, cfg: PatchingConfig, handle: ModelHandle, *,
             parts = d / "parts"
             results = []
             t0 = time.perf_counter()
+            sig = part_signature(cfg, kind, layers, handle)
             for pair in pairs:
                 f = parts / f"{pair.key}.json"
                 if f.exists():
-                    results.append(read_json(f))
-                    continue
+                    old = read_json(f)
+                    if old.get("meta", {}).get("signature") == sig:
+                        results.append(old)
+                        continue
+                    log(f"[{pk}/{kind}] {pair.key}: stored sweep used other settings; redone")
                 res = run_pair(handle, pair, kind, cfg, layers)
+                res["meta"]["signature"] = sig
                 write_json(f, res)
                 results.append(res)
                 m = res["meta"]

@@ -209,9 +209,19 @@ def test_run_patching_stage_writes_tables_and_figures(tiny, toy_run):
     assert "patching_candidate_swap_attribution.png" in figs
     # resume: a second call reads the parts back and gives the same summary numbers
     cfg.figures = False
-    again = run_patching(toy_run, cfg, tiny, log=lambda s: None)
+    msgs: list[str] = []
+    again = run_patching(toy_run, cfg, tiny, log=msgs.append)
+    assert not any("redone" in m or "sweep" in m for m in msgs), msgs
     assert again["candidate-swap/heads"]["top_heads"] == summary["candidate-swap/heads"][
         "top_heads"]
+    # other layers: the stored parts are stale and are recomputed, not reused
+    cfg2 = PatchingConfig.from_mapping({"pairs": ["candidate-swap"], "kinds": ["heads"],
+                                        "limit": 1, "layers": [1], "figures": False})
+    msgs = []
+    third = run_patching(toy_run, cfg2, tiny, log=msgs.append)
+    assert any("redone" in m for m in msgs)
+    assert third["candidate-swap/heads"]["layers"] == [1]
+    assert {h["layer"] for h in third["candidate-swap/heads"]["top_heads"]} == {1}
 
 
 @pytest.mark.integration
