@@ -1097,8 +1097,16 @@ def _pair_meta(pair: PatchPair, pt: Patcher) -> dict[str, Any]:
 
 
 def run_pair(handle: ModelHandle, pair: PatchPair, kind: str, cfg: PatchingConfig,
-             layers: Sequence[int]) -> dict[str, Any]:
-    """All tables of one pair for one sweep kind (see :func:`run_patching`)."""
+             layers: Sequence[int], prior: Mapping[str, Mapping[str, Any]] | None = None
+             ) -> dict[str, Any]:
+    """All tables of one pair for one sweep kind (see :func:`run_patching`).
+
+    ``prior`` maps a kind (``heads``, ``resid``) to this pair's finished sweep of that kind
+    with the same layers; ``attribution`` then takes its exact-patching comparison from them
+    instead of running the same sweeps again (``resid`` only when it used ``hook_resid_pre``
+    per position, the units attribution scores).
+    """
+    prior = prior or {}
     pt = Patcher(handle, pair.clean.input_ids, pair.corrupt.input_ids, pos_map=pair.pos_map,
                  start=pair.start, batch_size=cfg.batch_size, prefix_cache=cfg.prefix_cache)
     pt.ensure_clean([])
@@ -1120,8 +1128,17 @@ def run_pair(handle: ModelHandle, pair: PatchPair, kind: str, cfg: PatchingConfi
         att = pt.attribution(layers)
         att_wall = time.perf_counter() - t0
         den = pt.clean_ld - pt.corrupt_ld
-        exact_h, w1 = sweep_heads(pt, pair, layers=layers)
-        if pair.kind == "task-swap":
+        reused = []
+        if "heads" in prior:
+            exact_h, w1 = prior["heads"]["heads"], prior["heads"]["meta"]["wall_s"]
+            reused.append("heads")
+        else:
+            exact_h, w1 = sweep_heads(pt, pair, layers=layers)
+        if pair.kind == "candidate-swap" and "resid" in prior and cfg.per_position \
+                and cfg.hook == "hook_resid_pre":
+            exact_r, w2 = prior["resid"]["resid"], prior["resid"]["meta"]["wall_s"]
+            reused.append("resid")
+        elif pair.kind == "task-swap":
             pos = list(range(*pair.corrupt.token_spans["context"]))
             exact_r, w2 = [], 0.0
             res = pt.run([Patch(f"blocks.{layer}.hook_resid_pre", tuple(pos)) for layer in layers])
@@ -1155,6 +1172,7 @@ def run_pair(handle: ModelHandle, pair: PatchPair, kind: str, cfg: PatchingConfi
         out["attribution"] = rows_h + rows_r
         wall = att_wall
         meta["exact_wall_s"] = w1 + w2
+        meta["exact_reused_from"] = reused
     meta["wall_s"] = wall
     meta["cost_ratio"] = wall / pt.clean_forward_s
     return out
@@ -1203,6 +1221,7 @@ def run_patching(run: RunDir, cfg: PatchingConfig, handle: ModelHandle, *,
     layers = cfg.layer_list(handle.n_layers)
     root = run.sub("patching")
     summary: dict[str, Any] = {}
+    finished: dict[tuple[str, str, str], dict[str, Any]] = {}   # (pairs, pair, kind) -> part
     for pk in cfg.pairs:
         pairs, refused = build_pairs(run, pk, handle.tokenizer, limit=cfg.limit,
                                      max_tokens=cfg.max_tokens, log=log)
@@ -1218,10 +1237,14 @@ def run_patching(run: RunDir, cfg: PatchingConfig, handle: ModelHandle, *,
                     old = read_json(f)
                     if old.get("meta", {}).get("signature") == sig:
                         results.append(old)
+                        finished[(pk, pair.key, kind)] = old
                         continue
                     log(f"[{pk}/{kind}] {pair.key}: stored sweep used other settings; redone")
-                res = run_pair(handle, pair, kind, cfg, layers)
+                prior = {k: finished[(pk, pair.key, k)] for k in ("heads", "resid")
+                         if (pk, pair.key, k) in finished} if kind == "attribution" else None
+                res = run_pair(handle, pair, kind, cfg, layers, prior=prior)
                 res["meta"]["signature"] = sig
+                finished[(pk, pair.key, kind)] = res
                 write_json(f, res)
                 results.append(res)
                 m = res["meta"]

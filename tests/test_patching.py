@@ -214,6 +214,26 @@ def test_run_patching_stage_writes_tables_and_figures(tiny, toy_run):
     assert not any("redone" in m or "sweep" in m for m in msgs), msgs
     assert again["candidate-swap/heads"]["top_heads"] == summary["candidate-swap/heads"][
         "top_heads"]
+    # attribution took its exact comparison from the resid and heads sweeps of the same call;
+    # computed afresh (attribution alone) it gives the same exact effects
+    import json
+    import shutil
+
+    reused = pd.read_parquet(root / "candidate-swap/attribution/effects.parquet")
+    part = next((root / "candidate-swap/attribution/parts").glob("*.json"))
+    assert json.loads(part.read_text())["meta"]["exact_reused_from"] == ["heads", "resid"]
+    shutil.rmtree(root / "candidate-swap/attribution")
+    alone = PatchingConfig.from_mapping({"pairs": ["candidate-swap"], "kinds": ["attribution"],
+                                         "limit": 1, "layers": [0, 1], "batch_size": 32,
+                                         "figures": False})
+    run_patching(toy_run, alone, tiny, log=lambda s: None)
+    fresh = pd.read_parquet(root / "candidate-swap/attribution/effects.parquet")
+    assert json.loads(part.read_text())["meta"]["exact_reused_from"] == []
+    key = ["unit", "layer", "head", "position"]
+    a, b = reused.sort_values(key).reset_index(), fresh.sort_values(key).reset_index()
+    assert len(a) == len(b) > 0
+    np.testing.assert_allclose(a.exact_d_ld, b.exact_d_ld, atol=1e-4)
+    np.testing.assert_allclose(a.attr_ld, b.attr_ld, atol=1e-5)
     # other layers: the stored parts are stale and are recomputed, not reused
     cfg2 = PatchingConfig.from_mapping({"pairs": ["candidate-swap"], "kinds": ["heads"],
                                         "limit": 1, "layers": [1], "figures": False})
@@ -226,6 +246,7 @@ def test_run_patching_stage_writes_tables_and_figures(tiny, toy_run):
 
 @pytest.mark.integration
 def test_bundled_quick_run_patching(bundled, quick_run, tmp_path):
+    import json
     import shutil
 
     shutil.copytree(quick_run.path, tmp_path / "run")
