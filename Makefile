@@ -25,6 +25,7 @@ demo: $(STAMP)
 transfer: $(STAMP)
 	$(BIN)/interp transfer --config experiments/transfer_quickstart.toml --out runs/transfer_quickstart
 	cp runs/transfer_quickstart/figures/transfer_*.png figures/
+	cp runs/transfer_quickstart/transfer/table.json figures/transfer_table.json
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
