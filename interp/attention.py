@@ -64,6 +64,8 @@ from interp.prompts import RenderedPrompt, get_template, render
 from interp.store import RunDir, config_from_table, RunDirError, read_json, save_tensors, write_json
 
 STAGE = "attention"
+SUMMARIES = {"attention/summary.json": "attention_summary.json"}
+"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 SPANS = ("context", "question", "candidate", "template")
 """Span order of the mass tensors (``reference`` is appended when a template uses it)."""
 TASKS = ("gen", "eval")

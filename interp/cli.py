@@ -94,7 +94,8 @@ def run_config(path: str | Path, *, overwrite: bool = False,
     """Run every stage of a TOML config (see ``experiments/quickstart.toml``).
 
     The config has top-level ``name``, ``out`` (default ``runs/<name>``), optional ``figures``
-    (a folder the figures are copied to), an ``[asymmetry]`` table with ``models`` (a list)
+    (a folder the figures are copied to, with ``metrics.json`` as ``asymmetry_metrics.json``
+    and each stage's ``SUMMARIES``), an ``[asymmetry]`` table with ``models`` (a list)
     and the :class:`interp.asymmetry.AsymmetryConfig` fields, and one table per further stage.
     Each model gets its own run directory ``out/<model-slug>/``; ``out/summary.json`` holds
     every model's metrics.
@@ -136,9 +137,16 @@ def run_config(path: str | Path, *, overwrite: bool = False,
         if cfg.get("figures"):
             dest = Path(cfg["figures"])
             dest.mkdir(parents=True, exist_ok=True)
-            for png in sorted((run_dir / "figures").glob("*.png")):
-                stem = png.name if len(models) == 1 else f"{_model_slug(spec)}__{png.name}"
-                shutil.copy2(png, dest / stem)
+            tables = {"metrics.json": "asymmetry_metrics.json"}
+            for stage, module in stage_names.items():
+                if stage in cfg:
+                    tables.update(getattr(importlib.import_module(module), "SUMMARIES", {}))
+            files = [(p, p.name) for p in sorted((run_dir / "figures").glob("*.png"))]
+            files += [(run_dir / src, name) for src, name in tables.items()
+                      if (run_dir / src).exists()]
+            for src, name in files:
+                stem = name if len(models) == 1 else f"{_model_slug(spec)}__{name}"
+                shutil.copy2(src, dest / stem)
     write_json(out / "summary.json", summary)
     return summary
 

@@ -83,6 +83,8 @@ from interp.prompts import RenderedPrompt, get_template, render, verdict_token_i
 from interp.store import RunDir, config_from_table, read_json, write_json
 
 STAGE = "patching"
+SUMMARIES = {"patching/summary.json": "patching_summary.json"}
+"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 PAIR_KINDS = ("candidate-swap", "task-swap")
 SWEEP_KINDS = ("resid", "heads", "attribution")
 BACKENDS = ("hf", "transformer_lens", "nnsight")

@@ -73,6 +73,8 @@ from interp.store import RunDir, RunDirError, config_from_table, load_tensors, r
     record_key, save_tensors, write_json
 
 STAGE = "probe"
+SUMMARIES = {"probes/results.json": "probes_results.json"}
+"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 HOOK_POINT = "resid_post"
 HOOK_POINT_DOC = ("resid_post (TransformerLens blocks.L.hook_resid_post): output of decoder "
                   "layer L before the final norm; transformers hidden_states[L+1] for "

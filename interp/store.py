@@ -31,6 +31,10 @@ _PACKAGES = ("interp", "torch", "transformers", "transformer-lens", "nnsight", "
              "datasets", "numpy", "scikit-learn")
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 class RunDirError(ValueError):
     """A run directory that is missing what a command needs, or was made with another config."""
 
@@ -60,6 +64,7 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)   # mkstemp makes 0600; results are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

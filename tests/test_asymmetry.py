@@ -132,3 +132,39 @@ def test_quick_run_metrics(quick_run):
     assert m["overall"]["GA"] == pytest.approx(ga)
     manifest = quick_run.manifest()
     assert manifest["model"]["sha256"] and manifest["model"]["n_layers"] == 30
+
+
+def test_run_config_runs_stages_and_copies_figures_and_tables(tiny, tmp_path):
+    """`interp run CONFIG`: grid + attention stage; figures and summary tables land in the
+    figures folder; an unknown stage is refused before anything runs."""
+    from interp.cli import run_config
+
+    model_dir = tmp_path / "tiny-model"
+    tiny.model.save_pretrained(model_dir)
+    tiny.tokenizer.save_pretrained(model_dir)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'''name = "t"
+out = "{tmp_path / 'runs'}"
+figures = "{tmp_path / 'figs'}"
+[asymmetry]
+models = ["{model_dir}"]
+datasets = ["squad_v2"]
+limit = 2
+max_new_tokens = 4
+n_boot = 50
+[attention]
+layers = "all"
+n_boot = 50
+''')
+    summary = run_config(cfg)
+    (spec, entry), = summary.items()
+    assert entry["metrics"]["overall"]["n"] == 2
+    figs = {p.name for p in (tmp_path / "figs").iterdir()}
+    assert {"asymmetry.png", "asymmetry_metrics.json", "attention_summary.json",
+            "attention_layerwise.png"} <= figs
+    copied = json.loads((tmp_path / "figs" / "asymmetry_metrics.json").read_text())
+    assert copied == json.loads((tmp_path / "runs").glob("*/metrics.json").__next__().read_text())
+    bad = tmp_path / "bad.toml"
+    bad.write_text(cfg.read_text() + "[atention]\nlayers = 'all'\n")
+    with pytest.raises(ValueError, match=r"unknown keys or stages \['atention'\]"):
+        run_config(bad)

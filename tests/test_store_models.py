@@ -15,6 +15,12 @@ def test_write_json_atomic_and_nan(tmp_path):
     p = write_json(tmp_path / "a" / "x.json", {"v": float("nan"), "w": [1.0]})
     assert read_json(p) == {"v": None, "w": [1.0]}
     assert [q.name for q in p.parent.iterdir()] == ["x.json"]
+    # readable like any file the user writes (mkstemp alone would leave it 0600)
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    assert p.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_missing_run_names_the_command(tmp_path):
