@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import shutil
+import sys
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any
@@ -168,6 +169,11 @@ def _register_all() -> None:
 
 def main() -> None:
     """Entry point of the ``interp`` console script."""
+    # progress lines reach a log file (nohup, sbatch --output) as they are printed, not when a
+    # block buffer fills
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(line_buffering=True)
     _register_all()
     app()
 
