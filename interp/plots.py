@@ -96,7 +96,8 @@ def plot_probes(results: Mapping[str, Any], out_dir: str | Path, name: str = "pr
     Correct, accuracy, balanced accuracy): the first probe's mean over CV test folds per layer,
     one line per pooling, shaded ±1 std; the other probes' cells as markers. Horizontal lines:
     the verbal judge on the same test folds (AUC of ``p_correct``, F1 of the verdict, EA,
-    balanced accuracy of the verdict), the majority-class accuracy and chance AUC.
+    balanced accuracy of the verdict), the majority-class accuracy, chance AUC and, when the
+    permutation null was run, the 95th percentile of the best cell under permuted labels.
 
     Args:
         results: the content of ``DIR/probes/results.json`` (:func:`interp.probing.run_probes`).
@@ -145,6 +146,11 @@ def plot_probes(results: Mapping[str, Any], out_dir: str | Path, name: str = "pr
                                jkey, f"judge verdict {label}") + f" ({jv:.2f})")
             if key == "auc":
                 ax.axhline(0.5, color="grey", ls=":", lw=1, label="chance")
+                pm = t.get("permutation")
+                if pm and pm.get("metric") == "auc" and pm.get("null_q95") is not None:
+                    ax.axhline(pm["null_q95"], color="tab:red", ls="-.", lw=1,
+                               label=f"best cell under permuted labels, 95th pct "
+                                     f"({pm['n']} perms)")
             if key == "accuracy":
                 ax.axhline(results["majority_baseline_accuracy"], color="grey", ls=":", lw=1,
                            label="majority class")
@@ -155,8 +161,10 @@ def plot_probes(results: Mapping[str, Any], out_dir: str | Path, name: str = "pr
             ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
             if j == 0:
                 ax.set_ylabel(f"CV mean over {results['folds']} folds")
+                pm = t.get("permutation")
+                ptxt = f", permutation p={pm['p_value']:.2f}" if pm else ""
                 ax.text(0.02, 0.03, f"best: {b['probe']} L{b['layer']} {b['pool']}\n"
-                        f"AUC {b['auc']:.2f}, F1 {b['f1']:.2f}", transform=ax.transAxes,
+                        f"AUC {b['auc']:.2f}, F1 {b['f1']:.2f}{ptxt}", transform=ax.transAxes,
                         fontsize=7, va="bottom")
         seen: dict[str, Any] = {}
         for ax in axes[i]:

@@ -119,6 +119,8 @@ class ProbeConfig:
             the cross-dataset transfer table.
         limit: use only the first N ok records of each dataset (None: all); the cost is about
             two forward passes per record (eval + gen prompt).
+        permutations: label permutations for the selection-aware null of the best cell
+            (:func:`permutation_null`; 0 = off); each costs one sweep of the first probe.
     """
 
     folds: int = 5
@@ -136,6 +138,7 @@ class ProbeConfig:
     mlp_alpha: float = 1e-2
     transfer_min_per_class: int = 2
     limit: int | None = None
+    permutations: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.probes, str):
@@ -835,6 +838,52 @@ def sweep(feats: Mapping[str, np.ndarray], y: np.ndarray, layers: Sequence[int],
     return rows
 
 
+def permutation_null(feats: Mapping[str, np.ndarray], y: np.ndarray, layers: Sequence[int],
+                     cfg: ProbeConfig, observed: float, *, groups: np.ndarray | None = None,
+                     log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Selection-aware permutation test of the best (layer, pool) cell of the first probe.
+
+    The best cell is the maximum over many cells, so its CV score is optimistic. Here the
+    labels are permuted ``cfg.permutations`` times (``numpy`` generator seeded with
+    ``cfg.seed``), folds are rebuilt on each permuted labelling (same groups), the first
+    probe's whole grid is cross-validated again, and the best cell's ``cfg.select_by`` is kept:
+    the distribution of "the best score the search finds when labels carry no signal"
+    (a max-statistic permutation test; Westfall & Young 1993, Ojala & Garriga 2010).
+
+    Args:
+        feats: ``{pool: [n, n_layers, d]}``; y: ``[n]`` bool labels; layers: layers swept.
+        cfg: the probe config (``permutations``, ``select_by``, folds, seed, first probe).
+        observed: the real best cell's ``select_by`` value of the first probe.
+        groups: ``[n]`` passage ids for the folds (see :func:`make_folds`).
+
+    Returns:
+        ``{"n", "metric", "observed", "null" (list), "null_mean", "null_q95", "p_value"}``
+        with ``p_value = (1 + #{null >= observed}) / (1 + n)``.
+    """
+    rng = np.random.default_rng(cfg.seed)
+    one = ProbeConfig(**{**asdict(cfg), "probes": cfg.probes[:1]})
+    null, skipped = [], 0
+    t0 = time.perf_counter()
+    for i in range(cfg.permutations):
+        yp = rng.permutation(y)
+        try:
+            folds = make_folds(yp, cfg.folds, cfg.seed + 1 + i, groups=groups)
+        except ProbeError:   # the permuted positives fell into fewer passages than folds
+            skipped += 1
+            continue
+        rows = sweep(feats, yp, layers, one, folds, log=lambda _: None)
+        null.append(float(best_row(rows, cfg.select_by)[cfg.select_by] or 0.0))
+    log(f"[probe] permutation null: {cfg.permutations} sweeps in "
+        f"{time.perf_counter() - t0:.0f} s")
+    arr = np.array(null)
+    return {"n": len(null), "skipped": skipped, "metric": cfg.select_by,
+            "probe": cfg.probes[0],
+            "observed": observed, "null": null,
+            "null_mean": float(arr.mean()) if len(arr) else None,
+            "null_q95": float(np.quantile(arr, 0.95)) if len(arr) else None,
+            "p_value": float((1 + (arr >= observed).sum()) / (1 + len(arr)))}
+
+
 def best_row(rows: Sequence[Mapping[str, Any]], select_by: str,
              probe: str | None = None) -> dict[str, Any]:
     """The row with the highest mean CV ``select_by`` (ties: the other metric, then earlier
@@ -994,6 +1043,16 @@ def run_probes(run: RunDir | str | Path, config: ProbeConfig | None = None, *,
         tres: dict[str, Any] = {"pools": task_pools(task, cfg.pools), "grid": rows,
                                 "best": best, "best_by_probe": best_by_probe,
                                 "candidate_fallback": info["candidate_fallback"]}
+        if cfg.permutations > 0:
+            pcache = probes_dir / f"permutation_{task}.json"
+            if pcache.exists() and read_json(pcache).get("signature") == sig:
+                tres["permutation"] = read_json(pcache)["result"]
+            else:
+                first_best = best_row(rows, cfg.select_by, cfg.probes[0])
+                tres["permutation"] = permutation_null(
+                    feats, y, layers, cfg, float(first_best[cfg.select_by] or 0.0),
+                    groups=groups, log=log)
+                write_json(pcache, {"signature": sig, "result": tres["permutation"]})
         # probe vs judge on the same records and folds: out-of-fold predictions of the best cell
         X = feats[best["pool"]][:, best["layer"]]
         _, oof = cross_validate(X, y, folds, best["probe"], **_fit_kw(cfg))
@@ -1058,6 +1117,11 @@ def format_results(results: Mapping[str, Any]) -> str:
         for k, r in t["best_by_probe"].items():
             lines.append(f"   {k:<6} layer {r['layer']:>2} {r['pool']:<9} AUC {r['auc']:.3f} "
                          f"F1 {r['f1']:.3f} bal.acc {r['balanced_accuracy']:.3f}")
+        if pm := t.get("permutation"):
+            lines.append(f"   permutation null of the best {pm['probe']} cell ({pm['n']} label "
+                         f"permutations): {pm['metric'].upper()} observed {pm['observed']:.3f}, "
+                         f"null mean {pm['null_mean']:.3f}, 95th pct {pm['null_q95']:.3f}, "
+                         f"p = {pm['p_value']:.3f}")
     tr = results.get("transfer")
     if tr and tr["possible"]:
         for p in tr["pairs"]:

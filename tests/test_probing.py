@@ -221,9 +221,14 @@ def test_run_probes_end_to_end_and_resume(tiny, tmp_path):
     from interp.asymmetry import group_metrics
 
     run, recs = _synthetic_run(tmp_path, tiny)
-    cfg = ProbeConfig(folds=3, top_k=1, batch_size=4, seed=0, pools=["last", "candidate", "max"])
+    cfg = ProbeConfig(folds=3, top_k=1, batch_size=4, seed=0, pools=["last", "candidate", "max"],
+                      permutations=3)
     logs: list[str] = []
     res = run_probes(run, cfg, handle=tiny, log=logs.append)
+    pm = res["tasks"]["eval"]["permutation"]
+    assert pm["n"] + pm["skipped"] == 3 and pm["observed"] == pytest.approx(
+        max(r["auc"] for r in res["tasks"]["eval"]["grid"] if r["probe"] == "logreg"))
+    assert "permutation null" in probing.format_results(res)
     out = run.path / "probes"
     assert (out / "results.json").exists() and (run.path / "figures" / "probes.png").exists()
     assert (out / "features_eval.safetensors").exists()
@@ -262,6 +267,8 @@ def test_run_probes_end_to_end_and_resume(tiny, tmp_path):
     assert not any("to extract" in s for s in logs)
     assert any("sweep reused" in s for s in logs)
     assert res2["tasks"]["eval"]["grid"] == res["tasks"]["eval"]["grid"]
+    assert res2["tasks"]["eval"]["permutation"] == pm
+    assert not any("permutation null" in s for s in logs)
 
 
 def test_too_few_examples_error_and_bad_config(tiny, tmp_path):
@@ -326,3 +333,29 @@ def test_binary_metrics_equal_sklearn():
                                                        zero_division=0))
         assert m["auc"] == pytest.approx(roc_auc_score(y, score))
     assert binary_metrics(np.array([True, True]), np.array([True, False]), None)["auc"] is None
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_permutation_null_separates_signal_from_selection():
+    """A real signal beats every permuted-label search; pure noise does not (its best cell is
+    as good as the best cell found on permuted labels)."""
+    from interp.probing import best_row, permutation_null, sweep
+
+    rng = np.random.default_rng(0)
+    n, n_layers, d = 60, 3, 8
+    y = np.zeros(n, bool)
+    y[rng.choice(n, 20, replace=False)] = True
+    noise = {"last": rng.normal(size=(n, n_layers, d)), "max": rng.normal(size=(n, n_layers, d))}
+    signal = {k: v.copy() for k, v in noise.items()}
+    signal["last"][:, 1, 0] += 3.0 * y               # layer 1, last token carries y
+    cfg = ProbeConfig(folds=3, probes=["logreg"], permutations=9, seed=0)
+    for feats, strong in ((signal, True), (noise, False)):
+        rows = sweep(feats, y, range(n_layers), cfg, make_folds(y, 3, 0), log=lambda s: None)
+        obs = best_row(rows, "auc")["auc"]
+        pm = permutation_null(feats, y, range(n_layers), cfg, obs, log=lambda s: None)
+        assert pm["n"] == 9 and len(pm["null"]) == 9 and pm["skipped"] == 0
+        assert all(0.0 <= v <= 1.0 for v in pm["null"])
+        if strong:
+            assert obs > 0.9 and pm["p_value"] == pytest.approx(0.1)   # (1 + 0) / (1 + 9)
+        else:
+            assert pm["p_value"] > 0.1 and pm["null_q95"] > 0.55      # selection inflates
