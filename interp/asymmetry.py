@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -328,7 +328,8 @@ def run_asymmetry(
     template = get_template(config.template, config.templates_path)
     handle = handle or load_model(config.model, device=config.device, dtype=config.dtype)
     cfg = asdict(config)
-    run.init_manifest(cfg, model_info=handle.info, overwrite=overwrite, key_fields=KEY_FIELDS)
+    manifest = run.init_manifest(cfg, model_info=handle.info, overwrite=overwrite,
+                                 key_fields=KEY_FIELDS)
     oracle = make_oracle(config.oracle, device=config.device)
     done = {record_key(r) for r in (run.read_records(status=None)
                                     if run.records_path.exists() else [])}
@@ -364,7 +365,9 @@ def run_asymmetry(
             dt = time.perf_counter() - t0
             log(f"[{ds}] {len(todo)} examples in {dt:.1f} s "
                 f"({60 * len(todo) / dt:.1f} examples/minute)")
-    return write_metrics(run, config)
+    # metrics.json describes the whole run directory: every dataset run into it so far
+    every = manifest["config"].get("datasets", config.datasets)
+    return write_metrics(run, replace(config, datasets=list(every)))
 
 
 def write_metrics(run: RunDir, config: AsymmetryConfig | None = None) -> dict[str, Any]:

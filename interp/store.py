@@ -168,7 +168,8 @@ class RunDir:
         return read_json(self.manifest_path)
 
     def init_manifest(self, config: Mapping[str, Any], *, model_info: Mapping[str, Any],
-                      overwrite: bool = False, key_fields: Iterable[str] = ()) -> dict[str, Any]:
+                      overwrite: bool = False, key_fields: Iterable[str] = (),
+                      merge_fields: Iterable[str] = ("datasets",)) -> dict[str, Any]:
         """Create the manifest, or check that an existing one has the same config.
 
         Args:
@@ -177,6 +178,8 @@ class RunDir:
             overwrite: replace a manifest (and its records) made with another config.
             key_fields: config keys that must match an existing manifest; others (``limit``,
                 ``datasets``, ``batch_size``) may change between invocations.
+            merge_fields: list-valued keys that accumulate over invocations (ordered union):
+                a run extended with another dataset still reports on all of its datasets.
 
         Raises:
             RunDirError: an existing manifest differs in a key field and not ``overwrite``.
@@ -194,7 +197,12 @@ class RunDir:
                 for p in (self.records_path, self.path / "metrics.json"):
                     p.unlink(missing_ok=True)
             elif not diff:
+                merged = {k: list(dict.fromkeys([*old["config"].get(k, []), *config[k]]))
+                          for k in merge_fields
+                          if isinstance(config.get(k), list)
+                          and isinstance(old["config"].get(k, []), list)}
                 old["config"].update({k: v for k, v in config.items() if k not in keys})
+                old["config"].update(merged)
                 old.setdefault("invocations", []).append(_now())
                 write_json(self.manifest_path, old)
                 return old

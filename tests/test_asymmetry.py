@@ -114,6 +114,11 @@ def test_run_resumes_and_refuses_other_config(tiny, tmp_path):
     bad = AsymmetryConfig(**{**cfg.__dict__, "template": "reference"})
     with pytest.raises(RunDirError, match="template"):
         run_asymmetry(bad, tmp_path, handle=tiny, log=lambda s: None)
+    # extending the run with another dataset: metrics (and the manifest) cover both
+    more = AsymmetryConfig(**{**cfg.__dict__, "datasets": ["drop"], "limit": 1})
+    m = run_asymmetry(more, tmp_path, handle=tiny, log=lambda s: None)
+    assert set(m["per_dataset"]) == {"squad_v2", "drop"} and m["overall"]["n"] == 4
+    assert RunDir(tmp_path).manifest()["config"]["datasets"] == ["squad_v2", "drop"]
 
 
 def test_unknown_config_key():
