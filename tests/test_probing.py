@@ -304,8 +304,10 @@ def test_bundled_quick_run(bundled, quick_run, tmp_path):
     assert torch.allclose(out.hidden_states[n], bundled.model.model.norm(got[n - 1]), atol=1e-5)
     y = np.array([r["oracle_label"] for r in recs])
     cfg = ProbeConfig(folds=2, layers=[0, 15, 29], probes=["logreg", "svm"], top_k=1)
-    if min(y.sum(), (~y).sum()) < 2:
-        with pytest.raises(ProbeError, match=f"y\\*=Correct {int(y.sum())}"):
+    g = np.array(passage_groups(recs))          # the folds count passages, not records
+    n_c, n_i = len(set(g[y].tolist())), len(set(g[~y].tolist()))
+    if min(n_c, n_i) < 2:
+        with pytest.raises(ProbeError, match=f"y\\*=Correct {n_c}, y\\*=Incorrect {n_i}"):
             run_probes(run, cfg, handle=bundled, log=lambda s: None)
     else:
         res = run_probes(run, cfg, handle=bundled, log=lambda s: None)
