@@ -1171,13 +1171,16 @@ def register(app: Any) -> None:
         seed: int = 0,
         limit: Annotated[int | None, typer.Option(
             help="first N ok records per dataset (default all)")] = None,
+        permutations: Annotated[int, typer.Option(
+            help="label permutations for the best cell's selection-aware null (0: off)")] = 0,
         device: str | None = None,
     ) -> None:
         """Probes on the residual stream predicting y* (representation-as-a-judge, seed 003)."""
         try:
             cfg = ProbeConfig(folds=folds, layers=layers, probes=probes, pools=pools, tasks=tasks,
                               select_by=select_by, top_k=top_k, sweep_all=sweep_all,
-                              batch_size=batch_size, seed=seed, limit=limit)
+                              batch_size=batch_size, seed=seed, limit=limit,
+                              permutations=permutations)
             rd = RunDir(run)
             handle = None
             if device:
