@@ -61,7 +61,8 @@ import typer
 
 from interp.models import ModelHandle
 from interp.prompts import RenderedPrompt, get_template, render
-from interp.store import RunDir, config_from_table, RunDirError, read_json, save_tensors, write_json
+from interp.store import RunDir, RunDirError, config_from_table, read_json, save_tensors, \
+    write_json
 
 STAGE = "attention"
 SUMMARIES = {"attention/summary.json": "attention_summary.json"}

@@ -1028,8 +1028,9 @@ def run_probes(run: RunDir | str | Path, config: ProbeConfig | None = None, *,
         feats, info = cached_features(run, handle, records, task, pools=cfg.pools,
                                       batch_size=cfg.batch_size,
                                       templates_path=mcfg.get("templates_path"), log=log)
-        sig = _digest({"cfg": asdict(cfg), "layers": layers, "keys": keys, "task": task,
-                       "y": y.tolist(), "v": FEATURES_VERSION,
+        # the sweep does not depend on the permutation count; the permutation null does
+        sig = _digest({"cfg": {**asdict(cfg), "permutations": None}, "layers": layers,
+                       "keys": keys, "task": task, "y": y.tolist(), "v": FEATURES_VERSION,
                        "groups": groups.tolist()})
         cache = probes_dir / f"sweep_{task}.json"
         if cache.exists() and read_json(cache).get("signature") == sig and not info["n_computed"]:
@@ -1045,14 +1046,15 @@ def run_probes(run: RunDir | str | Path, config: ProbeConfig | None = None, *,
                                 "candidate_fallback": info["candidate_fallback"]}
         if cfg.permutations > 0:
             pcache = probes_dir / f"permutation_{task}.json"
-            if pcache.exists() and read_json(pcache).get("signature") == sig:
+            psig = _digest({"sweep": sig, "permutations": cfg.permutations})
+            if pcache.exists() and read_json(pcache).get("signature") == psig:
                 tres["permutation"] = read_json(pcache)["result"]
             else:
                 first_best = best_row(rows, cfg.select_by, cfg.probes[0])
                 tres["permutation"] = permutation_null(
                     feats, y, layers, cfg, float(first_best[cfg.select_by] or 0.0),
                     groups=groups, log=log)
-                write_json(pcache, {"signature": sig, "result": tres["permutation"]})
+                write_json(pcache, {"signature": psig, "result": tres["permutation"]})
         # probe vs judge on the same records and folds: out-of-fold predictions of the best cell
         X = feats[best["pool"]][:, best["layer"]]
         _, oof = cross_validate(X, y, folds, best["probe"], **_fit_kw(cfg))

@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import secrets
 import subprocess
 import sys
-import tempfile
 import warnings
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
@@ -29,10 +29,6 @@ from typing import Any
 
 _PACKAGES = ("interp", "torch", "transformers", "transformer-lens", "nnsight", "peft",
              "datasets", "numpy", "scikit-learn")
-
-
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 
 
 class RunDirError(ValueError):
@@ -55,16 +51,20 @@ def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write text to ``path`` through a temporary file in the same folder and a rename."""
+    """Write text to ``path`` through a temporary file in the same folder and a rename.
+
+    The temporary file is created with mode 0666 less the umask, like any file the user writes
+    (``tempfile.mkstemp`` would make it 0600 and results are meant to be shared).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)   # mkstemp makes 0600; results are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -81,7 +81,7 @@ from interp.generation import left_pad
 from interp.grading import BaseOracle, extract_answer, is_abstention, normalize_answer
 from interp.models import ModelHandle
 from interp.prompts import Template, get_template, render, verdict_token_ids
-from interp.store import RunDir, config_from_table, atomic_write_text, read_json, write_json
+from interp.store import RunDir, atomic_write_text, config_from_table, read_json, write_json
 
 STAGE = "transfer"
 ADAPTERS = ("lora_gen", "lora_eval", "lora_both")
