@@ -59,10 +59,10 @@ import numpy as np
 import torch
 import typer
 
+from interp.errors import AttentionError
 from interp.models import ModelHandle
 from interp.prompts import RenderedPrompt, get_template, render
-from interp.store import RunDir, RunDirError, config_from_table, read_json, save_tensors, \
-    write_json
+from interp.store import RunDir, RunDirError, config_from_table, read_json, save_tensors, write_json
 
 STAGE = "attention"
 SUMMARIES = {"attention/summary.json": "attention_summary.json"}
@@ -72,10 +72,6 @@ SPANS = ("context", "question", "candidate", "template")
 TASKS = ("gen", "eval")
 BACKENDS = ("hf", "eager", "tlens", "nnsight")
 _IMPL = "interp_last_row"
-
-
-class AttentionError(ValueError):
-    """Bad input to the attention study: layers outside the model, spans that do not match."""
 
 
 # ---------------------------------------------------------------------------------------------

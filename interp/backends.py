@@ -28,6 +28,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+from interp.errors import BackendError
 from interp.models import ModelHandle
 
 _TLENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -43,10 +44,6 @@ _HF_PATHS = {"hook_resid_pre": "model.layers.{L}", "hook_resid_post": "model.lay
              "attn.hook_z": "model.layers.{L}.self_attn.o_proj",
              "hook_attn_out": "model.layers.{L}.self_attn",
              "hook_mlp_out": "model.layers.{L}.mlp"}
-
-
-class BackendError(RuntimeError):
-    """A backend that cannot wrap this model (missing package, unsupported architecture)."""
 
 
 def hook_name(layer: int, point: str) -> str:

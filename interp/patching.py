@@ -78,6 +78,7 @@ import numpy as np
 import torch
 import typer
 
+from interp.errors import PairError, PatchingError
 from interp.models import ModelHandle
 from interp.prompts import RenderedPrompt, get_template, render, verdict_token_ids
 from interp.store import RunDir, config_from_table, read_json, write_json
@@ -91,14 +92,6 @@ BACKENDS = ("hf", "transformer_lens", "nnsight")
 HOOK_POINTS = ("hook_resid_pre", "attn.hook_z", "hook_resid_post")
 """Patchable hook points per block, in execution order."""
 _HOOK_RE = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_post|attn\.hook_z)$")
-
-
-class PatchingError(ValueError):
-    """Bad patching input: an unknown hook point or layer, or ids of the wrong shape."""
-
-
-class PairError(ValueError):
-    """A clean/corrupt pair whose positions do not correspond (names the first difference)."""
 
 
 # ---------------------------------------------------------------------------------------------

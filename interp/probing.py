@@ -67,10 +67,19 @@ import numpy as np
 import torch
 import typer
 
+from interp.errors import ProbeError
 from interp.models import ModelHandle
 from interp.prompts import RenderedPrompt, get_template, render
-from interp.store import RunDir, RunDirError, config_from_table, load_tensors, read_json, \
-    record_key, save_tensors, write_json
+from interp.store import (
+    RunDir,
+    RunDirError,
+    config_from_table,
+    load_tensors,
+    read_json,
+    record_key,
+    save_tensors,
+    write_json,
+)
 
 STAGE = "probe"
 SUMMARIES = {"probes/results.json": "probes_results.json"}
@@ -85,11 +94,6 @@ PROBES = ("logreg", "svm", "mlp")
 TASKS = ("eval", "gen")
 METRICS = ("accuracy", "balanced_accuracy", "f1", "f1_macro", "auc")
 FEATURES_VERSION = "1"
-
-
-class ProbeError(ValueError):
-    """Input a probe cannot be fitted on: too few examples of a class, unknown layer or pool,
-    records that do not match the model or their prompts."""
 
 
 # ---------------------------------------------------------------------------------------------

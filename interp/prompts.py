@@ -26,16 +26,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from interp.errors import PromptError
+
 SPANS = ("context", "question", "candidate", "template")
 """Span labels; every prompt position has exactly one. ``reference`` counts as its own field
 when a template uses it, and is reported under that name."""
 
 _FIELD_TO_SPAN = {"context": "context", "question": "question", "answer": "candidate",
                   "reference": "reference"}
-
-
-class PromptError(ValueError):
-    """A template or a rendered prompt whose spans cannot be located."""
 
 
 @dataclass(frozen=True)

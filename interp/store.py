@@ -14,6 +14,8 @@ dropped on the next read, so that record is simply redone.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import platform
@@ -21,18 +23,16 @@ import secrets
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from interp.errors import ConfigError, RunDirError
+
 _PACKAGES = ("interp", "torch", "transformers", "transformer-lens", "nnsight", "peft",
              "datasets", "numpy", "scikit-learn")
-
-
-class RunDirError(ValueError):
-    """A run directory that is missing what a command needs, or was made with another config."""
 
 
 def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
@@ -50,26 +50,38 @@ def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
     return cls(**dict(table))
 
 
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success rename it onto ``path`` (atomic).
+
+    The one mechanism behind every writer of the run directory: a reader never sees a
+    half-written file, and a crash leaves the previous version (or nothing) in place. The
+    temporary file is removed if the body raises. Writers that create the file themselves
+    (pandas, numpy, safetensors, torch.save) write to the yielded path.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp{path.suffix}"
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Write text to ``path`` through a temporary file in the same folder and a rename.
 
     The temporary file is created with mode 0666 less the umask, like any file the user writes
     (``tempfile.mkstemp`` would make it 0600 and results are meant to be shared).
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
+    with atomic_path(path) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return Path(path)
 
 
 def write_json(path: str | Path, obj: Any) -> Path:
@@ -80,6 +92,32 @@ def write_json(path: str | Path, obj: Any) -> Path:
 def read_json(path: str | Path) -> Any:
     """Read a JSON file."""
     return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def write_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
+    """Atomically write rows as JSON lines, the whole file at once.
+
+    :meth:`RunDir.append_records` is the append-as-you-go record log instead.
+    """
+    return atomic_write_text(path, "".join(json.dumps(_nan_to_none(r), ensure_ascii=False)
+                                           + "\n" for r in rows))
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Read a JSON-lines file written by :func:`write_jsonl` (blank lines skipped)."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+
+
+def write_table(df: Any, path: str | Path, *, csv: bool = True) -> Path:
+    """Atomically write a ``pandas.DataFrame`` as parquet (and the same table as ``.csv``)."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        df.to_parquet(tmp, index=False)
+    if csv:
+        with atomic_path(path.with_suffix(".csv")) as tmp:
+            df.to_csv(tmp, index=False)
+    return path
 
 
 def _nan_to_none(obj: Any) -> Any:
@@ -97,13 +135,73 @@ def save_tensors(path: str | Path, tensors: Mapping[str, Any],
     """Atomically save a dict of tensors as safetensors (contiguous CPU copies)."""
     from safetensors.torch import save_file
 
+    with atomic_path(path) as tmp:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp),
+                  metadata=dict(metadata_ or {}))
+    return Path(path)
+
+
+def signature(obj: Any) -> str:
+    """A short, stable digest (16 hex) of a JSON-able description of how something was made.
+
+    Every cache and resumable part of a run directory stores the signature of what produced it
+    (model sha256, prompt token ids, hook point, layers, settings); a stored part is reused only
+    when its signature equals the one computed now (:func:`is_fresh`), otherwise it is redone.
+    """
+    text = json.dumps(_nan_to_none(obj), sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def stored_signature(path: str | Path) -> str | None:
+    """The signature stored in a part, or None when absent or unreadable.
+
+    Read from a JSON file's top-level or ``meta`` ``"signature"`` key, or from a safetensors
+    file's ``signature`` metadata.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp),
-              metadata=dict(metadata_ or {}))
-    os.replace(tmp, path)
-    return path
+    if not path.exists():
+        return None
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), "pt") as f:
+                return (f.metadata() or {}).get("signature")
+        obj = read_json(path)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(obj, Mapping):
+        return None
+    return obj.get("signature") or (obj.get("meta") or {}).get("signature")
+
+
+def is_fresh(path: str | Path, sig: str) -> bool:
+    """Whether the part at ``path`` exists and was made under signature ``sig``."""
+    return stored_signature(path) == sig
+
+
+def limit_per_dataset(records: Sequence[Mapping[str, Any]], limit: int | None) -> list[Any]:
+    """The first ``limit`` records of each dataset, in their order (None: all).
+
+    The one meaning of ``limit`` for stages that read a run's records: *per dataset*. (Which
+    examples enter a run in the first place is decided when they are loaded,
+    :func:`interp.data.load_examples`.)
+
+    Raises:
+        ConfigError: ``limit`` below 1.
+    """
+    if limit is None:
+        return list(records)
+    if limit < 1:
+        raise ConfigError(f"limit must be >= 1 (or left out for all records), not {limit}")
+    seen: dict[str, int] = {}
+    out = []
+    for r in records:
+        k = r["dataset"]
+        if seen.get(k, 0) < limit:
+            out.append(r)
+            seen[k] = seen.get(k, 0) + 1
+    return out
 
 
 def load_tensors(path: str | Path) -> dict[str, Any]:

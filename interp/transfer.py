@@ -77,6 +77,7 @@ import typer
 
 from interp.asymmetry import evaluate_examples, group_metrics, make_oracle
 from interp.data import DataError, QAExample, load_examples
+from interp.errors import TransferError
 from interp.generation import left_pad
 from interp.grading import BaseOracle, extract_answer, is_abstention, normalize_answer
 from interp.models import ModelHandle
@@ -99,10 +100,6 @@ EVAL_FIELDS = ("eval_limit", "max_new_tokens", "verdict_max_new_tokens", "judge_
 """Config fields whose change redoes the evaluation (the adapters are kept)."""
 PATCH_FIELDS = ("patch_examples", "patch_positions", "patch_layers")
 """Config fields whose change redoes the cross-model patching."""
-
-
-class TransferError(ValueError):
-    """Bad transfer input: an unknown config key, no usable train split, a mismatched adapter."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1078,8 +1075,7 @@ def run_transfer(config: TransferConfig, out: str | Path, *, handle: ModelHandle
             f"{timings['patching_s']:.1f} s")
 
     # 8: figures
-    from interp.plots import plot_transfer_acceptance, plot_transfer_matrix, \
-        plot_transfer_patching
+    from interp.plots import plot_transfer_acceptance, plot_transfer_matrix, plot_transfer_patching
 
     figs = run.sub("figures")
     paths = [plot_transfer_matrix(table, figs), plot_transfer_acceptance(table, figs)]

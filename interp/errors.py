@@ -1,0 +1,114 @@
+"""One error hierarchy for the whole toolkit.
+
+Every error that ``interp`` raises on purpose (bad input, a run directory that lacks what a
+command needs, a model the toolkit cannot handle) is an :class:`InterpError`. Its message is one
+line that says what to fix. The command line catches :class:`InterpError` once, prints
+``error: <message>`` and exits with status 2 (the traceback only with ``--debug``); anything
+else is a bug and keeps its traceback.
+
+:class:`InterpError` derives from :class:`ValueError` because nearly all of these are invalid
+values given by the user (a layer out of range, an unknown dataset, a malformed file).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AttentionError",
+    "BackendError",
+    "ConfigError",
+    "DataError",
+    "GradingError",
+    "HookError",
+    "InterpError",
+    "LayerSpecError",
+    "ModelSpecError",
+    "PairError",
+    "PatchingError",
+    "ProbeError",
+    "PromptError",
+    "RunDirError",
+    "SteeringError",
+    "TransferError",
+]
+
+
+class InterpError(ValueError):
+    """Base of every error ``interp`` raises on purpose; the CLI prints it as one line."""
+
+
+class ConfigError(InterpError):
+    """A config table or option with an unknown key or an invalid value."""
+
+
+class DataError(InterpError):
+    """A data source is missing, unknown or malformed (names the file and record).
+
+    Attributes:
+        field: The missing or bad field, when the error is about one field.
+        location: Where the problem is (``path:line`` for JSONL files, ``path`` plus a record
+            index for whole-file JSON), when known.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, location: str | None = None):
+        self.message = message
+        self.field = field
+        self.location = location
+        super().__init__(f"{location}: {message}" if location else message)
+
+    def at(self, location: str) -> DataError:
+        """Return a copy of this error with ``location`` filled in (if it had none)."""
+        if self.location:
+            return self
+        return DataError(self.message, field=self.field, location=location)
+
+
+class ModelSpecError(InterpError):
+    """A model spec that names no loadable model, or a model file that fails verification."""
+
+
+class PromptError(InterpError):
+    """A template or a rendered prompt whose spans cannot be located."""
+
+
+class RunDirError(InterpError):
+    """A run directory missing what a command needs, or made with another config."""
+
+
+class LayerSpecError(InterpError):
+    """A layer selection that cannot be parsed or lies outside the model."""
+
+
+class HookError(InterpError):
+    """A hook point that does not exist on this model, or a hook request that is invalid."""
+
+
+class BackendError(InterpError):
+    """A backend (hf, transformer_lens, nnsight) that cannot wrap or run this model."""
+
+
+class GradingError(InterpError):
+    """An oracle or grading request that cannot be carried out (unknown dataset, oracle)."""
+
+
+class AttentionError(InterpError):
+    """Bad input to the attention study (spans that do not match, unknown backend)."""
+
+
+class PatchingError(InterpError):
+    """Bad patching input (hook point, positions, heads), or a patch that patches nothing."""
+
+
+class PairError(PatchingError):
+    """A clean/corrupt pair that cannot be built or aligned (names the first difference)."""
+
+
+class ProbeError(InterpError):
+    """Input a probe cannot be fitted on (too few of a class, unknown layer or pool)."""
+
+
+class TransferError(InterpError):
+    """Bad transfer input (no train split, an adapter trained on another base model)."""
+
+
+class SteeringError(InterpError):
+    """Bad steering input (unknown span, alpha <= 0, layers outside the model)."""

@@ -1,0 +1,10 @@
+"""Everything that touches a model's internals lives here.
+
+* :mod:`interp.hooks.points`: hook-point names (TransformerLens style) -> module paths per
+  architecture; the only place module paths are written.
+* :mod:`interp.hooks.capture`: residual-stream / per-head output capture and in-place edits
+  (activation patching) through PyTorch hooks, removed in a ``finally`` whatever raises.
+* :mod:`interp.hooks.recorder`: the exact last-row attention recorder (an ``AttentionInterface``
+  function) and attention interventions.
+* :mod:`interp.hooks.backends`: hf / transformer_lens / nnsight behind one protocol.
+"""

@@ -1,0 +1,91 @@
+"""errors, layers, hooks.points and the store's atomic writers / freshness signatures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from interp.errors import ConfigError, HookError, InterpError, LayerSpecError
+from interp.hooks.points import HOOK_POINTS, decoder_layers, hook_name, parse_hook, resolve
+from interp.layers import parse_layers
+from interp.store import (
+    atomic_path,
+    is_fresh,
+    limit_per_dataset,
+    read_jsonl,
+    signature,
+    write_json,
+    write_jsonl,
+)
+
+
+@pytest.mark.parametrize("spec,n,want", [
+    ("all", 4, [0, 1, 2, 3]),
+    ("last8", 30, list(range(22, 30))),
+    ("last8", 32, list(range(24, 32))),
+    ("24-31", 32, list(range(24, 32))),
+    ("-8--1", 32, list(range(24, 32))),
+    ("0,4,-1", 30, [0, 4, 29]),
+    ("0-2, 10", 12, [0, 1, 2, 10]),
+    (" LAST2 ", 5, [3, 4]),
+    ([3, -1, 3], 5, [3, 4]),
+    (2, 5, [2]),
+    (None, 32, list(range(24, 32))),
+])
+def test_parse_layers_grammar(spec, n, want):
+    assert parse_layers(spec, n) == want
+
+
+@pytest.mark.parametrize("spec", ["24-31", "31", "last31", "last0", "3-1", "x", "", "1,,2", []])
+def test_parse_layers_refuses_with_the_valid_range(spec):
+    with pytest.raises(LayerSpecError) as err:
+        parse_layers(spec, 30)
+    assert isinstance(err.value, InterpError)
+    assert "0-29" in str(err.value) or "cannot parse" in str(err.value)
+
+
+def test_hook_points_resolve_on_tiny_llama(tiny):
+    m = tiny.model
+    assert len(decoder_layers(m)) == tiny.n_layers
+    mod, site = resolve(m, "blocks.-1.attn.hook_z")
+    assert mod is m.model.layers[tiny.n_layers - 1].self_attn.o_proj
+    assert (site.layer, site.io) == (tiny.n_layers - 1, "input")
+    mod, site = resolve(m, "blocks.0.hook_resid_post")
+    assert mod is m.model.layers[0] and site.io == "output"
+    assert parse_hook(hook_name(1, "hook_mlp_out"), 2) == (1, "hook_mlp_out")
+    orders = [resolve(m, f"blocks.0.{p}")[1].order for p in HOOK_POINTS]
+    assert orders == sorted(orders)
+    for bad in ("blocks.2.hook_resid_pre", "blocks.0.hook_nope", "layers.0.hook_resid_pre"):
+        with pytest.raises(HookError):
+            resolve(m, bad)
+
+
+def test_atomic_path_keeps_old_file_on_error(tmp_path):
+    p = tmp_path / "a.json"
+    write_json(p, {"x": 1})
+    with pytest.raises(RuntimeError), atomic_path(p) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("killed")
+    assert json.loads(p.read_text()) == {"x": 1}
+    assert [q.name for q in tmp_path.iterdir()] == ["a.json"]
+
+
+def test_signature_and_freshness(tmp_path):
+    sig = signature({"model": "m", "layers": [1, 2], "x": float("nan")})
+    assert sig == signature({"layers": [1, 2], "x": None, "model": "m"})
+    assert sig != signature({"model": "m", "layers": [1, 3]})
+    p = tmp_path / "part.json"
+    assert not is_fresh(p, sig)
+    write_json(p, {"meta": {"signature": sig}, "rows": []})
+    assert is_fresh(p, sig) and not is_fresh(p, "0" * 16)
+    write_jsonl(tmp_path / "r.jsonl", [{"a": 1}, {"a": float("nan")}])
+    assert read_jsonl(tmp_path / "r.jsonl") == [{"a": 1}, {"a": None}]
+
+
+def test_limit_per_dataset():
+    recs = [{"dataset": d, "id": i} for i, d in enumerate("aabab")]
+    assert [r["id"] for r in limit_per_dataset(recs, 1)] == [0, 2]
+    assert limit_per_dataset(recs, None) == recs
+    with pytest.raises(ConfigError):
+        limit_per_dataset(recs, 0)
