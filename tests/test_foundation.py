@@ -89,3 +89,32 @@ def test_limit_per_dataset():
     assert limit_per_dataset(recs, None) == recs
     with pytest.raises(ConfigError):
         limit_per_dataset(recs, 0)
+
+
+def test_hooked_reads_edits_and_always_removes_hooks(tiny):
+    import torch
+
+    from interp.hooks.capture import hooked
+
+    m = tiny.model
+    ids = torch.tensor([[1, 5, 9, 3, 7]])
+    base = m(input_ids=ids).logits
+    names = ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.-1.attn.hook_z"]
+    with hooked(m, cache=names) as acts:
+        again = m(input_ids=ids, output_hidden_states=True)
+    assert torch.equal(again.logits, base)
+    hs = again.hidden_states
+    assert torch.allclose(acts["blocks.0.hook_resid_pre"], hs[0])
+    assert torch.allclose(acts["blocks.0.hook_resid_post"], hs[1])
+    assert acts["blocks.-1.attn.hook_z"].shape == (1, 5, tiny.n_heads, 64 // tiny.n_heads)
+    # an edit that zeroes the last layer's heads changes the logits; a bad name registers nothing
+    with hooked(m, edits={"blocks.-1.attn.hook_z": torch.zeros_like}):
+        assert not torch.allclose(m(input_ids=ids).logits, base)
+    counts = [len(mod._forward_hooks) + len(mod._forward_pre_hooks) for mod in m.modules()]
+    with pytest.raises(HookError), hooked(m, cache=["blocks.0.hook_resid_pre", "blocks.9.x"]):
+        pass
+    with pytest.raises(RuntimeError), hooked(m, cache=["blocks.0.hook_resid_pre"]):
+        raise RuntimeError("killed mid-run")
+    assert [len(mod._forward_hooks) + len(mod._forward_pre_hooks) for mod in m.modules()] \
+        == counts
+    assert torch.equal(m(input_ids=ids).logits, base)

@@ -1,0 +1,106 @@
+"""Read and edit activations at hook points with plain PyTorch hooks.
+
+One implementation for every study: attention's saved activations, probe features, activation
+patching, cross-model patching.
+
+Algorithm of :func:`hooked`:
+
+1. Resolve every requested hook-point name to its module and side (input / output) with
+   :func:`interp.hooks.points.resolve`; an unknown point or a layer outside the model raises
+   :class:`interp.errors.HookError` BEFORE any hook is registered.
+2. Register one forward pre-hook (input side) or forward hook (output side) per name. At run
+   time the hook takes the tensor (``args[0]`` or the ``hidden_states`` keyword; ``output[0]``
+   when a module returns a tuple), views ``attn.hook_z`` as ``[batch, pos, n_heads, head_dim]``,
+   applies the caller's edit function if one is given for that name (activation patching), stores
+   the (edited) value when the name is to be cached, and hands the tensor back to the module.
+3. Remove every hook in a ``finally`` block, whatever raises, so the model is left with exactly
+   the hooks it had before.
+
+Stored tensors keep the batch dimension and are detached copies, unless ``keep_graph=True``
+(attribution patching differentiates through them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from jaxtyping import Float
+from torch import Tensor
+
+from interp.hooks.points import base_model, resolve
+
+__all__ = ["Edit", "hooked"]
+
+Edit = Callable[[Tensor], Tensor]
+"""An edit of one hook point's activation: takes ``[batch, pos, ...]`` and returns a tensor of
+the same shape (``[batch, pos, n_heads, head_dim]`` for ``attn.hook_z``)."""
+
+
+def _n_heads(model: Any) -> int:
+    return int(base_model(model).config.num_attention_heads)
+
+
+@contextlib.contextmanager
+def hooked(model: Any, *, cache: Iterable[str] = (), edits: Mapping[str, Edit] | None = None,
+           keep_graph: bool = False) -> Iterator[dict[str, Float[Tensor, "batch pos ..."]]]:
+    """Run forwards of ``model`` inside this context to read and edit hook points.
+
+    Example:
+        >>> with hooked(model, cache=["blocks.3.hook_resid_post"]) as acts:
+        ...     model(input_ids=ids)
+        >>> acts["blocks.3.hook_resid_post"].shape   # [batch, pos, d_model]
+
+    Args:
+        model: a supported ``*ForCausalLM`` (or a PEFT model around one).
+        cache: hook-point names whose value (after any edit) to store.
+        edits: hook-point name -> function applied to the activation (module docstring).
+        keep_graph: store the live tensors (for gradients) instead of detached copies.
+
+    Yields:
+        The dict that receives the cached activations under the names given, filled during
+        the forward: ``name ->
+        [batch, pos, d_model]`` (``[batch, pos, n_heads, head_dim]`` for ``attn.hook_z``).
+        A later forward in the same context overwrites an entry.
+
+    Raises:
+        HookError: an unknown hook point or a layer outside the model (nothing registered).
+    """
+    edits = dict(edits or {})
+    want = set(cache)
+    sites = {name: resolve(model, name) for name in sorted(want | set(edits))}
+    nh = _n_heads(model)
+    store: dict[str, Tensor] = {}
+
+    def make(name: str, point: str) -> Callable[[Tensor], Tensor]:
+        def apply(x: Tensor) -> Tensor:
+            view = x.view(*x.shape[:-1], nh, -1) if point == "attn.hook_z" else x
+            if name in edits:
+                view = edits[name](view)
+            if name in want:
+                store[name] = view if keep_graph else view.detach().clone()
+            return view.reshape(x.shape) if point == "attn.hook_z" else view
+        return apply
+
+    handles = []
+    try:
+        for name, (module, site) in sites.items():
+            fn = make(name, site.point)
+            if site.io == "output":
+                def post(mod: Any, args: Any, out: Any, fn: Callable = fn) -> Any:
+                    if isinstance(out, tuple):
+                        return (fn(out[0]), *out[1:])
+                    return fn(out)
+                handles.append(module.register_forward_hook(post))
+            else:
+                def pre(mod: Any, args: tuple, kwargs: dict, fn: Callable = fn) -> Any:
+                    if args:
+                        return (fn(args[0]), *args[1:]), kwargs
+                    key = "hidden_states" if "hidden_states" in kwargs else next(iter(kwargs))
+                    return args, {**kwargs, key: fn(kwargs[key])}
+                handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        yield store
+    finally:
+        for h in handles:
+            h.remove()
