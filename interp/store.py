@@ -27,16 +27,92 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Required, TypedDict
+
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from interp.errors import ConfigError, RunDirError
+
+
+class PromptSummary(TypedDict):
+    """``prompts.gen`` / ``prompts.eval`` of a record (``RenderedPrompt.to_record()``).
+
+    Attributes:
+        n_tokens: length of the rendered prompt in tokens.
+        token_spans: span name (``context``, ``question``, ``candidate``, ``reference``) ->
+            ``[start, end)`` token range.
+    """
+
+    n_tokens: int
+    token_spans: dict[str, list[int]]
+
+
+class OracleResult(TypedDict):
+    """``oracle`` of a record: which oracle graded the answer and how.
+
+    Attributes:
+        name: ``rule`` or ``model:SPEC``.
+        em: exact match with the best gold answer (0 or 1).
+        f1: token F1 with the best gold answer.
+        rule: the rule that decided the label (``interp.grading``).
+    """
+
+    name: str
+    em: float
+    f1: float
+    rule: str
+
+
+class Record(TypedDict, total=False):
+    """One line of ``records.jsonl``: the contract between the harness and every analysis.
+
+    Written by :func:`interp.asymmetry.evaluate_examples` (plus ``template`` by the asymmetry
+    stage); read by the attention, patching, probe and transfer studies. A ``skipped`` record
+    has the example fields and ``reason`` only.
+
+    Attributes:
+        id, dataset, split, question, context, answers, answerable: the example.
+        status: ``ok`` or ``skipped``; reason: why it was skipped.
+        model: the model spec that generated and judged; template: the template variant.
+        generation: the raw generated text; answer: the extracted answer (the candidate the
+            judge saw).
+        oracle_label: y* (True = Correct); oracle: how it was graded.
+        verdict: the parsed verdict (True = "Correct", False = "Incorrect", None = neither);
+            verdict_text: the judge's raw reply.
+        p_correct: sigmoid of ``logit_diff`` = logit("Correct") - logit("Incorrect") (first
+            tokens, nats) at the verdict position.
+        prompts: ``{"gen": PromptSummary, "eval": PromptSummary}``.
+    """
+
+    id: Required[str]
+    dataset: Required[str]
+    status: Required[Literal["ok", "skipped"]]
+    split: str
+    question: str
+    context: str
+    answers: list[str]
+    answerable: bool
+    reason: str
+    model: str
+    template: str
+    generation: str
+    answer: str
+    oracle_label: bool
+    oracle: OracleResult
+    verdict: bool | None
+    verdict_text: str
+    p_correct: float
+    logit_diff: float
+    prompts: dict[str, PromptSummary]
+
 
 _PACKAGES = ("interp", "torch", "transformers", "transformer-lens", "nnsight", "peft",
              "datasets", "numpy", "scikit-learn")
 
 
 def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
-                      error: type[Exception] = ValueError) -> Any:
+                      error: type[Exception] = ConfigError) -> Any:
     """Build the dataclass ``cls`` from a config table (``[section]`` of a TOML file).
 
     Raises:
@@ -133,8 +209,6 @@ def _nan_to_none(obj: Any) -> Any:
 def save_tensors(path: str | Path, tensors: Mapping[str, Any],
                  metadata_: Mapping[str, str] | None = None) -> Path:
     """Atomically save a dict of tensors as safetensors (contiguous CPU copies)."""
-    from safetensors.torch import save_file
-
     with atomic_path(path) as tmp:
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp),
                   metadata=dict(metadata_ or {}))
@@ -163,8 +237,6 @@ def stored_signature(path: str | Path) -> str | None:
         return None
     try:
         if path.suffix == ".safetensors":
-            from safetensors import safe_open
-
             with safe_open(str(path), "pt") as f:
                 return (f.metadata() or {}).get("signature")
         obj = read_json(path)
@@ -206,8 +278,6 @@ def limit_per_dataset(records: Sequence[Mapping[str, Any]], limit: int | None) -
 
 def load_tensors(path: str | Path) -> dict[str, Any]:
     """Load a safetensors file into CPU tensors."""
-    from safetensors.torch import load_file
-
     return load_file(str(path))
 
 
@@ -318,7 +388,7 @@ class RunDir:
         """``DIR/records.jsonl``."""
         return self.path / "records.jsonl"
 
-    def read_records(self, *, status: str | None = "ok") -> list[dict[str, Any]]:
+    def read_records(self, *, status: str | None = "ok") -> list[Record]:
         """Records of the run, optionally only those with a given ``status``.
 
         A last line cut by a crash is dropped with a warning (it will be redone).
@@ -347,7 +417,7 @@ class RunDir:
                 out.append(rec)
         return out
 
-    def append_records(self, records: Iterable[Mapping[str, Any]]) -> None:
+    def append_records(self, records: Iterable[Record] | Iterable[Mapping[str, Any]]) -> None:
         """Append records as JSON lines, then flush and fsync."""
         self.path.mkdir(parents=True, exist_ok=True)
         self._repair_tail()
@@ -377,7 +447,7 @@ class RunDir:
         return p
 
 
-def record_key(rec: Mapping[str, Any]) -> tuple[str, str]:
+def record_key(rec: Record | Mapping[str, Any]) -> tuple[str, str]:
     """The identity of a record: ``(dataset, id)``."""
     return (rec["dataset"], rec["id"])
 
