@@ -1,10 +1,10 @@
-"""Benchmark: cost and exactness of the last-token attention recorder (interp.attention).
+"""Benchmark: cost and exactness of the last-token attention recorder (interp.hooks.recorder).
 
 On the bundled SmolLM2-135M-Instruct (float32), for prompts of 512, 1024 and 2048 tokens,
 measure in ONE process:
 
 1. plain: ``model(ids, use_cache=False, logits_to_keep=1)`` with SDPA, no recording;
-2. recorder: :func:`interp.attention.record_rows` (``hf`` backend: rows computed inside the
+2. recorder: :func:`interp.hooks.recorder.record_rows` (``hf`` backend: rows computed inside the
    registered ``AttentionInterface`` function around SDPA) -- the same forward call;
 3. eager: ``output_attentions=True`` with eager attention (full patterns of every layer);
 4. tlens: TransformerBridge ``run_with_cache`` of every ``blocks.L.attn.hook_pattern``.
@@ -57,8 +57,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from interp.attention import record_rows
     from interp.backends import attn_implementation, to_tlens
+    from interp.hooks.recorder import record_rows
     from interp.models import load_model
 
     handle = load_model(device="cpu", dtype="float32")

@@ -152,8 +152,8 @@ def verdict_scores(first_logits: torch.Tensor, correct_id: int,
 
     Args:
         first_logits: ``[vocab]`` raw logits at the eval prompt's last position.
-        correct_id, incorrect_id: first tokens of "Correct" / "Incorrect"
-            (:func:`interp.prompts.verdict_token_ids`).
+        correct_id: first token of "Correct" (:func:`interp.prompts.verdict_token_ids`).
+        incorrect_id: first token of "Incorrect".
 
     Returns:
         ``(logit_diff, p_correct)`` with ``logit_diff = l_C - l_I`` (nats) and

@@ -274,38 +274,3 @@ def _hub_sha256(repo: str, revision: str | None) -> str | None:
         return None
     return None
 
-
-def tiny_llama(
-    tokenizer: Any,
-    *,
-    n_layers: int = 2,
-    d_model: int = 64,
-    n_heads: int = 4,
-    n_kv_heads: int = 2,
-    seed: int = 0,
-    init_std: float = 0.2,
-    attn_implementation: str = "sdpa",
-) -> ModelHandle:
-    """A tiny random ``LlamaForCausalLM`` (GQA) built from a config, for unit tests.
-
-    ``init_std`` is large by default so that logits are peaked and greedy decoding is not
-    decided by float noise between equal candidates.
-    """
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=d_model, intermediate_size=2 * d_model,
-        num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=n_kv_heads,
-        max_position_embeddings=4096, rope_theta=10000.0, initializer_range=init_std,
-        tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        attn_implementation=attn_implementation,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).eval()
-    model.requires_grad_(False)
-    info = {"spec": "tiny-llama", "source": "random", "sha256": None, "revision": None,
-            "n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": n_kv_heads,
-            "head_dim": d_model // n_heads, "d_model": d_model, "dtype": "float32",
-            "device": "cpu", "max_positions": 4096}
-    return ModelHandle(model=model, tokenizer=tokenizer, spec="tiny-llama", info=info)

@@ -38,8 +38,10 @@ def _err(value: float, ci: list[float] | None) -> list[float]:
 
 
 def dataset_groups(table: Mapping[str, Any]) -> tuple[list[tuple[str, Any]], list[str]]:
-    """Non-empty ``per_dataset`` groups of a table, plus ``overall`` when there are several,
-    and their x tick labels (``name\n(n=N)``)."""
+    r"""Non-empty ``per_dataset`` groups of a table and their x tick labels.
+
+    ``overall`` is added when there are several groups; labels read ``name\n(n=N)``.
+    """
     groups = [(d, g) for d, g in table["per_dataset"].items() if g.get("n")]
     if len(groups) > 1:
         groups.append(("overall", table["overall"]))
@@ -89,6 +91,63 @@ def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
     return save(fig, out_dir, name)
 
 
+_PROBE_METRICS = [("auc", "ROC AUC", "auc"), ("f1", "F1 (Correct)", "f1"),
+                  ("accuracy", "accuracy", "accuracy"),
+                  ("balanced_accuracy", "balanced accuracy", "balanced_accuracy")]
+"""(sweep key, axis label, key of the judge's fold metrics) of the probe figure's columns."""
+
+
+def _probe_panel(ax: Any, results: Mapping[str, Any], task: str, key: str, label: str,
+                 jkey: str, first_column: bool) -> None:
+    """One panel of :func:`plot_probes`: one task's metric ``key`` over layers."""
+    t = results["tasks"][task]
+    rows, probes = t["grid"], results["config"]["probes"]
+    first, cmap = probes[0], plt.get_cmap("tab10")
+    markers = {"svm": "s", "mlp": "^", "logreg": "o"}
+    for k, pool in enumerate(t["pools"]):
+        pr = sorted((r for r in rows if r["probe"] == first and r["pool"] == pool),
+                    key=lambda r: r["layer"])
+        if not pr:
+            continue
+        xs = np.array([r["layer"] for r in pr])
+        m = np.array([np.nan if r[key] is None else r[key] for r in pr], float)
+        s = np.array([0.0 if r[f"{key}_std"] is None else r[f"{key}_std"] for r in pr])
+        ax.plot(xs, m, color=cmap(k), lw=1.4, label=f"{first}: {pool}")
+        ax.fill_between(xs, m - s, m + s, color=cmap(k), alpha=0.12, lw=0)
+        for kind in probes[1:]:
+            other = [r for r in rows if r["probe"] == kind and r["pool"] == pool]
+            if other:
+                ax.scatter([r["layer"] for r in other],
+                           [np.nan if r[key] is None else r[key] for r in other],
+                           color=cmap(k), marker=markers.get(kind, "x"), s=22,
+                           edgecolor="black", linewidth=0.5, zorder=3, label=f"{kind}: {pool}")
+    jv = results["judge"]["folds"].get(jkey)
+    if jv is not None:
+        ax.axhline(jv, color="black", ls="--", lw=1.2,
+                   label={"auc": "judge p_correct AUC", "accuracy": "judge EA"}.get(
+                       jkey, f"judge verdict {label}") + f" ({jv:.2f})")
+    pm = t.get("permutation")
+    if key == "auc":
+        ax.axhline(0.5, color="grey", ls=":", lw=1, label="chance")
+        if pm and pm.get("metric") == "auc" and pm.get("null_q95") is not None:
+            ax.axhline(pm["null_q95"], color="tab:red", ls="-.", lw=1,
+                       label=f"best cell under permuted labels, 95th pct ({pm['n']} perms)")
+    if key == "accuracy":
+        ax.axhline(results["majority_baseline_accuracy"], color="grey", ls=":", lw=1,
+                   label="majority class")
+    ax.set_title(f"{task} prompt — {label}", fontsize=9)
+    ax.set_xlabel(f"layer ({results['hook_point']})")
+    ax.set_ylim(0, 1.02)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    if first_column:
+        b = t["best"]
+        ax.set_ylabel(f"CV mean over {results['folds']} folds")
+        ptxt = f", permutation p={pm['p_value']:.2f}" if pm else ""
+        ax.text(0.02, 0.03, f"best: {b['probe']} L{b['layer']} {b['pool']}\n"
+                f"AUC {b['auc']:.2f}, F1 {b['f1']:.2f}{ptxt}", transform=ax.transAxes,
+                fontsize=7, va="bottom")
+
+
 def plot_probes(results: Mapping[str, Any], out_dir: str | Path, name: str = "probes") -> Path:
     """Probe metrics per layer for each pooling, with the verbal judge as horizontal lines.
 
@@ -100,72 +159,16 @@ def plot_probes(results: Mapping[str, Any], out_dir: str | Path, name: str = "pr
     permutation null was run, the 95th percentile of the best cell under permuted labels.
 
     Args:
-        results: the content of ``DIR/probes/results.json`` (:func:`interp.probing.run_probes`).
+        results: the content of ``DIR/probes/results.json`` (:func:`interp.stages.probe.run`).
         out_dir: output folder.
         name: file stem.
     """
     tasks = list(results["tasks"])
-    metrics = [("auc", "ROC AUC", "auc"), ("f1", "F1 (Correct)", "f1"),
-               ("accuracy", "accuracy", "accuracy"),
-               ("balanced_accuracy", "balanced accuracy", "balanced_accuracy")]
-    judge = results["judge"]["folds"]
-    probes = results["config"]["probes"]
-    first = probes[0]
-    fig, axes = plt.subplots(len(tasks), len(metrics), figsize=(4.2 * len(metrics),
-                                                                3.3 * len(tasks)),
-                             squeeze=False)
-    cmap = plt.get_cmap("tab10")
-    markers = {"svm": "s", "mlp": "^", "logreg": "o"}
+    fig, axes = plt.subplots(len(tasks), len(_PROBE_METRICS),
+                             figsize=(4.2 * len(_PROBE_METRICS), 3.3 * len(tasks)), squeeze=False)
     for i, task in enumerate(tasks):
-        t = results["tasks"][task]
-        rows = t["grid"]
-        for j, (key, label, jkey) in enumerate(metrics):
-            ax = axes[i, j]
-            for k, pool in enumerate(t["pools"]):
-                pr = sorted((r for r in rows if r["probe"] == first and r["pool"] == pool),
-                            key=lambda r: r["layer"])
-                if not pr:
-                    continue
-                xs = np.array([r["layer"] for r in pr])
-                m = np.array([np.nan if r[key] is None else r[key] for r in pr], float)
-                s = np.array([0.0 if r[f"{key}_std"] is None else r[f"{key}_std"] for r in pr])
-                ax.plot(xs, m, color=cmap(k), lw=1.4, label=f"{first}: {pool}")
-                ax.fill_between(xs, m - s, m + s, color=cmap(k), alpha=0.12, lw=0)
-                for kind in probes[1:]:
-                    other = [r for r in rows if r["probe"] == kind and r["pool"] == pool]
-                    if other:
-                        ax.scatter([r["layer"] for r in other],
-                                   [np.nan if r[key] is None else r[key] for r in other],
-                                   color=cmap(k), marker=markers.get(kind, "x"), s=22,
-                                   edgecolor="black", linewidth=0.5, zorder=3,
-                                   label=f"{kind}: {pool}")
-            jv = judge.get(jkey)
-            if jv is not None:
-                ax.axhline(jv, color="black", ls="--", lw=1.2,
-                           label={"auc": "judge p_correct AUC", "accuracy": "judge EA"}.get(
-                               jkey, f"judge verdict {label}") + f" ({jv:.2f})")
-            if key == "auc":
-                ax.axhline(0.5, color="grey", ls=":", lw=1, label="chance")
-                pm = t.get("permutation")
-                if pm and pm.get("metric") == "auc" and pm.get("null_q95") is not None:
-                    ax.axhline(pm["null_q95"], color="tab:red", ls="-.", lw=1,
-                               label=f"best cell under permuted labels, 95th pct "
-                                     f"({pm['n']} perms)")
-            if key == "accuracy":
-                ax.axhline(results["majority_baseline_accuracy"], color="grey", ls=":", lw=1,
-                           label="majority class")
-            b = t["best"]
-            ax.set_title(f"{task} prompt — {label}", fontsize=9)
-            ax.set_xlabel(f"layer ({results['hook_point']})")
-            ax.set_ylim(0, 1.02)
-            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-            if j == 0:
-                ax.set_ylabel(f"CV mean over {results['folds']} folds")
-                pm = t.get("permutation")
-                ptxt = f", permutation p={pm['p_value']:.2f}" if pm else ""
-                ax.text(0.02, 0.03, f"best: {b['probe']} L{b['layer']} {b['pool']}\n"
-                        f"AUC {b['auc']:.2f}, F1 {b['f1']:.2f}{ptxt}", transform=ax.transAxes,
-                        fontsize=7, va="bottom")
+        for j, (key, label, jkey) in enumerate(_PROBE_METRICS):
+            _probe_panel(axes[i, j], results, task, key, label, jkey, first_column=j == 0)
         seen: dict[str, Any] = {}
         for ax in axes[i]:
             for h, lab in zip(*ax.get_legend_handles_labels()):
@@ -276,8 +279,10 @@ def plot_transfer_acceptance(table: Mapping[str, Any], out_dir: str | Path,
 
 def plot_transfer_patching(patching: Mapping[str, Any], out_dir: str | Path,
                            name: str = "transfer_patching") -> Path:
-    """Per layer, the fraction of the adapter's verdict logit-difference change carried by
-    the patched residual stream (adapter -> base solid, base -> adapter dashed).
+    """Per layer, the share of the adapter's verdict change carried by the patched residual.
+
+    The share is of the adapter's verdict logit-difference change (adapter -> base solid,
+    base -> adapter dashed).
 
     Args:
         patching: ``transfer/patching.json`` (:func:`interp.transfer.cross_model_patching`
@@ -455,8 +460,10 @@ def _patching_heat(ax: Any, mat: Any, xlabels: list[str], ylabels: list[str], ti
 
 
 def plot_patching(table_dir: str | Path, out_dir: str | Path) -> list[Path]:
-    """Figures of one patching experiment, from its stored tables (``summary.json``,
-    ``effects.parquet``, ``pairs.parquet`` in ``DIR/patching/{pairs}/{kind}/``).
+    """Figures of one patching experiment, from its stored tables.
+
+    The tables are ``summary.json``, ``effects.parquet``, ``pairs.parquet`` in
+    ``DIR/patching/{pairs}/{kind}/``.
 
     * ``candidate-swap``/``resid``: layer x position (mean normalised effect per position
       counted from the verdict position; tick labels are the first pair's tokens) and

@@ -223,7 +223,7 @@ def test_training_resumes_and_base_model_is_untouched(tiny, tokenizer, tmp_path)
 
 
 def test_adapter_of_another_base_model_is_refused(tiny, tokenizer, tmp_path):
-    from interp.models import tiny_llama
+    from interp.testing import tiny_llama
 
     enc = _encoded(tokenizer, n=2)
     train_adapter(tiny, enc, _tiny_cfg(epochs=1), tmp_path / "adapters" / "x", name="x",

@@ -48,30 +48,31 @@ UPDATE = bool(os.environ.get("INTERP_UPDATE_PINS"))
 pytestmark = pytest.mark.integration
 
 # --- API under test ------------------------------------------------------------------------
-from interp.asymmetry import AsymmetryConfig, run_asymmetry  # noqa: E402
-from interp.attention import AttentionConfig, run_attention  # noqa: E402
-from interp.models import tiny_llama  # noqa: E402
-from interp.probing import POOLS, ProbeConfig, cached_features, run_probes  # noqa: E402
-from interp.prompts import get_template, render  # noqa: E402
+from interp.probing import POOLS  # noqa: E402
+from interp.stages import asymmetry as asymmetry_stage  # noqa: E402
+from interp.stages import attention as attention_stage  # noqa: E402
+from interp.stages import probe as probe_stage  # noqa: E402
 from interp.store import RunDir, load_tensors, read_json  # noqa: E402
+from interp.testing import synthetic_probe_run, tiny_llama  # noqa: E402
 
 
 def run_harness(handle: Any, out: Path) -> RunDir:
-    cfg = AsymmetryConfig(datasets=["squad_v2", "drop"], limit=2, batch_size=4,
-                          max_new_tokens=16, verdict_max_new_tokens=4, n_boot=200)
-    run_asymmetry(cfg, out, handle=handle, log=lambda s: None)
+    cfg = asymmetry_stage.AsymmetryConfig(datasets=["squad_v2", "drop"], limit=2, batch_size=4,
+                                          max_new_tokens=16, verdict_max_new_tokens=4,
+                                          n_boot=200)
+    asymmetry_stage.run(cfg, out, handle=handle, log=lambda s: None)
     return RunDir(out)
 
 
 def run_attention_stage(run: RunDir, handle: Any) -> None:
-    cfg = AttentionConfig(layers="last8", n_boot=100, figures=False, save_resid="28-29",
-                          save_patterns=True, top=5)
-    run_attention(run, handle, cfg, log=lambda s: None)
+    cfg = attention_stage.AttentionConfig(layers="last8", n_boot=100, figures=False,
+                                          save_resid="28-29", save_patterns=True, top=5)
+    attention_stage.run(run, handle, cfg, log=lambda s: None)
 
 
 def probe_features(run: RunDir, handle: Any, task: str) -> dict[str, np.ndarray]:
-    feats, _ = cached_features(run, handle, run.read_records(), task, pools=POOLS,
-                               batch_size=2, log=lambda s: None)
+    feats, _ = probe_stage.cached_features(run, handle, run.read_records(), task, pools=POOLS,
+                                           batch_size=2, log=lambda s: None)
     return feats
 
 
@@ -80,41 +81,11 @@ def tiny_model(tokenizer: Any) -> Any:
 
 
 def run_probe_study(run: RunDir, handle: Any) -> dict[str, Any]:
-    cfg = ProbeConfig(folds=3, top_k=1, batch_size=4, seed=0, probes=["logreg", "svm"],
-                      pools=["last", "candidate", "max"], permutations=2)
-    return run_probes(run, cfg, handle=handle, log=lambda s: None)
+    cfg = probe_stage.ProbeConfig(folds=3, top_k=1, batch_size=4, seed=0,
+                                  probes=["logreg", "svm"], pools=["last", "candidate", "max"],
+                                  permutations=2)
+    return probe_stage.run(run, handle, cfg, log=lambda s: None)
 # --- end of the API under test --------------------------------------------------------------
-
-
-GOOD = ["Paris", "Rome", "Berlin", "Madrid"]
-BAD = ["banana", "seven", "blue sky", "a dog"]
-
-
-def synthetic_probe_run(path: Path, handle: Any, n_good: int = 9, n_bad: int = 15) -> RunDir:
-    """A run whose y* is decided by the candidate word (a signal a probe can find)."""
-    tpl = get_template("default")
-    run = RunDir(path)
-    run.init_manifest({"model": handle.spec, "templates_path": None}, model_info=handle.info)
-    rng = np.random.default_rng(0)
-    recs = []
-    for k in range(n_good + n_bad):
-        good = k < n_good
-        ans = (GOOD if good else BAD)[k % 4]
-        ctx = f"Fact {k}: the city of {GOOD[k % 4]} is large." + " It rains." * int(k % 3)
-        q = f"Which city is in fact {k}?"
-        gp = render(handle.tokenizer, tpl, "gen", context=ctx, question=q, reference=ans)
-        ep = render(handle.tokenizer, tpl, "eval", context=ctx, question=q, answer=ans,
-                    reference=ans)
-        verdict = bool(rng.random() < 0.8)
-        recs.append({"id": f"ex{k}", "dataset": "squad_v2" if k % 2 else "hotpotqa",
-                     "question": q, "context": ctx, "answers": [ans], "answerable": True,
-                     "status": "ok", "model": handle.spec, "template": "default",
-                     "generation": ans, "answer": ans, "oracle_label": good,
-                     "verdict": verdict if k != 3 else None, "verdict_text": "Correct",
-                     "p_correct": float(rng.random()), "logit_diff": 0.0,
-                     "prompts": {"gen": gp.to_record(), "eval": ep.to_record()}})
-    run.append_records(recs)
-    return run
 
 
 def _close(want: Any, got: Any, where: str) -> list[str]:

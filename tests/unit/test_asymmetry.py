@@ -7,16 +7,13 @@ import json
 import numpy as np
 import pytest
 
-from interp.asymmetry import (
-    AsymmetryConfig,
-    compute_metrics,
-    evaluate_examples,
-    group_metrics,
-    run_asymmetry,
-)
+from interp.asymmetry import compute_metrics, evaluate_examples, group_metrics, rerender
 from interp.data import load_examples
+from interp.errors import ConfigError
 from interp.grading import RuleOracle
 from interp.prompts import get_template
+from interp.stages.asymmetry import AsymmetryConfig
+from interp.stages.asymmetry import run as run_asymmetry
 from interp.store import RunDir, RunDirError
 
 
@@ -127,22 +124,12 @@ def test_unknown_config_key():
         AsymmetryConfig.from_mapping({"modle": "x"})
 
 
-@pytest.mark.integration
-def test_quick_run_metrics(quick_run):
-    """The bundled model's run: metrics.json agrees with the records."""
-    m = json.loads((quick_run.path / "metrics.json").read_text())
-    recs = quick_run.read_records()
-    assert m["overall"]["n"] == len(recs) == 6
-    ga = np.mean([r["oracle_label"] for r in recs])
-    assert m["overall"]["GA"] == pytest.approx(ga)
-    manifest = quick_run.manifest()
-    assert manifest["model"]["sha256"] and manifest["model"]["n_layers"] == 30
-
-
 def test_run_config_runs_stages_and_copies_figures_and_tables(tiny, tmp_path):
-    """`interp run CONFIG`: grid + attention stage; figures and summary tables land in the
-    figures folder; an unknown stage is refused before anything runs."""
-    from interp.cli import run_config
+    """`interp run CONFIG`: grid + attention stage; figures and tables land in the figures folder.
+
+    An unknown stage, or an unknown key in a stage table, is refused before anything runs.
+    """
+    from interp.pipeline import run_config
 
     model_dir = tmp_path / "tiny-model"
     tiny.model.save_pretrained(model_dir)
@@ -171,5 +158,25 @@ n_boot = 50
     assert copied == json.loads((tmp_path / "runs").glob("*/metrics.json").__next__().read_text())
     bad = tmp_path / "bad.toml"
     bad.write_text(cfg.read_text() + "[atention]\nlayers = 'all'\n")
-    with pytest.raises(ValueError, match=r"unknown keys or stages \['atention'\]"):
+    with pytest.raises(ConfigError, match=r"unknown keys or stages \['atention'\]"):
         run_config(bad)
+    # a bad key inside a stage table is refused before any model is loaded
+    bad.write_text(cfg.read_text().replace('layers = "all"', 'layer = "all"'))
+    with pytest.raises(ConfigError, match=r"\[attention\]: unknown config keys \['layer'\]"):
+        run_config(bad)
+
+
+def test_rerender_checks_the_stored_spans(tiny, tmp_path):
+    """A record re-renders to its stored spans; a changed span names the record."""
+    cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=1, max_new_tokens=4,
+                          verdict_max_new_tokens=3, n_boot=10)
+    run_asymmetry(cfg, tmp_path, handle=tiny, log=lambda s: None)
+    (rec,) = RunDir(tmp_path).read_records()
+    for task in ("gen", "eval"):
+        assert rerender(rec, task, tiny.tokenizer).to_record() == rec["prompts"][task]
+    rec["prompts"]["eval"]["token_spans"]["question"][0] += 1
+    with pytest.raises(RunDirError, match=f"record squad_v2/{rec['id']}: the re-rendered eval"):
+        rerender(rec, "eval", tiny.tokenizer)
+    del rec["prompts"]["gen"]
+    with pytest.raises(RunDirError, match="has no prompts.gen"):
+        rerender(rec, "gen", tiny.tokenizer)

@@ -1,31 +1,20 @@
-"""Tests of Study 2: last-token attention rows, span mass, tables, backends."""
+"""Study 2: span mass, activations, the summary, and the stage on a tiny run."""
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
-from interp.attention import (
-    SPANS,
-    AttentionConfig,
-    AttentionError,
-    load_masses,
-    parse_layers,
-    record_prompts,
-    record_rows,
-    record_run,
-    run_attention,
-    span_mass,
-    summarize,
-    top_heads,
-    write_tables,
-)
+from interp.attention import SPANS, span_mass, summarize, top_heads
+from interp.errors import AttentionError, ConfigError, LayerSpecError
+from interp.hooks.recorder import record_rows
 from interp.prompts import get_template, render
-from interp.store import RunDir, RunDirError
+from interp.stages import attention as stage
+from interp.stages.asymmetry import AsymmetryConfig
+from interp.stages.asymmetry import run as run_asymmetry
+from interp.store import RunDir
 
 
 def _prompt(tokenizer, task="eval"):
@@ -34,61 +23,8 @@ def _prompt(tokenizer, task="eval"):
                   question="When was the Eiffel Tower finished?", answer="1889")
 
 
-# --------------------------------------------------------------------------------- unit ---
-
-
-def test_parse_layers():
-    assert parse_layers("last8", 32) == list(range(24, 32))
-    assert parse_layers(None, 30) == list(range(22, 30))
-    assert parse_layers("24-31", 32) == list(range(24, 32))
-    assert parse_layers("all", 3) == [0, 1, 2]
-    assert parse_layers("0-1,5", 8) == [0, 1, 5]
-    assert parse_layers([-1], 4) == [3]
-    for bad in ("24-35", "last40", "30", "x-y", "5-3"):
-        with pytest.raises(AttentionError, match="valid layers are 0-29|cannot parse"):
-            parse_layers(bad, 30)
-
-
-def test_hf_rows_are_exact_and_sum_to_one(tiny, tokenizer):
-    ids = _prompt(tokenizer).input_ids
-    hf = record_rows(tiny, ids).rows
-    eager = record_rows(tiny, ids, backend="eager").rows
-    assert hf.shape == (tiny.n_layers, tiny.n_heads, len(ids))
-    torch.testing.assert_close(hf.sum(-1), torch.ones(hf.shape[:2]), atol=1e-5, rtol=0)
-    assert (hf - eager).abs().max().item() <= 1e-5
-    # the handle's kernel is restored after recording
-    assert tiny.model.config._attn_implementation == "sdpa"
-
-
-def test_gqa_rows_match_manual_attention(tiny, tokenizer):
-    """Ground truth computed by hand from hooked q/k projections and RoPE (layer 0)."""
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-    ids = torch.tensor(_prompt(tokenizer).input_ids)[None]
-    model = tiny.model
-    attn = model.model.layers[0].self_attn
-    seen = {}
-    h = model.model.layers[0].input_layernorm.register_forward_hook(
-        lambda m, i, o: seen.setdefault("x", o))
-    with torch.no_grad():
-        model(ids)
-    h.remove()
-    x = seen["x"]
-    d = attn.head_dim
-    q = attn.q_proj(x).view(1, -1, tiny.n_heads, d).transpose(1, 2)
-    k = attn.k_proj(x).view(1, -1, tiny.n_kv_heads, d).transpose(1, 2)
-    pos = torch.arange(ids.shape[1])[None]
-    cos, sin = model.model.rotary_emb(x, pos)
-    q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    group = tiny.n_heads // tiny.n_kv_heads
-    want = torch.stack([torch.softmax(q[0, hq, -1] @ k[0, hq // group].T / d ** 0.5, -1)
-                        for hq in range(tiny.n_heads)])
-    got = record_rows(tiny, ids[0]).rows[0]
-    assert (got - want).abs().max().item() < 1e-5
-
-
-def test_span_mass_sums_to_one_and_matches_positions(tiny, tokenizer):
-    p = _prompt(tokenizer)
+def test_span_mass_sums_to_one_and_matches_positions(tiny):
+    p = _prompt(tiny.tokenizer)
     assert set(p.labels) <= set(SPANS)
     rows = record_rows(tiny, p.input_ids).rows
     m = span_mass(rows, p.labels)
@@ -97,15 +33,15 @@ def test_span_mass_sums_to_one_and_matches_positions(tiny, tokenizer):
     for j, s in enumerate(SPANS):
         pos = p.span_positions(s)
         torch.testing.assert_close(m[..., j], rows[..., pos].sum(-1), atol=1e-6, rtol=0)
-    g = _prompt(tokenizer, "gen")
+    g = _prompt(tiny.tokenizer, "gen")
     mg = span_mass(record_rows(tiny, g.input_ids).rows, g.labels)
     assert mg[..., SPANS.index("candidate")].abs().max() == 0
     with pytest.raises(AttentionError, match="labels"):
         span_mass(rows, p.labels[:-1])
 
 
-def test_activations_are_consistent(tiny, tokenizer):
-    p = _prompt(tokenizer)
+def test_activations_are_consistent(tiny):
+    p = _prompt(tiny.tokenizer)
     rec = record_rows(tiny, p.input_ids, act_layers=[0, 1], patterns=True)
     a, n = rec.acts, len(p.input_ids)
     assert rec.layers == [0, 1]
@@ -126,6 +62,8 @@ def test_activations_are_consistent(tiny, tokenizer):
                                rtol=1e-4)
     with pytest.raises(AttentionError, match="hf"):
         record_rows(tiny, p.input_ids, backend="eager", act_layers=[0])
+    with pytest.raises(AttentionError, match="unknown backend 'tlens'"):
+        record_rows(tiny, p.input_ids, backend="tlens")
 
 
 def test_summary_against_manual_means():
@@ -160,75 +98,43 @@ def test_summary_against_manual_means():
         top_heads(s, dataset="nope")
 
 
-def test_config_refuses_unknown_keys():
-    with pytest.raises(AttentionError, match=r"\[attention\]: unknown config keys"):
-        AttentionConfig.from_mapping({"layer": "last8"})
+def test_config_refuses_unknown_keys_and_backends():
+    with pytest.raises(ConfigError, match=r"\[attention\]: unknown config keys"):
+        stage.AttentionConfig.from_mapping({"layer": "last8"})
+    with pytest.raises(AttentionError, match="unknown backend 'tlens'; use one of"):
+        stage.AttentionConfig.from_mapping({"backend": "tlens"})
 
 
-# -------------------------------------------------------------------------- integration ---
+@pytest.fixture(scope="module")
+def tiny_run(tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny_run")
+    cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2", "drop"], limit=2,
+                          batch_size=4, max_new_tokens=4, verdict_max_new_tokens=3, n_boot=20)
+    run_asymmetry(cfg, out, handle=tiny, log=lambda s: None)
+    return RunDir(out)
 
 
-@pytest.mark.integration
-def test_three_backends_agree(bundled, quick_run):
-    rec = quick_run.read_records()[0]
-    p = record_prompts(rec, bundled)["eval"]
-    n = 160  # a prefix keeps the test fast; it still holds template, context and question
-    ids, labels = p.input_ids[:n], p.labels[:n]
-    assert {"template", "context"} <= set(labels)
-    masses = {b: span_mass(record_rows(bundled, ids, backend=b).rows, labels)
-              for b in ("hf", "tlens", "nnsight")}
-    for b in ("tlens", "nnsight"):
-        assert (masses[b] - masses["hf"]).abs().max().item() <= 1e-4, b
-    assert bundled.model.config._attn_implementation == "sdpa"
-    # the bridge wraps a copy: the handle still dispatches through AttentionInterface
-    assert record_rows(bundled, ids[:20]).rows.shape[0] == bundled.n_layers
+def test_stage_tables_resume_and_freshness(tiny, tiny_run, tmp_path):
+    import shutil
 
-
-@pytest.mark.integration
-def test_run_tables_resume_and_bad_input(bundled, quick_run, tmp_path):
-    from typer.testing import CliRunner
-
-    import interp.cli as cli
-
-    run = RunDir(shutil.copytree(quick_run.path, tmp_path / "run"))
-    cfg = AttentionConfig(limit=1, n_boot=50, layers="24-29")
-    s = run_attention(run, bundled, cfg, log=lambda m: None)
-    assert set(s["per_dataset"]) == {"squad_v2", "hotpotqa"}
-    import pandas as pd
-
+    run = RunDir(shutil.copytree(tiny_run.path, tmp_path / "run"))
+    cfg = stage.AttentionConfig(layers="last2", limit=1, n_boot=20, figures=False)
+    s = stage.run(run, tiny, cfg, log=lambda m: None)
+    assert set(s["per_dataset"]) == {"squad_v2", "drop"} and s["band"] == [0, 1]
     df = pd.read_parquet(run.path / "attention" / "span_mass.parquet")
-    assert set(df.columns) == {"id", "dataset", "task", "layer", "head", "span", "mass"}
     tot = df.groupby(["id", "task", "layer", "head"])["mass"].sum()
-    assert len(tot) == 2 * 2 * bundled.n_layers * bundled.n_heads
-    assert np.allclose(tot.values, 1.0, atol=1e-4)
-    for name in ("attention_layerwise", "attention_heads_context", "attention_context_ratio"):
-        assert (run.path / "figures" / f"{name}.png").exists()
-    # resume: nothing recorded again; a larger limit only adds new records
-    assert record_run(run, bundled, cfg, log=lambda m: None) == 0
-    # the CLI lists heads from the stored summary
-    if not any(c.name == "heads" for c in cli.app.registered_commands):
-        cli._register_all()
-    res = CliRunner().invoke(cli.app, ["heads", "--run", str(run.path), "--top", "3"])
-    assert res.exit_code == 0, res.output
-    assert "gen minus eval" in res.output
-    res = CliRunner().invoke(cli.app, ["heads", "--run", str(run.path), "--layers", "31"])
-    assert res.exit_code == 2 and "valid layers are 0-29" in res.output
-    # a record whose stored spans do not match names the record
-    recs = run.read_records(status=None)
-    bad = recs[1]
-    bad["prompts"]["eval"]["token_spans"]["context"][0] += 1
-    run.records_path.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    with pytest.raises(AttentionError, match=bad["id"]):
-        record_run(run, bundled, AttentionConfig(limit=2), log=lambda m: None)
-    # layers outside the model name the valid range
-    with pytest.raises(AttentionError, match="valid layers are 0-29"):
-        write_tables(run, AttentionConfig(layers="28-33", figures=False), n_layers=30)
-    # a run without records
-    empty = RunDir(tmp_path / "empty")
-    empty.path.mkdir()
-    shutil.copy(run.manifest_path, empty.manifest_path)
-    empty.records_path.write_text("")
-    with pytest.raises(RunDirError, match="no ok record"):
-        record_run(empty, bundled, cfg, log=lambda m: None)
-    with pytest.raises(RunDirError, match="no attention recordings"):
-        load_masses(empty)
+    assert len(tot) == 2 * 2 * tiny.n_layers * tiny.n_heads
+    assert np.allclose(tot.values, 1.0, atol=1e-5)
+    # resume: fresh recordings are kept; rows asked for later, or another model, redo them
+    assert stage.record(run, tiny, cfg, log=lambda m: None) == 0
+    rows = stage.AttentionConfig(layers="last2", limit=1, save_rows=True)
+    assert stage.record(run, tiny, rows, log=lambda m: None) == 2
+    assert stage.record(run, tiny, rows, log=lambda m: None) == 0
+    other = type(tiny)(model=tiny.model, tokenizer=tiny.tokenizer, spec=tiny.spec,
+                       info={**tiny.info, "sha256": "f" * 64})
+    assert stage.record(run, other, cfg, log=lambda m: None) == 2
+    # a larger limit only adds the new records
+    more = stage.AttentionConfig(layers="all", limit=2)
+    assert stage.record(run, other, more, log=lambda m: None) == 2
+    with pytest.raises(LayerSpecError, match="cannot take the last 8"):
+        stage.write_tables(run, stage.AttentionConfig(figures=False))

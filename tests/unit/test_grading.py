@@ -21,7 +21,7 @@ from interp.grading import (
     squad_f1,
 )
 
-BUNDLED = Path(__file__).resolve().parents[1] / "interp" / "bundled"
+BUNDLED = Path(__file__).resolve().parents[2] / "interp" / "bundled"
 
 
 # ---------------------------------------------------------------- SQuAD v2.0 official metrics

@@ -1,4 +1,8 @@
-"""Prompt rendering: spans located in the rendered chat text and mapped to token positions."""
+"""Prompt rendering: spans located in the rendered chat text and mapped to token positions.
+
+The tests take the fixture ``tok``: here the tiny code-built tokenizer; the integration tests
+(``tests/integration/test_prompts.py``) collect the same tests with the bundled SmolLM2 one.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,11 @@ CTX = "The Normans were a people in Normandy. In 911 Rollo founded the duchy; it
 Q = "Who founded the duchy?"
 
 
+@pytest.fixture()
+def tok(tiny_tokenizer):
+    return tiny_tokenizer
+
+
 def test_bundled_templates_are_valid():
     """All bundled variants load and the default one uses every eval field once."""
     t = load_templates()
@@ -25,41 +34,41 @@ def test_bundled_templates_are_valid():
 
 
 @pytest.mark.parametrize("task", ["gen", "eval"])
-def test_spans_cover_their_text(tokenizer, task):
+def test_spans_cover_their_text(tok, task):
     """Char spans hold the field text; every position has one label; span tokens decode back."""
-    p = render(tokenizer, get_template(), task, context=CTX, question=Q,
+    p = render(tok, get_template(), task, context=CTX, question=Q,
                answer="Rollo" if task == "eval" else None)
     assert p.text[slice(*p.char_spans["context"])] == CTX
     assert p.text[slice(*p.char_spans["question"])] == Q
     assert len(p.labels) == len(p.input_ids)
     assert set(p.labels) <= {"context", "question", "candidate", "template"}
     s, e = p.token_spans["context"]
-    assert tokenizer.decode(p.input_ids[s:e]).strip() == CTX
+    assert tok.decode(p.input_ids[s:e]).strip() == CTX
     s, e = p.token_spans["question"]
-    assert tokenizer.decode(p.input_ids[s:e]).strip() == Q
+    assert tok.decode(p.input_ids[s:e]).strip() == Q
     if task == "eval":
         s, e = p.token_spans["candidate"]
-        assert tokenizer.decode(p.input_ids[s:e]).strip() == "Rollo"
+        assert tok.decode(p.input_ids[s:e]).strip() == "Rollo"
     else:
         assert "candidate" not in p.token_spans
     # the rendered text re-tokenizes to the same ids (no BOS doubling, no lost tokens)
-    assert tokenizer.decode(p.input_ids) == p.text
+    assert tok.decode(p.input_ids) == p.text
     # the chat template's system turn and role markers are template positions
     assert p.labels[0] == "template" and p.labels[-1] == "template"
 
 
-def test_candidate_equal_to_context_words(tokenizer):
+def test_candidate_equal_to_context_words(tok):
     """A candidate that also occurs in the context is located at its own field."""
-    p = render(tokenizer, get_template(), "eval", context=CTX, question=Q, answer="Normandy")
+    p = render(tok, get_template(), "eval", context=CTX, question=Q, answer="Normandy")
     s, e = p.char_spans["candidate"]
     assert s > p.char_spans["question"][1]
     assert p.text[s:e] == "Normandy"
 
 
-def test_gen_and_eval_share_context_tokens(tokenizer):
+def test_gen_and_eval_share_context_tokens(tok):
     """Same context format in both tasks (paper 3.1): identical context token ids."""
-    g = render(tokenizer, get_template(), "gen", context=CTX, question=Q)
-    v = render(tokenizer, get_template(), "eval", context=CTX, question=Q, answer="Rollo")
+    g = render(tok, get_template(), "gen", context=CTX, question=Q)
+    v = render(tok, get_template(), "eval", context=CTX, question=Q, answer="Rollo")
     gs, ge = g.token_spans["context"]
     vs, ve = v.token_spans["context"]
     assert g.input_ids[gs:ge] == v.input_ids[vs:ve]
@@ -75,9 +84,9 @@ def test_template_errors(tmp_path):
         get_template("nope")
 
 
-def test_verdict_tokens_differ(tokenizer):
+def test_verdict_tokens_differ(tok):
     """The first tokens of Correct and Incorrect differ and decode to prefixes of the words."""
-    c, i = verdict_token_ids(tokenizer)
+    c, i = verdict_token_ids(tok)
     assert c != i
-    assert "Correct".startswith(tokenizer.decode([c]))
-    assert "Incorrect".startswith(tokenizer.decode([i]))
+    assert "Correct".startswith(tok.decode([c]))
+    assert "Incorrect".startswith(tok.decode([i]))

@@ -1,0 +1,181 @@
+"""Study 1 stage: run the harness into a run directory, resumably, and write ``metrics.json``.
+
+Algorithm of :func:`run`:
+
+1. Open the run directory: create ``manifest.json``, or check that the existing one was made
+   with the same :data:`KEY_FIELDS` (another model, template, oracle or decoding is refused
+   unless ``overwrite``); list datasets accumulate over invocations.
+2. For each dataset: load the examples (first ``limit`` after filtering), skip those already
+   in ``records.jsonl`` (resume; a larger ``limit`` only adds the new ones), and run
+   :func:`interp.asymmetry.evaluate_examples` on the rest in chunks, appending each chunk's
+   records (flushed and fsynced) before the next.
+3. ``metrics.json`` (:func:`interp.asymmetry.compute_metrics`) over every dataset run into the
+   directory so far, and the asymmetry figure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from interp.asymmetry import compute_metrics, evaluate_examples, format_metrics, make_oracle
+from interp.data import DATASETS, load_examples
+from interp.models import DEFAULT_MODEL, ModelHandle, load_model
+from interp.plots import plot_asymmetry
+from interp.prompts import get_template
+from interp.store import RunDir, config_from_table, record_key, write_json
+
+__all__ = ["KEY_FIELDS", "NAME", "SUMMARIES", "AsymmetryConfig", "format_summary", "run",
+           "write_metrics"]
+
+NAME = "asymmetry"
+SUMMARIES = {"metrics.json": "asymmetry_metrics.json"}
+"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
+KEY_FIELDS = ("model", "template", "templates_path", "oracle", "include_unanswerable", "split",
+              "max_new_tokens", "verdict_max_new_tokens", "dtype", "from_hub")
+"""Config fields that must match to reuse a run directory (others may change freely)."""
+
+
+@dataclass
+class AsymmetryConfig:
+    """Configuration of one asymmetry run (one model, one or more datasets).
+
+    Attributes:
+        model: model spec (:func:`interp.models.load_model`).
+        datasets: dataset names (``squad_v2``, ``drop``, ``hotpotqa``, ``musique``) or paths.
+        limit: examples per dataset (first N after filtering; None for all).
+        template: template variant name; ``templates_path`` a TOML file of variants.
+        templates_path: a TOML file of template variants (None: the bundled ones).
+        oracle: ``"rule"`` or ``"model:SPEC"`` (an LLM oracle).
+        include_unanswerable: keep SQuAD 2.0 unanswerable questions (abstaining is correct).
+        split: dataset split.
+        max_new_tokens: answer length cap (tokens).
+        verdict_max_new_tokens: verdict length cap (tokens).
+        batch_size: prompts per forward pass.
+        seed: seed of bootstrap resampling.
+        device: where to run (default CUDA when available).
+        dtype: precision (``float32``, ``bfloat16``, ...; default by device).
+        from_hub: read dataset names from the Hugging Face hub instead of the bundled files.
+        n_boot: bootstrap resamples for CIs.
+    """
+
+    model: str = DEFAULT_MODEL
+    datasets: list[str] = field(default_factory=lambda: ["squad_v2"])
+    limit: int | None = 50
+    template: str = "default"
+    templates_path: str | None = None
+    oracle: str = "rule"
+    include_unanswerable: bool = False
+    split: str = "validation"
+    max_new_tokens: int = 48
+    verdict_max_new_tokens: int = 12
+    batch_size: int = 8
+    seed: int = 0
+    device: str | None = None
+    dtype: str | None = None
+    from_hub: bool = False
+    n_boot: int = 2000
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any]) -> AsymmetryConfig:
+        """Build from a mapping, refusing unknown keys (the error lists the known ones).
+
+        Raises:
+            interp.errors.ConfigError: an unknown key.
+        """
+        return config_from_table(cls, d, NAME)
+
+
+def run(
+    config: AsymmetryConfig,
+    out: str | Path,
+    *,
+    overwrite: bool = False,
+    handle: ModelHandle | None = None,
+    log: Callable[[str], None] = print,
+    chunk: int | None = None,
+) -> dict[str, Any]:
+    """Run Study 1 into a run directory, resuming finished work; return metrics.json's content.
+
+    Args:
+        config: the run's configuration.
+        out: run directory.
+        overwrite: discard a run directory made with another config.
+        handle: an already loaded model (else ``config.model`` is loaded).
+        log: where progress lines go.
+        chunk: examples per appended batch of records (default ``2 * batch_size``).
+
+    Raises:
+        interp.errors.RunDirError: ``out`` holds a run with another config and not overwrite.
+        interp.errors.DataError: unknown dataset, malformed file.
+    """
+    rd = RunDir(out)
+    template = get_template(config.template, config.templates_path)
+    handle = handle or load_model(config.model, device=config.device, dtype=config.dtype)
+    manifest = rd.init_manifest(asdict(config), model_info=handle.info, overwrite=overwrite,
+                                key_fields=KEY_FIELDS)
+    oracle = make_oracle(config.oracle, device=config.device)
+    done = {record_key(r) for r in (rd.read_records(status=None)
+                                    if rd.records_path.exists() else [])}
+    chunk = chunk or 2 * config.batch_size
+    for ds in config.datasets:
+        examples = load_examples(ds, split=config.split, limit=config.limit,
+                                 include_unanswerable=config.include_unanswerable,
+                                 from_hub=config.from_hub)
+        todo = [ex for ex in examples if (ex.dataset, ex.id) not in done]
+        log(f"[{ds}] {len(examples)} examples, {len(examples) - len(todo)} already done")
+        t0 = time.perf_counter()
+        bar = tqdm(total=len(todo), desc=ds, unit="ex", disable=not todo)
+        for s in range(0, len(todo), chunk):
+            part = todo[s:s + chunk]
+            recs = evaluate_examples(
+                handle, part, template=template, oracle=oracle,
+                max_new_tokens=config.max_new_tokens,
+                verdict_max_new_tokens=config.verdict_max_new_tokens,
+                batch_size=config.batch_size)
+            for r in recs:
+                r["template"] = config.template
+                r.setdefault("model", handle.spec)
+            rd.append_records(recs)
+            done.update(record_key(r) for r in recs)
+            bar.update(len(part))
+            for r in recs:
+                if r["status"] != "ok":
+                    log(f"[{ds}] skipped {r['id']}: {r['reason']}")
+        bar.close()
+        if todo:
+            dt = time.perf_counter() - t0
+            log(f"[{ds}] {len(todo)} examples in {dt:.1f} s "
+                f"({60 * len(todo) / dt:.1f} examples/minute)")
+    # metrics.json describes the whole run directory: every dataset run into it so far
+    every = manifest["config"].get("datasets", config.datasets)
+    return write_metrics(rd, replace(config, datasets=list(every)))
+
+
+def write_metrics(run: RunDir, config: AsymmetryConfig | None = None) -> dict[str, Any]:
+    """Recompute ``metrics.json`` from the records and draw the asymmetry figure.
+
+    With a config, only the configured datasets' records count (unless a dataset is given as a
+    file path, whose records carry their own dataset names).
+    """
+    records = run.read_records(status=None)
+    if config is not None:
+        names = {d for d in config.datasets if d in DATASETS}
+        paths = [d for d in config.datasets if d not in DATASETS]
+        if not paths:
+            records = [r for r in records if r["dataset"] in names]
+    seed = config.seed if config else 0
+    n_boot = config.n_boot if config else 2000
+    metrics = compute_metrics(records, n_boot=n_boot, seed=seed)
+    write_json(run.path / "metrics.json", metrics)
+    plot_asymmetry(metrics, run.sub("figures"))
+    return metrics
+
+
+format_summary = format_metrics
+"""The stage's summary as text (:func:`interp.asymmetry.format_metrics`)."""

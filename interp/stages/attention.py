@@ -1,0 +1,314 @@
+"""Study 2 stage: attention recordings, span-mass tables, summary, heads and figures of a run.
+
+Algorithm of :func:`run` (the method is :mod:`interp.attention`):
+
+1. Records: the run's ``ok`` records, the first ``limit`` of each dataset
+   (:func:`interp.store.limit_per_dataset`). The model must be the run's (sha256 check).
+2. Record (:func:`record`): for each record, re-render both prompts
+   (:func:`interp.asymmetry.record_prompts`), and unless its recording is fresh, run
+   :func:`interp.hooks.recorder.record_rows` once per prompt and save the span masses
+   ``mass.{gen,eval}`` ``[n_layers, n_heads, n_spans]`` (and with ``save_rows`` the rows
+   ``rows.{task}`` ``[n_layers, n_heads, pos]``) to ``DIR/attention/records/<dataset>/<id>
+   .safetensors``. A recording is fresh when its stored signature
+   (:func:`interp.store.signature` of the model and the prompts' token ids) equals the one of
+   now: an interrupted run resumes, and a recording made by another model or from other
+   prompts is redone. Which backend made it does not matter (they agree, tests/equivalence).
+   With ``save_resid`` the activations of those layers go to ``DIR/activations/<dataset>/<id>
+   .safetensors`` (``{task}.resid_pre``, ``resid_post``, ``z``, ``result_last``, with
+   ``save_patterns`` ``pattern``; shapes in :mod:`interp.hooks.recorder`).
+3. Tables (:func:`write_tables`, no model): ``DIR/attention/span_mass.parquet``,
+   ``summary.json`` (:func:`interp.attention.summarize` over the band ``layers``),
+   ``heads.json`` (:func:`interp.attention.top_heads`) and the figures.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from tqdm.auto import tqdm
+
+from interp import plots
+from interp.asymmetry import record_prompts
+from interp.attention import (
+    SPANS,
+    TASKS,
+    format_summary,
+    span_mass,
+    span_mass_table,
+    span_names,
+    summarize,
+    top_heads,
+)
+from interp.errors import AttentionError, RunDirError
+from interp.hooks.recorder import BACKENDS, record_rows
+from interp.layers import DEFAULT_BAND, parse_layers
+from interp.models import ModelHandle
+from interp.stages.common import check_run_model
+from interp.store import (
+    Record,
+    RunDir,
+    config_from_table,
+    is_fresh,
+    limit_per_dataset,
+    read_json,
+    save_tensors,
+    signature,
+    write_json,
+    write_table,
+)
+
+__all__ = ["NAME", "SUMMARIES", "AttentionConfig", "Config", "activations_path",
+           "format_summary", "load_masses", "read_summary", "record", "record_path", "run",
+           "write_tables"]
+
+NAME = "attention"
+SUMMARIES = {"attention/summary.json": "attention_summary.json"}
+"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
+RECORDING_VERSION = "1"
+"""Part of every recording's signature: bump it when what a recording holds changes."""
+
+
+@dataclass
+class AttentionConfig:
+    """Settings of the attention stage (``[attention]`` table of a config).
+
+    Attributes:
+        backend: one of :data:`interp.hooks.recorder.BACKENDS` (``hf`` default).
+        layers: band for the summary and head ranking (:func:`interp.layers.parse_layers`:
+            ``last8``, ``24-31``, ``all``).
+        limit: records per dataset (first N ok records; None for all).
+        save_rows: keep every record's rows ``[n_layers, n_heads, pos]``.
+        save_resid: layer spec whose residual streams / head outputs to save (None: none).
+        save_patterns: with ``save_resid``, also save full patterns of those layers.
+        n_boot: bootstrap resamples for CIs.
+        seed: seed of the bootstrap resamples.
+        figures: draw the figures into ``DIR/figures``.
+        top: heads listed per ranking in ``DIR/attention/heads.json``.
+    """
+
+    backend: str = "hf"
+    layers: str = DEFAULT_BAND
+    limit: int | None = None
+    save_rows: bool = False
+    save_resid: str | None = None
+    save_patterns: bool = False
+    n_boot: int = 1000
+    seed: int = 0
+    figures: bool = True
+    top: int = 10
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise AttentionError(f"unknown backend {self.backend!r}; use one of "
+                                 f"{list(BACKENDS)}")
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any]) -> AttentionConfig:
+        """Build from a config table.
+
+        Raises:
+            interp.errors.ConfigError: unknown keys (the message lists the known ones).
+            AttentionError: an unknown backend.
+        """
+        return config_from_table(cls, d, NAME)
+
+
+Config = AttentionConfig
+
+
+def _safe(name: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9_.-]", "_", str(name))
+    if s != str(name) or not s:
+        s = f"{s[:60]}-{hashlib.sha1(str(name).encode()).hexdigest()[:8]}"
+    return s
+
+
+def record_path(run: RunDir, rec: Record | Mapping[str, Any]) -> Path:
+    """``DIR/attention/records/<dataset>/<id>.safetensors`` of a record."""
+    folder = run.path / "attention" / "records" / _safe(rec["dataset"])
+    return folder / f"{_safe(rec['id'])}.safetensors"
+
+
+def activations_path(run: RunDir, rec: Record | Mapping[str, Any]) -> Path:
+    """``DIR/activations/<dataset>/<id>.safetensors`` of a record."""
+    return run.path / "activations" / _safe(rec["dataset"]) / f"{_safe(rec['id'])}.safetensors"
+
+
+def _has_rows(path: Path) -> bool:
+    with safe_open(str(path), "pt") as f:
+        return "rows.gen" in f.keys()
+
+
+def _record_one(run: RunDir, handle: ModelHandle, rec: Record, prompts: Mapping[str, Any],
+                cfg: AttentionConfig, act_layers: list[int], sigs: tuple[str, str]) -> None:
+    """Step 2 for one record: record both prompts and save masses (and rows, activations)."""
+    spans = span_names([lab for p in prompts.values() for lab in p.labels])
+    tensors: dict[str, torch.Tensor] = {}
+    acts: dict[str, torch.Tensor] = {}
+    for task, p in prompts.items():
+        got = record_rows(handle, p.input_ids, backend=cfg.backend, act_layers=act_layers,
+                          patterns=cfg.save_patterns)
+        tensors[f"mass.{task}"] = span_mass(got.rows, p.labels, spans)
+        if cfg.save_rows:
+            tensors[f"rows.{task}"] = got.rows
+        acts.update({f"{task}.{k}": v for k, v in got.acts.items()})
+    meta = {"id": str(rec["id"]), "dataset": rec["dataset"], "spans": json.dumps(spans),
+            "backend": cfg.backend, "n_layers": str(handle.n_layers),
+            "n_heads": str(handle.n_heads),
+            "n_tokens": json.dumps({t: len(p) for t, p in prompts.items()})}
+    if acts:
+        save_tensors(activations_path(run, rec), acts,
+                     {**meta, "layers": json.dumps(act_layers), "signature": sigs[1]})
+    save_tensors(record_path(run, rec), tensors, {**meta, "signature": sigs[0]})
+
+
+def record(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None, *,
+           log: Callable[[str], None] = print) -> int:
+    """Steps 1-2 of the module algorithm for every selected record whose recording is stale.
+
+    Args:
+        run: a finished asymmetry run directory.
+        handle: the run's model.
+        cfg: settings (default :class:`AttentionConfig`).
+        log: where progress lines go.
+
+    Returns:
+        Number of records recorded now (fresh recordings are kept: resume).
+
+    Raises:
+        RunDirError: no manifest / records, no ok record, another model than the run's, or a
+            record whose prompts do not match it (names the record).
+        interp.errors.LayerSpecError: ``layers`` or ``save_resid`` outside the model.
+    """
+    cfg = cfg or AttentionConfig()
+    manifest = run.manifest()
+    records = limit_per_dataset(run.read_records(), cfg.limit)
+    if not records:
+        raise RunDirError(f"{run.path}/records.jsonl holds no ok record: nothing to record")
+    check_run_model(run, handle, manifest)
+    parse_layers(cfg.layers, handle.n_layers)
+    act_layers = parse_layers(cfg.save_resid, handle.n_layers) if cfg.save_resid else []
+    tpath = manifest.get("config", {}).get("templates_path")
+    model_id = {"spec": handle.spec, "sha256": handle.info.get("sha256"), "v": RECORDING_VERSION}
+    todo = []
+    for rec in records:
+        prompts = record_prompts(rec, handle.tokenizer, templates_path=tpath)
+        sig = signature({**model_id, "ids": {t: p.input_ids for t, p in prompts.items()}})
+        act_sig = signature({"record": sig, "layers": act_layers, "patterns": cfg.save_patterns})
+        path = record_path(run, rec)
+        fresh = is_fresh(path, sig) and (not cfg.save_rows or _has_rows(path)) and (
+            not act_layers or is_fresh(activations_path(run, rec), act_sig))
+        if not fresh:
+            todo.append((rec, prompts, (sig, act_sig)))
+    log(f"[attention] {len(records)} records, {len(records) - len(todo)} already recorded, "
+        f"backend {cfg.backend}")
+    for rec, prompts, sigs in tqdm(todo, desc="attention", unit="rec", disable=not todo):
+        _record_one(run, handle, rec, prompts, cfg, act_layers, sigs)
+    return len(todo)
+
+
+def load_masses(run: RunDir, *, limit: int | None = None
+                ) -> tuple[list[Record], dict[str, np.ndarray], list[str], list[str]]:
+    """Load the recorded span masses of a run's ok records (no model).
+
+    Returns:
+        ``(records, mass, spans, backends)``: the ok records that have a recording, ``mass`` =
+        ``{"gen": [n_rec, n_layers, n_heads, n_spans], "eval": ...}`` (spans aligned to the
+        union ``spans``), and the backends that recorded them.
+
+    Raises:
+        RunDirError: no records, or none recorded yet (run ``interp attention``).
+    """
+    records = limit_per_dataset(run.read_records(), limit)
+    have, per, spans, backends = [], [], list(SPANS), set()
+    for r in records:
+        p = record_path(run, r)
+        if not p.exists():
+            continue
+        with safe_open(str(p), "pt") as f:
+            meta = f.metadata() or {}
+            s = json.loads(meta.get("spans", json.dumps(list(SPANS))))
+            backends.add(meta.get("backend", "?"))
+            per.append((s, {t: f.get_tensor(f"mass.{t}").numpy() for t in TASKS}))
+        spans += [x for x in s if x not in spans]
+        have.append(r)
+    if not have:
+        raise RunDirError(f"{run.path} has no attention recordings: run `interp attention --run "
+                          f"{run.path}` first")
+    mass = {}
+    for t in TASKS:
+        n_l, n_h = per[0][1][t].shape[:2]
+        arr = np.zeros((len(per), n_l, n_h, len(spans)), dtype=np.float32)
+        for i, (s, m) in enumerate(per):
+            for j, name in enumerate(s):
+                arr[i, :, :, spans.index(name)] = m[t][:, :, j]
+        mass[t] = arr
+    return have, mass, spans, sorted(backends)
+
+
+def write_tables(run: RunDir, cfg: AttentionConfig | None = None, *,
+                 n_layers: int | None = None) -> dict[str, Any]:
+    """Step 3: span_mass.parquet, summary.json, heads.json and figures from recordings.
+
+    Raises:
+        RunDirError: nothing recorded yet.
+        interp.errors.LayerSpecError: the band lies outside the recorded layers.
+    """
+    cfg = cfg or AttentionConfig()
+    records, mass, spans, backends = load_masses(run, limit=cfg.limit)
+    band = parse_layers(cfg.layers, n_layers or mass["gen"].shape[1])
+    out = run.sub("attention")
+    write_table(span_mass_table(records, mass, spans), out / "span_mass.parquet", csv=False)
+    summary = summarize(records, mass, spans, band, n_boot=cfg.n_boot, seed=cfg.seed)
+    summary.update(layers_spec=cfg.layers, backends=backends,
+                   model=run.manifest().get("model", {}).get("spec"))
+    write_json(out / "summary.json", summary)
+    heads = {"band": band, "overall": top_heads(summary, top=cfg.top),
+             "per_dataset": {d: top_heads(summary, dataset=d, top=cfg.top)
+                             for d in summary["per_dataset"]}}
+    write_json(out / "heads.json", heads)
+    if cfg.figures:
+        figs = run.sub("figures")
+        plots.plot_span_mass_layerwise(summary, figs)
+        plots.plot_head_context_heatmaps(summary, figs)
+        plots.plot_context_ratio(summary, figs)
+    return summary
+
+
+def read_summary(run: RunDir) -> dict[str, Any]:
+    """``DIR/attention/summary.json``.
+
+    Raises:
+        RunDirError: it does not exist (names the command that writes it).
+    """
+    path = run.path / "attention" / "summary.json"
+    if not path.exists():
+        raise RunDirError(f"{path} does not exist: run `interp attention --run {run.path}` first")
+    return read_json(path)
+
+
+def run(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None, *,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Record every selected record of a run (resuming), then write the tables and figures.
+
+    Args:
+        run: asymmetry run directory.
+        handle: the run's model (:func:`interp.stages.load_run_model`).
+        cfg: settings.
+        log: progress lines.
+
+    Returns:
+        ``summary.json``'s content.
+    """
+    record(run, handle, cfg, log=log)
+    return write_tables(run, cfg, n_layers=handle.n_layers)
+

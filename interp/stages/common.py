@@ -1,0 +1,87 @@
+"""What every stage that reads a finished run shares: the Stage protocol and the model reload.
+
+A stage module (``interp.stages.attention``, ``interp.stages.probe``, ...) provides:
+
+* ``NAME``: its config table name (``[attention]`` in an experiment TOML);
+* ``SUMMARIES``: run-dir tables that ``interp run`` copies next to the figures (source -> name);
+* ``Config``: a dataclass with ``from_mapping(table)`` that refuses unknown keys
+  (:func:`interp.store.config_from_table`);
+* ``run(run_dir, handle, cfg, *, log=print) -> summary``: the study on a finished asymmetry run
+  (resumable; fresh parts are reused, :func:`interp.store.is_fresh`);
+* ``format_summary(summary) -> str``: the summary as text for the terminal.
+
+:func:`load_run_model` is the ONE way to load the model of a run: the manifest's model spec,
+device and dtype, and a check that the loaded weights are those the run was made with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from interp.errors import RunDirError
+from interp.models import ModelHandle, load_model
+from interp.store import RunDir
+
+__all__ = ["Stage", "check_run_model", "load_run_model"]
+
+
+class Stage(Protocol):
+    """The interface of a stage module (module docstring); modules satisfy it structurally."""
+
+    NAME: str
+    SUMMARIES: Mapping[str, str]
+    Config: Any
+
+    def run(self, run: RunDir, handle: ModelHandle, cfg: Any, *,
+            log: Callable[[str], None] = print) -> dict[str, Any]:
+        """Run the study on ``run`` and return its summary."""
+
+    def format_summary(self, summary: Mapping[str, Any]) -> str:
+        """The summary as text."""
+
+
+def check_run_model(run: RunDir, handle: ModelHandle,
+                    manifest: Mapping[str, Any] | None = None) -> None:
+    """Refuse a model whose weights differ from those the run was made with.
+
+    The check compares the sha256 in ``manifest.json`` with the loaded model's; it passes when
+    either is unknown (a random test model, a hub model without a local cache listing).
+
+    Raises:
+        RunDirError: both digests are known and differ (the message names both models).
+    """
+    m = dict(manifest if manifest is not None else run.manifest()).get("model", {})
+    want, got = m.get("sha256"), handle.info.get("sha256")
+    if want and got and want != got:
+        raise RunDirError(f"{run.path} was made with model {m.get('spec')!r} (sha256 "
+                          f"{want[:12]}), not {handle.spec!r} (sha256 {got[:12]}): use the run's "
+                          f"model")
+
+
+def load_run_model(run: RunDir, device: str | None = None,
+                   dtype: str | None = None) -> ModelHandle:
+    """Load the model a run was made with (the manifest's model spec) and check its sha256.
+
+    Args:
+        run: a run directory with ``manifest.json``.
+        device: where to load it (default: the run's ``config.device``, else CUDA if available).
+        dtype: precision (default: the run's ``config.dtype``, else by device).
+
+    Returns:
+        The :class:`interp.models.ModelHandle`.
+
+    Raises:
+        RunDirError: no manifest, a manifest without a model, or weights whose sha256 differs
+            from the manifest's.
+        interp.errors.ModelSpecError: the spec cannot be loaded here.
+    """
+    manifest = run.manifest()
+    cfg = manifest.get("config", {})
+    spec = manifest.get("model", {}).get("spec") or cfg.get("model")
+    if not spec:
+        raise RunDirError(f"{run.manifest_path} names no model (neither model.spec nor "
+                          f"config.model)")
+    handle = load_model(spec, device=device or cfg.get("device"), dtype=dtype or cfg.get("dtype"))
+    check_run_model(run, handle, manifest)
+    return handle

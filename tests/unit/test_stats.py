@@ -1,0 +1,112 @@
+"""interp.stats against hand computations, scipy and scikit-learn."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from interp.errors import ProbeError
+from interp.stats import (
+    binary_metrics,
+    bootstrap_mean,
+    correlations,
+    fold_summary,
+    make_folds,
+    mcnemar,
+    passage_groups,
+    percentile_ci,
+    resample_indices,
+    roc_auc,
+    wilson_ci,
+)
+
+
+def test_folds_disjoint_and_class_count_error():
+    y = np.array([True] * 6 + [False] * 14)
+    folds = make_folds(y, 3, seed=1)
+    seen = np.concatenate([te for _, te in folds])
+    assert sorted(seen.tolist()) == list(range(20))
+    for tr, te in folds:
+        assert not set(tr) & set(te)
+        assert y[te].any() and (~y[te]).any()
+    with pytest.raises(ProbeError, match=r"y\*=Correct 2, y\*=Incorrect 18"):
+        make_folds(np.array([True] * 2 + [False] * 18), 5, seed=0)
+
+
+def test_group_folds_keep_each_passage_in_one_fold():
+    """Records about one passage never sit in both a train and a test fold."""
+    rng = np.random.default_rng(0)
+    groups = np.repeat(np.arange(15), 3)            # 15 passages x 3 questions
+    y = rng.random(45) < 0.4
+    y[:3], y[3:6] = True, False                     # both classes present in many groups
+    folds = make_folds(y, 3, seed=0, groups=groups)
+    assert sorted(np.concatenate([te for _, te in folds]).tolist()) == list(range(45))
+    for tr, te in folds:
+        assert not set(groups[tr]) & set(groups[te])
+    # the class check counts passages, not records: 6 Correct records on 2 passages
+    y2 = np.zeros(45, bool)
+    y2[:6] = True
+    with pytest.raises(ProbeError, match=r"too few groups \(passages\).*y\*=Correct 2"):
+        make_folds(y2, 3, seed=0, groups=groups)
+    recs = [{"dataset": "squad_v2", "context": "A"}, {"dataset": "squad_v2", "context": "A"},
+            {"dataset": "drop", "context": "A"}, {"dataset": "squad_v2", "context": "B"}]
+    g = passage_groups(recs)
+    assert g[0] == g[1] and len(set(g)) == 3
+
+
+def test_binary_metrics_equal_sklearn():
+    from sklearn.metrics import accuracy_score, balanced_accuracy_score, f1_score, roc_auc_score
+
+    rng = np.random.default_rng(1)
+    for trial in range(20):
+        n = int(rng.integers(4, 40))
+        y = rng.random(n) < rng.uniform(0.1, 0.9)
+        y[0], y[1] = True, False
+        score = np.round(rng.normal(size=n) + y, 1)  # ties on purpose
+        pred = score > rng.normal()
+        m = binary_metrics(y, pred, score)
+        assert m["accuracy"] == pytest.approx(accuracy_score(y, pred))
+        assert m["balanced_accuracy"] == pytest.approx(balanced_accuracy_score(y, pred))
+        assert m["f1"] == pytest.approx(f1_score(y, pred, zero_division=0))
+        assert m["f1_macro"] == pytest.approx(f1_score(y, pred, average="macro",
+                                                       zero_division=0))
+        assert m["auc"] == pytest.approx(roc_auc_score(y, score))
+    assert binary_metrics(np.array([True, True]), np.array([True, False]), None)["auc"] is None
+    assert roc_auc(np.array([True, False, True]), np.array([0.9, 0.1, 0.2])) == 1.0
+    assert roc_auc(np.array([True, True]), np.array([0.3, 0.4])) is None
+
+
+def test_bootstrap_is_one_draw_of_a_seeded_generator():
+    """The resamples are rng.integers(0, n, (n_boot, n)); CIs are the 2.5/97.5 percentiles."""
+    x = np.arange(10.0)
+    a = bootstrap_mean(x, np.random.default_rng(5), 400)
+    idx = np.random.default_rng(5).integers(0, 10, size=(400, 10))
+    assert (resample_indices(10, 400, np.random.default_rng(5)) == idx).all()
+    means = x[idx].mean(1)
+    assert a["mean"] == 4.5
+    assert a["ci"] == [np.percentile(means, 2.5), np.percentile(means, 97.5)]
+    assert bootstrap_mean(np.array([]), np.random.default_rng(0), 10) == {"mean": None,
+                                                                           "ci": None}
+    assert bootstrap_mean(np.array([2.0]), np.random.default_rng(0), 10)["ci"] is None
+    lo, hi = percentile_ci(np.stack([means, -means], axis=1))
+    assert lo.shape == (2,) and lo[0] == a["ci"][0] and hi[1] == -a["ci"][0]
+
+
+def test_wilson_mcnemar_correlations_fold_summary():
+    from scipy.stats import binomtest
+
+    assert wilson_ci(0, 0) is None
+    lo, hi = wilson_ci(3, 10)
+    z = 1.959963984540054  # Wilson (1927) by hand
+    c = (3 / 10 + z * z / 20) / (1 + z * z / 10)
+    w = z / (1 + z * z / 10) * np.sqrt(0.3 * 0.7 / 10 + z * z / 400)
+    assert (lo, hi) == pytest.approx((c - w, c + w), abs=1e-9)
+    a = np.array([True, True, False, False, True])
+    b = np.array([False, True, True, True, True])
+    assert mcnemar(a, b) == {"b": 1, "c": 2, "p_value": pytest.approx(binomtest(1, 3).pvalue)}
+    assert mcnemar(a, a)["p_value"] == 1.0
+    r = correlations(np.array([1.0, 2, 3, np.nan, 5]), np.array([2.0, 4, 7, 1, 10]))
+    assert r["n"] == 4 and r["spearman"] == pytest.approx(1.0) and 0.9 < r["pearson"] < 1
+    assert correlations(np.ones(5), np.arange(5.0))["pearson"] is None
+    s = fold_summary([{"auc": 0.5, "f1": 1.0}, {"auc": None, "f1": 0.0}], ["auc", "f1"])
+    assert s == {"auc": 0.5, "auc_std": 0.0, "f1": 0.5, "f1_std": 0.5}
