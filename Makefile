@@ -27,11 +27,17 @@ transfer: $(STAMP)
 	cp runs/transfer_quickstart/figures/transfer_*.png figures/
 	cp runs/transfer_quickstart/transfer/table.json figures/transfer_table.json
 
+# ruff and the unit tests first (tiny models built in code, no model file, well under a minute),
+# then everything else: equivalence (backends agree, recorder = eager, batched = single),
+# integration (bundled model, real records) and the golden pins.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q tests/unit
+	$(BIN)/python -m pytest -q tests --ignore=tests/unit
 
+# Needs no model file: tests/unit/conftest.py hides the bundled model for the whole session.
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not integration"
+	$(BIN)/python -m pytest -q tests/unit
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/generation_batching.py
