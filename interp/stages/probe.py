@@ -25,6 +25,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -198,7 +199,7 @@ def load_probe_records(run: RunDir, handle: ModelHandle | None = None) -> list[R
     return records
 
 
-def _read_cache(path: Any, sig: str, pools: Sequence[str], log: Callable[[str], None]
+def _read_cache(path: Path, sig: str, pools: Sequence[str], log: Callable[[str], None]
                 ) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
     """(tensors, keys, candidate fallbacks) of a fresh features cache, else empty ones."""
     if not path.exists():

@@ -12,9 +12,8 @@ from interp.errors import AttentionError, ConfigError, LayerSpecError
 from interp.hooks.recorder import record_rows
 from interp.prompts import get_template, render
 from interp.stages import attention as stage
-from interp.stages.asymmetry import AsymmetryConfig
-from interp.stages.asymmetry import run as run_asymmetry
 from interp.store import RunDir
+from interp.testing import synthetic_probe_run
 
 
 def _prompt(tokenizer, task="eval"):
@@ -107,11 +106,8 @@ def test_config_refuses_unknown_keys_and_backends():
 
 @pytest.fixture(scope="module")
 def tiny_run(tiny, tmp_path_factory):
-    out = tmp_path_factory.mktemp("tiny_run")
-    cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2", "drop"], limit=2,
-                          batch_size=4, max_new_tokens=4, verdict_max_new_tokens=3, n_boot=20)
-    run_asymmetry(cfg, out, handle=tiny, log=lambda s: None)
-    return RunDir(out)
+    """Two ok records per dataset (hotpotqa, squad_v2) with their prompts' spans."""
+    return synthetic_probe_run(tmp_path_factory.mktemp("tiny_run") / "run", tiny, 2, 2)
 
 
 def test_stage_tables_resume_and_freshness(tiny, tiny_run, tmp_path):
@@ -120,7 +116,7 @@ def test_stage_tables_resume_and_freshness(tiny, tiny_run, tmp_path):
     run = RunDir(shutil.copytree(tiny_run.path, tmp_path / "run"))
     cfg = stage.AttentionConfig(layers="last2", limit=1, n_boot=20, figures=False)
     s = stage.run(run, tiny, cfg, log=lambda m: None)
-    assert set(s["per_dataset"]) == {"squad_v2", "drop"} and s["band"] == [0, 1]
+    assert set(s["per_dataset"]) == {"squad_v2", "hotpotqa"} and s["band"] == [0, 1]
     df = pd.read_parquet(run.path / "attention" / "span_mass.parquet")
     tot = df.groupby(["id", "task", "layer", "head"])["mass"].sum()
     assert len(tot) == 2 * 2 * tiny.n_layers * tiny.n_heads

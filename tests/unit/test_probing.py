@@ -176,7 +176,7 @@ def test_permutation_null_separates_signal_from_selection():
 
 def test_probe_layers_use_the_one_layer_grammar(tiny, tmp_path):
     """`--layers last1` works for probes as for attention; a bad spec fails before any work."""
-    run, _ = _synthetic_run(tmp_path, tiny)
+    run, _ = _synthetic_run(tmp_path, tiny, n_good=3, n_bad=3)
     cfg = ProbeConfig(folds=3, layers="last1", probes=["logreg"], pools=["last"], tasks=["eval"])
     res = run_probes(run, tiny, cfg, log=lambda s: None)
     assert res["layers"] == [1] and {r["layer"] for r in res["tasks"]["eval"]["grid"]} == {1}
