@@ -28,8 +28,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 COMMAND_MODULES: list[str] = [
     "interp.attention",
     "interp.probing",
-    "interp.transfer",
-    "interp.patching",
+    "interp.stages.transfer",
+    "interp.stages.patching",
 ]
 """Modules whose ``register(app)`` adds commands, and whose ``run_stage`` serves ``interp run``
 for the config section of the same name as ``STAGE`` in the module."""

@@ -198,7 +198,7 @@ def plot_transfer_matrix(table: Mapping[str, Any], out_dir: str | Path,
     the base model's answers, and the two acceptance rates; cells annotated with the value.
 
     Args:
-        table: ``transfer/table.json`` (:func:`interp.transfer.build_table`).
+        table: ``transfer/table.json`` (:func:`interp.stages.transfer.build_table`).
         out_dir: output folder.
         name: file stem.
     """
@@ -276,8 +276,10 @@ def plot_transfer_acceptance(table: Mapping[str, Any], out_dir: str | Path,
 
 def plot_transfer_patching(patching: Mapping[str, Any], out_dir: str | Path,
                            name: str = "transfer_patching") -> Path:
-    """Per layer, the fraction of the adapter's verdict logit-difference change carried by
-    the patched residual stream (adapter -> base solid, base -> adapter dashed).
+    """Per layer, the share of the adapter's verdict change carried by the patched residual.
+
+    The fraction of the adapter's verdict logit-difference change carried by the patched
+    residual stream (adapter -> base solid, base -> adapter dashed).
 
     Args:
         patching: ``transfer/patching.json`` (:func:`interp.transfer.cross_model_patching`
@@ -437,7 +439,7 @@ def plot_context_ratio(summary: Mapping[str, Any], out_dir: str | Path,
 
 
 # ---------------------------------------------------------------------------------------------
-# Activation patching (interp.patching): drawn from DIR/patching/{pairs}/{kind}/ tables
+# Activation patching (interp.stages.patching): drawn from DIR/patching/{pairs}/{kind}/ tables
 # ---------------------------------------------------------------------------------------------
 
 
@@ -455,8 +457,10 @@ def _patching_heat(ax: Any, mat: Any, xlabels: list[str], ylabels: list[str], ti
 
 
 def plot_patching(table_dir: str | Path, out_dir: str | Path) -> list[Path]:
-    """Figures of one patching experiment, from its stored tables (``summary.json``,
-    ``effects.parquet``, ``pairs.parquet`` in ``DIR/patching/{pairs}/{kind}/``).
+    """Figures of one patching experiment, from its stored tables.
+
+    The tables are ``summary.json``, ``effects.parquet`` and ``pairs.parquet`` in
+    ``DIR/patching/{pairs}/{kind}/``:
 
     * ``candidate-swap``/``resid``: layer x position (mean normalised effect per position
       counted from the verdict position; tick labels are the first pair's tokens) and

@@ -43,28 +43,11 @@ import torch
 from interp.data import load_examples
 from interp.grading import RuleOracle
 from interp.models import ModelHandle
+from interp.pairs import candidate_swap_pair, task_swap_pair
 from interp.prompts import get_template, render
-
-try:  # after the restructuring (issue 10)
-    from interp.pairs import candidate_swap_pair, task_swap_pair
-    from interp.stages.patching import PatchingConfig, run_pair, summarise
-
-    from interp.patching import cross_model_patching
-    from interp.transfer import TransferConfig, build_training_sets, mine_hard_negatives
-except ImportError:  # before it
-    from interp.patching import (  # type: ignore[no-redef]
-        PatchingConfig,
-        candidate_swap_pair,
-        run_pair,
-        summarise,
-        task_swap_pair,
-    )
-    from interp.transfer import (  # type: ignore[no-redef]
-        TransferConfig,
-        build_training_sets,
-        cross_model_patching,
-        mine_hard_negatives,
-    )
+from interp.stages.patching import PatchingConfig, run_pair, summarise
+from interp.stages.transfer import TransferConfig
+from interp.transfer import build_training_sets, cross_model_patching, mine_hard_negatives
 
 pytestmark = pytest.mark.integration
 
