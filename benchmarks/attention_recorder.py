@@ -57,7 +57,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from interp.backends import attn_implementation, to_tlens
+    from interp.hooks.backends import attn_implementation, to_tlens
     from interp.hooks.recorder import record_rows
     from interp.models import load_model
 

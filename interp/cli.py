@@ -20,13 +20,15 @@ from typer.core import TyperGroup
 from interp import attention as attention_method
 from interp.errors import InterpError
 from interp.layers import DEFAULT_BAND, parse_layers
-from interp.models import DEFAULT_MODEL
+from interp.models import DEFAULT_MODEL, load_model
 from interp.pipeline import run_config
 from interp.stages import asymmetry as asymmetry_stage
 from interp.stages import attention as attention_stage
 from interp.stages import load_run_model
+from interp.stages import patching as patching_stage
 from interp.stages import probe as probe_stage
-from interp.store import RunDir
+from interp.stages import transfer as transfer_stage
+from interp.store import RunDir, read_json
 
 __all__ = ["app", "main"]
 
@@ -198,13 +200,75 @@ def probe_cmd(
     typer.echo(probe_stage.format_summary(res))
 
 
-# R2: patching/transfer (old modules until their restructure lands) ---------------------------
-from interp import patching as _old_patching  # noqa: E402
-from interp import transfer as _old_transfer  # noqa: E402
+@app.command("patch")
+def patch_cmd(
+    run: Annotated[Path, typer.Option(help="run directory (from `interp asymmetry`)")],
+    pairs: Annotated[str, typer.Option(help="candidate-swap, task-swap (comma list)")] = (
+        "candidate-swap"),
+    kind: Annotated[str, typer.Option(help="resid, heads, attribution (comma list)")] = "resid",
+    limit: Annotated[int | None, typer.Option(help="pairs per dataset")] = 5,
+    layers: Annotated[str | None, typer.Option(help="all, last8, 0-29 or 20,24,28")] = None,
+    layer_stride: Annotated[int, typer.Option(help="sweep every k-th layer")] = 1,
+    hook: Annotated[str, typer.Option(help="hook_resid_pre or hook_resid_post")] = (
+        "hook_resid_pre"),
+    per_position: Annotated[bool, typer.Option(help="also sweep single positions")] = True,
+    max_tokens: Annotated[int, typer.Option(help="refuse longer pairs")] = 1024,
+    batch_size: Annotated[int, typer.Option(help="patched rows per forward")] = 16,
+    device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
+) -> None:
+    """Activation / attribution patching between the judge and the generator."""
+    cfg = patching_stage.PatchingConfig.from_mapping({
+        "pairs": _split(pairs), "kinds": _split(kind), "limit": limit, "layers": layers,
+        "layer_stride": layer_stride, "hook": hook, "per_position": per_position,
+        "max_tokens": max_tokens, "batch_size": batch_size})
+    rd = RunDir(run)
+    summary = patching_stage.run(rd, load_run_model(rd, device=device), cfg, log=typer.echo)
+    typer.echo(patching_stage.format_summary(summary))
+    typer.echo(f"wrote {rd.path / 'patching'} and {rd.path / 'figures'}/patching_*.png")
 
-_old_transfer.register(app)
-_old_patching.register(app)
-# end R2 --------------------------------------------------------------------------------------
+
+@app.command("transfer")
+def transfer_cmd(
+    config: Annotated[Path | None, typer.Option(
+        help="TOML: a [transfer] table or flat TransferConfig keys")] = None,
+    out: Annotated[Path, typer.Option(help="run directory")] = Path("runs/transfer"),
+    model: Annotated[str | None, typer.Option(help="base model spec")] = None,
+    dataset: Annotated[list[str] | None, typer.Option(
+        "--dataset", "-d", help="train+eval datasets (squad_v2, hotpotqa, musique)")] = None,
+    eval_limit: Annotated[int | None, typer.Option(help="validation records")] = None,
+    max_train_examples: Annotated[int | None, typer.Option(help="items per adapter")] = None,
+    epochs: Annotated[int | None, typer.Option(help="passes over the training set")] = None,
+    lr: Annotated[float | None, typer.Option(help="AdamW learning rate")] = None,
+    rank: Annotated[int | None, typer.Option(help="LoRA rank r")] = None,
+    max_length: Annotated[int | None, typer.Option(help="longest training sequence")] = None,
+    patch_examples: Annotated[int | None, typer.Option(
+        help="eval prompts for cross-model patching (0: off)")] = None,
+    patch_positions: Annotated[str | None, typer.Option(help="all or last")] = None,
+    seed: Annotated[int | None, typer.Option(help="seeds sampling, data order, LoRA")] = None,
+    judge_base_answers: Annotated[bool | None, typer.Option(
+        help="also let each adapter judge the base model's answers")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1, ...")] = None,
+    overwrite: Annotated[bool, typer.Option(help="discard work made with another config")] = (
+        False),
+) -> None:
+    """Study 3: hard negatives, LoRA-Gen/Eval/Both adapters, transfer table and figures."""
+    values = transfer_stage.load_config_file(config) if config else {}
+    flags = {"model": model, "eval_limit": eval_limit,
+             "max_train_examples": max_train_examples, "epochs": epochs, "lr": lr,
+             "rank": rank, "max_length": max_length, "patch_examples": patch_examples,
+             "patch_positions": patch_positions, "seed": seed, "device": device,
+             "judge_base_answers": judge_base_answers,
+             "datasets": _split(dataset) or None}
+    values.update({k: v for k, v in flags.items() if v is not None})
+    cfg = transfer_stage.TransferConfig.from_mapping(values)
+    handle = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    summary = transfer_stage.run(out, handle, cfg, overwrite=overwrite, log=typer.echo)
+    table = read_json(Path(out) / "transfer" / "table.json")
+    typer.echo(transfer_stage.format_table(table))
+    typer.echo(transfer_stage.format_table(table, "judge_base_answers"))
+    typer.echo(f"hard-negative fallback rate {summary['hard_negative_fallback_rate']:.2f}; "
+               f"training seconds {summary['train_seconds']}")
+    typer.echo(f"wrote {out}/transfer/ and {out}/figures/transfer_*.png")
 
 
 def main() -> None:

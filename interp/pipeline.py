@@ -25,7 +25,7 @@ from typing import Any
 
 from interp import stages
 from interp.errors import ConfigError
-from interp.models import DEFAULT_MODEL, ModelHandle, load_model
+from interp.models import DEFAULT_MODEL, load_model
 from interp.stages import asymmetry
 from interp.stages.common import Stage
 from interp.store import RunDir, write_json
@@ -36,40 +36,8 @@ TOP_LEVEL = ("name", "out", "figures", "description", "asymmetry")
 """Top-level keys of an experiment config besides the stage tables."""
 
 
-# R2: patching/transfer (old modules until their restructure lands) ---------------------------
-from interp import patching as _old_patching  # noqa: E402
-from interp import transfer as _old_transfer  # noqa: E402
-
-
-class _OldStage:
-    """An old module (``STAGE``, ``SUMMARIES``, ``run_stage(run, section, handle)``) as a Stage.
-
-    Its config table is checked by its own ``run_stage`` when it runs.
-    """
-
-    def __init__(self, module: Any):
-        self.module, self.NAME = module, module.STAGE
-        self.SUMMARIES = getattr(module, "SUMMARIES", {})
-
-    class Config(dict):
-        @classmethod
-        def from_mapping(cls, d: Mapping[str, Any]) -> dict[str, Any]:
-            return dict(d)
-
-    def run(self, run: RunDir, handle: ModelHandle, cfg: Any, *,
-            log: Callable[[str], None] = print) -> dict[str, Any]:
-        self.module.run_stage(run, dict(cfg), handle)
-        return {}
-
-    def format_summary(self, summary: Mapping[str, Any]) -> str:
-        return ""
-
-
-STAGES: dict[str, Stage] = {**stages.STAGES,
-                            "transfer": _OldStage(_old_transfer),  # type: ignore[dict-item]
-                            "patching": _OldStage(_old_patching)}  # type: ignore[dict-item]
+STAGES: dict[str, Stage] = dict(stages.STAGES)
 """Every stage ``interp run`` knows, by config-table name, in the order they run."""
-# end R2 --------------------------------------------------------------------------------------
 
 
 def model_slug(spec: str) -> str:

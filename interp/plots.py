@@ -201,7 +201,7 @@ def plot_transfer_matrix(table: Mapping[str, Any], out_dir: str | Path,
     the base model's answers, and the two acceptance rates; cells annotated with the value.
 
     Args:
-        table: ``transfer/table.json`` (:func:`interp.transfer.build_table`).
+        table: ``transfer/table.json`` (:func:`interp.stages.transfer.build_table`).
         out_dir: output folder.
         name: file stem.
     """
@@ -442,7 +442,7 @@ def plot_context_ratio(summary: Mapping[str, Any], out_dir: str | Path,
 
 
 # ---------------------------------------------------------------------------------------------
-# Activation patching (interp.patching): drawn from DIR/patching/{pairs}/{kind}/ tables
+# Activation patching (interp.stages.patching): drawn from DIR/patching/{pairs}/{kind}/ tables
 # ---------------------------------------------------------------------------------------------
 
 

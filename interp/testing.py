@@ -58,6 +58,7 @@ CORPUS = (
     "Rollo founded Normandy in 911. The Normans were a people in Normandy. Who founded it?",
     "Water boils at 100 degrees Celsius at sea level. 3.5 million people live there.",
     "Who, what, when, where, which, how many, how much? The first, second and third.",
+    "Gustave Eiffel's company built it in 1889, not 1890. Paris, Lyon, Rome: France.",
 )
 """The text the tiny BPE learns its merges from (fixed: the vocabulary never changes)."""
 

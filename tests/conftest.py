@@ -62,3 +62,64 @@ def quick_run(bundled, tmp_path_factory):
     cfg = AsymmetryConfig(datasets=["squad_v2", "hotpotqa"], limit=3, batch_size=3, n_boot=200)
     run(cfg, out, handle=bundled, log=lambda s: None)
     return RunDir(out)
+
+
+# R2 fixtures (patching, pairs, transfer, lora tests) ------------------------------------------
+
+EIFFEL_CONTEXT = ("The Eiffel Tower is in Paris. It was built in 1889 by Gustave Eiffel's "
+                  "company.")
+EIFFEL_QUESTION = "Who built the Eiffel Tower?"
+
+
+@pytest.fixture(scope="session")
+def patch_prompts(tokenizer):
+    """Eval prompts of one question with a right (clean) and a wrong (corrupt) candidate."""
+    from interp.prompts import get_template, render
+
+    tpl = get_template()
+    clean = render(tokenizer, tpl, "eval", context=EIFFEL_CONTEXT, question=EIFFEL_QUESTION,
+                   answer="Paris")
+    corrupt = render(tokenizer, tpl, "eval", context=EIFFEL_CONTEXT, question=EIFFEL_QUESTION,
+                     answer="Lyon")
+    return clean, corrupt
+
+
+@pytest.fixture()
+def toy_records():
+    """Four ``ok`` records of one dataset sharing a passage.
+
+    The model's own answers are wrong for r1 and r2, right for r3 and r4.
+    """
+    base = [("r1", "Gustave Eiffel's company", "Paris", False),
+            ("r2", "1889", "1890", False),
+            ("r3", "Paris", "Paris", True),
+            ("r4", "France", "France", True)]
+    qs = {"r1": EIFFEL_QUESTION, "r2": "When was the Eiffel Tower built?",
+          "r3": "Where is the Eiffel Tower?", "r4": "In which country is the Eiffel Tower?"}
+    return [{"id": rid, "dataset": "toy", "status": "ok", "context": EIFFEL_CONTEXT,
+             "question": qs[rid], "answers": [gold], "answerable": True, "answer": own,
+             "oracle_label": ok, "model": "tiny-llama", "template": "default"}
+            for rid, gold, own, ok in base]
+
+
+@pytest.fixture()
+def qa_example():
+    """Factory of training-split examples: ``qa_example(i, answer, context=...)``."""
+    from interp.data import QAExample
+
+    def make(i: int, ans: str, ctx: str = "Some context.") -> QAExample:
+        return QAExample(id=f"r{i}", dataset="squad_v2", context=ctx, question=f"Question {i}?",
+                         answers=(ans,), answerable=True, split="train")
+    return make
+
+
+@pytest.fixture()
+def lora_cfg():
+    """Factory of small, fast transfer configs: ``lora_cfg(**overrides)``."""
+    from interp.stages.transfer import TransferConfig
+
+    def make(**kw) -> TransferConfig:
+        base = dict(rank=4, alpha=8, dropout=0.0, lr=1e-2, epochs=2, train_batch_size=2,
+                    warmup_steps=1, checkpoint_every=1, max_length=256, seed=3)
+        return TransferConfig(**{**base, **kw})
+    return make

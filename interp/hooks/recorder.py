@@ -40,8 +40,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from interp.backends import attn_implementation, to_nnsight, to_tlens
 from interp.errors import AttentionError
+from interp.hooks.backends import attn_implementation, to_nnsight, to_tlens
 from interp.hooks.capture import hooked
 from interp.hooks.points import hook_name, hook_site, resolve
 from interp.models import ModelHandle

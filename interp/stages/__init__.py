@@ -12,14 +12,16 @@ one thin command per stage.
 
 from __future__ import annotations
 
-from interp.stages import asymmetry, attention, probe
+from interp.stages import asymmetry, attention, patching, probe, transfer
 from interp.stages.common import Stage, check_run_model, load_run_model
 
 __all__ = ["STAGES", "Stage", "asymmetry", "attention", "check_run_model", "load_run_model",
-           "probe"]
+           "patching", "probe", "transfer"]
 
 STAGES: dict[str, Stage] = {
     attention.NAME: attention,  # type: ignore[dict-item]
     probe.NAME: probe,  # type: ignore[dict-item]
+    transfer.NAME: transfer,  # type: ignore[dict-item]
+    patching.NAME: patching,  # type: ignore[dict-item]
 }
 """Stages that read a finished asymmetry run, by config-table name, in the order they run."""

@@ -26,3 +26,9 @@ def no_model_files(tmp_path_factory):
         mp.setenv("INTERP_CACHE", str(tmp_path_factory.mktemp("empty_cache")))
         mp.setattr(importlib.util, "find_spec", hiding)
         yield
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_tokenizer):
+    """In unit tests ``tokenizer`` is the tokenizer built in code (ChatML turn markers)."""
+    return tiny_tokenizer

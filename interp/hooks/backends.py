@@ -1,0 +1,434 @@
+"""Run a model with hooks three ways behind one protocol: hf, transformer_lens, nnsight.
+
+Every backend answers the same call, :meth:`Backend.forward`: run token ids ``[batch, pos]``,
+replace activations at hook points on per-row masks by a source activation, keep the
+activations asked for, and return the last-position logits. Hook-point names are the
+TransformerLens names of :mod:`interp.hooks.points` (``blocks.L.hook_resid_pre``,
+``blocks.L.attn.hook_z``, ``blocks.L.hook_resid_post``, ...); a mask is ``[batch, pos]``
+(``[batch, pos, n_heads]`` for ``attn.hook_z``) and the source ``[pos, ...]`` is broadcast
+over the batch: the patched activation is ``where(mask, source, activation)``.
+
+1. ``hf`` (:class:`HFBackend`, the default and the reference): the Hugging Face model itself,
+   read and edited through :func:`interp.hooks.capture.hooked` (each mask becomes an edit),
+   optionally after a shared key/value prefix (:meth:`HFBackend.prefix_cache`), with
+   gradients (``keep_graph``, ``inputs_embeds``) for attribution patching.
+2. ``transformer_lens`` (:class:`TLBackend`): :func:`to_tlens` boots
+   ``TransformerBridge.boot_transformers(path, hf_model=model, tokenizer=tok)`` offline on a
+   deep copy of the model (booting replaces the wrapped model's submodules with bridge
+   components and forces eager attention) and runs ``run_with_hooks`` on the same names. The
+   bridge prepends BOS only when given a STRING; it is fed token ids, so it runs exactly the
+   prompt interp rendered.
+3. ``nnsight`` (:class:`NNsightBackend`): :func:`to_nnsight` wraps the model in nnsight's
+   ``TransformersModel`` (``LanguageModel`` on older nnsight), sharing its weights; inside a
+   trace, module inputs/outputs are read and assigned in execution order. Module paths come
+   from :func:`interp.hooks.points.hook_site`.
+
+Lifetimes: :func:`get_backend` builds a backend per call (cheap); only the TransformerLens
+bridge, which wraps a COPY of the model, is cached, in a :class:`weakref.WeakKeyDictionary`
+keyed on the model, so it dies with the model. Nothing here keeps a model alive.
+
+GQA convention everywhere: query head ``h`` reads key/value head ``h // (n_heads // n_kv_heads)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from interp.errors import BackendError
+from interp.hooks.capture import Edit, hooked
+from interp.hooks.points import HOOK_POINTS, HookSite, hook_name, hook_site, parse_hook, resolve
+from interp.models import ModelHandle
+
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "HFBackend",
+    "NNsightBackend",
+    "TLBackend",
+    "attention_mass",
+    "attn_implementation",
+    "get_backend",
+    "hook_order",
+    "masked_edit",
+    "to_nnsight",
+    "to_tlens",
+]
+
+BACKENDS = ("hf", "transformer_lens", "nnsight")
+"""The backend names, one per backend, used by every command and API."""
+
+_TLENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+Logits = Float[Tensor, "batch vocab"]
+Masks = Mapping[str, Bool[Tensor, "batch pos *heads"]]
+Sources = Mapping[str, Float[Tensor, "pos ..."]]
+Cache = dict[str, Float[Tensor, "batch pos ..."]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention kernel and wrappers
+# ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def attn_implementation(handle: ModelHandle, name: str) -> Iterator[None]:
+    """Temporarily run ``handle.model`` with another attention kernel (``eager``, ``sdpa``, ...).
+
+    The previous implementation is restored on exit, also after an exception.
+    """
+    model = handle.model
+    old = model.config._attn_implementation
+    if old != name:
+        _set_attn(model, name)
+    try:
+        yield
+    finally:
+        if model.config._attn_implementation != old:
+            _set_attn(model, old)
+
+
+def _set_attn(model: Any, name: str) -> None:
+    try:
+        model.set_attn_implementation(name)
+    except (ValueError, KeyError, AttributeError):
+        # custom names registered in AttentionInterface that set_attn_implementation refuses
+        for mod in model.modules():
+            cfg = getattr(mod, "config", None)
+            if cfg is not None and hasattr(cfg, "_attn_implementation"):
+                cfg._attn_implementation = name
+    if model.config._attn_implementation != name:  # pragma: no cover - defensive
+        model.config._attn_implementation = name
+
+
+def to_tlens(handle: ModelHandle, *, copy: bool = True) -> Any:
+    """Wrap the handle's model in a TransformerLens ``TransformerBridge`` (offline).
+
+    Booting a bridge REPLACES submodules of the model it wraps with bridge components (and
+    forces eager attention), so by default it wraps a deep copy: the handle's model keeps its
+    own modules, kernel and ``AttentionInterface`` dispatch (twice the weight memory while
+    the bridge lives). The bridge of a copy is cached per model (weakly: it dies with the
+    model). ``copy=False`` wraps the handle's model itself (not cached); afterwards use the
+    bridge, not ``handle.model``, for hooked forwards.
+
+    Args:
+        handle: the loaded model.
+        copy: wrap a deep copy (default) instead of the model itself.
+
+    Returns:
+        ``transformer_lens.model_bridge.TransformerBridge``; run it on token ids
+        (``bridge.run_with_cache(ids[None])``) so no BOS is prepended.
+
+    Raises:
+        BackendError: transformer-lens is missing or the architecture is unsupported.
+    """
+    model = handle.model
+    if copy and model in _TLENS:
+        return _TLENS[model]
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError as err:  # pragma: no cover
+        raise BackendError("the transformer_lens backend needs transformer-lens>=4.3") from err
+    target = _deepcopy(model) if copy else model
+    name = (handle.info.get("cached_checkpoint") or handle.info.get("path")
+            or getattr(model.config, "_name_or_path", None) or handle.spec)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            bridge = TransformerBridge.boot_transformers(
+                str(name), hf_model=target, tokenizer=handle.tokenizer, device=str(handle.device),
+                dtype=next(model.parameters()).dtype)
+    except Exception as err:  # noqa: BLE001 - report any boot failure the same way
+        raise BackendError(f"TransformerBridge could not wrap {handle.spec!r}: {err}") from err
+    if copy:
+        _TLENS[model] = bridge
+    return bridge
+
+
+def _deepcopy(model: Any) -> Any:
+    return copy.deepcopy(model)
+
+
+def to_nnsight(handle: ModelHandle) -> Any:
+    """Wrap the handle's model for nnsight tracing (offline, shares the weights).
+
+    Not cached: the wrapper holds the model, so a cache keyed on the model would keep every
+    wrapped model alive; wrapping costs milliseconds.
+
+    Returns:
+        ``nnsight.modeling.transformers.TransformersModel`` (task ``text-generation``), or a
+        ``nnsight.LanguageModel`` on nnsight versions without it. Inside ``with lm.trace(ids):``
+        read and assign module inputs/outputs in execution order; the envoy of a hook point
+        is at its module path (:func:`interp.hooks.points.hook_site`).
+
+    Raises:
+        BackendError: nnsight is missing.
+    """
+    try:
+        from nnsight.modeling.transformers import TransformersModel
+
+        return TransformersModel(handle.model, task="text-generation", tokenizer=handle.tokenizer)
+    except ImportError:
+        try:
+            from nnsight import LanguageModel
+        except ImportError as err:  # pragma: no cover
+            raise BackendError("the nnsight backend needs nnsight>=0.8") from err
+        return LanguageModel(handle.model, tokenizer=handle.tokenizer)
+
+
+# ---------------------------------------------------------------------------------------------
+# The protocol
+# ---------------------------------------------------------------------------------------------
+
+
+def hook_order(name: str) -> tuple[int, int]:
+    """Execution-order key of a hook-point name: (layer, position of the point in a block)."""
+    layer, point = parse_hook(name, 10**9)
+    return layer, list(HOOK_POINTS).index(point)
+
+
+def masked_edit(mask: Bool[Tensor, "batch pos *heads"], src: Float[Tensor, "pos ..."]) -> Edit:
+    """The edit that patches ``src`` into the rows and positions (and heads) where ``mask`` holds.
+
+    Returns:
+        ``act -> where(mask[..., None], src[None], act)`` for ``act`` ``[batch, pos, d]``
+        (``[batch, pos, n_heads, head_dim]`` at ``attn.hook_z``).
+    """
+    def edit(act: Tensor) -> Tensor:
+        return torch.where(mask.unsqueeze(-1), src.unsqueeze(0).to(act.dtype), act)
+    return edit
+
+
+class Backend(Protocol):
+    """What every backend offers (module docstring)."""
+
+    name: str
+    handle: ModelHandle
+
+    def forward(self, ids: Int[Tensor, "batch pos"], *, masks: Masks | None = None,
+                sources: Sources | None = None, cache_hooks: Iterable[str] = (),
+                prefix: Any = None, inputs_embeds: Float[Tensor, "batch pos d_model"] | None = None,
+                keep_graph: bool = False, extra_hooks: Callable[[], Any] | None = None,
+                ) -> tuple[Logits, Cache]:
+        """Run ``ids`` with the masked patches; return last-position logits and the cache.
+
+        Args:
+            ids: token ids, ``[batch, pos]`` (after ``prefix`` when one is given).
+            masks: hook-point name -> where to patch, ``[batch, pos]`` or
+                ``[batch, pos, n_heads]`` (``attn.hook_z``).
+            sources: hook-point name -> the activation patched in, ``[pos, ...]``.
+            cache_hooks: hook-point names whose (patched) activations to return.
+            prefix: key/value cache of the positions before ``ids`` (``hf`` only).
+            inputs_embeds: embeddings instead of ``ids`` (``hf`` only; gradients).
+            keep_graph: return live tensors instead of detached copies (``hf`` only).
+            extra_hooks: a context-manager factory entered around the forward (``hf`` only).
+
+        Returns:
+            ``(logits [batch, vocab], {name: [batch, pos, ...]})``.
+
+        Raises:
+            BackendError: an option this backend does not offer.
+            HookError: an unknown hook point or a layer outside the model.
+        """
+        ...
+
+
+class HFBackend:
+    """The Hugging Face model, read and edited through :func:`interp.hooks.capture.hooked`.
+
+    Args:
+        handle: the model (a PEFT model around one works too).
+        attn: attention kernel to run under (None: the model's own).
+    """
+
+    name = "hf"
+
+    def __init__(self, handle: ModelHandle, *, attn: str | None = None):
+        self.handle = handle
+        self.model = handle.model
+        self.attn = attn
+
+    def _attn(self) -> Any:
+        if not self.attn or self.model.config._attn_implementation == self.attn:
+            return contextlib.nullcontext()
+        return attn_implementation(self.handle, self.attn)
+
+    def forward(self, ids: Int[Tensor, "batch pos"], *, masks: Masks | None = None,
+                sources: Sources | None = None, cache_hooks: Iterable[str] = (),
+                prefix: Any = None, inputs_embeds: Float[Tensor, "batch pos d_model"] | None = None,
+                keep_graph: bool = False, extra_hooks: Callable[[], Any] | None = None,
+                ) -> tuple[Logits, Cache]:
+        """:meth:`Backend.forward`; ``prefix`` is a batch-1 cache, expanded to the batch."""
+        masks, sources = masks or {}, sources or {}
+        edits = {name: masked_edit(m, sources[name]) for name, m in masks.items()}
+        kwargs: dict[str, Any] = {"use_cache": prefix is not None, "logits_to_keep": 1}
+        if prefix is not None:
+            pk = copy.deepcopy(prefix)
+            if ids.shape[0] > 1:
+                pk.batch_repeat_interleave(ids.shape[0])
+            kwargs["cache"] = pk
+        extra = extra_hooks() if extra_hooks else contextlib.nullcontext()
+        with self._attn(), hooked(self.model, cache=cache_hooks, edits=edits,
+                                  keep_graph=keep_graph) as cache, extra:
+            if inputs_embeds is not None:
+                out = self.model(inputs_embeds=inputs_embeds, **kwargs)
+            else:
+                out = self.model(input_ids=ids, **kwargs)
+        return out.logits[:, -1, :], dict(cache)
+
+    def prefix_cache(self, ids: Int[Tensor, "1 prefix"]) -> Any:
+        """Key/value cache of ``ids`` (the shared unpatched prefix of every patched row)."""
+        with self._attn(), torch.no_grad():
+            out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+
+
+class _FullPromptBackend:
+    """What the TransformerLens and nnsight backends share: full prompts, checked names."""
+
+    name = ""
+
+    def __init__(self, handle: ModelHandle):
+        self.handle = handle
+
+    def forward(self, ids: Int[Tensor, "batch pos"], *, masks: Masks | None = None,
+                sources: Sources | None = None, cache_hooks: Iterable[str] = (),
+                prefix: Any = None, inputs_embeds: Any = None, keep_graph: bool = False,
+                extra_hooks: Any = None) -> tuple[Logits, Cache]:
+        """:meth:`Backend.forward` (full prompts only)."""
+        bad = [k for k, v in {"prefix": prefix, "inputs_embeds": inputs_embeds,
+                              "keep_graph": keep_graph, "extra_hooks": extra_hooks}.items()
+               if v not in (None, False)]
+        if bad:
+            raise BackendError(f"the {self.name} backend runs full prompts without {bad}; "
+                               f"use 'hf'")
+        masks, sources = masks or {}, sources or {}
+        # unknown names fail before the forward
+        sites = {n: hook_site(self.handle.model, n) for n in set(masks) | set(cache_hooks)}
+        order = sorted(sites, key=hook_order)
+        return self._run(ids, {n: sites[n] for n in order}, masks, sources, set(cache_hooks))
+
+    def _run(self, ids: Tensor, sites: Mapping[str, HookSite], masks: Masks, sources: Sources,
+             want: set[str]) -> tuple[Logits, Cache]:
+        raise NotImplementedError
+
+
+class TLBackend(_FullPromptBackend):
+    """TransformerLens ``TransformerBridge``: ``run_with_hooks`` on the same hook names."""
+
+    name = "transformer_lens"
+
+    def __init__(self, handle: ModelHandle):
+        super().__init__(handle)
+        self.bridge = to_tlens(handle)
+
+    def _run(self, ids: Tensor, sites: Mapping[str, HookSite], masks: Masks, sources: Sources,
+             want: set[str]) -> tuple[Logits, Cache]:
+        cache: Cache = {}
+
+        def mk(name: str) -> Callable:
+            def fn(x: Tensor, hook: Any) -> Tensor:
+                if name in masks:
+                    x = masked_edit(masks[name], sources[name])(x)
+                if name in want:
+                    cache[name] = x.detach().clone()
+                return x
+            return fn
+
+        hooks = [(n, mk(n)) for n in sites]
+        with attn_implementation(self.handle, "eager"), torch.no_grad():
+            logits = self.bridge.run_with_hooks(ids, fwd_hooks=hooks, return_type="logits")
+        return logits[:, -1, :], cache
+
+
+class NNsightBackend(_FullPromptBackend):
+    """nnsight tracing: module inputs/outputs read and assigned in execution order."""
+
+    name = "nnsight"
+
+    def __init__(self, handle: ModelHandle):
+        super().__init__(handle)
+        self.lm = to_nnsight(handle)
+        self.n_heads = handle.n_heads
+
+    def _envoy(self, path: str) -> Any:
+        obj = self.lm
+        for part in path.split("."):
+            obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
+        return obj
+
+    def _run(self, ids: Tensor, sites: Mapping[str, HookSite], masks: Masks, sources: Sources,
+             want: set[str]) -> tuple[Logits, Cache]:
+        saved: dict[str, Any] = {}
+        with torch.no_grad(), self.lm.trace(ids):
+            for name, site in sites.items():
+                env = self._envoy(site.module_path)
+                raw = env.output if site.io == "output" else env.input
+                z = site.point == "attn.hook_z"
+                x = raw.view(*raw.shape[:-1], self.n_heads, -1) if z else raw
+                if name in masks:
+                    x = masked_edit(masks[name], sources[name])(x)
+                    new = x.reshape(raw.shape) if z else x
+                    if site.io == "output":
+                        env.output = new
+                    else:
+                        env.input = new
+                if name in want:
+                    saved[name] = x.save()
+            logits = self.lm.lm_head.output[:, -1, :].save()
+        return logits.detach().clone(), {k: v.detach().clone() for k, v in saved.items()}
+
+
+def get_backend(handle: ModelHandle, backend: str = "hf") -> Backend:
+    """A backend for ``handle`` by name (:data:`BACKENDS`).
+
+    Raises:
+        BackendError: an unknown backend name (lists the valid ones).
+    """
+    classes = {"hf": HFBackend, "transformer_lens": TLBackend, "nnsight": NNsightBackend}
+    if backend not in classes:
+        raise BackendError(f"unknown backend {backend!r}; valid: {list(BACKENDS)}")
+    return classes[backend](handle)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention mass of the last position (task-swap sweeps)
+# ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def attention_mass(model: Any, layers: Sequence[int], span: tuple[int, int],
+                   store: dict[int, Float[Tensor, " batch"]]) -> Iterator[None]:
+    """Record the last position's attention mass on ``span``, mean over heads, per layer.
+
+    Reads the attention weights the attention module returns as its second output, so the
+    model must run with eager attention (:func:`attn_implementation`); ``store[layer]`` gets
+    ``sum_{k in span} A[b, h, -1, k]`` averaged over heads ``h``, ``[batch]`` (CPU).
+    The attention module of block ``L`` is the module of ``blocks.L.hook_attn_out``.
+    Hooks are removed on exit, whatever raises.
+    """
+    mods = [(layer, resolve(model, hook_name(layer, "hook_attn_out"))[0]) for layer in layers]
+    handles = []
+
+    def mk(layer: int) -> Callable:
+        def fn(mod: Any, args: Any, out: Any) -> None:
+            w = out[1]
+            if w is not None:
+                store[layer] = w[:, :, -1, span[0]:span[1]].sum(-1).mean(1).detach().cpu()
+        return fn
+
+    try:
+        for layer, mod in mods:
+            handles.append(mod.register_forward_hook(mk(layer)))
+        yield
+    finally:
+        for h in handles:
+            h.remove()

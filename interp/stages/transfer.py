@@ -1,0 +1,492 @@
+"""Study 3 (paper section 3.3): LoRA transfer between generation and self-evaluation, the stage.
+
+Algorithm (:func:`run`; every step writes under ``DIR/transfer/`` and is skipped when its
+output already exists, so an interrupted run resumes; :func:`check_config` first discards the
+outputs a changed setting invalidates, or refuses a changed training setting):
+
+1. **Training pool** (:func:`interp.transfer.training_pool`).
+2. **Hard negatives** (``hard_negatives.jsonl``, :func:`interp.transfer.mine_hard_negatives`):
+   every closed-book attempt with the reason it was kept or rejected, and the fallback.
+3. **Training sets** (``train_sets/<adapter>.jsonl``, :func:`interp.transfer.build_training_sets`).
+4. **Training** (``adapters/<adapter>/``, checkpoints in ``checkpoints/<adapter>/``):
+   :func:`interp.lora.train_adapter` for LoRA-Gen, LoRA-Eval and LoRA-Both.
+5. **Evaluation** (``eval/<model>__<dataset>.jsonl``): ``base`` and each adapter run Study 1
+   unchanged (:func:`interp.asymmetry.evaluate_examples`: T_gen, the oracle, T_eval on its OWN
+   answers) on the first ``eval_limit`` validation records of each dataset; additionally each
+   adapter judges the BASE model's answers (``..__judge_base_answers.jsonl``), which separates a
+   change of judge from a change of the answers being judged. Adapters are loaded onto a fresh
+   copy of the base model and checked against its fingerprint (:func:`interp.lora.load_adapter`).
+6. **Table** (``table.json``, :func:`build_table`): per model and dataset
+   :func:`interp.asymmetry.group_metrics` (``GA``, ``EA``, ``delta``, acceptance rates on
+   oracle-correct and oracle-incorrect answers, bootstrap / Wilson 95% CIs), the same for
+   ``judge_base_answers``, training seconds and the hard-negative fallback rate.
+7. **Patching across models** (``patching.json``): on the base model's eval prompts of the
+   first ``patch_examples`` ok records, :func:`interp.transfer.cross_model_patching` per adapter
+   (resid_post at ``patch_layers``, ``patch_positions`` = ``all`` or ``last``).
+8. **Figures** (``figures/transfer_matrix.png``, ``transfer_acceptance.png``,
+   ``transfer_patching.png``) drawn from ``table.json`` / ``patching.json``; ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from interp.asymmetry import evaluate_examples, group_metrics, make_oracle
+from interp.data import QAExample, load_examples
+from interp.errors import TransferError
+from interp.grading import BaseOracle
+from interp.layers import parse_layers
+from interp.lora import encode_example, end_of_turn_id, load_adapter, train_adapter
+from interp.models import ModelHandle
+from interp.prompts import Template, get_template, render
+from interp.store import RunDir, config_from_table, read_json, read_jsonl, write_json, write_jsonl
+from interp.transfer import (
+    build_training_sets,
+    cross_model_patching,
+    mine_hard_negatives,
+    training_pool,
+)
+
+ADAPTERS = ("lora_gen", "lora_eval", "lora_both")
+"""The three adapters of the paper (section 3.3)."""
+MODELS = ("base",) + ADAPTERS
+NAME = "transfer"
+SUMMARIES = {"transfer/table.json": "transfer_table.json"}
+"""The table ``interp run`` copies next to the figures (run-dir path -> name)."""
+
+KEY_FIELDS = ("model", "datasets", "template", "hard_negative_template", "oracle",
+              "max_train_examples", "max_length", "hard_negative_attempts",
+              "hard_negative_temperature", "hard_negative_top_p",
+              "hard_negative_max_new_tokens", "hard_negative_max_words", "rank", "alpha",
+              "dropout", "target_modules", "lora_layers", "lr", "epochs", "train_batch_size",
+              "warmup_steps", "weight_decay", "seed")
+"""Config fields whose change invalidates stored hard negatives, training sets or adapters."""
+EVAL_FIELDS = ("eval_limit", "max_new_tokens", "verdict_max_new_tokens", "judge_base_answers")
+"""Config fields whose change redoes the evaluation (the adapters are kept)."""
+PATCH_FIELDS = ("patch_examples", "patch_positions", "patch_layers")
+"""Config fields whose change redoes the cross-model patching."""
+_ALL_OUTPUTS = ("hard_negatives.jsonl", "train_sets", "adapters", "checkpoints", "eval",
+                "table.json", "patching.json", "summary.json")
+
+
+@dataclass
+class TransferConfig:
+    """Configuration of the transfer study (defaults: the CPU quickstart on the bundled model).
+
+    Attributes:
+        model: base model spec (used by the CLI when no handle is given).
+        datasets: datasets whose TRAIN split trains the adapters (pooled) and whose validation
+            split evaluates them. Bundled train splits: ``squad_v2``, ``hotpotqa``, ``musique``.
+        eval_limit: validation records per dataset for the evaluation (first N answerable).
+        template: Study 1 template variant (training prompts AND evaluation).
+        templates_path: TOML file of template variants (None: the bundled ``paper.toml``).
+        hard_negative_template: variant whose gen prompt has no context (``closed_book``).
+        oracle: ``"rule"`` or ``"model:SPEC"`` (:func:`interp.asymmetry.make_oracle`).
+        max_train_examples: training items per adapter (= pool records; default 80).
+        max_length: longest training sequence in tokens (prompt + target); records whose eval
+            item would be longer are left out of the pool (default 512).
+        hard_negative_attempts: sampled closed-book answers per record before the fallback (5).
+        hard_negative_temperature, hard_negative_top_p: sampling settings (0.7, 0.9: a
+            small model sampled at temperature 1 mostly rambles instead of hallucinating a
+            plausible short answer).
+        hard_negative_max_new_tokens: length cap of a closed-book answer (16).
+        hard_negative_max_words: longer answers are rejected (12): a hard negative must look
+            like an answer, not a sentence cut off at the token cap.
+        rank, alpha, dropout: LoRA rank r, scaling alpha (update scaled by alpha / r) and
+            dropout on the LoRA input (8, 16, 0.05).
+        target_modules: module names that get LoRA (attention projections by default).
+        lora_layers: decoder layers that get LoRA (None: all). Gradients then flow back only
+            to the first of them, which cuts the backward pass on a CPU.
+        lr: AdamW learning rate (5e-4; higher than the usual 2e-4 because the quickstart takes
+            only ~20 steps).
+        epochs: passes over the training set (1).
+        train_batch_size: sequences per optimizer step (4).
+        warmup_steps: linear learning-rate warm-up steps (2).
+        weight_decay: AdamW weight decay (0.0).
+        seed: seeds sampling, data order, LoRA initialisation and dropout.
+        checkpoint_every: optimizer steps between checkpoints (an epoch end always writes one).
+        max_new_tokens, verdict_max_new_tokens, batch_size: evaluation decoding settings (as in
+            Study 1).
+        judge_base_answers: also let every adapter judge the base model's answers.
+        patch_examples: eval prompts used for cross-model patching (0 disables it).
+        patch_positions: ``"all"`` or ``"last"`` (module docstring, step 6).
+        patch_layers: layers to patch, a spec of :func:`interp.layers.parse_layers` or a list
+            (None: all).
+        n_boot: bootstrap resamples of the CIs.
+        device, dtype: where the CLI loads the model.
+    """
+
+    model: str = "smollm2-135m-instruct"
+    datasets: list[str] = field(default_factory=lambda: ["squad_v2"])
+    eval_limit: int = 50
+    template: str = "default"
+    templates_path: str | None = None
+    hard_negative_template: str = "closed_book"
+    oracle: str = "rule"
+    max_train_examples: int = 80
+    max_length: int = 512
+    hard_negative_attempts: int = 5
+    hard_negative_temperature: float = 0.7
+    hard_negative_top_p: float = 0.9
+    hard_negative_max_new_tokens: int = 16
+    hard_negative_max_words: int = 12
+    rank: int = 8
+    alpha: int = 16
+    dropout: float = 0.05
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    lora_layers: list[int] | None = None
+    lr: float = 5e-4
+    epochs: int = 1
+    train_batch_size: int = 4
+    warmup_steps: int = 2
+    weight_decay: float = 0.0
+    seed: int = 0
+    checkpoint_every: int = 10
+    max_new_tokens: int = 32
+    verdict_max_new_tokens: int = 8
+    batch_size: int = 8
+    judge_base_answers: bool = True
+    patch_examples: int = 4
+    patch_positions: str = "all"
+    patch_layers: str | list[int] | None = None
+    n_boot: int = 1000
+    device: str | None = None
+    dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.datasets, str):
+            self.datasets = [self.datasets]
+        if self.patch_positions not in ("all", "last"):
+            raise TransferError(f"patch_positions must be 'all' or 'last', not "
+                                f"{self.patch_positions!r}")
+        for k in ("max_train_examples", "max_length", "hard_negative_attempts", "rank",
+                  "epochs", "train_batch_size", "checkpoint_every"):
+            if int(getattr(self, k)) < 1:
+                raise TransferError(f"transfer config {k} must be >= 1, got {getattr(self, k)}")
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any]) -> TransferConfig:
+        """Build from a mapping (a TOML table), refusing unknown keys.
+
+        Raises:
+            TransferError: an unknown key (the message lists the known ones).
+        """
+        return config_from_table(cls, d, "transfer", TransferError)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks
+# ---------------------------------------------------------------------------------------------
+
+
+def _remove(tdir: Path, subs: Sequence[str]) -> None:
+    for sub in subs:
+        p = tdir / sub
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def check_config(tdir: Path, config: TransferConfig, overwrite: bool) -> None:
+    """Compare ``config`` with the one stored in ``tdir/config.json``, then store it.
+
+    A changed evaluation setting (:data:`EVAL_FIELDS`) discards the evaluation, table and
+    patching; a changed patching setting (:data:`PATCH_FIELDS`) the patching; a changed
+    training setting (:data:`KEY_FIELDS`) everything, but only with ``overwrite``.
+
+    Raises:
+        TransferError: a training setting changed and not ``overwrite`` (the message lists the
+            changes).
+    """
+    path = tdir / "config.json"
+    cfg = asdict(config)
+    if path.exists():
+        old = read_json(path)
+        for fields, outs in ((EVAL_FIELDS, ("eval", "table.json", "patching.json")),
+                             (PATCH_FIELDS, ("patching.json",))):
+            if any(old.get(k) != cfg.get(k) for k in fields):
+                _remove(tdir, outs)
+        diff = {k: (old.get(k), cfg.get(k)) for k in KEY_FIELDS if old.get(k) != cfg.get(k)}
+        if diff and not overwrite:
+            lines = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
+            raise TransferError(f"{tdir} was made with another transfer config ({lines}); use "
+                                f"another --out or --overwrite")
+        if diff:
+            _remove(tdir, _ALL_OUTPUTS)
+    write_json(path, cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Steps
+# ---------------------------------------------------------------------------------------------
+
+
+def _hard_negatives(tdir: Path, handle: ModelHandle, pool: list[QAExample], oracle: BaseOracle,
+                    config: TransferConfig, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Step 2, read back when ``hard_negatives.jsonl`` exists for the same pool."""
+    path = tdir / "hard_negatives.jsonl"
+    if not path.exists():
+        negatives = mine_hard_negatives(handle, pool, oracle, config, log=log)
+        write_jsonl(path, negatives)
+        return negatives
+    negatives = read_jsonl(path)
+    if [r["id"] for r in negatives] != [ex.id for ex in pool]:
+        raise TransferError(f"{path} does not match the training pool; delete it or use "
+                            f"--overwrite")
+    return negatives
+
+
+def _train(tdir: Path, handle: ModelHandle, template: Template,
+           sets: Mapping[str, list[dict[str, Any]]], config: TransferConfig,
+           log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """Steps 3-4: write the training sets, train (or read back) each adapter."""
+    eot = end_of_turn_id(handle.tokenizer)
+    for name, items in sets.items():
+        write_jsonl(tdir / "train_sets" / f"{name}.jsonl", items)
+    metas = {}
+    for name in ADAPTERS:
+        enc = [encode_example(handle.tokenizer, template, it, eot_id=eot) for it in sets[name]]
+        metas[name] = train_adapter(handle, enc, config, tdir / "adapters" / name,
+                                    checkpoint_dir=tdir / "checkpoints" / name, name=name,
+                                    meta_config={k: getattr(config, k) for k in KEY_FIELDS},
+                                    log=log)
+        log(f"[{name}] trained on {metas[name]['n_examples']} items in "
+            f"{metas[name]['train_seconds']:.1f} s (final loss {metas[name]['losses'][-1]:.3f})")
+    return metas
+
+
+def _evaluate_model(tdir: Path, handle: ModelHandle, mname: str, val: Mapping[str, list],
+                    base_answers: dict[str, list], config: TransferConfig, kw: Mapping,
+                    timings: dict[str, float], log: Callable[[str], None]
+                    ) -> tuple[list[dict], list[dict]]:
+    """Step 5 for one model: ``(self records, judge_base_answers records)`` over datasets."""
+    h = handle if mname == "base" else None
+    own, judged = [], []
+    need_fix = config.judge_base_answers and mname != "base"
+    for ds, exs in val.items():
+        p_self = tdir / "eval" / f"{mname}__{ds}.jsonl"
+        p_fix = tdir / "eval" / f"{mname}__{ds}__judge_base_answers.jsonl"
+        if not p_self.exists() or (need_fix and not p_fix.exists()):
+            h = h or load_adapter(handle, tdir / "adapters" / mname, name=mname)
+            t0 = time.perf_counter()
+            for path, cands in ((p_self, None), (p_fix, base_answers.get(ds))):
+                if path.exists() or (path is p_fix and not need_fix):
+                    continue
+                cands = None if cands is None else [a if a is not None else "" for a in cands]
+                recs = evaluate_examples(h, exs, candidates=cands, **kw)
+                for r in recs:
+                    r["transfer_model"], r["template"] = mname, config.template
+                write_jsonl(path, recs)
+            timings[f"eval_{mname}_{ds}_s"] = time.perf_counter() - t0
+            log(f"[eval] {mname} on {ds}: {len(exs)} records in "
+                f"{timings[f'eval_{mname}_{ds}_s']:.1f} s")
+        recs = read_jsonl(p_self)
+        own += recs
+        if mname == "base":
+            base_answers[ds] = [r.get("answer") for r in recs]
+            judged += recs
+        elif need_fix:
+            judged += read_jsonl(p_fix)
+    return own, judged
+
+
+def _evaluate(tdir: Path, handle: ModelHandle, template: Template, oracle: BaseOracle,
+              val: Mapping[str, list], config: TransferConfig, timings: dict[str, float],
+              log: Callable[[str], None]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Step 5: ``{"self": {model: records}, "judge_base_answers": {model: records}}``."""
+    evals: dict[str, dict[str, list[dict[str, Any]]]] = {"self": {}, "judge_base_answers": {}}
+    kw = dict(template=template, oracle=oracle, max_new_tokens=config.max_new_tokens,
+              verdict_max_new_tokens=config.verdict_max_new_tokens,
+              batch_size=config.batch_size)
+    base_answers: dict[str, list[str | None]] = {}
+    for mname in MODELS:
+        evals["self"][mname], evals["judge_base_answers"][mname] = _evaluate_model(
+            tdir, handle, mname, val, base_answers, config, kw, timings, log)
+    return evals
+
+
+def build_table(evals: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]], *,
+                n_boot: int, seed: int) -> dict[str, Any]:
+    """Step 6: ``{"self": {model: {dataset: metrics}}, "judge_base_answers": {...}}``.
+
+    Args:
+        evals: ``{kind: {model: records}}`` with kind ``"self"`` (self-evaluation) or
+            ``"judge_base_answers"``; records of several datasets are grouped by ``dataset``.
+        n_boot: bootstrap resamples of :func:`interp.asymmetry.group_metrics`.
+        seed: bootstrap seed.
+    """
+    out: dict[str, Any] = {}
+    for kind, per_model in evals.items():
+        out[kind] = {}
+        for model, recs in per_model.items():
+            ok = [r for r in recs if r.get("status") == "ok"]
+            ds = sorted({r["dataset"] for r in ok})
+            out[kind][model] = {d: group_metrics([r for r in ok if r["dataset"] == d],
+                                                 n_boot=n_boot, seed=seed) for d in ds}
+            if len(ds) > 1:
+                out[kind][model]["overall"] = group_metrics(ok, n_boot=n_boot, seed=seed)
+    return out
+
+
+def _cross_model(tdir: Path, handle: ModelHandle, template: Template,
+                 base_recs: Sequence[Mapping[str, Any]], val: Mapping[str, list],
+                 config: TransferConfig) -> dict[str, Any]:
+    """Step 7: cross-model patching of each adapter on the base model's eval prompts."""
+    by_id = {(ex.dataset, ex.id): ex for exs in val.values() for ex in exs}
+    recs = [r for r in base_recs if r.get("status") == "ok"][: config.patch_examples]
+    prompts = []
+    for r in recs:
+        ex = by_id[(r["dataset"], r["id"])]
+        prompts.append(render(handle.tokenizer, template, "eval", context=ex.context,
+                              question=ex.question, answer=r["answer"]).input_ids)
+    layers = parse_layers(config.patch_layers, handle.n_layers, default="all")
+    out = {"positions": config.patch_positions, "n_prompts": len(prompts),
+           "ids": [r["id"] for r in recs], "adapters": {}}
+    for name in ADAPTERS:
+        ah = load_adapter(handle, tdir / "adapters" / name, name=name)
+        out["adapters"][name] = cross_model_patching(handle, ah, prompts,
+                                                     positions=config.patch_positions,
+                                                     layers=layers)
+        del ah
+    return out
+
+
+def _figures(run_dir: RunDir, table: Mapping[str, Any], patch_path: Path) -> list[Path]:
+    """Step 8."""
+    from interp.plots import plot_transfer_acceptance, plot_transfer_matrix, plot_transfer_patching
+
+    figs = run_dir.sub("figures")
+    paths = [plot_transfer_matrix(table, figs), plot_transfer_acceptance(table, figs)]
+    if patch_path.exists():
+        paths.append(plot_transfer_patching(read_json(patch_path), figs))
+    return paths
+
+
+def _summary(config: TransferConfig, pool: list, negatives: list[dict], table: Mapping,
+             sets: Mapping[str, list], timings: Mapping[str, float], wall: float,
+             paths: list[Path]) -> dict[str, Any]:
+    keys = ("n", "GA", "EA", "delta", "acceptance_rate_correct", "acceptance_rate_incorrect")
+    return {
+        "pool": len(pool), "datasets": config.datasets,
+        "hard_negative_fallback_rate": table["hard_negative_fallback_rate"],
+        "hard_negative_sources": {s: sum(r["source"] == s for r in negatives)
+                                  for s in ("closed_book", "rotation")},
+        "train_seconds": table["train_seconds"],
+        "train_cpu_seconds": table["train_cpu_seconds"],
+        "train_items": {n: len(s) for n, s in sets.items()},
+        "timings_s": dict(timings), "wall_s_this_call": wall,
+        "headline": {m: {d: {k: v.get(k) for k in keys} for d, v in per.items()}
+                     for m, per in table["self"].items()},
+        "figures": [str(p) for p in paths],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The stage
+# ---------------------------------------------------------------------------------------------
+
+
+def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig, *,
+        overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run Study 3 into ``DIR/transfer/`` (module docstring), resuming finished steps.
+
+    Args:
+        run_dir: run directory (an asymmetry run directory, or a fresh folder).
+        handle: the base model.
+        cfg: the study's configuration.
+        overwrite: discard ``DIR/transfer`` work made with another training config.
+        log: progress lines.
+
+    Returns:
+        ``summary.json``'s content: pool size, fallback rate, training seconds per adapter,
+        the table's headline numbers and file paths.
+
+    Raises:
+        TransferError: unknown dataset split, config mismatch with stored work.
+        LayerSpecError: bad ``patch_layers``.
+    """
+    run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    cfg = replace(cfg, model=handle.spec)  # the base model is the one given
+    tdir = run_dir.sub("transfer")
+    check_config(tdir, cfg, overwrite)
+    parse_layers(cfg.patch_layers, handle.n_layers, default="all")  # fail before slow work
+    template = get_template(cfg.template, cfg.templates_path)
+    oracle = make_oracle(cfg.oracle, device=cfg.device)
+    t_start, timings = time.perf_counter(), {}
+    pool = training_pool(cfg, handle.tokenizer, template, log=log)
+    t0 = time.perf_counter()
+    negatives = _hard_negatives(tdir, handle, pool, oracle, cfg, log)
+    timings["hard_negatives_s"] = time.perf_counter() - t0
+    fallback_rate = sum(r["fallback"] for r in negatives) / len(negatives)
+    log(f"[hard negatives] {len(negatives)} records, fallback (answer rotation) rate "
+        f"{fallback_rate:.2f}")
+    sets = build_training_sets(pool, negatives, seed=cfg.seed)
+    metas = _train(tdir, handle, template, sets, cfg, log)
+    val = {ds: load_examples(ds, split="validation", limit=cfg.eval_limit)
+           for ds in cfg.datasets}
+    evals = _evaluate(tdir, handle, template, oracle, val, cfg, timings, log)
+    table = build_table(evals, n_boot=cfg.n_boot, seed=cfg.seed)
+    table["train_seconds"] = {n: m["train_seconds"] for n, m in metas.items()}
+    table["train_cpu_seconds"] = {n: m.get("train_cpu_seconds") for n, m in metas.items()}
+    table["hard_negative_fallback_rate"] = fallback_rate
+    write_json(tdir / "table.json", table)
+    patch_path = tdir / "patching.json"
+    if cfg.patch_examples > 0 and not patch_path.exists():
+        t0 = time.perf_counter()
+        patching = _cross_model(tdir, handle, template, evals["self"]["base"], val, cfg)
+        write_json(patch_path, patching)
+        timings["patching_s"] = time.perf_counter() - t0
+        log(f"[patching] {patching['n_prompts']} prompts x {len(ADAPTERS)} adapters in "
+            f"{timings['patching_s']:.1f} s")
+    paths = _figures(run_dir, table, patch_path)
+    summary = _summary(cfg, pool, negatives, table, sets, timings,
+                       time.perf_counter() - t_start, paths)
+    write_json(tdir / "summary.json", summary)
+    return summary
+
+
+def format_table(table: Mapping[str, Any], kind: str = "self") -> str:
+    """Plain-text transfer table: one row per (model, dataset)."""
+    head = (f"{'model':<10} {'dataset':<9} {'n':>3} {'GA':>6} {'EA':>6} {'delta':>7} "
+            f"{'acc|y*=C':>9} {'acc|y*=I':>9}")
+    rows = [f"[{kind}]", head, "-" * len(head)]
+
+    def f(x: Any) -> str:
+        return "     -" if x is None else f"{x:6.3f}"
+
+    for model, per in table[kind].items():
+        for ds, m in per.items():
+            if not m.get("n"):
+                continue
+            rows.append(f"{model:<10} {ds:<9} {m['n']:>3} {f(m['GA'])} {f(m['EA'])} "
+                        f"{m['delta']:+7.3f} {f(m['acceptance_rate_correct']):>9} "
+                        f"{f(m['acceptance_rate_incorrect']):>9}")
+    return "\n".join(rows)
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    """The headline table (self-evaluation, per model and dataset) and the training facts."""
+    table = {"self": summary["headline"]}
+    return "\n".join([
+        format_table(table),
+        f"hard-negative fallback rate {summary['hard_negative_fallback_rate']:.2f}; "
+        f"training seconds {summary['train_seconds']}"])
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """The transfer settings of a TOML file: its ``[transfer]`` table, else the whole file.
+
+    In a full experiment config (with ``[asymmetry]`` etc.) only ``[transfer]`` is read.
+    """
+    import tomllib
+
+    data = tomllib.loads(Path(path).read_text())
+    return dict(data[NAME]) if NAME in data else data
+
+
+Config = TransferConfig
+"""The stage's config class (the Stage protocol's name for it)."""

@@ -1,0 +1,56 @@
+"""The transfer stage on the bundled model and real SQuAD records (one optimizer step)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from interp.grading import RuleOracle
+from interp.prompts import get_template
+from interp.stages.transfer import TransferConfig, run
+
+
+def _logits(model, ids):
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([ids])).logits[0].clone()
+
+
+@pytest.mark.integration
+def test_transfer_stage_end_to_end(bundled, tmp_path):
+    # one optimizer step per adapter: the bundled model trains at minutes per step on a busy
+    # 2-core CPU
+    cfg = TransferConfig(max_train_examples=2, eval_limit=2, train_batch_size=2,
+                         patch_examples=1, patch_layers=[29], n_boot=50,
+                         hard_negative_attempts=1, judge_base_answers=False,
+                         max_new_tokens=16)
+    before = _logits(bundled.model, bundled.tokenizer("Hello there")["input_ids"])
+    s = run(tmp_path, bundled, cfg, log=lambda x: None)
+    assert torch.equal(_logits(bundled.model, bundled.tokenizer("Hello there")["input_ids"]),
+                       before)
+    table = json.loads((tmp_path / "transfer" / "table.json").read_text())
+    assert set(table["self"]) == {"base", "lora_gen", "lora_eval", "lora_both"}
+    for m in table["self"].values():
+        g = m["squad_v2"]
+        assert g["n"] == 2 and g["delta"] == pytest.approx(g["EA"] - g["GA"])
+    hn = [json.loads(x) for x in (tmp_path / "transfer" / "hard_negatives.jsonl").open()]
+    assert len(hn) == 2
+    assert s["hard_negative_fallback_rate"] == sum(r["fallback"] for r in hn) / 2
+    # the base evaluation equals Study 1's harness on the same records
+    from interp.asymmetry import evaluate_examples
+    from interp.data import load_examples
+
+    recs = evaluate_examples(bundled, load_examples("squad_v2", limit=2),
+                             template=get_template("default"), oracle=RuleOracle(),
+                             max_new_tokens=cfg.max_new_tokens,
+                             verdict_max_new_tokens=cfg.verdict_max_new_tokens)
+    base = [json.loads(x) for x in (tmp_path / "transfer" / "eval" / "base__squad_v2.jsonl")
+            .open()]
+    assert [r["answer"] for r in recs] == [r["answer"] for r in base]
+    assert [r["logit_diff"] for r in recs] == pytest.approx([r["logit_diff"] for r in base])
+    for f in ("transfer_matrix.png", "transfer_acceptance.png", "transfer_patching.png"):
+        assert (tmp_path / "figures" / f).exists()
+    # a second call redoes nothing
+    t = run(tmp_path, bundled, cfg, log=lambda x: None)
+    assert t["train_seconds"] == s["train_seconds"]

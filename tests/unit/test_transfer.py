@@ -1,0 +1,105 @@
+"""Study 3 methods: config, refusals, training pool, hard negatives, training sets."""
+
+from __future__ import annotations
+
+import pytest
+
+from interp.errors import TransferError
+from interp.grading import RuleOracle, normalize_answer
+from interp.prompts import get_template
+from interp.stages.transfer import TransferConfig
+from interp.transfer import (
+    build_training_sets,
+    is_refusal,
+    mine_hard_negatives,
+    rotation_answer,
+    training_pool,
+)
+
+# --- config and refusals ---------------------------------------------------------------------
+
+
+def test_unknown_config_key_is_a_clear_error():
+    with pytest.raises(TransferError, match=r"\[transfer\]: unknown config keys.*'rnak'.*known"):
+        TransferConfig.from_mapping({"rnak": 4})
+    with pytest.raises(TransferError, match="patch_positions"):
+        TransferConfig(patch_positions="middle")
+
+
+@pytest.mark.parametrize("text", [
+    "I need more information to answer this.", "This cannot be determined.",
+    "Without more context I can't say", "As an AI, I don't have that information",
+    "I'm not sure", "Unknown", "Please provide the context.", "There is no way to know.",
+    "No, that's impossible. The answer is not known", "A short phrase, not a sentence",
+])
+def test_refusals_are_filtered(text):
+    assert is_refusal(text)
+
+
+@pytest.mark.parametrize("text", ["Paris", "1945", "Napoleon Bonaparte", "the Normans",
+                                  "Determined Productions", "no. 5"])
+def test_answers_are_not_refusals(text):
+    assert not is_refusal(text)
+
+
+def test_missing_train_split_is_a_clear_error(tokenizer):
+    cfg = TransferConfig(datasets=["drop"])
+    with pytest.raises(TransferError, match="train split of 'drop'.*squad_v2"):
+        training_pool(cfg, tokenizer, get_template("default"), log=lambda s: None)
+
+
+# --- hard negatives ----------------------------------------------------------------------------
+
+
+def test_rotation_never_returns_this_records_gold(qa_example):
+    pool = [qa_example(i, a) for i, a in enumerate(["Paris", "paris", "The Paris", "London",
+                                                    "Berlin"])]
+    oracle = RuleOracle()
+    for seed in range(5):
+        ans, donor = rotation_answer(0, pool, oracle, seed=seed)
+        assert ans in ("London", "Berlin") and donor in ("r3", "r4")
+        assert normalize_answer(ans) != normalize_answer(pool[0].answers[0])
+    # every other gold equals this gold: nothing usable
+    same = [qa_example(0, "Paris"), qa_example(1, "Paris.")]
+    assert rotation_answer(0, same, oracle, seed=0) == (None, None)
+
+
+def test_mine_hard_negatives_logs_attempts_and_falls_back(tiny, qa_example, lora_cfg):
+    pool = [qa_example(i, a) for i, a in enumerate(["Paris", "London", "Berlin", "Rome"])]
+    cfg = lora_cfg(hard_negative_attempts=2, hard_negative_max_new_tokens=4, batch_size=4)
+    rows = mine_hard_negatives(tiny, pool, RuleOracle(), cfg, log=lambda s: None)
+    assert [r["id"] for r in rows] == [ex.id for ex in pool]
+    oracle = RuleOracle()
+    for r, ex in zip(rows, pool):
+        assert 1 <= len(r["attempts"]) <= 2
+        kept = [a for a in r["attempts"] if a["decision"] == "kept"]
+        assert len(kept) <= 1 and (not kept or r["attempts"][-1] is kept[0])
+        assert r["fallback"] == (not kept) == (r["source"] == "rotation")
+        assert not oracle.grade(r["hard_negative"], ex.answers, dataset="squad_v2").label
+        assert not is_refusal(r["hard_negative"])
+        if r["fallback"]:
+            assert len(r["attempts"]) == 2 and r["hard_negative"] in {"Paris", "London",
+                                                                     "Berlin", "Rome"}
+    # seeded: the same call gives the same attempts
+    again = mine_hard_negatives(tiny, pool, RuleOracle(), cfg, log=lambda s: None)
+    assert again == rows
+
+
+# --- training sets ----------------------------------------------------------------
+
+
+def test_training_sets_are_balanced_and_mixed(qa_example):
+    pool = [qa_example(i, f"answer {i}") for i in range(10)]
+    negs = [{"hard_negative": f"wrong {i}", "source": "closed_book"} for i in range(10)]
+    sets = build_training_sets(pool, negs, seed=0)
+    assert {k: len(v) for k, v in sets.items()} == {"lora_gen": 10, "lora_eval": 10,
+                                                     "lora_both": 10}
+    ev = sets["lora_eval"]
+    assert sum(it["label"] for it in ev) == 5
+    for it, ex in zip(ev, pool):
+        assert it["target"] == ("Correct" if it["label"] else "Incorrect")
+        assert it["answer"] == (ex.answers[0] if it["label"] else f"wrong {ex.id[1:]}")
+    assert all(it["target"] == ex.answers[0] for it, ex in zip(sets["lora_gen"], pool))
+    both = sets["lora_both"]
+    assert sum(it["task"] == "gen" for it in both) == 5
+    assert sum(it["task"] == "eval" and it["label"] for it in both) in (2, 3)
