@@ -71,7 +71,7 @@ EIFFEL_CONTEXT = ("The Eiffel Tower is in Paris. It was built in 1889 by Gustave
 EIFFEL_QUESTION = "Who built the Eiffel Tower?"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def patch_prompts(tokenizer):
     """Eval prompts of one question with a right (clean) and a wrong (corrupt) candidate."""
     from interp.prompts import get_template, render

@@ -66,7 +66,8 @@ def test_prefix_cache_matches_full_run(tiny, patch_prompts):
 
 
 @pytest.mark.parametrize("backend", ["transformer_lens", "nnsight"])
-def test_backends_agree_with_hf(tiny, patch_prompts, backend):
+def test_backends_agree_with_hf(tiny_on_disk, patch_prompts, backend):
+    tiny = tiny_on_disk
     clean, corrupt = patch_prompts
     n = len(corrupt)
     rows = [Patch("blocks.0.hook_resid_pre", (n - 3, n - 1)),
