@@ -598,3 +598,36 @@ def test_oracle_agreement_on_records():
     with pytest.raises(GradingError, match="'answer'"):
         oracle_agreement([{"id": "x", "answers": ["a"], "dataset": "drop"}], RuleOracle(),
                          RuleOracle())
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold", "question", "dataset", "expected"),
+    [
+        # a span of a long answer nearly matching the gold
+        ("The school was led by James Conant, who was the president from 1933 to 1953",
+         "James Bryant Conant", "Who led the school?", "squad_v2", (True, "f1_span")),
+        ("The machine model that deviates is a random access machine", "random access machines",
+         "What is an example of a machine model?", "squad_v2", (True, "f1_span")),
+        ("The Patrick Ewing pass", "Patrick Crayton", "Who caught it?", "squad_v2",
+         (False, "no_match")),
+        # the question's own words are no evidence
+        ("Bielany Forest is the remaining part of the Masovian Primeval Forest", "Kabaty Forest",
+         "What forest is by Warsaw's southern border?", "squad_v2", (False, "question_words")),
+        ("communication complexity is an example of a computational measure", "complexity",
+         "Communication complexity is an example of what type of measure?", "squad_v2",
+         (False, "question_words")),
+        # ... unless the question offers the gold as a choice
+        ("Derrick Mason caught the shorter touchdown pass", "Derrick Mason",
+         "Who caught the shorter touchdown pass, Todd Heap or Derrick Mason?", "drop",
+         (True, "contained")),
+        # parentheses give an alias, not an alternative
+        ("The Central Region was ruled by the Central Secretariat (or Zhongshu Sheng)",
+         "Central Secretariat", "Who governed the Central Region in the Yuan?", "squad_v2",
+         (True, "contained")),
+        ("The Central Secretariat or the Bureau", "Central Secretariat",
+         "Who governed the Central Region in the Yuan?", "squad_v2", (False, "hedge")),
+    ],
+)
+def test_rule_oracle_sentence_answers(pred, gold, question, dataset, expected):
+    """Sentence answers of a small model, graded with the record's question."""
+    assert _grade(pred, [gold], dataset, question=question) == expected
