@@ -289,8 +289,8 @@ class RuleOracle(BaseOracle):
           gold occurring as a contiguous token sequence of the prediction ("contained"), or a
           span of the prediction of about the gold's length (:func:`_best_window_f1`)
           reaching that F1 ("f1_span": "The school was led by James Conant, ..." for "James
-          Bryant Conant");
-          multi-span DROP golds rely on the F1 alignment. Otherwise "no_match".
+          Bryant Conant"); multi-span DROP golds rely on the F1 alignment. Otherwise
+          "no_match".
 
     Thresholds: 0.6 accepts a one-token-short name ("Romo" for "Tony Romo", F1 0.67) but not a
     half-overlapping one ("Patrick Ewing" for "Patrick Crayton", F1 0.5). DROP's 0.8 demands a

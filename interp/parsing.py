@@ -249,7 +249,7 @@ def _is_noun_phrase_use(tokens: tuple[tuple[str, int], ...], i: int) -> bool:
                    for k in range(start, j))
 
 
-def parse_verdict(text: str) -> bool | None:
+def parse_verdict(text: str, candidate: str | None = None) -> bool | None:
     """Parse a judge reply into a verdict.
 
     Rule, in order:
@@ -268,16 +268,27 @@ def parse_verdict(text: str) -> bool | None:
        entirely correct", "isn't quite correct", "is neither correct nor complete").
     5. Later words are ignored: "Incorrect. The correct answer is Paris." -> False, and
        "Correct, not incorrect" -> True (the first verdict word is "Correct").
+    6. Only when no verdict word decides and ``candidate`` (the judged answer) is given: a
+       reply "The correct answer is[:] X" accepts the candidate when X occurs word for word
+       in the candidate or starts with it (articles and punctuation aside; the reply's last
+       word may be cut off, as verdicts are a few tokens long): 'The correct answer is: The
+       Communist regime initiated the "B' for 'The Communist regime initiated the "Bricks
+       for Warsaw" campaign ...', "The correct answer is: 10 times." for "The Cowboys scored
+       10 times in the first half". It rejects the candidate otherwise ("The correct answer
+       is 1816." for "1815"). A reply whose only word may be the cut-off start of a
+       candidate word ("The correct answer is 1" for "1970s") and an empty X ("The correct
+       answer is:") stay None. Without ``candidate``, None.
 
     "Yes"/"No", "right"/"wrong" and other words are NOT verdicts (the judge prompt asks for
     exactly "Correct" or "Incorrect").
 
     Args:
         text: The judge's raw reply.
+        candidate: The answer the judge was asked about (enables step 6).
 
     Returns:
         True (Correct), False (Incorrect) or None (no verdict word, e.g. "", "Yes",
-        "Correct or Incorrect", "The correct answer is: X").
+        "Correct or Incorrect", "The correct answer is: X" without a candidate).
 
     Source:
         Project rule (no official counterpart).
@@ -288,7 +299,37 @@ def parse_verdict(text: str) -> bool | None:
         if w not in _VERDICT_WORDS or i in pairs or _is_noun_phrase_use(tokens, i):
             continue
         return (w == "correct") != _negated_index(tokens, i)
-    return None
+    return None if candidate is None else _restated_answer(text, candidate)
+
+
+_RESTATED = re.compile(r"\bthe\s+correct\s+answer(?:\s+to\s+(?:this|the)\s+question)?\s*"
+                       r"(?:is|would\s+be|should\s+be|was)?\s*(?::|\bthat\b)?(?P<rest>[^\n]*)",
+                       re.IGNORECASE)
+
+
+def _content(text: str) -> list[str]:
+    return [w for w, _ in words(text) if (w[0].isalnum()) and w not in _DETERMINERS]
+
+
+def _restated_answer(text: str, candidate: str) -> bool | None:
+    """Step 6 of :func:`parse_verdict`: "The correct answer is X" against the candidate."""
+    m = _RESTATED.search(text)
+    if not m:
+        return None
+    said, cand = _content(m.group("rest")), _content(candidate)
+    if not said or not cand:
+        return None
+    # the reply may end inside its last word ("... the \"B"): compare that word as a prefix
+    cut = text.rstrip().lower().endswith(said[-1])
+    n = len(said)
+    for i in range(len(cand) - n + 1):
+        window = cand[i:i + n]
+        if window[:-1] == said[:-1] and (window[-1] == said[-1]
+                                         or (cut and window[-1].startswith(said[-1]))):
+            return None if n == 1 and window[-1] != said[-1] else True
+    if n > len(cand) and said[:len(cand)] == cand:
+        return True  # X extends the candidate ("Paris, France" for "Paris")
+    return False
 
 
 # --------------------------------------------------------------------------------------------
