@@ -35,6 +35,7 @@ from interp.parsing import (
     is_abstention,
     negated_at,
     parse_verdict,
+    words,
 )
 from interp.qa_metrics import (
     GOLD_SPAN_SEP,
@@ -108,13 +109,30 @@ def _canonical_number(s: str) -> str:
     return str(int(d)) if d == d.to_integral_value() else format(d.normalize(), "f")
 
 
+_NO_FOLD = frozenset({"does", "has", "his", "its", "yes", "this", "thus", "always", "perhaps",
+                      "across", "besides", "towards", "whereas", "unless", "was", "hers", "ours",
+                      "yours", "theirs", "news", "series", "species", "means"})
+
+
+def _singular(w: str) -> str:
+    """Fold a plural ("games" -> "game", "cities" -> "city", "Newcomen's" -> "newcomen").
+
+    Not after s, u or i ("class", "bus", "Paris"), not a few function words, not a token that
+    starts with a digit ("1990s" is a decade, not 1990).
+    """
+    if len(w) < 4 or not w.endswith("s") or w.endswith(("ss", "us", "is")) or w in _NO_FOLD \
+            or w[0].isdigit():
+        return w
+    return w[:-3] + "y" if w.endswith("ies") and len(w) > 4 else w[:-1]
+
+
 def _tokens(text: str) -> list[_Tok]:
     out: list[_Tok] = []
 
     def words(piece: str, start: int) -> None:
         w = "".join(ch for ch in piece.lower() if ch not in _PUNCT)
         if w and w not in _ARTICLE_WORDS:
-            out.append(_Tok(w, start, False))
+            out.append(_Tok(_singular(w), start, False))
 
     for chunk in re.finditer(r"\S+", text):
         s, pos = chunk.group(), 0
@@ -135,13 +153,15 @@ def oracle_tokens(text: str) -> list[str]:
     ``"1,000"`` -> ``"1000"``, ``"01"`` -> ``"1"``, ``"1.50"`` -> ``"1.5"``); a comma that is
     not a thousands separator separates two numbers (``"0,1"`` -> ``"0"``, ``"1"``); the rest
     of the chunk is lower-cased and loses ``string.punctuation`` as in SQuAD's
-    :func:`normalize_answer` ("U.S." -> "us"); articles are dropped.
+    :func:`normalize_answer` ("U.S." -> "us"); articles are dropped; plurals are folded
+    ("Olympics" -> "olympic", "countries" -> "country", "Newcomen's" -> "newcomen"; not after
+    s, u or i: "Paris", "bus", "class" stay; "1990s" stays).
 
     Args:
         text: An answer or gold string.
 
     Returns:
-        The tokens. ``oracle_tokens("$1,000.50 in 1.0 days") == ["1000.5", "in", "1", "days"]``.
+        The tokens. ``oracle_tokens("$1,000.50 in 1.0 days") == ["1000.5", "in", "1", "day"]``.
     """
     return [t.text for t in _tokens(text)]
 
@@ -240,7 +260,7 @@ class RuleOracle(BaseOracle):
     The paper labels generations with an LLM oracle; this rule oracle is meant to agree with
     careful hand grading (measured on ``tests/data/hand_graded.jsonl``). The prediction should
     be the output of :func:`extract_answer`; ``extras`` may carry the record's ``question`` and
-    ``context`` (used by steps 3e and 3f) and DROP's span fields. The rule:
+    ``context`` (used by steps 3e-3g) and DROP's span fields. The rule:
 
     1. **Unanswerable** (``answerable=False`` or no gold answers): correct iff the prediction
        is empty or an abstention (:func:`is_abstention`). On an answerable question an
@@ -276,15 +296,24 @@ class RuleOracle(BaseOracle):
           the context has "Paris, France", when "France" is in the question, or when the
           context does not mention France). Two or more answer-like items besides the gold's
           are an enumeration and fail on every dataset ("The Normans, Franks, Vikings, ...").
-          Lower-case items ("1970s and later", "and so on") are never candidates.
-       f. **Question words**: if the gold has words that are not in the question (function
-          words aside), the prediction must contain at least one of them ("question_words"):
-          "Bielany Forest" does not match gold "Kabaty Forest" through "forest" (question:
-          "What forest ...?"). A gold made only of question words counts by containment
-          (step g) only when the question offers it as a choice ("..., Todd Heap or Derrick
-          Mason?"); otherwise only by F1 on the whole answer ("communication complexity is an
-          example of a computational measure" does not match gold "complexity").
-       g. **Match**: token F1 >= :data:`SQUAD_F1_THRESHOLD` (0.6; DROP: DROP F1 >=
+          Lower-case items ("1970s and later", "and so on") are never candidates. In a choice
+          question ("Who was born earlier, A or B?") the option the prediction names first is
+          its answer: "Caroline Wozniacki: Simone Bolelli (born ...)" fails for gold "Simone
+          Bolelli", "David Akers scored more field goals than John Potter" passes for "David
+          Akers".
+       f. **Yes/no**: for a gold "yes" or "no" and a prediction without either word, an answer
+          that restates the question (at least 80% of its content words) says "yes", or "no"
+          when it holds a negation or "different" ("yes_no"): "Both Cynthia Mort and George
+          Archainbaud are American" is "yes".
+       g. **Question words**: if the gold has words that are not in the question (function
+          words aside) and the question offers no choice, the prediction must contain at
+          least one of them ("question_words"): "Bielany Forest" does not match gold "Kabaty
+          Forest" through "forest" (question: "What forest ...?"). A gold made only of
+          question words counts by containment (step h) only when the question offers a
+          choice ("..., Todd Heap or Derrick Mason?"); otherwise only by F1 on the whole
+          answer ("communication complexity is an example of a computational measure" does
+          not match gold "complexity").
+       h. **Match**: token F1 >= :data:`SQUAD_F1_THRESHOLD` (0.6; DROP: DROP F1 >=
           :data:`DROP_F1_THRESHOLD`, 0.8) -> correct ("f1"); for single-span golds also the
           gold occurring as a contiguous token sequence of the prediction ("contained"), or a
           span of the prediction of about the gold's length (:func:`_best_window_f1`)
@@ -355,7 +384,7 @@ class RuleOracle(BaseOracle):
             return OracleResult(False, em, f1, "abstained")
         ctx = _Context(str(extras.get("question") or ""), str(extras.get("context") or ""))
         rules = [self._rule(pred, g, drop, ctx) for g in golds]
-        for name in ("em", "f1", "contained", "f1_span"):
+        for name in ("em", "f1", "contained", "f1_span", "yes_no"):
             if name in rules:
                 return OracleResult(True, em, f1, name)
         return OracleResult(False, em, f1, next((r for r in rules if r != "no_match"), "no_match"))
@@ -368,7 +397,7 @@ class RuleOracle(BaseOracle):
 
     @staticmethod
     def _rule(pred: str, gold: list[str], drop: bool, ctx: _Context) -> str:
-        """One gold answer (a list of spans): the rule's steps 3a-3g, first decision wins."""
+        """One gold answer (a list of spans): the rule's steps 3a-3h, first decision wins."""
         p = _tokens(pred)
         p_toks = [t.text for t in p]
         g_toks = [t.text for s in gold for t in _tokens(s)]
@@ -388,16 +417,20 @@ class RuleOracle(BaseOracle):
         g_nums = {t.text for s in gold for t in _tokens(s) if t.number}
         if g_nums and {t.text for t in p if t.number} != g_nums:
             return "numbers"
-        if _competing(pred, gold, g_toks, drop, ctx):
+        if _competing(pred, gold, g_toks, drop, ctx) or _other_option_first(p_toks, g_toks, ctx):
             return "list"
+        polar = _yes_no(pred, p_toks, g_toks, ctx)
+        if polar is not None:
+            return "yes_no" if polar == g_toks[0] else "no_match"
+        choice = "or" in ctx.q_toks
         telling = set(g_toks) - set(ctx.q_toks) - _FUNCTION_WORDS
-        if telling and not telling & set(p_toks):
+        if telling and not choice and not telling & set(p_toks):
             return "question_words" if set(g_toks) & set(p_toks) else "no_match"
         if f1 >= thr:
             return "f1"
         # a gold made only of the question's words is evidence only when the question offers
         # it as a choice ("Todd Heap or Derrick Mason?"), not when it restates the question
-        mention_counts = bool(telling) or "or" in ctx.q_toks or not ctx.question
+        mention_counts = bool(telling) or choice or not ctx.question
         if not multi and mention_counts and _contains_at(p_toks, g_toks):
             return "contained"
         if not multi and mention_counts and _best_window_f1(p_toks, g_toks) >= thr:
@@ -427,6 +460,66 @@ def _gold_negated(pred: str, p: Sequence[_Tok], g_toks: Sequence[str]) -> bool:
         gold_set = set(g_toks)
         starts = [i for i, t in enumerate(p_toks) if t in gold_set][:1]
     return any(negated_at(pred, p[i].start) for i in starts)
+
+
+_WH_WORDS = frozenset({"which", "who", "whom", "whose", "what", "when", "where", "how"})
+_OPTION_END = re.compile(r"\s+(?:is|are|was|were|has|have|had|did|does|do)\b.*$", re.IGNORECASE)
+
+
+def _options(question: str) -> list[set[str]]:
+    """The two options of a choice question ("Who was born earlier, A or B?").
+
+    Returns the tokens that tell them apart, or [] when the question offers no choice.
+    """
+    found = list(re.finditer(r"([^,:;?]*)\s+or\s+([^,:;?]*)", question))
+    if not found:
+        return []
+    m = found[-1]
+    right = oracle_tokens(_OPTION_END.sub("", m.group(2)))
+    left = oracle_tokens(m.group(1))[-max(1, len(right)):]  # options run parallel
+    skip = _FUNCTION_WORDS | _WH_WORDS
+    a, b = set(left) - set(right) - skip, set(right) - set(left) - skip
+    return [a, b] if a and b else []
+
+
+def _other_option_first(p_toks: Sequence[str], g_toks: Sequence[str], ctx: _Context) -> bool:
+    """Step 3e (choice questions): the option the prediction names first is its answer."""
+    options = _options(ctx.question)
+    if not options:
+        return False
+    gold = set(g_toks)
+    mine = max(options, key=lambda o: len(o & gold))
+    if not mine & gold:
+        return False
+
+    def first(opt: set[str]) -> int:
+        return next((i for i, t in enumerate(p_toks) if t in opt), len(p_toks))
+
+    other = options[1] if mine is options[0] else options[0]
+    return first(other) < first(mine) < len(p_toks)
+
+
+_POLAR_STOP = frozenset({"are", "is", "was", "were", "did", "do", "doe", "does", "both", "same",
+                         "have", "has", "had", "be", "been", "can", "could", "either"})
+_NEGATIVE = frozenset({"not", "never", "neither", "nor", "cannot", "different", "differ"})
+
+
+def _yes_no(pred: str, p_toks: Sequence[str], g_toks: Sequence[str],
+            ctx: _Context) -> str | None:
+    """Step 3f (yes/no golds): "yes" or "no" for an answer that restates the question.
+
+    "Both Cynthia Mort and George Archainbaud are American" says "yes"; negated, "no". None
+    when the step does not apply (another gold, an explicit yes/no, no restatement).
+    """
+    if len(g_toks) != 1 or g_toks[0] not in ("yes", "no") or not ctx.question:
+        return None
+    if "yes" in p_toks or "no" in p_toks:
+        return None  # an explicit answer: the match below decides
+    content = set(ctx.q_toks) - _FUNCTION_WORDS - _POLAR_STOP - _WH_WORDS
+    if not content or len(content & set(p_toks)) < 0.8 * len(content):
+        return None
+    negative = any(w in _NEGATIVE or w.endswith("n't") for w, _ in words(pred))
+    return "no" if negative else "yes"
 
 
 def _hedges(pred: str, gold: Sequence[str]) -> bool:
