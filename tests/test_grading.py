@@ -734,6 +734,15 @@ def test_parse_verdict_restated_answer(reply, candidate, expected):
         ("Guadarrama National Park", "Sierra de Guadarrama National Park",
          "Which is larger, Garajonay National Park or Guadarrama National Park?", (True, "f1")),
         ("It was held in Lyon", "Lyon", "Was it held in Paris or Lyon?", (True, "contained")),
+        ("The Battle of Vienna", "The Siege of Vienna",
+         "What happened first, the Siege of Vienna or the Battle of Vienna?", (False, "list")),
+        # a gold phrase the question contains is evidence only on choice questions
+        ("The 2016 Texas Tech Red Raiders football team represented Texas Tech University",
+         "Texas Tech University", "The 1974 Texas Tech Raiders football team represented what "
+         "public research university in Lubbock, Texas?", (True, "contained")),
+        # accents fold
+        ("The town of Motul, Yucatán Peninsula, was a popular destination",
+         "The town of Motul, Yucatan", "Which town was a popular destination?", (True, "f1")),
         # plurals fold, decades do not
         ("Sara Symington competed in the 2000 Summer Olympics in Sydney, Australia",
          "2000 Summer Olympic Games", "Which Olympic Games held in Sydney?", (True, "f1_span")),
