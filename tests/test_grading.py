@@ -638,9 +638,12 @@ def test_rule_oracle_sentence_answers(pred, gold, question, dataset, expected):
 # ---------------------------------------------------------------- real answers, graded by hand
 
 DATA = Path(__file__).resolve().parent / "data"
-HAND_AGREEMENT_MIN = 0.90
-"""The rule oracle must agree with careful hand grading on at least 90% of the real answers in
-tests/data/hand_graded.jsonl (see tests/data/SOURCES.md); the measured value is in the test."""
+HAND_AGREEMENT_MIN = 0.95
+"""The rule oracle must agree with careful hand grading on at least 95% of the 210 real answers
+in tests/data/hand_graded.jsonl (measured: 203/210 = 0.967, kappa 0.92; the main-branch oracle
+of before issue 11: 170/210 = 0.810, kappa 0.42). The rule was refined on earlier sets; on the
+last set, graded with the rule frozen (run3, 45 answers), it agreed on 41/45 = 0.911, kappa
+0.78 (old oracle 36/45); see tests/data/SOURCES.md."""
 
 
 def _bundled_records() -> dict[tuple[str, str], dict]:
@@ -653,7 +656,7 @@ def _bundled_records() -> dict[tuple[str, str], dict]:
 
 
 def test_rule_oracle_agrees_with_hand_grading():
-    """Real answers of the bundled model, graded by hand: the rule oracle agrees on >= 90%."""
+    """Real answers of the bundled model, graded by hand: the rule oracle agrees on >= 95%."""
     hand = [json.loads(line) for line in (DATA / "hand_graded.jsonl").read_text(
         encoding="utf-8").splitlines()]
     bundled = _bundled_records()
@@ -667,22 +670,22 @@ def test_rule_oracle_agrees_with_hand_grading():
         items.append({"id": h["id"], "prediction": h["prediction"], "rule": res.rule,
                       "hand_reason": h["reason"]})
     out = label_agreement(labels, [h["label"] for h in hand], items, max_examples=20)
-    assert out["n"] == len(hand) >= 100
+    assert out["n"] == len(hand) == 210
     assert out["agreement"] >= HAND_AGREEMENT_MIN, out["disagreements"]
-    assert out["kappa"] >= 0.8, out
+    assert out["kappa"] >= 0.9, out
 
 
 def test_parse_verdict_on_real_judge_replies():
     """Every judge reply of the same run reads as a person reads it (given the candidate)."""
     replies = [json.loads(line) for line in (DATA / "judge_replies.jsonl").read_text(
         encoding="utf-8").splitlines()]
-    assert len(replies) >= 100
+    assert len(replies) == 210
     wrong = [(r["reply"], r["label"], parse_verdict(r["reply"], r["candidate"]))
              for r in replies if parse_verdict(r["reply"], r["candidate"]) is not r["label"]]
     assert wrong == []
     # without the candidate, only the 'The correct answer is X' replies lose their verdict
     lost = [r for r in replies if parse_verdict(r["reply"]) is not r["label"]]
-    assert len(lost) == 22
+    assert len(lost) == 34
     assert all(parse_verdict(r["reply"]) is None and r["reply"].startswith(
         "The correct answer is") for r in lost)
 
