@@ -419,66 +419,80 @@ def example_from_hub_row(dataset: str, row: Mapping[str, Any], *, split: str) ->
     Raises:
         DataError: If ``dataset`` is unknown or a required column is missing.
     """
-    what = f"{dataset} hub row"
-    if dataset == "squad_v2":
-        answers = _req(row, "answers", what=what)
-        texts = list(answers.get("text") or [])
-        title = row.get("title") or ""
-        return QAExample(
-            id=_req(row, "id", what=what),
-            dataset="squad_v2",
-            context=_req(row, "context", what=what),
-            question=_req(row, "question", what=what),
-            answers=tuple(_dedup(texts)),
-            answerable=bool(texts),
-            split=split,
-            extras={"title": title, "answer_starts": list(answers.get("answer_start") or [])},
-        )
-    if dataset == "drop":
-        spans_obj = _req(row, "answers_spans", what=what)
-        spans = [str(s) for s in spans_obj.get("spans") or []]
-        types = list(spans_obj.get("types") or [])
-        first_type = types[0] if types else None
-        answer_type = "spans" if first_type in ("span", "spans") else first_type
-        return QAExample(
-            id=_req(row, "query_id", what=what),
-            dataset="drop",
-            context=_req(row, "passage", what=what),
-            question=_req(row, "question", what=what),
-            answers=tuple(_dedup(spans)),
-            answerable=True,
-            split=split,
-            extras={
-                "primary_answer": spans[0] if spans else "",
-                "answer_type": answer_type,
-                "answer_spans": [s for s, t in zip(spans, types) if t in ("span", "spans")],
-                "answer_date": None,
-                "passage_id": row.get("section_id"),
-            },
-        )
-    if dataset == "hotpotqa":
-        ctx = _req(row, "context", what=what)
-        if isinstance(ctx, Mapping):
-            ctx = [list(p) for p in zip(ctx.get("title") or [], ctx.get("sentences") or [])]
-        sf = row.get("supporting_facts") or []
-        if isinstance(sf, Mapping):
-            sf = [list(p) for p in zip(sf.get("title") or [], sf.get("sent_id") or [])]
-        rec = {
-            "_id": _req(row, "id", what=what),
-            "question": _req(row, "question", what=what),
-            "answer": _req(row, "answer", what=what),
-            "type": row.get("type"),
-            "level": row.get("level"),
-            "supporting_facts": sf,
-            "context": ctx,
-        }
-        return example_from_hotpotqa(rec, split=split)
-    if dataset == "musique":
-        rec = dict(row)
-        paragraphs = rec.get("paragraphs")
-        if isinstance(paragraphs, Mapping):  # columnar form, in case a dump flattens it
-            keys = list(paragraphs)
-            rec["paragraphs"] = [dict(zip(keys, vals)) for vals in zip(*paragraphs.values())]
-        return example_from_musique(rec, split=split)
-    raise _unknown_dataset(dataset)
+    convert = _HUB_CONVERTERS.get(dataset)
+    if convert is None:
+        raise _unknown_dataset(dataset)
+    return convert(row, split, f"{dataset} hub row")
+
+
+def _hub_squad_v2(row: Mapping[str, Any], split: str, what: str) -> QAExample:
+    answers = _req(row, "answers", what=what)
+    texts = list(answers.get("text") or [])
+    return QAExample(
+        id=_req(row, "id", what=what),
+        dataset="squad_v2",
+        context=_req(row, "context", what=what),
+        question=_req(row, "question", what=what),
+        answers=tuple(_dedup(texts)),
+        answerable=bool(texts),
+        split=split,
+        extras={"title": row.get("title") or "",
+                "answer_starts": list(answers.get("answer_start") or [])},
+    )
+
+
+def _hub_drop(row: Mapping[str, Any], split: str, what: str) -> QAExample:
+    spans_obj = _req(row, "answers_spans", what=what)
+    spans = [str(s) for s in spans_obj.get("spans") or []]
+    types = list(spans_obj.get("types") or [])
+    first_type = types[0] if types else None
+    answer_type = "spans" if first_type in ("span", "spans") else first_type
+    return QAExample(
+        id=_req(row, "query_id", what=what),
+        dataset="drop",
+        context=_req(row, "passage", what=what),
+        question=_req(row, "question", what=what),
+        answers=tuple(_dedup(spans)),
+        answerable=True,
+        split=split,
+        extras={
+            "primary_answer": spans[0] if spans else "",
+            "answer_type": answer_type,
+            "answer_spans": [s for s, t in zip(spans, types) if t in ("span", "spans")],
+            "answer_date": None,
+            "passage_id": row.get("section_id"),
+        },
+    )
+
+
+def _hub_hotpotqa(row: Mapping[str, Any], split: str, what: str) -> QAExample:
+    ctx = _req(row, "context", what=what)
+    if isinstance(ctx, Mapping):
+        ctx = [list(p) for p in zip(ctx.get("title") or [], ctx.get("sentences") or [])]
+    sf = row.get("supporting_facts") or []
+    if isinstance(sf, Mapping):
+        sf = [list(p) for p in zip(sf.get("title") or [], sf.get("sent_id") or [])]
+    rec = {
+        "_id": _req(row, "id", what=what),
+        "question": _req(row, "question", what=what),
+        "answer": _req(row, "answer", what=what),
+        "type": row.get("type"),
+        "level": row.get("level"),
+        "supporting_facts": sf,
+        "context": ctx,
+    }
+    return example_from_hotpotqa(rec, split=split)
+
+
+def _hub_musique(row: Mapping[str, Any], split: str, what: str) -> QAExample:
+    rec = dict(row)
+    paragraphs = rec.get("paragraphs")
+    if isinstance(paragraphs, Mapping):  # columnar form, in case a dump flattens it
+        keys = list(paragraphs)
+        rec["paragraphs"] = [dict(zip(keys, vals)) for vals in zip(*paragraphs.values())]
+    return example_from_musique(rec, split=split)
+
+
+_HUB_CONVERTERS = {"squad_v2": _hub_squad_v2, "drop": _hub_drop, "hotpotqa": _hub_hotpotqa,
+                   "musique": _hub_musique}
 
