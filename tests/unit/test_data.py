@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 import sys
 import types
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,8 @@ from interp.data import (
     examples_from_drop,
     examples_from_squad_v2,
     load_examples,
+    passage_key,
+    round_robin,
     save_examples,
 )
 
@@ -52,7 +55,7 @@ def _assert_same_core(ex: QAExample, rec: dict) -> None:
     [
         ("squad_v2", "validation", 242, 500),
         ("squad_v2", "train", 250, 500),
-        ("drop", "validation", 126, 126),
+        ("drop", "validation", 280, 280),
         ("hotpotqa", "validation", 585, 585),
         ("hotpotqa", "train", 100, 100),
         ("musique", "validation", 150, 150),
@@ -71,8 +74,10 @@ def test_bundled_counts(dataset, split, n_answerable, n_total):
 
 def test_bundled_records_keep_extras_and_core_fields():
     recs = _bundled("drop")
-    exs = load_examples("drop")
-    for ex, rec in zip(exs, recs):
+    by_id = {ex.id: ex for ex in load_examples("drop")}
+    assert set(by_id) == {r["id"] for r in recs}
+    for rec in recs:
+        ex = by_id[rec["id"]]
         _assert_same_core(ex, rec)
         assert ex.extras["primary_answer"] == rec["primary_answer"]
         assert ex.extras["passage_id"] == rec["passage_id"]
@@ -84,29 +89,129 @@ def test_bundled_records_keep_extras_and_core_fields():
     assert all(ex.extras["hops"] == ex.id.split("__")[0] for ex in mq)
 
 
+def _rr_ids(recs: list[dict]) -> list[str]:
+    """Round-robin order computed independently.
+
+    Rank = (position within its passage, passage's first appearance).
+    """
+    first: dict[tuple, int] = {}
+    seen: dict[tuple, int] = {}
+    keyed = []
+    for r in recs:
+        p = (r["dataset"], r["context"])
+        first.setdefault(p, len(first))
+        keyed.append(((seen.get(p, 0), first[p]), r["id"]))
+        seen[p] = seen.get(p, 0) + 1
+    return [i for _, i in sorted(keyed)]
+
+
 def test_include_unanswerable_squad():
     recs = _bundled("squad_v2")
     allx = load_examples("squad_v2", include_unanswerable=True)
-    assert [ex.id for ex in allx] == [r["id"] for r in recs]
+    assert [ex.id for ex in allx] == _rr_ids(recs)
     unans = [ex for ex in allx if not ex.answerable]
     assert len(unans) == 258
     assert all(ex.answers == () for ex in unans)
-    answerable_ids = [r["id"] for r in recs if r["answerable"]]
-    assert [ex.id for ex in load_examples("squad_v2")] == answerable_ids
+    answerable = [r for r in recs if r["answerable"]]
+    assert [ex.id for ex in load_examples("squad_v2")] == _rr_ids(answerable)
 
 
-def test_limit_keeps_first_n_after_filtering():
+def test_limit_takes_round_robin_prefix_after_filtering():
     full = load_examples("squad_v2")
     first = load_examples("squad_v2", limit=7)
     assert first == full[:7]
     assert all(ex.answerable for ex in first)
     assert load_examples("squad_v2", limit=7) == first  # deterministic
     assert load_examples("squad_v2", limit=0) == []
-    assert len(load_examples("drop", limit=1000)) == 126
+    assert len(load_examples("drop", limit=1000)) == 280
     mixed = load_examples("squad_v2", limit=5, include_unanswerable=True)
-    assert [ex.id for ex in mixed] == [r["id"] for r in _bundled("squad_v2")[:5]]
+    assert [ex.id for ex in mixed] == _rr_ids(_bundled("squad_v2"))[:5]
     with pytest.raises(ValueError):
         load_examples("drop", limit=-1)
+    with pytest.raises(DataError, match="non-negative int"):
+        load_examples("drop", limit=2.5)
+
+
+def test_round_robin_order_by_hand():
+    """Passages A (a1 a2 a3), B (b1), C (c1 c2) in file order -> a1 b1 c1 a2 c2 a3."""
+    ctx = {"a": "Passage A.", "b": "Passage B.", "c": "Passage C."}
+    order = ["a1", "a2", "a3", "b1", "c1", "c2"]
+    exs = [QAExample(i, "toy", ctx[i[0]], f"q {i}?", ["x"]) for i in order]
+    ids = [ex.id for ex in round_robin(exs)]
+    assert ids == ["a1", "b1", "c1", "a2", "c2", "a3"]
+    assert [ex.id for ex in round_robin(exs, 4)] == ["a1", "b1", "c1", "a2"]
+    assert round_robin(exs, 0) == [] and len(round_robin(exs, 99)) == 6
+    assert round_robin(round_robin(exs)) == round_robin(exs)  # idempotent
+    # the same passage text in another dataset is another passage
+    other = QAExample("z1", "toy2", ctx["a"], "q?", ["x"])
+    assert passage_key(other) != passage_key(exs[0])
+    assert passage_key(exs[0]) == passage_key({"dataset": "toy", "context": "Passage A."})
+    assert passage_key(exs[0]) == "toy:" + hashlib.sha1(b"Passage A.").hexdigest()[:12]
+    with pytest.raises(DataError):
+        round_robin(exs, -1)
+
+
+def test_drop_limit_spreads_over_passages():
+    """The first 50 DROP records of the file come from 3 passages; a limit-50 sample from 19."""
+    recs = _bundled("drop")
+    assert len({r["passage_id"] for r in recs[:50]}) == 3
+    sample = load_examples("drop", limit=50)
+    per_passage = Counter(ex.extras["passage_id"] for ex in sample)
+    assert len(per_passage) == 19
+    assert sorted(per_passage.values()) == [2] * 7 + [3] * 12
+    first19 = [ex.extras["passage_id"] for ex in sample[:19]]
+    assert first19 == list(dict.fromkeys(r["passage_id"] for r in recs))  # one per passage
+    # a smaller limit is a prefix of a larger one (a run extended with --limit keeps records)
+    assert load_examples("drop", limit=20) == sample[:20]
+
+
+@pytest.mark.parametrize(("dataset", "n_passages"),
+                         [("squad_v2", 50), ("drop", 19), ("hotpotqa", 50), ("musique", 50)])
+def test_every_dataset_limit_is_round_robin(dataset, n_passages):
+    sample = load_examples(dataset, limit=50)
+    assert len(sample) == 50
+    assert len({passage_key(ex) for ex in sample}) == n_passages
+    full = [QAExample.from_dict(r) for r in _bundled(dataset) if r["answerable"]]
+    assert sample == round_robin(full, 50)
+
+
+def test_jsonl_without_dataset_uses_file_stem(tmp_path):
+    p = tmp_path / "my_qa.jsonl"
+    lines = [
+        {"id": 1, "question": "Who?", "context": "Ann met Bob.", "answers": ["Ann"]},
+        {"id": "2", "question": "Whom?", "context": "Ann met Bob.", "answers": ["Bob"],
+         "split": "train", "note": "kept"},
+        {"id": "3", "dataset": "drop", "question": "How many?", "context": "Two.",
+         "answers": ["2"]},
+    ]
+    _write_lines(p, [json.dumps(r) for r in lines])
+    exs = {ex.id: ex for ex in load_examples(p)}
+    assert [exs[i].dataset for i in ("1", "2", "3")] == ["my_qa", "my_qa", "drop"]
+    assert [exs[i].split for i in ("1", "2", "3")] == ["validation", "train", "validation"]
+    assert exs["2"].extras == {"note": "kept"} and exs["1"].answerable
+    one = tmp_path / "single.json"
+    one.write_text(json.dumps(lines[0], indent=2), encoding="utf-8")
+    assert load_examples(one)[0].dataset == "single"
+    with pytest.raises(DataError) as ei:
+        QAExample.from_dict(lines[0])  # no file, no default: dataset is required
+    assert ei.value.field == "dataset"
+
+
+def test_public_names_used_elsewhere_import_from_interp_data():
+    """Every name other modules import from interp.data (grep of the repo) still resolves."""
+    import interp.data as package
+
+    used = {"QAExample", "load_examples", "DATASETS", "DataError", "bundled_path",
+            "bundled_splits", "detect_format", "drop_answer_text", "example_from_hotpotqa",
+            "example_from_hub_row", "example_from_ircot", "example_from_musique",
+            "examples_from_drop", "examples_from_squad_v2", "save_examples", "HUB_IDS",
+            "BUNDLED_DIR", "passage_key", "round_robin"}
+    assert used <= set(package.__all__)
+    assert all(getattr(package, n) is not None for n in used)
+    assert package.BUNDLED_DIR.name == "bundled" and package.BUNDLED_DIR.is_dir()
+    for mod in ("examples", "formats", "loading", "__init__"):
+        path = Path(package.__file__).with_name(f"{mod}.py")
+        assert len(path.read_text(encoding="utf-8").splitlines()) <= 600, mod
 
 
 def test_split_alias_and_missing_drop_train():
@@ -277,8 +382,10 @@ def test_drop_official_json_roundtrip(tmp_path):
     p.write_text(json.dumps(_drop_json(recs), indent=4), encoding="utf-8")
     assert detect_format(p) == "drop_json"
     exs = load_examples(p)
-    assert [ex.id for ex in exs] == [r["id"] for r in recs]
-    for ex, r in zip(exs, recs):
+    assert [ex.id for ex in exs] == _rr_ids(recs)
+    by_id = {ex.id: ex for ex in exs}
+    for r in recs:
+        ex = by_id[r["id"]]
         _assert_same_core(ex, r)
         for k in ("primary_answer", "answer_type", "answer_spans", "answer_date", "passage_id"):
             assert ex.extras[k] == r[k], (k, r["id"])
