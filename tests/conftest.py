@@ -6,6 +6,7 @@
 * ``quick_run``: a finished asymmetry run of the bundled model on a few real records
   (3 SQuAD 2.0 + 3 HotpotQA), shared by the integration tests of later stages. Tests must not
   modify it; copy it (``shutil.copytree``) to write into it.
+* ``smol_tok`` / ``qwen_tok``: the two bundled models' tokenizers alone, no weights loaded.
 """
 
 from __future__ import annotations
@@ -44,3 +45,19 @@ def quick_run(bundled, tmp_path_factory):
     cfg = AsymmetryConfig(datasets=["squad_v2", "hotpotqa"], limit=3, batch_size=3, n_boot=200)
     run_asymmetry(cfg, out, handle=bundled, log=lambda s: None)
     return RunDir(out)
+
+
+@pytest.fixture(scope="session")
+def smol_tok():
+    """The bundled SmolLM2 tokenizer alone (from the cached checkpoint; no weights loaded)."""
+    from interp.models import load_tokenizer
+
+    return load_tokenizer("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def qwen_tok():
+    """The bundled Qwen2.5-Coder-0.5B-Instruct tokenizer alone (no weights loaded)."""
+    from interp.models import load_tokenizer
+
+    return load_tokenizer("qwen2.5-coder-0.5b-instruct")

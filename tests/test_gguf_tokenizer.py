@@ -22,54 +22,44 @@ from interp.gguf import (
     read_tokenizer_meta,
     verify_tokenizer,
 )
-from interp.models import bundled_gguf, load_model, load_tokenizer
+from interp.models import bundled_gguf, load_model
 
 SMOL = "smollm2-135m-instruct"
 QWEN = "qwen2.5-coder-0.5b-instruct"
-
-
-@pytest.fixture(scope="module")
-def smol():
-    return load_tokenizer(SMOL)
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    return load_tokenizer(QWEN)
 
 
 def _toks(tok, text):
     return tok.convert_ids_to_tokens(tok(text, add_special_tokens=False)["input_ids"])
 
 
-def test_newlines_before_digits_smollm(smol):
+def test_newlines_before_digits_smollm(smol_tok):
     """`smollm`: digits one by one, the newlines before them one token."""
-    assert _toks(smol, "\n\n2024") == ["ĊĊ", "2", "0", "2", "4"]
-    assert _toks(smol, "in 1066.\n\n12 men") == ["in", "Ġ", "1", "0", "6", "6", ".", "ĊĊ",
+    assert _toks(smol_tok, "\n\n2024") == ["ĊĊ", "2", "0", "2", "4"]
+    assert _toks(smol_tok, "in 1066.\n\n12 men") == ["in", "Ġ", "1", "0", "6", "6", ".", "ĊĊ",
                                                  "1", "2", "Ġmen"]
 
 
-def test_newlines_before_digits_qwen2(qwen):
+def test_newlines_before_digits_qwen2(qwen_tok):
     """`qwen2`: the same for this string; NFC applied first (e + combining acute = é)."""
-    assert _toks(qwen, "\n\n2024") == ["ĊĊ", "2", "0", "2", "4"]
-    assert qwen("e\u0301t\u00e9", add_special_tokens=False)["input_ids"] == qwen(
+    assert _toks(qwen_tok, "\n\n2024") == ["ĊĊ", "2", "0", "2", "4"]
+    assert qwen_tok("e\u0301t\u00e9", add_special_tokens=False)["input_ids"] == qwen_tok(
         "\u00e9t\u00e9", add_special_tokens=False)["input_ids"]
 
 
-def test_special_ids_and_template_from_the_file(smol, qwen):
+def test_special_ids_and_template_from_the_file(smol_tok, qwen_tok):
     """Special token ids and chat templates are the files'.
 
     Special token ids are the files' (SmolLM2: bos <|im_start|> 1, eos/pad <|im_end|> 2,
     unk <|endoftext|> 0; Qwen2.5: eos <|im_end|> 151645, bos/pad <|endoftext|> 151643).
     """
-    assert (smol.bos_token_id, smol.eos_token_id, smol.pad_token_id, smol.unk_token_id) == (
-        1, 2, 2, 0)
-    assert (smol.bos_token, smol.eos_token) == ("<|im_start|>", "<|im_end|>")
-    assert (qwen.bos_token_id, qwen.eos_token_id, qwen.pad_token_id) == (
+    s = smol_tok
+    assert (s.bos_token_id, s.eos_token_id, s.pad_token_id, s.unk_token_id) == (1, 2, 2, 0)
+    assert (smol_tok.bos_token, smol_tok.eos_token) == ("<|im_start|>", "<|im_end|>")
+    assert (qwen_tok.bos_token_id, qwen_tok.eos_token_id, qwen_tok.pad_token_id) == (
         151643, 151645, 151643)
-    assert qwen.convert_ids_to_tokens([151644, 151645]) == ["<|im_start|>", "<|im_end|>"]
-    assert "You are Qwen, created by Alibaba Cloud." in qwen.chat_template
-    assert "You are a helpful AI assistant named SmolLM" in smol.chat_template
+    assert qwen_tok.convert_ids_to_tokens([151644, 151645]) == ["<|im_start|>", "<|im_end|>"]
+    assert "You are Qwen, created by Alibaba Cloud." in qwen_tok.chat_template
+    assert "You are a helpful AI assistant named SmolLM" in smol_tok.chat_template
 
 
 def test_cache_key_carries_the_version():
@@ -116,9 +106,9 @@ def test_unknown_pretokenizer_refused_before_dequantising(tmp_path, monkeypatch)
     assert not (tmp_path / "cache" / "models").exists()
 
 
-def test_apply_refuses_unknown_pair(smol):
+def test_apply_refuses_unknown_pair(smol_tok):
     with pytest.raises(ModelSpecError, match="'llama' with pre-tokenizer 'default'"):
-        apply_declared_pretokenizer(smol, "llama", "default")
+        apply_declared_pretokenizer(smol_tok, "llama", "default")
 
 
 def test_verify_catches_each_disagreement(tmp_path):
@@ -224,18 +214,18 @@ def _texts(dataset):
 
 
 @pytest.mark.integration
-def test_bundled_tokenizers_match_their_files(smol, qwen, smol_meta, qwen_meta):
+def test_bundled_tokenizers_match_their_files(smol_tok, qwen_tok, smol_meta, qwen_meta):
     """Vocabulary, merges, special ids, control tokens and chat template equal the files'."""
     assert (smol_meta.model, smol_meta.pre, qwen_meta.model, qwen_meta.pre) == (
         "gpt2", "smollm", "gpt2", "qwen2")
     assert (len(smol_meta.tokens), len(smol_meta.merges)) == (49152, 48900)
     assert (len(qwen_meta.tokens), len(qwen_meta.merges)) == (151936, 151387)
-    verify_tokenizer(smol, smol_meta, SMOL)
-    verify_tokenizer(qwen, qwen_meta, QWEN)
+    verify_tokenizer(smol_tok, smol_meta, SMOL)
+    verify_tokenizer(qwen_tok, qwen_meta, QWEN)
 
 
 @pytest.mark.integration
-def test_smollm_matches_llama_cpp_on_bundled_texts(smol, smol_meta):
+def test_smollm_matches_llama_cpp_on_bundled_texts(smol_tok, smol_meta):
     """SmolLM2 encodes bundled texts as llama.cpp's `smollm` rules do.
 
     Every HotpotQA / MuSiQue validation context and question encodes as llama.cpp's
@@ -247,19 +237,19 @@ def test_smollm_matches_llama_cpp_on_bundled_texts(smol, smol_meta):
     from tokenizers import pre_tokenizers
 
     ref = ReferenceEncoder(smol_meta)
-    plain = deepcopy(smol)
+    plain = deepcopy(smol_tok)
     plain.backend_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     for dataset, n_ctx, n_changed in (("hotpotqa", 585, 107), ("musique", 150, 34)):
         contexts, questions = _texts(dataset)
         assert len(contexts) == n_ctx
-        ours = smol(contexts + questions, add_special_tokens=False)["input_ids"]
+        ours = smol_tok(contexts + questions, add_special_tokens=False)["input_ids"]
         assert [i for i, t in enumerate(contexts + questions) if ours[i] != ref.encode(t)] == []
         before = plain(contexts, add_special_tokens=False)["input_ids"]
         assert sum(a != b for a, b in zip(before, ours)) == n_changed
 
 
 @pytest.mark.integration
-def test_qwen2_matches_llama_cpp_on_bundled_texts(qwen, qwen_meta):
+def test_qwen2_matches_llama_cpp_on_bundled_texts(qwen_tok, qwen_meta):
     """Qwen2.5 encodes bundled texts as llama.cpp's `qwen2` rules do.
 
     Every HotpotQA and MuSiQue validation context and question (transformers' own GGUF
@@ -269,5 +259,5 @@ def test_qwen2_matches_llama_cpp_on_bundled_texts(qwen, qwen_meta):
     for dataset, n in (("musique", None), ("hotpotqa", None)):
         contexts, questions = _texts(dataset)
         texts = contexts[:n] + questions[:n]
-        ours = qwen(texts, add_special_tokens=False)["input_ids"]
+        ours = qwen_tok(texts, add_special_tokens=False)["input_ids"]
         assert [i for i, t in enumerate(texts) if ours[i] != ref.encode(t)] == []

@@ -29,16 +29,6 @@ NORMANS = ("The Normans were the people who in the 10th and 11th centuries gave 
            "fealty to King Charles III of West Francia.")
 
 
-@pytest.fixture(scope="module")
-def qwen_tok():
-    return load_tokenizer(QWEN)
-
-
-@pytest.fixture(scope="module")
-def smol_tok():
-    return load_tokenizer(SMOL)
-
-
 # --- packaging --------------------------------------------------------------------------------
 
 

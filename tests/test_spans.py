@@ -10,22 +10,11 @@ from __future__ import annotations
 import pytest
 
 from interp.data import load_examples
-from interp.models import load_tokenizer
 from interp.prompts import get_template, label_positions, render
 
 SMOL = "smollm2-135m-instruct"
 QWEN = "qwen2.5-coder-0.5b-instruct"
 CTX = "The Normans gave their name to Normandy, a region in France. Their leader was Rollo."
-
-
-@pytest.fixture(scope="module")
-def smol():
-    return load_tokenizer(SMOL)
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    return load_tokenizer(QWEN)
 
 
 def _sentencepiece_encoding():
@@ -83,25 +72,25 @@ def test_label_rule_on_handmade_offsets():
     assert label_positions(text, [(1, 5)], spans) == ["question"]
 
 
-def test_candidate_with_trailing_space_smollm(smol):
+def test_candidate_with_trailing_space_smollm(smol_tok):
     """SmolLM2: the candidate 'Paris ' is ['ĠParis'], not ['ĠParis', 'ĠĊ']."""
-    p = render(smol, get_template(), "eval", context=CTX, question="Where is Normandy?",
+    p = render(smol_tok, get_template(), "eval", context=CTX, question="Where is Normandy?",
                answer="Paris ")
     s, e = p.token_spans["candidate"]
-    assert smol.convert_ids_to_tokens(p.input_ids[s:e]) == ["ĠParis"]
-    assert smol.convert_ids_to_tokens(p.input_ids[e:e + 1]) == ["ĠĊ"]  # now template
+    assert smol_tok.convert_ids_to_tokens(p.input_ids[s:e]) == ["ĠParis"]
+    assert smol_tok.convert_ids_to_tokens(p.input_ids[e:e + 1]) == ["ĠĊ"]  # now template
     assert p.labels[e] == "template"
 
 
-def test_whitespace_only_candidate_has_no_span(smol):
+def test_whitespace_only_candidate_has_no_span(smol_tok):
     """A candidate of spaces holds no non-whitespace: no span, no error."""
-    p = render(smol, get_template(), "eval", context=CTX, question="Who?", answer="   ")
+    p = render(smol_tok, get_template(), "eval", context=CTX, question="Who?", answer="   ")
     assert "candidate" not in p.token_spans
     assert set(p.token_spans) == {"context", "question"}
 
 
 @pytest.mark.parametrize(("dataset", "n_expected"), [("squad_v2", 9), ("hotpotqa", 23)])
-def test_questions_ending_in_space_leave_the_newline_out(smol, dataset, n_expected):
+def test_questions_ending_in_space_leave_the_newline_out(smol_tok, dataset, n_expected):
     """Questions ending in a space leave the newline token out.
 
     Every bundled question that ends in a space (9 SQuAD 2.0, 23 HotpotQA answerable
@@ -112,12 +101,12 @@ def test_questions_ending_in_space_leave_the_newline_out(smol, dataset, n_expect
     assert len(examples) == n_expected
     for ex in examples:
         for task in ("gen", "eval"):
-            p = render(smol, get_template(), task, context=ex.context, question=ex.question,
+            p = render(smol_tok, get_template(), task, context=ex.context, question=ex.question,
                        answer="x" if task == "eval" else None)
             s, e = p.token_spans["question"]
-            assert smol.decode(p.input_ids[s:e]).strip() == ex.question.strip()
-            assert not any("Ċ" in t for t in smol.convert_ids_to_tokens(p.input_ids[s:e]))
-            assert "Ċ" in smol.convert_ids_to_tokens(p.input_ids[e])
+            assert smol_tok.decode(p.input_ids[s:e]).strip() == ex.question.strip()
+            assert not any("Ċ" in t for t in smol_tok.convert_ids_to_tokens(p.input_ids[s:e]))
+            assert "Ċ" in smol_tok.convert_ids_to_tokens(p.input_ids[e])
 
 
 def _all_bundled_examples():
@@ -152,7 +141,7 @@ def test_every_bundled_span_decodes_to_its_field(alias, request):
     All 2,061 bundled records (every dataset and split), gen and eval prompts, with the
     first gold answer as candidate: each span decodes to its field's stripped text.
     """
-    tok = request.getfixturevalue("smol" if alias == SMOL else "qwen")
+    tok = request.getfixturevalue("smol_tok" if alias == SMOL else "qwen_tok")
     examples = _all_bundled_examples()
     assert len(examples) == 2061
     bad = [(ex.dataset, ex.id, task, names) for ex in examples for task in ("gen", "eval")
