@@ -44,7 +44,7 @@ from interp.gguf import (
 
 __all__ = ["BUNDLED", "DEFAULT_MODEL", "PAPER_MODEL", "ModelHandle", "ModelSpecError",
            "bundled_gguf", "cache_dir", "end_of_turn_ids", "load_model", "load_tokenizer",
-           "runtime_facts", "sha256_file", "tiny_llama"]
+           "runtime_facts", "sha256_file"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 PAPER_MODEL = "meta-llama/Llama-3.1-8B-Instruct"

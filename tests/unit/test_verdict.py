@@ -25,14 +25,6 @@ def _prompts(tokenizer, n=5, seed=0):
                                           return_dict=True)["input_ids"] for m in msgs]
 
 
-def test_replies_are_whole_words_as_the_template_renders_them(tokenizer):
-    r = verdict_replies(tokenizer)
-    assert tokenizer.decode(r.correct) == "Correct"
-    assert tokenizer.decode(r.incorrect) == "Incorrect"
-    # SmolLM2 splits "Incorrect" into In + correct: the first-token proxy compared Correct/In
-    assert r.tokens["Incorrect"] == ["In", "correct"] and len(r.correct) == 1
-
-
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_score_equals_teacher_forcing_tiny(tiny, batch_size):
     prompts = _prompts(tiny.tokenizer)
@@ -51,13 +43,15 @@ def test_score_equals_teacher_forcing_tiny(tiny, batch_size):
                             "verdict_coverage"}
 
 
-def test_reply_split_differently_still_whole_word(tokenizer):
+def test_reply_split_differently_still_whole_word():
     """A tokenizer whose 'Incorrect' begins with a common word start ('In').
 
     The score is the whole-word one, not logit(Correct) - logit(In).
     """
-    from interp.models import tiny_llama
+    from interp.testing import tiny_llama, tiny_tokenizer
 
+    tokenizer = tiny_tokenizer(vocab_size=280)  # Incorrect = I + nc + orrect, Correct = C + orrect
+    assert tokenizer.tokenize("Incorrect")[0] == "I"
     h = tiny_llama(tokenizer, n_layers=2, seed=3)
     prompts = _prompts(tokenizer, n=3, seed=1)
     sc = score_verdicts(h, prompts, batch_size=2)
@@ -81,32 +75,3 @@ def test_template_that_rewrites_the_reply_is_refused(tokenizer):
 
     with pytest.raises(PromptError):
         verdict_replies(Odd())
-
-
-@pytest.mark.integration
-def test_score_equals_teacher_forcing_bundled(bundled):
-    """The cached two-step score equals one full forward of prompt + reply.
-
-    On a float64 copy of the bundled model to 1e-7 (the algorithm is exact); in float32 to
-    1e-5 relative (summation order only).
-    """
-    import copy
-
-    from interp.data import load_examples
-    from interp.models import ModelHandle
-    from interp.prompts import get_template, render
-
-    tpl = get_template()
-    exs = load_examples("squad_v2", limit=2)
-    prompts = [render(bundled.tokenizer, tpl, "eval", context=e.context, question=e.question,
-                      answer=a).input_ids for e in exs for a in (e.answers[0], "Paris")]
-    r = verdict_replies(bundled.tokenizer)
-    h64 = ModelHandle(copy.deepcopy(bundled.model).double(), bundled.tokenizer, bundled.spec,
-                      dict(bundled.info))
-    for handle, bs, tol in ((h64, 4, dict(abs=1e-7)), (bundled, 4, dict(rel=1e-5))):
-        sc = score_verdicts(handle, prompts, batch_size=bs)
-        for k, p in enumerate(prompts):
-            assert float(sc.logprob_correct[k]) == pytest.approx(
-                _teacher_forced(handle.model, p, r.correct), **tol)
-            assert float(sc.logprob_incorrect[k]) == pytest.approx(
-                _teacher_forced(handle.model, p, r.incorrect), **tol)
