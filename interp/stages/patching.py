@@ -37,6 +37,7 @@ from interp.models import ModelHandle
 from interp.pairs import PAIR_KINDS, PatchPair, build_pairs
 from interp.patching import Patch, Patcher, sweep_heads, sweep_resid, sweep_task_layers
 from interp.prompts import get_template
+from interp.stats import correlations
 from interp.store import (
     RunDir,
     config_from_table,
@@ -250,17 +251,6 @@ def part_signature(cfg: PatchingConfig, kind: str, layers: Sequence[int], handle
 # ---------------------------------------------------------------------------------------------
 
 
-def _corr(a: np.ndarray, b: np.ndarray) -> dict[str, float | None]:
-    ok = np.isfinite(a) & np.isfinite(b)
-    a, b = a[ok], b[ok]
-    if len(a) < 3 or a.std() == 0 or b.std() == 0:
-        return {"pearson": None, "spearman": None, "n": int(len(a))}
-    from scipy.stats import pearsonr, spearmanr
-
-    return {"pearson": float(pearsonr(a, b)[0]), "spearman": float(spearmanr(a, b)[0]),
-            "n": int(len(a))}
-
-
 def _summary_candidate_resid(df: Any, top: int) -> dict[str, Any]:
     s: dict[str, Any] = {}
     sp = df[df.unit == "span"].groupby(["layer", "span"]).effect.mean().unstack()
@@ -301,11 +291,11 @@ def _summary_heads(df: Any, pk: str, metas: list[dict], top: int) -> dict[str, A
 
 def _summary_attribution(df: Any, metas: list[dict]) -> dict[str, Any]:
     h, r = df[df.unit == "head"], df[df.unit != "head"]
-    per = [_corr(g.attr_ld.to_numpy(), g.exact_d_ld.to_numpy())["pearson"]
+    per = [correlations(g.attr_ld.to_numpy(), g.exact_d_ld.to_numpy())["pearson"]
            for _, g in h.groupby("id")]
     per = [x for x in per if x is not None]
-    return {"correlation_heads": _corr(h.attr_ld.to_numpy(), h.exact_d_ld.to_numpy()),
-            "correlation_resid": _corr(r.attr_ld.to_numpy(), r.exact_d_ld.to_numpy()),
+    return {"correlation_heads": correlations(h.attr_ld.to_numpy(), h.exact_d_ld.to_numpy()),
+            "correlation_resid": correlations(r.attr_ld.to_numpy(), r.exact_d_ld.to_numpy()),
             "exact_cost_ratio_mean": float(np.mean(
                 [m["exact_wall_s"] / m["clean_forward_s"] for m in metas])),
             "correlation_heads_per_pair_mean_pearson": float(np.mean(per)) if per else None}
