@@ -41,6 +41,7 @@ from interp.gguf import (
     read_source,
     sha256_file,
 )
+from interp.hooks.points import check_heads
 
 __all__ = ["BUNDLED", "DEFAULT_MODEL", "PAPER_MODEL", "ModelHandle", "ModelSpecError",
            "bundled_gguf", "cache_dir", "end_of_turn_ids", "load_model", "load_tokenizer",
@@ -230,9 +231,11 @@ def load_model(
     Raises:
         ModelSpecError: the spec is neither an alias, an existing path nor a hub id; a
             bundled package is missing or its file fails the sha256 check; a GGUF's
-            tokenizer cannot be reproduced; or the hub cannot be reached for a hub id.
+            tokenizer cannot be reproduced; the hub cannot be reached for a hub id; or the
+            config's query heads are not a multiple of its key/value heads (checked before
+            the weights are read).
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch_dtype = _pick_dtype(dtype, device)
@@ -242,6 +245,7 @@ def load_model(
         kwargs["revision"] = info["revision"]
     try:
         tok = _tokenizer(path, info)
+        check_heads(AutoConfig.from_pretrained(path, revision=kwargs.get("revision")))
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as err:
         raise _hub_error(spec, err) from err

@@ -63,6 +63,7 @@ from torch import Tensor
 from interp.errors import PatchingError
 from interp.hooks.backends import HFBackend, attention_mass, attn_implementation, get_backend
 from interp.hooks.backends import hook_order as _hook_order
+from interp.hooks.guard import inference_guard
 from interp.hooks.points import hook_name, parse_hook
 from interp.models import ModelHandle
 from interp.prompts import RenderedPrompt, verdict_token_ids
@@ -413,13 +414,18 @@ def patch(handle: ModelHandle, clean_ids: TokenIds, corrupt_ids: TokenIds, *, ho
     Raises:
         HookError: unknown hook or layer (lists valid ones).
         PatchingError: a point that is not patchable, bad positions or heads.
+        ModelSpecError: query heads not a multiple of key/value heads.
+
+    Every forward runs in eval mode (:func:`interp.hooks.guard.inference_guard`); the model
+    gets its training flags and hooks back afterwards, whatever raises.
     """
     _parse(hook, handle.n_layers)
     n = len(_as_ids(corrupt_ids, "corrupt_ids"))
     pos = None if positions is None else tuple(int(p) % n for p in positions)
-    p = Patcher(handle, clean_ids, corrupt_ids, pos_map=pos_map, backend=backend,
-                prefix_cache=False)
-    return p.run([Patch(hook, pos, None if heads is None else tuple(heads))])
+    with inference_guard(handle):
+        p = Patcher(handle, clean_ids, corrupt_ids, pos_map=pos_map, backend=backend,
+                    prefix_cache=False)
+        return p.run([Patch(hook, pos, None if heads is None else tuple(heads))])
 
 
 # ---------------------------------------------------------------------------------------------

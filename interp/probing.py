@@ -114,9 +114,20 @@ def residual_stream(handle: ModelHandle, input_ids: Int[Tensor, "batch seq"],
 
     Returns:
         ``[batch, n_layers, seq, d_model]`` float32 on CPU; entry ``[:, L]`` is the output of
-        decoder layer L (module docstring, step 2). Padded positions hold garbage.
+        decoder layer L (module docstring, step 2). Padded positions hold garbage. The forward
+        runs in eval mode (:func:`interp.hooks.guard.inference_guard`, inside
+        :func:`interp.hooks.capture.hooked`); the caller's training flags come back after.
+
+    Raises:
+        ProbeError: ids that are not ``[batch, seq]`` or a mask of another shape (before any
+            hook is registered).
     """
     dev = handle.device
+    if input_ids.dim() != 2 or (attention_mask is not None
+                                and tuple(attention_mask.shape) != tuple(input_ids.shape)):
+        raise ProbeError(f"input_ids must be [batch, seq] and attention_mask the same shape, got "
+                         f"{list(input_ids.shape)} and "
+                         f"{None if attention_mask is None else list(attention_mask.shape)}")
     input_ids = input_ids.to(dev)
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)

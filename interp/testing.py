@@ -104,6 +104,7 @@ def tiny_llama(
     seed: int = 0,
     init_std: float = 0.2,
     attn_implementation: str = "sdpa",
+    attention_dropout: float = 0.0,
 ) -> ModelHandle:
     """A tiny random ``LlamaForCausalLM`` (GQA) built from a config, for unit tests.
 
@@ -119,6 +120,8 @@ def tiny_llama(
         seed: ``torch.manual_seed`` before the weights are drawn.
         init_std: ``initializer_range`` of the config.
         attn_implementation: the model's attention kernel.
+        attention_dropout: dropout on the attention weights in training mode (tests of the
+            eval-mode guard, :func:`interp.hooks.guard.inference_guard`).
 
     Returns:
         A :class:`interp.models.ModelHandle` (spec ``"tiny-llama"``, sha256 None, float32, CPU).
@@ -129,7 +132,7 @@ def tiny_llama(
         max_position_embeddings=4096, rope_theta=10000.0, initializer_range=init_std,
         tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        attn_implementation=attn_implementation,
+        attn_implementation=attn_implementation, attention_dropout=attention_dropout,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg).eval()

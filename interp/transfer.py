@@ -53,6 +53,7 @@ from interp.data import DataError, QAExample, load_examples
 from interp.errors import TransferError
 from interp.generation import left_pad
 from interp.grading import BaseOracle, extract_answer, is_abstention, normalize_answer
+from interp.hooks.guard import inference_guard
 from interp.hooks.points import hook_name
 from interp.lora import encode_example, end_of_turn_id
 from interp.models import ModelHandle
@@ -412,9 +413,13 @@ def cross_model_patching(base: ModelHandle, adapter: ModelHandle,
         ``fraction_a_to_b`` / ``fraction_b_to_a`` per layer (None when the adapter does not
         change the logit difference at all), ``mean_abs_change``.
 
+    Both models run in eval mode (:func:`interp.hooks.guard.inference_guard`) and get their
+    training flags and hooks back afterwards, whatever raises.
+
     Raises:
-        TransferError: a layer out of range (the message gives the valid range), or
-            ``positions`` other than ``all`` / ``last``.
+        TransferError: a layer out of range (the message gives the valid range),
+            ``positions`` other than ``all`` / ``last``, or two models of different shapes
+            (layers, width, heads, vocabulary; named in the message).
 
     Source:
         Paper section 3.3 (patching across the base model and the LoRA adapters).
@@ -425,6 +430,18 @@ def cross_model_patching(base: ModelHandle, adapter: ModelHandle,
         raise TransferError(f"patch layers {bad} out of range; valid layers: 0..{n - 1}")
     if positions not in ("all", "last"):
         raise TransferError(f"positions must be 'all' or 'last', not {positions!r}")
+    shape = {k: (getattr(base.model.config, k, None), getattr(adapter.model.config, k, None))
+             for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")}
+    if diff := {k: v for k, v in shape.items() if v[0] != v[1]}:
+        raise TransferError(f"cross-model patching needs two models of one shape; base vs "
+                            f"adapter differ in {diff}")
+    with inference_guard(base, adapter):
+        return _cross_model(base, adapter, prompts, positions, layers)
+
+
+def _cross_model(base: ModelHandle, adapter: ModelHandle, prompts: Sequence[Sequence[int]],
+                 positions: str, layers: list[int]) -> dict[str, Any]:
+    """The body of :func:`cross_model_patching` (arguments checked)."""
     res: dict[str, Any] = {"layers": layers, "positions": positions, "ld_base": [],
                            "ld_adapter": [], "patched_a_to_b": [], "patched_b_to_a": []}
     for p in prompts:

@@ -45,7 +45,16 @@ from torch import Tensor
 
 from interp.errors import BackendError
 from interp.hooks.capture import Edit, hooked
-from interp.hooks.points import HOOK_POINTS, HookSite, hook_name, hook_site, parse_hook, resolve
+from interp.hooks.guard import inference_guard
+from interp.hooks.points import (
+    HOOK_POINTS,
+    HookSite,
+    check_architecture,
+    hook_name,
+    hook_site,
+    parse_hook,
+    resolve,
+)
 from interp.models import ModelHandle
 
 __all__ = [
@@ -56,6 +65,7 @@ __all__ = [
     "TLBackend",
     "attention_mass",
     "attn_implementation",
+    "check_masks",
     "get_backend",
     "hook_order",
     "masked_edit",
@@ -131,6 +141,7 @@ def to_tlens(handle: ModelHandle, *, copy: bool = True) -> Any:
         BackendError: transformer-lens is missing or the architecture is unsupported.
     """
     model = handle.model
+    check_architecture(model, "the transformer_lens backend", BackendError)
     if copy and model in _TLENS:
         return _TLENS[model]
     try:
@@ -170,8 +181,10 @@ def to_nnsight(handle: ModelHandle) -> Any:
         is at its module path (:func:`interp.hooks.points.hook_site`).
 
     Raises:
-        BackendError: nnsight is missing.
+        BackendError: nnsight is missing, or an architecture interp has no module paths for
+            (the message names :data:`interp.hooks.points.ARCHITECTURES`).
     """
+    check_architecture(handle.model, "the nnsight backend", BackendError)
     try:
         from nnsight.modeling.transformers import TransformersModel
 
@@ -207,6 +220,36 @@ def masked_edit(mask: Bool[Tensor, "batch pos *heads"], src: Float[Tensor, "pos 
     return edit
 
 
+def check_masks(ids: Int[Tensor, "batch pos"], masks: Masks, sources: Sources,
+                n_heads: int) -> None:
+    """Refuse masks and sources that do not fit the forward, before any hook is registered.
+
+    Args:
+        ids: the token ids of the forward ``[batch, pos]``.
+        masks: hook-point name -> boolean mask ``[batch, pos]`` (``[batch, pos, n_heads]`` at
+            ``attn.hook_z``).
+        sources: hook-point name -> activation patched in, ``[pos, ...]``.
+        n_heads: query heads of the model.
+
+    Raises:
+        BackendError: a mask without a source, not boolean, or of the wrong shape, or a source
+            whose length is not ``pos`` (the message names the hook point and both shapes).
+    """
+    batch, pos = ids.shape[:2]
+    for name, m in masks.items():
+        if name not in sources:
+            raise BackendError(f"a mask is given for {name!r} but no source activation: pass "
+                               f"sources[{name!r}]")
+        want = (batch, pos) + ((n_heads,) if name.endswith("attn.hook_z") else ())
+        if m.dtype != torch.bool or tuple(m.shape) != want:
+            raise BackendError(f"the mask of {name!r} must be bool {list(want)} (batch, pos"
+                               f"{', heads' if len(want) == 3 else ''} of the ids), got "
+                               f"{m.dtype} {list(m.shape)}")
+        if sources[name].shape[0] != pos:
+            raise BackendError(f"the source of {name!r} has {sources[name].shape[0]} positions, "
+                               f"the ids {pos}")
+
+
 class Backend(Protocol):
     """What every backend offers (module docstring)."""
 
@@ -237,6 +280,7 @@ class Backend(Protocol):
         Raises:
             BackendError: an option this backend does not offer.
             HookError: an unknown hook point or a layer outside the model.
+            BackendError: masks or sources that do not fit (:func:`check_masks`).
         """
         ...
 
@@ -268,6 +312,7 @@ class HFBackend:
                 ) -> tuple[Logits, Cache]:
         """:meth:`Backend.forward`; ``prefix`` is a batch-1 cache, expanded to the batch."""
         masks, sources = masks or {}, sources or {}
+        check_masks(ids, masks, sources, self.handle.n_heads)
         edits = {name: masked_edit(m, sources[name]) for name, m in masks.items()}
         kwargs: dict[str, Any] = {"use_cache": prefix is not None, "logits_to_keep": 1}
         if prefix is not None:
@@ -286,7 +331,7 @@ class HFBackend:
 
     def prefix_cache(self, ids: Int[Tensor, "1 prefix"]) -> Any:
         """Key/value cache of ``ids`` (the shared unpatched prefix of every patched row)."""
-        with self._attn(), torch.no_grad():
+        with self._attn(), torch.no_grad(), inference_guard(self.model):
             out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
         return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
 
@@ -311,10 +356,13 @@ class _FullPromptBackend:
             raise BackendError(f"the {self.name} backend runs full prompts without {bad}; "
                                f"use 'hf'")
         masks, sources = masks or {}, sources or {}
-        # unknown names fail before the forward
+        # unknown names and masks that do not fit fail before the forward
         sites = {n: hook_site(self.handle.model, n) for n in set(masks) | set(cache_hooks)}
+        check_masks(ids, masks, sources, self.handle.n_heads)
         order = sorted(sites, key=hook_order)
-        return self._run(ids, {n: sites[n] for n in order}, masks, sources, set(cache_hooks))
+        with inference_guard(self.handle.model):
+            return self._run(ids, {n: sites[n] for n in order}, masks, sources,
+                             set(cache_hooks))
 
     def _run(self, ids: Tensor, sites: Mapping[str, HookSite], masks: Masks, sources: Sources,
              want: set[str]) -> tuple[Logits, Cache]:
@@ -344,7 +392,8 @@ class TLBackend(_FullPromptBackend):
             return fn
 
         hooks = [(n, mk(n)) for n in sites]
-        with attn_implementation(self.handle, "eager"), torch.no_grad():
+        with attn_implementation(self.handle, "eager"), torch.no_grad(), \
+                inference_guard(self.bridge):
             logits = self.bridge.run_with_hooks(ids, fwd_hooks=hooks, return_type="logits")
         return logits[:, -1, :], cache
 

@@ -14,7 +14,9 @@ Algorithm of :func:`hooked`:
    applies the caller's edit function if one is given for that name (activation patching), stores
    the (edited) value when the name is to be cached, and hands the tensor back to the module.
 3. Remove every hook in a ``finally`` block, whatever raises, so the model is left with exactly
-   the hooks it had before.
+   the hooks it had before. The whole context runs inside
+   :func:`interp.hooks.guard.inference_guard`: the model is in eval mode (dropout off) for its
+   duration and gets its own training flags back afterwards.
 
 Stored tensors keep the batch dimension and are detached copies, unless ``keep_graph=True``
 (attribution patching differentiates through them).
@@ -29,6 +31,7 @@ from typing import Any
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.hooks.guard import inference_guard
 from interp.hooks.points import base_model, resolve
 
 __all__ = ["Edit", "hooked"]
@@ -66,6 +69,7 @@ def hooked(model: Any, *, cache: Iterable[str] = (), edits: Mapping[str, Edit] |
 
     Raises:
         HookError: an unknown hook point or a layer outside the model (nothing registered).
+        ModelSpecError: query heads not a multiple of key/value heads (nothing registered).
     """
     edits = dict(edits or {})
     want = set(cache)
@@ -84,23 +88,28 @@ def hooked(model: Any, *, cache: Iterable[str] = (), edits: Mapping[str, Edit] |
         return apply
 
     handles = []
-    try:
-        for name, (module, site) in sites.items():
-            fn = make(name, site.point)
-            if site.io == "output":
-                def post(mod: Any, args: Any, out: Any, fn: Callable = fn) -> Any:
-                    if isinstance(out, tuple):
-                        return (fn(out[0]), *out[1:])
-                    return fn(out)
-                handles.append(module.register_forward_hook(post))
-            else:
-                def pre(mod: Any, args: tuple, kwargs: dict, fn: Callable = fn) -> Any:
-                    if args:
-                        return (fn(args[0]), *args[1:]), kwargs
-                    key = "hidden_states" if "hidden_states" in kwargs else next(iter(kwargs))
-                    return args, {**kwargs, key: fn(kwargs[key])}
-                handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-        yield store
-    finally:
-        for h in handles:
-            h.remove()
+    with inference_guard(model):
+        try:
+            for name, (module, site) in sites.items():
+                handles.append(_register(module, site.io, make(name, site.point)))
+            yield store
+        finally:
+            for h in handles:
+                h.remove()
+
+
+def _register(module: Any, io: str, fn: Callable[[Tensor], Tensor]) -> Any:
+    """A forward hook (``io == "output"``) or forward pre-hook applying ``fn``; its handle."""
+    if io == "output":
+        def post(mod: Any, args: Any, out: Any) -> Any:
+            if isinstance(out, tuple):
+                return (fn(out[0]), *out[1:])
+            return fn(out)
+        return module.register_forward_hook(post)
+
+    def pre(mod: Any, args: tuple, kwargs: dict) -> Any:
+        if args:
+            return (fn(args[0]), *args[1:]), kwargs
+        key = "hidden_states" if "hidden_states" in kwargs else next(iter(kwargs))
+        return args, {**kwargs, key: fn(kwargs[key])}
+    return module.register_forward_pre_hook(pre, with_kwargs=True)

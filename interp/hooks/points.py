@@ -34,13 +34,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from interp.errors import HookError
+from interp.errors import HookError, ModelSpecError
 
 __all__ = [
     "ARCHITECTURES",
     "HOOK_POINTS",
     "HookSite",
     "base_model",
+    "check_architecture",
+    "check_heads",
     "decoder_layers",
     "hook_name",
     "hook_site",
@@ -134,11 +136,50 @@ def base_model(model: Any) -> Any:
 
 
 def _blocks_path(model: Any) -> str:
-    mt = getattr(getattr(model, "config", None), "model_type", None)
-    if mt in ARCHITECTURES:
-        return ARCHITECTURES[mt]
-    raise HookError(f"{type(model).__name__} (model_type {mt!r}) is not a supported "
-                    f"architecture; supported: {sorted(ARCHITECTURES)}")
+    return ARCHITECTURES[check_architecture(model)]
+
+
+def check_architecture(model: Any, what: str = "interp's hook points",
+                       error: type[Exception] = HookError) -> str:
+    """The ``model_type`` of ``model`` (PEFT unwrapped), refused unless in :data:`ARCHITECTURES`.
+
+    Args:
+        model: a ``*ForCausalLM`` model (or a PEFT model around one).
+        what: what needs the architecture, named in the message (e.g. "the nnsight backend").
+        error: the error class to raise.
+
+    Raises:
+        error: another architecture; the message names the supported ones.
+    """
+    m = base_model(model)
+    mt = getattr(getattr(m, "config", None), "model_type", None)
+    if mt not in ARCHITECTURES:
+        raise error(f"{what}: supported architectures are {sorted(ARCHITECTURES)}, not "
+                    f"{type(m).__name__} (model_type {mt!r})")
+    return str(mt)
+
+
+def check_heads(config_or_model: Any) -> None:
+    """Refuse a model whose query heads are not a multiple of its key/value heads.
+
+    Grouped-query attention gives query head ``h`` the key/value head ``h // (n_heads //
+    n_kv_heads)``; with 6 query and 4 key/value heads there is no such grouping and transformers
+    fails with a shape error inside the attention. Configs without head counts pass.
+
+    Args:
+        config_or_model: a transformers config, a model, or a PEFT model around one.
+
+    Raises:
+        ModelSpecError: ``num_attention_heads % num_key_value_heads != 0`` (names both).
+    """
+    obj = base_model(config_or_model)
+    cfg = getattr(obj, "config", obj)
+    n_heads = getattr(cfg, "num_attention_heads", None)
+    n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
+    if isinstance(n_heads, int) and isinstance(n_kv, int) and n_kv > 0 and n_heads % n_kv:
+        raise ModelSpecError(f"the model has {n_heads} query heads and {n_kv} key/value heads: "
+                             f"query heads must be a multiple of key/value heads (grouped-query "
+                             f"attention); interp cannot run it")
 
 
 def decoder_layers(model: Any) -> Any:

@@ -43,7 +43,9 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from interp.errors import AttentionError
 from interp.hooks.backends import attn_implementation, to_nnsight, to_tlens
 from interp.hooks.capture import hooked
+from interp.hooks.guard import inference_guard
 from interp.hooks.points import hook_name, hook_site, resolve
+from interp.layers import parse_layers
 from interp.models import ModelHandle
 
 __all__ = ["BACKENDS", "IMPLEMENTATION", "Recording", "full_pattern", "last_row",
@@ -229,16 +231,17 @@ def _envoy(lm: Any, path: str) -> Any:
 def _record_check(handle: ModelHandle, ids: Tensor, backend: str) -> Tensor:
     """Step 3: rows ``[n_layers, n_heads, pos]`` from eager attention weights."""
     model, n_layers = handle.model, handle.n_layers
-    with attn_implementation(handle, "eager"):
+    wrapper = {"transformer_lens": to_tlens, "nnsight": to_nnsight}.get(backend)
+    lm = wrapper(handle) if wrapper else None  # an unsupported architecture fails here
+    bridge = lm if backend == "transformer_lens" else None  # a copy: guard it too
+    with attn_implementation(handle, "eager"), inference_guard(bridge):
         if backend == "eager":
             out = model(input_ids=ids, use_cache=False, output_attentions=True, logits_to_keep=1)
             return torch.stack([a[0, :, -1, :] for a in out.attentions])
         if backend == "transformer_lens":
-            bridge = to_tlens(handle)
             names = [f"blocks.{x}.attn.hook_pattern" for x in range(n_layers)]
-            _, cache = bridge.run_with_cache(ids, names_filter=lambda n: n in names)
+            _, cache = lm.run_with_cache(ids, names_filter=lambda n: n in names)
             return torch.stack([cache[n][0, :, -1, :] for n in names])
-        lm = to_nnsight(handle)
         paths = [hook_site(model, hook_name(x, "hook_attn_out")).module_path
                  for x in range(n_layers)]
         saved = []
@@ -264,16 +267,27 @@ def record_rows(handle: ModelHandle, input_ids: Sequence[int] | Int[Tensor, " po
     Returns:
         A :class:`Recording`; ``rows`` ``[n_layers, n_heads, pos]`` float32.
 
+    The model runs in eval mode (:func:`interp.hooks.guard.inference_guard`); every argument
+    is checked before any hook is registered or kernel swapped, and whatever raises, the model
+    is left with the hooks, attention kernel and training flags it had.
+
     Raises:
         AttentionError: an unknown backend, activations requested from a backend other than
             ``hf``, or a model whose attention does not go through ``AttentionInterface``.
+        interp.errors.LayerSpecError: an ``act_layers`` entry outside the model (names the
+            valid range).
+        interp.errors.ModelSpecError: query heads not a multiple of key/value heads.
+        interp.errors.BackendError: an architecture the ``nnsight`` / ``transformer_lens``
+            backend cannot wrap (names the supported ones).
     """
     if backend not in BACKENDS:
         raise AttentionError(f"unknown backend {backend!r}; use one of {list(BACKENDS)}")
     if act_layers and backend != "hf":
         raise AttentionError("residual streams / head outputs are recorded by the 'hf' backend "
                              f"only, not {backend!r}")
+    layers = parse_layers(list(act_layers), handle.n_layers) if len(act_layers) else []
     ids = _as_ids(input_ids, handle.device)
-    if backend == "hf":
-        return _record_hf(handle, ids, sorted(set(act_layers)), patterns)
-    return Recording(rows=_record_check(handle, ids, backend).float().cpu())
+    with inference_guard(handle.model):
+        if backend == "hf":
+            return _record_hf(handle, ids, layers, patterns)
+        return Recording(rows=_record_check(handle, ids, backend).float().cpu())
