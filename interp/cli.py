@@ -33,6 +33,9 @@ from interp.store import RunDir, read_json
 __all__ = ["app", "main"]
 
 BACKEND_ALIASES = {"tlens": "transformer_lens"}
+_OVERWRITE_STAGE = ("redo this stage's stored work when it was computed under other runtime "
+                    "settings (attention kernel, device, dtype, torch/transformers, TF32, "
+                    "determinism) instead of refusing")
 """Backend names the command line also accepts (configs and the API use the full names)."""
 
 
@@ -137,6 +140,7 @@ def attention_cmd(
     tables_only: Annotated[bool, typer.Option(
         help="only rebuild tables and figures from existing recordings")] = False,
     device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
+    overwrite: Annotated[bool, typer.Option(help=_OVERWRITE_STAGE)] = False,
 ) -> None:
     """Study 2: last-token attention rows and span mass per layer and head."""
     cfg = attention_stage.AttentionConfig(
@@ -148,7 +152,7 @@ def attention_cmd(
         summary = attention_stage.write_tables(rd, cfg)
     else:
         summary = attention_stage.run(rd, load_run_model(rd, device=device), cfg,
-                                      log=typer.echo)
+                                      overwrite=overwrite, log=typer.echo)
     typer.echo(attention_stage.format_summary(summary))
     typer.echo(f"wrote {run}/attention/span_mass.parquet, summary.json, heads.json and "
                f"{run}/figures/attention_*.png")
@@ -189,6 +193,7 @@ def probe_cmd(
     permutations: Annotated[int, typer.Option(
         help="label permutations for the best cell's selection-aware null (0: off)")] = 0,
     device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
+    overwrite: Annotated[bool, typer.Option(help=_OVERWRITE_STAGE)] = False,
 ) -> None:
     """Probes on the residual stream predicting y* (representation-as-a-judge, seed 003)."""
     cfg = probe_stage.ProbeConfig(
@@ -196,7 +201,8 @@ def probe_cmd(
         tasks=_split(tasks), select_by=select_by, top_k=top_k, sweep_all=sweep_all,
         batch_size=batch_size, seed=seed, limit=limit, permutations=permutations)
     rd = RunDir(run)
-    res = probe_stage.run(rd, load_run_model(rd, device=device), cfg, log=typer.echo)
+    res = probe_stage.run(rd, load_run_model(rd, device=device), cfg, overwrite=overwrite,
+                          log=typer.echo)
     typer.echo(probe_stage.format_summary(res))
 
 
@@ -215,6 +221,7 @@ def patch_cmd(
     max_tokens: Annotated[int, typer.Option(help="refuse longer pairs")] = 1024,
     batch_size: Annotated[int, typer.Option(help="patched rows per forward")] = 16,
     device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
+    overwrite: Annotated[bool, typer.Option(help=_OVERWRITE_STAGE)] = False,
 ) -> None:
     """Activation / attribution patching between the judge and the generator."""
     cfg = patching_stage.PatchingConfig.from_mapping({
@@ -222,7 +229,8 @@ def patch_cmd(
         "layer_stride": layer_stride, "hook": hook, "per_position": per_position,
         "max_tokens": max_tokens, "batch_size": batch_size})
     rd = RunDir(run)
-    summary = patching_stage.run(rd, load_run_model(rd, device=device), cfg, log=typer.echo)
+    summary = patching_stage.run(rd, load_run_model(rd, device=device), cfg,
+                                 overwrite=overwrite, log=typer.echo)
     typer.echo(patching_stage.format_summary(summary))
     typer.echo(f"wrote {rd.path / 'patching'} and {rd.path / 'figures'}/patching_*.png")
 

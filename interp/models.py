@@ -25,6 +25,7 @@ the computation (:func:`runtime_facts`).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ from interp.hooks.points import check_heads
 
 __all__ = ["BUNDLED", "DEFAULT_MODEL", "PAPER_MODEL", "ModelHandle", "ModelSpecError",
            "bundled_gguf", "cache_dir", "end_of_turn_ids", "load_model", "load_tokenizer",
-           "runtime_facts", "sha256_file"]
+           "RESULT_FACTS", "result_facts", "runtime_facts", "sha256_file"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 PAPER_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -338,6 +339,35 @@ def runtime_facts(handle: ModelHandle | Any) -> dict[str, Any]:
     if hasattr(cuda, "fp32_precision"):  # torch >= 2.9: the successor of allow_tf32
         facts["fp32_precision_matmul"] = cuda.fp32_precision
     return facts
+
+
+RESULT_FACTS = ("attn_implementation", "device", "dtype", "torch", "transformers",
+                "float32_matmul_precision", "fp32_precision_matmul", "deterministic_algorithms")
+"""Runtime facts (:func:`runtime_facts`) that can change a run's numbers, on every device.
+
+On CUDA also :data:`CUDA_RESULT_FACTS`. Not among them: the thread counts (``num_threads``,
+``num_interop_threads``: a different split of a float reduction moves results by ~1e-7, not
+what a cache must guard; measured on this project's CPU, 1 vs 2 threads agree to 1e-6) and the
+device index (``cuda:0`` vs ``cuda:1`` of one GPU model compute the same)."""
+CUDA_RESULT_FACTS = ("device_name", "cuda", "tf32_matmul", "tf32_cudnn", "cudnn_deterministic",
+                     "cudnn_benchmark")
+"""Facts that change results only on a CUDA device (kernels, TF32, cuDNN algorithm choice)."""
+
+
+def result_facts(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """The result-relevant part of :func:`runtime_facts`: what a cache and a manifest compare.
+
+    Args:
+        facts: the output of :func:`runtime_facts`.
+
+    Returns:
+        :data:`RESULT_FACTS` (plus :data:`CUDA_RESULT_FACTS` on CUDA) with ``device`` reduced
+        to its type (``cuda:1`` -> ``cuda``); a fact missing from ``facts`` is None.
+    """
+    device = str(facts.get("device") or "")
+    kind = device.split(":")[0] or None
+    keys = RESULT_FACTS + (CUDA_RESULT_FACTS if kind == "cuda" else ())
+    return {k: (kind if k == "device" else facts.get(k)) for k in keys}
 
 
 def _hub_sha256(repo: str, revision: str | None) -> str | None:

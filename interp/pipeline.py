@@ -84,7 +84,8 @@ def run_config(path: str | Path, *, overwrite: bool = False, only: Sequence[str]
 
     Args:
         path: the experiment config.
-        overwrite: discard run directories made with another asymmetry config.
+        overwrite: discard run directories made with another asymmetry config, and let
+            every stage redo work computed under other runtime settings.
         only: run only these stages (``asymmetry`` and/or names of :data:`STAGES`).
         log: progress lines.
 
@@ -115,7 +116,8 @@ def run_config(path: str | Path, *, overwrite: bool = False, only: Sequence[str]
         for name, scfg in stage_cfgs.items():
             if not only or name in only:
                 log(f"== stage {name} on {run_dir}")
-                result = STAGES[name].run(RunDir(run_dir), handle, scfg, log=log)
+                result = STAGES[name].run(RunDir(run_dir), handle, scfg, overwrite=overwrite,
+                                          log=log)
                 if text := STAGES[name].format_summary(result):
                     log(text)
         if cfg.get("figures"):

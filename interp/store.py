@@ -337,8 +337,10 @@ class RunDir:
 
     def init_manifest(self, config: Mapping[str, Any], *, model_info: Mapping[str, Any],
                       overwrite: bool = False, key_fields: Iterable[str] = (),
-                      merge_fields: Iterable[str] = ("datasets",)) -> dict[str, Any]:
-        """Create the manifest, or check that an existing one has the same config.
+                      merge_fields: Iterable[str] = ("datasets",),
+                      runtime: Mapping[str, Any] | None = None,
+                      result_facts: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Create the manifest, or check that an existing one has the same config and runtime.
 
         Args:
             config: the run's configuration (JSON-safe).
@@ -348,15 +350,23 @@ class RunDir:
                 ``datasets``, ``batch_size``) may change between invocations.
             merge_fields: list-valued keys that accumulate over invocations (ordered union):
                 a run extended with another dataset still reports on all of its datasets.
+            runtime: :func:`interp.models.runtime_facts` now (stored as ``runtime``).
+            result_facts: its result-relevant part (:func:`interp.models.result_facts`),
+                stored as ``result_facts`` and compared like a key field: a run made under
+                another attention kernel, device, dtype, torch/transformers version, TF32 or
+                determinism setting is refused unless ``overwrite`` (a manifest made before
+                these were stored is not compared).
 
         Raises:
-            RunDirError: an existing manifest differs in a key field and not ``overwrite``.
+            RunDirError: an existing manifest differs in a key field or a result fact and not
+                ``overwrite`` (the message names each difference and ``--overwrite``).
         """
         keys = list(key_fields) or list(config)
         if self.manifest_path.exists():
             old = read_json(self.manifest_path)
             diff = {k: (old["config"].get(k), config.get(k)) for k in keys
                     if old["config"].get(k) != config.get(k)}
+            diff.update(_fact_diff(old.get("result_facts"), result_facts))
             if diff and not overwrite:
                 lines = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
                 raise RunDirError(f"{self.path} was made with another config ({lines}). Use "
@@ -379,8 +389,50 @@ class RunDir:
             "versions": package_versions(), "git_commit": git_commit(),
             "platform": platform.platform(), "argv": sys.argv, "invocations": [_now()],
         }
+        if runtime is not None:
+            manifest["runtime"] = dict(runtime)
+        if result_facts is not None:
+            manifest["result_facts"] = dict(result_facts)
         write_json(self.manifest_path, manifest)
         return manifest
+
+    def check_stage(self, stage: str, *, runtime: Mapping[str, Any],
+                    result_facts: Mapping[str, Any], overwrite: bool = False) -> dict[str, Any]:
+        """Refuse to reuse a stage's work made under other result facts; record the new ones.
+
+        The manifest keeps, per stage, the runtime facts of its last call (``stages.<stage>``:
+        ``runtime``, ``result_facts``, package ``versions``, ``git_commit``, ``updated``), so two
+        runs, or two calls of one stage, that computed under different settings are told apart
+        from the manifest alone. Every stored part of a stage also carries the result facts in
+        its signature, so with ``overwrite`` the parts made under the old facts are redone.
+
+        Args:
+            stage: the stage name (``attention``, ``probe``, ``patching``, ``transfer``).
+            runtime: :func:`interp.models.runtime_facts` now.
+            result_facts: :func:`interp.models.result_facts` of it.
+            overwrite: allow the change (the stage redoes its parts).
+
+        Returns:
+            The manifest's new entry for the stage.
+
+        Raises:
+            RunDirError: no manifest, or the stage last ran under other result facts and not
+                ``overwrite`` (names each differing setting and ``--overwrite``).
+        """
+        manifest = self.manifest()
+        old = (manifest.get("stages") or {}).get(stage) or {}
+        diff = _fact_diff(old.get("result_facts"), result_facts)
+        if diff and not overwrite:
+            lines = "; ".join(f"{k.removeprefix('runtime.')}={a!r}, now {b!r}"
+                              for k, (a, b) in diff.items())
+            raise RunDirError(f"{self.path}: the {stage} stage's stored work was computed with "
+                              f"{lines}; rerun with the same settings, or pass --overwrite to "
+                              f"redo it")
+        entry = {"runtime": dict(runtime), "result_facts": dict(result_facts),
+                 "versions": package_versions(), "git_commit": git_commit(), "updated": _now()}
+        manifest.setdefault("stages", {})[stage] = entry
+        write_json(self.manifest_path, manifest)
+        return entry
 
     # -- records --------------------------------------------------------------------------
     @property
@@ -450,6 +502,15 @@ class RunDir:
 def record_key(rec: Record | Mapping[str, Any]) -> tuple[str, str]:
     """The identity of a record: ``(dataset, id)``."""
     return (rec["dataset"], rec["id"])
+
+
+def _fact_diff(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
+               ) -> dict[str, tuple[Any, Any]]:
+    """``{"runtime.<fact>": (old, new)}`` of differing result facts (none if one is unknown)."""
+    if not old or not new:
+        return {}
+    return {f"runtime.{k}": (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
+            if old.get(k) != new.get(k)}
 
 
 def _now() -> str:

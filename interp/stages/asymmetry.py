@@ -3,8 +3,11 @@
 Algorithm of :func:`run`:
 
 1. Open the run directory: create ``manifest.json``, or check that the existing one was made
-   with the same :data:`KEY_FIELDS` (another model, template, oracle or decoding is refused
-   unless ``overwrite``); list datasets accumulate over invocations.
+   with the same :data:`KEY_FIELDS` and the same result-relevant runtime facts
+   (:func:`interp.models.result_facts`: attention kernel, device, dtype, torch/transformers
+   versions, TF32 and determinism flags; another model, template, oracle, decoding or any of
+   these is refused unless ``overwrite``); list datasets accumulate over invocations. The
+   manifest stores the full :func:`interp.models.runtime_facts` as ``runtime``.
 2. For each dataset: load the examples (first ``limit`` after filtering), skip those already
    in ``records.jsonl`` (resume; a larger ``limit`` only adds the new ones), and run
    :func:`interp.asymmetry.evaluate_examples` on the rest in chunks, appending each chunk's
@@ -25,7 +28,7 @@ from tqdm.auto import tqdm
 
 from interp.asymmetry import compute_metrics, evaluate_examples, format_metrics, make_oracle
 from interp.data import DATASETS, load_examples
-from interp.models import DEFAULT_MODEL, ModelHandle, load_model
+from interp.models import DEFAULT_MODEL, ModelHandle, load_model, result_facts, runtime_facts
 from interp.plots import plot_asymmetry
 from interp.prompts import get_template
 from interp.store import RunDir, config_from_table, record_key, write_json
@@ -111,14 +114,17 @@ def run(
         chunk: examples per appended batch of records (default ``2 * batch_size``).
 
     Raises:
-        interp.errors.RunDirError: ``out`` holds a run with another config and not overwrite.
+        interp.errors.RunDirError: ``out`` holds a run with another config or other result
+            facts and not overwrite.
         interp.errors.DataError: unknown dataset, malformed file.
     """
     rd = RunDir(out)
     template = get_template(config.template, config.templates_path)
     handle = handle or load_model(config.model, device=config.device, dtype=config.dtype)
+    facts = runtime_facts(handle)
     manifest = rd.init_manifest(asdict(config), model_info=handle.info, overwrite=overwrite,
-                                key_fields=KEY_FIELDS)
+                                key_fields=KEY_FIELDS, runtime=facts,
+                                result_facts=result_facts(facts))
     oracle = make_oracle(config.oracle, device=config.device)
     done = {record_key(r) for r in (rd.read_records(status=None)
                                     if rd.records_path.exists() else [])}

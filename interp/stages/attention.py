@@ -10,9 +10,12 @@ Algorithm of :func:`run` (the method is :mod:`interp.attention`):
    ``mass.{gen,eval}`` ``[n_layers, n_heads, n_spans]`` (and with ``save_rows`` the rows
    ``rows.{task}`` ``[n_layers, n_heads, pos]``) to ``DIR/attention/records/<dataset>/<id>
    .safetensors``. A recording is fresh when its stored signature
-   (:func:`interp.store.signature` of the model and the prompts' token ids) equals the one of
-   now: an interrupted run resumes, and a recording made by another model or from other
-   prompts is redone. Which backend made it does not matter (they agree, tests/equivalence).
+   (:func:`interp.store.signature` of the model and its sha256, the prompts' token ids and the
+   result-relevant runtime facts, :func:`interp.stages.common.stage_facts`) equals the one of
+   now: an interrupted run resumes, and a recording made by another model, from other prompts
+   (``interp asymmetry --overwrite`` with another template keeps the record ids) or under
+   other settings is redone (other settings only with ``overwrite``, else refused). Which
+   backend made it does not matter (they agree, tests/equivalence).
    With ``save_resid`` the activations of those layers go to ``DIR/activations/<dataset>/<id>
    .safetensors`` (``{task}.resid_pre``, ``resid_post``, ``z``, ``result_last``, with
    ``save_patterns`` ``pattern``; shapes in :mod:`interp.hooks.recorder`).
@@ -52,7 +55,7 @@ from interp.errors import AttentionError, RunDirError
 from interp.hooks.recorder import BACKENDS, record_rows
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
-from interp.stages.common import check_run_model
+from interp.stages.common import check_run_model, stage_facts
 from interp.store import (
     Record,
     RunDir,
@@ -67,8 +70,8 @@ from interp.store import (
 )
 
 __all__ = ["NAME", "SUMMARIES", "AttentionConfig", "Config", "activations_path",
-           "format_summary", "load_masses", "read_summary", "record", "record_path", "run",
-           "write_tables"]
+           "format_summary", "load_masses", "read_summary", "record", "record_path",
+           "record_signature", "run", "write_tables"]
 
 NAME = "attention"
 SUMMARIES = {"attention/summary.json": "attention_summary.json"}
@@ -143,6 +146,17 @@ def activations_path(run: RunDir, rec: Record | Mapping[str, Any]) -> Path:
     return run.path / "activations" / _safe(rec["dataset"]) / f"{_safe(rec['id'])}.safetensors"
 
 
+def record_signature(rec: Record | Mapping[str, Any]) -> str:
+    """Signature of what a record's prompts are made from (no model needed to compute it).
+
+    Stored with each recording, so that tables built from recordings without a model
+    (:func:`load_masses`) refuse a recording of an older version of the record (same id, other
+    template or answer, e.g. after ``interp asymmetry --overwrite`` with another template).
+    """
+    return signature({k: rec.get(k) for k in ("template", "question", "context", "answer",
+                                              "answers", "prompts")})
+
+
 def _has_rows(path: Path) -> bool:
     with safe_open(str(path), "pt") as f:
         return "rows.gen" in f.keys()
@@ -162,6 +176,7 @@ def _record_one(run: RunDir, handle: ModelHandle, rec: Record, prompts: Mapping[
             tensors[f"rows.{task}"] = got.rows
         acts.update({f"{task}.{k}": v for k, v in got.acts.items()})
     meta = {"id": str(rec["id"]), "dataset": rec["dataset"], "spans": json.dumps(spans),
+            "record": record_signature(rec),
             "backend": cfg.backend, "n_layers": str(handle.n_layers),
             "n_heads": str(handle.n_heads),
             "n_tokens": json.dumps({t: len(p) for t, p in prompts.items()})}
@@ -172,21 +187,24 @@ def _record_one(run: RunDir, handle: ModelHandle, rec: Record, prompts: Mapping[
 
 
 def record(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None, *,
-           log: Callable[[str], None] = print) -> int:
+           overwrite: bool = False, log: Callable[[str], None] = print) -> int:
     """Steps 1-2 of the module algorithm for every selected record whose recording is stale.
 
     Args:
         run: a finished asymmetry run directory.
         handle: the run's model.
         cfg: settings (default :class:`AttentionConfig`).
+        overwrite: redo recordings made under other result-relevant runtime facts (else
+            they are refused).
         log: where progress lines go.
 
     Returns:
         Number of records recorded now (fresh recordings are kept: resume).
 
     Raises:
-        RunDirError: no manifest / records, no ok record, another model than the run's, or a
-            record whose prompts do not match it (names the record).
+        RunDirError: no manifest / records, no ok record, another model than the run's, a
+            record whose prompts do not match it (names the record), or recordings computed
+            under other runtime facts and not ``overwrite``.
         interp.errors.LayerSpecError: ``layers`` or ``save_resid`` outside the model.
     """
     cfg = cfg or AttentionConfig()
@@ -198,7 +216,9 @@ def record(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None,
     parse_layers(cfg.layers, handle.n_layers)
     act_layers = parse_layers(cfg.save_resid, handle.n_layers) if cfg.save_resid else []
     tpath = manifest.get("config", {}).get("templates_path")
-    model_id = {"spec": handle.spec, "sha256": handle.info.get("sha256"), "v": RECORDING_VERSION}
+    facts = stage_facts(run, handle, NAME, overwrite=overwrite)
+    model_id = {"spec": handle.spec, "sha256": handle.info.get("sha256"), "v": RECORDING_VERSION,
+                "runtime": facts}
     todo = []
     for rec in records:
         prompts = record_prompts(rec, handle.tokenizer, templates_path=tpath)
@@ -226,7 +246,8 @@ def load_masses(run: RunDir, *, limit: int | None = None
         union ``spans``), and the backends that recorded them.
 
     Raises:
-        RunDirError: no records, or none recorded yet (run ``interp attention``).
+        RunDirError: no records, none recorded yet, or a recording made from another version
+            of its record (run ``interp attention``).
     """
     records = limit_per_dataset(run.read_records(), limit)
     have, per, spans, backends = [], [], list(SPANS), set()
@@ -236,6 +257,10 @@ def load_masses(run: RunDir, *, limit: int | None = None
             continue
         with safe_open(str(p), "pt") as f:
             meta = f.metadata() or {}
+            if meta.get("record", record_signature(r)) != record_signature(r):
+                raise RunDirError(f"{p} was recorded from another version of record "
+                                  f"{r['dataset']}/{r['id']} (its prompts changed): run "
+                                  f"`interp attention --run {run.path}` to redo it")
             s = json.loads(meta.get("spans", json.dumps(list(SPANS))))
             backends.add(meta.get("backend", "?"))
             per.append((s, {t: f.get_tensor(f"mass.{t}").numpy() for t in TASKS}))
@@ -297,18 +322,19 @@ def read_summary(run: RunDir) -> dict[str, Any]:
 
 
 def run(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None, *,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
+        overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Record every selected record of a run (resuming), then write the tables and figures.
 
     Args:
         run: asymmetry run directory.
         handle: the run's model (:func:`interp.stages.load_run_model`).
         cfg: settings.
+        overwrite: redo recordings made under other result-relevant runtime facts.
         log: progress lines.
 
     Returns:
         ``summary.json``'s content.
     """
-    record(run, handle, cfg, log=log)
+    record(run, handle, cfg, overwrite=overwrite, log=log)
     return write_tables(run, cfg, n_layers=handle.n_layers)
 

@@ -6,8 +6,11 @@ A stage module (``interp.stages.attention``, ``interp.stages.probe``, ...) provi
 * ``SUMMARIES``: run-dir tables that ``interp run`` copies next to the figures (source -> name);
 * ``Config``: a dataclass with ``from_mapping(table)`` that refuses unknown keys
   (:func:`interp.store.config_from_table`);
-* ``run(run_dir, handle, cfg, *, log=print) -> summary``: the study on a finished asymmetry run
-  (resumable; fresh parts are reused, :func:`interp.store.is_fresh`);
+* ``run(run_dir, handle, cfg, *, overwrite=False, log=print) -> summary``: the study on a
+  finished asymmetry run (resumable; fresh parts are reused, :func:`interp.store.is_fresh`);
+  it first calls :func:`stage_facts`, which refuses to reuse work computed under other
+  result-relevant runtime facts unless ``overwrite``, and puts those facts into every part's
+  signature;
 * ``format_summary(summary) -> str``: the summary as text for the terminal.
 
 :func:`load_run_model` is the ONE way to load the model of a run: the manifest's model spec,
@@ -20,10 +23,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from interp.errors import RunDirError
-from interp.models import ModelHandle, load_model
+from interp.models import ModelHandle, load_model, result_facts, runtime_facts
 from interp.store import RunDir
 
-__all__ = ["Stage", "check_run_model", "load_run_model"]
+__all__ = ["Stage", "check_run_model", "load_run_model", "stage_facts"]
 
 
 class Stage(Protocol):
@@ -33,9 +36,9 @@ class Stage(Protocol):
     SUMMARIES: Mapping[str, str]
     Config: Any
 
-    def run(self, run: RunDir, handle: ModelHandle, cfg: Any, *,
+    def run(self, run: RunDir, handle: ModelHandle, cfg: Any, *, overwrite: bool = False,
             log: Callable[[str], None] = print) -> dict[str, Any]:
-        """Run the study on ``run`` and return its summary."""
+        """Run the study on ``run`` and return its summary (``overwrite``: :func:`stage_facts`)."""
 
     def format_summary(self, summary: Mapping[str, Any]) -> str:
         """The summary as text."""
@@ -57,6 +60,27 @@ def check_run_model(run: RunDir, handle: ModelHandle,
         raise RunDirError(f"{run.path} was made with model {m.get('spec')!r} (sha256 "
                           f"{want[:12]}), not {handle.spec!r} (sha256 {got[:12]}): use the run's "
                           f"model")
+
+
+def stage_facts(run: RunDir, handle: ModelHandle, stage: str, *,
+                overwrite: bool = False) -> dict[str, Any]:
+    """The result-relevant runtime facts of a stage call, checked against its stored work.
+
+    Reads :func:`interp.models.runtime_facts` now, records them in the manifest under
+    ``stages.<stage>`` (:meth:`interp.store.RunDir.check_stage`) and returns
+    :func:`interp.models.result_facts`, which every stage puts into its parts' signatures
+    (attention recordings, probe features, patching parts, transfer outputs): a part made under
+    another attention kernel, device, dtype, torch / transformers version, TF32 or determinism
+    setting is never reused.
+
+    Raises:
+        RunDirError: no manifest, or the stage's stored work was computed under other result
+            facts and not ``overwrite`` (one line naming each setting and ``--overwrite``).
+    """
+    facts = runtime_facts(handle)
+    rf = result_facts(facts)
+    run.check_stage(stage, runtime=facts, result_facts=rf, overwrite=overwrite)
+    return rf
 
 
 def load_run_model(run: RunDir, device: str | None = None,

@@ -8,7 +8,9 @@ Algorithm of :func:`run` (methods: :mod:`interp.pairs` and :mod:`interp.patching
    (:func:`interp.pairs.build_pairs`, ``limit`` built pairs per dataset).
 3. For each sweep kind and pair: reuse ``parts/{dataset}__{id}.json`` when it is fresh (its
    signature, :func:`interp.store.signature`, covers the model and its sha256, the sweep kind,
-   the layers, the hook point, ``per_position`` and the pair's token ids); else run the sweep
+   the layers, the hook point, ``per_position``, the pair's token ids, position map and shared
+   prefix, and the result-relevant runtime facts, :func:`interp.stages.common.stage_facts`:
+   parts made under other facts are refused unless ``overwrite``); else run the sweep
    (:func:`run_pair`) and write the part atomically. ``attribution`` takes its exact-patching
    comparison from the ``heads`` / ``resid`` sweeps of the same pair in the same call when
    they were run (same units), instead of running them again.
@@ -37,6 +39,7 @@ from interp.models import ModelHandle
 from interp.pairs import PAIR_KINDS, PatchPair, build_pairs
 from interp.patching import Patch, Patcher, sweep_heads, sweep_resid, sweep_task_layers
 from interp.prompts import get_template
+from interp.stages.common import stage_facts
 from interp.stats import correlations
 from interp.store import (
     RunDir,
@@ -238,12 +241,16 @@ def run_pair(handle: ModelHandle, pair: PatchPair, kind: str, cfg: PatchingConfi
 
 
 def part_signature(cfg: PatchingConfig, kind: str, layers: Sequence[int], handle: ModelHandle,
-                   pair: PatchPair) -> str:
-    """Signature of one pair's sweep: everything that shapes it (module docstring, step 3)."""
+                   pair: PatchPair, facts: Mapping[str, Any] | None = None) -> str:
+    """Signature of one pair's sweep: everything that shapes it (module docstring, step 3).
+
+    ``facts``: :func:`interp.models.result_facts` of the call.
+    """
     return signature({"model": handle.spec, "sha256": handle.info.get("sha256"), "kind": kind,
                       "layers": list(layers), "hook": cfg.hook,
                       "per_position": cfg.per_position, "clean": pair.clean.input_ids,
-                      "corrupt": pair.corrupt.input_ids})
+                      "corrupt": pair.corrupt.input_ids, "pos_map": list(pair.pos_map or []),
+                      "start": pair.start, "runtime": facts})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,13 +354,13 @@ def summarise(d: Path, pk: str, kind: str, results: list[dict], refused: list[di
 
 def _sweep_kind(handle: ModelHandle, cfg: PatchingConfig, pk: str, kind: str,
                 pairs: list[PatchPair], layers: list[int], parts: Path,
-                finished: dict[tuple[str, str, str], dict], log: Callable[[str], None]
-                ) -> list[dict]:
+                finished: dict[tuple[str, str, str], dict], log: Callable[[str], None],
+                facts: Mapping[str, Any] | None = None) -> list[dict]:
     """Every pair's sweep of one kind: fresh parts read back, the others run and written."""
     results = []
     for pair in pairs:
         f = parts / f"{pair.key}.json"
-        sig = part_signature(cfg, kind, layers, handle, pair)
+        sig = part_signature(cfg, kind, layers, handle, pair, facts)
         if is_fresh(f, sig):
             res = read_json(f)
         else:
@@ -374,8 +381,11 @@ def _sweep_kind(handle: ModelHandle, cfg: PatchingConfig, pk: str, kind: str,
 
 
 def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, *,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
+        overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run every (pair kind, sweep kind) of ``cfg`` on a run's records (module docstring).
+
+    ``overwrite``: redo parts computed under other result-relevant runtime facts (else they
+    are refused).
 
     Returns:
         ``{"{pairs}/{kind}": summary}`` of this call (also merged into
@@ -384,11 +394,13 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, 
     Raises:
         PatchingError: bad config values (unknown kinds).
         LayerSpecError: layers out of range.
-        RunDirError: the run has no manifest or no records.
+        RunDirError: the run has no manifest or no records, or parts computed under other
+            runtime facts and not ``overwrite``.
     """
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     cfg.validate()
     layers = cfg.layer_list(handle.n_layers)
+    facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
     mcfg = run_dir.manifest().get("config", {})
     template = get_template(mcfg.get("template", "default"), mcfg.get("templates_path"))
     records = run_dir.read_records()
@@ -402,7 +414,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, 
             d = root / pk / kind
             t0 = time.perf_counter()
             results = _sweep_kind(handle, cfg, pk, kind, pairs, layers, d / "parts", finished,
-                                  log)
+                                  log, facts)
             s = summarise(d, pk, kind, results, refused, layers, handle)
             s["elapsed_s"] = time.perf_counter() - t0
             write_json(d / "summary.json", s)

@@ -8,12 +8,15 @@ Algorithm of :func:`run` (the methods are :mod:`interp.probing`, numbered there)
    (:func:`interp.stats.make_folds`) shared by every probe and by the verbal judge.
 2. Features (:func:`cached_features`): pooled ``resid_post`` of every layer, cached in
    ``DIR/probes/features_{task}.safetensors`` (``[n_records, n_layers, d_model]`` per pool).
-   The cache is fresh when its signature (model, sha256, hook point, layers, version) equals
-   the one of now and it holds the pools asked for; records missing from it are computed and
-   appended ``chunk`` at a time (resume by record key).
+   The cache is fresh when its signature (model, sha256, hook point, layers, version and the
+   result-relevant runtime facts, :func:`interp.stages.common.stage_facts`) equals the one of
+   now and it holds the pools asked for; a cached row is reused only while its record renders
+   to the same prompt token ids (their signature is stored per row); records missing from it
+   are computed and appended ``chunk`` at a time (resume by record key).
 3. Sweep of the layers (``layers``: :func:`interp.layers.parse_layers`, default all), cached in
-   ``DIR/probes/sweep_{task}.json`` under the signature of the settings, records, labels and
-   groups; the permutation null likewise in ``permutation_{task}.json``.
+   ``DIR/probes/sweep_{task}.json`` under the signature of the settings, records, labels,
+   groups and the features' signature; the permutation null likewise in
+   ``permutation_{task}.json``.
 4. ``results.json``: the best cell, the probe vs the judge on the same folds, the gen-prompt
    probe, cross-dataset transfer; the best probe of each kind refitted on all records and
    saved (``probe_{task}_{kind}.npz`` + ``.json``); the figure ``DIR/figures/probes.png``.
@@ -55,7 +58,7 @@ from interp.probing import (
     sweep,
     task_pools,
 )
-from interp.stages.common import check_run_model
+from interp.stages.common import check_run_model, stage_facts
 from interp.stats import make_folds, passage_groups
 from interp.store import (
     Record,
@@ -77,7 +80,8 @@ __all__ = ["NAME", "SUMMARIES", "Config", "ProbeConfig", "cached_features", "for
 NAME = "probe"
 SUMMARIES = {"probes/results.json": "probes_results.json"}
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
-FEATURES_VERSION = "1"
+FEATURES_VERSION = "2"
+"""Part of the features and sweep signatures; 2: rows keyed on their prompt's token ids."""
 
 
 def _split(value: Any) -> Any:
@@ -200,24 +204,43 @@ def load_probe_records(run: RunDir, handle: ModelHandle | None = None) -> list[R
 
 
 def _read_cache(path: Path, sig: str, pools: Sequence[str], log: Callable[[str], None]
-                ) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
-    """(tensors, keys, candidate fallbacks) of a fresh features cache, else empty ones."""
+                ) -> tuple[dict[str, torch.Tensor], list[str], list[str], list[str]]:
+    """(tensors, keys, prompt signatures, candidate fallbacks) of a fresh cache, else empty."""
     if not path.exists():
-        return {}, [], []
+        return {}, [], [], []
     with safe_open(str(path), "pt") as f:
         meta = f.metadata() or {}
     if is_fresh(path, sig) and set(pools) <= set(json.loads(meta.get("pools", "[]"))):
-        return (load_tensors(path), json.loads(meta["keys"]),
+        return (load_tensors(path), json.loads(meta["keys"]), json.loads(meta["prompt_sigs"]),
                 json.loads(meta.get("candidate_fallback", "[]")))
-    log(f"[probe] {path.name} was made with another model, hook point or pools: recomputing it")
-    return {}, [], []
+    log(f"[probe] {path.name} was made with another model, hook point, pools or runtime "
+        f"settings: recomputing it")
+    return {}, [], [], []
+
+
+def _drop_stale(have: dict[str, torch.Tensor], keys: list[str], sigs: list[str],
+                fallback: list[str], now: Mapping[str, str]) -> tuple[dict, list, list, list]:
+    """Rows whose record's prompt changed since they were cached are removed."""
+    keep = [i for i, (k, s) in enumerate(zip(keys, sigs)) if now.get(k, s) == s]
+    if len(keep) == len(keys):
+        return have, keys, sigs, fallback
+    kept = {keys[i] for i in keep}
+    idx = torch.tensor(keep, dtype=torch.long)
+    return ({p: t[idx] for p, t in have.items()}, [keys[i] for i in keep],
+            [sigs[i] for i in keep], [k for k in fallback if k in kept])
 
 
 def cached_features(run: RunDir, handle: ModelHandle, records: Sequence[Record], task: str, *,
                     pools: Sequence[str] = POOLS, batch_size: int = 4,
                     templates_path: str | None = None, chunk: int = 32,
+                    facts: Mapping[str, Any] | None = None,
                     log: Callable[[str], None] = print) -> tuple[dict[str, np.ndarray], dict]:
     """Features of ``records`` for ``task``, read from / appended to the run's cache (step 2).
+
+    The cache's signature covers the model (spec, sha256), hook point, depth, version and the
+    result-relevant runtime facts; each cached row also stores the signature of its prompt's
+    token ids, and a row whose record now renders to other token ids (same record id, e.g.
+    after ``interp asymmetry --overwrite`` with another template) is recomputed.
 
     Args:
         run: the run directory.
@@ -228,11 +251,13 @@ def cached_features(run: RunDir, handle: ModelHandle, records: Sequence[Record],
         batch_size: prompts per forward.
         templates_path: the run's template file.
         chunk: records per cache write.
+        facts: :func:`interp.models.result_facts` of this call (None: not keyed on them).
         log: progress lines.
 
     Returns:
         ``({pool: [n_records, n_layers, d_model] float32 array in records' order}, info)`` with
-        ``info = {"candidate_fallback": [record keys], "n_computed": int}``.
+        ``info = {"candidate_fallback": [record keys], "n_computed": int, "signature": str}``
+        (``signature``: of the cache and of every record's prompt, in order).
 
     Raises:
         interp.errors.RunDirError: a record whose re-rendered prompt does not match it.
@@ -241,9 +266,12 @@ def cached_features(run: RunDir, handle: ModelHandle, records: Sequence[Record],
     path = run.sub("probes") / f"features_{task}.safetensors"
     ident = {"model_sha256": str(handle.info.get("sha256")), "model": handle.spec,
              "hook_point": HOOK_POINT, "n_layers": str(handle.n_layers),
-             "version": FEATURES_VERSION}
+             "version": FEATURES_VERSION, "runtime": json.dumps(facts, sort_keys=True)}
     sig = signature(ident)
-    have, keys, fallback = _read_cache(path, sig, pools, log)
+    prompts = {_key(r): rerender(r, task, handle.tokenizer, templates_path=templates_path)
+               for r in records}
+    now = {k: signature(p.input_ids) for k, p in prompts.items()}
+    have, keys, sigs, fallback = _drop_stale(*_read_cache(path, sig, pools, log), now=now)
     known = set(keys)
     todo = [r for r in records if _key(r) not in known]
     if todo:
@@ -253,14 +281,15 @@ def cached_features(run: RunDir, handle: ModelHandle, records: Sequence[Record],
     t0 = time.perf_counter()
     for s in range(0, len(todo), chunk):
         part = todo[s:s + chunk]
-        prompts = [rerender(r, task, handle.tokenizer, templates_path=templates_path)
-                   for r in part]
-        feats, fell = extract_features(handle, prompts, pools=all_pools, batch_size=batch_size)
+        feats, fell = extract_features(handle, [prompts[_key(r)] for r in part],
+                                       pools=all_pools, batch_size=batch_size)
         for p in all_pools:
             have[p] = torch.cat([have[p], feats[p]]) if p in have and len(keys) else feats[p]
         keys += [_key(r) for r in part]
+        sigs += [now[_key(r)] for r in part]
         fallback += [_key(r) for r, fb in zip(part, fell) if fb]
         save_tensors(path, have, {**ident, "signature": sig, "keys": json.dumps(keys),
+                                  "prompt_sigs": json.dumps(sigs),
                                   "pools": json.dumps(all_pools),
                                   "candidate_fallback": json.dumps(fallback)})
         log(f"[probe] {task}: {len(keys)} / {len(records)} records "
@@ -270,7 +299,9 @@ def cached_features(run: RunDir, handle: ModelHandle, records: Sequence[Record],
     out = {p: have[p][idx].numpy() for p in pools}
     want = {_key(r) for r in records}
     return out, {"candidate_fallback": [k for k in fallback if k in want],
-                 "n_computed": len(todo)}
+                 "n_computed": len(todo),
+                 "signature": signature({"cache": sig, "prompts": [now[_key(r)] for r in records],
+                                         "pools": list(pools)})}
 
 
 @dataclass
@@ -284,19 +315,24 @@ class _Data:
     groups: np.ndarray
     folds: list[tuple[np.ndarray, np.ndarray]]
     judge: dict[str, Any]
+    facts: dict[str, Any] | None = None
 
 
 def _sweep_cached(run: RunDir, cfg: ProbeConfig, data: _Data, task: str,
-                  feats: Mapping[str, np.ndarray], fresh_features: bool,
+                  feats: Mapping[str, np.ndarray], features_sig: str,
                   log: Callable[[str], None]) -> tuple[list[dict[str, Any]], str]:
-    """Step 3: the sweep rows of one task (reused when the cache is fresh) and its signature."""
+    """Step 3: the sweep rows of one task (reused when the cache is fresh) and its signature.
+
+    The signature covers the settings, records, labels, groups and the features themselves
+    (``features_sig``: model, hook point, runtime facts and every record's prompt token ids).
+    """
     # the sweep does not depend on the permutation count; the permutation null does
     sig = signature({"cfg": {**asdict(cfg), "permutations": None}, "layers": data.layers,
                      "keys": [_key(r) for r in data.records], "task": task,
                      "y": data.y.tolist(), "v": FEATURES_VERSION,
-                     "groups": data.groups.tolist()})
+                     "groups": data.groups.tolist(), "features": features_sig})
     cache = run.sub("probes") / f"sweep_{task}.json"
-    if fresh_features and is_fresh(cache, sig):
+    if is_fresh(cache, sig):
         log(f"[probe] {task}: sweep reused from {cache.name}")
         return read_json(cache)["rows"], sig
     rows = sweep(feats, data.y, data.layers, data.folds, probes=cfg.probes,
@@ -328,8 +364,8 @@ def _run_task(run: RunDir, handle: ModelHandle, cfg: ProbeConfig, data: _Data, t
     """Steps 2-4 for one prompt (``eval`` or ``gen``): the task's results and saved weights."""
     feats, info = cached_features(run, handle, data.records, task, pools=cfg.pools,
                                   batch_size=cfg.batch_size, templates_path=templates_path,
-                                  log=log)
-    rows, sig = _sweep_cached(run, cfg, data, task, feats, not info["n_computed"], log)
+                                  facts=data.facts, log=log)
+    rows, sig = _sweep_cached(run, cfg, data, task, feats, info["signature"], log)
     best = best_row(rows, cfg.select_by)
     best_by_probe = {k: best_row(rows, cfg.select_by, k) for k in cfg.probes}
     tres: dict[str, Any] = {"pools": task_pools(task, cfg.pools), "grid": rows, "best": best,
@@ -359,13 +395,15 @@ def _run_task(run: RunDir, handle: ModelHandle, cfg: ProbeConfig, data: _Data, t
 
 
 def run(run: RunDir, handle: ModelHandle, cfg: ProbeConfig | None = None, *,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
+        overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the whole probe study on a run directory (module docstring); return results.json.
 
     Args:
         run: an asymmetry run directory.
         handle: the model that made the records (:func:`interp.stages.load_run_model`).
         cfg: probe settings (default :class:`ProbeConfig`).
+        overwrite: recompute features made under other result-relevant runtime facts (else
+            they are refused, :func:`interp.stages.common.stage_facts`).
         log: progress lines.
 
     Returns:
@@ -373,7 +411,8 @@ def run(run: RunDir, handle: ModelHandle, cfg: ProbeConfig | None = None, *,
 
     Raises:
         interp.errors.RunDirError: no manifest or records (names what to run first), another
-            model than the run's, records that do not match their prompts.
+            model than the run's, records that do not match their prompts, features computed
+            under other runtime facts and not ``overwrite``.
         interp.errors.LayerSpecError: layers outside the model.
         ProbeError: too few examples of a class for the folds (with counts), records made by
             another model.
@@ -386,8 +425,9 @@ def run(run: RunDir, handle: ModelHandle, cfg: ProbeConfig | None = None, *,
     y = np.array([bool(r["oracle_label"]) for r in records])
     groups = np.array(passage_groups(records))
     folds = make_folds(y, cfg.folds, cfg.seed, groups=groups)
+    facts = stage_facts(run, handle, NAME, overwrite=overwrite)
     data = _Data(records, layers, y, np.array([r["dataset"] for r in records]), groups, folds,
-                 judge_metrics(records, folds))
+                 judge_metrics(records, folds), facts)
     results = _header(cfg, handle, data)
     for task in cfg.tasks:
         tres, weights = _run_task(run, handle, cfg, data, task,

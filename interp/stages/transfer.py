@@ -2,7 +2,9 @@
 
 Algorithm (:func:`run`; every step writes under ``DIR/transfer/`` and is skipped when its
 output already exists, so an interrupted run resumes; :func:`check_config` first discards the
-outputs a changed setting invalidates, or refuses a changed training setting):
+outputs a changed setting invalidates, or refuses a changed training setting; the settings
+include the :func:`provenance` of the outputs: model sha256, result-relevant runtime facts,
+template texts and the token ids of the training and evaluation prompts):
 
 1. **Training pool** (:func:`interp.transfer.training_pool`).
 2. **Hard negatives** (``hard_negatives.jsonl``, :func:`interp.transfer.mine_hard_negatives`):
@@ -42,9 +44,18 @@ from interp.errors import TransferError
 from interp.grading import BaseOracle
 from interp.layers import parse_layers
 from interp.lora import encode_example, end_of_turn_id, load_adapter, train_adapter
-from interp.models import ModelHandle
+from interp.models import ModelHandle, result_facts, runtime_facts
 from interp.prompts import Template, get_template, render
-from interp.store import RunDir, config_from_table, read_json, read_jsonl, write_json, write_jsonl
+from interp.stages.common import stage_facts
+from interp.store import (
+    RunDir,
+    config_from_table,
+    read_json,
+    read_jsonl,
+    signature,
+    write_json,
+    write_jsonl,
+)
 from interp.transfer import (
     build_training_sets,
     cross_model_patching,
@@ -191,33 +202,75 @@ def _remove(tdir: Path, subs: Sequence[str]) -> None:
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
-def check_config(tdir: Path, config: TransferConfig, overwrite: bool) -> None:
-    """Compare ``config`` with the one stored in ``tdir/config.json``, then store it.
+def provenance(handle: ModelHandle, config: TransferConfig, template: Template,
+               pool: Sequence[QAExample], val: Mapping[str, Sequence[QAExample]]
+               ) -> dict[str, Any]:
+    """What the stored outputs were made from, besides the config (flat, JSON-safe).
 
-    A changed evaluation setting (:data:`EVAL_FIELDS`) discards the evaluation, table and
-    patching; a changed patching setting (:data:`PATCH_FIELDS`) the patching; a changed
-    training setting (:data:`KEY_FIELDS`) everything, but only with ``overwrite``.
+    ``model_sha256``, ``runtime.<fact>`` (:func:`interp.models.result_facts`), ``templates``
+    (signature of the study's and the closed-book template's texts), ``train_prompts`` (token
+    ids of the pool's gen and closed-book prompts and their gold answers) and
+    ``eval_prompts`` (the same for the validation records): a new tokenizer, template text or
+    data file with the same record ids changes them.
+    """
+    closed = get_template(config.hard_negative_template, config.templates_path)
+
+    def prompts(exs: Sequence[QAExample]) -> str:
+        return signature([(ex.dataset, ex.id, ex.answers,
+                           render(handle.tokenizer, template, "gen", context=ex.context,
+                                  question=ex.question).input_ids,
+                           render(handle.tokenizer, closed, "gen", context=ex.context,
+                                  question=ex.question).input_ids) for ex in exs])
+
+    facts = result_facts(runtime_facts(handle))
+    return {"model_sha256": handle.info.get("sha256"),
+            **{f"runtime.{k}": v for k, v in facts.items()},
+            "templates": signature([asdict(template), asdict(closed)]),
+            "train_prompts": prompts(pool),
+            "eval_prompts": prompts([ex for exs in val.values() for ex in exs])}
+
+
+EVAL_PROVENANCE = ("eval_prompts",)
+"""Provenance keys whose change redoes the evaluation only; every other one is a training
+setting (refused unless ``overwrite``)."""
+
+
+def check_config(tdir: Path, config: TransferConfig, overwrite: bool,
+                 prov: Mapping[str, Any] | None = None) -> None:
+    """Compare ``config`` (and ``prov``) with those stored in ``tdir/config.json``, then store.
+
+    A changed evaluation setting (:data:`EVAL_FIELDS`, :data:`EVAL_PROVENANCE`) discards the
+    evaluation, table and patching; a changed patching setting (:data:`PATCH_FIELDS`) the
+    patching; a changed training setting (:data:`KEY_FIELDS`, any other :func:`provenance`
+    key: model sha256, runtime facts, template texts, training prompts) everything, but only
+    with ``overwrite``. Provenance stored by an older version (absent) is not compared.
 
     Raises:
         TransferError: a training setting changed and not ``overwrite`` (the message lists the
-            changes).
+            changes and names ``--overwrite``).
     """
     path = tdir / "config.json"
     cfg = asdict(config)
+    new_prov = dict(prov or {})
     if path.exists():
         old = read_json(path)
+        old_prov = old.get("provenance") or {}
+        changed = {k for k in new_prov if k in old_prov and old_prov[k] != new_prov[k]}
         for fields, outs in ((EVAL_FIELDS, ("eval", "table.json", "patching.json")),
                              (PATCH_FIELDS, ("patching.json",))):
-            if any(old.get(k) != cfg.get(k) for k in fields):
+            if any(old.get(k) != cfg.get(k) for k in fields) or (
+                    fields is EVAL_FIELDS and changed & set(EVAL_PROVENANCE)):
                 _remove(tdir, outs)
         diff = {k: (old.get(k), cfg.get(k)) for k in KEY_FIELDS if old.get(k) != cfg.get(k)}
+        diff.update({f"provenance.{k}": (old_prov[k], new_prov[k])
+                     for k in sorted(changed - set(EVAL_PROVENANCE))})
         if diff and not overwrite:
             lines = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
             raise TransferError(f"{tdir} was made with another transfer config ({lines}); use "
                                 f"another --out or --overwrite")
         if diff:
             _remove(tdir, _ALL_OUTPUTS)
-    write_json(path, cfg)
+    write_json(path, {**cfg, "provenance": new_prov} if prov is not None else cfg)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,18 +459,24 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig, 
         the table's headline numbers and file paths.
 
     Raises:
-        TransferError: unknown dataset split, config mismatch with stored work.
+        TransferError: unknown dataset split, config or provenance (model sha256, runtime
+            facts, template texts, training prompts) mismatch with stored work and not
+            ``overwrite``.
         LayerSpecError: bad ``patch_layers``.
     """
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     cfg = replace(cfg, model=handle.spec)  # the base model is the one given
     tdir = run_dir.sub("transfer")
-    check_config(tdir, cfg, overwrite)
     parse_layers(cfg.patch_layers, handle.n_layers, default="all")  # fail before slow work
     template = get_template(cfg.template, cfg.templates_path)
-    oracle = make_oracle(cfg.oracle, device=cfg.device)
     t_start, timings = time.perf_counter(), {}
     pool = training_pool(cfg, handle.tokenizer, template, log=log)
+    val = {ds: load_examples(ds, split="validation", limit=cfg.eval_limit)
+           for ds in cfg.datasets}
+    check_config(tdir, cfg, overwrite, provenance(handle, cfg, template, pool, val))
+    if run_dir.manifest_path.exists():  # the full runtime facts, per stage (checked above)
+        stage_facts(run_dir, handle, NAME, overwrite=True)
+    oracle = make_oracle(cfg.oracle, device=cfg.device)
     t0 = time.perf_counter()
     negatives = _hard_negatives(tdir, handle, pool, oracle, cfg, log)
     timings["hard_negatives_s"] = time.perf_counter() - t0
@@ -426,8 +485,6 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig, 
         f"{fallback_rate:.2f}")
     sets = build_training_sets(pool, negatives, seed=cfg.seed)
     metas = _train(tdir, handle, template, sets, cfg, log)
-    val = {ds: load_examples(ds, split="validation", limit=cfg.eval_limit)
-           for ds in cfg.datasets}
     evals = _evaluate(tdir, handle, template, oracle, val, cfg, timings, log)
     table = build_table(evals, n_boot=cfg.n_boot, seed=cfg.seed)
     table["train_seconds"] = {n: m["train_seconds"] for n, m in metas.items()}

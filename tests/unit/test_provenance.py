@@ -1,0 +1,243 @@
+"""Issue 12 items 4 and 8: runs record how they were computed; caches key on what made them.
+
+Item 4: the manifest holds the runtime facts (attention kernel, device, dtype, versions, TF32
+and determinism flags, threads); an asymmetry run or a stage that reuses work computed under
+other result-relevant facts refuses with one line naming the setting and ``--overwrite``, and
+with ``overwrite`` redoes it; the thread count alone changes nothing.
+
+Item 8: after ``interp asymmetry --overwrite`` with another template (same record ids, new
+prompts) the attention recordings and the probe features of the changed prompts are computed
+again (and differ from the cached ones), those of unchanged prompts are reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from interp.errors import RunDirError, TransferError
+from interp.models import CUDA_RESULT_FACTS, RESULT_FACTS, result_facts, runtime_facts
+from interp.stages import attention as attention_stage
+from interp.stages import patching as patching_stage
+from interp.stages import probe as probe_stage
+from interp.stages import transfer as transfer_stage
+from interp.stages.asymmetry import AsymmetryConfig
+from interp.stages.asymmetry import run as run_asymmetry
+from interp.stages.common import stage_facts
+from interp.store import RunDir, load_tensors
+from interp.testing import synthetic_probe_run
+
+QUIET = {"log": lambda s: None}
+
+
+@contextlib.contextmanager
+def precision(value: str):
+    """A result-relevant process setting changed for the body."""
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(value)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+
+@contextlib.contextmanager
+def threads(n: int):
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_result_facts_are_the_documented_subset(tiny):
+    facts = runtime_facts(tiny)
+    rf = result_facts(facts)
+    assert list(rf) == list(RESULT_FACTS)  # on CPU: no CUDA-only flags
+    assert rf["device"] == "cpu" and rf["attn_implementation"] == "sdpa"
+    assert rf["dtype"] == "float32" and rf["torch"] == torch.__version__
+    assert "num_threads" in facts and "num_threads" not in rf
+    gpu = result_facts({**facts, "device": "cuda:1", "device_name": "NVIDIA H200",
+                        "tf32_matmul": True})
+    assert list(gpu) == list(RESULT_FACTS + CUDA_RESULT_FACTS)
+    assert gpu["device"] == "cuda" and gpu["device_name"] == "NVIDIA H200"
+    assert result_facts({**facts, "device": "cuda:0"}) == result_facts({**facts,
+                                                                        "device": "cuda:1"})
+
+
+def test_asymmetry_manifest_records_runtime_and_refuses_other_settings(tiny, tmp_path):
+    cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=2, batch_size=2,
+                          max_new_tokens=3, verdict_max_new_tokens=2, n_boot=20)
+    run_asymmetry(cfg, tmp_path, handle=tiny, **QUIET)
+    m = RunDir(tmp_path).manifest()
+    assert m["runtime"] == {**runtime_facts(tiny)}
+    assert m["runtime"]["attn_implementation"] == "sdpa"
+    assert m["runtime"]["num_threads"] == torch.get_num_threads()
+    assert m["result_facts"] == result_facts(runtime_facts(tiny))
+    with threads(torch.get_num_threads() + 1):  # threads alone: the run is reused
+        run_asymmetry(cfg, tmp_path, handle=tiny, **QUIET)
+    assert len(RunDir(tmp_path).manifest()["invocations"]) == 2
+    old = torch.get_float32_matmul_precision()
+    with precision("medium"):
+        with pytest.raises(RunDirError, match=rf"another config \(runtime.float32_matmul_"
+                                              rf"precision: '{old}' -> 'medium'[;)].*"
+                                              rf"--overwrite"):
+            run_asymmetry(cfg, tmp_path, handle=tiny, **QUIET)
+        run_asymmetry(cfg, tmp_path, handle=tiny, overwrite=True, **QUIET)
+        m = RunDir(tmp_path).manifest()
+    assert m["result_facts"]["float32_matmul_precision"] == "medium"
+    assert m["runtime"]["float32_matmul_precision"] == "medium"
+    assert len(m["invocations"]) == 1 and len(RunDir(tmp_path).read_records()) == 2
+
+
+@pytest.fixture()
+def run_copy(tiny, tmp_path):
+    return synthetic_probe_run(tmp_path / "run", tiny, 2, 2)
+
+
+def test_attention_stage_refuses_then_redoes_work_of_other_settings(tiny, run_copy):
+    cfg = attention_stage.AttentionConfig(layers="last2", n_boot=10, figures=False)
+    assert attention_stage.record(run_copy, tiny, cfg, **QUIET) == 4
+    entry = run_copy.manifest()["stages"]["attention"]
+    assert entry["result_facts"] == result_facts(runtime_facts(tiny))
+    assert entry["runtime"]["torch"] == torch.__version__ and entry["versions"]["torch"]
+    with threads(torch.get_num_threads() + 1):
+        assert attention_stage.record(run_copy, tiny, cfg, **QUIET) == 0
+    old = torch.get_float32_matmul_precision()
+    with precision("medium"):
+        with pytest.raises(RunDirError, match=rf"the attention stage's stored work was computed "
+                                              rf"with float32_matmul_precision='{old}', now "
+                                              rf"'medium'; .*--overwrite"):
+            attention_stage.record(run_copy, tiny, cfg, **QUIET)
+        assert attention_stage.record(run_copy, tiny, cfg, overwrite=True, **QUIET) == 4
+        assert attention_stage.record(run_copy, tiny, cfg, **QUIET) == 0
+    assert run_copy.manifest()["stages"]["attention"]["result_facts"][
+        "float32_matmul_precision"] == "medium"
+
+
+@pytest.mark.parametrize("stage", ["probe", "patching"])
+def test_probe_and_patching_refuse_before_any_work(tiny, run_copy, stage):
+    stage_facts(run_copy, tiny, stage)
+    with precision("medium"), pytest.raises(RunDirError, match=f"the {stage} stage's stored "
+                                                              f"work.*--overwrite"):
+        if stage == "probe":
+            probe_stage.run(run_copy, tiny, probe_stage.ProbeConfig(folds=2), **QUIET)
+        else:
+            patching_stage.run(run_copy, tiny, patching_stage.PatchingConfig(), **QUIET)
+    assert not (run_copy.path / ("probes" if stage == "probe" else "patching")).exists()
+
+
+def test_patching_parts_are_keyed_on_runtime_facts(tiny, toy_records, tmp_path):
+    from interp.pairs import build_pairs
+    from interp.prompts import get_template
+
+    pairs, _ = build_pairs(toy_records, "candidate-swap", get_template(), tiny.tokenizer,
+                           limit=1, max_tokens=None, log=lambda s: None)
+    cfg = patching_stage.PatchingConfig()
+    rf = result_facts(runtime_facts(tiny))
+    sig = patching_stage.part_signature(cfg, "resid", [0, 1], tiny, pairs[0], rf)
+    assert sig == patching_stage.part_signature(cfg, "resid", [0, 1], tiny, pairs[0], dict(rf))
+    for k, v in (("dtype", "bfloat16"), ("attn_implementation", "eager"), ("torch", "2.0")):
+        assert sig != patching_stage.part_signature(cfg, "resid", [0, 1], tiny, pairs[0],
+                                                    {**rf, k: v})
+
+
+def test_transfer_refuses_other_provenance_and_redoes_eval_for_new_eval_prompts(tmp_path):
+    cfg = transfer_stage.TransferConfig()
+    prov = {"model_sha256": "a" * 64, "runtime.dtype": "float32", "templates": "t1",
+            "train_prompts": "p1", "eval_prompts": "e1"}
+    transfer_stage.check_config(tmp_path, cfg, False, prov)
+    for sub in ("eval/base__squad_v2.jsonl", "table.json", "patching.json",
+                "hard_negatives.jsonl"):
+        (tmp_path / sub).parent.mkdir(exist_ok=True)
+        (tmp_path / sub).write_text("{}\n")
+    transfer_stage.check_config(tmp_path, cfg, False, {**prov, "eval_prompts": "e2"})
+    assert not (tmp_path / "table.json").exists() and not (tmp_path / "eval").exists()
+    assert (tmp_path / "hard_negatives.jsonl").exists()
+    with pytest.raises(TransferError, match=r"provenance.runtime.dtype: 'float32' -> "
+                                            r"'bfloat16'.*--overwrite"):
+        transfer_stage.check_config(tmp_path, cfg, False, {**prov, "eval_prompts": "e2",
+                                                           "runtime.dtype": "bfloat16"})
+    transfer_stage.check_config(tmp_path, cfg, True, {**prov, "runtime.dtype": "bfloat16"})
+    assert not (tmp_path / "hard_negatives.jsonl").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 8: the issue's case end to end
+# ---------------------------------------------------------------------------------------------
+
+
+def test_another_template_with_the_same_ids_redoes_recordings_and_features(tiny, tmp_path):
+    cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=3, batch_size=3,
+                          max_new_tokens=3, verdict_max_new_tokens=2, n_boot=20)
+    run_asymmetry(cfg, tmp_path, handle=tiny, **QUIET)
+    run = RunDir(tmp_path)
+    recs = run.read_records()
+    acfg = attention_stage.AttentionConfig(layers="all", n_boot=10, figures=False)
+    assert attention_stage.record(run, tiny, acfg, **QUIET) == 3
+    before_mass = {r["id"]: load_tensors(attention_stage.record_path(run, r)) for r in recs}
+    feats, info = {}, {}
+    for task in ("eval", "gen"):
+        feats[task], info[task] = probe_stage.cached_features(run, tiny, recs, task, **QUIET)
+        assert info[task]["n_computed"] == 3
+
+    # the issue's case: same record ids, another template, --overwrite
+    ref = AsymmetryConfig(**{**cfg.__dict__, "template": "reference"})
+    run_asymmetry(ref, tmp_path, handle=tiny, overwrite=True, **QUIET)
+    new = run.read_records()
+    assert [r["id"] for r in new] == [r["id"] for r in recs]
+    assert all(r["template"] == "reference" for r in new)
+    # tables built without a model refuse the recordings of the old prompts
+    with pytest.raises(RunDirError, match="recorded from another version of record squad_v2/"):
+        attention_stage.load_masses(run)
+    # attention: every recording is redone; the gen prompt did not change, its masses are equal
+    assert attention_stage.record(run, tiny, acfg, **QUIET) == 3
+    for r in new:
+        after = load_tensors(attention_stage.record_path(run, r))
+        gen, old_gen = after["mass.gen"], before_mass[r["id"]]["mass.gen"]
+        n = old_gen.shape[-1]  # the new 'reference' span comes last; the gen prompt has none
+        # (same rows; the span sums run over one more span column: float rounding only)
+        assert torch.allclose(gen[..., :n], old_gen, rtol=0, atol=1e-6)
+        assert float(gen[..., n:].abs().sum()) == 0.0
+        assert not torch.equal(after["mass.eval"], before_mass[r["id"]]["mass.eval"])
+        with safe_open(str(attention_stage.record_path(run, r)), "pt") as f:
+            assert f.metadata()["record"] == attention_stage.record_signature(r)
+    assert len(attention_stage.load_masses(run)[0]) == 3
+    # probe features: the eval prompts changed and are extracted again; the gen ones are reused
+    ev, ev_info = probe_stage.cached_features(run, tiny, new, "eval", **QUIET)
+    assert ev_info["n_computed"] == 3 and ev_info["signature"] != info["eval"]["signature"]
+    assert all(np.abs(ev[p] - feats["eval"][p]).max() > 1e-3 for p in ev)
+    gen, gen_info = probe_stage.cached_features(run, tiny, new, "gen", **QUIET)
+    assert gen_info["n_computed"] == 0 and gen_info["signature"] == info["gen"]["signature"]
+    assert all(np.array_equal(gen[p], feats["gen"][p]) for p in gen)
+    # and the fresh eval features equal features computed from scratch in another directory
+    other = RunDir(tmp_path / "fresh")
+    shutil.copytree(tmp_path, other.path, ignore=shutil.ignore_patterns("probes", "fresh"))
+    scratch, _ = probe_stage.cached_features(other, tiny, new, "eval", **QUIET)
+    assert all(np.array_equal(scratch[p], ev[p]) for p in ev)
+
+
+def test_probe_rows_of_changed_records_are_replaced_the_others_kept(tiny, run_copy):
+    from interp.prompts import get_template, render
+
+    recs = run_copy.read_records()
+    before, info = probe_stage.cached_features(run_copy, tiny, recs, "eval", **QUIET)
+    assert info["n_computed"] == 4
+    # one record's answer changes (same id): only its row is recomputed
+    r = recs[1]
+    ep = render(tiny.tokenizer, get_template(), "eval", context=r["context"],
+                question=r["question"], answer="banana", reference=r["answers"][0])
+    changed = [*recs[:1], {**r, "answer": "banana", "prompts": {**r["prompts"],
+                                                                "eval": ep.to_record()}},
+               *recs[2:]]
+    after, info = probe_stage.cached_features(run_copy, tiny, changed, "eval", **QUIET)
+    assert info["n_computed"] == 1
+    for p in after:
+        assert np.array_equal(np.delete(after[p], 1, 0), np.delete(before[p], 1, 0))
+    assert np.abs(after["candidate"][1] - before["candidate"][1]).max() > 1e-3
