@@ -49,6 +49,7 @@ from interp.hooks.guard import inference_guard
 from interp.hooks.points import (
     HOOK_POINTS,
     HookSite,
+    base_model,
     check_architecture,
     hook_name,
     hook_site,
@@ -221,33 +222,39 @@ def masked_edit(mask: Bool[Tensor, "batch pos *heads"], src: Float[Tensor, "pos 
 
 
 def check_masks(ids: Int[Tensor, "batch pos"], masks: Masks, sources: Sources,
-                n_heads: int) -> None:
+                config: Any) -> None:
     """Refuse masks and sources that do not fit the forward, before any hook is registered.
 
     Args:
         ids: the token ids of the forward ``[batch, pos]``.
         masks: hook-point name -> boolean mask ``[batch, pos]`` (``[batch, pos, n_heads]`` at
             ``attn.hook_z``).
-        sources: hook-point name -> activation patched in, ``[pos, ...]``.
-        n_heads: query heads of the model.
+        sources: hook-point name -> activation patched in, ``[pos, d_model]`` (``[pos, n_heads,
+            head_dim]`` at ``attn.hook_z``).
+        config: the model's config (``num_attention_heads``, ``hidden_size``, ``head_dim``).
 
     Raises:
         BackendError: a mask without a source, not boolean, or of the wrong shape, or a source
-            whose length is not ``pos`` (the message names the hook point and both shapes).
+            of the wrong shape (the message names the hook point and both shapes).
     """
     batch, pos = ids.shape[:2]
+    n_heads, d_model = int(config.num_attention_heads), int(config.hidden_size)
+    head_dim = int(getattr(config, "head_dim", None) or d_model // n_heads)
     for name, m in masks.items():
         if name not in sources:
             raise BackendError(f"a mask is given for {name!r} but no source activation: pass "
                                f"sources[{name!r}]")
-        want = (batch, pos) + ((n_heads,) if name.endswith("attn.hook_z") else ())
+        z = name.endswith("attn.hook_z")
+        want = (batch, pos) + ((n_heads,) if z else ())
         if m.dtype != torch.bool or tuple(m.shape) != want:
             raise BackendError(f"the mask of {name!r} must be bool {list(want)} (batch, pos"
-                               f"{', heads' if len(want) == 3 else ''} of the ids), got "
-                               f"{m.dtype} {list(m.shape)}")
-        if sources[name].shape[0] != pos:
-            raise BackendError(f"the source of {name!r} has {sources[name].shape[0]} positions, "
-                               f"the ids {pos}")
+                               f"{', heads' if z else ''} of the ids), got {m.dtype} "
+                               f"{list(m.shape)}")
+        src = (pos, n_heads, head_dim) if z else (pos, d_model)
+        if tuple(sources[name].shape) != src:
+            raise BackendError(f"the source of {name!r} must be {list(src)} (pos of the ids, "
+                               f"{'heads, head_dim' if z else 'd_model'}), got "
+                               f"{list(sources[name].shape)}")
 
 
 class Backend(Protocol):
@@ -312,7 +319,7 @@ class HFBackend:
                 ) -> tuple[Logits, Cache]:
         """:meth:`Backend.forward`; ``prefix`` is a batch-1 cache, expanded to the batch."""
         masks, sources = masks or {}, sources or {}
-        check_masks(ids, masks, sources, self.handle.n_heads)
+        check_masks(ids, masks, sources, base_model(self.handle.model).config)
         edits = {name: masked_edit(m, sources[name]) for name, m in masks.items()}
         kwargs: dict[str, Any] = {"use_cache": prefix is not None, "logits_to_keep": 1}
         if prefix is not None:
@@ -358,7 +365,7 @@ class _FullPromptBackend:
         masks, sources = masks or {}, sources or {}
         # unknown names and masks that do not fit fail before the forward
         sites = {n: hook_site(self.handle.model, n) for n in set(masks) | set(cache_hooks)}
-        check_masks(ids, masks, sources, self.handle.n_heads)
+        check_masks(ids, masks, sources, base_model(self.handle.model).config)
         order = sorted(sites, key=hook_order)
         with inference_guard(self.handle.model):
             return self._run(ids, {n: sites[n] for n in order}, masks, sources,

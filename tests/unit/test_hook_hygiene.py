@@ -133,7 +133,13 @@ BAD_INPUT = [
     ("nnsight forward: short source", lambda h, d, c, k: get_backend(h, "nnsight").forward(
         torch.tensor([k.input_ids]), masks={"blocks.0.hook_resid_pre": torch.ones(
             1, len(k), dtype=torch.bool)}, sources={"blocks.0.hook_resid_pre": torch.zeros(
-                3, 64)}), BackendError, "has 3 positions"),
+                3, 64)}), BackendError, r"source of 'blocks.0.hook_resid_pre' must be \[\d+, 64\] "
+                                        r"\(pos of the ids, d_model\), got \[3, 64\]"),
+    ("hf forward: source of wrong width", lambda h, d, c, k: get_backend(h, "hf").forward(
+        torch.tensor([k.input_ids]), masks={"blocks.1.attn.hook_z": torch.ones(
+            1, len(k), 4, dtype=torch.bool)}, sources={"blocks.1.attn.hook_z": torch.zeros(
+                len(k), 64)}), BackendError, r"must be \[\d+, 4, 16\] \(pos of the ids, heads, "
+                                             r"head_dim\)"),
     ("attention_mass: bad layer", lambda h, d, c, k: _attention_mass(h, k.input_ids, [1, 5]),
      HookError, r"layer 5 .* valid layers: 0..1"),
     ("patch: bad layer", lambda h, d, c, k: patch(h, c.input_ids, k.input_ids,
