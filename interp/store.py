@@ -479,6 +479,18 @@ class RunDir:
             f.flush()
             os.fsync(f.fileno())
 
+    def drop_records(self, keys: Iterable[tuple[str, str]]) -> int:
+        """Rewrite ``records.jsonl`` without the records of ``keys`` (atomic); how many went.
+
+        Used to redo records made from an older version of their example
+        (:func:`interp.stages.asymmetry.stale_records`).
+        """
+        drop = set(keys)
+        recs = self.read_records(status=None)
+        kept = [r for r in recs if record_key(r) not in drop]
+        write_jsonl(self.records_path, kept)
+        return len(recs) - len(kept)
+
     def _repair_tail(self) -> None:
         """Cut a partial last line (no trailing newline) left by a killed writer."""
         p = self.records_path

@@ -9,7 +9,10 @@ Algorithm of :func:`run`:
    these is refused unless ``overwrite``); list datasets accumulate over invocations. The
    manifest stores the full :func:`interp.models.runtime_facts` as ``runtime``.
 2. For each dataset: load the examples (first ``limit`` after filtering), skip those already
-   in ``records.jsonl`` (resume; a larger ``limit`` only adds the new ones), and run
+   in ``records.jsonl`` (resume; a larger ``limit`` only adds the new ones) unless the record
+   is stale (:func:`stale_records`: its example's question, context or answers, or its
+   generation prompt's length and spans, changed since; refused unless ``overwrite``, which
+   drops and redoes them), and run
    :func:`interp.asymmetry.evaluate_examples` on the rest in chunks, appending each chunk's
    records (flushed and fsynced) before the next.
 3. ``metrics.json`` (:func:`interp.asymmetry.compute_metrics`) over every dataset run into the
@@ -19,7 +22,7 @@ Algorithm of :func:`run`:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,14 +30,15 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from interp.asymmetry import compute_metrics, evaluate_examples, format_metrics, make_oracle
-from interp.data import DATASETS, load_examples
+from interp.data import DATASETS, QAExample, load_examples
+from interp.errors import RunDirError
 from interp.models import DEFAULT_MODEL, ModelHandle, load_model, result_facts, runtime_facts
 from interp.plots import plot_asymmetry
-from interp.prompts import get_template
+from interp.prompts import Template, get_template, render
 from interp.store import RunDir, config_from_table, record_key, write_json
 
 __all__ = ["KEY_FIELDS", "NAME", "SUMMARIES", "AsymmetryConfig", "format_summary", "run",
-           "write_metrics"]
+           "stale_records", "write_metrics"]
 
 NAME = "asymmetry"
 SUMMARIES = {"metrics.json": "asymmetry_metrics.json"}
@@ -115,7 +119,7 @@ def run(
 
     Raises:
         interp.errors.RunDirError: ``out`` holds a run with another config or other result
-            facts and not overwrite.
+            facts, or stale records (:func:`stale_records`), and not overwrite.
         interp.errors.DataError: unknown dataset, malformed file.
     """
     rd = RunDir(out)
@@ -126,13 +130,22 @@ def run(
                                 key_fields=KEY_FIELDS, runtime=facts,
                                 result_facts=result_facts(facts))
     oracle = make_oracle(config.oracle, device=config.device)
-    done = {record_key(r) for r in (rd.read_records(status=None)
-                                    if rd.records_path.exists() else [])}
+    finished = {record_key(r): r for r in (rd.read_records(status=None)
+                                           if rd.records_path.exists() else [])}
+    done = set(finished)
     chunk = chunk or 2 * config.batch_size
     for ds in config.datasets:
         examples = load_examples(ds, split=config.split, limit=config.limit,
                                  include_unanswerable=config.include_unanswerable,
                                  from_hub=config.from_hub)
+        if stale := stale_records(finished, examples, handle.tokenizer, template):
+            if not overwrite:
+                (key, why), n = next(iter(stale.items())), len(stale)
+                raise RunDirError(f"{rd.path}: {n} finished record(s) of {ds} were made from "
+                                  f"another version of their example or prompt (first: "
+                                  f"{'/'.join(key)}: {why}); use --overwrite to redo them")
+            rd.drop_records(stale)
+            done -= set(stale)
         todo = [ex for ex in examples if (ex.dataset, ex.id) not in done]
         log(f"[{ds}] {len(examples)} examples, {len(examples) - len(todo)} already done")
         t0 = time.perf_counter()
@@ -161,6 +174,33 @@ def run(
     # metrics.json describes the whole run directory: every dataset run into it so far
     every = manifest["config"].get("datasets", config.datasets)
     return write_metrics(rd, replace(config, datasets=list(every)))
+
+
+def stale_records(finished: Mapping[tuple[str, str], Mapping[str, Any]],
+                  examples: Sequence[QAExample], tokenizer: Any, template: Template
+                  ) -> dict[tuple[str, str], str]:
+    """Finished records whose source changed since they were made: ``{key: what changed}``.
+
+    A record is keyed by (dataset, id); it is stale when the example now loaded under that key
+    has another question, context or answers, or (``ok`` records) when its generation prompt
+    now renders to another length or other token spans (a new tokenizer or template text).
+    """
+    out = {}
+    for ex in examples:
+        rec = finished.get((ex.dataset, ex.id))
+        if rec is None:
+            continue
+        for k, now in (("question", ex.question), ("context", ex.context),
+                       ("answers", list(ex.answers))):
+            if rec.get(k) != now:
+                out[(ex.dataset, ex.id)] = f"its {k} changed"
+                break
+        else:
+            if rec.get("status") == "ok" and (rec.get("prompts") or {}).get("gen") != render(
+                    tokenizer, template, "gen", context=ex.context, question=ex.question,
+                    reference=ex.answers[0] if ex.answers else "").to_record():
+                out[(ex.dataset, ex.id)] = "its generation prompt renders differently"
+    return out
 
 
 def write_metrics(run: RunDir, config: AsymmetryConfig | None = None) -> dict[str, Any]:

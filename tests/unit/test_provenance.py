@@ -241,3 +241,33 @@ def test_probe_rows_of_changed_records_are_replaced_the_others_kept(tiny, run_co
     for p in after:
         assert np.array_equal(np.delete(after[p], 1, 0), np.delete(before[p], 1, 0))
     assert np.abs(after["candidate"][1] - before["candidate"][1]).max() > 1e-3
+
+
+def test_asymmetry_redoes_records_whose_example_or_prompt_changed(tiny, tmp_path):
+    """records.jsonl is a cache keyed by record id too: a changed source is not reused."""
+    import json
+
+    cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=3, batch_size=3,
+                          max_new_tokens=3, verdict_max_new_tokens=2, n_boot=20)
+    run_asymmetry(cfg, tmp_path, handle=tiny, **QUIET)
+    run = RunDir(tmp_path)
+    recs = run.read_records(status=None)
+    assert run_asymmetry(cfg, tmp_path, handle=tiny, **QUIET)["overall"]["n"] == 3  # reused
+    # as if the data file now had another context for record 0, and record 2 had been
+    # tokenized by another tokenizer (its stored generation prompt has another length)
+    edited = [dict(recs[0], context="An older context."), recs[1],
+              dict(recs[2], prompts={**recs[2]["prompts"],
+                                     "gen": {**recs[2]["prompts"]["gen"], "n_tokens": 7}})]
+    run.records_path.write_text("".join(json.dumps(r) + "\n" for r in edited))
+    with pytest.raises(RunDirError, match=rf"2 finished record\(s\) of squad_v2 were made from "
+                                          rf"another version .*first: squad_v2/{recs[0]['id']}: "
+                                          rf"its context changed\); use --overwrite"):
+        run_asymmetry(cfg, tmp_path, handle=tiny, **QUIET)
+    run_asymmetry(cfg, tmp_path, handle=tiny, overwrite=True, **QUIET)
+    redone = {r["id"]: r for r in run.read_records(status=None)}
+    assert len(redone) == 3
+    for r in recs:
+        new = redone[r["id"]]
+        assert new["context"] == r["context"] and new["prompts"] == r["prompts"]
+        assert new["answer"] == r["answer"]  # greedy: the same model gives the same record
+    assert run_asymmetry(cfg, tmp_path, handle=tiny, **QUIET)["overall"]["n"] == 3
