@@ -12,6 +12,8 @@ import pytest
 from interp.data import load_examples
 from interp.prompts import get_template, label_positions, render
 
+pytestmark = pytest.mark.integration  # these tests read the bundled model files
+
 SMOL = "smollm2-135m-instruct"
 QWEN = "qwen2.5-coder-0.5b-instruct"
 CTX = "The Normans gave their name to Normandy, a region in France. Their leader was Rollo."
@@ -133,17 +135,16 @@ def _check_spans(tok, ex, task):
     return bad
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("alias", [SMOL, QWEN])
 def test_every_bundled_span_decodes_to_its_field(alias, request):
     """Every span of every bundled record decodes to its field.
 
-    All 2,061 bundled records (every dataset and split), gen and eval prompts, with the
+    All 2,215 bundled records (every dataset and split), gen and eval prompts, with the
     first gold answer as candidate: each span decodes to its field's stripped text.
     """
     tok = request.getfixturevalue("smol_tok" if alias == SMOL else "qwen_tok")
     examples = _all_bundled_examples()
-    assert len(examples) == 2061
+    assert len(examples) == 2215
     bad = [(ex.dataset, ex.id, task, names) for ex in examples for task in ("gen", "eval")
            if (names := _check_spans(tok, ex, task))]
     assert bad == []

@@ -18,6 +18,8 @@ from interp.gguf import BUNDLED, bundled_file
 from interp.models import end_of_turn_ids, load_model, load_tokenizer, runtime_facts
 from interp.prompts import get_template, render
 
+pytestmark = pytest.mark.integration  # these tests read the bundled model files
+
 QWEN = "qwen2.5-coder-0.5b-instruct"
 SMOL = "smollm2-135m-instruct"
 QWEN_SHA = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
@@ -174,7 +176,6 @@ def qwen():
     return load_model(QWEN, device="cpu", dtype="float32")
 
 
-@pytest.mark.integration
 def test_qwen_provenance_and_shape(qwen):
     """Qwen's manifest facts and shape.
 
@@ -206,7 +207,6 @@ def _greedy(handle, messages, n=6):
     return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
 
 
-@pytest.mark.integration
 def test_qwen_answers_and_judges(qwen):
     r"""Greedy answers to easy extractive questions and a judgement.
 
@@ -231,7 +231,6 @@ def test_qwen_answers_and_judges(qwen):
                           {"role": "user", "content": judge}]) == "Incorrect"
 
 
-@pytest.mark.integration
 def test_qwen_perplexity_on_bundled_contexts(qwen):
     """Perplexity on bundled contexts, plain and copied (q/k row order check).
 

@@ -24,6 +24,8 @@ from interp.gguf import (
 )
 from interp.models import bundled_gguf, load_model
 
+pytestmark = pytest.mark.integration  # these tests read the bundled model files
+
 SMOL = "smollm2-135m-instruct"
 QWEN = "qwen2.5-coder-0.5b-instruct"
 
@@ -213,7 +215,6 @@ def _texts(dataset):
     return list(dict.fromkeys(e.context for e in examples)), [e.question for e in examples]
 
 
-@pytest.mark.integration
 def test_bundled_tokenizers_match_their_files(smol_tok, qwen_tok, smol_meta, qwen_meta):
     """Vocabulary, merges, special ids, control tokens and chat template equal the files'."""
     assert (smol_meta.model, smol_meta.pre, qwen_meta.model, qwen_meta.pre) == (
@@ -224,7 +225,6 @@ def test_bundled_tokenizers_match_their_files(smol_tok, qwen_tok, smol_meta, qwe
     verify_tokenizer(qwen_tok, qwen_meta, QWEN)
 
 
-@pytest.mark.integration
 def test_smollm_matches_llama_cpp_on_bundled_texts(smol_tok, smol_meta):
     """SmolLM2 encodes bundled texts as llama.cpp's `smollm` rules do.
 
@@ -248,7 +248,6 @@ def test_smollm_matches_llama_cpp_on_bundled_texts(smol_tok, smol_meta):
         assert sum(a != b for a, b in zip(before, ours)) == n_changed
 
 
-@pytest.mark.integration
 def test_qwen2_matches_llama_cpp_on_bundled_texts(qwen_tok, qwen_meta):
     """Qwen2.5 encodes bundled texts as llama.cpp's `qwen2` rules do.
 
