@@ -290,7 +290,8 @@ METRIC_DEFINITIONS = {
     "mcnemar": "exact McNemar test of generator-right vs judge-right (b: only the generator "
                "right, c: only the judge right); it assumes independent records",
     "_ci": "95% percentile cluster bootstrap over passages (interp.stats.ClusterBootstrap); "
-           "None with fewer than 2 passages",
+           "None with fewer than 2 passages; a rate of 0 or 1 gets [0, 0] or [1, 1] (the "
+           "bootstrap cannot leave the sample): read it with its count",
 }
 """What each key of a :func:`group_metrics` group means (copied into ``metrics.json``)."""
 

@@ -134,8 +134,9 @@ def check_verdict_scores(records: Iterable[Mapping[str, Any]]) -> None:
             raise RunDirError(
                 f"record {r.get('dataset')}/{r.get('id')} has no whole-reply verdict score "
                 f"({', '.join(k for k in VERDICT_SCORE_FIELDS if k not in r)} missing): it was "
-                f"made before interp scored whole verdict replies; re-run `interp asymmetry` "
-                f"into a new --out (or with --overwrite)")
+                f"made before interp scored whole verdict replies; redo the run that wrote it "
+                f"(`interp asymmetry` or `interp transfer`) into a new --out or with "
+                f"--overwrite")
 
 
 _PACKAGES = ("interp", "torch", "transformers", "transformer-lens", "nnsight", "peft",
