@@ -7,14 +7,22 @@ Algorithm, per example (c, q, a*):
 2. Oracle: ``y* = L*(c, q, a, a*)`` in {Correct, Incorrect} (rule oracle by default,
    :class:`interp.grading.RuleOracle`; or an LLM oracle, :class:`interp.grading.ModelOracle`).
 3. T_eval: render the evaluation prompt with the model's OWN answer as candidate and
-   greedy-decode the verdict; ``verdict`` is the parsed text (:func:`parse_verdict`, None when
-   neither word) and ``p_correct`` the probability of the first token of "Correct" against
-   "Incorrect" at the verdict position (the prompt's last position).
-4. Metrics over the same examples: ``GA = P(y* = Correct)``, ``EA = P(y = y*)`` (an
-   unparseable verdict counts as wrong and is reported apart), ``delta = EA - GA`` with paired
-   bootstrap 95% CIs; acceptance rates on oracle-correct and oracle-incorrect answers (the
-   acquiescence bias), McNemar's exact test of gen-correct vs eval-correct, and the ROC AUC of
-   ``p_correct`` against y*.
+   greedy-decode the verdict; ``verdict`` is the parsed reply (:func:`parse_verdict` with the
+   candidate: a verdict word decides; failing that, a reply "The correct answer is X" accepts
+   the candidate when X restates it and rejects it otherwise; None when neither, the
+   ``verdict_source`` says which). The verdict score is the judge's preference between the
+   two whole replies (:func:`interp.verdict.score_verdicts`): ``logprob_correct``,
+   ``logprob_incorrect``, ``logit_diff`` (nats), ``p_correct = sigmoid(logit_diff)`` (the
+   forced choice) and ``verdict_coverage = P(Correct) + P(Incorrect)``.
+4. Metrics over the same examples (:func:`group_metrics`): ``GA = P(y* = Correct)``,
+   ``EA = P(y = y*)`` from the generated verdict (an unparseable verdict counts as wrong),
+   ``EA_forced`` from the forced choice ``p_correct > 0.5`` (no invalid case), ``delta = EA -
+   GA`` and ``delta_forced``; the 3-way split of generated verdicts (accept / reject / none);
+   acceptance rates on oracle-correct and oracle-incorrect answers among all answers, among
+   valid verdicts and by forced choice (the acquiescence bias); mean ``verdict_coverage``;
+   McNemar's exact test of gen-correct vs eval-correct; the ROC AUC of ``logit_diff`` against
+   y*. Every CI is a percentile bootstrap over passages (:class:`interp.stats.ClusterBootstrap`,
+   cluster = dataset + context hash), and a group on fewer than 10 passages says so.
 
 This module holds the method (examples and records in, records and numbers out); the run
 directory work (resume, manifest, ``metrics.json``) is :mod:`interp.stages.asymmetry`. Record
@@ -32,15 +40,23 @@ import numpy as np
 
 from interp.data import QAExample
 from interp.errors import ConfigError, PromptError, RunDirError
-from interp.generation import generate, verdict_scores
+from interp.generation import generate
 from interp.grading import BaseOracle, ModelOracle, RuleOracle, extract_answer, parse_verdict
 from interp.models import ModelHandle, load_model
-from interp.prompts import RenderedPrompt, Template, get_template, render, verdict_token_ids
-from interp.stats import mcnemar, percentile_ci, resample_indices, roc_auc, wilson_ci
-from interp.store import Record
+from interp.prompts import RenderedPrompt, Template, get_template, render
+from interp.stats import (
+    MIN_PASSAGES,
+    ClusterBootstrap,
+    mcnemar,
+    passage_groups,
+    passage_note,
+    roc_auc,
+)
+from interp.store import Record, check_verdict_scores
+from interp.verdict import score_verdicts, verdict_replies
 
-__all__ = ["compute_metrics", "evaluate_examples", "format_metrics", "group_metrics",
-           "make_oracle", "record_prompts", "rerender"]
+__all__ = ["METRIC_DEFINITIONS", "compute_metrics", "evaluate_examples", "format_metrics",
+           "group_metrics", "make_oracle", "parse_record_verdict", "record_prompts", "rerender"]
 
 
 def make_oracle(spec: str, *, template: Template | None = None, device: str | None = None,
@@ -100,7 +116,8 @@ def evaluate_examples(
         One :class:`interp.store.Record` per example (``status`` ``"ok"``, or ``"skipped"``
         with a ``reason`` when a prompt does not fit the model's context).
     """
-    ids = verdict_token_ids(handle.tokenizer)  # refuses a tokenizer without two verdicts first
+    # refuses a chat template whose two verdict replies cannot be scored, before any generation
+    replies = verdict_replies(handle.tokenizer)
     room = handle.max_positions
     records: list[Record | None] = [None] * len(examples)
     gen_prompts: dict[int, RenderedPrompt] = {}
@@ -135,29 +152,48 @@ def evaluate_examples(
                                                f"exceeds the model's {room} positions")
             continue
         eval_prompts[k] = ep
-    verdicts = generate(handle, [ep.input_ids for ep in eval_prompts.values()],
-                        batch_size=batch_size, max_new_tokens=verdict_max_new_tokens,
-                        keep_first_logits=True)
-    for (k, ep), v in zip(eval_prompts.items(), verdicts):
-        records[k] = _ok_record(handle, examples[k], oracle, raw[k], answers[k], v,
-                                gen_prompts[k], ep, ids)
+    eval_ids = [ep.input_ids for ep in eval_prompts.values()]
+    verdicts = generate(handle, eval_ids, batch_size=batch_size,
+                        max_new_tokens=verdict_max_new_tokens)
+    # The verdict score is one more forward of each eval prompt for now; H14 folds it into the
+    # verdict generation's prompt forward (its KV cache), so that each prompt is run once.
+    scores = score_verdicts(handle, eval_ids, batch_size=batch_size, replies=replies).rows()
+    for (k, ep), v, sc in zip(eval_prompts.items(), verdicts, scores):
+        records[k] = _ok_record(handle, examples[k], oracle, raw[k], answers[k], v.text, sc,
+                                gen_prompts[k], ep)
     return records  # type: ignore[return-value]
 
 
+def parse_record_verdict(text: str, candidate: str) -> tuple[bool | None, str]:
+    """The verdict of a judge reply and what decided it.
+
+    Returns:
+        ``(verdict, source)``: ``source`` is ``"word"`` (a verdict word decided,
+        :func:`interp.grading.parse_verdict` steps 1-5), ``"restated_answer"`` (no verdict
+        word; "The correct answer is X" compared with the candidate, step 6) or ``"none"``
+        (verdict None).
+    """
+    v = parse_verdict(text)
+    if v is not None:
+        return v, "word"
+    v = parse_verdict(text, candidate)
+    return v, "none" if v is None else "restated_answer"
+
+
 def _ok_record(handle: ModelHandle, ex: QAExample, oracle: BaseOracle, raw: str, answer: str,
-               verdict: Any, gp: RenderedPrompt, ep: RenderedPrompt,
-               ids: tuple[int, int]) -> Record:
+               verdict_text: str, scores: Mapping[str, float], gp: RenderedPrompt,
+               ep: RenderedPrompt) -> Record:
     """Step 2 (grade) and the record of one fully evaluated example."""
     graded = oracle.grade(answer, ex.answers, dataset=ex.dataset, answerable=ex.answerable,
                           extras={**ex.extras, "context": ex.context, "question": ex.question})
-    diff, p_correct = verdict_scores(verdict.first_logits, *ids)
+    verdict, source = parse_record_verdict(verdict_text, answer)
     return {  # type: ignore[typeddict-item]
         **_example_fields(ex), "status": "ok", "model": handle.spec,
         "generation": raw, "answer": answer,
         "oracle_label": bool(graded.label),
         "oracle": {"name": oracle.name, "em": graded.em, "f1": graded.f1, "rule": graded.rule},
-        "verdict": parse_verdict(verdict.text), "verdict_text": verdict.text,
-        "p_correct": p_correct, "logit_diff": diff,
+        "verdict": verdict, "verdict_source": source, "verdict_text": verdict_text,
+        **scores,
         "prompts": {"gen": gp.to_record(), "eval": ep.to_record()},
     }
 
@@ -230,51 +266,132 @@ def record_prompts(record: Record | Mapping[str, Any], tokenizer: Any, *,
 # ---------------------------------------------------------------------------------------------
 
 
+METRIC_DEFINITIONS = {
+    "n": "ok records in the group; n_passages: distinct passages (dataset + context hash)",
+    "few_passages": f"true when n_passages < {MIN_PASSAGES}; note then says so",
+    "GA": "mean of y* (oracle says the generated answer is correct)",
+    "EA": "mean of (generated verdict == y*); a verdict that cannot be parsed counts as wrong",
+    "EA_forced": "mean of ((p_correct > 0.5) == y*): the forced choice, no invalid case",
+    "delta": "EA - GA (paired: same resamples); delta_forced = EA_forced - GA",
+    "verdicts": "counts of generated verdicts accept / reject / none (unparseable); they sum "
+                "to n; verdict_shares = counts / n; verdicts_by_label splits them by y*",
+    "n_verdict_restated": "verdicts decided by a restated answer ('The correct answer is X'), "
+                          "not a verdict word (records' verdict_source)",
+    "acceptance_rate": "sum(accepted) / n (a ratio of sums); _valid: among parseable "
+                       "verdicts; _correct / _incorrect: among answers with y* Correct / "
+                       "Incorrect; _forced: p_correct > 0.5 instead of the generated verdict",
+    "forced_choice_note": "set when the forced choice is the same for every record, so "
+                          "EA_forced is GA or 1 - GA by construction (a control, no finding)",
+    "mean_verdict_coverage": "mean over records of P(Correct) + P(Incorrect), the judge's "
+                             "probability held by the two whole replies",
+    "mean_p_correct": "mean over records of sigmoid(logit_diff)",
+    "auc_logit_diff": "ROC AUC of logit_diff = log P(Correct) - log P(Incorrect) against y* "
+                      "(None with one class)",
+    "mcnemar": "exact McNemar test of generator-right vs judge-right (b: only the generator "
+               "right, c: only the judge right); it assumes independent records",
+    "_ci": "95% percentile cluster bootstrap over passages (interp.stats.ClusterBootstrap); "
+           "None with fewer than 2 passages; a rate of 0 or 1 gets [0, 0] or [1, 1] (the "
+           "bootstrap cannot leave the sample): read it with its count",
+}
+"""What each key of a :func:`group_metrics` group means (copied into ``metrics.json``)."""
+
+_VERDICT_CLASSES = ("accept", "reject", "none")
+
+
+def _verdict_class(v: Any) -> str:
+    return "accept" if v is True else "reject" if v is False else "none"
+
+
+def _split(classes: Sequence[str]) -> dict[str, int]:
+    return {c: int(sum(x == c for x in classes)) for c in _VERDICT_CLASSES}
+
+
+def _acceptance(bs: ClusterBootstrap, y: np.ndarray, accepted: np.ndarray, valid: np.ndarray,
+                forced: np.ndarray) -> dict[str, Any]:
+    """Acceptance rates (ratios of sums) with cluster CIs: among all, valid, forced; by y*."""
+    out: dict[str, Any] = {}
+    everyone = np.ones_like(y)
+    for label, mask in (("", everyone), ("_correct", y), ("_incorrect", ~y)):
+        for mode, num, den in (("", accepted & mask, mask), ("_valid", accepted & mask,
+                                                              valid & mask),
+                               ("_forced", forced & mask, mask)):
+            value, samples = bs.ratio_of_means(num, den)
+            key = f"acceptance_rate{label}{mode}"
+            out[key], out[f"{key}_ci"] = value, bs.interval(samples)
+    return out
+
+
+def _constant_choice_note(forced: np.ndarray) -> str | None:
+    """A note when the forced choice is the same for every record (EA_forced is then fixed)."""
+    if forced.all():
+        return (f"the forced choice accepts all {forced.size} answers (p_correct > 0.5 for "
+                f"each): EA_forced = GA by construction")
+    if not forced.any():
+        return (f"the forced choice rejects all {forced.size} answers: EA_forced = 1 - GA by "
+                f"construction")
+    return None
+
+
 def group_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]], *, n_boot: int = 2000,
                   seed: int = 0) -> dict[str, Any]:
-    """GA, EA, Delta and the judge's diagnostics over one group of ``ok`` records.
+    """GA, EA, EA_forced, Delta and the judge's diagnostics over one group of ``ok`` records.
+
+    Keys and what they mean: :data:`METRIC_DEFINITIONS`.
 
     Args:
-        records: records with ``oracle_label`` (bool), ``verdict`` (bool or None) and
-            ``p_correct`` (float).
-        n_boot: paired bootstrap resamples (examples resampled with replacement; GA, EA and
-            Delta computed on the same resample, :mod:`interp.stats`).
+        records: records with ``dataset``, ``context``, ``oracle_label`` (bool), ``verdict``
+            (bool or None), ``p_correct``, ``logit_diff`` and ``verdict_coverage`` (the
+            whole-reply verdict score, :mod:`interp.verdict`).
+        n_boot: bootstrap resamples of passages (GA, EA and Delta on the same resamples).
         seed: bootstrap seed.
 
     Returns:
-        ``n``, ``GA``, ``EA``, ``delta`` and ``*_ci`` (95% percentile intervals),
-        ``acceptance_rate_correct`` = P(verdict Correct | y* Correct) and
-        ``acceptance_rate_incorrect`` = P(verdict Correct | y* Incorrect) with Wilson CIs,
-        ``invalid_verdicts``, ``mcnemar`` ({``b``: gen right & judge wrong, ``c``: gen wrong &
-        judge right, ``p_value``: exact binomial}), ``auc_p_correct`` (None with one class).
+        ``{"n": 0, "n_passages": 0}`` for no records; otherwise every key of
+        :data:`METRIC_DEFINITIONS` (with ``*_ci`` = ``[lo, hi]`` or None).
+
+    Raises:
+        RunDirError: a record without the whole-reply verdict score (made before it existed).
     """
     n = len(records)
     if n == 0:
-        return {"n": 0}
+        return {"n": 0, "n_passages": 0}
+    check_verdict_scores(records)
     y = np.array([bool(r["oracle_label"]) for r in records])
     v = [r["verdict"] for r in records]
-    accepted = np.array([x is True for x in v])
-    right = np.array([x is not None and x == t for x, t in zip(v, y)])
+    accepted, valid = np.array([x is True for x in v]), np.array([x is not None for x in v])
+    right = valid & (accepted == y)
     p = np.array([float(r["p_correct"]) for r in records])
-    idx = resample_indices(n, n_boot, np.random.default_rng(seed))
-    ga_b, ea_b = y[idx].mean(1), right[idx].mean(1)
-    n_c, n_i = int(y.sum()), int((~y).sum())
-    acc_c, acc_i = int(accepted[y].sum()), int(accepted[~y].sum())
+    forced = p > 0.5
+    right_f = forced == y
+    bs = ClusterBootstrap(passage_groups(records), n_boot, np.random.default_rng(seed))
+    ga_b, ea_b, ef_b = bs.means(y), bs.means(right), bs.means(right_f)
+    classes = [_verdict_class(x) for x in v]
+    split = _split(classes)
+    cov = np.array([float(r["verdict_coverage"]) for r in records])
     return {
-        "n": n, "GA": float(y.mean()), "EA": float(right.mean()),
+        "n": n, "n_passages": bs.n_clusters, "few_passages": bs.n_clusters < MIN_PASSAGES,
+        "note": passage_note(bs.n_clusters),
+        "GA": float(y.mean()), "EA": float(right.mean()), "EA_forced": float(right_f.mean()),
         "delta": float(right.mean() - y.mean()),
-        "GA_ci": percentile_ci(ga_b), "EA_ci": percentile_ci(ea_b),
-        "delta_ci": percentile_ci(ea_b - ga_b),
-        "n_oracle_correct": n_c, "n_oracle_incorrect": n_i,
-        "acceptance_rate_correct": acc_c / n_c if n_c else None,
-        "acceptance_rate_correct_ci": wilson_ci(acc_c, n_c),
-        "acceptance_rate_incorrect": acc_i / n_i if n_i else None,
-        "acceptance_rate_incorrect_ci": wilson_ci(acc_i, n_i),
-        "acceptance_rate": float(accepted.mean()),
-        "invalid_verdicts": int(sum(x is None for x in v)),
-        "mcnemar": mcnemar(y, right),
-        "auc_p_correct": roc_auc(y, p),
+        "delta_forced": float(right_f.mean() - y.mean()),
+        "GA_ci": bs.interval(ga_b), "EA_ci": bs.interval(ea_b), "EA_forced_ci": bs.interval(ef_b),
+        "delta_ci": None if ga_b is None else bs.interval(ea_b - ga_b),
+        "delta_forced_ci": None if ga_b is None else bs.interval(ef_b - ga_b),
+        "verdicts": split, "verdict_shares": {c: k / n for c, k in split.items()},
+        "verdicts_by_label": {
+            name: _split([c for c, m in zip(classes, mask) if m])
+            for name, mask in (("correct", y), ("incorrect", ~y))},
+        "n_verdict_restated": sum(r.get("verdict_source") == "restated_answer"
+                                  for r in records),
+        "invalid_verdicts": split["none"],
+        "n_oracle_correct": int(y.sum()), "n_oracle_incorrect": int((~y).sum()),
+        **_acceptance(bs, y, accepted, valid, forced),
+        "forced_choice_note": _constant_choice_note(forced),
+        "mean_verdict_coverage": float(cov.mean()),
+        "mean_verdict_coverage_ci": bs.interval(bs.means(cov)),
         "mean_p_correct": float(p.mean()),
+        "auc_logit_diff": roc_auc(y, np.array([float(r["logit_diff"]) for r in records])),
+        "mcnemar": mcnemar(y, right),
     }
 
 
@@ -284,7 +401,10 @@ def compute_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]], *,
 
     Returns:
         ``{"per_dataset": {name: metrics}, "overall": metrics, "skipped": {name: count},
-        "models": [...]}``.
+        "models": [...], "definitions": METRIC_DEFINITIONS, "n_boot", "seed"}``.
+
+    Raises:
+        RunDirError: an ok record without the whole-reply verdict score.
     """
     ok = [r for r in records if r.get("status") == "ok"]
     datasets = sorted({r["dataset"] for r in records})
@@ -295,26 +415,49 @@ def compute_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]], *,
         "skipped": {d: sum(1 for r in records if r["dataset"] == d and r.get("status") != "ok")
                     for d in datasets},
         "models": sorted({r["model"] for r in ok}),
+        "n_boot": n_boot, "seed": seed, "definitions": METRIC_DEFINITIONS,
     }
 
 
 def format_metrics(metrics: Mapping[str, Any]) -> str:
-    """A plain-text table of metrics.json (one row per dataset and overall)."""
-    head = (f"{'dataset':<10} {'n':>4} {'GA':>6} {'EA':>6} {'delta':>7} {'95% CI delta':>17} "
-            f"{'acc|y*=C':>9} {'acc|y*=I':>9} {'invalid':>7} {'AUC':>5}")
+    """A plain-text table of metrics.json (one row per dataset and overall).
+
+    Columns: n, passages, GA, EA, EA_forced, delta with its CI, delta_forced, acceptance among
+    all answers with y* Correct / Incorrect, the share of generated verdicts with no verdict,
+    the forced-choice acceptance with y* Correct / Incorrect, mean coverage, AUC of
+    ``logit_diff``. A group on fewer than 10 passages gets a ``*`` and a note below.
+    """
+    head = (f"{'dataset':<10} {'n':>4} {'pass':>5} {'GA':>5} {'EA':>5} {'EA_f':>5} "
+            f"{'delta':>6} {'95% CI delta':>15} {'d_f':>6} {'acc|C':>5} {'acc|I':>5} "
+            f"{'none':>5} {'fC|C':>5} {'fC|I':>5} {'cov':>5} {'AUC':>5}")
     rows = [head, "-" * len(head)]
+    notes = []
     groups = list(metrics["per_dataset"].items()) + [("overall", metrics["overall"])]
+
+    def f(x: float | None) -> str:
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
+
     for name, m in groups:
         if not m.get("n"):
             rows.append(f"{name:<10} {0:>4}")
             continue
-
-        def f(x: float | None) -> str:
-            return "   -" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
-
-        lo, hi = m["delta_ci"]
-        rows.append(f"{name:<10} {m['n']:>4} {m['GA']:>6.3f} {m['EA']:>6.3f} {m['delta']:>+7.3f} "
-                    f"[{lo:+.3f},{hi:+.3f}] {f(m['acceptance_rate_correct']):>9} "
-                    f"{f(m['acceptance_rate_incorrect']):>9} {m['invalid_verdicts']:>7} "
-                    f"{f(m['auc_p_correct']):>5}")
-    return "\n".join(rows)
+        ci = m.get("delta_ci")
+        ci_s = "-" if not ci else f"[{ci[0]:+.2f},{ci[1]:+.2f}]"
+        star = "*" if m.get("few_passages") else ""
+        if star:
+            notes.append(f"* {name}: {m['note']}")
+        if m.get("forced_choice_note"):
+            notes.append(f"  {name}: {m['forced_choice_note']}")
+        rows.append(
+            f"{name:<10} {m['n']:>4} {str(m['n_passages']) + star:>5} {m['GA']:>5.2f} "
+            f"{m['EA']:>5.2f} {m['EA_forced']:>5.2f} {m['delta']:>+6.2f} {ci_s:>15} "
+            f"{m['delta_forced']:>+6.2f} {f(m['acceptance_rate_correct']):>5} "
+            f"{f(m['acceptance_rate_incorrect']):>5} {f(m['verdict_shares']['none']):>5} "
+            f"{f(m['acceptance_rate_correct_forced']):>5} "
+            f"{f(m['acceptance_rate_incorrect_forced']):>5} "
+            f"{f(m['mean_verdict_coverage']):>5} {f(m['auc_logit_diff']):>5}")
+    legend = ("EA_f/d_f: forced choice p_correct > 0.5; acc|C, acc|I: generated verdict "
+              "'Correct' among answers with y* Correct / Incorrect (no verdict = not accepted); "
+              "none: share with no verdict; fC|C, fC|I: forced-choice acceptance; cov: mean "
+              "P(Correct)+P(Incorrect); AUC: logit_diff vs y*; CIs: bootstrap over passages")
+    return "\n".join(rows + notes + [legend])

@@ -17,12 +17,20 @@ Algorithm, per ok record of a finished asymmetry run (the run-directory work is
    answer). ``mass[l, h, s] = sum_{p: label(p) = s} A[l, h, p]``, so the masses of a row sum
    to 1.
 4. Tables (:func:`span_mass_table`, :func:`summarize`): one row per id, dataset, task, layer,
-   head, span with ``mass``; per dataset, the band mean (all heads, band layers; default the
-   last eight layers, paper: 24-31 of 32) of each span for gen and eval with percentile
-   bootstrap 95% CIs over records (:mod:`interp.stats`), ``context_ratio`` = mean gen context
-   mass / mean eval context mass (a ratio of means, paired bootstrap CI), the same split by
-   oracle label and by verdict, layerwise means with CIs, and the mean context mass of every
-   (layer, head); :func:`top_heads` ranks heads by it.
+   head, span with ``mass``; per dataset and overall (and split by oracle label and by
+   verdict), over the band (all heads, band layers; default the last eight layers, paper:
+   24-31 of 32), the numbers of :data:`SUMMARY_DEFINITIONS`: band mean mass of each span for
+   gen and eval; ``context_ratio`` = mean gen context mass / mean eval context mass (a RATIO
+   OF MEANS); ``context_ratio_geometric`` = exp(mean over records of log(gen / eval context
+   mass)) (a geometric MEAN OF RATIOS); the context share of the three content spans,
+   context / (context + question + candidate), per record then averaged (a mean of ratios),
+   and its gen/eval ratio of means (a control for mass moved onto the template); the mass per
+   token of each span (per record, then averaged). Every CI is a percentile bootstrap over
+   passages (:class:`interp.stats.ClusterBootstrap`, cluster = dataset + context hash; all
+   statistics of a group on the same resamples), ``n_passages`` sits beside ``n`` and a group
+   on fewer than 10 passages carries ``few_passages`` and a ``note``. Also layerwise means
+   with CIs and the mean context mass of every (layer, head); :func:`top_heads` ranks heads
+   by it.
 5. Figures from the summary (:mod:`interp.plots`).
 """
 
@@ -38,15 +46,38 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.errors import AttentionError
-from interp.stats import bootstrap_mean, percentile_ci, resample_indices
+from interp.stats import MIN_PASSAGES, ClusterBootstrap, passage_groups, passage_note
 from interp.store import Record
 
-__all__ = ["SPANS", "TASKS", "format_heads", "format_summary", "span_mass", "span_mass_table",
-           "span_names", "summarize", "top_heads"]
+__all__ = ["CONTENT_SPANS", "SPANS", "SUMMARY_DEFINITIONS", "TASKS", "format_heads",
+           "format_summary", "span_mass", "span_mass_table", "span_names", "span_tokens",
+           "summarize", "top_heads"]
 
 SPANS = ("context", "question", "candidate", "template")
 """Span order of the mass tensors (``reference`` is appended when a template uses it)."""
 TASKS = ("gen", "eval")
+CONTENT_SPANS = ("context", "question", "candidate")
+"""The spans that carry the example's content (the renormalised context share's denominator)."""
+
+SUMMARY_DEFINITIONS = {
+    "n": "records in the group; n_passages: distinct passages (dataset + context hash)",
+    "few_passages": f"true when n_passages < {MIN_PASSAGES}; note then says so",
+    "gen / eval": "band mean mass of each span: mean over records of the mass averaged over "
+                  "the band's layers and all heads",
+    "context_ratio": "ratio of means: mean gen context mass / mean eval context mass",
+    "context_log_ratio": "mean over records of log(gen context mass / eval context mass), nats",
+    "context_ratio_geometric": "exp(context_log_ratio): the geometric mean of per-record "
+                               "ratios (a mean of ratios)",
+    "content_context_share": "mean over records of context / (context + question + "
+                             "candidate) mass (a mean of ratios), per task",
+    "content_context_share_ratio": "ratio of means: gen content_context_share / eval "
+                                   "content_context_share",
+    "mass_per_token": "mean over records of a span's mass / its token count, per task and "
+                      "span (None for a span absent from the task's prompts)",
+    "_ci": "95% percentile cluster bootstrap over passages (interp.stats.ClusterBootstrap); "
+           "None with fewer than 2 passages",
+}
+"""What each key of a :func:`summarize` group means (copied into ``summary.json``)."""
 
 Mass = Float[np.ndarray, "rec layer head span"]
 """Span masses of records: ``[n_records, n_layers, n_heads, n_spans]``."""
@@ -111,35 +142,99 @@ def span_mass_table(records: Sequence[Record] | Sequence[Mapping[str, Any]],
     return pd.concat(frames, ignore_index=True)
 
 
-def _group(band_g: np.ndarray, band_e: np.ndarray, spans: Sequence[str],
-           rng: np.random.Generator, n_boot: int) -> dict[str, Any]:
-    """band_* ``[n_rec, n_spans]`` -> means, CIs and the context ratio (a ratio of means)."""
-    n = band_g.shape[0]
-    out: dict[str, Any] = {"n": int(n)}
-    if n == 0:
-        return out
-    for t, arr in (("gen", band_g), ("eval", band_e)):
-        out[t] = {s: bootstrap_mean(arr[:, j], rng, n_boot) for j, s in enumerate(spans)}
-    c = list(spans).index("context")
-    g, e = band_g[:, c].astype(np.float64), band_e[:, c].astype(np.float64)
-    out["context_ratio"] = float(g.mean() / e.mean()) if e.mean() > 0 else None
-    out["context_ratio_ci"] = None
-    if n > 1 and n_boot > 0:
-        idx = resample_indices(n, n_boot, rng)
-        out["context_ratio_ci"] = percentile_ci(g[idx].mean(1)
-                                                / np.maximum(e[idx].mean(1), 1e-12))
+def span_tokens(records: Sequence[Record] | Sequence[Mapping[str, Any]], task: str,
+                spans: Sequence[str]) -> Float[np.ndarray, "rec span"]:
+    """Token count of each span of each record's ``task`` prompt (from the stored spans).
+
+    ``template`` counts every position of no field (the prompt's length minus the fields).
+
+    Raises:
+        AttentionError: a record without ``prompts.{task}``.
+    """
+    out = np.zeros((len(records), len(spans)))
+    for i, r in enumerate(records):
+        stored = (r.get("prompts") or {}).get(task)
+        if not stored:
+            raise AttentionError(f"record {r.get('dataset')}/{r.get('id')} has no "
+                                 f"prompts.{task}: not an ok asymmetry record")
+        for j, s in enumerate(spans):
+            if s in stored["token_spans"]:
+                a, b = stored["token_spans"][s]
+                out[i, j] = b - a
+        if "template" in spans:
+            t = list(spans).index("template")
+            out[i, t] = stored["n_tokens"] - (out[i].sum() - out[i, t])
     return out
 
 
-def _layerwise(layer_mass: np.ndarray, spans: Sequence[str], rng: np.random.Generator,
-               n_boot: int) -> dict[str, dict[str, list[float]]]:
+def _ci_dict(bs: ClusterBootstrap, x: np.ndarray) -> dict[str, Any]:
+    """``{mean, ci}`` of ``x`` over the records where it is finite (a span present)."""
+    ok = np.isfinite(x)
+    if not ok.any():
+        return {"mean": None, "ci": None}
+    if ok.all():
+        return bs.mean(x)
+    # weights of the resamples restricted to the records that have the span
+    w = bs.weights
+    mean = float(x[ok].mean())
+    if w is None:
+        return {"mean": mean, "ci": None}
+    num = w[:, ok] @ x[ok]
+    den = w[:, ok].sum(1)
+    with np.errstate(all="ignore"):
+        return {"mean": mean, "ci": bs.interval(np.where(den > 0, num / den, np.nan))}
+
+
+def _group(band: Mapping[str, np.ndarray], tokens: Mapping[str, np.ndarray],
+           spans: Sequence[str], bs: ClusterBootstrap) -> dict[str, Any]:
+    """Numbers of :data:`SUMMARY_DEFINITIONS` for one group.
+
+    Args:
+        band: ``{task: [n_rec, n_spans]}`` band mean masses.
+        tokens: ``{task: [n_rec, n_spans]}`` span token counts.
+        spans: span names of the last axis.
+        bs: the group's bootstrap (one draw; every statistic on the same resamples).
+    """
+    n = band["gen"].shape[0]
+    out: dict[str, Any] = {"n": int(n), "n_passages": bs.n_clusters,
+                           "few_passages": bs.n_clusters < MIN_PASSAGES,
+                           "note": passage_note(bs.n_clusters)}
+    if n == 0:
+        return out
+    idx = {s: j for j, s in enumerate(spans)}
+    c = idx["context"]
+    for t in TASKS:
+        out[t] = {s: bs.mean(band[t][:, j]) for j, s in enumerate(spans)}
+    g, e = band["gen"][:, c].astype(np.float64), band["eval"][:, c].astype(np.float64)
+    out["context_ratio"], samples = bs.ratio_of_means(g, e)
+    out["context_ratio_ci"] = bs.interval(samples)
+    log_ratio = np.log(np.maximum(g, 1e-12) / np.maximum(e, 1e-12))
+    lr = bs.mean(log_ratio)
+    out["context_log_ratio"], out["context_log_ratio_ci"] = lr["mean"], lr["ci"]
+    out["context_ratio_geometric"] = float(np.exp(lr["mean"]))
+    out["context_ratio_geometric_ci"] = None if lr["ci"] is None else np.exp(lr["ci"]).tolist()
+    content = [idx[s] for s in CONTENT_SPANS if s in idx]
+    share = {t: band[t][:, c] / np.maximum(band[t][:, content].sum(1), 1e-12) for t in TASKS}
+    out["content_context_share"] = {t: bs.mean(share[t]) for t in TASKS}
+    out["content_context_share_ratio"], samples = bs.ratio_of_means(share["gen"], share["eval"])
+    out["content_context_share_ratio_ci"] = bs.interval(samples)
+    out["mass_per_token"] = {}
+    for t in TASKS:
+        with np.errstate(all="ignore"):
+            per_tok = np.where(tokens[t] > 0, band[t] / np.where(tokens[t] > 0, tokens[t], 1),
+                               np.nan)
+        out["mass_per_token"][t] = {s: _ci_dict(bs, per_tok[:, j]) for j, s in enumerate(spans)}
+    return out
+
+
+def _layerwise(layer_mass: np.ndarray, spans: Sequence[str],
+               bs: ClusterBootstrap) -> dict[str, dict[str, list[float]]]:
     """``[n, n_layers, n_spans]`` -> per span ``{mean, lo, hi}`` lists over layers."""
     out = {}
     for j, s in enumerate(spans):
         x = layer_mass[:, :, j].astype(np.float64)  # [n, n_layers]
-        lo = hi = x.mean(0)
-        if x.shape[0] > 1 and n_boot > 0:
-            lo, hi = percentile_ci(x[resample_indices(x.shape[0], n_boot, rng)].mean(1))
+        ci = bs.interval(bs.means(x))
+        lo, hi = ci if ci is not None else (x.mean(0), x.mean(0))
         out[s] = {"mean": x.mean(0).tolist(), "lo": np.asarray(lo).tolist(),
                   "hi": np.asarray(hi).tolist()}
     return out
@@ -157,52 +252,61 @@ def _verdict_name(v: Any) -> str:
 def summarize(records: Sequence[Record] | Sequence[Mapping[str, Any]], mass: Mapping[str, Mass],
               spans: Sequence[str], band: Sequence[int], *, n_boot: int = 1000,
               seed: int = 0) -> dict[str, Any]:
-    """Per-dataset band means with bootstrap CIs, context ratio, splits and layerwise means.
+    """Per-dataset band means, context ratios, splits and layerwise means (module step 4).
 
     Args:
-        records: records aligned with the first axis of ``mass``.
+        records: records aligned with the first axis of ``mass`` (``dataset``, ``context``,
+            ``oracle_label``, ``verdict`` and the stored ``prompts.{gen,eval}`` spans).
         mass: ``{"gen": [n_rec, n_layers, n_heads, n_spans], "eval": ...}``.
         spans: span names of the last axis.
         band: layers averaged for the band means (paper: the last eight).
-        n_boot: bootstrap resamples over records (percentile 95% CIs).
+        n_boot: bootstrap resamples of passages (percentile 95% CIs).
         seed: seed of the one generator all resamples are drawn from, in a fixed order.
 
     Returns:
-        ``{"band", "spans", "n_layers", "n_heads", "per_dataset": {name: group}, "overall"}``;
-        a group has ``n``, ``gen``/``eval`` ``{span: {mean, ci}}``, ``context_ratio`` (+ci),
-        ``by_oracle_label`` (``correct``/``incorrect``), ``by_verdict``
-        (``Correct``/``Incorrect``/``none``), ``layerwise`` (``{task: {span: {mean, lo,
-        hi}}}`` lists over layers, mean over heads) and ``head_context`` (``{task: [n_layers]
-        [n_heads]}`` mean context mass).
+        ``{"band", "spans", "n_layers", "n_heads", "n_boot", "seed", "definitions",
+        "per_dataset": {name: group}, "overall"}``; a group has the keys of
+        :data:`SUMMARY_DEFINITIONS` (``gen``/``eval`` ``{span: {mean, ci}}``,
+        ``context_ratio`` (+ci), ...), ``by_oracle_label`` (``correct``/``incorrect``),
+        ``by_verdict`` (``Correct``/``Incorrect``/``none``), ``layerwise`` (``{task: {span:
+        {mean, lo, hi}}}`` lists over layers, mean over heads) and ``head_context``
+        (``{task: [n_layers][n_heads]}`` mean context mass).
+
+    Raises:
+        AttentionError: a record without its stored prompt spans.
     """
     rng = np.random.default_rng(seed)
     band = list(band)
     n_l, n_h = mass["gen"].shape[1:3]
     band_mass = {t: mass[t][:, band].mean(axis=(1, 2)) for t in TASKS}  # [n_rec, n_spans]
     layer_mass = {t: mass[t].mean(axis=2) for t in TASKS}  # [n_rec, n_layers, n_spans]
+    tokens = {t: span_tokens(records, t, spans) for t in TASKS}
+    clusters = np.array(passage_groups(records), dtype=object)
     c = list(spans).index("context")
     ol = np.array([bool(r.get("oracle_label")) for r in records])
     ver = np.array([_verdict_name(r.get("verdict")) for r in records])
 
-    def split(sel: np.ndarray) -> dict[str, Any]:
-        return _group(band_mass["gen"][sel], band_mass["eval"][sel], spans, rng, n_boot)
+    def split(sel: np.ndarray) -> tuple[dict[str, Any], ClusterBootstrap]:
+        bs = ClusterBootstrap(clusters[sel].tolist(), n_boot, rng)
+        return _group({t: band_mass[t][sel] for t in TASKS},
+                      {t: tokens[t][sel] for t in TASKS}, spans, bs), bs
 
     def group(sel: np.ndarray) -> dict[str, Any]:
-        out = split(sel)
+        out, bs = split(sel)
         if not sel.any():
             return out
-        out["by_oracle_label"] = {name: split(sel & m)
+        out["by_oracle_label"] = {name: split(sel & m)[0]
                                   for name, m in (("correct", ol), ("incorrect", ~ol))}
-        out["by_verdict"] = {v: split(sel & (ver == v)) for v in sorted(set(ver[sel]))}
-        out["layerwise"] = {t: _layerwise(layer_mass[t][sel], spans, rng, n_boot) for t in TASKS}
+        out["by_verdict"] = {v: split(sel & (ver == v))[0] for v in sorted(set(ver[sel]))}
+        out["layerwise"] = {t: _layerwise(layer_mass[t][sel], spans, bs) for t in TASKS}
         out["head_context"] = {t: mass[t][sel][:, :, :, c].mean(0).tolist() for t in TASKS}
         return out
 
     ds = np.array([r["dataset"] for r in records])
     per = {d: group(ds == d) for d in dict.fromkeys(ds)}
     return {"band": band, "spans": list(spans), "n_layers": int(n_l), "n_heads": int(n_h),
-            "n_boot": n_boot, "seed": seed, "per_dataset": per,
-            "overall": group(np.ones(len(records), dtype=bool))}
+            "n_boot": n_boot, "seed": seed, "definitions": SUMMARY_DEFINITIONS,
+            "per_dataset": per, "overall": group(np.ones(len(records), dtype=bool))}
 
 
 def top_heads(summary: Mapping[str, Any], *, dataset: str | None = None, top: int = 10,
@@ -239,26 +343,40 @@ def top_heads(summary: Mapping[str, Any], *, dataset: str | None = None, top: in
 
 
 def format_summary(summary: Mapping[str, Any]) -> str:
-    """Plain-text table: band span masses gen/eval and the context ratio per dataset."""
+    """Plain-text table: band span masses gen/eval and the context ratios per dataset.
+
+    ``ratio`` is the ratio of means, ``geo`` the geometric mean of per-record ratios, ``share
+    g/e`` the gen/eval ratio of the content-renormalised context shares; ``*`` marks a group
+    on fewer than 10 passages (explained below the table).
+    """
     band = summary["band"]
     lines = [f"band layers {band[0]}-{band[-1]} ({len(band)} layers, all heads); "
              f"backend {','.join(summary.get('backends', []))}",
-             f"{'dataset':<12}{'n':>4}  {'ctx gen':>8} {'ctx eval':>9} {'ratio':>7}  "
-             f"{'q gen':>6} {'q eval':>7}  {'cand eval':>9}  {'tmpl gen':>8} {'tmpl eval':>9}"]
+             f"{'dataset':<12}{'n':>4}{'pass':>6}  {'ctx gen':>8} {'ctx eval':>9} {'ratio':>6} "
+             f"{'geo':>5} {'share g/e':>9}  {'q gen':>6} {'q eval':>7}  {'cand eval':>9}  "
+             f"{'tmpl gen':>8} {'tmpl eval':>9}"]
     groups = list(summary["per_dataset"].items()) + [("overall", summary["overall"])]
 
     def f(g: Mapping[str, Any], t: str, s: str) -> str:
         v = g.get(t, {}).get(s, {}).get("mean")
         return "-" if v is None else f"{v:.3f}"
 
+    def r(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    notes = []
     for name, g in groups:
-        r = g.get("context_ratio")
-        lines.append(f"{name:<12}{g['n']:>4}  {f(g, 'gen', 'context'):>8} "
-                     f"{f(g, 'eval', 'context'):>9} {('-' if r is None else f'{r:.2f}'):>7}  "
+        star = "*" if g.get("few_passages") else ""
+        if star:
+            notes.append(f"* {name}: {g['note']}")
+        lines.append(f"{name:<12}{g['n']:>4}{str(g.get('n_passages', '-')) + star:>6}  "
+                     f"{f(g, 'gen', 'context'):>8} {f(g, 'eval', 'context'):>9} "
+                     f"{r(g.get('context_ratio')):>6} {r(g.get('context_ratio_geometric')):>5} "
+                     f"{r(g.get('content_context_share_ratio')):>9}  "
                      f"{f(g, 'gen', 'question'):>6} {f(g, 'eval', 'question'):>7}  "
                      f"{f(g, 'eval', 'candidate'):>9}  {f(g, 'gen', 'template'):>8} "
                      f"{f(g, 'eval', 'template'):>9}")
-    return "\n".join(lines)
+    return "\n".join(lines + notes)
 
 
 def format_heads(ranked: Mapping[str, Sequence[Mapping[str, Any]]], *, top: int,

@@ -83,7 +83,8 @@ def asymmetry(
     seed: int = 0,
     oracle: Annotated[str, typer.Option(help="'rule' or 'model:SPEC'")] = "rule",
     batch_size: int = 8,
-    template: Annotated[str, typer.Option(help="template variant")] = "default",
+    template: Annotated[str, typer.Option(
+        help="template variant: default, reference, matched (control), closed_book")] = "default",
     templates_path: Annotated[str | None, typer.Option(help="TOML file of variants")] = None,
     include_unanswerable: bool = False,
     split: str = "validation",
@@ -111,6 +112,19 @@ def metrics(run: Annotated[Path, typer.Option(help="run directory")]) -> None:
     rd = RunDir(run)
     cfg = asymmetry_stage.AsymmetryConfig.from_mapping(rd.manifest()["config"])
     typer.echo(asymmetry_stage.format_summary(asymmetry_stage.write_metrics(rd, cfg)))
+
+
+@app.command("oracle-agreement")
+def oracle_agreement_cmd(
+    run: Annotated[Path, typer.Option(help="asymmetry run directory")],
+    oracle: Annotated[str, typer.Option(help="the LLM oracle, model:SPEC")],
+    limit: Annotated[int | None, typer.Option(help="first N ok records per dataset")] = None,
+    device: str | None = None,
+) -> None:
+    """Cohen's kappa and the confusion table of the rule oracle vs an LLM oracle on a run."""
+    res = asymmetry_stage.oracle_agreement(RunDir(run), oracle, limit=limit, device=device)
+    typer.echo(asymmetry_stage.format_oracle_agreement(res))
+    typer.echo(f"wrote {run}/oracle_agreement.json")
 
 
 @app.command("run")

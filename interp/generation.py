@@ -8,9 +8,10 @@ Algorithm:
    mask), so a padded prompt sees exactly the positions it sees alone.
 3. Greedy decoding (``do_sample=False``) until EOS, a stop string (default: a newline after at
    least one non-blank character) or ``max_new_tokens``; each sequence stops on its own.
-4. Return the decoded continuation of every prompt in the caller's order, and the raw logits of
-   the first generated step (the logits at the prompt's last position), from which the verdict
-   logit difference and ``p_correct`` are read.
+4. Return the decoded continuation of every prompt in the caller's order, and (on request) the
+   raw logits of the first generated step (the logits at the prompt's last position). The
+   judge's verdict score is NOT read from these first-token logits ("Incorrect" often starts
+   with the sub-token "In"): it is the whole-reply score of :mod:`interp.verdict`.
 
 In float32, batched output equals one-at-a-time output (a test checks it).
 """
@@ -144,21 +145,3 @@ def generate(
             first = res.logits[0][row].float().cpu() if keep_first_logits else None
             out[i] = Generation(text=text, token_ids=toks, first_logits=first, stop=stop)
     return out  # type: ignore[return-value]
-
-
-def verdict_scores(first_logits: torch.Tensor, correct_id: int,
-                   incorrect_id: int) -> tuple[float, float]:
-    """Logit difference and ``p_correct`` at the verdict position.
-
-    Args:
-        first_logits: ``[vocab]`` raw logits at the eval prompt's last position.
-        correct_id: first token of "Correct" (:func:`interp.prompts.verdict_token_ids`).
-        incorrect_id: first token of "Incorrect".
-
-    Returns:
-        ``(logit_diff, p_correct)`` with ``logit_diff = l_C - l_I`` (nats) and
-        ``p_correct = sigmoid(logit_diff)``, the probability of "Correct" when the choice is
-        restricted to the two verdict tokens.
-    """
-    diff = float(first_logits[correct_id] - first_logits[incorrect_id])
-    return diff, float(torch.sigmoid(torch.tensor(diff)))

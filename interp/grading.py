@@ -459,14 +459,20 @@ class ModelOracle(BaseOracle):
     Any loadable model grades a prediction against the gold answers with a grading prompt
     (:data:`ORACLE_USER`).
 
-    The label is the parsed verdict of a greedy reply; when the reply is neither word, the
-    probability of "Correct" vs "Incorrect" at the first reply position decides (> 0.5).
-    EM/F1 are the official metrics, reported alongside. Unanswerable questions are graded by
-    the rule oracle (abstention is correct).
+    The label is the parsed verdict of a greedy reply (:func:`parse_verdict`). When the reply
+    holds no verdict, the oracle model's forced choice between the two whole replies decides:
+    ``p_correct > 0.5`` (:func:`interp.verdict.score_verdicts` on the grading prompt). The
+    result's ``rule`` says which happened: ``model:reply:<reply>`` or
+    ``model:forced_choice(p_correct=0.731):<reply>``, and :attr:`counts` counts both. EM/F1 are
+    the official metrics, reported alongside. Unanswerable questions are graded by the rule
+    oracle (abstention is correct; counted as ``rule``).
 
     Args:
         handle: an :class:`interp.models.ModelHandle` (the oracle model L*).
         max_new_tokens: reply cap.
+
+    Attributes:
+        counts: ``{"reply": k, "forced_choice": k, "rule": k}`` over this oracle's grades.
     """
 
     name = "model"
@@ -475,18 +481,21 @@ class ModelOracle(BaseOracle):
         self.handle, self.max_new_tokens = handle, max_new_tokens
         self.name = f"model:{handle.spec}"
         self._rule = RuleOracle()
+        self._replies = None
+        self.counts = {"reply": 0, "forced_choice": 0, "rule": 0}
 
     def grade(self, prediction, answers, *, dataset, answerable=True, extras=None):
         """Grade with the oracle model (see the class docstring).
 
         ``extras`` must carry the record's ``context`` and ``question``.
         """
-        from interp.generation import generate, verdict_scores
-        from interp.prompts import verdict_token_ids
+        from interp.generation import generate
+        from interp.verdict import score_verdicts, verdict_replies
 
         ruled = self._rule.grade(prediction, answers, dataset=dataset, answerable=answerable,
                                  extras=extras)
         if not answerable or not answers:
+            self.counts["rule"] += 1
             return ruled
         extras = extras or {}
         tok = self.handle.tokenizer
@@ -497,10 +506,13 @@ class ModelOracle(BaseOracle):
         ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
         if hasattr(ids, "keys"):
             ids = ids["input_ids"]
-        (g,) = generate(self.handle, [list(ids)], max_new_tokens=self.max_new_tokens,
-                        keep_first_logits=True)
-        verdict = parse_verdict(g.text)
+        (g,) = generate(self.handle, [list(ids)], max_new_tokens=self.max_new_tokens)
+        verdict, how = parse_verdict(g.text), "reply"
         if verdict is None:
-            verdict = verdict_scores(g.first_logits, *verdict_token_ids(tok))[1] > 0.5
+            self._replies = self._replies or verdict_replies(tok)
+            p = float(score_verdicts(self.handle, [list(ids)], replies=self._replies)
+                      .p_correct[0])
+            verdict, how = p > 0.5, f"forced_choice(p_correct={p:.3f})"
+        self.counts[how.split("(")[0]] += 1
         return OracleResult(label=bool(verdict), em=ruled.em, f1=ruled.f1,
-                            rule=f"model:{g.text.strip()[:40]}")
+                            rule=f"model:{how}:{g.text.strip()[:40]}")

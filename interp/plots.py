@@ -40,17 +40,74 @@ def _err(value: float, ci: list[float] | None) -> list[float]:
 def dataset_groups(table: Mapping[str, Any]) -> tuple[list[tuple[str, Any]], list[str]]:
     r"""Non-empty ``per_dataset`` groups of a table and their x tick labels.
 
-    ``overall`` is added when there are several groups; labels read ``name\n(n=N)``.
+    ``overall`` is added when there are several groups; labels read ``name\n(n=N)``, or
+    ``name\nn=N\nP passages`` when the group counts passages, with ``*`` when it has fewer
+    than 10 (:func:`passage_footnote` explains the star).
     """
     groups = [(d, g) for d, g in table["per_dataset"].items() if g.get("n")]
     if len(groups) > 1:
         groups.append(("overall", table["overall"]))
-    return groups, [f"{d}\n(n={g['n']})" for d, g in groups]
+
+    def label(d: str, g: Mapping[str, Any]) -> str:
+        if g.get("n_passages") is None:
+            return f"{d}\n(n={g['n']})"
+        return f"{d}\nn={g['n']}\n{g['n_passages']} passages{'*' * bool(g.get('few_passages'))}"
+
+    return groups, [label(d, g) for d, g in groups]
+
+
+def passage_footnote(fig: plt.Figure, groups: list[tuple[str, Any]]) -> None:
+    """Write, visibly under the figure, the notes of groups on fewer than 10 passages.
+
+    Also a group's ``forced_choice_note`` (the forced choice is the same for every record).
+    """
+    notes = [f"* {d}: {g['note']}" for d, g in groups if g.get("few_passages")]
+    notes += [f"{d}: {g['forced_choice_note']}" for d, g in groups
+              if g.get("forced_choice_note")]
+    if notes:
+        fig.text(0.01, -0.01, "\n".join(notes), ha="left", va="top", fontsize=7.5,
+                 color="#C44E52")
+
+
+_VERDICT_COLORS = {"accept": "#55A868", "reject": "#C44E52", "none": "0.75"}
+
+
+def _verdict_split_panel(ax: Any, groups: list[tuple[str, Any]], labels: list[str]) -> None:
+    """Stacked shares accept / reject / none of generated verdicts per group and y*."""
+    x, w = np.arange(len(groups)), 0.38
+    for j, (lab, short) in enumerate((("correct", "y*=C"), ("incorrect", "y*=I"))):
+        counts = [m["verdicts_by_label"][lab] for _, m in groups]
+        tot = np.array([sum(c.values()) for c in counts], float)
+        bottom = np.zeros(len(groups))
+        for cls in ("accept", "reject", "none"):
+            share = np.array([c[cls] for c in counts]) / np.maximum(tot, 1)
+            ax.bar(x + (j - 0.5) * w, share, w, bottom=bottom, color=_VERDICT_COLORS[cls],
+                   edgecolor="white", label=f"generated: {cls}" if j == 0 else None)
+            bottom += share
+        forced = [m.get(f"acceptance_rate_{lab}_forced") for _, m in groups]
+        ax.plot(x + (j - 0.5) * w, [np.nan if f is None else f for f in forced], "kD", ms=5,
+                label="forced choice: accept" if j == 0 else None)
+        for xi, t in zip(x + (j - 0.5) * w, tot):
+            ax.text(xi, 1.02, f"{short}\n{int(t)}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(x, labels)
+    ax.set_ylim(0, 1.25)
+    ax.set_yticks(np.linspace(0, 1, 6))
+    ax.set_ylabel("share of answers")
+    ax.set_title("Generated verdicts by oracle label", fontsize=10)
+    ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25),
+              ncol=2)
 
 
 def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
                    name: str = "asymmetry") -> Path:
-    """GA, EA and Delta per dataset with 95% CI bars, and the two acceptance rates.
+    """GA, EA, EA_forced; Delta and Delta_forced; the 3-way split of generated verdicts.
+
+    Panel 1: GA, EA (generated verdict, no verdict = wrong) and EA_forced (p_correct > 0.5)
+    with 95% CIs (bootstrap over passages). Panel 2: Delta = EA - GA and Delta_forced, on an
+    axis fitted to the values and CIs. Panel 3: per group, answers with y* Correct and y*
+    Incorrect, stacked shares of generated verdicts accept / reject / none, and the
+    forced-choice acceptance as a diamond. Tick labels give n and the passages; groups on
+    fewer than 10 passages are starred and explained under the figure.
 
     Args:
         metrics: the content of ``metrics.json`` (:func:`interp.asymmetry.compute_metrics`).
@@ -59,36 +116,38 @@ def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
     """
     groups, labels = dataset_groups(metrics)
     x = np.arange(len(groups))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 2.6 * len(groups) + 3), 4.2))
-    w = 0.27
-    for j, key in enumerate(("GA", "EA", "delta")):
-        vals = [m[key] for _, m in groups]
-        errs = np.array([_err(m[key], m.get(f"{key}_ci")) for _, m in groups]).T
-        ax1.bar(x + (j - 1) * w, vals, w, yerr=errs, capsize=3, color=COLORS[key],
-                label={"delta": "Δ = EA − GA"}.get(key, key))
-    ax1.axhline(0, color="black", lw=0.8)
-    ax1.set_xticks(x, labels)
-    ax1.set_ylim(-1, 1)
-    ax1.set_ylabel("accuracy / difference")
-    ax1.set_title("Generation (GA) vs self-evaluation (EA)")
-    ax1.legend(frameon=False, fontsize=8)
-    w = 0.38
-    for j, (key, lab) in enumerate((("correct", "answer oracle-correct"),
-                                    ("incorrect", "answer oracle-incorrect"))):
-        vals = [m.get(f"acceptance_rate_{key}") for _, m in groups]
-        errs = np.array([_err(v or 0.0, m.get(f"acceptance_rate_{key}_ci"))
-                         for v, (_, m) in zip(vals, groups)]).T
-        ax2.bar(x + (j - 0.5) * w, [v if v is not None else np.nan for v in vals], w,
-                yerr=errs, capsize=3, color=COLORS[key], label=lab)
-    ax2.set_xticks(x, labels)
-    ax2.set_ylim(0, 1.05)
-    ax2.set_ylabel("P(judge says Correct)")
-    ax2.set_title("Acceptance rates (acquiescence bias)")
-    ax2.legend(frameon=False, fontsize=8)
-    models = ", ".join(metrics.get("models", []))
-    fig.suptitle(f"Task asymmetry — {models}", fontsize=10)
+    fig, axes = plt.subplots(1, 3, figsize=(max(12, 3.6 * len(groups) + 5), 4.4),
+                             gridspec_kw={"width_ratios": [1.3, 1, 1.3]})
+    for ax, keys, w in ((axes[0], ("GA", "EA", "EA_forced"), 0.27),
+                        (axes[1], ("delta", "delta_forced"), 0.38)):
+        for j, key in enumerate(keys):
+            vals = [m[key] for _, m in groups]
+            errs = np.array([_err(m[key], m.get(f"{key}_ci")) for _, m in groups]).T
+            ax.bar(x + (j - (len(keys) - 1) / 2) * w, vals, w, yerr=errs, capsize=3,
+                   color=COLORS.get(key, "#8172B3" if "forced" in key else None),
+                   label=_ASYM_LABELS[key], alpha=0.6 if key == "delta_forced" else 1.0)
+        ax.set_xticks(x, labels)
+        ax.legend(frameon=False, fontsize=8)
+    axes[0].set_ylim(0, 1.05)
+    axes[0].set_ylabel("accuracy")
+    axes[0].set_title("Generation (GA) vs self-evaluation (EA)", fontsize=10)
+    ends = [abs(v) for _, m in groups for k in ("delta", "delta_forced")
+            for v in [m[k], *(m.get(f"{k}_ci") or [])]]
+    lim = max(0.1, 1.15 * max(ends))
+    axes[1].set_ylim(-lim, lim)
+    axes[1].axhline(0, color="black", lw=0.8)
+    axes[1].set_ylabel("EA − GA")
+    axes[1].set_title("Asymmetry Δ", fontsize=10)
+    _verdict_split_panel(axes[2], groups, labels)
+    fig.suptitle(f"Task asymmetry — {', '.join(metrics.get('models', []))} (CIs: bootstrap "
+                 f"over passages)", fontsize=10)
     fig.tight_layout()
+    passage_footnote(fig, groups)
     return save(fig, out_dir, name)
+
+
+_ASYM_LABELS = {"GA": "GA", "EA": "EA (generated verdict)", "EA_forced": "EA forced choice",
+                "delta": "Δ = EA − GA", "delta_forced": "Δ forced = EA_forced − GA"}
 
 
 _PROBE_METRICS = [("auc", "ROC AUC", "auc"), ("f1", "F1 (Correct)", "f1"),
@@ -124,7 +183,7 @@ def _probe_panel(ax: Any, results: Mapping[str, Any], task: str, key: str, label
     jv = results["judge"]["folds"].get(jkey)
     if jv is not None:
         ax.axhline(jv, color="black", ls="--", lw=1.2,
-                   label={"auc": "judge p_correct AUC", "accuracy": "judge EA"}.get(
+                   label={"auc": "judge logit-diff AUC", "accuracy": "judge EA"}.get(
                        jkey, f"judge verdict {label}") + f" ({jv:.2f})")
     pm = t.get("permutation")
     if key == "auc":
@@ -154,9 +213,10 @@ def plot_probes(results: Mapping[str, Any], out_dir: str | Path, name: str = "pr
     One row per probed prompt (``eval``, ``gen``), one column per metric (ROC AUC, F1 of
     Correct, accuracy, balanced accuracy): the first probe's mean over CV test folds per layer,
     one line per pooling, shaded ±1 std; the other probes' cells as markers. Horizontal lines:
-    the verbal judge on the same test folds (AUC of ``p_correct``, F1 of the verdict, EA,
-    balanced accuracy of the verdict), the majority-class accuracy, chance AUC and, when the
-    permutation null was run, the 95th percentile of the best cell under permuted labels.
+    the verbal judge on the same test folds (AUC of the whole-reply ``logit_diff``, F1 of the
+    verdict, EA, balanced accuracy of the verdict), the majority-class accuracy, chance AUC
+    and, when the permutation null was run, the 95th percentile of the best cell under
+    permuted labels.
 
     Args:
         results: the content of ``DIR/probes/results.json`` (:func:`interp.stages.probe.run`).
@@ -240,7 +300,7 @@ def plot_transfer_matrix(table: Mapping[str, Any], out_dir: str | Path,
 
 def plot_transfer_acceptance(table: Mapping[str, Any], out_dir: str | Path,
                              name: str = "transfer_acceptance") -> Path:
-    """Acceptance rates P(verdict Correct | y*) per model, with Wilson 95% CIs.
+    """Acceptance rates P(verdict Correct | y*) per model, with 95% CIs (bootstrap over passages).
 
     One panel per dataset; for each model two bars: answers the oracle judges correct and
     incorrect (self-evaluation of the model's own answers), plus GA as a marker.
@@ -321,7 +381,7 @@ def plot_span_mass_layerwise(summary: Mapping[str, Any], out_dir: str | Path,
                              name: str = "attention_layerwise") -> Path:
     """Layerwise last-token span mass, gen vs eval, one panel per span, one row per dataset.
 
-    Lines are means over heads and records; bands are bootstrap 95% CIs over records; the
+    Lines are means over heads and records; bands are bootstrap 95% CIs over passages; the
     grey area is the summary's layer band (paper: the last eight layers).
 
     Args:
@@ -353,13 +413,15 @@ def plot_span_mass_layerwise(summary: Mapping[str, Any], out_dir: str | Path,
             if i == 0:
                 ax.set_title(_SPAN_TITLES.get(s, s), fontsize=10)
             if j == 0:
-                ax.set_ylabel(f"{ds} (n={g['n']})\nmass", fontsize=9)
+                ax.set_ylabel(f"{ds} (n={g['n']}, {g.get('n_passages', '?')} passages"
+                              f"{'*' * bool(g.get('few_passages'))})\nmass", fontsize=9)
             if i == len(groups) - 1:
                 ax.set_xlabel("layer")
     axes[0, 0].legend(frameon=False, fontsize=8)
     fig.suptitle(f"Last-token attention mass per span ({summary.get('model') or ''}; shaded: "
-                 f"band {band[0]}-{band[-1]})", fontsize=11)
+                 f"band {band[0]}-{band[-1]}; bands: bootstrap over passages)", fontsize=11)
     fig.tight_layout()
+    passage_footnote(fig, groups)
     return save(fig, out_dir, name)
 
 
@@ -398,14 +460,21 @@ def plot_head_context_heatmaps(summary: Mapping[str, Any], out_dir: str | Path,
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
     axes[0].set_ylabel("layer")
     fig.suptitle(f"Per-head last-token context mass ({dataset or 'all datasets'}, "
-                 f"n={g['n']}; dashed: band start)", fontsize=11)
+                 f"n={g['n']}, {g.get('n_passages', '?')} passages; dashed: band start)",
+                 fontsize=11)
     fig.tight_layout()
+    passage_footnote(fig, [(dataset or "all datasets", g)])
     return save(fig, out_dir, name)
 
 
 def plot_context_ratio(summary: Mapping[str, Any], out_dir: str | Path,
                        name: str = "attention_context_ratio") -> Path:
-    """Per dataset: band context mass gen vs eval, candidate mass (eval), and the ratio.
+    """Per dataset: band context mass gen vs eval, candidate mass (eval), and three ratios.
+
+    Right panel, gen/eval with cluster-bootstrap CIs: the ratio of band means, the geometric
+    mean of per-record ratios, and the ratio of the context shares of the content spans
+    (context / (context + question + candidate)), which discounts mass moved onto the
+    template.
 
     Args:
         summary: ``attention/summary.json``.
@@ -429,15 +498,22 @@ def plot_context_ratio(summary: Mapping[str, Any], out_dir: str | Path,
     ax1.set_title(f"Last-token mass, layers {band[0]}-{band[-1]}, all heads", fontsize=10)
     ax1.set_ylim(0, 1.3 * ax1.get_ylim()[1])
     ax1.legend(frameon=True, fontsize=8, ncol=3, loc="upper center")
-    vals = [g.get("context_ratio") or np.nan for _, g in groups]
-    errs = np.array([_err(v if v == v else 0.0, g.get("context_ratio_ci"))
-                     for v, (_, g) in zip(vals, groups)]).T
-    ax2.bar(x, vals, 0.5, yerr=errs, capsize=3, color=COLORS["delta"])
+    for j, (key, lab) in enumerate((("context_ratio", "ratio of means"),
+                                    ("context_ratio_geometric", "geometric mean of ratios"),
+                                    ("content_context_share_ratio",
+                                     "context share of content spans"))):
+        vals = [np.nan if g.get(key) is None else g[key] for _, g in groups]
+        errs = np.array([_err(v if v == v else 0.0, g.get(f"{key}_ci"))
+                         for v, (_, g) in zip(vals, groups)]).T
+        ax2.bar(x + (j - 1) * w, vals, w, yerr=errs, capsize=3, label=lab,
+                color=("#55A868", "#8172B3", "#937860")[j])
     ax2.axhline(1, color="black", lw=0.8)
     ax2.set_xticks(x, labels)
-    ax2.set_ylabel("context mass gen / eval")
-    ax2.set_title("Context ratio (paper: 3-5x)", fontsize=10)
+    ax2.set_ylabel("gen / eval")
+    ax2.set_title("Context ratio gen/eval (paper: 3-5x)", fontsize=10)
+    ax2.legend(frameon=False, fontsize=7)
     fig.tight_layout()
+    passage_footnote(fig, groups)
     return save(fig, out_dir, name)
 
 

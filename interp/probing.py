@@ -3,7 +3,8 @@
 Seed 003 (*Representation-as-a-Judge*, "semantic capacity asymmetry"): a small model's hidden
 states often encode the evaluation signal its spoken verdict misses. Here the probe target is
 the oracle label ``y* = oracle_label`` of each record (positive class: Correct), and the verbal
-judge is the same model's ``verdict`` / ``p_correct`` on the same records (paper section 3.1).
+judge is the same model's ``verdict`` and whole-reply verdict score (``logit_diff``,
+:mod:`interp.verdict`) on the same records (paper section 3.1).
 
 Algorithm (the run-directory work, caches and ``results.json`` are
 :mod:`interp.stages.probe`; this module takes tensors and labels and gives numbers):
@@ -36,10 +37,11 @@ Algorithm (the run-directory work, caches and ``results.json`` are
    balanced accuracy, F1 of Correct, macro F1 and ROC AUC, mean and std over folds.
 6. Questions answered in ``DIR/probes/results.json``: the best (probe, layer, pool) of the eval
    prompt; the probe against the verbal judge on the same records and folds (EA, F1 of the
-   verdict, ROC AUC of ``p_correct``, and McNemar on out-of-fold predictions); a gen-prompt
-   probe (does the residual stream before answering predict whether the model's own answer
-   will be right?); cross-dataset transfer of the best eval probe (train on all records of one
-   dataset, test on another's, for datasets with both classes).
+   verdict, ROC AUC of the whole-reply ``logit_diff``, and McNemar on out-of-fold
+   predictions); a gen-prompt probe (does the residual stream before answering predict
+   whether the model's own answer will be right?); cross-dataset transfer of the best eval
+   probe (train on all records of one dataset, test on another's, for datasets with both
+   classes).
 7. The best probe of each kind and task is refitted on all records and saved as ``.npz`` plus
    ``.json`` (scaler mean/scale, coef, intercept; MLP weight matrices), never pickles; the
    figure ``DIR/figures/probes.png`` is drawn from ``results.json``.
@@ -76,7 +78,7 @@ from interp.hooks.points import hook_name
 from interp.models import ModelHandle
 from interp.prompts import RenderedPrompt
 from interp.stats import binary_metrics, fold_summary, make_folds, mcnemar
-from interp.store import Record, atomic_path, read_json, write_json
+from interp.store import Record, atomic_path, check_verdict_scores, read_json, write_json
 
 __all__ = ["HOOK_POINT", "HOOK_POINT_DOC", "METRICS", "POOLS", "PROBES", "TASKS", "FittedProbe",
            "balanced_weights", "best_row", "cross_dataset_transfer", "cross_validate",
@@ -395,20 +397,26 @@ def judge_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]],
 
     ``EA`` = accuracy of the parsed verdict against y* (an unparseable verdict counts as wrong,
     as in :func:`interp.asymmetry.group_metrics`); for F1 and balanced accuracy an unparseable
-    verdict counts as "Incorrect"; the AUC is that of ``p_correct``.
+    verdict counts as "Incorrect"; the AUC is that of the whole-reply verdict score
+    ``logit_diff`` = log P("Correct") - log P("Incorrect") (:mod:`interp.verdict`), and
+    ``EA_forced`` the accuracy of its forced choice ``p_correct > 0.5``.
 
     Returns:
-        ``{"overall": {EA, accuracy, balanced_accuracy, f1, f1_macro, auc, invalid_verdicts},
-        "folds": {metric means and stds over the test folds}}`` (``folds`` only when given).
+        ``{"overall": {EA, EA_forced, accuracy, balanced_accuracy, f1, f1_macro, auc,
+        invalid_verdicts}, "folds": {metric means and stds over the test folds}}`` (``folds``
+        only when given).
+
+    Raises:
+        RunDirError: a record without the whole-reply verdict score.
     """
+    check_verdict_scores(records)
     y = np.array([bool(r["oracle_label"]) for r in records])
     v = [r.get("verdict") for r in records]
     pred = np.array([x is True for x in v])
     right = np.array([x is not None and x == t for x, t in zip(v, y)])
-    p = np.array([float(r["p_correct"]) if r.get("p_correct") is not None else np.nan
-                  for r in records])
-    score = None if np.isnan(p).any() else p
+    score = np.array([float(r["logit_diff"]) for r in records])
     overall = {"EA": float(right.mean()), **binary_metrics(y, pred, score),
+               "EA_forced": float(((score > 0) == y).mean()),
                "invalid_verdicts": int(sum(x is None for x in v))}
     overall["accuracy"] = overall["EA"]
     out: dict[str, Any] = {"overall": overall}

@@ -1,15 +1,23 @@
-"""Statistics shared by the studies: bootstrap CIs, Wilson, McNemar, ROC AUC, metrics, folds.
+"""Statistics shared by the studies: cluster bootstrap, Wilson, McNemar, ROC AUC, metrics, folds.
 
 Every function takes arrays (or records) and returns plain numbers, lists and dicts, so the
 same computation serves Study 1 (GA, EA, Delta), Study 2 (span-mass means and the context
-ratio), the probes (cross-validated metrics) and patching (correlations).
+ratios), the probes (cross-validated metrics) and patching (correlations).
 
-* Percentile bootstrap over examples (Efron & Tibshirani 1993, ch. 13): draw ``n_boot``
-  resamples of the ``n`` examples with replacement (:func:`resample_indices`, one
-  ``rng.integers(0, n, (n_boot, n))`` call, so a seeded generator gives the same resamples
-  everywhere), compute the statistic on each, and report the 2.5th and 97.5th percentiles
-  (:func:`percentile_ci`). Paired statistics (Delta = EA - GA; the gen/eval context ratio) are
-  computed on the SAME resample for both parts.
+* Cluster (passage) percentile bootstrap, :class:`ClusterBootstrap` (Davison & Hinkley 1997,
+  section 3.8; Field & Welsh 2007): questions about one passage are not independent, so the
+  resampled unit is the passage (:func:`passage_groups`: dataset + context hash), not the
+  question. Algorithm: number the ``k`` clusters in order of first appearance; draw ``n_boot``
+  resamples of ``k`` clusters with replacement (:func:`resample_indices`, one
+  ``rng.integers(0, k, (n_boot, k))`` call, so a seeded generator gives the same resamples
+  everywhere); turn each resample into example weights (how often the example's cluster was
+  drawn); compute each statistic as a weighted mean (or a ratio of weighted means) on every
+  resample; report the 2.5th and 97.5th percentiles (:func:`percentile_ci`; resamples where a
+  ratio's denominator is 0 are left out). Paired statistics (Delta = EA - GA; the gen/eval
+  context ratio) use the SAME resamples for both parts. With one example per cluster this is
+  the ordinary example bootstrap (Efron & Tibshirani 1993, ch. 13). With fewer than two
+  clusters no interval is given; a group on fewer than :data:`MIN_PASSAGES` passages is
+  flagged (:func:`passage_note`).
 * Wilson score interval of a binomial proportion (Wilson 1927), via
   ``scipy.stats.binomtest(k, n).proportion_ci(method="wilson")``.
 * McNemar's exact test of two classifiers on the same examples: ``b`` = only the first right,
@@ -34,13 +42,15 @@ from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
 from interp.errors import ProbeError
 
 __all__ = [
+    "MIN_PASSAGES",
+    "ClusterBootstrap",
     "binary_metrics",
-    "bootstrap_mean",
     "correlations",
     "fold_summary",
     "make_folds",
     "mcnemar",
     "passage_groups",
+    "passage_note",
     "percentile_ci",
     "resample_indices",
     "roc_auc",
@@ -75,21 +85,106 @@ def percentile_ci(samples: Float[Array, "n_boot ..."], level: float = 0.95
     return [lo, hi]
 
 
-def bootstrap_mean(x: Float[Array, " n"], rng: np.random.Generator,
-                   n_boot: int) -> dict[str, Any]:
-    """Mean of ``x`` with its percentile-bootstrap 95% CI.
+MIN_PASSAGES = 10
+"""A table or figure built on fewer passages than this says so (:func:`passage_note`)."""
 
-    Returns:
-        ``{"mean", "ci"}``: ``mean`` None for an empty ``x``; ``ci`` None for fewer than two
-        values or ``n_boot <= 0`` (no resampling is drawn then).
+
+def passage_note(n_passages: int) -> str | None:
+    """The visible note of a group built on fewer than :data:`MIN_PASSAGES` passages, else None."""
+    if n_passages >= MIN_PASSAGES:
+        return None
+    return (f"only {n_passages} passage{'s' * (n_passages != 1)} (< {MIN_PASSAGES}): questions "
+            f"about one passage are not independent, so this group has few independent units")
+
+
+class ClusterBootstrap:
+    """Percentile bootstrap over clusters, as example weights (module docstring).
+
+    Draw once per group; every statistic of the group is then computed on the same resamples.
+
+    Args:
+        clusters: ``[n]`` hashable cluster id of each example (:func:`passage_groups`), or
+            None for one cluster per example (the ordinary example bootstrap).
+        n_boot: number of resamples (``<= 0``: no intervals).
+        rng: the generator (advanced by one ``integers`` call when resamples are drawn).
+        n: number of examples when ``clusters`` is None.
+
+    Attributes:
+        n: number of examples; n_clusters: number of distinct clusters.
+        weights: ``[n_boot, n]`` how often each example's cluster was drawn, or None when no
+            interval can be given (``n_boot <= 0`` or fewer than two clusters).
+
+    Raises:
+        ValueError: neither ``clusters`` nor ``n`` given.
     """
-    x = np.asarray(x, dtype=np.float64)
-    if x.size == 0:
-        return {"mean": None, "ci": None}
-    if x.size == 1 or n_boot <= 0:
-        return {"mean": float(x.mean()), "ci": None}
-    b = x[resample_indices(x.size, n_boot, rng)].mean(axis=1)
-    return {"mean": float(x.mean()), "ci": percentile_ci(b)}
+
+    def __init__(self, clusters: Sequence[Any] | None, n_boot: int, rng: np.random.Generator,
+                 *, n: int | None = None) -> None:
+        if clusters is None:
+            if n is None:
+                raise ValueError("give clusters or n")
+            codes = np.arange(n)
+        else:
+            index: dict[Any, int] = {}
+            codes = np.array([index.setdefault(c, len(index)) for c in clusters], dtype=np.int64)
+        self.n = len(codes)
+        self.n_clusters = int(codes.max()) + 1 if self.n else 0
+        self.weights: Float[Array, "n_boot n"] | None = None
+        if n_boot > 0 and self.n_clusters >= 2:
+            k = self.n_clusters
+            draws = resample_indices(k, n_boot, rng)
+            flat = (draws + k * np.arange(n_boot)[:, None]).ravel()
+            counts = np.bincount(flat, minlength=n_boot * k).reshape(n_boot, k)
+            self.weights = counts[:, codes].astype(np.float64)
+
+    def means(self, x: Float[Array, "n ..."]) -> Float[Array, "n_boot ..."] | None:
+        """The weighted mean of ``x`` on every resample (None without resamples)."""
+        if self.weights is None:
+            return None
+        x = np.asarray(x, dtype=np.float64)
+        tot = np.tensordot(self.weights, x, axes=(1, 0))
+        return tot / self.weights.sum(1).reshape((-1,) + (1,) * (x.ndim - 1))
+
+    @staticmethod
+    def interval(samples: Float[Array, "n_boot ..."] | None
+                 ) -> list[float] | list[Float[Array, "..."]] | None:
+        """Percentile 95% interval of resampled statistics, ignoring NaN resamples.
+
+        Returns:
+            None without resamples or when every resample is NaN (a denominator always 0).
+        """
+        if samples is None:
+            return None
+        samples = np.asarray(samples, dtype=np.float64)
+        if np.isnan(samples).all():
+            return None
+        with np.errstate(all="ignore"):
+            lo = np.nanpercentile(samples, 2.5, axis=0)
+            hi = np.nanpercentile(samples, 97.5, axis=0)
+        return [float(lo), float(hi)] if np.ndim(lo) == 0 else [lo, hi]
+
+    def mean(self, x: Float[Array, " n"]) -> dict[str, Any]:
+        """``{"mean", "ci"}`` of ``x`` (mean None for no examples, ci as :meth:`interval`)."""
+        x = np.asarray(x, dtype=np.float64)
+        if x.size == 0:
+            return {"mean": None, "ci": None}
+        return {"mean": float(x.mean()), "ci": self.interval(self.means(x))}
+
+    def ratio_of_means(self, a: Float[Array, " n"], b: Float[Array, " n"]
+                       ) -> tuple[float | None, Float[Array, " n_boot"] | None]:
+        """``mean(a) / mean(b)`` (a ratio of means) and its resampled values.
+
+        Returns:
+            ``(value, samples)``: value None when ``mean(b) == 0``; samples NaN where a
+            resample's ``mean(b)`` is 0, None without resamples.
+        """
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        value = float(a.mean() / b.mean()) if b.size and b.mean() != 0 else None
+        ma, mb = self.means(a), self.means(b)
+        if ma is None:
+            return value, None
+        with np.errstate(all="ignore"):
+            return value, np.where(mb != 0, ma / np.where(mb != 0, mb, 1.0), np.nan)
 
 
 def wilson_ci(k: int, n: int, level: float = 0.95) -> list[float] | None:

@@ -79,9 +79,13 @@ class Record(TypedDict, total=False):
             judge saw).
         oracle_label: y* (True = Correct); oracle: how it was graded.
         verdict: the parsed verdict (True = "Correct", False = "Incorrect", None = neither);
-            verdict_text: the judge's raw reply.
-        p_correct: sigmoid of ``logit_diff`` = logit("Correct") - logit("Incorrect") (first
-            tokens, nats) at the verdict position.
+            verdict_source: what decided it (``word``, ``restated_answer`` or ``none``,
+            :func:`interp.asymmetry.parse_record_verdict`); verdict_text: the judge's raw reply.
+        logprob_correct, logprob_incorrect: ``log P(reply | eval prompt)`` of the whole
+            replies "Correct" and "Incorrect" (nats, :mod:`interp.verdict`).
+        logit_diff: ``logprob_correct - logprob_incorrect`` (nats).
+        p_correct: ``sigmoid(logit_diff)``, the forced choice between the two replies.
+        verdict_coverage: ``P(Correct) + P(Incorrect)`` in ``(0, 1]``.
         prompts: ``{"gen": PromptSummary, "eval": PromptSummary}``.
     """
 
@@ -101,10 +105,38 @@ class Record(TypedDict, total=False):
     oracle_label: bool
     oracle: OracleResult
     verdict: bool | None
+    verdict_source: Literal["word", "restated_answer", "none"]
     verdict_text: str
-    p_correct: float
+    logprob_correct: float
+    logprob_incorrect: float
     logit_diff: float
+    p_correct: float
+    verdict_coverage: float
     prompts: dict[str, PromptSummary]
+
+
+VERDICT_SCORE_FIELDS = ("logprob_correct", "logprob_incorrect", "logit_diff", "p_correct",
+                        "verdict_coverage")
+"""The whole-reply verdict score of a record (:meth:`interp.verdict.VerdictScores.rows`)."""
+
+
+def check_verdict_scores(records: Iterable[Mapping[str, Any]]) -> None:
+    """Refuse records without the whole-reply verdict score.
+
+    Runs made before :mod:`interp.verdict` stored ``p_correct`` from the first sub-token of
+    each verdict word ("Correct" vs "In"), a different number under the same name.
+
+    Raises:
+        RunDirError: names the first such record and how to redo the run.
+    """
+    for r in records:
+        if any(k not in r for k in VERDICT_SCORE_FIELDS):
+            raise RunDirError(
+                f"record {r.get('dataset')}/{r.get('id')} has no whole-reply verdict score "
+                f"({', '.join(k for k in VERDICT_SCORE_FIELDS if k not in r)} missing): it was "
+                f"made before interp scored whole verdict replies; redo the run that wrote it "
+                f"(`interp asymmetry` or `interp transfer`) into a new --out or with "
+                f"--overwrite")
 
 
 _PACKAGES = ("interp", "torch", "transformers", "transformer-lens", "nnsight", "peft",

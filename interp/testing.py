@@ -155,7 +155,8 @@ def synthetic_probe_run(path: str | Path, handle: ModelHandle, n_good: int = 9,
     Record ``k`` (``n_good`` correct ones first) asks about a made-up fact; its candidate is a
     city from :data:`GOOD` (y* Correct) or a word from :data:`BAD` (y* Incorrect); datasets
     alternate between ``hotpotqa`` and ``squad_v2``; the verdicts come from an acquiescent judge
-    (Correct with probability 0.8, record 3 unparseable) and ``p_correct`` is uniform noise.
+    (Correct with probability 0.8, record 3 unparseable) and ``p_correct`` is uniform noise (the
+    whole-reply verdict score fields are consistent with it, at ``verdict_coverage`` 0.5).
     The prompts' spans are rendered with ``handle.tokenizer``, so the run re-renders exactly.
 
     Args:
@@ -181,12 +182,18 @@ def synthetic_probe_run(path: str | Path, handle: ModelHandle, n_good: int = 9,
         ep = render(handle.tokenizer, tpl, "eval", context=ctx, question=q, answer=ans,
                     reference=ans)
         verdict = bool(rng.random() < 0.8)
+        p = float(rng.random())
         recs.append({"id": f"ex{k}", "dataset": "squad_v2" if k % 2 else "hotpotqa",
                      "question": q, "context": ctx, "answers": [ans], "answerable": True,
                      "status": "ok", "model": handle.spec, "template": "default",
                      "generation": ans, "answer": ans, "oracle_label": good,
-                     "verdict": verdict if k != 3 else None, "verdict_text": "Correct",
-                     "p_correct": float(rng.random()), "logit_diff": 0.0,
+                     "verdict": verdict if k != 3 else None,
+                     "verdict_source": "word" if k != 3 else "none",
+                     "verdict_text": ("Correct" if verdict else "Incorrect") if k != 3 else "",
+                     "logprob_correct": float(np.log(0.5 * p)),
+                     "logprob_incorrect": float(np.log(0.5 * (1 - p))),
+                     "logit_diff": float(np.log(p / (1 - p))), "p_correct": p,
+                     "verdict_coverage": 0.5,
                      "prompts": {"gen": gp.to_record(), "eval": ep.to_record()}})
     run.append_records(recs)
     return run

@@ -31,14 +31,16 @@ from tqdm.auto import tqdm
 
 from interp.asymmetry import compute_metrics, evaluate_examples, format_metrics, make_oracle
 from interp.data import DATASETS, QAExample, load_examples
-from interp.errors import RunDirError
+from interp.errors import ConfigError, RunDirError
+from interp.grading import BaseOracle, RuleOracle
+from interp.grading import oracle_agreement as grade_agreement
 from interp.models import DEFAULT_MODEL, ModelHandle, load_model, result_facts, runtime_facts
 from interp.plots import plot_asymmetry
 from interp.prompts import Template, get_template, render
-from interp.store import RunDir, config_from_table, record_key, write_json
+from interp.store import RunDir, config_from_table, limit_per_dataset, record_key, write_json
 
-__all__ = ["KEY_FIELDS", "NAME", "SUMMARIES", "AsymmetryConfig", "format_summary", "run",
-           "stale_records", "write_metrics"]
+__all__ = ["KEY_FIELDS", "NAME", "SUMMARIES", "AsymmetryConfig", "format_oracle_agreement",
+           "format_summary", "oracle_agreement", "run", "stale_records", "write_metrics"]
 
 NAME = "asymmetry"
 SUMMARIES = {"metrics.json": "asymmetry_metrics.json"}
@@ -221,6 +223,59 @@ def write_metrics(run: RunDir, config: AsymmetryConfig | None = None) -> dict[st
     write_json(run.path / "metrics.json", metrics)
     plot_asymmetry(metrics, run.sub("figures"))
     return metrics
+
+
+def oracle_agreement(run: RunDir, oracle: str | BaseOracle, *, limit: int | None = None,
+                     device: str | None = None) -> dict[str, Any]:
+    """Agreement of the rule oracle and an LLM oracle on a run's records.
+
+    Both oracles grade every ok record's extracted answer (:func:`interp.grading.
+    oracle_agreement`: Cohen's kappa, the confusion table, every disagreement); the result
+    is written to ``DIR/oracle_agreement.json``.
+
+    Args:
+        run: an asymmetry run directory.
+        oracle: ``"model:SPEC"`` or an oracle object (side ``b``; the rule oracle is ``a``).
+        limit: the first N ok records per dataset (None: all).
+        device: where to load the oracle model.
+
+    Returns:
+        The written dict: :func:`interp.grading.oracle_agreement`'s keys plus ``run``,
+        ``stored_oracle`` (the run's own oracle) and ``oracle_b_counts`` (how often the LLM
+        oracle's reply decided and how often its forced choice did, when it counts them).
+
+    Raises:
+        ConfigError: ``oracle`` is not ``model:SPEC``.
+        RunDirError: the run has no ok records (before any model is loaded).
+    """
+    if isinstance(oracle, str) and not oracle.startswith("model:"):
+        raise ConfigError(f"--oracle must be model:SPEC (the rule oracle is the other side), "
+                          f"not {oracle!r}")
+    records = limit_per_dataset(run.read_records(), limit)
+    if not records:
+        raise RunDirError(f"{run.path} has no ok records to grade; run `interp asymmetry` first")
+    other = make_oracle(oracle, device=device) if isinstance(oracle, str) else oracle
+    res = grade_agreement(records, RuleOracle(), other, max_examples=len(records))
+    res = {"run": str(run.path),
+           "stored_oracle": run.manifest().get("config", {}).get("oracle"), **res,
+           "oracle_b_counts": getattr(other, "counts", None)}
+    write_json(run.path / "oracle_agreement.json", res)
+    return res
+
+
+def format_oracle_agreement(res: Mapping[str, Any]) -> str:
+    """Kappa, raw agreement and the confusion table of :func:`oracle_agreement` as text."""
+    c = res["confusion"]
+    return "\n".join([
+        f"{res['oracle_a']} vs {res['oracle_b']} on {res['n']} records: agreement "
+        f"{res['agreement']:.3f}, Cohen's kappa {res['kappa']:.3f}"
+        + (f" ({res['kappa_note']})" if res.get("kappa_note") else ""),
+        f"{'':>18}{'b Correct':>11}{'b Incorrect':>13}",
+        f"{'a (rule) Correct':>18}{c['a_correct_b_correct']:>11}{c['a_correct_b_incorrect']:>13}",
+        f"{'a (rule) Incorr.':>18}{c['a_incorrect_b_correct']:>11}"
+        f"{c['a_incorrect_b_incorrect']:>13}",
+        f"{res['n_disagreements']} disagreements; LLM oracle decided by: "
+        f"{res.get('oracle_b_counts')}"])
 
 
 format_summary = format_metrics

@@ -478,7 +478,7 @@ def format_summary(results: Mapping[str, Any]) -> str:
     lines = [f"records: {results['n_records']} {results['datasets']}; y*: "
              f"{results['class_counts']}; selection by CV {results['select_by'].upper()}",
              f"verbal judge: EA {j['EA']:.3f}  F1 {j['f1']:.3f}  balanced acc "
-             f"{j['balanced_accuracy'] or float('nan'):.3f}  AUC(p_correct) "
+             f"{j['balanced_accuracy'] or float('nan'):.3f}  AUC(logit_diff) "
              f"{j['auc'] if j['auc'] is not None else float('nan'):.3f}"]
     for task, t in results["tasks"].items():
         b = t["best"]

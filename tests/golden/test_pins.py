@@ -4,9 +4,10 @@ What is pinned (bundled SmolLM2-135M-Instruct, float32, CPU; first 2 bundled val
 of squad_v2 and drop):
 
 1. ``records``: the asymmetry harness's records (answer, generation, oracle label and fields,
-   verdict, verdict text, p_correct, logit_diff, prompt token spans and lengths).
-2. ``metrics``: ``metrics.json`` of that run (GA, EA, Delta, bootstrap CIs, Wilson CIs,
-   McNemar, AUC).
+   verdict, its source and text, the whole-reply verdict score, prompt token spans and
+   lengths).
+2. ``metrics``: ``metrics.json`` of that run (GA, EA, EA_forced, Delta, the verdict split,
+   acceptance rates, coverage, CIs bootstrapped over passages, McNemar, AUC).
 3. ``attention``: the attention stage on that run: ``summary.json`` and ``heads.json``, the span
    masses (per record, task, layer and span, mean over heads; every head at layers 0 and 29),
    and statistics of the saved activations (``save_resid = "28-29"`` with full patterns).
@@ -154,8 +155,9 @@ def pin_run(bundled, tmp_path_factory):
 
 
 RECORD_FIELDS = ("id", "dataset", "status", "model", "template", "generation", "answer",
-                 "oracle_label", "oracle", "verdict", "verdict_text", "p_correct", "logit_diff",
-                 "prompts")
+                 "oracle_label", "oracle", "verdict", "verdict_source", "verdict_text",
+                 "logprob_correct", "logprob_incorrect", "logit_diff", "p_correct",
+                 "verdict_coverage", "prompts")
 
 
 def test_records(pin_run):

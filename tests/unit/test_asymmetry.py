@@ -15,33 +15,55 @@ from interp.prompts import get_template
 from interp.stages.asymmetry import AsymmetryConfig
 from interp.stages.asymmetry import run as run_asymmetry
 from interp.store import RunDir, RunDirError
+from interp.verdict import score_verdicts
 
 
-def _rec(y, v, p=0.5, ds="squad_v2", i=0):
+def _rec(y, v, p=0.5, ds="squad_v2", i=0, ctx=None):
+    ld = float(np.log(p / (1 - p)))
     return {"id": str(i), "dataset": ds, "status": "ok", "oracle_label": y, "verdict": v,
-            "p_correct": p, "model": "m"}
+            "context": f"passage {i}" if ctx is None else ctx,
+            "logprob_correct": float(np.log(0.4 * p)),
+            "logprob_incorrect": float(np.log(0.4 * (1 - p))),
+            "logit_diff": ld, "p_correct": p, "verdict_coverage": 0.4, "model": "m"}
 
 
 def test_group_metrics_by_hand():
-    """GA, EA, Delta, acceptance rates, invalid count and McNemar counts on a known table."""
-    # (y*, verdict): 3 correct answers, 5 wrong answers
-    rows = [(True, True), (True, True), (True, False),
-            (False, True), (False, True), (False, True), (False, False), (False, None)]
-    recs = [_rec(y, v, p=0.9 if y else 0.2, i=k) for k, (y, v) in enumerate(rows)]
+    """GA, EA, EA_forced, Delta, verdict split, acceptance rates and McNemar on a known table."""
+    # (y*, verdict, p_correct): 3 correct answers, 5 wrong answers
+    rows = [(True, True, 0.9), (True, True, 0.3), (True, False, 0.8),
+            (False, True, 0.6), (False, True, 0.2), (False, True, 0.1), (False, False, 0.7),
+            (False, None, 0.4)]
+    recs = [_rec(y, v, p=p, i=k) for k, (y, v, p) in enumerate(rows)]
     m = group_metrics(recs, n_boot=500)
-    assert m["n"] == 8
+    assert m["n"] == 8 and m["n_passages"] == 8
+    assert m["few_passages"] is True and m["note"].startswith("only 8 passages (< 10)")
     assert m["GA"] == pytest.approx(3 / 8)
     assert m["EA"] == pytest.approx(3 / 8)  # right: T/T, T/T, F/F
+    # forced choice p > 0.5: T/.9 T/.8 right; F/.2 F/.1 F/.4 right -> 5 of 8
+    assert m["EA_forced"] == pytest.approx(5 / 8)
     assert m["delta"] == pytest.approx(0.0)
+    assert m["delta_forced"] == pytest.approx(2 / 8)
+    assert m["verdicts"] == {"accept": 5, "reject": 2, "none": 1}
+    assert sum(m["verdicts"].values()) == m["n"]
+    assert m["verdict_shares"] == {"accept": 5 / 8, "reject": 2 / 8, "none": 1 / 8}
+    assert m["verdicts_by_label"] == {"correct": {"accept": 2, "reject": 1, "none": 0},
+                                      "incorrect": {"accept": 3, "reject": 1, "none": 1}}
+    assert m["invalid_verdicts"] == 1
+    assert m["acceptance_rate"] == pytest.approx(5 / 8)
+    assert m["acceptance_rate_valid"] == pytest.approx(5 / 7)
     assert m["acceptance_rate_correct"] == pytest.approx(2 / 3)
     assert m["acceptance_rate_incorrect"] == pytest.approx(3 / 5)
-    assert m["invalid_verdicts"] == 1
+    assert m["acceptance_rate_incorrect_valid"] == pytest.approx(3 / 4)
+    assert m["acceptance_rate_correct_forced"] == pytest.approx(2 / 3)
+    assert m["acceptance_rate_incorrect_forced"] == pytest.approx(2 / 5)
+    assert m["mean_verdict_coverage"] == pytest.approx(0.4)
     # b: gen right & judge wrong = 1 (T/F); c: gen wrong & judge right = 1 (F/F)
     assert m["mcnemar"]["b"] == 1 and m["mcnemar"]["c"] == 1
-    assert m["auc_p_correct"] == pytest.approx(1.0)
-    lo, hi = m["delta_ci"]
-    assert lo <= m["delta"] <= hi
-    assert m["GA_ci"][0] <= m["GA"] <= m["GA_ci"][1]
+    # pairs (y* Correct, y* Incorrect) ranked right: 0.9 beats 5, 0.3 beats 2, 0.8 beats 5
+    assert m["auc_logit_diff"] == pytest.approx(12 / 15)
+    for key in ("delta", "delta_forced", "GA", "EA_forced", "acceptance_rate_incorrect"):
+        lo, hi = m[f"{key}_ci"]
+        assert lo <= m[key] <= hi
 
 
 def test_bootstrap_ci_is_paired():
@@ -50,6 +72,34 @@ def test_bootstrap_ci_is_paired():
     recs = [_rec(k % 3 == 0, True, i=k) for k in range(30)]
     m = group_metrics(recs, n_boot=300)
     assert m["delta_ci"] == [0.0, 0.0]
+    assert m["n_passages"] == 30 and m["few_passages"] is False and m["note"] is None
+
+
+def test_metrics_resample_passages():
+    """Questions sharing a passage are resampled together.
+
+    3 passages give a wider Delta CI than the same records each on its own passage, and the
+    group carries the flag.
+    """
+    recs = [_rec(k < 10 or (10 <= k < 20 and k % 2 == 0), k >= 10, i=k) for k in range(30)]
+    alone = group_metrics(recs, n_boot=2000)
+    shared = group_metrics([{**r, "context": f"passage {int(r['id']) // 10}"} for r in recs],
+                           n_boot=2000)
+    assert (alone["n_passages"], shared["n_passages"]) == (30, 3)
+    assert shared["few_passages"] and not alone["few_passages"]
+    assert alone["GA"] == shared["GA"] == pytest.approx(15 / 30)
+
+    def width(ci):
+        return ci[1] - ci[0]
+
+    assert width(shared["delta_ci"]) > 1.5 * width(alone["delta_ci"])
+    assert width(shared["GA_ci"]) > 1.5 * width(alone["GA_ci"])
+
+
+def test_records_without_the_whole_reply_score_are_refused():
+    old = {k: v for k, v in _rec(True, True).items() if k != "verdict_coverage"}
+    with pytest.raises(RunDirError, match="no whole-reply verdict score"):
+        group_metrics([old])
 
 
 def test_compute_metrics_per_dataset():
@@ -74,6 +124,15 @@ def test_evaluate_examples_records(tiny):
         assert r["verdict"] in (True, False, None)
         assert 0.0 <= r["p_correct"] <= 1.0
         assert r["p_correct"] == pytest.approx(1 / (1 + np.exp(-r["logit_diff"])), abs=1e-6)
+        assert 0.0 < r["verdict_coverage"] <= 1.0
+        assert r["logit_diff"] == pytest.approx(r["logprob_correct"] - r["logprob_incorrect"])
+        assert r["verdict_source"] in ("word", "restated_answer", "none")
+    # the record's score is the whole-reply score of its eval prompt (interp.verdict)
+    ids = [rerender(r, "eval", tiny.tokenizer).input_ids for r in recs]
+    sc = score_verdicts(tiny, ids).rows()
+    for r, row in zip(recs, sc):
+        for k, v in row.items():
+            assert r[k] == pytest.approx(v, abs=1e-6)
         spans = r["prompts"]["eval"]["token_spans"]
         assert set(spans) >= {"context", "question"}
         assert r["prompts"]["gen"]["n_tokens"] < r["prompts"]["eval"]["n_tokens"]
@@ -116,6 +175,18 @@ def test_run_resumes_and_refuses_other_config(tiny, tmp_path):
     m = run_asymmetry(more, tmp_path, handle=tiny, log=lambda s: None)
     assert set(m["per_dataset"]) == {"squad_v2", "drop"} and m["overall"]["n"] == 4
     assert RunDir(tmp_path).manifest()["config"]["datasets"] == ["squad_v2", "drop"]
+    # metrics.json recomputed by hand from records.jsonl
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    recs = RunDir(tmp_path).read_records()
+    for name, group in [*written["per_dataset"].items(), ("overall", written["overall"])]:
+        sel = [r for r in recs if name in ("overall", r["dataset"])]
+        forced = [(r["p_correct"] > 0.5) == r["oracle_label"] for r in sel]
+        assert group["EA_forced"] == sum(forced) / len(sel)
+        assert sum(group["verdicts"].values()) == group["n"] == len(sel)
+        assert group["mean_verdict_coverage"] == pytest.approx(
+            np.mean([r["verdict_coverage"] for r in sel]), abs=1e-12)
+        assert group["few_passages"] is True and group["n_passages"] <= 4
+    assert all(0.0 < r["verdict_coverage"] <= 1.0 for r in recs)
 
 
 def test_unknown_config_key():
@@ -180,3 +251,67 @@ def test_rerender_checks_the_stored_spans(tiny, tmp_path):
     del rec["prompts"]["gen"]
     with pytest.raises(RunDirError, match="has no prompts.gen"):
         rerender(rec, "gen", tiny.tokenizer)
+
+
+def test_model_oracle_falls_back_to_the_forced_choice(tiny):
+    """A reply without a verdict: the oracle model's whole-reply forced choice decides."""
+    from interp.grading import ORACLE_SYSTEM, ORACLE_USER, ModelOracle
+
+    oracle = ModelOracle(tiny, max_new_tokens=3)
+    ctx, q = "The Eiffel Tower is in Paris.", "Where is the Eiffel Tower?"
+    forced = 0
+    for pred in ("Paris", "Rome", "Lyon", "France"):
+        res = oracle.grade(pred, ["Paris"], dataset="squad_v2",
+                           extras={"context": ctx, "question": q})
+        if not res.rule.startswith("model:forced_choice("):
+            assert res.rule.startswith("model:reply:")
+            continue
+        forced += 1
+        user = ORACLE_USER.format(context=ctx, question=q, gold="Paris", prediction=pred)
+        ids = tiny.tokenizer.apply_chat_template(
+            [{"role": "system", "content": ORACLE_SYSTEM}, {"role": "user", "content": user}],
+            tokenize=True, add_generation_prompt=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        p = float(score_verdicts(tiny, [list(ids)]).p_correct[0])
+        assert res.rule.startswith(f"model:forced_choice(p_correct={p:.3f}):")
+        assert res.label == (p > 0.5)
+    assert forced >= 1 and oracle.counts["forced_choice"] == forced
+    assert sum(oracle.counts.values()) == 4
+    # unanswerable questions go to the rule oracle, and are counted as such
+    oracle.grade("", [], dataset="squad_v2", answerable=False)
+    assert oracle.counts["rule"] == 1
+
+
+def test_oracle_agreement_on_a_run(tiny, tmp_path):
+    """Kappa and the confusion table of the rule oracle vs a tiny model oracle, written."""
+    from sklearn.metrics import cohen_kappa_score
+    from typer.testing import CliRunner
+
+    from interp import cli
+    from interp.grading import ModelOracle
+    from interp.stages.asymmetry import format_oracle_agreement, oracle_agreement
+    from interp.testing import GOOD, synthetic_probe_run
+
+    run = synthetic_probe_run(tmp_path / "run", tiny, 3, 3)
+    recs = run.read_records()
+    for k, r in enumerate(recs):       # gold = the city of the context: 3 right, 3 wrong answers
+        r["answers"] = [GOOD[k % 4]]
+    run.records_path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res = oracle_agreement(run, ModelOracle(tiny, max_new_tokens=3))
+    assert json.loads((tmp_path / "run" / "oracle_agreement.json").read_text())["n"] == 6
+    c = res["confusion"]
+    assert sum(c.values()) == res["n"] == 6
+    assert c["a_correct_b_correct"] + c["a_correct_b_incorrect"] == 3    # the rule oracle
+    b = [True] * (c["a_correct_b_correct"] + c["a_incorrect_b_correct"]) + [False] * (
+        c["a_correct_b_incorrect"] + c["a_incorrect_b_incorrect"])
+    a = [True] * c["a_correct_b_correct"] + [False] * c["a_incorrect_b_correct"] + [True] * (
+        c["a_correct_b_incorrect"]) + [False] * c["a_incorrect_b_incorrect"]
+    assert res["kappa"] == pytest.approx(cohen_kappa_score(a, b))
+    assert res["confusion"] == {"a_correct_b_correct": 3, "a_correct_b_incorrect": 0,
+                                "a_incorrect_b_correct": 3, "a_incorrect_b_incorrect": 0}
+    assert res["n_disagreements"] == len(res["disagreements"]) == sum(x != y for x, y in zip(a, b))
+    assert sum(res["oracle_b_counts"].values()) == 6
+    assert "Cohen's kappa" in format_oracle_agreement(res)
+    out = CliRunner().invoke(cli.app, ["oracle-agreement", "--run", str(run.path), "--oracle",
+                                       "rule"])
+    assert out.exit_code == 2 and "must be model:SPEC" in out.output

@@ -70,18 +70,44 @@ def test_summary_against_manual_means():
     n, n_l, n_h = 6, 4, 3
     mass = {t: rng.dirichlet(np.ones(4), size=(n, n_l, n_h)).astype(np.float32)
             for t in ("gen", "eval")}
+    spans = {"gen": {"n_tokens": 40, "token_spans": {"context": [5, 25], "question": [26, 30]}},
+             "eval": {"n_tokens": 50, "token_spans": {"context": [5, 25], "question": [26, 30],
+                                                      "candidate": [33, 35]}}}
+    # records 0-1 and 2-3 share a passage: dataset "a" has 2 passages, "b" 2, overall 4
     records = [{"id": str(i), "dataset": "a" if i < 4 else "b", "oracle_label": i % 2 == 0,
+                "context": f"passage {min(i // 2, 2) if i < 4 else i}", "prompts": spans,
                 "verdict": [True, False][i % 2] if i < 5 else None} for i in range(n)]
     s = summarize(records, mass, SPANS, [2, 3], n_boot=200)
     sel = slice(0, 4)
     g = mass["gen"][sel][:, 2:4, :, 0].mean()
     e = mass["eval"][sel][:, 2:4, :, 0].mean()
     a = s["per_dataset"]["a"]
-    assert a["n"] == 4
+    assert a["n"] == 4 and a["n_passages"] == 2 and s["overall"]["n_passages"] == 4
+    assert a["few_passages"] is True and a["note"].startswith("only 2 passages")
+    assert s["definitions"]["context_ratio"].startswith("ratio of means")
     assert a["gen"]["context"]["mean"] == pytest.approx(g, rel=1e-5)
     assert a["context_ratio"] == pytest.approx(g / e, rel=1e-5)
     lo, hi = a["gen"]["context"]["ci"]
     assert lo <= g <= hi
+    # per record band means -> a mean of log ratios (geometric), content shares, mass per token
+    bg = mass["gen"][sel][:, 2:4].mean(axis=(1, 2)).astype(np.float64)  # [4, span]
+    be = mass["eval"][sel][:, 2:4].mean(axis=(1, 2)).astype(np.float64)
+    geo = np.exp(np.mean(np.log(bg[:, 0] / be[:, 0])))
+    assert a["context_ratio_geometric"] == pytest.approx(geo, rel=1e-5)
+    assert a["context_log_ratio"] == pytest.approx(np.log(geo), rel=1e-5)
+    share_g = bg[:, 0] / bg[:, :3].sum(1)   # random masses; a real gen prompt has no candidate
+    share_e = be[:, 0] / be[:, :3].sum(1)
+    assert a["content_context_share"]["eval"]["mean"] == pytest.approx(share_e.mean(), rel=1e-5)
+    assert a["content_context_share_ratio"] == pytest.approx(share_g.mean() / share_e.mean(),
+                                                             rel=1e-5)
+    mpt = a["mass_per_token"]
+    assert mpt["eval"]["candidate"]["mean"] == pytest.approx((be[:, 2] / 2).mean(), rel=1e-5)
+    assert mpt["eval"]["template"]["mean"] == pytest.approx((be[:, 3] / 24).mean(), rel=1e-5)
+    assert mpt["gen"]["template"]["mean"] == pytest.approx((bg[:, 3] / 16).mean(), rel=1e-5)
+    assert mpt["gen"]["candidate"] == {"mean": None, "ci": None}
+    for key in ("context_ratio", "context_ratio_geometric", "content_context_share_ratio"):
+        lo, hi = a[f"{key}_ci"]
+        assert lo <= a[key] <= hi
     assert sum(a["gen"][sp]["mean"] for sp in SPANS) == pytest.approx(1.0, abs=1e-5)
     assert a["by_oracle_label"]["correct"]["n"] == 2
     assert s["overall"]["by_verdict"]["none"]["n"] == 1

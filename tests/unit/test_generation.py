@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from interp.generation import generate, left_pad, verdict_scores
+from interp.generation import generate, left_pad
 from interp.prompts import get_template, render
 
 
@@ -32,12 +31,3 @@ def test_first_logits_match_plain_forward(tiny):
     with torch.no_grad():
         ref = tiny.model(torch.tensor([p[0]])).logits[0, -1]
     torch.testing.assert_close(g.first_logits, ref, atol=1e-4, rtol=1e-4)
-
-
-def test_verdict_scores():
-    """The logit difference is l_C - l_I and p_correct its sigmoid."""
-    logits = torch.zeros(10)
-    logits[3], logits[7] = 2.0, 0.5
-    diff, p = verdict_scores(logits, 3, 7)
-    assert diff == pytest.approx(1.5)
-    assert p == pytest.approx(1 / (1 + torch.exp(torch.tensor(-1.5)).item()))

@@ -94,7 +94,8 @@ def test_run_probes_end_to_end_and_resume(tiny, tmp_path):
     # the judge's numbers equal the asymmetry harness's on the same records
     gm = group_metrics(recs, n_boot=10)
     assert res["judge"]["overall"]["EA"] == pytest.approx(gm["EA"])
-    assert res["judge"]["overall"]["auc"] == pytest.approx(gm["auc_p_correct"])
+    assert res["judge"]["overall"]["auc"] == pytest.approx(gm["auc_logit_diff"])
+    assert res["judge"]["overall"]["EA_forced"] == pytest.approx(gm["EA_forced"])
     assert res["class_counts"] == {"correct": 9, "incorrect": 15}
     # every cell of the first probe was swept; the others at top_k cells
     grid = res["tasks"]["eval"]["grid"]

@@ -7,13 +7,15 @@ import pytest
 
 from interp.errors import ProbeError
 from interp.stats import (
+    MIN_PASSAGES,
+    ClusterBootstrap,
     binary_metrics,
-    bootstrap_mean,
     correlations,
     fold_summary,
     make_folds,
     mcnemar,
     passage_groups,
+    passage_note,
     percentile_ci,
     resample_indices,
     roc_auc,
@@ -77,19 +79,58 @@ def test_binary_metrics_equal_sklearn():
 
 
 def test_bootstrap_is_one_draw_of_a_seeded_generator():
-    """The resamples are rng.integers(0, n, (n_boot, n)); CIs are the 2.5/97.5 percentiles."""
+    """One example per cluster is the ordinary example bootstrap.
+
+    The resamples are rng.integers(0, n, (n_boot, n)) as weights; CIs are the 2.5/97.5
+    percentiles.
+    """
     x = np.arange(10.0)
-    a = bootstrap_mean(x, np.random.default_rng(5), 400)
+    bs = ClusterBootstrap(None, 400, np.random.default_rng(5), n=10)
+    a = bs.mean(x)
     idx = np.random.default_rng(5).integers(0, 10, size=(400, 10))
     assert (resample_indices(10, 400, np.random.default_rng(5)) == idx).all()
     means = x[idx].mean(1)
+    assert np.allclose(bs.means(x), means, atol=1e-12)
     assert a["mean"] == 4.5
-    assert a["ci"] == [np.percentile(means, 2.5), np.percentile(means, 97.5)]
-    assert bootstrap_mean(np.array([]), np.random.default_rng(0), 10) == {"mean": None,
-                                                                           "ci": None}
-    assert bootstrap_mean(np.array([2.0]), np.random.default_rng(0), 10)["ci"] is None
+    assert a["ci"] == pytest.approx([np.percentile(means, 2.5), np.percentile(means, 97.5)],
+                                    abs=1e-12)
+    # distinct cluster labels are the same thing as no clusters
+    same = ClusterBootstrap([f"p{i}" for i in range(10)], 400, np.random.default_rng(5))
+    assert np.array_equal(same.weights, bs.weights)
+    assert bs.mean(np.array([])) == {"mean": None, "ci": None}
+    one = ClusterBootstrap(["p"] * 4, 400, np.random.default_rng(0))
+    assert one.weights is None and one.mean(np.ones(4)) == {"mean": 1.0, "ci": None}
+    assert ClusterBootstrap(None, 0, np.random.default_rng(0), n=5).mean(x[:5])["ci"] is None
     lo, hi = percentile_ci(np.stack([means, -means], axis=1))
-    assert lo.shape == (2,) and lo[0] == a["ci"][0] and hi[1] == -a["ci"][0]
+    assert lo.shape == (2,) and lo[0] == pytest.approx(a["ci"][0]) and hi[1] == -lo[0]
+
+
+def test_cluster_bootstrap_is_wider_than_the_example_bootstrap_on_three_passages():
+    """30 records on 3 passages whose means are 0, 0.5 and 1.
+
+    Resampling passages, a resample of three times the same passage (probability 1/27 > 2.5%
+    each) gives 0 or 1, so the CI is exactly [0, 1]; resampling records gives about +-1/6.
+    """
+    x = np.array([0.0] * 10 + [0.0, 1.0] * 5 + [1.0] * 10)
+    passages = ["A"] * 10 + ["B"] * 10 + ["C"] * 10
+    clus = ClusterBootstrap(passages, 2000, np.random.default_rng(0))
+    ex = ClusterBootstrap(None, 2000, np.random.default_rng(0), n=30)
+    assert clus.n_clusters == 3 and ex.n_clusters == 30
+    assert clus.mean(x) == {"mean": 0.5, "ci": [0.0, 1.0]}
+    assert ex.mean(x) == {"mean": 0.5, "ci": [pytest.approx(1 / 3), pytest.approx(2 / 3)]}
+    # every record of a passage gets its passage's draw count; each resample draws 3 passages
+    w = clus.weights
+    assert (w[:, :10] == w[:, :1]).all() and (w.sum(1) == 30).all()
+    # a ratio of means: NaN where a resample's denominator is 0, left out of the interval
+    num, den = np.array([1.0] * 10 + [0.0] * 20), np.array([1.0] * 10 + [0.0] * 20)
+    value, samples = clus.ratio_of_means(num, den)
+    assert value == 1.0 and np.isnan(samples).any() and clus.interval(samples) == [1.0, 1.0]
+    assert clus.ratio_of_means(num, np.zeros(30))[0] is None
+
+
+def test_passage_note():
+    assert passage_note(MIN_PASSAGES) is None
+    assert passage_note(3).startswith("only 3 passages (< 10)")
 
 
 def test_wilson_mcnemar_correlations_fold_summary():
