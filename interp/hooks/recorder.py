@@ -28,8 +28,9 @@ Module paths come from :mod:`interp.hooks.points` only.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +49,7 @@ from interp.hooks.points import hook_name, hook_site, resolve
 from interp.layers import parse_layers
 from interp.models import ModelHandle
 
-__all__ = ["BACKENDS", "IMPLEMENTATION", "Recording", "full_pattern", "last_row",
+__all__ = ["BACKENDS", "IMPLEMENTATION", "Recording", "batch_rows", "full_pattern", "last_row",
            "record_rows", "register_recorder"]
 
 BACKENDS = ("hf", "eager", "transformer_lens", "nnsight")
@@ -148,7 +149,7 @@ def _recording_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
     if cap is not None:
         layer = int(module.layer_idx)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        cap.rows[layer] = last_row(query, key, attention_mask, scale)[0]
+        cap.rows[layer] = last_row(query, key, attention_mask, scale)
         if layer in cap.pattern_layers:
             cap.pattern[layer] = full_pattern(query, key, attention_mask, scale)[0]
     return out, None
@@ -169,6 +170,39 @@ def register_recorder() -> str:
         AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
         _REGISTERED = True
     return IMPLEMENTATION
+
+
+@contextlib.contextmanager
+def batch_rows(handle: ModelHandle) -> Iterator[Callable[[], Float[Tensor, "batch layer head k"]]]:
+    """Record the last-row attention of every prompt of the batched forwards inside it.
+
+    The model runs with the recording attention function (module docstring, step 2) for the
+    duration; the forward inside may be left-padded (a padded key gets probability exactly 0,
+    the real keys sum to 1). Used by the harness's one-pass prefill
+    (:mod:`interp.prefill`), which cuts each prompt's padding off.
+
+    Yields:
+        A function returning the rows of the LAST forward run inside the context,
+        ``[batch, n_layers, n_heads, key_len]`` float32 on the model's device.
+
+    Raises:
+        AttentionError: (from the returned function) a layer saw no attention call.
+    """
+    cap = _Capture(pattern_layers=set())
+    token = _ACTIVE.set(cap)
+
+    def rows() -> Tensor:
+        if missing := [x for x in range(handle.n_layers) if x not in cap.rows]:
+            raise AttentionError(f"the recorder saw no attention call in layers {missing}: "
+                                 f"{type(handle.model).__name__} does not use "
+                                 f"AttentionInterface")
+        return torch.stack([cap.rows[x] for x in range(handle.n_layers)], dim=1)
+
+    try:
+        with attn_implementation(handle, register_recorder()):
+            yield rows
+    finally:
+        _ACTIVE.reset(token)
 
 
 def _as_ids(input_ids: Sequence[int] | Tensor, device: torch.device) -> Tensor:
@@ -202,7 +236,7 @@ def _record_hf(handle: ModelHandle, ids: Tensor, layers: list[int],
     if missing:
         raise AttentionError(f"the recorder saw no attention call in layers {missing}: "
                              f"{type(model).__name__} does not use AttentionInterface")
-    rows = torch.stack([cap.rows[layer] for layer in range(handle.n_layers)])
+    rows = torch.stack([cap.rows[layer][0] for layer in range(handle.n_layers)])
     acts: dict[str, Tensor] = {}
     if layers:
         for key in ("resid_pre", "resid_post", "z"):

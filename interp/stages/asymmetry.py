@@ -36,11 +36,24 @@ from interp.grading import BaseOracle, RuleOracle
 from interp.grading import oracle_agreement as grade_agreement
 from interp.models import DEFAULT_MODEL, ModelHandle, load_model, result_facts, runtime_facts
 from interp.plots import plot_asymmetry
+from interp.prefill import Capture
+from interp.probing import POOLS
 from interp.prompts import Template, get_template, render
-from interp.store import RunDir, config_from_table, limit_per_dataset, record_key, write_json
+from interp.stages import attention as attention_stage
+from interp.stages import probe as probe_stage
+from interp.stages.common import stage_facts
+from interp.store import (
+    Record,
+    RunDir,
+    config_from_table,
+    limit_per_dataset,
+    record_key,
+    write_json,
+)
 
 __all__ = ["KEY_FIELDS", "NAME", "SUMMARIES", "AsymmetryConfig", "format_oracle_agreement",
-           "format_summary", "oracle_agreement", "run", "stale_records", "write_metrics"]
+           "format_summary", "oracle_agreement", "run", "stale_records", "store_one_pass",
+           "write_metrics"]
 
 NAME = "asymmetry"
 SUMMARIES = {"metrics.json": "asymmetry_metrics.json"}
@@ -71,6 +84,14 @@ class AsymmetryConfig:
         dtype: precision (``float32``, ``bfloat16``, ...; default by device).
         from_hub: read dataset names from the Hugging Face hub instead of the bundled files.
         n_boot: bootstrap resamples for CIs.
+        one_pass: in the harness's own prefill forwards, also record what the attention and
+            probe stages read: the exact last-token attention rows (saved as span masses,
+            ``DIR/attention/records/``) and the pooled ``resid_post`` of every layer
+            (``DIR/probes/features_{gen,eval}.safetensors``), under those stages' own
+            signatures, so ``interp attention`` / ``interp probe`` afterwards run no model
+            forward (unless another backend or ``recompute`` is asked for). Costs about 10%
+            more harness time and ``n_layers x d_model x 5`` floats per prompt on disk.
+            False: the stages compute them with their own forwards.
     """
 
     model: str = DEFAULT_MODEL
@@ -89,6 +110,7 @@ class AsymmetryConfig:
     dtype: str | None = None
     from_hub: bool = False
     n_boot: int = 2000
+    one_pass: bool = True
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any]) -> AsymmetryConfig:
@@ -117,7 +139,9 @@ def run(
         overwrite: discard a run directory made with another config.
         handle: an already loaded model (else ``config.model`` is loaded).
         log: where progress lines go.
-        chunk: examples per appended batch of records (default ``2 * batch_size``).
+        chunk: examples per appended batch of records (default ``4 * batch_size``: the
+            examples of a chunk are sorted by prompt length into batches, so a larger chunk
+            pads less; a kill loses at most one chunk).
 
     Raises:
         interp.errors.RunDirError: ``out`` holds a run with another config or other result
@@ -132,10 +156,14 @@ def run(
                                 key_fields=KEY_FIELDS, runtime=facts,
                                 result_facts=result_facts(facts))
     oracle = make_oracle(config.oracle, device=config.device)
+    facts = None
+    if config.one_pass:  # the stages' own checks: refuse their work made under other settings
+        facts = stage_facts(rd, handle, "attention", overwrite=overwrite)
+        stage_facts(rd, handle, "probe", overwrite=overwrite)
     finished = {record_key(r): r for r in (rd.read_records(status=None)
                                            if rd.records_path.exists() else [])}
     done = set(finished)
-    chunk = chunk or 2 * config.batch_size
+    chunk = chunk or 4 * config.batch_size
     for ds in config.datasets:
         examples = load_examples(ds, split=config.split, limit=config.limit,
                                  include_unanswerable=config.include_unanswerable,
@@ -154,15 +182,18 @@ def run(
         bar = tqdm(total=len(todo), desc=ds, unit="ex", disable=not todo)
         for s in range(0, len(todo), chunk):
             part = todo[s:s + chunk]
+            cap = Capture(rows=True, pools=POOLS) if config.one_pass else None
             recs = evaluate_examples(
                 handle, part, template=template, oracle=oracle,
                 max_new_tokens=config.max_new_tokens,
                 verdict_max_new_tokens=config.verdict_max_new_tokens,
-                batch_size=config.batch_size)
+                batch_size=config.batch_size, capture=cap)
             for r in recs:
                 r["template"] = config.template
                 r.setdefault("model", handle.spec)
             rd.append_records(recs)
+            if cap is not None:  # after the records: a kill in between only loses recordings
+                store_one_pass(rd, handle, recs, cap, facts)
             done.update(record_key(r) for r in recs)
             bar.update(len(part))
             for r in recs:
@@ -176,6 +207,40 @@ def run(
     # metrics.json describes the whole run directory: every dataset run into it so far
     every = manifest["config"].get("datasets", config.datasets)
     return write_metrics(rd, replace(config, datasets=list(every)))
+
+
+def store_one_pass(run: RunDir, handle: ModelHandle, records: Sequence[Record],
+                   capture: Capture, facts: Mapping[str, Any] | None) -> int:
+    """Write what the harness recorded in its one pass where the stages read it.
+
+    The writers are the stages' own (:func:`interp.stages.attention.save_recording` and
+    :func:`interp.stages.probe.store_features`), under their signatures.
+
+    Args:
+        run: the run directory.
+        handle: the model.
+        records: the records of the chunk (``template`` set), in the order given to
+            :func:`interp.asymmetry.evaluate_examples`.
+        capture: what it recorded.
+        facts: the stages' result facts (:func:`interp.stages.common.stage_facts`).
+
+    Returns:
+        Records written.
+    """
+    feats: dict[str, list] = {"gen": [], "eval": []}
+    for k, got in sorted(capture.got.items()):
+        rec = records[k]
+        prompts = {t: rp for t, (rp, _) in got.items()}
+        sig = attention_stage.recording_signature(
+            handle, facts or {}, {t: p.input_ids for t, p in prompts.items()})
+        attention_stage.save_recording(run, handle, rec, prompts,
+                                       {t: ps.rows for t, (_, ps) in got.items()},
+                                       backend="hf", sig=sig)
+        for t, (rp, ps) in got.items():
+            feats[t].append(("/".join(record_key(rec)), rp.input_ids, ps.pooled, ps.fell_back))
+    for t, items in feats.items():
+        probe_stage.store_features(run, handle, t, items, facts=facts)
+    return len(capture.got)
 
 
 def stale_records(finished: Mapping[tuple[str, str], Mapping[str, Any]],
