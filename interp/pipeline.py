@@ -12,12 +12,15 @@ Algorithm of :func:`run_config`:
    on that run directory with the same model.
 3. With ``figures``, copy every figure and each stage's ``SUMMARIES`` tables (plus
    ``metrics.json`` as ``asymmetry_metrics.json``) into that folder (prefixed by the model slug
-   when there are several models); ``out/summary.json`` holds every model's metrics.
+   when there are several models); ``out/summary.json`` holds every model's metrics and
+   ``out/summary.txt`` every stage's summary table as text. The last lines printed say where
+   the figures and the summary table are (and repeat the config's ``description``).
 """
 
 from __future__ import annotations
 
 import shutil
+import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -28,7 +31,7 @@ from interp.errors import ConfigError
 from interp.models import DEFAULT_MODEL, load_model
 from interp.stages import asymmetry
 from interp.stages.common import Stage
-from interp.store import RunDir, write_json
+from interp.store import RunDir, atomic_write_text, write_json
 
 __all__ = ["STAGES", "model_slug", "run_config"]
 
@@ -103,25 +106,39 @@ def run_config(path: str | Path, *, overwrite: bool = False, only: Sequence[str]
     acfgs = {spec: asymmetry.AsymmetryConfig.from_mapping({**asym, "model": spec})
              for spec in models}
     summary: dict[str, Any] = {}
+    if cfg.get("description"):
+        log(f"== {cfg.get('name', Path(path).stem)}: {cfg['description']}")
+    texts: list[str] = []
     for spec, acfg in acfgs.items():
         run_dir = out / model_slug(spec)
         handle = load_model(spec, device=acfg.device, dtype=acfg.dtype)
         log(f"== {spec} -> {run_dir}")
+        t0 = time.perf_counter()
         if not only or "asymmetry" in only:
             m = asymmetry.run(acfg, run_dir, overwrite=overwrite, handle=handle, log=log)
-            log(asymmetry.format_summary(m))
         else:
             m = asymmetry.write_metrics(RunDir(run_dir), acfg)
+        texts += [f"## {spec}: asymmetry ({run_dir}/metrics.json)", asymmetry.format_summary(m)]
+        log(f"{texts[-1]}\n== asymmetry took {time.perf_counter() - t0:.0f} s")
         summary[spec] = {"run_dir": str(run_dir), "metrics": m}
         for name, scfg in stage_cfgs.items():
             if not only or name in only:
                 log(f"== stage {name} on {run_dir}")
+                t0 = time.perf_counter()
                 result = STAGES[name].run(RunDir(run_dir), handle, scfg, overwrite=overwrite,
                                           log=log)
                 if text := STAGES[name].format_summary(result):
+                    texts += [f"## {spec}: {name}", text]
                     log(text)
+                log(f"== stage {name} took {time.perf_counter() - t0:.0f} s")
         if cfg.get("figures"):
             _copy_figures(run_dir, Path(cfg["figures"]), list(stage_cfgs),
                           "" if len(models) == 1 else f"{model_slug(spec)}__")
     write_json(out / "summary.json", summary)
+    atomic_write_text(out / "summary.txt", "\n\n".join(texts) + "\n")
+    figs = cfg.get("figures") or ", ".join(f"{out / model_slug(s)}/figures" for s in acfgs)
+    log(f"== done. Figures: {figs}. Summary table: {out / 'summary.txt'} (numbers: "
+        f"{out / 'summary.json'}).")
+    if cfg.get("description"):
+        log(f"== this was {cfg['description'].rstrip('.')}.")
     return summary

@@ -70,7 +70,9 @@ class AsymmetryConfig:
     Attributes:
         model: model spec (:func:`interp.models.load_model`).
         datasets: dataset names (``squad_v2``, ``drop``, ``hotpotqa``, ``musique``) or paths.
-        limit: examples per dataset (first N after filtering; None for all).
+        limit: examples per dataset (first N after filtering; None for all), or a table
+            ``{dataset: N}`` (a dataset it does not name gets all its examples; e.g. a small
+            grid that keeps the ~3k-token MuSiQue prompts few).
         template: template variant name; ``templates_path`` a TOML file of variants.
         templates_path: a TOML file of template variants (None: the bundled ones).
         oracle: ``"rule"`` or ``"model:SPEC"`` (an LLM oracle).
@@ -96,7 +98,7 @@ class AsymmetryConfig:
 
     model: str = DEFAULT_MODEL
     datasets: list[str] = field(default_factory=lambda: ["squad_v2"])
-    limit: int | None = 50
+    limit: int | dict[str, int] | None = 50
     template: str = "default"
     templates_path: str | None = None
     oracle: str = "rule"
@@ -112,12 +114,18 @@ class AsymmetryConfig:
     n_boot: int = 2000
     one_pass: bool = True
 
+    def __post_init__(self) -> None:
+        if isinstance(self.limit, Mapping) and (bad := set(self.limit) - set(self.datasets)):
+            raise ConfigError(f"limit names datasets {sorted(bad)} that are not in datasets "
+                              f"{self.datasets}")
+
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any]) -> AsymmetryConfig:
         """Build from a mapping, refusing unknown keys (the error lists the known ones).
 
         Raises:
-            interp.errors.ConfigError: an unknown key.
+            interp.errors.ConfigError: an unknown key, or a ``limit`` table naming a dataset
+                that is not in ``datasets``.
         """
         return config_from_table(cls, d, NAME)
 
@@ -165,7 +173,7 @@ def run(
     done = set(finished)
     chunk = chunk or 4 * config.batch_size
     for ds in config.datasets:
-        examples = load_examples(ds, split=config.split, limit=config.limit,
+        examples = load_examples(ds, split=config.split, limit=_limit(config, ds),
                                  include_unanswerable=config.include_unanswerable,
                                  from_hub=config.from_hub)
         if stale := stale_records(finished, examples, handle.tokenizer, template):
@@ -207,6 +215,13 @@ def run(
     # metrics.json describes the whole run directory: every dataset run into it so far
     every = manifest["config"].get("datasets", config.datasets)
     return write_metrics(rd, replace(config, datasets=list(every)))
+
+
+def _limit(config: AsymmetryConfig, dataset: str) -> int | None:
+    """The ``limit`` of one dataset (an int applies to every dataset)."""
+    if isinstance(config.limit, Mapping):
+        return config.limit.get(dataset)
+    return config.limit
 
 
 def store_one_pass(run: RunDir, handle: ModelHandle, records: Sequence[Record],
