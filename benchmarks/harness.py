@@ -7,7 +7,8 @@ Measures in ONE process (issue 14 item 5):
 2. The Study 1 harness stage (:func:`interp.stages.asymmetry.run`, its defaults: batch size 8,
    48 answer tokens, 12 verdict tokens, the one pass on) on ``--n`` bundled records of
    ``--dataset`` into a temporary run directory: examples per minute (wall clock, model load
-   excluded).
+   excluded), and per minute of this process's CPU time (``time.process_time``: less
+   sensitive to other processes on a shared machine; with T threads busy it is T times less).
 3. Model FLOPs of what the harness had to compute, counted per example from the prompt and
    reply lengths: ``2 * N * T`` for the ``N`` non-embedding parameters (decoder layers and
    final norm) over the ``T`` tokens run (both prompts, the decoded answer and verdict tokens,
@@ -103,9 +104,9 @@ def measure(args: argparse.Namespace, dtype: str, out: Path) -> dict[str, Any]:
     cfg = AsymmetryConfig(model=args.model, datasets=[args.dataset], limit=args.n,
                           batch_size=args.batch_size, dtype=dtype, one_pass=not args.no_one_pass,
                           n_boot=200)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     run_asymmetry(cfg, out, handle=handle, log=lambda s: None)
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
     roof_after = matmul_flops(shape["d_model"], shape["d_ffn"], tdtype)
     recs = RunDir(out).read_records()
     from interp.verdict import verdict_replies
@@ -114,7 +115,8 @@ def measure(args: argparse.Namespace, dtype: str, out: Path) -> dict[str, Any]:
     flops = sum(model_flops(r, handle, shape, extra) for r in recs)
     achieved = flops / wall
     res = {"dtype": dtype, "n": len(recs), "wall_s": wall, "examples_per_min": 60 * len(recs)
-           / wall, "model_gflop_per_example": flops / len(recs) / 1e9,
+           / wall, "cpu_s": cpu, "examples_per_cpu_min": 60 * len(recs) / cpu,
+           "model_gflop_per_example": flops / len(recs) / 1e9,
            "achieved_gflops": achieved / 1e9, "matmul_gflops_before": roof / 1e9,
            "matmul_gflops_after": roof_after / 1e9,
            "fraction_of_matmul": achieved / max(roof, roof_after),
