@@ -9,6 +9,8 @@ Measures in ONE process (issue 14 item 5):
    ``--dataset`` into a temporary run directory: examples per minute (wall clock, model load
    excluded), and per minute of this process's CPU time (``time.process_time``: less
    sensitive to other processes on a shared machine; with T threads busy it is T times less).
+   ``fraction_of_matmul_cpu`` is the achieved FLOP/s per CPU second times the thread count
+   over the roofline: the fraction the harness would reach with its threads not preempted.
 3. Model FLOPs of what the harness had to compute, counted per example from the prompt and
    reply lengths: ``2 * N * T`` for the ``N`` non-embedding parameters (decoder layers and
    final norm) over the ``T`` tokens run (both prompts, the decoded answer and verdict tokens,
@@ -120,6 +122,9 @@ def measure(args: argparse.Namespace, dtype: str, out: Path) -> dict[str, Any]:
            "achieved_gflops": achieved / 1e9, "matmul_gflops_before": roof / 1e9,
            "matmul_gflops_after": roof_after / 1e9,
            "fraction_of_matmul": achieved / max(roof, roof_after),
+           "achieved_gflops_per_cpu_s": flops / cpu / 1e9 * torch.get_num_threads(),
+           "fraction_of_matmul_cpu": flops / cpu * torch.get_num_threads()
+           / max(roof, roof_after),
            "mean_prompt_tokens": {t: float(np.mean([r["prompts"][t]["n_tokens"] for r in recs]))
                                   for t in ("gen", "eval")}}
     if args.profile:
