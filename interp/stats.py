@@ -10,6 +10,10 @@ ratio), the probes (cross-validated metrics) and patching (correlations).
   everywhere), compute the statistic on each, and report the 2.5th and 97.5th percentiles
   (:func:`percentile_ci`). Paired statistics (Delta = EA - GA; the gen/eval context ratio) are
   computed on the SAME resample for both parts.
+* Passage-cluster bootstrap (:func:`cluster_bootstrap_ratio`, :func:`cluster_bootstrap_mean`):
+  questions that share a passage are not independent, so whole passages are resampled with
+  replacement (Field & Welsh 2007, "Bootstrapping clustered data"); a statistic that is a
+  ratio of sums (a mean is sums over counts) is recomputed from the drawn clusters' sums.
 * Wilson score interval of a binomial proportion (Wilson 1927), via
   ``scipy.stats.binomtest(k, n).proportion_ci(method="wilson")``.
 * McNemar's exact test of two classifiers on the same examples: ``b`` = only the first right,
@@ -36,6 +40,8 @@ from interp.errors import ProbeError
 __all__ = [
     "binary_metrics",
     "bootstrap_mean",
+    "cluster_bootstrap_mean",
+    "cluster_bootstrap_ratio",
     "correlations",
     "fold_summary",
     "make_folds",
@@ -90,6 +96,58 @@ def bootstrap_mean(x: Float[Array, " n"], rng: np.random.Generator,
         return {"mean": float(x.mean()), "ci": None}
     b = x[resample_indices(x.size, n_boot, rng)].mean(axis=1)
     return {"mean": float(x.mean()), "ci": percentile_ci(b)}
+
+
+def cluster_bootstrap_ratio(num: Float[Array, " n"], den: Float[Array, " n"],
+                            groups: Sequence[Any], rng: np.random.Generator, n_boot: int,
+                            level: float = 0.95) -> dict[str, Any]:
+    """``sum(num) / sum(den)`` with a passage-cluster percentile bootstrap CI.
+
+    Args:
+        num: per-item numerators (non-finite items, in ``num`` or ``den``, are dropped).
+        den: per-item denominators.
+        groups: per-item cluster ids (e.g. :func:`passage_groups`).
+        rng: the generator (advances by one :func:`resample_indices` call).
+        n_boot: resamples of the clusters.
+        level: CI level.
+
+    Returns:
+        ``{"value", "ci", "n", "n_clusters"}``: ``value`` None when ``sum(den)`` is 0 or no
+        item is left; ``ci`` None with fewer than two clusters or ``n_boot <= 0``; resamples
+        whose ``sum(den)`` is 0 are left out of the interval.
+    """
+    num, den = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    ok = np.isfinite(num) & np.isfinite(den)
+    g = np.asarray([str(x) for x in groups], dtype=object)[ok]
+    num, den = num[ok], den[ok]
+    if not len(num) or den.sum() == 0:
+        return {"value": None, "ci": None, "n": int(len(num)), "n_clusters": len(set(g))}
+    keys, inv = np.unique(g, return_inverse=True)
+    sn = np.bincount(inv, weights=num, minlength=len(keys))
+    sd = np.bincount(inv, weights=den, minlength=len(keys))
+    out = {"value": float(num.sum() / den.sum()), "ci": None, "n": int(len(num)),
+           "n_clusters": int(len(keys))}
+    if len(keys) >= 2 and n_boot > 0:
+        idx = resample_indices(len(keys), n_boot, rng)
+        d = sd[idx].sum(1)
+        keep = d != 0
+        if keep.any():
+            out["ci"] = percentile_ci(sn[idx].sum(1)[keep] / d[keep], level)
+    return out
+
+
+def cluster_bootstrap_mean(x: Float[Array, " n"], groups: Sequence[Any],
+                           rng: np.random.Generator, n_boot: int,
+                           level: float = 0.95) -> dict[str, Any]:
+    """Mean of ``x`` with a passage-cluster bootstrap CI (:func:`cluster_bootstrap_ratio`).
+
+    Returns:
+        ``{"mean", "ci", "n", "n_clusters"}`` (``mean`` None for no finite value).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    r = cluster_bootstrap_ratio(x, np.where(np.isfinite(x), 1.0, np.nan), groups, rng, n_boot,
+                                level)
+    return {"mean": r["value"], "ci": r["ci"], "n": r["n"], "n_clusters": r["n_clusters"]}
 
 
 def wilson_ci(k: int, n: int, level: float = 0.95) -> list[float] | None:
