@@ -135,7 +135,7 @@ def _recorder(pt: Patcher, band: Sequence[int], span: tuple[int, int],
 
 def sweep(pt: Patcher, pair: PatchPair, units: Sequence[Unit], *, resid_hook: str,
           exact: str = "topk", top_k: int = 16, context_span: tuple[int, int] | None = None,
-          band: Sequence[int] = (), progress: Callable[[int], None] | None = None
+          band: Sequence[int] = (), progress: Callable[[int, int], None] | None = None
           ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Patch the units of one pair (module docstring).
 
@@ -149,7 +149,7 @@ def sweep(pt: Patcher, pair: PatchPair, units: Sequence[Unit], *, resid_hook: st
         top_k: units verified exactly with ``topk``.
         context_span: the corrupt prompt's context ``[start, end)`` (records the context mass).
         band: layers averaged for the context mass.
-        progress: called with the number of patched rows done after each batch.
+        progress: called with ``(rows done in the batch, rows in all)`` after each batch.
 
     Returns:
         ``(rows, info)``: one row per unit (``layer``, ``unit``, ``position``,

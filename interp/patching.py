@@ -297,6 +297,7 @@ class Patcher:
         self.use_prefix = prefix_cache and isinstance(self.be, HFBackend) and 0 < self.start < n
         self.replies = replies or verdict_replies(handle.tokenizer)
         self._clean_cache: dict[str, Tensor] = {}
+        self._attribution: dict[tuple, dict[str, np.ndarray]] = {}
         self._prefix = None
         self.clean_lp: Float[Tensor, "1 2"] | None = None
         self.corrupt_lp: Float[Tensor, "1 2"] | None = None
@@ -435,7 +436,7 @@ class Patcher:
     # -- patched runs ---------------------------------------------------------------------
     def run(self, rows: Sequence[Patch | Sequence[Patch]], *, keep_logits: bool = False,
             extra_hooks: Callable[[int], Any] | None = None,
-            progress: Callable[[int], None] | None = None) -> PatchResult:
+            progress: Callable[[int, int], None] | None = None) -> PatchResult:
         """Run patched forwards, one per row (a row is one patch or several at once).
 
         Args:
@@ -443,7 +444,7 @@ class Patcher:
             keep_logits: also return each row's verdict-position logits.
             extra_hooks: ``batch -> context manager`` entered around each batch's prompt
                 forward (``hf`` only; e.g. the attention recorder).
-            progress: called with the number of rows done after each batch.
+            progress: called with ``(rows done in the batch, rows in all)`` after each batch.
 
         Returns:
             :class:`PatchResult` with the whole-reply scores of every row.
@@ -474,7 +475,7 @@ class Patcher:
             if keep_logits:
                 logits.append(last.float().cpu())
             if progress:
-                progress(len(chunk))
+                progress(len(chunk), len(rows))
         wall = time.perf_counter() - t0
         lp = torch.cat(lps).numpy()
         return PatchResult(clean=self.clean_ld, corrupt=self.corrupt_ld,
@@ -501,7 +502,7 @@ class Patcher:
             per (layer, position); ``heads`` ``[n_layers, n_heads]``: the same at
             ``attn.hook_z`` summed over head_dim and ``positions``; both in nats (estimates of
             ``LD_patched - LD_corrupt``). Positions that cannot be patched and layers not
-            scored are 0.
+            scored are 0. Computed once per (layers, hook, positions) and kept.
 
         Raises:
             PatchingError: another backend than ``hf``; positions that cannot be patched.
@@ -510,6 +511,9 @@ class Patcher:
             raise PatchingError("attribution patching runs on the hf backend")
         nl, n = self.handle.n_layers, len(self.corrupt_ids)
         layers = list(range(nl)) if layers is None else list(layers)
+        key = (tuple(layers), resid_hook, None if positions is None else tuple(positions))
+        if key in self._attribution:
+            return self._attribution[key]
         hooks = [hook_name(layer, p) for layer in layers for p in (resid_hook, "attn.hook_z")]
         self.ensure_clean(hooks)
         valid = torch.zeros(n, dtype=torch.bool)
@@ -526,7 +530,8 @@ class Patcher:
             h = hook_name(layer, "attn.hook_z")
             diff = (self.source(h) - acts[h]) * sm[:, None, None]
             heads[layer] = (diff * grads[h]).sum((0, 2)).cpu().numpy()
-        return {"resid": resid, "heads": heads}
+        self._attribution[key] = {"resid": resid, "heads": heads}
+        return self._attribution[key]
 
     def _grads(self, hooks: list[str]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """``dLD/da`` and ``a`` of the corrupt run at the prompt positions, per hook."""

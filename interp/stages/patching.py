@@ -251,9 +251,12 @@ def _context_mass(handle: ModelHandle, ids: Sequence[int], span: tuple[int, int]
     return float(rows[list(band), :, span[0]:span[1]].sum(-1).mean())
 
 
-def _pair_meta(pair: PatchPair, pt: Patcher, handle: ModelHandle, band: Sequence[int]
-               ) -> dict[str, Any]:
+def _pair_meta(pair: PatchPair, pt: Patcher, handle: ModelHandle, band: Sequence[int],
+               masses: dict[str, float]) -> dict[str, Any]:
     sc = pt.scores()
+    for w, p in (("clean", pair.clean), ("corrupt", pair.corrupt)):
+        if w not in masses:
+            masses[w] = _context_mass(handle, p.input_ids, p.token_spans.get("context"), band)
     return {"id": pair.record_id, "dataset": pair.dataset, "pair": pair.kind,
             "passage": pair.passage, "n_clean": len(pair.clean), "n_tokens": len(pair.corrupt),
             "start": pair.start, "middle": list(pair.middle),
@@ -263,16 +266,14 @@ def _pair_meta(pair: PatchPair, pt: Patcher, handle: ModelHandle, band: Sequence
                (("ld", sc[w]["logit_diff"]), ("p_correct", sc[w]["p_correct"]),
                 ("coverage", sc[w]["verdict_coverage"]))},
             "gap": sc["clean"]["logit_diff"] - sc["corrupt"]["logit_diff"],
-            "clean_context_mass": _context_mass(handle, pair.clean.input_ids,
-                                                pair.clean.token_spans.get("context"), band),
-            "corrupt_context_mass": _context_mass(handle, pair.corrupt.input_ids,
-                                                  pair.corrupt.token_spans.get("context"), band),
+            "clean_context_mass": masses["clean"], "corrupt_context_mass": masses["corrupt"],
             "clean_forward_s": pt.clean_forward_s}
 
 
 def run_pair(handle: ModelHandle, pair: PatchPair, kind: str, cfg: PatchingConfig,
              layers: Sequence[int], band: Sequence[int],
-             progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+             progress: Callable[[int, int], None] | None = None,
+             masses: dict[str, float] | None = None) -> dict[str, Any]:
     """All rows of one pair for one sweep kind (module docstring, step 3).
 
     Args:
@@ -282,7 +283,9 @@ def run_pair(handle: ModelHandle, pair: PatchPair, kind: str, cfg: PatchingConfi
         cfg: hook, per-position, exact mode, ``top_k``, batch size, prefix cache.
         layers: layers to sweep.
         band: layers of the context attention mass.
-        progress: called with the rows done after each batch of patched rows.
+        progress: called with ``(rows done, rows in all)`` after each batch of patched rows.
+        masses: the pair's clean and corrupt context masses when already measured (filled
+            otherwise; the stage keeps them across sweep kinds).
 
     Returns:
         ``{"meta": {...}, "rows": [...]}``: ``meta`` holds the pair's clean and corrupt verdict
@@ -293,7 +296,7 @@ def run_pair(handle: ModelHandle, pair: PatchPair, kind: str, cfg: PatchingConfi
     pt = Patcher(handle, pair.clean.input_ids, pair.corrupt.input_ids, pos_map=pair.pos_map,
                  batch_size=cfg.batch_size, prefix_cache=cfg.prefix_cache)
     pt.ensure_clean([])
-    meta = _pair_meta(pair, pt, handle, band)
+    meta = _pair_meta(pair, pt, handle, band, {} if masses is None else masses)
     per_pos = cfg.per_position and pair.kind != "system-prompt-control"
     units = {"resid": lambda: resid_units(pair, layers, per_position=per_pos),
              "heads": lambda: head_units(pair, layers, handle.n_heads)}
@@ -334,7 +337,7 @@ def part_signature(cfg: PatchingConfig, kind: str, layers: Sequence[int], band: 
 # ---------------------------------------------------------------------------------------------
 
 
-def _bar(total: int, desc: str, enabled: bool, **kw: Any) -> Any:
+def _bar(total: int | None, desc: str, enabled: bool, **kw: Any) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, disable=not enabled, leave=False, **kw)
@@ -342,7 +345,7 @@ def _bar(total: int, desc: str, enabled: bool, **kw: Any) -> Any:
 
 def _sweep_kind(handle: ModelHandle, cfg: PatchingConfig, pk: str, kind: str,
                 pairs: list[PatchPair], layers: list[int], band: list[int], parts: Path,
-                log: Callable[[str], None]) -> list[dict]:
+                masses: dict[str, dict[str, float]], log: Callable[[str], None]) -> list[dict]:
     """Every pair's sweep of one kind: fresh parts read back, the others run and written."""
     results = []
     with _bar(len(pairs), f"{pk}/{kind} pairs", cfg.progress, unit="pair") as bar:
@@ -354,10 +357,14 @@ def _sweep_kind(handle: ModelHandle, cfg: PatchingConfig, pk: str, kind: str,
             else:
                 if f.exists():
                     log(f"[{pk}/{kind}] {pair.key}: stored sweep used other settings; redone")
-                with _bar(0, f"  {pair.key} rows", cfg.progress, unit="row") as rb:
-                    def progress(k: int, rb: Any = rb) -> None:
+                with _bar(None, f"  {pair.key} rows", cfg.progress, unit="row") as rb:
+                    def progress(k: int, total: int, rb: Any = rb) -> None:
+                        if rb.total != total:
+                            rb.total = total
+                            rb.refresh()
                         rb.update(k)
-                    res = run_pair(handle, pair, kind, cfg, layers, band, progress=progress)
+                    res = run_pair(handle, pair, kind, cfg, layers, band, progress=progress,
+                                   masses=masses.setdefault(pair.key, {}))
                 res["meta"]["signature"] = sig
                 write_json(f, res)
                 m = res["meta"]
@@ -402,13 +409,15 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, 
                   mcfg.get("templates_path"), log) if cfg.mine and oracle else None
     summary: dict[str, Any] = {}
     for pk in cfg.pairs:
+        masses: dict[str, dict[str, float]] = {}   # pair -> context masses, across kinds
         pairs, skipped = build_pairs(records, pk, template, handle.tokenizer, oracle=oracle,
                                      mine=miner, limit=cfg.limit, max_tokens=cfg.max_tokens,
                                      log=log)
         for kind in cfg.kinds:
             d = root / pk / kind
             t0 = time.perf_counter()
-            results = _sweep_kind(handle, cfg, pk, kind, pairs, layers, band, d / "parts", log)
+            results = _sweep_kind(handle, cfg, pk, kind, pairs, layers, band, d / "parts",
+                                  masses, log)
             s = summarise(d, pk, kind, results, skipped, layers, band, handle.spec, cfg)
             s["elapsed_s"] = time.perf_counter() - t0
             write_json(d / "summary.json", s)
