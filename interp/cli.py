@@ -27,6 +27,7 @@ from interp.stages import attention as attention_stage
 from interp.stages import load_run_model
 from interp.stages import patching as patching_stage
 from interp.stages import probe as probe_stage
+from interp.stages import steering as steering_stage
 from interp.stages import transfer as transfer_stage
 from interp.store import RunDir, read_json
 
@@ -223,7 +224,8 @@ def probe_cmd(
 @app.command("patch")
 def patch_cmd(
     run: Annotated[Path, typer.Option(help="run directory (from `interp asymmetry`)")],
-    pairs: Annotated[str, typer.Option(help="candidate-swap, task-swap (comma list)")] = (
+    pairs: Annotated[str, typer.Option(
+        help="candidate-swap, gen-to-eval, eval-to-gen, system-prompt-control (comma list)")] = (
         "candidate-swap"),
     kind: Annotated[str, typer.Option(help="resid, heads, attribution (comma list)")] = "resid",
     limit: Annotated[int | None, typer.Option(help="pairs per dataset")] = 5,
@@ -232,7 +234,17 @@ def patch_cmd(
     hook: Annotated[str, typer.Option(help="hook_resid_pre or hook_resid_post")] = (
         "hook_resid_pre"),
     per_position: Annotated[bool, typer.Option(help="also sweep single positions")] = True,
-    max_tokens: Annotated[int, typer.Option(help="refuse longer pairs")] = 1024,
+    exact: Annotated[str, typer.Option(
+        help="topk: AtP* (attribution, then exact top-k); all: every unit exactly")] = "topk",
+    top_k: Annotated[int, typer.Option(help="units patched exactly per pair with topk")] = 16,
+    min_gap: Annotated[float, typer.Option(
+        help="pairs with |clean - corrupt| below this (nats) leave the headline")] = 1.0,
+    band: Annotated[str, typer.Option(help="layers of the context attention mass")] = (
+        DEFAULT_BAND),
+    oracle: Annotated[str | None, typer.Option(
+        help="grades candidate-swap answers (default: the run's oracle)")] = None,
+    mine: Annotated[bool, typer.Option(help="mine closed-book hard negatives")] = True,
+    max_tokens: Annotated[int, typer.Option(help="skip longer pairs")] = 1024,
     batch_size: Annotated[int, typer.Option(help="patched rows per forward")] = 16,
     device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
     overwrite: Annotated[bool, typer.Option(help=_OVERWRITE_STAGE)] = False,
@@ -241,12 +253,41 @@ def patch_cmd(
     cfg = patching_stage.PatchingConfig.from_mapping({
         "pairs": _split(pairs), "kinds": _split(kind), "limit": limit, "layers": layers,
         "layer_stride": layer_stride, "hook": hook, "per_position": per_position,
-        "max_tokens": max_tokens, "batch_size": batch_size})
+        "exact": exact, "top_k": top_k, "min_gap": min_gap, "band": band, "oracle": oracle,
+        "mine": mine, "max_tokens": max_tokens, "batch_size": batch_size})
     rd = RunDir(run)
     summary = patching_stage.run(rd, load_run_model(rd, device=device), cfg,
                                  overwrite=overwrite, log=typer.echo)
     typer.echo(patching_stage.format_summary(summary))
     typer.echo(f"wrote {rd.path / 'patching'} and {rd.path / 'figures'}/patching_*.png")
+
+
+@app.command("steer")
+def steer_cmd(
+    run: Annotated[Path, typer.Option(help="run directory (from `interp asymmetry`)")],
+    alphas: Annotated[str, typer.Option(help="attention factors on the context keys")] = (
+        "0.25,0.5,1,2,4,8"),
+    layers: Annotated[str, typer.Option(help="steered band: last8, 22-29, all")] = DEFAULT_BAND,
+    heads: Annotated[str, typer.Option(
+        help="all | top-diff:K (top gen-minus-eval heads of `interp heads`) | L.H,L.H")] = "all",
+    tasks: Annotated[str, typer.Option(help="eval, gen (comma list)")] = "eval,gen",
+    limit: Annotated[int | None, typer.Option(help="records per dataset")] = 10,
+    max_new_tokens: Annotated[int, typer.Option(help="steered answer length cap")] = 32,
+    oracle: Annotated[str | None, typer.Option(
+        help="grades steered answers (default: the run's oracle)")] = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
+) -> None:
+    """Attention steering: scale the context attention of the judge's verdict position."""
+    cfg = steering_stage.SteeringConfig.from_mapping({
+        "alphas": _split(alphas), "layers": layers, "heads": heads, "tasks": _split(tasks),
+        "limit": limit, "max_new_tokens": max_new_tokens, "oracle": oracle, "n_boot": n_boot,
+        "seed": seed})
+    rd = RunDir(run)
+    summary = steering_stage.run(rd, load_run_model(rd, device=device), cfg, log=typer.echo)
+    typer.echo(steering_stage.format_summary(summary))
+    typer.echo(f"wrote {rd.path / 'steering'} and {rd.path / 'figures'}/steering.png")
 
 
 @app.command("transfer")

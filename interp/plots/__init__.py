@@ -1,7 +1,8 @@
 """Figures drawn from stored tables (metrics.json, summaries), never from live models.
 
 Each ``plot_*`` function takes the parsed table and an output folder, writes ``NAME.png`` and
-``NAME.pdf`` there, and returns the PNG path.
+``NAME.pdf`` there, and returns the PNG path. The patching and steering figures are in
+:mod:`interp.plots.patching` and :mod:`interp.plots.steering` (re-exported here).
 """
 
 from __future__ import annotations
@@ -517,127 +518,10 @@ def plot_context_ratio(summary: Mapping[str, Any], out_dir: str | Path,
     return save(fig, out_dir, name)
 
 
-# ---------------------------------------------------------------------------------------------
-# Activation patching (interp.stages.patching): drawn from DIR/patching/{pairs}/{kind}/ tables
-# ---------------------------------------------------------------------------------------------
+from interp.plots.patching import plot_patching  # noqa: E402
+from interp.plots.steering import plot_steering  # noqa: E402
 
-
-def _patching_heat(ax: Any, mat: Any, xlabels: list[str], ylabels: list[str], title: str,
-                   cbar_label: str) -> None:
-    vals = np.asarray(mat, dtype=float)
-    lim = np.nanmax(np.abs(vals)) if np.isfinite(vals).any() else 1.0
-    im = ax.imshow(vals, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim,
-                   interpolation="nearest", origin="lower")
-    ax.set_xticks(range(len(xlabels)), xlabels, rotation=90, fontsize=6)
-    step = max(1, len(ylabels) // 15)
-    ax.set_yticks(range(0, len(ylabels), step), ylabels[::step], fontsize=7)
-    ax.set_title(title, fontsize=9)
-    plt.colorbar(im, ax=ax, fraction=0.03, label=cbar_label)
-
-
-def plot_patching(table_dir: str | Path, out_dir: str | Path) -> list[Path]:
-    """Figures of one patching experiment, from its stored tables.
-
-    The tables are ``summary.json``, ``effects.parquet``, ``pairs.parquet`` in
-    ``DIR/patching/{pairs}/{kind}/``.
-
-    * ``candidate-swap``/``resid``: layer x position (mean normalised effect per position
-      counted from the verdict position; tick labels are the first pair's tokens) and
-      layer x span heatmaps;
-    * ``task-swap``/``resid``: change of the verdict logit difference, ``p_correct`` and the
-      judge's context attention mass per patched layer (mean over pairs, with each pair thin);
-    * ``heads``: layer x head heatmap (normalised effect, or the change of the logit difference
-      for task-swap);
-    * ``attribution``: attribution-patching estimate vs exact patching (change of the logit
-      difference, nats), heads and residual positions, with Pearson r.
-
-    Returns:
-        The PNG paths written (``patching_{pairs}_{kind}[_...].png``).
-    """
-    import json
-
-    import pandas as pd
-
-    table_dir = Path(table_dir)
-    s = json.loads((table_dir / "summary.json").read_text())
-    if not (table_dir / "effects.parquet").exists():
-        return []
-    df = pd.read_parquet(table_dir / "effects.parquet")
-    pk, kind = s["pairs"], s["kind"]
-    stem = f"patching_{pk.replace('-', '_')}_{kind}"
-    n = s.get("n_pairs", 0)
-    out: list[Path] = []
-    if kind == "resid" and pk == "candidate-swap":
-        pos = df[df.unit == "position"]
-        if len(pos):
-            m = pos.groupby(["layer", "rel_position"]).effect.mean().unstack()
-            first = pos[pos.id == pos.id.iloc[0]].drop_duplicates("rel_position")
-            tok = dict(zip(first.rel_position, first.token))
-            xl = [f"{repr(tok.get(c, ''))[1:-1][:10]} ({c})" for c in m.columns]
-            fig, ax = plt.subplots(figsize=(max(6, 0.28 * len(xl) + 2), 5))
-            _patching_heat(ax, m.to_numpy(), xl, [str(i) for i in m.index],
-                           f"Candidate swap, residual stream patching by position (n={n})",
-                           "normalised effect")
-            ax.set_xlabel("position (token, offset from the end)")
-            ax.set_ylabel("layer")
-            out.append(save(fig, out_dir, f"{stem}_position"))
-        sp = df[df.unit == "span"].groupby(["layer", "span"]).effect.mean().unstack()
-        order = [c for c in ("context", "question", "candidate", "template", "verdict", "all")
-                 if c in sp.columns] + [c for c in sp.columns if c not in
-                                        ("context", "question", "candidate", "template",
-                                         "verdict", "all")]
-        sp = sp[order]
-        fig, ax = plt.subplots(figsize=(5, 5))
-        _patching_heat(ax, sp.to_numpy(), list(sp.columns), [str(i) for i in sp.index],
-                       f"Candidate swap, residual stream by span (n={n})", "normalised effect")
-        ax.set_ylabel("layer")
-        out.append(save(fig, out_dir, f"{stem}_span"))
-    elif kind == "resid":
-        d = df[df.layer >= 0]
-        fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-        for ax, col, lab in zip(axes, ("d_ld", "d_p_correct", "d_context_mass"),
-                                ("Δ logit diff (nats)", "Δ p_correct",
-                                 "Δ context attention mass")):
-            for _, g in d.groupby("id"):
-                ax.plot(g.layer, g[col], color="grey", lw=0.5, alpha=0.4)
-            mean = d.groupby("layer")[col].mean()
-            ax.plot(mean.index, mean.values, color=COLORS["gen"], lw=2, marker="o", ms=3)
-            ax.axhline(0, color="black", lw=0.8)
-            ax.set_xlabel("patched layer (generator → judge, context positions)")
-            ax.set_ylabel(lab)
-        fig.suptitle(f"Task swap: generator residual stream patched into the judge (n={n})",
-                     fontsize=10)
-        fig.tight_layout()
-        out.append(save(fig, out_dir, stem))
-    elif kind == "heads":
-        col = "effect" if pk == "candidate-swap" else "ld"
-        if pk == "task-swap":
-            base = pd.read_parquet(table_dir / "pairs.parquet").set_index("id").corrupt_ld
-            df = df.assign(ld=df.ld - df.id.map(base))
-        m = df.groupby(["layer", "head"])[col].mean().unstack()
-        fig, ax = plt.subplots(figsize=(max(4, 0.5 * m.shape[1] + 2), 5))
-        _patching_heat(ax, m.to_numpy(), [str(c) for c in m.columns],
-                       [str(i) for i in m.index],
-                       f"{pk}: per-head patching of attn.hook_z (n={n})",
-                       "normalised effect" if pk == "candidate-swap" else "Δ logit diff (nats)")
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
-        out.append(save(fig, out_dir, stem))
-    else:
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
-        for ax, (lab, g), key in zip(axes, (("heads", df[df.unit == "head"]),
-                                            ("residual", df[df.unit != "head"])),
-                                     ("correlation_heads", "correlation_resid")):
-            ax.scatter(g.exact_d_ld, g.attr_ld, s=8, alpha=0.5, color=COLORS["eval"])
-            if len(g):
-                lo = float(np.nanmin([g.exact_d_ld.min(), g.attr_ld.min()]))
-                hi = float(np.nanmax([g.exact_d_ld.max(), g.attr_ld.max()]))
-                ax.plot([lo, hi], [lo, hi], color="black", lw=0.8, ls="--")
-            r = (s.get(key) or {}).get("pearson")
-            ax.set_title(f"{lab}: Pearson r = {r:.2f}" if r is not None else lab, fontsize=9)
-            ax.set_xlabel("exact patching Δ logit diff (nats)")
-            ax.set_ylabel("attribution patching estimate (nats)")
-        fig.suptitle(f"{pk}: attribution vs exact patching (n={n})", fontsize=10)
-        fig.tight_layout()
-        out.append(save(fig, out_dir, stem))
-    return out
+__all__ = ["COLORS", "dataset_groups", "plot_asymmetry", "plot_context_ratio",
+           "plot_head_context_heatmaps", "plot_patching", "plot_probes",
+           "plot_span_mass_layerwise", "plot_steering", "plot_transfer_acceptance",
+           "plot_transfer_matrix", "plot_transfer_patching", "save"]
