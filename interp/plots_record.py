@@ -38,8 +38,7 @@ def plot_span_to_span(summary: Mapping[str, Any], out_dir: str | Path,
                         dtype=float) for t in ("gen", "eval")}
     fig, axes = plt.subplots(1, 2, figsize=(3.2 + 1.5 * len(ks) * 2, 1.6 + 0.55 * len(qs)),
                              sharey=True)
-    cmap = plt.get_cmap("viridis").copy()
-    cmap.set_bad("#dddddd")
+    cmap = plt.get_cmap("viridis").with_extremes(bad="#dddddd")
     im = None
     for ax, (task, m) in zip(axes, mats.items()):
         im = ax.imshow(np.ma.masked_invalid(m), cmap=cmap, vmin=0, vmax=1, aspect="auto")
