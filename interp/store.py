@@ -511,7 +511,7 @@ class Activations:
     """
 
     hook: str
-    tensor: Any
+    tensor: torch.Tensor
     tokens: list[str]
     labels: list[str]
     positions: list[int]
@@ -522,11 +522,8 @@ class Activations:
 
 def _find_part(root: Path, record_id: str, dataset: str | None) -> Path:
     """The index part of a record (step 1 of :func:`load_activations`)."""
-    if dataset is not None:
-        parts = [record_part_path(root, dataset, record_id)]
-        parts = [p for p in parts if p.exists()]
-    else:
-        parts = sorted((root / RECORD_DIR).glob(f"*/{safe_name(record_id)}/index.json"))
+    folder = safe_name(dataset) if dataset is not None else "*"  # safe names hold no glob
+    parts = sorted((root / RECORD_DIR).glob(f"{folder}/{safe_name(record_id)}/index.json"))
     if not parts:
         raise RunDirError(f"{root} has no recording of record {record_id!r}"
                           f"{'' if dataset is None else f' of {dataset}'}: run `interp record "
@@ -541,10 +538,9 @@ def load_activations(run: RunDir | str | Path, record_id: str, task: str, hook: 
                      dataset: str | None = None) -> Activations:
     """Load a tensor that ``interp record`` wrote, by its TransformerLens hook name.
 
-    Algorithm: 1. find the record's index part ``DIR/record/<dataset>/<id>/index.json``
-    (written after all of its shards, so it never names a missing one); 2. look the hook up in
-    its ``tensors.<task>`` table (shard file, shape, dtype); 3. read the tensor(s) from the
-    shard(s) with ``safetensors.safe_open`` (only those bytes).
+    Algorithm: 1. find the record's index part ``DIR/record/<dataset>/<id>/index.json`` (written
+    after all of its shards, so it never names a missing one); 2. look the hook up in its
+    ``tensors.<task>`` table; 3. read only those tensors from their shards (``safe_open``).
 
     Example:
         >>> a = load_activations("runs/smol", "56de0f", "eval", "blocks.20.attn.hook_pattern")
@@ -597,14 +593,11 @@ def load_activations(run: RunDir | str | Path, record_id: str, task: str, hook: 
 
 
 def load_cache(run: RunDir | str | Path, record_id: str, task: str,
-               hooks: Iterable[str], *, dataset: str | None = None) -> dict[str, Any]:
+               hooks: Iterable[str], *, dataset: str | None = None) -> dict[str, torch.Tensor]:
     """A TransformerLens-style cache: hook name -> tensor with a batch axis of 1.
 
-    ``cache["blocks.5.attn.hook_pattern"]`` is ``[1, n_heads, n_query, pos]``, as
-    ``run_with_cache`` gives it (with ``--positions all``: ``n_query = pos``).
-
-    Raises:
-        RunDirError: as :func:`load_activations`.
+    As ``run_with_cache`` gives it: ``blocks.5.attn.hook_pattern`` is ``[1, n_heads, pos, pos]``
+    with ``--positions all``. Raises as :func:`load_activations`.
     """
     return {h: load_activations(run, record_id, task, h, dataset=dataset).tensor[None]
             for h in hooks}

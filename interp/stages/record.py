@@ -77,7 +77,7 @@ from interp.store import (
 )
 
 __all__ = ["NAME", "SUMMARIES", "Config", "RecordConfig", "format_summary", "query_positions",
-           "record", "run", "write_tables"]
+           "record", "record_prompt", "run", "write_tables"]
 
 NAME = "record"
 SUMMARIES = {"record/span_to_span.json": "record_span_to_span.json"}
@@ -215,10 +215,31 @@ class _Sink:
         self.writers[name].write(name, out, start)
 
 
-def _record_task(handle: ModelHandle, p: RenderedPrompt, cfg: RecordConfig,
-                 layers: Sequence[int], spans: Sequence[str], folder: Path, task: str,
-                 sig: str, where: str) -> tuple[dict[str, Any], dict[str, int], torch.Tensor]:
-    """Steps 3-4 for one prompt: ``(tensor table, shard sizes, span-to-span)``."""
+def record_prompt(handle: ModelHandle, p: RenderedPrompt, cfg: RecordConfig,
+                  layers: Sequence[int], spans: Sequence[str], folder: Path, task: str,
+                  sig: str = "", where: str = "") -> tuple[dict[str, Any], dict[str, int],
+                                                           torch.Tensor]:
+    """Steps 3-4 for one prompt: one forward, its shards written into ``folder``.
+
+    Args:
+        handle: the model.
+        p: the rendered prompt (token ids and span labels).
+        cfg: settings (``what``, ``positions``, ``dtype``, ``shard_mb``).
+        layers: the layers to record (non-negative, ascending).
+        spans: key spans of the span-to-span masses.
+        folder: where the shards go (``<task>-0000k-of-0000N.safetensors``).
+        task: ``gen`` or ``eval`` (shard names).
+        sig: signature stored in every shard's metadata.
+        where: names the prompt in an overflow error.
+
+    Returns:
+        ``(tensors, shard_bytes, span_to_span)``: hook name -> ``{shard, shape, dtype}``,
+        shard file -> size in bytes, and ``[n_layers, n_heads, n_spans + 1, n_spans]``
+        float32 (NaN without ``attention``).
+
+    Raises:
+        RunDirError: a cast to ``dtype`` overflows (nothing of the prompt is left on disk).
+    """
     dtype = DTYPES[cfg.dtype]
     positions = query_positions(p.labels, cfg.positions)
     specs = _plan(handle, layers, cfg.what, len(positions), len(p), dtype)
@@ -292,8 +313,8 @@ def _record_one(run: RunDir, handle: ModelHandle, rec: Record,
     s2s = {}
     for task, p in prompts.items():
         where = f"{rec['dataset']}/{rec['id']} ({task})"
-        table, sizes, s2s[task] = _record_task(handle, p, cfg, layers, spans, folder, task,
-                                               sig, where)
+        table, sizes, s2s[task] = record_prompt(handle, p, cfg, layers, spans, folder, task,
+                                                sig, where)
         part["tensors"][task] = table
         part["shards"].update(sizes)
         part["tasks"][task] = {
