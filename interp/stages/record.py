@@ -211,7 +211,7 @@ class _Sink:
         if self.dtype != torch.float32 and not bool(torch.isfinite(out).all()) and bool(
                 torch.isfinite(value).all()):
             raise RunDirError(f"{name} of {self.where} overflows {self.dtype} (max |x| = "
-                              f"{float(value.abs().max()):.4g}): use --dtype float32")
+                              f"{float(value.abs().max()):.4g}): use --dtype bfloat16 or float32")
         self.writers[name].write(name, out, start)
 
 
