@@ -239,3 +239,22 @@ def test_bad_layers_fail_before_recording(tiny3, run3):
     with pytest.raises(LayerSpecError):
         stage.record(run3, tiny3, stage.RecordConfig(), log=lambda s: None)  # band last8 of 3
     assert not (run3.path / "record").exists()
+
+
+def test_record_table_of_an_experiment_config_and_cli_errors(tmp_path):
+    from typer.testing import CliRunner
+
+    from interp import cli, pipeline
+
+    got = pipeline._check({"record": {"what": ["attention"], "layers": "last2",
+                                      "positions": "last"}}, "x.toml", None)
+    assert got["record"] == stage.RecordConfig(what=["attention"], layers="last2",
+                                               positions="last")
+    with pytest.raises(ConfigError, match=r"\[record\]: unknown config keys"):
+        pipeline._check({"record": {"dtypes": "float32"}}, "x.toml", None)
+    res = CliRunner().invoke(cli.app, ["record", "--run", str(tmp_path), "--what", "mlp"])
+    assert res.exit_code == 2 and "what must be a non-empty subset" in res.output
+    res = CliRunner().invoke(cli.app, ["record", "--run", str(tmp_path)])
+    assert res.exit_code == 2 and "has no manifest.json" in res.output
+    res = CliRunner().invoke(cli.app, ["view", "--run", str(tmp_path), "--id", "x"])
+    assert res.exit_code == 2 and "has no records.jsonl" in res.output
