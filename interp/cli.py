@@ -27,9 +27,11 @@ from interp.stages import attention as attention_stage
 from interp.stages import load_run_model
 from interp.stages import patching as patching_stage
 from interp.stages import probe as probe_stage
+from interp.stages import record as record_stage
 from interp.stages import steering as steering_stage
 from interp.stages import transfer as transfer_stage
 from interp.store import RunDir, read_json
+from interp.view import find_record, write_view
 
 __all__ = ["app", "main"]
 
@@ -171,6 +173,54 @@ def attention_cmd(
     typer.echo(attention_stage.format_summary(summary))
     typer.echo(f"wrote {run}/attention/span_mass.parquet, summary.json, heads.json and "
                f"{run}/figures/attention_*.png")
+
+
+@app.command("record")
+def record_cmd(
+    run: Annotated[Path, typer.Option(help="finished asymmetry run directory")],
+    what: Annotated[str, typer.Option(help="comma list of attention,resid,z")] = (
+        "attention,resid,z"),
+    layers: Annotated[str, typer.Option(help="layers: all, last8, 24-31, 0,4,-1")] = "all",
+    positions: Annotated[str, typer.Option(
+        help="query rows / positions kept: all | last | spans")] = "all",
+    dtype: Annotated[str, typer.Option(help="float16 | bfloat16 | float32")] = "float16",
+    limit: Annotated[int | None, typer.Option(help="records per dataset")] = None,
+    shard_mb: Annotated[float, typer.Option(help="largest shard, MiB")] = 512.0,
+    band: Annotated[str, typer.Option(help="layers of the span-to-span summary")] = DEFAULT_BAND,
+    tables_only: Annotated[bool, typer.Option(
+        help="only rebuild the index, tables and figure from existing recordings")] = False,
+    device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
+) -> None:
+    """Full attention patterns, residual streams and head outputs of every prompt, on disk."""
+    cfg = record_stage.RecordConfig(what=what, layers=layers, positions=positions, dtype=dtype,
+                                    limit=limit, shard_mb=shard_mb, band=band)
+    rd = RunDir(run)
+    if tables_only:
+        summary = record_stage.write_tables(rd, cfg)
+    else:
+        summary = record_stage.run(rd, load_run_model(rd, device=device), cfg, log=typer.echo)
+    typer.echo(record_stage.format_summary(summary))
+    typer.echo(f"wrote {run}/record/ (index.json, index.parquet, span_to_span.parquet) and "
+               f"{run}/figures/record_span_to_span.png")
+
+
+@app.command("view")
+def view_cmd(
+    run: Annotated[Path, typer.Option(help="asymmetry run directory")],
+    record_id: Annotated[str, typer.Option("--id", help="the record's id")],
+    out: Annotated[Path | None, typer.Option(
+        help="HTML file (default DIR/view/<dataset>/<id>.html)")] = None,
+    dataset: Annotated[str | None, typer.Option(
+        help="the record's dataset, when the id occurs in several")] = None,
+    band: Annotated[str, typer.Option(help="layers of the 'band mean' choice")] = DEFAULT_BAND,
+    device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
+) -> None:
+    """A self-contained HTML page: a record's gen and eval tokens coloured by attention."""
+    rd = RunDir(run)
+    find_record(rd, record_id, dataset)  # a wrong id fails before the model loads
+    path = write_view(rd, load_run_model(rd, device=device), record_id, out, dataset=dataset,
+                      band=band)
+    typer.echo(f"wrote {path} (open it in a browser; it needs no server or network)")
 
 
 @app.command("heads")
