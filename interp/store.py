@@ -152,13 +152,21 @@ def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
 
     Raises:
         error: ``table`` has keys that are not fields of ``cls``; the message names the section,
-            the unknown keys and the known ones, so a typo is fixed in one look.
+            the unknown keys and the known ones, so a typo is fixed in one look; or a count
+            (``limit``, ``batch_size``, ... :data:`interp.inputs.COUNT_FIELDS`) below 1.
     """
+    from interp.inputs import check_counts
+
     known = set(cls.__dataclass_fields__)
     if unknown := set(table) - known:
         raise error(f"[{section}]: unknown config keys {sorted(unknown)}; known: "
                     f"{sorted(known)}")
-    return cls(**dict(table))
+    try:
+        cfg = cls(**dict(table))
+    except TypeError as err:  # a value of the wrong type, found by __post_init__
+        raise error(f"[{section}]: {err}") from None
+    check_counts(cfg, section, error)
+    return cfg
 
 
 @contextlib.contextmanager

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.errors import PatchingError
+from interp.inputs import write_result
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.pairs import PAIR_KINDS, PatchPair, build_pairs
@@ -434,7 +435,8 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, 
                                   masses, log, facts)
             s = summarise(d, pk, kind, results, skipped, layers, band, handle.spec, cfg)
             s["elapsed_s"] = time.perf_counter() - t0
-            write_json(d / "summary.json", s)
+            if not write_result(d / "summary.json", s, n=len(results), log=log):
+                continue  # no pair was built: the existing summary and figures stay
             summary[f"{pk}/{kind}"] = s
             if cfg.figures:
                 _figures(d, run_dir, f"[{pk}/{kind}]", log)

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from interp.errors import SteeringError
+from interp.inputs import write_result
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.stats import cluster_bootstrap_mean, passage_groups
@@ -267,7 +268,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
     if len(df):
         write_table(df, root / "rows.parquet")
     s = summarise(df, cfg, band, units, handle.spec)
-    write_json(root / "summary.json", s)
+    write_result(root / "summary.json", s, n=len(records), log=log)
     if cfg.figures and len(df):
         try:
             from interp.plots.steering import plot_steering

@@ -538,10 +538,13 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     """The transfer settings of a TOML file: its ``[transfer]`` table, else the whole file.
 
     In a full experiment config (with ``[asymmetry]`` etc.) only ``[transfer]`` is read.
-    """
-    import tomllib
 
-    data = tomllib.loads(Path(path).read_text())
+    Raises:
+        interp.errors.ConfigError: the file is missing or not TOML.
+    """
+    from interp.inputs import read_toml
+
+    data = read_toml(path)
     return dict(data[NAME]) if NAME in data else data
 
 
