@@ -64,7 +64,7 @@ class _Group(TyperGroup):
 
     def invoke(self, ctx: click.Context) -> Any:
         _WATCHED.clear()
-        debug = (ctx.obj or {}).get("debug") or "--debug" in sys.argv[1:2]
+        debug = bool(ctx.params.get("debug"))  # the group's own options are parsed by now
         try:
             return super().invoke(ctx)
         except InterpError as err:
@@ -75,6 +75,7 @@ class _Group(TyperGroup):
         except KeyboardInterrupt:
             if debug:
                 raise
+            _close_bars()
             kept = f"kept {kept_work(_WATCHED)}" if _WATCHED else "nothing to resume"
             resume = shlex.join(["interp", *sys.argv[1:]])
             click.echo(f"\ninterrupted: {kept}; resume with: {resume}", err=True)
@@ -86,6 +87,14 @@ class _Group(TyperGroup):
             hint = f" (see `interp {sub} --help`)" if sub and sub != ctx.info_name else ""
             click.echo(f"error: {err.format_message()}{hint}", err=True)  # type: ignore[attr-defined]
             ctx.exit(2)
+
+
+def _close_bars() -> None:
+    """Close open progress bars, so that none is redrawn after the interrupt message."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
 
 
 def _watch(path: Path) -> Path:

@@ -489,13 +489,15 @@ def format_summary(summary: Mapping[str, Any]) -> str:
 
 
 def run(run: RunDir, handle: ModelHandle, cfg: RecordConfig | None = None, *,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
+        overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Record every selected record of a run (resuming), then write the index and tables.
 
     Args:
         run: asymmetry run directory.
         handle: the run's model (:func:`interp.stages.load_run_model`).
         cfg: settings.
+        overwrite: accepted for the Stage protocol (``interp run --overwrite``); a recorded
+            part is redone whenever its signature differs, so there is nothing to refuse.
         log: progress lines.
 
     Returns:

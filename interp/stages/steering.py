@@ -224,8 +224,11 @@ def summarise(df: Any, cfg: SteeringConfig, band: list[int], units: Mapping[int,
 
 
 def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, *,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
+        overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Steer the judge and the generator on a run's records (module docstring).
+
+    ``overwrite`` is accepted for the Stage protocol (``interp run --overwrite``): a part is
+    redone whenever its signature differs, so there is nothing to refuse.
 
     Returns:
         The summary (also ``DIR/steering/summary.json``).

@@ -73,9 +73,13 @@ def test_run_config_refuses_unknown_only(tmp_path):
     from interp.errors import ConfigError
 
     cfg = tmp_path / "c.toml"
-    cfg.write_text('name = "x"\n[asymmetry]\nmodels = ["m"]\n')
-    with pytest.raises(ConfigError, match=r"--only: unknown stages \['probes'\]"):
+    cfg.write_text('name = "x"\n[asymmetry]\nmodels = ["m"]\n[probe]\nfolds = 3\n')
+    with pytest.raises(ConfigError, match=r"^--only: unknown: probes; valid stages here: "
+                                          r"asymmetry, probe$"):
         pipeline.run_config(cfg, only=["probes"])
+    with pytest.raises(ConfigError, match=r"^--only: not configured in this file: attention; "
+                                          r"valid stages here: asymmetry, probe$"):
+        pipeline.run_config(cfg, only=["attention"])
 
 
 def test_cli_steer_and_patch(tiny_run, tmp_path):
