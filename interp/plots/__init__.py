@@ -182,20 +182,22 @@ def _probe_panel(ax: Any, results: Mapping[str, Any], task: str, key: str, label
                            color=cmap(k), marker=markers.get(kind, "x"), s=22,
                            edgecolor="black", linewidth=0.5, zorder=3, label=f"{kind}: {pool}")
     jv = results["judge"]["folds"].get(jkey)
-    if jv is not None:
-        ax.axhline(jv, color="black", ls="--", lw=1.2,
-                   label={"auc": "judge logit-diff AUC", "accuracy": "judge EA"}.get(
-                       jkey, f"judge verdict {label}") + f" ({jv:.2f})")
+    if jv is not None:  # one legend entry for the judge; its value is written on the panel
+        ax.axhline(jv, color="black", ls="--", lw=1.4,
+                   label="verbal judge, same folds (value on each panel)")
+        ax.annotate(f"judge {jv:.2f}", (1.0, jv), xycoords=("axes fraction", "data"),
+                    xytext=(-2, 2), textcoords="offset points", ha="right", va="bottom",
+                    fontsize=7.5, fontweight="bold")
     pm = t.get("permutation")
     if key == "auc":
-        ax.axhline(0.5, color="grey", ls=":", lw=1, label="chance")
+        ax.axhline(0.5, color="grey", ls=":", lw=1, label="chance AUC / majority-class accuracy")
         if pm and pm.get("metric") == "auc" and pm.get("null_q95") is not None:
             ax.axhline(pm["null_q95"], color="tab:red", ls="-.", lw=1,
                        label=f"best cell under permuted labels, 95th pct ({pm['n']} perms)")
     if key == "accuracy":
         ax.axhline(results["majority_baseline_accuracy"], color="grey", ls=":", lw=1,
-                   label="majority class")
-    ax.set_title(f"{task} prompt — {label}", fontsize=9)
+                   label="chance AUC / majority-class accuracy")
+    ax.set_title(f"{task} prompt — {label}", fontsize=10)
     ax.set_xlabel(f"layer ({results['hook_point']})")
     ax.set_ylim(0, 1.02)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
@@ -205,7 +207,7 @@ def _probe_panel(ax: Any, results: Mapping[str, Any], task: str, key: str, label
         ptxt = f", permutation p={pm['p_value']:.2f}" if pm else ""
         ax.text(0.02, 0.03, f"best: {b['probe']} L{b['layer']} {b['pool']}\n"
                 f"AUC {b['auc']:.2f}, F1 {b['f1']:.2f}{ptxt}", transform=ax.transAxes,
-                fontsize=7, va="bottom")
+                fontsize=8, va="bottom", bbox={"fc": "white", "ec": "0.7", "alpha": 0.85})
 
 
 def plot_probes(results: Mapping[str, Any], out_dir: str | Path, name: str = "probes") -> Path:
@@ -226,21 +228,24 @@ def plot_probes(results: Mapping[str, Any], out_dir: str | Path, name: str = "pr
     """
     tasks = list(results["tasks"])
     fig, axes = plt.subplots(len(tasks), len(_PROBE_METRICS),
-                             figsize=(4.2 * len(_PROBE_METRICS), 3.3 * len(tasks)), squeeze=False)
+                             figsize=(4.6 * len(_PROBE_METRICS), 3.6 * len(tasks) + 1.2),
+                             squeeze=False)
+    seen: dict[str, Any] = {}
     for i, task in enumerate(tasks):
         for j, (key, label, jkey) in enumerate(_PROBE_METRICS):
             _probe_panel(axes[i, j], results, task, key, label, jkey, first_column=j == 0)
-        seen: dict[str, Any] = {}
-        for ax in axes[i]:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
+            for h, lab in zip(*axes[i, j].get_legend_handles_labels()):
                 seen.setdefault(lab, h)
-        axes[i, -1].legend(list(seen.values()), list(seen), fontsize=6, frameon=False,
-                           loc="center left", bbox_to_anchor=(1.02, 0.5))
     cc = results["class_counts"]
+    datasets = ", ".join(f"{d} {k}" for d, k in (results.get("datasets") or {}).items())
     fig.suptitle(f"Residual-stream probes for y* vs the verbal judge — {results['model']}, "
-                 f"n={results['n_records']} (Correct {cc['correct']}, Incorrect "
-                 f"{cc['incorrect']}), best by CV {results['select_by'].upper()}", fontsize=10)
-    fig.tight_layout()
+                 f"{datasets}: n={results['n_records']} records (Correct {cc['correct']}, "
+                 f"Incorrect {cc['incorrect']}), {results['folds']}-fold CV grouped by passage; "
+                 f"lines: mean over test folds, bands ±1 std; best cell by CV "
+                 f"{results['select_by'].upper()}", fontsize=11)
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
+    fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=min(5, len(seen)),
+               fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.0))
     return save(fig, out_dir, name)
 
 
@@ -292,9 +297,12 @@ def plot_transfer_matrix(table: Mapping[str, Any], out_dir: str | Path,
                         color="white" if arr[i, j] < 0.55 else "black")
     ax.set_xticks(range(arr.shape[1]), xlabels, fontsize=7)
     ax.set_yticks(range(len(models)), models)
-    n = next(iter(table["self"].values()))[datasets[0]].get("n")
-    ax.set_title(f"Transfer matrix (model x task), n={n} per dataset", fontsize=10)
-    fig.colorbar(im, ax=ax, fraction=0.03, pad=0.02)
+    base = next(iter(table["self"].values()))
+    ns = ", ".join(f"{d}: n={base[d].get('n')}" + (f", {base[d]['n_passages']} passages"
+                                                   if base[d].get("n_passages") else "")
+                   for d in datasets)
+    ax.set_title(f"Transfer matrix (model x task) — validation records, {ns}", fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.03, pad=0.02, label="rate (accuracy or acceptance)")
     fig.tight_layout()
     return save(fig, out_dir, name)
 
@@ -443,7 +451,7 @@ def plot_head_context_heatmaps(summary: Mapping[str, Any], out_dir: str | Path,
     diff = gen - ev
     band = summary["band"]
     fig, axes = plt.subplots(1, 3, figsize=(4 + 0.45 * gen.shape[1] * 3,
-                                            1.2 + 0.2 * gen.shape[0]))
+                                            max(3.2, 1.2 + 0.2 * gen.shape[0])))
     vmax = float(max(gen.max(), ev.max()))
     lim = float(np.abs(diff).max()) or 1.0
     for ax, arr, title, kw in ((axes[0], gen, "gen", {"cmap": "viridis", "vmin": 0,
@@ -458,7 +466,8 @@ def plot_head_context_heatmaps(summary: Mapping[str, Any], out_dir: str | Path,
         ax.set_title(f"context mass, {title}", fontsize=10)
         ax.set_xlabel("head")
         ax.set_xticks(range(arr.shape[1]))
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03,
+                     label="gen − eval" if title == "gen − eval" else "mean context mass")
     axes[0].set_ylabel("layer")
     fig.suptitle(f"Per-head last-token context mass ({dataset or 'all datasets'}, "
                  f"n={g['n']}, {g.get('n_passages', '?')} passages; dashed: band start)",

@@ -86,11 +86,31 @@ def _attribution(df: Any, s: dict[str, Any], stem: str, title: str, out_dir: Pat
         ax.set_title(f"{lab}: overlap@{a.get('k')} "
                      f"{'-' if ov is None else f'{ov:.2f}'}, Spearman "
                      f"{'-' if sp is None else f'{sp:.2f}'}", fontsize=9)
-        ax.set_xlabel("exact patching Δ logit_diff (nats)")
+        ax.set_xlabel(f"exact patching Δ logit_diff (nats); {len(g)} (pair, unit) rows")
         ax.set_ylabel("attribution estimate (nats)")
+        ax.xaxis.set_major_locator(plt.MaxNLocator(nbins=5))
+        ax.yaxis.set_major_locator(plt.MaxNLocator(nbins=6))
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return save(fig, out_dir, stem)
+
+
+def _position_labels(effects: Any, cols: list) -> list[str]:
+    """Column labels of the position heatmap: the offset, the token and how many pairs.
+
+    Pairs of different lengths are aligned at the end, so a column holds different tokens in
+    different pairs; its token is shown only when every pair has the same one there.
+    """
+    out = []
+    for c in cols:
+        rows = effects[effects.rel_position == c]
+        if "kept" in rows and rows.kept.any():  # the heatmap sums over the kept pairs
+            rows = rows[rows.kept]
+        toks = set(rows.token) if "token" in rows else set()
+        n = rows.id.nunique() if "id" in rows else len(rows)
+        tok = repr(next(iter(toks)))[1:-1][:10] + " " if len(toks) == 1 else ""
+        out.append(f"{tok}{c} [{n}]")
+    return out
 
 
 def plot_patching(table_dir: str | Path, out_dir: str | Path) -> list[Path]:
@@ -126,11 +146,10 @@ def plot_patching(table_dir: str | Path, out_dir: str | Path) -> list[Path]:
         pos = units[units.unit == "position"]
         if len(pos):
             cols = sorted(pos.rel_position.unique())
-            df = pd.read_parquet(table_dir / "effects.parquet")
-            tok = dict(zip(df.rel_position, df.token))
-            xl = [f"{repr(tok.get(c, ''))[1:-1][:10]} ({c})" for c in cols]
+            xl = _position_labels(pd.read_parquet(table_dir / "effects.parquet"), cols)
             out.append(_pair_heat(pos, "rel_position", cols, xl, f"{stem}_position", head,
-                                  out_dir, "position (token, offset from the end)"))
+                                  out_dir, "position, offset from the end (its token when every "
+                                           "pair has the same one there; [n pairs])"))
         sp = units[units.unit == "span"]
         order = [c for c in ("context", "question", "candidate", "template", "verdict", "all")
                  if c in set(sp.span)] + sorted(set(sp.span) - {
