@@ -55,6 +55,7 @@ test-unit: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/generation_batching.py
 	$(BIN)/python benchmarks/attention_recorder.py
+	$(BIN)/python benchmarks/record.py
 	$(BIN)/python benchmarks/harness.py --n 50 --compare-dtype bfloat16
 
 clean:

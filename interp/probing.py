@@ -468,8 +468,7 @@ def probe_vs_judge(best: Mapping[str, Any], oof: Float[np.ndarray, " n"],
 def sweep(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"], layers: Sequence[int],
           folds: Folds, *, probes: Sequence[str] = PROBES, select_by: str = "auc",
           top_k: int = 5, sweep_all: bool = False, fit_kw: Mapping[str, Any] | None = None,
-          log: Callable[[str], None] = print, progress: bool = True
-          ) -> list[dict[str, Any]]:
+          log: Callable[[str], None] = print, progress: bool = True) -> list[dict[str, Any]]:
     """Cross-validate probes over (layer, pool) cells (module docstring, step 5).
 
     Args:
@@ -483,7 +482,8 @@ def sweep(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"], layers: Sequ
         sweep_all: run every probe at every cell instead.
         fit_kw: passed to :func:`fit_probe` (``C``, ``mlp_hidden``, ``mlp_alpha``, ``seed``).
         log: progress lines.
-        progress: a tqdm bar (with ETA) over the first probe's cells.
+        progress: a progress bar per probe kind (cells done, rate, ETA; each cell is one
+            k-fold cross-validation).
 
     Returns:
         Rows ``{probe, layer, pool, accuracy, accuracy_std, ..., auc, auc_std}``.
@@ -493,8 +493,8 @@ def sweep(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"], layers: Sequ
     first, rest = probes[0], probes[1:]
     t0 = time.perf_counter()
     cells = [(L, p) for p in feats for L in layers]
-    for L, p in tqdm(cells, desc=f"probe sweep ({first})", unit="cell", leave=False,
-                     disable=not progress):
+    for L, p in tqdm(cells, desc=f"probe {first} (layer x pool)", unit="cell",
+                     disable=not progress, leave=False):
         summ, _ = cross_validate(feats[p][:, L], y, folds, first, **kw)
         rows.append({"probe": first, "layer": L, "pool": p, **summ})
     log(f"[probe] {first}: {len(cells)} cells x {len(folds)} folds in "
@@ -504,7 +504,8 @@ def sweep(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"], layers: Sequ
         chosen = cells if sweep_all else [(r["layer"], r["pool"]) for r in ranked[:top_k]]
         for kind in rest:
             t0 = time.perf_counter()
-            for L, p in chosen:
+            for L, p in tqdm(chosen, desc=f"probe {kind}", unit="cell", disable=not progress,
+                             leave=False):
                 summ, _ = cross_validate(feats[p][:, L], y, folds, kind, **kw)
                 rows.append({"probe": kind, "layer": L, "pool": p, **summ})
             log(f"[probe] {kind}: {len(chosen)} cells in {time.perf_counter() - t0:.0f} s")
@@ -558,8 +559,7 @@ def permutation_null(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"],
     rng = np.random.default_rng(seed)
     null, skipped = [], 0
     t0 = time.perf_counter()
-    for i in tqdm(range(n_permutations), desc="probe permutation null", unit="sweep",
-                  leave=False):
+    for i in tqdm(range(n_permutations), desc="permutation null", unit="sweep", leave=False):
         yp = rng.permutation(y)
         try:
             fp = make_folds(yp, folds, seed + 1 + i, groups=groups)

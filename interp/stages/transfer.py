@@ -356,7 +356,10 @@ def _evaluate(tdir: Path, handle: ModelHandle, template: Template, oracle: BaseO
               verdict_max_new_tokens=config.verdict_max_new_tokens,
               batch_size=config.batch_size)
     base_answers: dict[str, list[str | None]] = {}
-    for mname in MODELS:
+    from tqdm.auto import tqdm
+
+    # one bar over the models (base and each adapter), each evaluated on every dataset
+    for mname in tqdm(MODELS, desc="transfer eval", unit="model", leave=False):
         evals["self"][mname], evals["judge_base_answers"][mname] = _evaluate_model(
             tdir, handle, mname, val, base_answers, config, kw, timings, log)
     return evals
@@ -538,10 +541,13 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     """The transfer settings of a TOML file: its ``[transfer]`` table, else the whole file.
 
     In a full experiment config (with ``[asymmetry]`` etc.) only ``[transfer]`` is read.
-    """
-    import tomllib
 
-    data = tomllib.loads(Path(path).read_text())
+    Raises:
+        interp.errors.ConfigError: the file is missing or not TOML.
+    """
+    from interp.inputs import read_toml
+
+    data = read_toml(path)
     return dict(data[NAME]) if NAME in data else data
 
 
