@@ -246,9 +246,9 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
             for r in recs:
                 r["template"] = config.template
                 r.setdefault("model", handle.spec)
+            if cap is not None:  # before the records: a kill in between redoes the records,
+                store_one_pass(rd, handle, recs, cap, facts)  # whose outputs are then replaced
             rd.append_records(recs)
-            if cap is not None:  # after the records: a kill in between only loses recordings
-                store_one_pass(rd, handle, recs, cap, facts)
             done.update(record_key(r) for r in recs)
             bar.update(len(part))
             for r in recs:

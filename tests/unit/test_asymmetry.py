@@ -251,7 +251,8 @@ n_boot = 50
     lines: list[str] = []
     run_config(draft, log=lines.append)
     assert not (tmp_path / "draft_figs").exists()
-    assert "not updated (the config does not say publish = true)" in lines[-1]
+    assert "not updated (the config does not say publish = true)" in lines[-3]
+    assert lines[-2].startswith(f"== done. Figures: {tmp_path / 'runs'}/")  # the run's own
     bad = tmp_path / "bad.toml"
     bad.write_text(cfg.read_text() + "[atention]\nlayers = 'all'\n")
     with pytest.raises(ConfigError, match=r"unknown keys or stages \['atention'\]"):
