@@ -5,10 +5,11 @@ Measures in ONE process (issue 14 item 5):
 1. Roofline: FLOP/s of a plain matmul of the model's size (``[tokens, d_model] x [d_model,
    d_ffn]``, 512 x 576 x 1536 for SmolLM2) in the run's dtype, best of 20 after a warm-up.
 2. The Study 1 harness stage (:func:`interp.stages.asymmetry.run`, its defaults: batch size 8,
-   48 answer tokens, 12 verdict tokens, the one pass on) on ``--n`` bundled records of
-   ``--dataset`` into a temporary run directory: examples per minute (wall clock, model load
-   excluded), and per minute of this process's CPU time (``time.process_time``: less
-   sensitive to other processes on a shared machine; with T threads busy it is T times less).
+   48 answer tokens, 12 verdict tokens, the one pass on; chunks of ``--chunk-batches 4``) on
+   ``--n`` bundled records of ``--dataset`` into a temporary run directory: examples per
+   minute (wall clock, model load excluded), and per minute of this process's CPU time
+   (``time.process_time``: less sensitive to other processes on a shared machine; with T
+   threads busy it is T times less).
    ``fraction_of_matmul_cpu`` is the achieved FLOP/s per CPU second times the thread count
    over the roofline: the fraction the harness would reach with its threads not preempted.
 3. Model FLOPs of what the harness had to compute, counted per example from the prompt and
@@ -105,7 +106,7 @@ def measure(args: argparse.Namespace, dtype: str, out: Path) -> dict[str, Any]:
     roof = matmul_flops(shape["d_model"], shape["d_ffn"], tdtype)
     cfg = AsymmetryConfig(model=args.model, datasets=[args.dataset], limit=args.n,
                           batch_size=args.batch_size, dtype=dtype, one_pass=not args.no_one_pass,
-                          n_boot=200)
+                          chunk_batches=args.chunk_batches, n_boot=200)
     t, c = time.perf_counter(), time.process_time()
     run_asymmetry(cfg, out, handle=handle, log=lambda s: None)
     wall, cpu = time.perf_counter() - t, time.process_time() - c
@@ -181,6 +182,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--compare-dtype", default=None, help="e.g. bfloat16")
     ap.add_argument("--no-one-pass", action="store_true")
+    ap.add_argument("--chunk-batches", type=int, default=4,
+                    help="batches per length-sorted chunk (the README's numbers: 4)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()

@@ -101,6 +101,11 @@ class AsymmetryConfig:
             measurable harness time (SmolLM2, 16 SQuAD records: 20.1 examples per CPU-minute
             with and without) and ``n_layers x d_model x 5`` floats per prompt on disk.
             False: the stages compute them with their own forwards.
+        chunk_batches: batches per chunk of examples: a chunk's prompts are sorted by length
+            into batches and its records are appended together. 1 (default): records are saved
+            after every batch, but the sort only orders one batch; 4: less padding (SmolLM2,
+            32 SQuAD records: 19.4 instead of 15.8 examples per CPU-minute), and a kill loses
+            up to 4 batches.
     """
 
     model: str = DEFAULT_MODEL
@@ -120,8 +125,13 @@ class AsymmetryConfig:
     from_hub: bool = False
     n_boot: int = 2000
     one_pass: bool = True
+    chunk_batches: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.chunk_batches, bool) or not isinstance(self.chunk_batches, int) or \
+                self.chunk_batches < 1:
+            raise ConfigError(f"[asymmetry] chunk_batches must be a whole number >= 1, not "
+                              f"{self.chunk_batches!r}")
         if isinstance(self.limit, Mapping) and (bad := set(self.limit) - set(self.datasets)):
             raise ConfigError(f"limit names datasets {sorted(bad)} that are not in datasets "
                               f"{self.datasets}")
@@ -154,9 +164,8 @@ def run(
         overwrite: discard a run directory made with another config.
         handle: an already loaded model (else ``config.model`` is loaded).
         log: where progress lines go.
-        chunk: examples per appended batch of records (default ``batch_size``: every batch
-            is flushed; the examples of a chunk are sorted by prompt length into batches, so a
-            chunk of several batches pads less, and a kill loses at most one chunk).
+        chunk: examples per appended chunk of records (default ``chunk_batches *
+            batch_size``; the examples of a chunk are sorted by prompt length into batches).
 
     Raises:
         interp.errors.ConfigError: a count below 1 or an unknown oracle spec (before any
@@ -220,7 +229,7 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     finished = {record_key(r): r for r in (rd.read_records(status=None)
                                            if rd.records_path.exists() else [])}
     done = set(finished)
-    chunk = chunk or config.batch_size
+    chunk = chunk or config.chunk_batches * config.batch_size
     for ds in config.datasets:
         examples = loaded[ds]
         if stale := stale_records(finished, examples, handle.tokenizer, template):

@@ -189,6 +189,11 @@ def test_run_resumes_and_refuses_other_config(tiny, tmp_path):
     assert all(0.0 < r["verdict_coverage"] <= 1.0 for r in recs)
 
 
+def test_chunk_batches_must_be_a_count():
+    with pytest.raises(ConfigError, match="chunk_batches must be a whole number >= 1, not 0"):
+        AsymmetryConfig(chunk_batches=0)
+
+
 def test_limit_table_must_name_configured_datasets():
     with pytest.raises(ConfigError, match=r"limit names datasets \['musique'\]"):
         AsymmetryConfig(datasets=["squad_v2"], limit={"musique": 2})
