@@ -6,7 +6,10 @@ Algorithm:
 2. Left-pad each batch with the pad token; the attention mask zeroes the pads and the
    position ids are ``cumsum(mask) - 1`` (transformers' ``generate`` derives them from the
    mask), so a padded prompt sees exactly the positions it sees alone.
-3. Greedy decoding (``do_sample=False``) until EOS, a stop string (default: a newline after at
+3. Greedy decoding (``do_sample=False``) until an end-of-turn token
+   (:func:`interp.models.end_of_turn_ids`: the token the chat template puts after a reply,
+   e.g. ``<|eot_id|>`` for Llama 3 whose EOS is another token, then the tokenizer's and the
+   model's EOS ids), a stop string (default: a newline after at
    least one non-blank character) or ``max_new_tokens``; each sequence stops on its own.
 4. Return the decoded continuation of every prompt in the caller's order, and (on request) the
    raw logits of the first generated step (the logits at the prompt's last position). The
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from interp.models import ModelHandle
+from interp.models import ModelHandle, end_of_turn_ids
 
 
 @dataclass
@@ -111,9 +114,7 @@ def generate(
         raise ValueError("empty prompt")
     tok = handle.tokenizer
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    eos_ids = handle.model.generation_config.eos_token_id
-    eos_ids = set(eos_ids if isinstance(eos_ids, list) else [eos_ids]) - {None}
-    eos_ids.add(tok.eos_token_id)
+    eos_ids = set(end_of_turn_ids(tok, handle.model))
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     out: list[Generation | None] = [None] * len(prompts)
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]

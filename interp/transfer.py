@@ -56,7 +56,7 @@ from interp.grading import BaseOracle, extract_answer, is_abstention, normalize_
 from interp.hooks.guard import inference_guard
 from interp.hooks.points import hook_name
 from interp.lora import encode_example, end_of_turn_id
-from interp.models import ModelHandle
+from interp.models import ModelHandle, end_of_turn_ids
 from interp.patching import Patch, Patcher
 from interp.prompts import Template, get_template, render
 
@@ -156,19 +156,23 @@ def sample_answers(handle: ModelHandle, prompts: Sequence[Sequence[int]], *, see
         batch_size: prompts per ``generate`` call.
 
     Returns:
-        The decoded continuations (special tokens removed), in input order.
+        The decoded continuations up to the first end-of-turn token
+        (:func:`interp.models.end_of_turn_ids`; special tokens removed), in input order.
     """
     tok = handle.tokenizer
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    stop = end_of_turn_ids(tok, handle.model)
     out: list[str] = []
     for b, s in enumerate(range(0, len(prompts), batch_size)):
         ids, mask = left_pad(prompts[s:s + batch_size], pad_id, handle.device)
         torch.manual_seed(seed + b)
         res = handle.model.generate(input_ids=ids, attention_mask=mask, do_sample=True,
                                     temperature=temperature, top_p=top_p, top_k=0,
-                                    max_new_tokens=max_new_tokens, pad_token_id=pad_id)
+                                    max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                                    eos_token_id=stop)
         for row in res[:, ids.shape[1]:].tolist():
-            out.append(tok.decode(row, skip_special_tokens=True))
+            cut = next((i for i, t in enumerate(row) if t in stop), len(row))
+            out.append(tok.decode(row[:cut], skip_special_tokens=True))
     return out
 
 

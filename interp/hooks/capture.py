@@ -10,7 +10,8 @@ Algorithm of :func:`hooked`:
    :class:`interp.errors.HookError` BEFORE any hook is registered.
 2. Register one forward pre-hook (input side) or forward hook (output side) per name. At run
    time the hook takes the tensor (``args[0]`` or the ``hidden_states`` keyword; ``output[0]``
-   when a module returns a tuple), views ``attn.hook_z`` as ``[batch, pos, n_heads, head_dim]``,
+   when a module returns a tuple), views ``attn.hook_z`` as ``[batch, pos, n_heads, head_dim]``
+   and ``attn.hook_k`` / ``attn.hook_v`` as ``[batch, pos, n_kv_heads, head_dim]``,
    applies the caller's edit function if one is given for that name (activation patching), stores
    the (edited) value when the name is to be cached, and hands the tensor back to the module.
 3. Remove every hook in a ``finally`` block, whatever raises, so the model is left with exactly
@@ -32,17 +33,14 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.hooks.guard import inference_guard
-from interp.hooks.points import base_model, resolve
+from interp.hooks.points import n_heads_at, resolve
 
 __all__ = ["Edit", "hooked"]
 
 Edit = Callable[[Tensor], Tensor]
 """An edit of one hook point's activation: takes ``[batch, pos, ...]`` and returns a tensor of
-the same shape (``[batch, pos, n_heads, head_dim]`` for ``attn.hook_z``)."""
-
-
-def _n_heads(model: Any) -> int:
-    return int(base_model(model).config.num_attention_heads)
+the same shape (``[batch, pos, n_heads, head_dim]`` for ``attn.hook_z``, ``[batch, pos,
+n_kv_heads, head_dim]`` for ``attn.hook_k`` and ``attn.hook_v``)."""
 
 
 @contextlib.contextmanager
@@ -74,17 +72,18 @@ def hooked(model: Any, *, cache: Iterable[str] = (), edits: Mapping[str, Edit] |
     edits = dict(edits or {})
     want = set(cache)
     sites = {name: resolve(model, name) for name in sorted(want | set(edits))}
-    nh = _n_heads(model)
     store: dict[str, Tensor] = {}
 
     def make(name: str, point: str) -> Callable[[Tensor], Tensor]:
+        nh = n_heads_at(model, point)
+
         def apply(x: Tensor) -> Tensor:
-            view = x.view(*x.shape[:-1], nh, -1) if point == "attn.hook_z" else x
+            view = x.view(*x.shape[:-1], nh, -1) if nh else x
             if name in edits:
                 view = edits[name](view)
             if name in want:
                 store[name] = view if keep_graph else view.detach().clone()
-            return view.reshape(x.shape) if point == "attn.hook_z" else view
+            return view.reshape(x.shape) if nh else view
         return apply
 
     handles = []
