@@ -60,8 +60,16 @@ __all__ = ["METRIC_DEFINITIONS", "compute_metrics", "evaluate_examples", "format
 
 
 def make_oracle(spec: str, *, template: Template | None = None, device: str | None = None,
-                handle: ModelHandle | None = None) -> BaseOracle:
+                dtype: str | None = None, handle: ModelHandle | None = None) -> BaseOracle:
     """The oracle named by ``spec``: ``"rule"`` or ``"model:SPEC"``.
+
+    Args:
+        spec: ``"rule"`` or ``"model:SPEC"`` (SPEC: any :func:`interp.models.load_model` spec).
+        template: unused (kept for callers that pass the Study 1 template).
+        device: where to load an LLM oracle.
+        dtype: its precision (default by device, :func:`interp.models.load_model`).
+        handle: an already loaded model to grade with instead of loading SPEC (callers pass
+            the run's own model when SPEC names it, so it is not loaded twice).
 
     Raises:
         ConfigError: any other spec.
@@ -69,7 +77,8 @@ def make_oracle(spec: str, *, template: Template | None = None, device: str | No
     if spec == "rule":
         return RuleOracle()
     if spec.startswith("model:"):
-        return ModelOracle(handle or load_model(spec.removeprefix("model:"), device=device))
+        return ModelOracle(handle or load_model(spec.removeprefix("model:"), device=device,
+                                                dtype=dtype))
     raise ConfigError(f"unknown oracle {spec!r}: use 'rule' or 'model:SPEC'")
 
 

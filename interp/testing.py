@@ -52,7 +52,8 @@ from interp.prompts import get_template, render
 from interp.store import RunDir
 
 __all__ = ["CHAT_TEMPLATE", "CORPUS", "FAMILIES", "LLAMA3_CHAT_TEMPLATE", "LLAMA31_ROPE_SCALING",
-           "llama31_checkpoint", "synthetic_probe_run", "tiny_llama", "tiny_tokenizer"]
+           "llama31_checkpoint", "rehearsal_datasets", "synthetic_probe_run", "tiny_checkpoint",
+           "tiny_llama", "tiny_tokenizer"]
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -282,16 +283,77 @@ def llama31_checkpoint(
     Returns:
         ``path`` as a :class:`pathlib.Path`; ``interp.models.load_model(str(path))`` loads it.
     """
+    return tiny_checkpoint(path, template="llama3", arch="llama", n_layers=n_layers,
+                           d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, seed=seed,
+                           vocab_size=vocab_size, dtype=dtype, rope_scaling=LLAMA31_ROPE_SCALING,
+                           rope_theta=500000.0, max_positions=131072)
+
+
+def tiny_checkpoint(path: str | Path, *, template: str = "chatml", arch: str = "llama",
+                    vocab_size: int = 512, dtype: str = "float32", **shape: Any) -> Path:
+    """Save a tiny random model and its tokenizer as a local checkpoint directory.
+
+    :func:`tiny_tokenizer` (``vocab_size``, ``template``) and :func:`tiny_llama` (``arch`` and
+    ``shape``: ``n_layers``, ``d_model``, ``n_heads``, ``n_kv_heads``, ``seed``,
+    ``rope_scaling``, ``rope_theta``, ``max_positions``, ...), written with
+    ``save_pretrained``; :func:`interp.models.load_model` loads it as a local directory.
+
+    Args:
+        path: the directory (created; files in it are overwritten).
+        template: chat-template family (:data:`FAMILIES`).
+        arch: ``llama`` or ``qwen2``.
+        vocab_size: target vocabulary of the tiny BPE.
+        dtype: ``torch_dtype`` of the saved weights (``float32`` or ``bfloat16``).
+        **shape: keyword arguments of :func:`tiny_llama`.
+
+    Returns:
+        ``path`` as a :class:`pathlib.Path`.
+    """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tok = tiny_tokenizer(vocab_size, template="llama3")
-    handle = tiny_llama(tok, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
-                        n_kv_heads=n_kv_heads, seed=seed, rope_scaling=LLAMA31_ROPE_SCALING,
-                        rope_theta=500000.0, max_positions=131072)
+    tok = tiny_tokenizer(vocab_size, template=template)
+    handle = tiny_llama(tok, arch=arch, **shape)
     model = handle.model.to({"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype])
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def rehearsal_datasets(out_dir: str | Path, n: int = 3, max_chars: int | None = 200,
+                       names: tuple[str, ...] | None = None) -> dict[str, str]:
+    """Write ``n`` bundled validation records of each dataset as JSONL files (rehearsal data).
+
+    The records are the first ``n`` of :func:`interp.data.load_examples` (one per passage),
+    with each context cut to its first ``max_chars`` characters (at a word boundary), so a
+    32-layer rehearsal of every stage runs in about a minute on a CPU; the code paths do not
+    depend on the length, and the ids, questions, answers and extras are the records' own.
+    Each file keeps its dataset's name in its records, so the runs group them as usual.
+
+    Args:
+        out_dir: folder for ``<name>.jsonl`` (created).
+        n: records per dataset.
+        max_chars: longest context kept (None: whole contexts).
+        names: datasets (default: all of :data:`interp.data.DATASETS`).
+
+    Returns:
+        ``{dataset name: path}``, the ``datasets`` argument of
+        :func:`interp.pipeline.swap_sources`.
+    """
+    from dataclasses import replace
+
+    from interp.data import DATASETS, load_examples
+    from interp.data.loading import save_examples
+
+    out = {}
+    for name in names or DATASETS:
+        exs = []
+        for ex in load_examples(name, limit=n):
+            ctx = ex.context
+            if max_chars and len(ctx) > max_chars:
+                ctx = ctx[:max_chars].rsplit(" ", 1)[0]
+            exs.append(replace(ex, context=ctx))
+        out[name] = str(save_examples(exs, Path(out_dir) / f"{name}.jsonl"))
+    return out
 
 
 GOOD = ("Paris", "Rome", "Berlin", "Madrid")

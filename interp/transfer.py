@@ -83,6 +83,7 @@ class TransferSettings(Protocol):
     """
 
     datasets: list[str]
+    from_hub: bool
     max_train_examples: int
     max_length: int
     templates_path: str | None
@@ -341,7 +342,7 @@ def training_pool(config: TransferSettings, tokenizer: Any, template: Template, 
     eot = end_of_turn_id(tokenizer)
     for ds in config.datasets:
         try:
-            examples = load_examples(ds, split="train")
+            examples = load_examples(ds, split="train", from_hub=config.from_hub)
         except DataError as err:
             raise TransferError(f"the transfer study trains on the train split of {ds!r}, "
                                 f"which is not available: {err}. Use squad_v2, hotpotqa or "

@@ -131,7 +131,9 @@ def run(
     manifest = rd.init_manifest(asdict(config), model_info=handle.info, overwrite=overwrite,
                                 key_fields=KEY_FIELDS, runtime=facts,
                                 result_facts=result_facts(facts))
-    oracle = make_oracle(config.oracle, device=config.device)
+    same = config.oracle == f"model:{handle.spec}"  # the run's own model grades: load it once
+    oracle = make_oracle(config.oracle, device=config.device, dtype=config.dtype,
+                         handle=handle if same else None)
     finished = {record_key(r): r for r in (rd.read_records(status=None)
                                            if rd.records_path.exists() else [])}
     done = set(finished)
