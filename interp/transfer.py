@@ -206,7 +206,8 @@ def rotation_answer(k: int, pool: Sequence[QAExample], oracle: BaseOracle, *,
         seed: other records are tried in a ``random.Random(seed * 100003 + k)`` order.
 
     Returns:
-        ``(answer, donor_id)``, or ``(None, None)`` when every other gold matches this gold.
+        ``(answer, donor_id)``, or ``(None, None)`` when every other gold matches this gold
+        or is judged correct for record ``k`` by the oracle.
 
     Source:
         Paper section 3.3 (fallback "answer rotation").
@@ -277,8 +278,9 @@ def mine_hard_negatives(handle: ModelHandle, pool: Sequence[QAExample], oracle: 
         ans, donor = rotation_answer(k, pool, oracle, seed=config.seed)
         if ans is None:
             raise TransferError(f"record {pool[k].id}: no hard negative (every closed-book "
-                                f"attempt was rejected and no other pool record has a "
-                                f"different gold answer); use more training records")
+                                f"attempt was rejected, and every other pool record's gold "
+                                f"answer equals this record's or the oracle {oracle.name} "
+                                f"judges it correct here); use more training records")
         rows[k].update(hard_negative=ans, source="rotation", fallback=True, donor_id=donor)
     return rows
 
