@@ -14,6 +14,7 @@ not the checkpoint's EOS. A GPU user changes nothing but the config.
 
 from __future__ import annotations
 
+import functools
 import json
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,6 +56,7 @@ class Watch:
         fwd, gen = LlamaForCausalLM.forward, GenerationMixin.generate
         watch = self
 
+        @functools.wraps(fwd)  # keeps the signature: generate() reads it (position_ids ...)
         def forward(model, input_ids=None, *args, **kw):
             cache = kw.get("past_key_values") or kw.get("cache")
             past = int(cache.get_seq_length()) if cache is not None else 0
@@ -64,6 +66,7 @@ class Watch:
                                        None if mask is None else mask.detach().cpu(), past))
             return fwd(model, input_ids, *args, **kw)
 
+        @functools.wraps(gen)
         def generate(model, *args, **kw):
             eos = kw.get("eos_token_id", model.generation_config.eos_token_id)
             watch.generate_eos.append(list(eos) if isinstance(eos, list | tuple) else [eos])
