@@ -47,6 +47,7 @@ test-unit: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/generation_batching.py
 	$(BIN)/python benchmarks/attention_recorder.py
+	$(BIN)/python benchmarks/record.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -32,6 +32,15 @@ Algorithm, per ok record of a finished asymmetry run (the run-directory work is
    with CIs and the mean context mass of every (layer, head); :func:`top_heads` ranks heads
    by it.
 5. Figures from the summary (:mod:`interp.plots`).
+6. Span-to-span attention (:func:`span_to_span`, from FULL patterns ``A[l, h, q, k]`` that
+   ``interp record`` computes, :mod:`interp.stages.record`): the mass each query span puts on
+   each key span, ``S[l, h, i, j] = mean_{q in Q_i} sum_{k in K_j} A[l, h, q, k]``. Key spans
+   are the labels of step 3; query spans are the same labels over all positions but the last,
+   plus :data:`LAST` = the last position alone (the verdict position of the eval prompt, the
+   answer position of the gen prompt). Each row sums to 1; a query span absent from a prompt
+   (``candidate`` in gen) is NaN. :func:`summarize_span_to_span` averages the band: per record
+   the mean over band layers and heads, then the mean over records (NaN rows left out, their
+   count reported per query span), per dataset, with the number of distinct passages.
 """
 
 from __future__ import annotations
@@ -49,9 +58,9 @@ from interp.errors import AttentionError
 from interp.stats import MIN_PASSAGES, ClusterBootstrap, passage_groups, passage_note
 from interp.store import Record
 
-__all__ = ["CONTENT_SPANS", "SPANS", "SUMMARY_DEFINITIONS", "TASKS", "format_heads",
-           "format_summary", "span_mass", "span_mass_table", "span_names", "span_tokens",
-           "summarize", "top_heads"]
+__all__ = ["CONTENT_SPANS", "LAST", "SPANS", "SUMMARY_DEFINITIONS", "TASKS", "format_heads",
+           "format_summary", "query_span_names", "span_mass", "span_mass_table", "span_names",
+           "span_to_span", "span_tokens", "summarize", "summarize_span_to_span", "top_heads"]
 
 SPANS = ("context", "question", "candidate", "template")
 """Span order of the mass tensors (``reference`` is appended when a template uses it)."""
@@ -78,6 +87,8 @@ SUMMARY_DEFINITIONS = {
            "None with fewer than 2 passages",
 }
 """What each key of a :func:`summarize` group means (copied into ``summary.json``)."""
+LAST = "last"
+"""Query span of the last position alone (the verdict position of the eval prompt)."""
 
 Mass = Float[np.ndarray, "rec layer head span"]
 """Span masses of records: ``[n_records, n_layers, n_heads, n_spans]``."""
@@ -115,6 +126,48 @@ def span_mass(rows: Float[Tensor, "... pos"], labels: Sequence[str],
     onehot = torch.zeros(len(labels), len(spans), dtype=torch.float32)
     onehot[torch.arange(len(labels)), torch.tensor([index[lab] for lab in labels])] = 1.0
     return rows.float().cpu() @ onehot
+
+
+def query_span_names(spans: Sequence[str]) -> list[str]:
+    """Query spans of :func:`span_to_span`: the key spans, then :data:`LAST`."""
+    return [*spans, LAST]
+
+
+def span_to_span(pattern: Float[Tensor, "... q k"], labels: Sequence[str],
+                 spans: Sequence[str] | None = None) -> Float[Tensor, "... qspan kspan"]:
+    """Attention mass each query span puts on each key span (module docstring, step 6).
+
+    Args:
+        pattern: full attention patterns ``[..., pos, pos]`` (e.g. ``[n_heads, pos, pos]``
+            of one layer), every row summing to 1.
+        labels: span label of every position, ``len(labels) == pos``.
+        spans: key-span order (default :func:`span_names` of ``labels``); the query spans
+            are :func:`query_span_names` of it.
+
+    Returns:
+        ``[..., n_spans + 1, n_spans]`` float32: row ``i`` is the mean over the query
+        positions of span ``i`` (the last position alone for :data:`LAST`, and never in
+        another row) of their mass on each key span; it sums to 1, or is NaN when the prompt
+        has no such query position.
+
+    Raises:
+        AttentionError: ``pattern`` is not square over ``len(labels)`` positions, or a label
+            is not in ``spans``.
+    """
+    n = len(labels)
+    if pattern.shape[-2:] != (n, n):
+        raise AttentionError(f"span_to_span needs patterns [..., {n}, {n}] for {n} labels, "
+                             f"got {tuple(pattern.shape)}")
+    spans = list(spans or span_names(labels))
+    keyed = span_mass(pattern, labels, spans)  # [..., q, n_spans]
+    qlab = [*labels[:-1], LAST]
+    qspans = query_span_names(spans)
+    index = {s: i for i, s in enumerate(qspans)}
+    avg = torch.zeros(len(qspans), n, dtype=torch.float32)
+    avg[torch.tensor([index[lab] for lab in qlab]), torch.arange(n)] = 1.0
+    count = avg.sum(1, keepdim=True)
+    avg = torch.where(count > 0, avg / count.clamp(min=1), torch.full_like(avg, float("nan")))
+    return avg @ keyed
 
 
 def span_mass_table(records: Sequence[Record] | Sequence[Mapping[str, Any]],
@@ -307,6 +360,51 @@ def summarize(records: Sequence[Record] | Sequence[Mapping[str, Any]], mass: Map
     return {"band": band, "spans": list(spans), "n_layers": int(n_l), "n_heads": int(n_h),
             "n_boot": n_boot, "seed": seed, "definitions": SUMMARY_DEFINITIONS,
             "per_dataset": per, "overall": group(np.ones(len(records), dtype=bool))}
+
+
+def summarize_span_to_span(records: Sequence[Record] | Sequence[Mapping[str, Any]],
+                           s2s: Mapping[str, np.ndarray], layers: Sequence[int],
+                           band: Sequence[int], spans: Sequence[str]) -> dict[str, Any]:
+    """Band means of span-to-span attention, gen and eval, per dataset (module docstring).
+
+    Args:
+        records: records aligned with the first axis of ``s2s``.
+        s2s: ``{"gen": [n_rec, n_layers, n_heads, n_spans + 1, n_spans], "eval": ...}``
+            (:func:`span_to_span` of every recorded layer).
+        layers: the model layers of the second axis of ``s2s``.
+        band: layers to average (those not recorded are left out; none left: all recorded).
+        spans: key spans (query spans: :func:`query_span_names`).
+
+    Returns:
+        ``{"band", "query_spans", "key_spans", "per_dataset": {name: group}, "overall"}``; a
+        group has ``n`` (records), ``n_passages`` (distinct contexts) and per task ``mean``
+        ``[n_query_spans][n_key_spans]`` (None for a query span no record has) and ``n_rows``
+        (records with each query span).
+    """
+    use = [i for i, x in enumerate(layers) if x in set(band)] or list(range(len(layers)))
+    # NaN rows (a query span the prompt lacks) are NaN in every layer and head alike
+    per_rec = {t: np.asarray(s2s[t], dtype=np.float64).reshape(
+        len(records), len(layers), -1, len(spans) + 1, len(spans))[:, use].mean(axis=(1, 2))
+        for t in TASKS}
+    ds = np.array([r["dataset"] for r in records])
+    ctx = np.array([str(r.get("context", "")) for r in records])
+
+    def group(sel: np.ndarray) -> dict[str, Any]:
+        out: dict[str, Any] = {"n": int(sel.sum()), "n_passages": len(set(ctx[sel]))}
+        for t in TASKS:
+            m = per_rec[t][sel]  # [n, nq, nk]
+            has = ~np.isnan(m).any(axis=2)
+            with np.errstate(invalid="ignore"):
+                mean = np.nansum(m, axis=0) / has.sum(0)[:, None]
+            out[t] = {"mean": [[None if not has[:, i].any() else float(v) for v in row]
+                               for i, row in enumerate(mean)],
+                      "n_rows": has.sum(0).astype(int).tolist()}
+        return out
+
+    return {"band": [int(layers[i]) for i in use], "query_spans": query_span_names(spans),
+            "key_spans": list(spans),
+            "per_dataset": {d: group(ds == d) for d in dict.fromkeys(ds)},
+            "overall": group(np.ones(len(records), dtype=bool))}
 
 
 def top_heads(summary: Mapping[str, Any], *, dataset: str | None = None, top: int = 10,

@@ -9,6 +9,7 @@ are caught once, by the command group: ``error: <message>`` on stderr and exit s
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,16 +20,20 @@ from typer.core import TyperGroup
 
 from interp import attention as attention_method
 from interp.errors import InterpError
+from interp.inputs import kept_work, read_toml
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import DEFAULT_MODEL, load_model
-from interp.pipeline import run_config
+from interp.pipeline import out_dir, run_config
 from interp.stages import asymmetry as asymmetry_stage
 from interp.stages import attention as attention_stage
 from interp.stages import load_run_model
 from interp.stages import patching as patching_stage
 from interp.stages import probe as probe_stage
+from interp.stages import record as record_stage
+from interp.stages import steering as steering_stage
 from interp.stages import transfer as transfer_stage
 from interp.store import RunDir, read_json
+from interp.view import find_record, write_view
 
 __all__ = ["app", "main"]
 
@@ -39,17 +44,63 @@ _OVERWRITE_STAGE = ("redo this stage's stored work when it was computed under ot
 """Backend names the command line also accepts (configs and the API use the full names)."""
 
 
+_WATCHED: list[Path] = []
+"""The run directories of the command now running, whose kept work a Ctrl-C reports."""
+
+
+def _is_usage_error(err: Exception) -> bool:
+    """A click usage error (bad option or value); typer may vendor its own click."""
+    return hasattr(err, "format_message") and isinstance(getattr(err, "exit_code", None), int)
+
+
 class _Group(TyperGroup):
-    """The command group: catches :class:`InterpError` once for every command."""
+    """The command group: one error policy for every command.
+
+    An :class:`InterpError` or a bad option prints ``error: <message>`` and exits 2
+    (``--debug``: the traceback). Ctrl-C prints one line, what finished work the command's run
+    directory keeps (:func:`interp.inputs.kept_work`) and the command that resumes it, and
+    exits 130.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
+        _WATCHED.clear()
+        debug = bool(ctx.params.get("debug"))  # the group's own options are parsed by now
         try:
             return super().invoke(ctx)
         except InterpError as err:
-            if (ctx.obj or {}).get("debug"):
+            if debug:
                 raise
             click.echo(f"error: {err}", err=True)
             ctx.exit(2)
+        except KeyboardInterrupt:
+            if debug:
+                raise
+            _close_bars()
+            kept = f"kept {kept_work(_WATCHED)}" if _WATCHED else "nothing to resume"
+            resume = shlex.join(["interp", *sys.argv[1:]])
+            click.echo(f"\ninterrupted: {kept}; resume with: {resume}", err=True)
+            ctx.exit(130)
+        except Exception as err:
+            if not _is_usage_error(err) or debug or type(err).__name__ in ("Exit", "Abort"):
+                raise
+            sub = getattr(getattr(err, "ctx", None), "info_name", None)
+            hint = f" (see `interp {sub} --help`)" if sub and sub != ctx.info_name else ""
+            click.echo(f"error: {err.format_message()}{hint}", err=True)  # type: ignore[attr-defined]
+            ctx.exit(2)
+
+
+def _close_bars() -> None:
+    """Close open progress bars, so that none is redrawn after the interrupt message."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
+
+
+def _watch(path: Path) -> Path:
+    """Name the run directory whose kept work a Ctrl-C reports (:class:`_Group`)."""
+    _WATCHED.append(Path(path))
+    return path
 
 
 app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True,
@@ -74,34 +125,41 @@ def _split(values: list[str] | str | None) -> list[str]:
 @app.command()
 def asymmetry(
     dataset: Annotated[list[str], typer.Option(
-        "--dataset", "-d", help="squad_v2, drop, hotpotqa, musique or a file path; "
-                                "repeat or comma-separate")] = ["squad_v2"],  # noqa: B006
+        "--dataset", "-d", help="squad_v2, drop, hotpotqa, musique or a file path (JSONL "
+                                "format: README 'Data files'); repeat or comma-separate")] = [  # noqa: B006
+        "squad_v2"],
     model: Annotated[str, typer.Option(help="alias, .gguf, checkpoint dir or hub id")] = (
         DEFAULT_MODEL),
-    limit: Annotated[int | None, typer.Option(help="examples per dataset")] = 50,
+    limit: Annotated[int | None, typer.Option(
+        help="examples per dataset (>= 1; the first N in passage round-robin order)")] = 50,
     out: Annotated[Path, typer.Option(help="run directory")] = Path("runs/asymmetry"),
-    seed: int = 0,
+    seed: Annotated[int, typer.Option(help="seed of the bootstrap CIs")] = 0,
     oracle: Annotated[str, typer.Option(help="'rule' or 'model:SPEC'")] = "rule",
-    batch_size: int = 8,
+    batch_size: Annotated[int, typer.Option(
+        help="prompts per forward; records are saved after every batch")] = 8,
     template: Annotated[str, typer.Option(
         help="template variant: default, reference, matched (control), closed_book")] = "default",
     templates_path: Annotated[str | None, typer.Option(help="TOML file of variants")] = None,
-    include_unanswerable: bool = False,
-    split: str = "validation",
-    max_new_tokens: int = 48,
-    device: str | None = None,
-    dtype: str | None = None,
+    include_unanswerable: Annotated[bool, typer.Option(
+        help="keep SQuAD 2.0 unanswerable questions (abstaining is then correct)")] = False,
+    split: Annotated[str, typer.Option(help="validation or train")] = "validation",
+    max_new_tokens: Annotated[int, typer.Option(
+        help="answer length cap in tokens (the quickstart config uses 32)")] = 48,
+    device: Annotated[str | None, typer.Option(
+        help="cpu, cuda, cuda:1 (default: CUDA when available)")] = None,
+    dtype: Annotated[str | None, typer.Option(
+        help="float32, bfloat16, float16 (default: by device)")] = None,
     from_hub: Annotated[bool, typer.Option(help="load datasets from the HF hub")] = False,
     overwrite: Annotated[bool, typer.Option(help="discard a run made with another config")] = (
         False),
 ) -> None:
     """Study 1: generate, grade with the oracle, self-evaluate; write GA/EA/Delta."""
-    cfg = asymmetry_stage.AsymmetryConfig(
+    cfg = asymmetry_stage.AsymmetryConfig.from_mapping(dict(
         model=model, datasets=_split(dataset), limit=limit, seed=seed, oracle=oracle,
         batch_size=batch_size, template=template, templates_path=templates_path,
         include_unanswerable=include_unanswerable, split=split, max_new_tokens=max_new_tokens,
-        device=device, dtype=dtype, from_hub=from_hub)
-    metrics = asymmetry_stage.run(cfg, out, overwrite=overwrite)
+        device=device, dtype=dtype, from_hub=from_hub))
+    metrics = asymmetry_stage.run(cfg, _watch(out), overwrite=overwrite)
     typer.echo(asymmetry_stage.format_summary(metrics))
     typer.echo(f"wrote {out}/records.jsonl, {out}/metrics.json, {out}/figures/asymmetry.png")
 
@@ -119,7 +177,7 @@ def oracle_agreement_cmd(
     run: Annotated[Path, typer.Option(help="asymmetry run directory")],
     oracle: Annotated[str, typer.Option(help="the LLM oracle, model:SPEC")],
     limit: Annotated[int | None, typer.Option(help="first N ok records per dataset")] = None,
-    device: str | None = None,
+    device: Annotated[str | None, typer.Option(help="where the LLM oracle runs")] = None,
 ) -> None:
     """Cohen's kappa and the confusion table of the rule oracle vs an LLM oracle on a run."""
     res = asymmetry_stage.oracle_agreement(RunDir(run), oracle, limit=limit, device=device)
@@ -130,10 +188,15 @@ def oracle_agreement_cmd(
 @app.command("run")
 def run_cmd(
     config: Annotated[Path, typer.Argument(help="TOML config, e.g. experiments/quickstart.toml")],
-    overwrite: bool = False,
-    only: Annotated[list[str] | None, typer.Option(help="run only these stages")] = None,
+    overwrite: Annotated[bool, typer.Option(
+        help="discard runs made with another config; redo stage work made under other "
+             "runtime settings")] = False,
+    only: Annotated[list[str] | None, typer.Option(
+        help="run only these stages (asymmetry or a stage the config has; comma list); "
+             "figures/ is then not updated")] = None,
 ) -> None:
     """Run a configured grid (models x datasets) and its stages."""
+    _watch(out_dir(read_toml(config), config))
     run_config(config, overwrite=overwrite, only=_split(only) or None, log=typer.echo)
 
 
@@ -142,26 +205,28 @@ def attention_cmd(
     run: Annotated[Path, typer.Option(help="finished asymmetry run directory")],
     backend: Annotated[str, typer.Option(
         help="hf | eager | transformer_lens (alias tlens) | nnsight")] = "hf",
-    layers: Annotated[str, typer.Option(help="band: last8, 24-31, all")] = DEFAULT_BAND,
-    limit: Annotated[int | None, typer.Option(help="records per dataset")] = None,
+    layers: Annotated[str, typer.Option(
+        help="band: last8, all, or a range such as 22-29 (SmolLM2 has 30 layers)")] = (
+        DEFAULT_BAND),
+    limit: Annotated[int | None, typer.Option(help="records per dataset (>= 1)")] = None,
     save_rows: Annotated[bool, typer.Option(help="keep rows per record")] = False,
     save_resid: Annotated[str | None, typer.Option(
-        help="layers whose resid_pre/resid_post/head outputs to save, e.g. 24-31")] = None,
+        help="layers whose resid_pre/resid_post/head outputs to save, e.g. last8")] = None,
     save_patterns: Annotated[bool, typer.Option(
         help="with --save-resid: also full patterns of those layers")] = False,
-    n_boot: int = 1000,
-    seed: int = 0,
+    n_boot: Annotated[int, typer.Option(help="bootstrap resamples of the CIs")] = 1000,
+    seed: Annotated[int, typer.Option(help="seed of the bootstrap")] = 0,
     tables_only: Annotated[bool, typer.Option(
         help="only rebuild tables and figures from existing recordings")] = False,
     device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
     overwrite: Annotated[bool, typer.Option(help=_OVERWRITE_STAGE)] = False,
 ) -> None:
     """Study 2: last-token attention rows and span mass per layer and head."""
-    cfg = attention_stage.AttentionConfig(
+    cfg = attention_stage.AttentionConfig.from_mapping(dict(
         backend=BACKEND_ALIASES.get(backend, backend), layers=layers, limit=limit,
         save_rows=save_rows, save_resid=save_resid, save_patterns=save_patterns, n_boot=n_boot,
-        seed=seed)
-    rd = RunDir(run)
+        seed=seed))
+    rd = RunDir(_watch(run))
     if tables_only:
         summary = attention_stage.write_tables(rd, cfg)
     else:
@@ -172,12 +237,61 @@ def attention_cmd(
                f"{run}/figures/attention_*.png")
 
 
+@app.command("record")
+def record_cmd(
+    run: Annotated[Path, typer.Option(help="finished asymmetry run directory")],
+    what: Annotated[str, typer.Option(help="comma list of attention,resid,z")] = (
+        "attention,resid,z"),
+    layers: Annotated[str, typer.Option(help="layers: all, last8, 22-29, 0,4,-1")] = "all",
+    positions: Annotated[str, typer.Option(
+        help="query rows / positions kept: all | last | spans")] = "all",
+    dtype: Annotated[str, typer.Option(help="float16 | bfloat16 | float32")] = "float16",
+    limit: Annotated[int | None, typer.Option(help="records per dataset (>= 1)")] = None,
+    shard_mb: Annotated[float, typer.Option(help="largest shard, MiB")] = 512.0,
+    band: Annotated[str, typer.Option(help="layers of the span-to-span summary")] = DEFAULT_BAND,
+    tables_only: Annotated[bool, typer.Option(
+        help="only rebuild the index, tables and figure from existing recordings")] = False,
+    device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
+) -> None:
+    """Full attention patterns, residual streams and head outputs of every prompt, on disk."""
+    cfg = record_stage.RecordConfig.from_mapping(dict(
+        what=what, layers=layers, positions=positions, dtype=dtype, limit=limit,
+        shard_mb=shard_mb, band=band))
+    rd = RunDir(_watch(run))
+    if tables_only:
+        summary = record_stage.write_tables(rd, cfg)
+    else:
+        summary = record_stage.run(rd, load_run_model(rd, device=device), cfg, log=typer.echo)
+    typer.echo(record_stage.format_summary(summary))
+    typer.echo(f"wrote {run}/record/ (index.json, index.parquet, span_to_span.parquet) and "
+               f"{run}/figures/record_span_to_span.png")
+
+
+@app.command("view")
+def view_cmd(
+    run: Annotated[Path, typer.Option(help="asymmetry run directory")],
+    record_id: Annotated[str, typer.Option("--id", help="the record's id")],
+    out: Annotated[Path | None, typer.Option(
+        help="HTML file (default DIR/view/<dataset>/<id>.html)")] = None,
+    dataset: Annotated[str | None, typer.Option(
+        help="the record's dataset, when the id occurs in several")] = None,
+    band: Annotated[str, typer.Option(help="layers of the 'band mean' choice")] = DEFAULT_BAND,
+    device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
+) -> None:
+    """A self-contained HTML page: a record's gen and eval tokens coloured by attention."""
+    rd = RunDir(run)
+    find_record(rd, record_id, dataset)  # a wrong id fails before the model loads
+    path = write_view(rd, load_run_model(rd, device=device), record_id, out, dataset=dataset,
+                      band=band)
+    typer.echo(f"wrote {path} (open it in a browser; it needs no server or network)")
+
+
 @app.command("heads")
 def heads_cmd(
     run: Annotated[Path, typer.Option(help="run directory with attention/summary.json")],
     dataset: Annotated[str | None, typer.Option(help="one dataset (default all)")] = None,
-    top: int = 10,
-    layers: Annotated[str, typer.Option(help="restrict to layers: all, last8, 24-31")] = "all",
+    top: Annotated[int, typer.Option(help="heads listed per ranking")] = 10,
+    layers: Annotated[str, typer.Option(help="restrict to layers: all, last8, 22-29")] = "all",
 ) -> None:
     """List the top heads by context mass in gen, in eval, and by gen minus eval."""
     summary = attention_stage.read_summary(RunDir(run))
@@ -191,7 +305,7 @@ def probe_cmd(
     run: Annotated[Path, typer.Option(help="asymmetry run directory")],
     folds: Annotated[int, typer.Option(help="stratified CV folds")] = 5,
     layers: Annotated[str | None, typer.Option(
-        help="layers to probe: all, last8, 24-31, 0,8,12-20 (default all)")] = None,
+        help="layers to probe: all, last8, 22-29, 0,8,12-20 (default all)")] = None,
     probes: Annotated[str, typer.Option(help="comma list of logreg,svm,mlp; the first sweeps "
                                              "every layer x pool")] = "logreg,svm,mlp",
     pools: Annotated[str, typer.Option(help="comma list of last,candidate,mean,max,min")] = (
@@ -200,21 +314,21 @@ def probe_cmd(
     select_by: Annotated[str, typer.Option(help="auc or f1")] = "auc",
     top_k: Annotated[int, typer.Option(help="cells at which the other probes run")] = 5,
     sweep_all: Annotated[bool, typer.Option(help="every probe on every cell")] = False,
-    batch_size: int = 4,
-    seed: int = 0,
+    batch_size: Annotated[int, typer.Option(help="prompts per forward")] = 4,
+    seed: Annotated[int, typer.Option(help="seed of the folds and of the MLP")] = 0,
     limit: Annotated[int | None, typer.Option(
-        help="first N ok records per dataset (default all)")] = None,
+        help="first N ok records per dataset (>= 1; default all)")] = None,
     permutations: Annotated[int, typer.Option(
         help="label permutations for the best cell's selection-aware null (0: off)")] = 0,
     device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
     overwrite: Annotated[bool, typer.Option(help=_OVERWRITE_STAGE)] = False,
 ) -> None:
-    """Probes on the residual stream predicting y* (representation-as-a-judge, seed 003)."""
-    cfg = probe_stage.ProbeConfig(
+    """Probes on the residual stream predicting y*: the representation as a judge."""
+    cfg = probe_stage.ProbeConfig.from_mapping(dict(
         folds=folds, layers=layers, probes=_split(probes), pools=_split(pools),
         tasks=_split(tasks), select_by=select_by, top_k=top_k, sweep_all=sweep_all,
-        batch_size=batch_size, seed=seed, limit=limit, permutations=permutations)
-    rd = RunDir(run)
+        batch_size=batch_size, seed=seed, limit=limit, permutations=permutations))
+    rd = RunDir(_watch(run))
     res = probe_stage.run(rd, load_run_model(rd, device=device), cfg, overwrite=overwrite,
                           log=typer.echo)
     typer.echo(probe_stage.format_summary(res))
@@ -223,16 +337,28 @@ def probe_cmd(
 @app.command("patch")
 def patch_cmd(
     run: Annotated[Path, typer.Option(help="run directory (from `interp asymmetry`)")],
-    pairs: Annotated[str, typer.Option(help="candidate-swap, task-swap (comma list)")] = (
+    pairs: Annotated[str, typer.Option(
+        help="candidate-swap, gen-to-eval, eval-to-gen, system-prompt-control (comma list)")] = (
         "candidate-swap"),
     kind: Annotated[str, typer.Option(help="resid, heads, attribution (comma list)")] = "resid",
-    limit: Annotated[int | None, typer.Option(help="pairs per dataset")] = 5,
+    limit: Annotated[int | None, typer.Option(help="pairs per dataset (>= 1)")] = 5,
     layers: Annotated[str | None, typer.Option(help="all, last8, 0-29 or 20,24,28")] = None,
     layer_stride: Annotated[int, typer.Option(help="sweep every k-th layer")] = 1,
-    hook: Annotated[str, typer.Option(help="hook_resid_pre or hook_resid_post")] = (
-        "hook_resid_pre"),
+    hook: Annotated[str, typer.Option(
+        help="residual hook of --kind resid: hook_resid_pre (the input of block L) or "
+             "hook_resid_post (its output)")] = "hook_resid_pre",
     per_position: Annotated[bool, typer.Option(help="also sweep single positions")] = True,
-    max_tokens: Annotated[int, typer.Option(help="refuse longer pairs")] = 1024,
+    exact: Annotated[str, typer.Option(
+        help="topk: AtP* (attribution, then exact top-k); all: every unit exactly")] = "topk",
+    top_k: Annotated[int, typer.Option(help="units patched exactly per pair with topk")] = 16,
+    min_gap: Annotated[float, typer.Option(
+        help="pairs with |clean - corrupt| below this (nats) leave the headline")] = 1.0,
+    band: Annotated[str, typer.Option(help="layers of the context attention mass")] = (
+        DEFAULT_BAND),
+    oracle: Annotated[str | None, typer.Option(
+        help="grades candidate-swap answers (default: the run's oracle)")] = None,
+    mine: Annotated[bool, typer.Option(help="mine closed-book hard negatives")] = True,
+    max_tokens: Annotated[int, typer.Option(help="skip longer pairs")] = 1024,
     batch_size: Annotated[int, typer.Option(help="patched rows per forward")] = 16,
     device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
     overwrite: Annotated[bool, typer.Option(help=_OVERWRITE_STAGE)] = False,
@@ -241,12 +367,43 @@ def patch_cmd(
     cfg = patching_stage.PatchingConfig.from_mapping({
         "pairs": _split(pairs), "kinds": _split(kind), "limit": limit, "layers": layers,
         "layer_stride": layer_stride, "hook": hook, "per_position": per_position,
-        "max_tokens": max_tokens, "batch_size": batch_size})
+        "exact": exact, "top_k": top_k, "min_gap": min_gap, "band": band, "oracle": oracle,
+        "mine": mine, "max_tokens": max_tokens, "batch_size": batch_size})
     rd = RunDir(run)
+    _watch(rd.path)
     summary = patching_stage.run(rd, load_run_model(rd, device=device), cfg,
                                  overwrite=overwrite, log=typer.echo)
     typer.echo(patching_stage.format_summary(summary))
     typer.echo(f"wrote {rd.path / 'patching'} and {rd.path / 'figures'}/patching_*.png")
+
+
+@app.command("steer")
+def steer_cmd(
+    run: Annotated[Path, typer.Option(help="run directory (from `interp asymmetry`)")],
+    alphas: Annotated[str, typer.Option(help="attention factors on the context keys")] = (
+        "0.25,0.5,1,2,4,8"),
+    layers: Annotated[str, typer.Option(help="steered band: last8, 22-29, all")] = DEFAULT_BAND,
+    heads: Annotated[str, typer.Option(
+        help="all | top-diff:K (top gen-minus-eval heads of `interp heads`) | L.H,L.H")] = "all",
+    tasks: Annotated[str, typer.Option(help="eval, gen (comma list)")] = "eval,gen",
+    limit: Annotated[int | None, typer.Option(help="records per dataset (>= 1)")] = 10,
+    max_new_tokens: Annotated[int, typer.Option(help="steered answer length cap")] = 32,
+    oracle: Annotated[str | None, typer.Option(
+        help="grades steered answers (default: the run's oracle)")] = None,
+    n_boot: Annotated[int, typer.Option(help="bootstrap resamples of the CIs")] = 1000,
+    seed: Annotated[int, typer.Option(help="seed of the bootstrap")] = 0,
+    device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
+) -> None:
+    """Attention steering: scale the context attention of the judge's verdict position."""
+    cfg = steering_stage.SteeringConfig.from_mapping({
+        "alphas": _split(alphas), "layers": layers, "heads": heads, "tasks": _split(tasks),
+        "limit": limit, "max_new_tokens": max_new_tokens, "oracle": oracle, "n_boot": n_boot,
+        "seed": seed})
+    rd = RunDir(run)
+    _watch(rd.path)
+    summary = steering_stage.run(rd, load_run_model(rd, device=device), cfg, log=typer.echo)
+    typer.echo(steering_stage.format_summary(summary))
+    typer.echo(f"wrote {rd.path / 'steering'} and {rd.path / 'figures'}/steering.png")
 
 
 @app.command("transfer")
@@ -257,7 +414,8 @@ def transfer_cmd(
     model: Annotated[str | None, typer.Option(help="base model spec")] = None,
     dataset: Annotated[list[str] | None, typer.Option(
         "--dataset", "-d", help="train+eval datasets (squad_v2, hotpotqa, musique)")] = None,
-    eval_limit: Annotated[int | None, typer.Option(help="validation records")] = None,
+    eval_limit: Annotated[int | None, typer.Option(
+        help="validation records per dataset (>= 1)")] = None,
     max_train_examples: Annotated[int | None, typer.Option(help="items per adapter")] = None,
     epochs: Annotated[int | None, typer.Option(help="passes over the training set")] = None,
     lr: Annotated[float | None, typer.Option(help="AdamW learning rate")] = None,
@@ -265,7 +423,8 @@ def transfer_cmd(
     max_length: Annotated[int | None, typer.Option(help="longest training sequence")] = None,
     patch_examples: Annotated[int | None, typer.Option(
         help="eval prompts for cross-model patching (0: off)")] = None,
-    patch_positions: Annotated[str | None, typer.Option(help="all or last")] = None,
+    patch_positions: Annotated[str | None, typer.Option(
+        help="positions patched across models: all or last")] = None,
     seed: Annotated[int | None, typer.Option(help="seeds sampling, data order, LoRA")] = None,
     judge_base_answers: Annotated[bool | None, typer.Option(
         help="also let each adapter judge the base model's answers")] = None,
@@ -284,7 +443,7 @@ def transfer_cmd(
     values.update({k: v for k, v in flags.items() if v is not None})
     cfg = transfer_stage.TransferConfig.from_mapping(values)
     handle = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
-    summary = transfer_stage.run(out, handle, cfg, overwrite=overwrite, log=typer.echo)
+    summary = transfer_stage.run(_watch(out), handle, cfg, overwrite=overwrite, log=typer.echo)
     table = read_json(Path(out) / "transfer" / "table.json")
     typer.echo(transfer_stage.format_table(table))
     typer.echo(transfer_stage.format_table(table, "judge_base_answers"))
@@ -301,7 +460,6 @@ def main() -> None:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True)
     app()
-
 
 if __name__ == "__main__":
     main()

@@ -11,7 +11,7 @@ tables (never a live model) and writes, into ``out/``:
   ``figures/models_attention.png`` (context mass by relative depth and the context ratio per
   dataset, one colour per model; when the attention stage ran) and
   ``figures/models_probes.png`` (best probe AUC by relative depth against the verbal judge's
-  AUC, one colour per model; when the probe stage ran), :mod:`interp.plots_compare`.
+  AUC, one colour per model; when the probe stage ran), :mod:`interp.plots.compare`.
 
 A stage that did not run for a model leaves its columns None in that model's rows. Numbers
 are copied, not recomputed: each keeps the definition of the table it comes from
@@ -170,7 +170,7 @@ def write_comparison(out: str | Path, runs: Mapping[str, str | Path]) -> dict[st
     Returns:
         ``{"table": path of comparison.json, "markdown": ..., "figures": [png paths]}``.
     """
-    from interp.plots_compare import (
+    from interp.plots.compare import (
         plot_models_asymmetry,
         plot_models_attention,
         plot_models_probes,

@@ -99,7 +99,16 @@ class PatchingError(InterpError):
 
 
 class PairError(PatchingError):
-    """A clean/corrupt pair that cannot be built or aligned (names the first difference)."""
+    """A clean/corrupt pair that cannot be built or aligned (names the first difference).
+
+    Attributes:
+        reason: a short code of why (``no_gold``, ``no_incorrect_answer``, ``too_long``, ...),
+            by which the patching stage counts skipped pairs; the message has the details.
+    """
+
+    def __init__(self, message: str, reason: str = "other"):
+        super().__init__(message)
+        self.reason = reason
 
 
 class ProbeError(InterpError):

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import torch
 from jaxtyping import Int
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from interp.errors import TransferError
 from interp.models import ModelHandle
@@ -275,6 +276,8 @@ def train_adapter(handle: ModelHandle, encoded: Sequence[Mapping[str, list[int]]
     pad_id = handle.tokenizer.pad_token_id or 0
     model.train()
     clock, done_here = _Clock(state), 0
+    bar = tqdm(total=total, initial=state["global_step"], desc=f"train {name}", unit="step",
+               leave=False)
     while state["global_step"] < total:
         g = state["global_step"]
         epoch, step = divmod(g, steps_per_epoch)
@@ -284,6 +287,8 @@ def train_adapter(handle: ModelHandle, encoded: Sequence[Mapping[str, list[int]]
         state["losses"].append(_step(model, opt, batch, lr, pad_id, handle.device))
         state["global_step"] = g + 1
         done_here += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{state['losses'][-1]:.3f}", refresh=False)
         if (g + 1) % config.checkpoint_every == 0 or (g + 1) % steps_per_epoch == 0:
             clock.tick()
             _save_checkpoint(ck, model, opt, state)
@@ -293,7 +298,9 @@ def train_adapter(handle: ModelHandle, encoded: Sequence[Mapping[str, list[int]]
                 and state["global_step"] < total:
             clock.tick()
             _save_checkpoint(ck, model, opt, state)
+            bar.close()
             return {"name": name, "stopped_at_step": state["global_step"]}
+    bar.close()
     clock.tick()
     settings = (dict(meta_config) if meta_config is not None
                 else {k: getattr(config, k) for k in LORA_FIELDS})

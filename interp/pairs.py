@@ -1,28 +1,44 @@
 """Clean/corrupt prompt pairs for activation patching, built from a run's records.
 
-Two kinds (paper section 3.2), rendered with the run's template (:func:`interp.prompts.render`):
+Four kinds (paper section 3.2), rendered with the run's template (:func:`interp.prompts.render`):
 
-1. ``candidate-swap`` (:func:`candidate_swap_pair`): the SAME eval prompt with a right candidate
-   (clean: a gold answer) and a wrong one (corrupt). Wrong candidates, in order: the model's
-   own wrong answer (``own``); a hard negative from the record (``hard_negative``);
-   ``own_trimmed``: the model's own wrong answer cut to its first k tokens, k within one of
-   the gold's token count, decoded; answer rotation (``rotation``) = a gold answer of another
-   record of the same dataset, as the paper's section 3.3 fallback. A candidate equal to a
-   gold answer (normalised) is never used. Alignment rule (:func:`check_candidate_alignment`):
-   the candidate spans must have the SAME number of tokens at the SAME positions, and every
-   token outside the candidate span must be identical; the builder searches wrong candidates
-   (in the order above) x gold aliases for the first combination that satisfies it. Pairs
-   that do not are refused with the first differing position (:class:`PairError`). No padding
-   is done, so a position means the same token slot in both runs.
-2. ``task-swap`` (:func:`task_swap_pair`): clean = the generation prompt, corrupt = the eval
-   prompt (the judge) with the record's own answer. The context token ids must be identical
-   (checked, else refused with the first differing context offset); context position ``i`` of
-   the eval prompt takes the generator's activation at context position ``i`` of the gen
-   prompt (``pos_map``); every other position maps to -1 (never patched). Because the generator
-   emits no verdict, task-swap sweeps report raw changes (patched - judge).
+1. ``candidate-swap`` (:func:`candidate_swap_pair`): the SAME eval prompt with a gold answer
+   (clean, the first gold) and an answer the run's oracle grades Incorrect (corrupt). Wrong
+   answers, in order, the first usable one is taken: the model's own answer when the run's
+   oracle graded it Incorrect (``own``; its label is the record's); a hard negative stored in
+   the record (``hard_negative`` / ``hard_negatives``; graded by the oracle); a hard negative
+   mined closed-book for the record (``mined``, as in Study 3: :func:`interp.transfer.
+   mine_hard_negatives`, seeded, without the answer-rotation fallback; asked only when the
+   others fail). Candidates are never another question's gold and never cut to a length. No
+   usable answer: the record is skipped with reason ``no_incorrect_answer``.
+   Alignment (:func:`align_positions`): tokens equal from the start form the shared prefix
+   (identity map; identical activations), tokens equal from the end form the shared suffix
+   (everything after the candidate, the verdict position included; corrupt position ``i`` maps
+   to clean ``i - n_corrupt + n_clean``). The differing middle (the candidate's tokens) maps
+   ``i -> i`` when both middles have the same length, and is then patched only as a whole
+   (span units); otherwise it maps to -1 and is never patched.
+2. ``gen-to-eval`` (:func:`gen_eval_pair`): clean = the generation prompt, corrupt = the eval
+   prompt with the record's own answer; only the LAST position corresponds (the position that
+   predicts the answer's first token, and the verdict position). Patching it carries the
+   generator's last-position state into the judge; the judge's verdict score is measured.
+3. ``eval-to-gen``: the reverse: clean = the eval prompt, corrupt = the generation prompt, last
+   position only. What is measured is the verdict score of the patched GENERATION prompt:
+   ``log P("Correct") - log P("Incorrect")`` as the reply to the generation prompt, the
+   generator's forced choice between the two verdict words and their coverage (how much the
+   generator wants to say either). Normalised, ``(LD_patched - LD_gen) / (LD_eval - LD_gen)``
+   is the share of the judge's verdict preference that its last-position state at that layer
+   carries into the generator (1 at the last layer's ``hook_resid_post`` by construction).
+4. ``system-prompt-control`` (:func:`control_pair`; was "task swap"): clean = the generation
+   prompt, corrupt = the eval prompt; context position ``i`` of the eval prompt takes the
+   generator's activation at context position ``i``. The context precedes the question and
+   the instruction, so in a causal model its residuals differ between the two prompts only
+   through what comes before it: the system prompt. With equal system prompts they are
+   identical (no patchable position: skipped with reason ``control_identity``). A CONTROL by
+   construction, not a finding.
 
-:func:`build_pairs` applies one builder to every record, up to ``limit`` built pairs per
-dataset (refused records do not count), and returns the refusals with their reasons.
+:func:`build_pairs` applies one builder to the records, up to ``limit`` built pairs per
+dataset (skipped records do not count), and returns the skipped records with a reason code
+(:attr:`interp.errors.PairError.reason`) and message.
 """
 
 from __future__ import annotations
@@ -33,18 +49,31 @@ from dataclasses import dataclass
 from typing import Any
 
 from interp.errors import PairError, PatchingError
+from interp.patching import patchable_positions, shared_prefix
 from interp.prompts import RenderedPrompt, Template, render
+from interp.stats import passage_groups
 
 __all__ = [
+    "CORRUPT_SOURCES",
     "PAIR_KINDS",
+    "SKIP_REASONS",
     "PatchPair",
+    "align_positions",
     "build_pairs",
     "candidate_swap_pair",
-    "check_candidate_alignment",
-    "task_swap_pair",
+    "control_pair",
+    "gen_eval_pair",
 ]
 
-PAIR_KINDS = ("candidate-swap", "task-swap")
+PAIR_KINDS = ("candidate-swap", "gen-to-eval", "eval-to-gen", "system-prompt-control")
+CORRUPT_SOURCES = ("own", "hard_negative", "mined")
+"""Where a candidate-swap corrupt answer came from (module docstring, kind 1)."""
+SKIP_REASONS = ("no_gold", "no_incorrect_answer", "identical_prompts", "too_long",
+                "no_context", "context_differs", "control_identity")
+"""Reason codes of skipped records."""
+
+Miner = Callable[[Mapping[str, Any]], Sequence[str]]
+"""``record -> closed-book hard negatives`` (already graded Incorrect by the oracle)."""
 
 
 @dataclass
@@ -52,14 +81,16 @@ class PatchPair:
     """A clean/corrupt pair built from one record.
 
     Attributes:
-        kind: ``candidate-swap`` or ``task-swap``.
-        record_id, dataset: the record.
-        clean, corrupt: rendered prompts (task-swap: clean = gen prompt, corrupt = eval prompt).
+        kind: one of :data:`PAIR_KINDS`.
+        record_id, dataset: the record; passage: its passage group (dataset + context hash).
+        clean, corrupt: rendered prompts.
         pos_map: corrupt position -> clean position (-1 where nothing corresponds),
             ``[len(corrupt)]``.
-        start: first corrupt position that can differ or be patched.
-        clean_answer, corrupt_answer, corrupt_source: the candidates (candidate-swap) and where
-            the wrong one came from (``own``, ``hard_negative``, ``own_trimmed``, ``rotation``).
+        start: first patchable corrupt position (:func:`interp.patching.patchable_positions`).
+        middle: ``[a, b)``: corrupt positions patched only as a whole (candidate-swap with
+            equal middles), else an empty range.
+        clean_answer, corrupt_answer, corrupt_source: the candidates and where the wrong one
+            came from (:data:`CORRUPT_SOURCES`; ``own`` for the other kinds).
     """
 
     kind: str
@@ -69,6 +100,8 @@ class PatchPair:
     corrupt: RenderedPrompt
     pos_map: list[int]
     start: int
+    passage: str = ""
+    middle: tuple[int, int] = (0, 0)
     clean_answer: str = ""
     corrupt_answer: str = ""
     corrupt_source: str = ""
@@ -78,183 +111,268 @@ class PatchPair:
         """File-safe identity ``dataset__id``."""
         return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{self.dataset}__{self.record_id}")
 
+    def patchable(self) -> list[int]:
+        """Every corrupt position a patch can change."""
+        return patchable_positions(self.clean.input_ids, self.corrupt.input_ids, self.pos_map)
+
+    def position_units(self) -> list[int]:
+        """Single positions that correspond one to one (the middle excluded).
+
+        Candidate swap only: the other kinds patch one position (``verdict``) or a span.
+        """
+        if self.kind != "candidate-swap":
+            return []
+        a, b = self.middle
+        return [i for i in self.patchable() if not a <= i < b]
+
+    def span_units(self) -> dict[str, list[int]]:
+        """Span name -> its patchable corrupt positions (spans with none are left out).
+
+        Spans, in this order: ``verdict`` (the last position), the corrupt prompt's labels
+        (``candidate`` only when its middle is patched as a whole: equal lengths), ``all``.
+        """
+        ok = set(self.patchable())
+        out: dict[str, list[int]] = {"verdict": [i for i in (len(self.corrupt) - 1,)
+                                                 if i in ok]}
+        for lab in dict.fromkeys(self.corrupt.labels):
+            if lab == "candidate" and self.kind == "candidate-swap" and \
+                    self.middle[1] <= self.middle[0]:
+                continue
+            out[lab] = [i for i in self.corrupt.span_positions(lab) if i in ok]
+        out["all"] = sorted(ok)
+        return {k: v for k, v in out.items() if v}
+
+
+def align_positions(clean_ids: Sequence[int], corrupt_ids: Sequence[int]
+                    ) -> tuple[list[int], int, tuple[int, int]]:
+    """Align two prompts that differ in one stretch (module docstring, kind 1).
+
+    Returns:
+        ``(pos_map, prefix, middle)``: the corrupt -> clean map, the shared prefix length and
+        the corrupt positions ``[a, b)`` of the differing middle when it is mapped ``i -> i``
+        (equal lengths), else an empty range.
+
+    Raises:
+        PairError: identical prompts (reason ``identical_prompts``).
+    """
+    nc, nx = len(clean_ids), len(corrupt_ids)
+    p = shared_prefix(clean_ids, corrupt_ids)
+    if p == nc == nx:
+        raise PairError("clean and corrupt prompts are identical", "identical_prompts")
+    s = 0
+    while s < min(nc, nx) - p and clean_ids[nc - 1 - s] == corrupt_ids[nx - 1 - s]:
+        s += 1
+    pos_map = [i if i < p else i - nx + nc if i >= nx - s else (i if nc == nx else -1)
+               for i in range(nx)]
+    return pos_map, p, ((p, nx - s) if nc == nx else (0, 0))
+
 
 def _norm(s: str) -> str:
     return " ".join(re.sub(r"[^\w\s]", " ", s.lower()).split())
 
 
-def check_candidate_alignment(clean: RenderedPrompt, corrupt: RenderedPrompt,
-                              record_id: str = "?") -> int:
-    """Check the candidate-swap alignment rule; return the first differing position.
-
-    Raises:
-        PairError: lengths or candidate spans differ, or a token outside the candidate span
-            differs (the message shows that position and both tokens).
-    """
-    cs, xs = clean.token_spans.get("candidate"), corrupt.token_spans.get("candidate")
-    if len(clean) != len(corrupt) or cs != xs:
-        raise PairError(f"record {record_id}: candidate spans {cs} (clean) and {xs} (corrupt), "
-                        f"prompt lengths {len(clean)} and {len(corrupt)}: the candidates must "
-                        f"have equal token length at the same positions")
-    first = None
-    for i, (a, b) in enumerate(zip(clean.input_ids, corrupt.input_ids)):
-        if a != b:
-            if not cs[0] <= i < cs[1]:
-                raise PairError(f"record {record_id}: tokens differ outside the candidate span "
-                                f"{cs} at position {i} ({a} vs {b}, labels "
-                                f"{clean.labels[i]!r}/{corrupt.labels[i]!r})")
-            first = i if first is None else first
-    if first is None:
-        raise PairError(f"record {record_id}: clean and corrupt prompts are identical")
-    return first
+def _check_length(p: RenderedPrompt, rid: str, max_tokens: int | None) -> None:
+    if max_tokens and len(p) > max_tokens:
+        raise PairError(f"record {rid}: {len(p)} tokens > max_tokens {max_tokens}", "too_long")
 
 
-def _wrong_candidates(tokenizer: Any, rec: Mapping[str, Any], golds: Sequence[str],
-                      pool: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
-    """(wrong answer, source) in the order of the module docstring, without gold answers."""
-    rid = str(rec.get("id"))
-    own = rec["answer"] if rec.get("oracle_label") is False and rec.get("answer") else None
-    wrongs: list[tuple[str, str]] = [(own, "own")] if own else []
-    for hn in ([rec["hard_negative"]] if rec.get("hard_negative") else []) + list(
-            rec.get("hard_negatives") or []):
-        wrongs.append((hn, "hard_negative"))
-    if own:
-        # own answer cut to about the gold's token length (its first k tokens, decoded)
-        own_ids = tokenizer(own, add_special_tokens=False)["input_ids"]
-        for g in golds:
-            k = len(tokenizer(" " + g, add_special_tokens=False)["input_ids"])
-            for kk in (k, k - 1, k + 1):
-                if 0 < kk < len(own_ids):
-                    wrongs.append((tokenizer.decode(own_ids[:kk]).strip(), "own_trimmed"))
-    ids = [str(r.get("id")) for r in pool]
-    k = ids.index(rid) if rid in ids else -1
-    for r in list(pool[k + 1:]) + list(pool[: max(k, 0)]):
-        for a in r.get("answers", []):
-            wrongs.append((a, "rotation"))
-    gold_norm = {_norm(g) for g in golds}
-    return [(w, s) for w, s in dict.fromkeys(wrongs) if w.strip() and _norm(w) not in gold_norm]
+def _stored_negatives(rec: Mapping[str, Any]) -> list[str]:
+    hn = [rec["hard_negative"]] if rec.get("hard_negative") else []
+    return hn + list(rec.get("hard_negatives") or [])
+
+
+def _incorrect(oracle: Any, answer: str, rec: Mapping[str, Any], golds: Sequence[str]) -> bool:
+    g = oracle.grade(answer, golds, dataset=rec.get("dataset", ""), answerable=True,
+                     extras={"context": rec.get("context", ""), "question": rec.get("question")})
+    return not g.label
 
 
 def candidate_swap_pair(tokenizer: Any, template: Template, rec: Mapping[str, Any],
-                        pool: Sequence[Mapping[str, Any]] = ()) -> PatchPair:
+                        oracle: Any, *, mine: Miner | None = None,
+                        max_tokens: int | None = None) -> PatchPair:
     """Build the candidate-swap pair of a record (module docstring, kind 1).
 
     Args:
         tokenizer: the run's tokenizer.
         template: the run's template.
-        rec: an ``ok`` record (needs ``answers``; ``answer`` and ``oracle_label`` for ``own``;
+        rec: an ``ok`` record (``answers``; ``answer`` and ``oracle_label`` for ``own``;
             optional ``hard_negative`` / ``hard_negatives``).
-        pool: records of the same dataset whose gold answers serve for answer rotation.
+        oracle: the run's oracle (:class:`interp.grading.BaseOracle`).
+        mine: closed-book hard negatives of the record, called only when neither the own
+            answer nor a stored negative is usable.
+        max_tokens: skip longer prompts (reason ``too_long``), checked before any mining.
 
     Raises:
-        PairError: no gold answer, or no (gold, wrong) combination satisfies the alignment
-            rule (the message shows the first differing position of the first combination).
+        PairError: no gold answer (``no_gold``), a prompt longer than ``max_tokens``
+            (``too_long``), no answer the oracle grades Incorrect (``no_incorrect_answer``).
     """
     golds = [a for a in rec.get("answers", []) if a.strip()]
     rid = str(rec.get("id"))
     if not golds:
-        raise PairError(f"record {rid}: no gold answer (unanswerable?)")
-    wrongs = _wrong_candidates(tokenizer, rec, golds, pool)
-    if not wrongs:
-        raise PairError(f"record {rid}: no wrong candidate (own answer correct, no hard "
-                        f"negative, no other record to rotate from)")
+        raise PairError(f"record {rid}: no gold answer (unanswerable?)", "no_gold")
     kw = {"context": rec["context"], "question": rec["question"], "reference": golds[0]}
-    cache: dict[str, RenderedPrompt] = {}
+    clean = render(tokenizer, template, "eval", answer=golds[0], **kw)
+    _check_length(clean, rid, max_tokens)
+    gold_norm = {_norm(g) for g in golds}
+    tried: list[str] = []
 
-    def rend(a: str) -> RenderedPrompt:
-        if a not in cache:
-            cache[a] = render(tokenizer, template, "eval", answer=a, **kw)
-        return cache[a]
+    def candidates() -> Any:
+        own = rec.get("answer") or ""
+        if rec.get("oracle_label") is False and own.strip():
+            yield own, "own"
+        for a in _stored_negatives(rec):
+            yield a, "hard_negative"
+        for a in (mine(rec) if mine else ()):
+            yield a, "mined"
 
-    first_err = None
-    for w, src in wrongs:
-        for g in golds:
-            clean, corrupt = rend(g), rend(w)
-            try:
-                start = check_candidate_alignment(clean, corrupt, rid)
-            except PairError as err:
-                first_err = first_err or err
-                continue
-            return PatchPair("candidate-swap", rid, rec.get("dataset", ""), clean, corrupt,
-                             list(range(len(corrupt))), start, g, w, src)
-    raise PairError(f"no aligned candidate pair ({len(wrongs)} wrong x {len(golds)} gold "
-                    f"candidates tried); first refusal: {first_err}")
+    for answer, src in candidates():
+        if not answer.strip() or _norm(answer) in gold_norm or (
+                src != "own" and not _incorrect(oracle, answer, rec, golds)):
+            tried.append(f"{src} {answer!r} rejected")
+            continue
+        corrupt = render(tokenizer, template, "eval", answer=answer, **kw)
+        _check_length(corrupt, rid, max_tokens)
+        try:
+            pos_map, _, middle = align_positions(clean.input_ids, corrupt.input_ids)
+        except PairError:
+            tried.append(f"{src} {answer!r} renders the gold's prompt")
+            continue
+        pair = PatchPair("candidate-swap", rid, rec.get("dataset", ""), clean, corrupt,
+                         pos_map, 0, passage_groups([rec])[0], middle, golds[0], answer, src)
+        pair.start = min(pair.patchable())
+        return pair
+    raise PairError(f"record {rid}: no answer the oracle grades Incorrect (own answer "
+                    f"{'correct' if rec.get('oracle_label') else 'unusable'}; tried: "
+                    f"{'; '.join(tried) or 'no stored or mined hard negative'})",
+                    "no_incorrect_answer")
 
 
-def task_swap_pair(tokenizer: Any, template: Template, rec: Mapping[str, Any]) -> PatchPair:
-    """Build the task-swap pair of a record: generator (clean) -> judge (corrupt).
-
-    Raises:
-        PairError: a prompt lacks a context span, the context spans differ in length, or a
-            context token differs (the message shows the first differing context offset).
-    """
+def _gen_and_eval(tokenizer: Any, template: Template, rec: Mapping[str, Any],
+                  max_tokens: int | None) -> tuple[RenderedPrompt, RenderedPrompt]:
     rid = str(rec.get("id"))
     ref = (rec.get("answers") or [""])[0]
     gen = render(tokenizer, template, "gen", context=rec["context"], question=rec["question"],
                  reference=ref)
     ev = render(tokenizer, template, "eval", context=rec["context"], question=rec["question"],
                 answer=rec.get("answer", ""), reference=ref)
-    if "context" not in gen.token_spans or "context" not in ev.token_spans:
-        raise PairError(f"record {rid}: a prompt has no context span")
-    (a, b), (c, d) = gen.token_spans["context"], ev.token_spans["context"]
-    g_ids, e_ids = gen.input_ids[a:b], ev.input_ids[c:d]
-    for i, (x, y) in enumerate(zip(g_ids, e_ids)):
-        if x != y:
-            raise PairError(f"record {rid}: context tokens differ at context offset {i} (gen "
-                            f"position {a + i}: {x}, eval position {c + i}: {y})")
-    if len(g_ids) != len(e_ids):
-        raise PairError(f"record {rid}: context spans have {len(g_ids)} (gen) and {len(e_ids)} "
-                        f"(eval) tokens; first differing context offset "
-                        f"{min(len(g_ids), len(e_ids))}")
-    pos_map = [-1] * len(ev)
-    for i in range(d - c):
-        pos_map[c + i] = a + i
-    return PatchPair("task-swap", rid, rec.get("dataset", ""), gen, ev, pos_map, c,
+    _check_length(ev, rid, max_tokens)
+    return gen, ev
+
+
+def gen_eval_pair(tokenizer: Any, template: Template, rec: Mapping[str, Any],
+                  direction: str = "gen-to-eval", *, max_tokens: int | None = None
+                  ) -> PatchPair:
+    """Build the last-position pair of a record (module docstring, kinds 2 and 3).
+
+    Args:
+        tokenizer: the run's tokenizer.
+        template: the run's template.
+        rec: an ``ok`` record (the eval prompt's candidate is its own ``answer``).
+        direction: ``gen-to-eval`` (generator -> judge) or ``eval-to-gen``.
+        max_tokens: skip longer eval prompts (``too_long``).
+
+    Raises:
+        PatchingError: an unknown direction.
+        PairError: a prompt longer than ``max_tokens``.
+    """
+    if direction not in ("gen-to-eval", "eval-to-gen"):
+        raise PatchingError(f"direction must be gen-to-eval or eval-to-gen, not {direction!r}")
+    gen, ev = _gen_and_eval(tokenizer, template, rec, max_tokens)
+    clean, corrupt = (gen, ev) if direction == "gen-to-eval" else (ev, gen)
+    pos_map = [-1] * (len(corrupt) - 1) + [len(clean) - 1]
+    return PatchPair(direction, str(rec.get("id")), rec.get("dataset", ""), clean, corrupt,
+                     pos_map, len(corrupt) - 1, passage_groups([rec])[0],
                      corrupt_answer=rec.get("answer", ""), corrupt_source="own")
 
 
+def control_pair(tokenizer: Any, template: Template, rec: Mapping[str, Any], *,
+                 max_tokens: int | None = None) -> PatchPair:
+    """Build the system-prompt control of a record (module docstring, kind 4).
+
+    Raises:
+        PairError: a prompt without a context span (``no_context``), context tokens that
+            differ (``context_differs``, with the first differing offset), no position whose
+            activation can differ (``control_identity``: equal system prompts), a prompt
+            longer than ``max_tokens`` (``too_long``).
+    """
+    rid = str(rec.get("id"))
+    gen, ev = _gen_and_eval(tokenizer, template, rec, max_tokens)
+    if "context" not in gen.token_spans or "context" not in ev.token_spans:
+        raise PairError(f"record {rid}: a prompt has no context span", "no_context")
+    (a, b), (c, d) = gen.token_spans["context"], ev.token_spans["context"]
+    g_ids, e_ids = gen.input_ids[a:b], ev.input_ids[c:d]
+    if g_ids != e_ids:
+        k = next((i for i, (x, y) in enumerate(zip(g_ids, e_ids)) if x != y),
+                 min(len(g_ids), len(e_ids)))
+        raise PairError(f"record {rid}: context tokens differ at context offset {k} (gen "
+                        f"{len(g_ids)} tokens, eval {len(e_ids)})", "context_differs")
+    pos_map = [-1] * len(ev)
+    for i in range(d - c):
+        pos_map[c + i] = a + i
+    ok = patchable_positions(gen.input_ids, ev.input_ids, pos_map)
+    if not ok:
+        raise PairError(f"record {rid}: the context lies in the prompts' shared prefix (equal "
+                        f"system prompts): its activations are identical by construction",
+                        "control_identity")
+    return PatchPair("system-prompt-control", rid, rec.get("dataset", ""), gen, ev, pos_map,
+                     ok[0], passage_groups([rec])[0], corrupt_answer=rec.get("answer", ""),
+                     corrupt_source="own")
+
+
 def build_pairs(records: Sequence[Mapping[str, Any]], kind: str, template: Template,
-                tokenizer: Any, *, limit: int | None = None, max_tokens: int | None = None,
+                tokenizer: Any, *, oracle: Any = None, mine: Miner | None = None,
+                limit: int | None = None, max_tokens: int | None = None,
                 log: Callable[[str], None] = print) -> tuple[list[PatchPair], list[dict]]:
     """Pairs of ``kind`` from ``ok`` records, at most ``limit`` built pairs per dataset.
 
     Args:
-        records: the run's ``ok`` records, in their order (rotation draws from the same
-            dataset's records).
-        kind: ``candidate-swap`` or ``task-swap``.
+        records: the run's ``ok`` records, in their order.
+        kind: one of :data:`PAIR_KINDS`.
         template: the run's template.
         tokenizer: the run's tokenizer.
-        limit: built pairs per dataset (refused records do not count; None: all).
-        max_tokens: refuse pairs with a longer prompt (CPU time).
-        log: a line per refusal.
+        oracle: the run's oracle (candidate-swap; default :class:`interp.grading.RuleOracle`).
+        mine: closed-book hard negatives per record (candidate-swap; None: none mined).
+        limit: built pairs per dataset (skipped records do not count; None: all).
+        max_tokens: skip pairs with a longer prompt (CPU time).
+        log: a line per skipped record.
 
     Returns:
-        ``(pairs, refused)`` where ``refused`` lists ``{"id", "dataset", "reason"}``.
+        ``(pairs, skipped)`` where ``skipped`` lists ``{"id", "dataset", "reason", "message"}``.
 
     Raises:
         PatchingError: an unknown pair kind (lists the valid ones).
     """
     if kind not in PAIR_KINDS:
         raise PatchingError(f"unknown pair kind {kind!r}; valid: {list(PAIR_KINDS)}")
+    if oracle is None:
+        from interp.grading import RuleOracle
+
+        oracle = RuleOracle()
+    build: dict[str, Callable[[Mapping[str, Any]], PatchPair]] = {
+        "candidate-swap": lambda r: candidate_swap_pair(tokenizer, template, r, oracle,
+                                                        mine=mine, max_tokens=max_tokens),
+        "gen-to-eval": lambda r: gen_eval_pair(tokenizer, template, r, "gen-to-eval",
+                                               max_tokens=max_tokens),
+        "eval-to-gen": lambda r: gen_eval_pair(tokenizer, template, r, "eval-to-gen",
+                                               max_tokens=max_tokens),
+        "system-prompt-control": lambda r: control_pair(tokenizer, template, r,
+                                                        max_tokens=max_tokens)}
     by_ds: dict[str, list] = {}
     for r in records:
         by_ds.setdefault(r["dataset"], []).append(r)
-    pairs, refused = [], []
+    pairs, skipped = [], []
     for ds, rs in by_ds.items():
         n_ok = 0
         for r in rs:
             if limit is not None and n_ok >= limit:
                 break
             try:
-                p = (candidate_swap_pair(tokenizer, template, r, rs) if kind == "candidate-swap"
-                     else task_swap_pair(tokenizer, template, r))
-                if max_tokens and max(len(p.clean), len(p.corrupt)) > max_tokens:
-                    raise PairError(f"record {r['id']}: {len(p.corrupt)} tokens > max_tokens "
-                                    f"{max_tokens}")
+                p = build[kind](r)
             except PairError as err:
-                refused.append({"id": r["id"], "dataset": ds, "reason": str(err)})
-                log(f"[{ds}] refused {r['id']}: {err}")
+                skipped.append({"id": r["id"], "dataset": ds, "reason": err.reason,
+                                "message": str(err)})
+                log(f"[{kind}] {ds} {r['id']} skipped ({err.reason}): {err}")
                 continue
             pairs.append(p)
             n_ok += 1
-    return pairs, refused
+    return pairs, skipped

@@ -2,56 +2,59 @@
 
 Setting (paper section 3.2): the same model judges (eval prompt, T_eval) and generates (gen
 prompt, T_gen). We ask which internal states move the judge's verdict. The clean/corrupt pairs
-are built in :mod:`interp.pairs`; the stage that runs them over a run directory and writes the
-tables is :mod:`interp.stages.patching`.
+are built in :mod:`interp.pairs`; the unit sweeps and the AtP* ranking are in
+:mod:`interp.patch_sweeps`; the stage that runs them over a run directory is
+:mod:`interp.stages.patching`.
 
-Metric. At the verdict position (the eval prompt's last position) the logit difference
-``LD = logit("Correct") - logit("Incorrect")`` (first tokens of each word,
-:func:`interp.prompts.verdict_token_ids`), in nats; ``p_correct = sigmoid(LD)``. The normalised
-patch effect is ``(LD_patched - LD_corrupt) / (LD_clean - LD_corrupt)`` (Wang et al. 2022,
-"Interpretability in the wild", section 3; Heimersheim & Nanda 2024, "How to use and interpret
-activation patching"): 0 = no change, 1 = the patch restores the clean verdict.
+Metric: the judge's whole-reply verdict score (:mod:`interp.verdict`; DESIGN.md, "Measuring
+honestly"): ``LD = log P("Correct") - log P("Incorrect")`` with the tokens the chat template
+gives each reply, in nats, read from the patched forward; ``p_correct = sigmoid(LD)`` (the
+forced choice) and ``coverage = P(Correct) + P(Incorrect)``. A reply of several tokens is
+scored from the patched prompt's key/value cache; the reply positions themselves are not
+patched (:meth:`interp.hooks.backends.Backend.score`). The normalised patch effect of one pair
+is ``(LD_patched - LD_corrupt) / (LD_clean - LD_corrupt)`` (Wang et al. 2022, "Interpretability
+in the wild", section 3; Heimersheim & Nanda 2024, "How to use and interpret activation
+patching"): 0 = no change, 1 = the patch restores the clean verdict. Over pairs it is
+aggregated as a ratio of sums (:func:`ratio_of_sums`), never as a mean of ratios.
 
 Algorithm (:class:`Patcher`):
 
-1. Caching: one clean forward stores the activations at the hook points a sweep needs (on the
-   ``donor`` model when there is one); one corrupt forward gives ``LD_corrupt``.
-2. Exact activation patching: each patched run replaces activations of the corrupt run by the
-   clean ones at a hook point (:data:`PATCH_POINTS`), on a mask of positions (``resid``:
-   ``blocks.L.hook_resid_pre`` or ``hook_resid_post`` over (layer, position) and over
-   (layer, span)) or of (position, head) (``heads``: ``blocks.L.attn.hook_z``, the input of
-   ``o_proj`` split into heads, so a head's contribution is replaced exactly). Corrupt position
-   ``i`` takes the clean activation at ``pos_map[i]`` (-1: nothing corresponds, never patched).
-   Many patched runs share a forward: the corrupt input is stacked along the batch dimension
-   and each row gets its own mask (:mod:`interp.hooks.backends`). Positions before ``start``
-   hold identical activations in both runs, so patching them is the identity: their effect is
-   exactly 0 and is not run; the shared prefix is computed once and its key/value cache reused
-   by every row (``prefix_cache=True``), so a patched row costs only the suffix.
-3. Attribution patching (Nanda 2023, "Attribution patching"; Syed et al. 2023, "Attribution
-   patching outperforms automated circuit discovery"): one forward and ONE backward pass on
-   the corrupt run give ``dLD/da`` at every hook point; the first-order estimate of patching
-   ``a`` is ``(a_clean - a_corrupt) . dLD/da``, summed over ``d_model`` for (layer, position)
-   at ``hook_resid_pre`` and over ``head_dim`` and the patched positions for (layer, head) at
-   ``hook_z``.
-4. Sweeps (:func:`sweep_resid`, :func:`sweep_heads`, :func:`sweep_task_layers`): the unit
-   lists of one pair (every (layer, position) and (layer, span), every (layer, head), every
-   layer over the context with the judge's attention mass) run through step 2.
-5. Cost: wall time of the patched forwards divided by that of one clean forward pass.
+1. Alignment: corrupt position ``i`` takes the clean activation at ``pos_map[i]`` (-1: nothing
+   corresponds, never patched). The shared prefix (:func:`shared_prefix`: the common tokens
+   from the start, one model) has identical activations in both runs, so a position there that
+   maps to itself is a no-op (:func:`patchable_positions`).
+2. Refusal (issue 12, item 6): a patch request that would touch no activation (a position in
+   the shared prefix, a position mapped to -1, a row with no position) raises
+   :class:`~interp.errors.PatchingError` naming the position, before any forward.
+3. Caching: one clean forward (on the ``donor`` model when there is one) stores the activations
+   at the hook points a sweep needs and scores the clean prompt; one corrupt forward scores the
+   corrupt prompt.
+4. Exact activation patching: each patched row replaces activations of the corrupt run by the
+   clean ones at a hook point (:data:`PATCH_POINTS`) on a mask of positions (``resid``:
+   ``blocks.L.hook_resid_pre`` / ``hook_resid_post``) or of (position, head) (``heads``:
+   ``blocks.L.attn.hook_z``, the input of ``o_proj`` split into heads, so a head's contribution
+   is replaced exactly). Rows are stacked along the batch, each with its own mask
+   (:mod:`interp.hooks.backends`). Positions before the first patchable position are run once
+   (``prefix_cache``, ``hf``) and their key/value cache is reused by every row.
+5. Attribution patching (Nanda 2023, "Attribution patching"; Syed et al. 2023; Kramar et al.
+   2024, "AtP*"): one forward and one backward pass of the corrupt run, the replies appended
+   (:func:`interp.hooks.backends.reply_extensions`), give ``dLD/da`` of the SAME whole-reply
+   ``LD`` at every hook point; the first-order estimate of patching ``a`` is
+   ``(a_clean - a_corrupt) . dLD/da``, summed over ``d_model`` per (layer, position) and over
+   ``head_dim`` and the patched positions per (layer, head).
+6. Cost: wall time of the patched forwards divided by that of one clean forward.
 
 The same engine patches between two models (``donor``): cross-model patching of the transfer
-study (:func:`interp.transfer.cross_model_patching`).
-
-Backends (same hook-point names, same masks): ``hf`` (default), ``transformer_lens``,
-``nnsight`` (:mod:`interp.hooks.backends`). The invariants (patch everything = clean, patch
-nothing = corrupt, self-patch = no change, backends agree) are tested in
-``tests/equivalence/test_patching_equivalence.py``.
+study (:func:`interp.transfer.cross_model_patching`). Backends: ``hf`` (default),
+``transformer_lens``, ``nnsight``; the invariants (patch every position = clean, refused
+requests, backends agree) are tested in ``tests/equivalence/test_patching_equivalence.py``.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,23 +64,28 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from interp.errors import PatchingError
-from interp.hooks.backends import HFBackend, attention_mass, attn_implementation, get_backend
+from interp.hooks.backends import (
+    HFBackend,
+    extend_prompts,
+    get_backend,
+    reply_extensions,
+    reply_logprobs,
+)
 from interp.hooks.backends import hook_order as _hook_order
 from interp.hooks.guard import inference_guard
 from interp.hooks.points import hook_name, parse_hook
 from interp.models import ModelHandle
-from interp.prompts import RenderedPrompt, verdict_token_ids
+from interp.verdict import VerdictReplies, verdict_replies
 
 __all__ = [
     "PATCH_POINTS",
     "Patch",
     "PatchResult",
     "Patcher",
-    "logit_diff",
     "patch",
-    "sweep_heads",
-    "sweep_resid",
-    "sweep_task_layers",
+    "ratio_of_sums",
+    "patchable_positions",
+    "shared_prefix",
     "valid_hooks",
 ]
 
@@ -105,13 +113,61 @@ def _parse(name: str, n_layers: int) -> tuple[int, str]:
     return layer, point
 
 
+def shared_prefix(clean_ids: Sequence[int], corrupt_ids: Sequence[int]) -> int:
+    """Length of the common token prefix of two prompts.
+
+    Run on one model, position ``i`` below it has identical activations in both runs (causal
+    attention: the same tokens at the same positions up to ``i``).
+    """
+    n = 0
+    for a, b in zip(clean_ids, corrupt_ids):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def patchable_positions(clean_ids: Sequence[int], corrupt_ids: Sequence[int],
+                        pos_map: Sequence[int], *, same_model: bool = True) -> list[int]:
+    """Corrupt positions a patch can change (module step 1).
+
+    A position is patchable when it maps to a clean position and is not a no-op: a position
+    in the shared prefix (:func:`shared_prefix`) that maps to itself takes an activation
+    identical to its own (always the case for one model; another donor model has no shared
+    prefix).
+    """
+    s = shared_prefix(clean_ids, corrupt_ids) if same_model else 0
+    return [i for i, m in enumerate(pos_map) if m >= 0 and not (i < s and m == i)]
+
+
+def ratio_of_sums(patched: Float[np.ndarray, " pairs"], clean: Float[np.ndarray, " pairs"],
+                  corrupt: Float[np.ndarray, " pairs"]) -> float | None:
+    """Normalised effect over pairs: ``sum s (patched - corrupt) / sum |clean - corrupt|``.
+
+    ``s = sign(clean - corrupt)`` aligns pairs whose judge prefers the corrupt prompt; when
+    every gap has the same sign this is ``sum(patched - corrupt) / sum(clean - corrupt)``.
+    A ratio of sums, not a mean of per-pair ratios: pairs with small gaps weigh little instead
+    of exploding (DESIGN.md, "Measuring honestly").
+
+    Returns:
+        The ratio, or None when there is no pair or every gap is 0.
+    """
+    p, c, x = (np.asarray(a, dtype=np.float64) for a in (patched, clean, corrupt))
+    ok = np.isfinite(p) & np.isfinite(c) & np.isfinite(x)
+    gap = (c - x)[ok]
+    den = float(np.abs(gap).sum())
+    if not ok.any() or den == 0.0:
+        return None
+    return float((np.sign(gap) * (p[ok] - x[ok])).sum() / den)
+
+
 @dataclass(frozen=True)
 class Patch:
     """One intervention of a patched run: copy clean activations into the corrupt run.
 
     Attributes:
         hook: hook-point name (:func:`valid_hooks`).
-        positions: corrupt-run positions to patch (None: every position).
+        positions: corrupt-run positions to patch (None: every patchable position).
         heads: query heads to patch (``attn.hook_z`` only; None: all heads).
     """
 
@@ -130,42 +186,53 @@ def _as_ids(ids: TokenIds, name: str) -> Int[Tensor, " seq"]:
     return t
 
 
-def logit_diff(logits: Float[Tensor, "*batch vocab"], ids: tuple[int, int]
-               ) -> Float[Tensor, "*batch"]:
-    """``logit(Correct) - logit(Incorrect)`` from ``[..., vocab]`` logits (nats)."""
-    return logits[..., ids[0]] - logits[..., ids[1]]
-
-
 @dataclass
 class PatchResult:
-    """Effects of a list of patched runs of one pair.
+    """Whole-reply verdict scores of a list of patched runs of one pair (module docstring).
 
     Attributes:
         clean, corrupt: ``LD`` of the clean and corrupt runs (nats).
-        patched: ``LD`` of each patched run, ``[n_patches]``.
-        patches: the patches (one per run; a run may also hold several, see ``labels``).
+        patched: ``LD`` of each patched run, ``[n_rows]``.
+        logprob_correct, logprob_incorrect: ``log P(reply)`` of each patched run, ``[n_rows]``.
+        patches: the rows (each a list of :class:`Patch`).
         wall_s: seconds of the patched forwards; ``clean_forward_s`` of one clean forward.
-        n_runs: patched rows actually run (rows whose masks are empty are not run).
+        n_runs: patched rows run.
+        last_logits: the patched runs' logits at the verdict position ``[n_rows, vocab]``
+            (only with ``keep_logits``).
     """
 
     clean: float
     corrupt: float
-    patched: Float[np.ndarray, " n_patches"]
+    patched: Float[np.ndarray, " n_rows"]
+    logprob_correct: Float[np.ndarray, " n_rows"]
+    logprob_incorrect: Float[np.ndarray, " n_rows"]
     patches: list[Any] = field(default_factory=list)
     wall_s: float = 0.0
     clean_forward_s: float = float("nan")
     n_runs: int = 0
+    last_logits: Tensor | None = None
 
     @property
-    def effect(self) -> Float[np.ndarray, " n_patches"]:
-        """Normalised effects ``(patched - corrupt) / (clean - corrupt)``.
+    def effect(self) -> Float[np.ndarray, " n_rows"]:
+        """Normalised effects ``(patched - corrupt) / (clean - corrupt)`` of this pair.
 
-        NaN when the denominator is below 1e-6 nats.
+        NaN when the gap is below 1e-6 nats; the aggregate over pairs is
+        :func:`ratio_of_sums`.
         """
         den = self.clean - self.corrupt
         if abs(den) < 1e-6:
             return np.full_like(self.patched, np.nan)
         return (self.patched - self.corrupt) / den
+
+    @property
+    def p_correct(self) -> Float[np.ndarray, " n_rows"]:
+        """``sigmoid(LD)``: the forced choice between the two replies."""
+        return 1.0 / (1.0 + np.exp(-self.patched))
+
+    @property
+    def coverage(self) -> Float[np.ndarray, " n_rows"]:
+        """``P(Correct) + P(Incorrect)`` of each patched run."""
+        return np.exp(self.logprob_correct) + np.exp(self.logprob_incorrect)
 
     @property
     def cost_ratio(self) -> float:
@@ -182,22 +249,28 @@ class Patcher:
         corrupt_ids: token ids ``[seq]`` of the corrupt prompt.
         pos_map: for each corrupt position the clean position whose activation it takes, or
             -1 where nothing corresponds (default: identity, equal lengths required).
-        start: first corrupt position whose activations can differ from the clean run or be
-            patched; positions before it are run once as a shared prefix (``hf`` only).
         backend: ``hf``, ``transformer_lens`` or ``nnsight``.
         batch_size: patched rows per forward.
-        prefix_cache: reuse the key/value cache of ``corrupt_ids[:start]`` (``hf`` only).
+        prefix_cache: run the positions before the first patchable one once and reuse their
+            key/value cache (``hf`` only).
         donor: the model of the clean run (default ``handle``): cross-model patching.
+        replies: the verdict replies' tokens (default: :func:`interp.verdict.verdict_replies`).
+
+    Attributes:
+        shared: length of the shared prefix (module step 1); 0 with another donor model.
+        start: first patchable position (:func:`patchable_positions`).
 
     Raises:
-        PatchingError: ids of the wrong shape, unequal lengths without ``pos_map``.
+        PatchingError: ids of the wrong shape, unequal lengths without ``pos_map``, a bad
+            ``pos_map``.
         BackendError: an unknown backend.
+        PromptError: a tokenizer whose verdict replies cannot be separated.
     """
 
     def __init__(self, handle: ModelHandle, clean_ids: TokenIds, corrupt_ids: TokenIds, *,
-                 pos_map: Sequence[int] | None = None, start: int = 0, backend: str = "hf",
+                 pos_map: Sequence[int] | None = None, backend: str = "hf",
                  batch_size: int = 16, prefix_cache: bool = True,
-                 donor: ModelHandle | None = None):
+                 donor: ModelHandle | None = None, replies: VerdictReplies | None = None):
         self.handle = handle
         self.clean_ids = _as_ids(clean_ids, "clean_ids").to(handle.device)
         self.corrupt_ids = _as_ids(corrupt_ids, "corrupt_ids").to(handle.device)
@@ -208,41 +281,73 @@ class Patcher:
                                     f"{n} tokens; pass pos_map to align them")
             pos_map = list(range(n))
         self.pos_map = torch.as_tensor(list(pos_map), dtype=torch.long)
-        if len(self.pos_map) != n or int(self.pos_map.max()) >= len(self.clean_ids):
+        if len(self.pos_map) != n or int(self.pos_map.max()) >= len(self.clean_ids) \
+                or int(self.pos_map.min()) < -1:
             raise PatchingError("pos_map must have one entry per corrupt position, each < the "
                                 "clean length or -1")
         self.be = get_backend(handle, backend)
-        self.donor_be = self.be if donor is None else get_backend(donor, backend)
+        same = donor is None or donor is handle
+        self.donor_be = self.be if same else get_backend(donor, backend)
+        self.shared = shared_prefix(self.clean_ids.tolist(), self.corrupt_ids.tolist()) \
+            if same else 0
+        self._patchable = patchable_positions(self.clean_ids.tolist(),
+                                              self.corrupt_ids.tolist(), self.pos_map.tolist(),
+                                              same_model=same)
+        self.start = self._patchable[0] if self._patchable else n
         self.batch_size = batch_size
-        self.start = int(start) if (prefix_cache and backend == "hf") else 0
-        self.start = min(self.start, n - 1)
-        self.verdict_ids = verdict_token_ids(handle.tokenizer)
+        self.use_prefix = prefix_cache and isinstance(self.be, HFBackend) and 0 < self.start < n
+        self.replies = replies or verdict_replies(handle.tokenizer)
         self._clean_cache: dict[str, Tensor] = {}
+        self._attribution: dict[tuple, dict[str, np.ndarray]] = {}
         self._prefix = None
-        self.clean_ld, self.corrupt_ld = float("nan"), float("nan")
+        self.clean_lp: Float[Tensor, "1 2"] | None = None
+        self.corrupt_lp: Float[Tensor, "1 2"] | None = None
         self.clean_forward_s = float("nan")
-        self._clean_logits = None
 
     # -- baselines ------------------------------------------------------------------------
+    @property
+    def clean_ld(self) -> float:
+        """``LD`` of the clean run (nats; NaN before :meth:`ensure_clean`)."""
+        return float("nan") if self.clean_lp is None else float(self.clean_lp[0, 0]
+                                                                  - self.clean_lp[0, 1])
+
+    @property
+    def corrupt_ld(self) -> float:
+        """``LD`` of the corrupt run (nats; NaN before :meth:`ensure_clean`)."""
+        return float("nan") if self.corrupt_lp is None else float(self.corrupt_lp[0, 0]
+                                                                    - self.corrupt_lp[0, 1])
+
+    def scores(self) -> dict[str, dict[str, float]]:
+        """Clean and corrupt ``logit_diff``, ``p_correct``, ``verdict_coverage`` (JSON-safe)."""
+        out = {}
+        for name, lp in (("clean", self.clean_lp), ("corrupt", self.corrupt_lp)):
+            c, i = (float(x) for x in lp[0])
+            out[name] = {"logit_diff": c - i, "p_correct": 1 / (1 + math.exp(i - c)),
+                         "verdict_coverage": math.exp(c) + math.exp(i)}
+        return out
+
     def ensure_clean(self, hooks: Iterable[str]) -> None:
-        """Run the clean prompt once (more when new hook points are asked) and cache them."""
+        """Score the clean and the corrupt prompt once (module step 3).
+
+        The clean forward runs again when hook points not cached yet are asked for.
+        """
         need = [h for h in hooks if h not in self._clean_cache]
         for h in need:
             _parse(h, self.handle.n_layers)
-        if need or self._clean_logits is None:
+        if need or self.clean_lp is None:
             t0 = time.perf_counter()
             with torch.no_grad():
-                logits, cache = self.donor_be.forward(self.clean_ids[None], cache_hooks=need)
+                lp, _, acts = self.donor_be.score(self.clean_ids[None], self.replies.ids,
+                                                  cache_hooks=need)
             dt = time.perf_counter() - t0
             self.clean_forward_s = dt if math.isnan(self.clean_forward_s) else min(
                 dt, self.clean_forward_s)
-            self._clean_logits = logits[0]
-            self.clean_ld = float(logit_diff(logits[0], self.verdict_ids))
-            self._clean_cache.update({k: v[0] for k, v in cache.items()})
-        if math.isnan(self.corrupt_ld):
+            self.clean_lp = lp.double().cpu()
+            self._clean_cache.update({k: v[0] for k, v in acts.items()})
+        if self.corrupt_lp is None:
             with torch.no_grad():
-                logits, _ = self.be.forward(self.corrupt_ids[None])
-            self.corrupt_ld = float(logit_diff(logits[0], self.verdict_ids))
+                lp, _, _ = self.be.score(self.corrupt_ids[None], self.replies.ids)
+            self.corrupt_lp = lp.double().cpu()
 
     def source(self, hook: str) -> Float[Tensor, "pos ..."]:
         """Clean activation mapped onto corrupt positions ``[S_corrupt, ...]``."""
@@ -250,20 +355,40 @@ class Patcher:
         return act[self.pos_map.clamp(min=0).to(act.device)]
 
     # -- masks ----------------------------------------------------------------------------
-    def _row_mask(self, p: Patch) -> Bool[Tensor, " pos *heads"]:
-        _, point = _parse(p.hook, self.handle.n_layers)
+    def patchable(self) -> list[int]:
+        """Corrupt positions a patch can change (:func:`patchable_positions`)."""
+        return list(self._patchable)
+
+    def _positions(self, p: Patch) -> Bool[Tensor, " pos"]:
+        """Module step 2: the positions of one patch, refusing those that touch nothing."""
         n = len(self.corrupt_ids)
         pos = torch.zeros(n, dtype=torch.bool)
         if p.positions is None:
-            pos[:] = True
-        else:
-            idx = torch.as_tensor(list(p.positions), dtype=torch.long)
-            if len(idx) and (idx.min() < -n or idx.max() >= n):
-                raise PatchingError(f"positions must lie in 0..{n - 1} (or be negative from the "
-                                    f"end), got {list(p.positions)[:8]}")
-            pos[idx] = True
-        pos &= self.pos_map >= 0
-        pos[: self.start] = False  # identical in both runs (module docstring, step 2)
+            pos[self.patchable()] = True
+            if not pos.any():
+                raise PatchingError(f"{p.hook}: no position to patch (shared prefix 0.."
+                                    f"{self.shared - 1}, no other mapped position)")
+            return pos
+        if not p.positions:
+            raise PatchingError(f"{p.hook}: an empty position list patches nothing")
+        for q in p.positions:
+            i = int(q) + n if int(q) < 0 else int(q)
+            if not 0 <= i < n:
+                raise PatchingError(f"{p.hook}: position {q} outside the corrupt prompt "
+                                    f"(0..{n - 1}, or negative from the end)")
+            if i < self.shared and self.pos_map[i] == i:
+                raise PatchingError(f"{p.hook}: position {i} lies in the shared prefix "
+                                    f"0..{self.shared - 1}: its activations are identical in "
+                                    f"both runs, so patching it changes nothing")
+            if self.pos_map[i] < 0:
+                raise PatchingError(f"{p.hook}: position {i} has no clean counterpart "
+                                    f"(pos_map -1): there is nothing to patch it with")
+            pos[i] = True
+        return pos
+
+    def _row_mask(self, p: Patch) -> Bool[Tensor, " pos *heads"]:
+        _, point = _parse(p.hook, self.handle.n_layers)
+        pos = self._positions(p)
         if point != "attn.hook_z":
             if p.heads is not None:
                 raise PatchingError(f"heads= only applies to attn.hook_z, not {p.hook!r}")
@@ -273,22 +398,28 @@ class Patcher:
             h[:] = True
         else:
             bad = [x for x in p.heads if not 0 <= x < self.handle.n_heads]
-            if bad:
-                raise PatchingError(f"heads {bad} out of range; valid: "
+            if bad or not p.heads:
+                raise PatchingError(f"heads {list(p.heads)} out of range or empty; valid: "
                                     f"0..{self.handle.n_heads - 1}")
             h[list(p.heads)] = True
         return pos[:, None] & h[None, :]
 
-    def _suffix_masks(self, rows: list[list[Patch]]) -> list[dict[str, Tensor]]:
-        """Per row: hook -> mask over the positions from ``start`` (empty masks dropped)."""
+    def _masks(self, rows: list[list[Patch]]) -> list[dict[str, Tensor]]:
+        """Per row: hook -> mask over the positions from ``start`` (module step 2)."""
         out = []
-        for r in rows:
+        for k, r in enumerate(rows):
+            if not r:
+                raise PatchingError(f"row {k} patches nothing (the corrupt run is "
+                                    f"PatchResult.corrupt)")
             m: dict[str, Tensor] = {}
             for p in r:
                 mk = self._row_mask(p)
                 m[p.hook] = m[p.hook] | mk if p.hook in m else mk
-            out.append({k: v[self.start:] for k, v in m.items() if v.any()})
+            out.append({k2: v[self._offset():] for k2, v in m.items()})
         return out
+
+    def _offset(self) -> int:
+        return self.start if self.use_prefix else 0
 
     def _batch_masks(self, hooks: list[str], chunk: list[int], masks_all: list[dict],
                      n: int) -> dict[str, Tensor]:
@@ -303,88 +434,125 @@ class Patcher:
                 masks[h] = mk.to(self.handle.device)
         return masks
 
-    # -- sweeps ---------------------------------------------------------------------------
-    def run(self, rows: Sequence[Patch | Sequence[Patch]]) -> PatchResult:
+    # -- patched runs ---------------------------------------------------------------------
+    def run(self, rows: Sequence[Patch | Sequence[Patch]], *, keep_logits: bool = False,
+            extra_hooks: Callable[[int], Any] | None = None,
+            progress: Callable[[int, int], None] | None = None) -> PatchResult:
         """Run patched forwards, one per row (a row is one patch or several at once).
 
+        Args:
+            rows: the rows.
+            keep_logits: also return each row's verdict-position logits.
+            extra_hooks: ``batch -> context manager`` entered around each batch's prompt
+                forward (``hf`` only; e.g. the attention recorder).
+            progress: called with ``(rows done in the batch, rows in all)`` after each batch.
+
         Returns:
-            :class:`PatchResult` with ``LD`` per row (rows with nothing left to patch after
-            ``start`` get the corrupt ``LD`` without running).
+            :class:`PatchResult` with the whole-reply scores of every row.
+
+        Raises:
+            PatchingError: a row that touches no activation (module step 2), bad heads.
         """
         rows = [[r] if isinstance(r, Patch) else list(r) for r in rows]
+        masks_all = self._masks(rows)   # refuses before any forward
         hooks = sorted({p.hook for r in rows for p in r}, key=_hook_order)
         self.ensure_clean(hooks)
-        if self.start > 0 and self._prefix is None:
-            self._prefix = self.be.prefix_cache(self.corrupt_ids[None, : self.start])
-        sources = {h: self.source(h)[self.start:] for h in hooks}
-        out = np.full(len(rows), self.corrupt_ld, dtype=np.float64)
-        masks_all = self._suffix_masks(rows)
-        todo = [i for i, m in enumerate(masks_all) if m]
-        suffix = self.corrupt_ids[self.start:]
+        off = self._offset()
+        if self.use_prefix and self._prefix is None:
+            self._prefix = self.be.prefix_cache(self.corrupt_ids[None, :off])
+        sources = {h: self.source(h)[off:] for h in hooks}
+        suffix = self.corrupt_ids[off:]
+        lps, logits = [], []
         t0 = time.perf_counter()
-        for s in range(0, len(todo), self.batch_size):
-            chunk = todo[s:s + self.batch_size]
+        for s in range(0, len(rows), self.batch_size):
+            chunk = list(range(s, min(s + self.batch_size, len(rows))))
             masks = self._batch_masks(hooks, chunk, masks_all, len(suffix))
+            extra = (lambda b=len(chunk): extra_hooks(b)) if extra_hooks else None
             with torch.no_grad():
-                logits, _ = self.be.forward(suffix[None].expand(len(chunk), -1), masks=masks,
-                                            sources=sources, prefix=self._prefix)
-            out[chunk] = logit_diff(logits, self.verdict_ids).double().cpu().numpy()
+                lp, last, _ = self.be.score(suffix[None].expand(len(chunk), -1),
+                                            self.replies.ids, masks=masks, sources=sources,
+                                            prefix=self._prefix, extra_hooks=extra)
+            lps.append(lp.double().cpu())
+            if keep_logits:
+                logits.append(last.float().cpu())
+            if progress:
+                progress(len(chunk), len(rows))
         wall = time.perf_counter() - t0
-        return PatchResult(clean=self.clean_ld, corrupt=self.corrupt_ld, patched=out,
-                           patches=rows, wall_s=wall, clean_forward_s=self.clean_forward_s,
-                           n_runs=len(todo))
+        lp = torch.cat(lps).numpy()
+        return PatchResult(clean=self.clean_ld, corrupt=self.corrupt_ld,
+                           patched=lp[:, 0] - lp[:, 1], logprob_correct=lp[:, 0],
+                           logprob_incorrect=lp[:, 1], patches=rows,
+                           wall_s=wall, clean_forward_s=self.clean_forward_s, n_runs=len(rows),
+                           last_logits=torch.cat(logits) if keep_logits else None)
 
-    def attribution(self, layers: Sequence[int] | None = None,
+    # -- attribution ----------------------------------------------------------------------
+    def attribution(self, layers: Sequence[int] | None = None, *,
+                    resid_hook: str = "hook_resid_pre",
                     positions: Sequence[int] | None = None
                     ) -> dict[str, Float[np.ndarray, "layer _"]]:
-        """Attribution patching (module step 3) on the ``hf`` backend, one backward pass.
+        """Attribution patching of the whole-reply ``LD`` (module step 5), ``hf`` backend.
 
         Args:
             layers: layers to score (default all).
-            positions: corrupt positions whose differences count for the head scores (default:
-                every mapped position from ``start``).
+            resid_hook: ``hook_resid_pre`` or ``hook_resid_post``: the residual point scored.
+            positions: corrupt positions whose differences count for the head scores
+                (default: every patchable position).
 
         Returns:
-            ``resid`` ``[n_layers, S]``: ``sum_d (clean - corrupt) * dLD/da`` at
-            ``hook_resid_pre`` per (layer, position); ``heads`` ``[n_layers, n_heads]``: the same
-            at ``attn.hook_z`` summed over head_dim and ``positions``; both in nats (divide by
-            ``clean - corrupt`` for normalised effects). Rows of layers not scored are 0.
+            ``resid`` ``[n_layers, S]``: ``sum_d (clean - corrupt) * dLD/da`` at ``resid_hook``
+            per (layer, position); ``heads`` ``[n_layers, n_heads]``: the same at
+            ``attn.hook_z`` summed over head_dim and ``positions``; both in nats (estimates of
+            ``LD_patched - LD_corrupt``). Positions that cannot be patched and layers not
+            scored are 0. Computed once per (layers, hook, positions) and kept.
 
         Raises:
-            PatchingError: another backend than ``hf``.
+            PatchingError: another backend than ``hf``; positions that cannot be patched.
         """
         if not isinstance(self.be, HFBackend):
             raise PatchingError("attribution patching runs on the hf backend")
-        nl = self.handle.n_layers
+        nl, n = self.handle.n_layers, len(self.corrupt_ids)
         layers = list(range(nl)) if layers is None else list(layers)
-        hooks = [hook_name(layer, p) for layer in layers for p in ("hook_resid_pre", "attn.hook_z")]
+        key = (tuple(layers), resid_hook, None if positions is None else tuple(positions))
+        if key in self._attribution:
+            return self._attribution[key]
+        hooks = [hook_name(layer, p) for layer in layers for p in (resid_hook, "attn.hook_z")]
         self.ensure_clean(hooks)
-        n = len(self.corrupt_ids)
-        valid = (self.pos_map >= 0).clone()
-        valid[: self.start] = False
-        sel = torch.zeros(n, dtype=torch.bool)
-        if positions is None:
-            sel = valid.clone()
-        else:
-            sel[list(positions)] = True
-            sel &= valid
-        emb = self.handle.model.get_input_embeddings()(self.corrupt_ids[None]).detach()
-        emb.requires_grad_(True)
-        with torch.enable_grad():
-            logits, cache = self.be.forward(self.corrupt_ids[None], cache_hooks=hooks,
-                                            inputs_embeds=emb, keep_graph=True)
-            ld = logit_diff(logits[0], self.verdict_ids)
-            grads = dict(zip(hooks, torch.autograd.grad(ld, [cache[h] for h in hooks])))
+        valid = torch.zeros(n, dtype=torch.bool)
+        valid[self.patchable()] = True
+        sel = valid if positions is None else self._positions(
+            Patch(hooks[0], tuple(positions)))
+        grads, acts = self._grads(hooks)
         resid, heads = np.zeros((nl, n)), np.zeros((nl, self.handle.n_heads))
         vm, sm = valid.to(self.handle.device), sel.to(self.handle.device)
         for layer in layers:
-            h = hook_name(layer, "hook_resid_pre")
-            diff = (self.source(h) - cache[h][0].detach()) * vm[:, None]
-            resid[layer] = (diff * grads[h][0]).sum(-1).cpu().numpy()
+            h = hook_name(layer, resid_hook)
+            diff = (self.source(h) - acts[h]) * vm[:, None]
+            resid[layer] = (diff * grads[h]).sum(-1).cpu().numpy()
             h = hook_name(layer, "attn.hook_z")
-            diff = (self.source(h) - cache[h][0].detach()) * sm[:, None, None]
-            heads[layer] = (diff * grads[h][0]).sum((0, 2)).cpu().numpy()
-        return {"resid": resid, "heads": heads}
+            diff = (self.source(h) - acts[h]) * sm[:, None, None]
+            heads[layer] = (diff * grads[h]).sum((0, 2)).cpu().numpy()
+        self._attribution[key] = {"resid": resid, "heads": heads}
+        return self._attribution[key]
+
+    def _grads(self, hooks: list[str]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """``dLD/da`` and ``a`` of the corrupt run at the prompt positions, per hook."""
+        n = len(self.corrupt_ids)
+        exts = reply_extensions(self.replies.ids)
+        width = max(len(e) for e in exts)
+        tok = self.handle.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        ids = extend_prompts(self.corrupt_ids[None], exts, pad)
+        emb = self.handle.model.get_input_embeddings()(ids).detach()
+        emb.requires_grad_(True)
+        with torch.enable_grad():
+            out = self.be.forward(ids, cache_hooks=hooks, inputs_embeds=emb, keep_graph=True,
+                                  logits_to_keep=width + 1)
+            lp = reply_logprobs(out.logits, self.replies.ids, exts, 1)
+            ld = lp[0, 0] - lp[0, 1]
+            g = torch.autograd.grad(ld, [out.acts[h] for h in hooks])
+        grads = {h: x.sum(0)[:n] for h, x in zip(hooks, g)}
+        acts = {h: out.acts[h][0, :n].detach() for h in hooks}
+        return grads, acts
 
 
 def patch(handle: ModelHandle, clean_ids: TokenIds, corrupt_ids: TokenIds, *, hook: str,
@@ -403,7 +571,8 @@ def patch(handle: ModelHandle, clean_ids: TokenIds, corrupt_ids: TokenIds, *, ho
         corrupt_ids: token ids of the corrupt prompt ``[seq]`` (same length unless
             ``pos_map``).
         hook: hook-point name (:func:`valid_hooks`).
-        positions: corrupt positions to patch (None: all; negative counts from the end).
+        positions: corrupt positions to patch (None: every patchable one; negative counts
+            from the end).
         heads: query heads (``attn.hook_z`` only).
         backend: ``hf``, ``transformer_lens`` or ``nnsight``.
         pos_map: corrupt position -> clean position (-1: none), for prompts of unequal length.
@@ -413,139 +582,16 @@ def patch(handle: ModelHandle, clean_ids: TokenIds, corrupt_ids: TokenIds, *, ho
 
     Raises:
         HookError: unknown hook or layer (lists valid ones).
-        PatchingError: a point that is not patchable, bad positions or heads.
+        PatchingError: a point that is not patchable, bad heads, or positions that touch no
+            activation (named in the message).
         ModelSpecError: query heads not a multiple of key/value heads.
 
     Every forward runs in eval mode (:func:`interp.hooks.guard.inference_guard`); the model
     gets its training flags and hooks back afterwards, whatever raises.
     """
     _parse(hook, handle.n_layers)
-    n = len(_as_ids(corrupt_ids, "corrupt_ids"))
-    pos = None if positions is None else tuple(int(p) % n for p in positions)
     with inference_guard(handle):
         p = Patcher(handle, clean_ids, corrupt_ids, pos_map=pos_map, backend=backend,
                     prefix_cache=False)
-        return p.run([Patch(hook, pos, None if heads is None else tuple(heads))])
-
-
-# ---------------------------------------------------------------------------------------------
-# Sweeps of one pair (module step 4)
-# ---------------------------------------------------------------------------------------------
-
-
-def _spans(p: RenderedPrompt) -> dict[str, list[int]]:
-    out = {lab: p.span_positions(lab) for lab in dict.fromkeys(p.labels)}
-    out["verdict"] = [len(p) - 1]
-    out["all"] = list(range(len(p)))
-    return out
-
-
-def _patchable(pt: Patcher, start: int) -> list[int]:
-    """Corrupt positions from ``start`` that have a clean counterpart."""
-    return [i for i in range(len(pt.corrupt_ids)) if pt.pos_map[i] >= 0 and i >= start]
-
-
-def sweep_resid(pt: Patcher, corrupt: RenderedPrompt, *, layers: Sequence[int], hook: str,
-                start: int, per_position: bool = True) -> tuple[list[dict], float]:
-    """(layer, position) and (layer, span) activation patching at ``hook`` (a point name).
-
-    Args:
-        pt: the pair's patcher.
-        corrupt: the corrupt prompt (its span labels name the span units).
-        layers: layers to sweep.
-        hook: ``hook_resid_pre`` or ``hook_resid_post``.
-        start: first position that can differ (single positions before it are not swept).
-        per_position: sweep single positions as well as spans.
-
-    Returns:
-        ``(rows, wall_s)``: table rows with ``layer``, ``unit`` (``position``/``span``),
-        ``position``, ``rel_position`` (position - length), ``span``, ``token``, ``ld``,
-        ``effect``; the patched forwards' wall time.
-    """
-    n = len(corrupt)
-    toks = [pt.handle.tokenizer.decode([i]) for i in corrupt.input_ids]
-    units: list[tuple[int, str, int, str]] = []
-    patches: list[Patch] = []
-    valid = _patchable(pt, start)
-    for layer in layers:
-        name = hook_name(layer, hook)
-        if per_position:
-            for i in valid:
-                units.append((layer, "position", i, corrupt.labels[i]))
-                patches.append(Patch(name, (i,)))
-        for span, pos in _spans(corrupt).items():
-            units.append((layer, "span", -1, span))
-            patches.append(Patch(name, tuple(pos)))
-    res = pt.run(patches)
-    rows = [{"layer": u[0], "unit": u[1], "position": u[2],
-             "rel_position": u[2] - n if u[2] >= 0 else 0, "span": u[3],
-             "token": toks[u[2]] if u[2] >= 0 else "", "ld": float(ld), "effect": float(e)}
-            for u, ld, e in zip(units, res.patched, res.effect)]
-    return rows, res.wall_s
-
-
-def sweep_heads(pt: Patcher, *, layers: Sequence[int], start: int) -> tuple[list[dict], float]:
-    """(layer, head) patching of ``attn.hook_z`` at every mapped position from ``start``.
-
-    Returns:
-        ``(rows, wall_s)``: rows with ``layer``, ``head``, ``ld``, ``effect``.
-    """
-    pos = tuple(_patchable(pt, start))
-    units = [(layer, h) for layer in layers for h in range(pt.handle.n_heads)]
-    res = pt.run([Patch(hook_name(layer, "attn.hook_z"), pos, (h,)) for layer, h in units])
-    rows = [{"layer": u[0], "head": u[1], "ld": float(ld), "effect": float(e)}
-            for u, ld, e in zip(units, res.patched, res.effect)]
-    return rows, res.wall_s
-
-
-def sweep_task_layers(pt: Patcher, corrupt: RenderedPrompt, *, layers: Sequence[int],
-                      hook: str, band: Sequence[int]) -> tuple[list[dict], float]:
-    """Task-swap per layer: patch every context position of ``hook`` at one layer per run.
-
-    Runs with eager attention on the ``hf`` backend (the attention weights are read).
-
-    Returns:
-        ``(rows, wall_s)``: rows with ``layer``, ``ld``, ``p_correct``, ``context_mass``
-        (judge's last-token attention on the context, mean over heads and ``band`` layers) and
-        their changes ``d_*`` against the unpatched judge (``layer = -1`` row = the judge
-        itself), ``verdict_flip``.
-
-    Raises:
-        PatchingError: another backend than ``hf``.
-    """
-    if not isinstance(pt.be, HFBackend):
-        raise PatchingError("task-swap sweeps run on the hf backend")
-    span = corrupt.token_spans["context"]
-    hooks = [hook_name(layer, hook) for layer in layers]
-    pt.ensure_clean(hooks)
-    sources = {h: pt.source(h) for h in hooks}
-    rows_hooks: list[str | None] = [None, *hooks]
-    n, bs = len(corrupt), max(1, pt.batch_size // 2)
-    t0 = time.perf_counter()
-    lds, mass = [], []
-    for s in range(0, len(rows_hooks), bs):
-        chunk = rows_hooks[s:s + bs]
-        masks = {}
-        for h in hooks:
-            mk = torch.zeros((len(chunk), n), dtype=torch.bool)
-            for j, rh in enumerate(chunk):
-                if rh == h:
-                    mk[j, span[0]:span[1]] = True
-            masks[h] = mk.to(pt.handle.device)
-        store: dict[int, Tensor] = {}
-        with attn_implementation(pt.handle, "eager"), torch.no_grad():
-            logits, _ = pt.be.forward(pt.corrupt_ids[None].expand(len(chunk), -1),
-                                      masks=masks, sources=sources,
-                                      extra_hooks=lambda: attention_mass(
-                                          pt.handle.model, band, span, store))
-        lds.append(logit_diff(logits, pt.verdict_ids).double().cpu())
-        mass.append(torch.stack([store[layer] for layer in band]).mean(0).double())
-    wall = time.perf_counter() - t0
-    ld, cm = torch.cat(lds).numpy(), torch.cat(mass).numpy()
-    pc = 1 / (1 + np.exp(-ld))
-    rows = [{"layer": layer, "ld": float(ld[j]), "p_correct": float(pc[j]),
-             "context_mass": float(cm[j]), "d_ld": float(ld[j] - ld[0]),
-             "d_p_correct": float(pc[j] - pc[0]), "d_context_mass": float(cm[j] - cm[0]),
-             "verdict_flip": bool((ld[j] > 0) != (ld[0] > 0))}
-            for j, layer in enumerate([-1, *layers])]
-    return rows, wall
+        return p.run([Patch(hook, None if positions is None else tuple(int(x) for x in positions),
+                            None if heads is None else tuple(heads))])

@@ -3,20 +3,24 @@
 Algorithm of :func:`run_config`:
 
 1. Read the TOML file and check it BEFORE any model is loaded: top-level keys (``name``,
-   ``out``, ``figures``, ``description``, ``[asymmetry]`` and one table per stage of
-   :data:`STAGES`), the ``--only`` names, and every stage table (its ``Config.from_mapping``
-   refuses unknown keys).
+   ``out``, ``figures``, ``publish``, ``description``, ``[asymmetry]`` and one table per stage
+   of :data:`STAGES`), the ``--only`` names (each must be ``asymmetry`` or a stage the config
+   has), every stage table (its ``Config.from_mapping`` refuses unknown keys and counts below
+   1) and the asymmetry inputs of every model (:func:`interp.stages.asymmetry.check_inputs`:
+   datasets, fields, limit).
 2. For each model of ``[asymmetry] models``: load it once, run Study 1 into
    ``out/<model-slug>/`` (:mod:`interp.stages.asymmetry`; with ``--only`` excluding it, only
    ``metrics.json`` is recomputed), then each configured stage in the order of :data:`STAGES`
    on that run directory with the same model.
-3. With ``figures``, copy every figure and each stage's ``SUMMARIES`` tables (plus
+3. With ``figures`` and ``publish = true``, and only when the whole study ran to its end in
+   this call (no ``--only``), copy every figure and each stage's ``SUMMARIES`` tables (plus
    ``metrics.json`` as ``asymmetry_metrics.json``) into that folder (prefixed by the model slug
-   when there are several models); ``out/summary.json`` holds every model's metrics.
+   when there are several models): the committed ``figures/`` are replaced only by the command
+   that makes the committed study, complete. ``out/summary.json`` holds every model's metrics.
 4. With several models: one table and figures that put them side by side
    (:func:`interp.compare.write_comparison`: ``out/comparison.json`` and ``comparison.md``,
    one row per model and dataset; ``out/figures/models_*.png``, one colour per model), also
-   copied into ``figures``.
+   published into ``figures`` under the conditions of step 3.
 
 :func:`swap_sources` turns a config into its rehearsal: the same config with only the model
 and dataset sources replaced (``tests/rehearsal`` runs ``experiments/paper.toml`` that way on a
@@ -27,7 +31,6 @@ from __future__ import annotations
 
 import copy
 import shutil
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,14 +38,15 @@ from typing import Any
 from interp import stages
 from interp.compare import write_comparison
 from interp.errors import ConfigError
+from interp.inputs import new_run_dir, read_toml
 from interp.models import DEFAULT_MODEL, load_model
 from interp.stages import asymmetry
 from interp.stages.common import Stage
 from interp.store import RunDir, write_json
 
-__all__ = ["STAGES", "load_config", "model_slug", "run_config", "swap_sources"]
+__all__ = ["STAGES", "load_config", "model_slug", "out_dir", "run_config", "swap_sources"]
 
-TOP_LEVEL = ("name", "out", "figures", "description", "asymmetry")
+TOP_LEVEL = ("name", "out", "figures", "publish", "description", "asymmetry")
 """Top-level keys of an experiment config besides the stage tables."""
 
 
@@ -62,21 +66,20 @@ def model_slug(spec: str) -> str:
         "__")[-1]
 
 
+def out_dir(cfg: Mapping[str, Any], path: str | Path) -> Path:
+    """The folder of a config's run directories: ``out``, else ``runs/<name or file stem>``."""
+    return Path(cfg.get("out", f"runs/{cfg.get('name', Path(path).stem)}"))
+
+
 def load_config(config: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     """An experiment config as a dict: a TOML file read, or a mapping copied (deeply).
 
     Raises:
-        ConfigError: a path that does not exist or is not valid TOML.
+        ConfigError: as :func:`interp.inputs.read_toml` (missing file, not TOML, ...).
     """
     if isinstance(config, Mapping):
         return copy.deepcopy(dict(config))
-    p = Path(config)
-    if not p.is_file():
-        raise ConfigError(f"no experiment config at {p}")
-    try:
-        return tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{p} is not valid TOML: {err}") from err
+    return read_toml(config)
 
 
 def swap_sources(config: str | Path | Mapping[str, Any], *, models: Mapping[str, str],
@@ -151,9 +154,13 @@ def _check(cfg: Mapping[str, Any], path: str | Path, only: Sequence[str] | None
     if unknown := set(cfg) - known:
         raise ConfigError(f"{path}: unknown keys or stages {sorted(unknown)}; known: "
                           f"{sorted(known)}")
-    if only and (bad := set(only) - {"asymmetry"} - set(STAGES)):
-        raise ConfigError(f"--only: unknown stages {sorted(bad)}; known: "
-                          f"{['asymmetry', *STAGES]}")
+    configured = ["asymmetry", *(name for name in STAGES if name in cfg)]
+    if only and (bad := [name for name in only if name not in configured]):
+        what = "not configured in this file" if set(bad) <= set(STAGES) else "unknown"
+        raise ConfigError(f"--only: {what}: {', '.join(bad)}; valid stages here: "
+                          f"{', '.join(configured)}")
+    if not isinstance(cfg.get("publish", False), bool):
+        raise ConfigError(f"{path}: publish must be true or false, not {cfg['publish']!r}")
     return {name: stage.Config.from_mapping(dict(cfg[name]))
             for name, stage in STAGES.items() if name in cfg}
 
@@ -187,17 +194,51 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
         ``{model spec: {"run_dir", "metrics"}}`` (also written to ``out/summary.json``).
 
     Raises:
-        ConfigError: an unknown top-level key, stage, ``--only`` name or stage config key.
+        ConfigError: a missing or malformed file, an unknown top-level key or stage, an
+            ``--only`` name that is not a configured stage, or a bad stage config value.
+        interp.errors.DataError: a dataset or file of ``[asymmetry]`` that cannot be loaded.
+        interp.errors.RunDirError: ``--only`` without ``asymmetry`` on a run that has none.
     """
     cfg = load_config(path)
     if isinstance(path, Mapping):
         path = str(cfg.get("name", "config"))
     stage_cfgs = _check(cfg, path, only)
-    out = Path(cfg.get("out", f"runs/{cfg.get('name', Path(path).stem)}"))
+    out = out_dir(cfg, path)
     asym = dict(cfg.get("asymmetry", {}))
     models = asym.pop("models", [asym.pop("model", DEFAULT_MODEL)])
     acfgs = {spec: asymmetry.AsymmetryConfig.from_mapping({**asym, "model": spec})
              for spec in models}
+    for spec, acfg in acfgs.items():
+        asymmetry.check_inputs(acfg)
+        if only and "asymmetry" not in only:  # the stages need a finished asymmetry run
+            RunDir(out / model_slug(spec)).read_records()
+    with new_run_dir(out):
+        summary = _run_models(acfgs, stage_cfgs, out, overwrite=overwrite, only=only, log=log)
+    write_json(out / "summary.json", summary)
+    comp = None
+    if len(models) > 1:
+        comp = write_comparison(out, {spec: s["run_dir"] for spec, s in summary.items()})
+        log(f"== {len(models)} models side by side: {comp['markdown']}, {out}/figures/models_*")
+    if cfg.get("figures"):
+        if not cfg.get("publish"):
+            log(f"figures in {out}/*/figures; {cfg['figures']}/ not updated (the config does "
+                f"not say publish = true)")
+        elif only:
+            log(f"{cfg['figures']}/ not updated: --only ran part of the study")
+        else:
+            for spec in models:
+                _copy_figures(out / model_slug(spec), Path(cfg["figures"]), list(stage_cfgs),
+                              "" if len(models) == 1 else f"{model_slug(spec)}__")
+            for src in [comp["table"], comp["markdown"], *comp["figures"]] if comp else []:
+                shutil.copy2(src, Path(cfg["figures"]) / Path(src).name)
+            log(f"published figures and tables to {cfg['figures']}/")
+    return summary
+
+
+def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Path, *,
+                overwrite: bool, only: Sequence[str] | None,
+                log: Callable[[str], None]) -> dict[str, Any]:
+    """Step 2 of :func:`run_config` (the module docstring) for every model."""
     summary: dict[str, Any] = {}
     for spec, acfg in acfgs.items():
         run_dir = out / model_slug(spec)
@@ -216,14 +257,4 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
                                           log=log)
                 if text := STAGES[name].format_summary(result):
                     log(text)
-        if cfg.get("figures"):
-            _copy_figures(run_dir, Path(cfg["figures"]), list(stage_cfgs),
-                          "" if len(models) == 1 else f"{model_slug(spec)}__")
-    write_json(out / "summary.json", summary)
-    if len(models) > 1:
-        comp = write_comparison(out, {spec: s["run_dir"] for spec, s in summary.items()})
-        log(f"== {len(models)} models side by side: {comp['markdown']}")
-        if cfg.get("figures"):
-            for src in [comp["table"], comp["markdown"], *comp["figures"]]:
-                shutil.copy2(src, Path(cfg["figures"]) / Path(src).name)
     return summary

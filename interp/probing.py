@@ -468,7 +468,7 @@ def probe_vs_judge(best: Mapping[str, Any], oof: Float[np.ndarray, " n"],
 def sweep(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"], layers: Sequence[int],
           folds: Folds, *, probes: Sequence[str] = PROBES, select_by: str = "auc",
           top_k: int = 5, sweep_all: bool = False, fit_kw: Mapping[str, Any] | None = None,
-          log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+          log: Callable[[str], None] = print, progress: bool = True) -> list[dict[str, Any]]:
     """Cross-validate probes over (layer, pool) cells (module docstring, step 5).
 
     Args:
@@ -482,6 +482,8 @@ def sweep(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"], layers: Sequ
         sweep_all: run every probe at every cell instead.
         fit_kw: passed to :func:`fit_probe` (``C``, ``mlp_hidden``, ``mlp_alpha``, ``seed``).
         log: progress lines.
+        progress: a progress bar per probe kind (cells done, rate, ETA; each cell is one
+            k-fold cross-validation).
 
     Returns:
         Rows ``{probe, layer, pool, accuracy, accuracy_std, ..., auc, auc_std}``.
@@ -491,7 +493,8 @@ def sweep(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"], layers: Sequ
     first, rest = probes[0], probes[1:]
     t0 = time.perf_counter()
     cells = [(L, p) for p in feats for L in layers]
-    for L, p in cells:
+    for L, p in tqdm(cells, desc=f"probe {first} (layer x pool)", unit="cell",
+                     disable=not progress, leave=False):
         summ, _ = cross_validate(feats[p][:, L], y, folds, first, **kw)
         rows.append({"probe": first, "layer": L, "pool": p, **summ})
     log(f"[probe] {first}: {len(cells)} cells x {len(folds)} folds in "
@@ -501,7 +504,8 @@ def sweep(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"], layers: Sequ
         chosen = cells if sweep_all else [(r["layer"], r["pool"]) for r in ranked[:top_k]]
         for kind in rest:
             t0 = time.perf_counter()
-            for L, p in chosen:
+            for L, p in tqdm(chosen, desc=f"probe {kind}", unit="cell", disable=not progress,
+                             leave=False):
                 summ, _ = cross_validate(feats[p][:, L], y, folds, kind, **kw)
                 rows.append({"probe": kind, "layer": L, "pool": p, **summ})
             log(f"[probe] {kind}: {len(chosen)} cells in {time.perf_counter() - t0:.0f} s")
@@ -555,14 +559,15 @@ def permutation_null(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"],
     rng = np.random.default_rng(seed)
     null, skipped = [], 0
     t0 = time.perf_counter()
-    for i in range(n_permutations):
+    for i in tqdm(range(n_permutations), desc="permutation null", unit="sweep", leave=False):
         yp = rng.permutation(y)
         try:
             fp = make_folds(yp, folds, seed + 1 + i, groups=groups)
         except ProbeError:   # the permuted positives fell into fewer passages than folds
             skipped += 1
             continue
-        rows = sweep(feats, yp, layers, fp, probes=[probe], fit_kw=fit_kw, log=lambda _: None)
+        rows = sweep(feats, yp, layers, fp, probes=[probe], fit_kw=fit_kw, log=lambda _: None,
+                     progress=False)
         null.append(float(best_row(rows, select_by)[select_by] or 0.0))
     log(f"[probe] permutation null: {n_permutations} sweeps in "
         f"{time.perf_counter() - t0:.0f} s")

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.errors import PromptError
+from interp.inputs import read_toml
 
 SPANS = ("context", "question", "candidate", "template")
 """Span labels; every prompt position has exactly one. ``reference`` counts as its own field
@@ -70,13 +71,27 @@ class Template:
 
 
 def load_templates(path: str | Path | None = None) -> dict[str, Template]:
-    """Read template variants from a TOML file (default: the bundled ``paper.toml``)."""
+    """Read template variants from a TOML file (default: the bundled ``paper.toml``).
+
+    Raises:
+        interp.errors.ConfigError: the file is missing or not TOML.
+        PromptError: a variant with unknown keys or fields.
+    """
     if path is None:
         text = resources.files("interp").joinpath("templates/paper.toml").read_text()
     else:
-        text = Path(path).read_text()
-    data = tomllib.loads(text)
-    return {name: Template(name=name, **body) for name, body in data.items()}
+        return _templates(read_toml(path, "templates"), path)
+    return _templates(tomllib.loads(text), "the bundled templates")
+
+
+def _templates(data: dict[str, Any], where: Any) -> dict[str, Template]:
+    out = {}
+    for name, body in data.items():
+        try:
+            out[name] = Template(name=name, **body)
+        except TypeError as err:
+            raise PromptError(f"{where}: template [{name}]: {err}") from None
+    return out
 
 
 def get_template(name: str = "default", path: str | Path | None = None) -> Template:

@@ -18,6 +18,8 @@ ratios), the probes (cross-validated metrics) and patching (correlations).
   the ordinary example bootstrap (Efron & Tibshirani 1993, ch. 13). With fewer than two
   clusters no interval is given; a group on fewer than :data:`MIN_PASSAGES` passages is
   flagged (:func:`passage_note`).
+  :func:`cluster_bootstrap_ratio` (a ratio of sums, e.g. a patching effect summed over pairs)
+  and :func:`cluster_bootstrap_mean` are thin functions over :class:`ClusterBootstrap`.
 * Wilson score interval of a binomial proportion (Wilson 1927), via
   ``scipy.stats.binomtest(k, n).proportion_ci(method="wilson")``.
 * McNemar's exact test of two classifiers on the same examples: ``b`` = only the first right,
@@ -45,6 +47,8 @@ __all__ = [
     "MIN_PASSAGES",
     "ClusterBootstrap",
     "binary_metrics",
+    "cluster_bootstrap_mean",
+    "cluster_bootstrap_ratio",
     "correlations",
     "fold_summary",
     "make_folds",
@@ -185,6 +189,52 @@ class ClusterBootstrap:
             return value, None
         with np.errstate(all="ignore"):
             return value, np.where(mb != 0, ma / np.where(mb != 0, mb, 1.0), np.nan)
+
+
+def cluster_bootstrap_ratio(num: Float[Array, " n"], den: Float[Array, " n"],
+                            groups: Sequence[Any], rng: np.random.Generator,
+                            n_boot: int) -> dict[str, Any]:
+    """``sum(num) / sum(den)`` with a passage-cluster percentile bootstrap 95% CI.
+
+    The resamples are :class:`ClusterBootstrap`'s (a ratio of sums is the ratio of the two
+    weighted means on each resample).
+
+    Args:
+        num: per-item numerators (non-finite items, in ``num`` or ``den``, are dropped).
+        den: per-item denominators.
+        groups: per-item cluster ids (e.g. :func:`passage_groups`).
+        rng: the generator (advances by one :func:`resample_indices` call).
+        n_boot: resamples of the clusters.
+
+    Returns:
+        ``{"value", "ci", "n", "n_clusters"}``: ``value`` None when ``sum(den)`` is 0 or no
+        item is left; ``ci`` None with fewer than two clusters or ``n_boot <= 0``; resamples
+        whose ``sum(den)`` is 0 are left out of the interval.
+    """
+    num, den = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    ok = np.isfinite(num) & np.isfinite(den)
+    g = [str(x) for x, keep in zip(groups, ok) if keep]
+    num, den = num[ok], den[ok]
+    out: dict[str, Any] = {"value": None, "ci": None, "n": int(len(num)),
+                           "n_clusters": len(set(g))}
+    if not len(num) or den.sum() == 0:
+        return out
+    value, samples = ClusterBootstrap(g, n_boot, rng).ratio_of_means(num, den)
+    out.update(value=value, ci=ClusterBootstrap.interval(samples))
+    return out
+
+
+def cluster_bootstrap_mean(x: Float[Array, " n"], groups: Sequence[Any],
+                           rng: np.random.Generator, n_boot: int) -> dict[str, Any]:
+    """Mean of the finite values of ``x`` with a passage-cluster bootstrap 95% CI.
+
+    Returns:
+        ``{"mean", "ci", "n", "n_clusters"}`` (:func:`cluster_bootstrap_ratio` of ``x`` over
+        ones; ``mean`` None for no finite value).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    r = cluster_bootstrap_ratio(x, np.where(np.isfinite(x), 1.0, np.nan), groups, rng, n_boot)
+    return {"mean": r["value"], "ci": r["ci"], "n": r["n"], "n_clusters": r["n_clusters"]}
 
 
 def wilson_ci(k: int, n: int, level: float = 0.95) -> list[float] | None:

@@ -19,16 +19,19 @@ import hashlib
 import json
 import os
 import platform
+import re
 import secrets
 import subprocess
 import sys
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal, Required, TypedDict
 
+import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -149,13 +152,21 @@ def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
 
     Raises:
         error: ``table`` has keys that are not fields of ``cls``; the message names the section,
-            the unknown keys and the known ones, so a typo is fixed in one look.
+            the unknown keys and the known ones, so a typo is fixed in one look; or a count
+            (``limit``, ``batch_size``, ... :data:`interp.inputs.COUNT_FIELDS`) below 1.
     """
+    from interp.inputs import check_counts
+
     known = set(cls.__dataclass_fields__)
     if unknown := set(table) - known:
         raise error(f"[{section}]: unknown config keys {sorted(unknown)}; known: "
                     f"{sorted(known)}")
-    return cls(**dict(table))
+    try:
+        cfg = cls(**dict(table))
+    except TypeError as err:  # a value of the wrong type, found by __post_init__
+        raise error(f"[{section}]: {err}") from None
+    check_counts(cfg, section, error)
+    return cfg
 
 
 @contextlib.contextmanager
@@ -168,13 +179,24 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     (pandas, numpy, safetensors, torch.save) write to the yielded path.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp{path.suffix}"
+    tmp = tmp_path_for(path)
     try:
         yield tmp
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def tmp_path_for(path: Path) -> Path:
+    """A fresh temporary name next to ``path`` (its folder created): ``.NAME.PID.HEX.tmpSUFFIX``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp{path.suffix}"
+
+
+def is_tmp_path(path: str | Path) -> bool:
+    """Whether ``path`` is a temporary file of :func:`atomic_path` (a killed writer's leftover)."""
+    name = Path(path).name
+    return name.startswith(".") and ".tmp" in name
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
@@ -559,3 +581,136 @@ def _fact_diff(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def safe_name(name: str) -> str:
+    """A file name for a dataset or record id (``_`` for unsafe characters, + sha1 if changed)."""
+    s = re.sub(r"[^A-Za-z0-9_.-]", "_", str(name))
+    if s != str(name) or not s:
+        s = f"{s[:60]}-{hashlib.sha1(str(name).encode()).hexdigest()[:8]}"
+    return s
+
+
+# -- recorded activations (``interp record``) -------------------------------------------------
+
+RECORD_DIR = "record"
+"""Folder of ``interp record`` in a run directory (:mod:`interp.stages.record`)."""
+
+
+def record_part_path(run: RunDir | str | Path, dataset: str, record_id: str) -> Path:
+    """``DIR/record/<dataset>/<id>/index.json``: one record's index part (written last)."""
+    root = run.path if isinstance(run, RunDir) else Path(run)
+    return root / RECORD_DIR / safe_name(dataset) / safe_name(record_id) / "index.json"
+
+
+@dataclass
+class Activations:
+    """One recorded hook point of one prompt, with what its axes mean.
+
+    Attributes:
+        hook: the TransformerLens name asked for (``blocks.5.attn.hook_pattern``), or a bare
+            point (``hook_resid_post``) for all recorded layers stacked.
+        tensor: ``[n_heads, n_query, pos]`` for ``attn.hook_pattern`` (rows sum to 1),
+            ``[n_query, d_model]`` for ``hook_resid_pre`` / ``hook_resid_post``,
+            ``[n_query, n_heads, head_dim]`` for ``attn.hook_z``; a bare point adds a leading
+            ``[n_layers]`` axis (``layers``). ``n_query = len(positions)``.
+        tokens: the prompt's token strings ``[pos]`` (each id decoded alone).
+        labels: span label of every position ``[pos]`` (``context``, ``question``,
+            ``candidate``, ``template``, ...).
+        positions: the prompt positions of the query/position axis (``--positions``).
+        layers: the layers of the tensor (one for a single hook).
+        token_ids: the prompt's token ids ``[pos]``.
+        token_spans: span -> ``[start, end)`` token range.
+    """
+
+    hook: str
+    tensor: torch.Tensor
+    tokens: list[str]
+    labels: list[str]
+    positions: list[int]
+    layers: list[int]
+    token_ids: list[int]
+    token_spans: dict[str, list[int]]
+
+
+def _find_part(root: Path, record_id: str, dataset: str | None) -> Path:
+    """The index part of a record (step 1 of :func:`load_activations`)."""
+    folder = safe_name(dataset) if dataset is not None else "*"  # safe names hold no glob
+    parts = sorted((root / RECORD_DIR).glob(f"{folder}/{safe_name(record_id)}/index.json"))
+    if not parts:
+        raise RunDirError(f"{root} has no recording of record {record_id!r}"
+                          f"{'' if dataset is None else f' of {dataset}'}: run `interp record "
+                          f"--run {root}` first")
+    if len(parts) > 1:
+        raise RunDirError(f"record id {record_id!r} is recorded in several datasets "
+                          f"({[p.parent.parent.name for p in parts]}): pass dataset=")
+    return parts[0]
+
+
+def load_activations(run: RunDir | str | Path, record_id: str, task: str, hook: str, *,
+                     dataset: str | None = None) -> Activations:
+    """Load a tensor that ``interp record`` wrote, by its TransformerLens hook name.
+
+    Algorithm: 1. find the record's index part ``DIR/record/<dataset>/<id>/index.json`` (written
+    after all of its shards, so it never names a missing one); 2. look the hook up in its
+    ``tensors.<task>`` table; 3. read only those tensors from their shards (``safe_open``).
+
+    Example:
+        >>> a = load_activations("runs/smol", "56de0f", "eval", "blocks.20.attn.hook_pattern")
+        >>> a.tensor.shape, a.tokens[-1], a.labels[a.positions[0]]
+
+    Args:
+        run: the run directory.
+        record_id: the record's ``id``.
+        task: ``"gen"`` or ``"eval"``.
+        hook: ``blocks.{L}.attn.hook_pattern``, ``blocks.{L}.hook_resid_pre``,
+            ``blocks.{L}.hook_resid_post``, ``blocks.{L}.attn.hook_z`` (``L`` may be negative:
+            from the end of the model), or the point alone (``attn.hook_pattern``,
+            ``hook_resid_post``, ...) for every recorded layer stacked on a first axis.
+        dataset: the record's dataset, needed only when the id occurs in several.
+
+    Returns:
+        :class:`Activations` (shapes there), the tensor in the recorded dtype on CPU.
+
+    Raises:
+        RunDirError: nothing recorded for the record, an ambiguous id, an unknown task, or a
+            hook that was not recorded (the message lists the recorded ones).
+    """
+    root = run.path if isinstance(run, RunDir) else Path(run)
+    path = _find_part(root, str(record_id), dataset)
+    part = read_json(path)
+    if task not in part["tasks"]:
+        raise RunDirError(f"unknown task {task!r}; recorded: {sorted(part['tasks'])}")
+    table: dict[str, Any] = part["tensors"][task]
+    n_layers = int(part["n_layers"])
+    m = re.fullmatch(r"blocks\.(-?\d+)\.(.+)", hook)
+    if m:
+        layer = int(m.group(1)) + (n_layers if int(m.group(1)) < 0 else 0)
+        names = [f"blocks.{layer}.{m.group(2)}"]
+    else:
+        names = [n for n in table if n.split(".", 2)[2] == hook]
+    if not names or any(n not in table for n in names):
+        known = sorted({n.split(".", 2)[2] for n in table})
+        raise RunDirError(f"{hook!r} was not recorded for {record_id!r} ({task}); recorded "
+                          f"points {known} at layers {part['layers']}")
+    tensors = []
+    for name in names:
+        with safe_open(str(path.parent / table[name]["shard"]), "pt") as f:
+            tensors.append(f.get_tensor(name))
+    info = part["tasks"][task]
+    return Activations(hook=hook, tensor=tensors[0] if m else torch.stack(tensors),
+                       tokens=info["tokens"], labels=info["labels"],
+                       positions=info["positions"],
+                       layers=[int(n.split(".")[1]) for n in names],
+                       token_ids=info["token_ids"], token_spans=info["token_spans"])
+
+
+def load_cache(run: RunDir | str | Path, record_id: str, task: str,
+               hooks: Iterable[str], *, dataset: str | None = None) -> dict[str, torch.Tensor]:
+    """A TransformerLens-style cache: hook name -> tensor with a batch axis of 1.
+
+    As ``run_with_cache`` gives it: ``blocks.5.attn.hook_pattern`` is ``[1, n_heads, pos, pos]``
+    with ``--positions all``. Raises as :func:`load_activations`.
+    """
+    return {h: load_activations(run, record_id, task, h, dataset=dataset).tensor[None]
+            for h in hooks}

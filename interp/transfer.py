@@ -32,9 +32,11 @@ Algorithm:
    model into the base model (``a->b``) and from the base model into the adapter model
    (``b->a``), at all positions (then ``a->b`` at layer L = adapter layers 0..L followed by
    base layers L+1..: the share of the verdict change produced by layers <= L) or only the
-   last one (the share carried by that one residual vector). With the verdict logit
-   difference ``LD = logit(Correct) - logit(Incorrect)`` at the last position, the fraction
-   carried at layer L is ``(LD_patched(a->b) - LD_base) / (LD_adapter - LD_base)`` and
+   last one (the share carried by that one residual vector). With the judge's whole-reply
+   verdict score ``LD = log P("Correct") - log P("Incorrect")`` (:mod:`interp.verdict`; a
+   reply's later tokens are scored by the receiving model from the patched prompt's cache,
+   their positions unpatched), the fraction carried at layer L is
+   ``(LD_patched(a->b) - LD_base) / (LD_adapter - LD_base)`` and
    ``(LD_adapter - LD_patched(b->a)) / (LD_adapter - LD_base)``, aggregated over prompts as
    the ratio of sums of sign-aligned changes.
 """
@@ -226,7 +228,7 @@ def rotation_answer(k: int, pool: Sequence[QAExample], oracle: BaseOracle, *,
 
 
 def mine_hard_negatives(handle: ModelHandle, pool: Sequence[QAExample], oracle: BaseOracle,
-                        config: TransferSettings, *,
+                        config: TransferSettings, *, rotation: bool = True,
                         log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Step 2 of the module algorithm: one hard negative per pool record.
 
@@ -235,6 +237,8 @@ def mine_hard_negatives(handle: ModelHandle, pool: Sequence[QAExample], oracle: 
         pool: training records (answerable).
         oracle: judges whether a sampled answer matches the gold.
         config: ``hard_negative_*`` settings, ``seed``, ``templates_path``.
+        rotation: fall back to answer rotation when no attempt is usable (Study 3); without
+            it such a record keeps ``hard_negative`` None (the patching study skips it).
         log: progress lines.
 
     Returns:
@@ -243,7 +247,8 @@ def mine_hard_negatives(handle: ModelHandle, pool: Sequence[QAExample], oracle: 
         (``"closed_book"`` or ``"rotation"``), ``fallback`` (bool), ``donor_id`` (rotation).
 
     Raises:
-        TransferError: no usable negative at all for a record (all golds in the pool equal).
+        TransferError: with ``rotation``, no usable negative at all for a record (all golds
+            in the pool equal).
     """
     tpl = get_template(config.hard_negative_template, config.templates_path)
     prompts = [render(handle.tokenizer, tpl, "gen", context=ex.context, question=ex.question)
@@ -274,7 +279,7 @@ def mine_hard_negatives(handle: ModelHandle, pool: Sequence[QAExample], oracle: 
         pending = still
         log(f"[hard negatives] attempt {attempt + 1}: {len(pool) - len(pending)}/{len(pool)} "
             f"records have one")
-    for k in pending:
+    for k in pending if rotation else ():
         ans, donor = rotation_answer(k, pool, oracle, seed=config.seed)
         if ans is None:
             raise TransferError(f"record {pool[k].id}: no hard negative (every closed-book "
@@ -405,7 +410,10 @@ def cross_model_patching(base: ModelHandle, adapter: ModelHandle,
     residual vector). The fraction carried at layer L is ``(LD_patched(a->b) - LD_base) /
     (LD_adapter - LD_base)`` and ``(LD_adapter - LD_patched(b->a)) / (LD_adapter - LD_base)``,
     aggregated over prompts as the ratio of sums of sign-aligned changes (prompts with a tiny
-    change contribute little instead of exploding).
+    change contribute little instead of exploding). ``LD`` is the whole-reply verdict score
+    (module step 4): with a reply of several tokens, its later tokens are scored by the
+    receiving model from the patched prompt's cache, so at the last layer the fraction is
+    exactly 1 for the first token and close to, not exactly, 1 for the whole reply.
 
     Args:
         base: the base model.
@@ -425,12 +433,16 @@ def cross_model_patching(base: ModelHandle, adapter: ModelHandle,
 
     Raises:
         TransferError: a layer out of range (the message gives the valid range),
-            ``positions`` other than ``all`` / ``last``, or two models of different shapes
-            (layers, width, heads, vocabulary; named in the message).
+            ``positions`` other than ``all`` / ``last``, the same model twice, or two
+            models of different shapes (layers, width, heads, vocabulary; named in the
+            message).
 
     Source:
         Paper section 3.3 (patching across the base model and the LoRA adapters).
     """
+    if adapter is base or adapter.model is base.model:
+        raise TransferError("cross-model patching needs two models; the adapter given is the "
+                            "base model itself (patching it into itself changes nothing)")
     n = base.n_layers
     layers = list(range(n)) if layers is None else [int(x) for x in layers]
     if bad := [L for L in layers if not 0 <= L < n]:

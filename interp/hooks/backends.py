@@ -2,7 +2,9 @@
 
 Every backend answers the same call, :meth:`Backend.forward`: run token ids ``[batch, pos]``,
 replace activations at hook points on per-row masks by a source activation, keep the
-activations asked for, and return the last-position logits. Hook-point names are the
+activations asked for, and return the logits of the last positions (:class:`Forward`), and
+:meth:`Backend.score`: the same patched forward scored with the judge's whole-reply verdict
+score (:mod:`interp.verdict`). Hook-point names are the
 TransformerLens names of :mod:`interp.hooks.points` (``blocks.L.hook_resid_pre``,
 ``blocks.L.attn.hook_z``, ``blocks.L.hook_resid_post``, ...); a mask is ``[batch, pos]``
 (``[batch, pos, n_heads]`` for ``attn.hook_z``) and the source ``[pos, ...]`` is broadcast
@@ -27,6 +29,19 @@ Lifetimes: :func:`get_backend` builds a backend per call (cheap); only the Trans
 bridge, which wraps a COPY of the model, is cached, in a :class:`weakref.WeakKeyDictionary`
 keyed on the model, so it dies with the model. Nothing here keeps a model alive.
 
+Whole-reply verdict score of a patched forward (:meth:`Backend.score`; DESIGN.md, "Measuring
+honestly"): ``log P(reply | patched prompt)`` for the replies "Correct" and "Incorrect" with the
+tokens the chat template gives them. The reply positions themselves are never patched: they
+read the patched prompt. Two exact ways, tested to agree:
+
+* ``hf``: the patched forward returns its key/value cache, and the replies' later tokens are
+  scored from that cache by :func:`interp.verdict.continuation_logprobs` (outside the hooks).
+* full prompts (TransformerLens, nnsight, and attribution patching, which needs gradients):
+  each prompt is extended by ``reply[:-1]`` of every multi-token reply (right-padded rows, so
+  one forward holds every reply; causal attention makes the padding invisible), the masks are
+  extended with ``False`` (nothing patched there), and the reply log-probabilities are read at
+  positions ``n - 1 ...`` (:func:`reply_extensions`, :func:`reply_logprobs`).
+
 GQA convention everywhere: query head ``h`` reads key/value head ``h // (n_heads // n_kv_heads)``.
 """
 
@@ -37,7 +52,7 @@ import copy
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -57,10 +72,12 @@ from interp.hooks.points import (
     resolve,
 )
 from interp.models import ModelHandle
+from interp.verdict import cache_kwarg, continuation_logprobs, output_cache
 
 __all__ = [
     "BACKENDS",
     "Backend",
+    "Forward",
     "HFBackend",
     "NNsightBackend",
     "TLBackend",
@@ -69,7 +86,10 @@ __all__ = [
     "check_masks",
     "get_backend",
     "hook_order",
+    "extend_prompts",
     "masked_edit",
+    "reply_extensions",
+    "reply_logprobs",
     "to_nnsight",
     "to_tlens",
 ]
@@ -79,10 +99,24 @@ BACKENDS = ("hf", "transformer_lens", "nnsight")
 
 _TLENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-Logits = Float[Tensor, "batch vocab"]
+Logits = Float[Tensor, "batch keep vocab"]
 Masks = Mapping[str, Bool[Tensor, "batch pos *heads"]]
 Sources = Mapping[str, Float[Tensor, "pos ..."]]
 Cache = dict[str, Float[Tensor, "batch pos ..."]]
+
+
+class Forward(NamedTuple):
+    """What :meth:`Backend.forward` returns.
+
+    Attributes:
+        logits: logits of the last ``logits_to_keep`` positions, ``[batch, keep, vocab]``.
+        acts: the cached (patched) activations by hook-point name, ``[batch, pos, ...]``.
+        kv: the key/value cache after the forward (``hf`` with ``return_kv``), else None.
+    """
+
+    logits: Logits
+    acts: Cache
+    kv: Any = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,6 +291,74 @@ def check_masks(ids: Int[Tensor, "batch pos"], masks: Masks, sources: Sources,
                                f"{list(sources[name].shape)}")
 
 
+def reply_extensions(replies: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+    """The token runs appended to a prompt so that one forward scores every reply.
+
+    Returns:
+        ``reply[:-1]`` of each multi-token reply, without repeats, in reply order; ``[()]``
+        when every reply is one token (the prompt alone then scores them all).
+    """
+    exts = list(dict.fromkeys(tuple(r[:-1]) for r in replies if len(r) > 1))
+    return exts or [()]
+
+
+def extend_prompts(ids: Int[Tensor, "batch pos"], exts: Sequence[tuple[int, ...]], pad: int
+            ) -> Int[Tensor, "rows pos_ext"]:
+    """Prompts extended by each reply prefix: ``[E * batch, pos + width]``, right-padded.
+
+    Row ``e * batch + b`` is prompt ``b`` followed by ``exts[e]`` and ``pad`` up to the longest
+    extension (causal attention: the padding changes nothing before it).
+    """
+    width = max(len(e) for e in exts)
+    rows = []
+    for e in exts:
+        tail = torch.full((ids.shape[0], width), pad, dtype=ids.dtype, device=ids.device)
+        if e:
+            tail[:, :len(e)] = torch.tensor(e, dtype=ids.dtype, device=ids.device)
+        rows.append(torch.cat([ids, tail], dim=1))
+    return torch.cat(rows)
+
+
+def _extend_masks(masks: Masks, sources: Sources, n_ext: int, width: int
+                  ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Masks ``False`` and sources 0 on the appended positions, rows repeated per extension."""
+    if not width and n_ext == 1:
+        return dict(masks), dict(sources)
+    m2, s2 = {}, {}
+    for name, m in masks.items():
+        pad = m.new_zeros((m.shape[0], width, *m.shape[2:]))
+        m2[name] = torch.cat([m, pad], dim=1).repeat(n_ext, *[1] * (m.dim() - 1))
+        src = sources[name]
+        s2[name] = torch.cat([src, src.new_zeros((width, *src.shape[1:]))])
+    return m2, s2
+
+
+def reply_logprobs(logits: Float[Tensor, "rows keep vocab"], replies: Sequence[Sequence[int]],
+                   exts: Sequence[tuple[int, ...]], batch: int) -> Float[Tensor, "batch n_reply"]:
+    """``log P(reply | prompt)`` from the logits of extended prompts (module docstring).
+
+    Args:
+        logits: logits at positions ``n - 1 ... n - 1 + width`` of the ``E * batch`` rows built
+            by extending each prompt with ``exts`` (row ``e * batch + b``).
+        replies: token ids of each reply.
+        exts: :func:`reply_extensions` of ``replies``.
+        batch: prompts per extension.
+
+    Returns:
+        Summed token log-probabilities ``[batch, len(replies)]`` (float32 or wider),
+        differentiable.
+    """
+    lp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    cols = []
+    for r in replies:
+        e = exts.index(tuple(r[:-1])) if len(r) > 1 else 0
+        rows = lp[e * batch:(e + 1) * batch]
+        idx = torch.arange(len(r), device=lp.device)
+        tok = torch.tensor(list(r), device=lp.device)
+        cols.append(rows[:, idx, tok].sum(-1))
+    return torch.stack(cols, dim=-1)
+
+
 class Backend(Protocol):
     """What every backend offers (module docstring)."""
 
@@ -267,8 +369,8 @@ class Backend(Protocol):
                 sources: Sources | None = None, cache_hooks: Iterable[str] = (),
                 prefix: Any = None, inputs_embeds: Float[Tensor, "batch pos d_model"] | None = None,
                 keep_graph: bool = False, extra_hooks: Callable[[], Any] | None = None,
-                ) -> tuple[Logits, Cache]:
-        """Run ``ids`` with the masked patches; return last-position logits and the cache.
+                logits_to_keep: int = 1, return_kv: bool = False) -> Forward:
+        """Run ``ids`` with the masked patches; return the last positions' logits and the cache.
 
         Args:
             ids: token ids, ``[batch, pos]`` (after ``prefix`` when one is given).
@@ -280,14 +382,32 @@ class Backend(Protocol):
             inputs_embeds: embeddings instead of ``ids`` (``hf`` only; gradients).
             keep_graph: return live tensors instead of detached copies (``hf`` only).
             extra_hooks: a context-manager factory entered around the forward (``hf`` only).
+            logits_to_keep: how many last positions get logits.
+            return_kv: also return the key/value cache (``hf`` only).
 
         Returns:
-            ``(logits [batch, vocab], {name: [batch, pos, ...]})``.
+            :class:`Forward`: ``logits [batch, logits_to_keep, vocab]``, the activations
+            ``{name: [batch, pos, ...]}`` and the key/value cache (or None).
 
         Raises:
             BackendError: an option this backend does not offer.
             HookError: an unknown hook point or a layer outside the model.
             BackendError: masks or sources that do not fit (:func:`check_masks`).
+        """
+        ...
+
+    def score(self, ids: Int[Tensor, "batch pos"], replies: Sequence[Sequence[int]], *,
+              masks: Masks | None = None, sources: Sources | None = None,
+              cache_hooks: Iterable[str] = (), prefix: Any = None,
+              extra_hooks: Callable[[], Any] | None = None,
+              ) -> tuple[Float[Tensor, "batch n_reply"], Float[Tensor, "batch vocab"], Cache]:
+        """The patched forward of :meth:`forward`, scored with whole replies (module docstring).
+
+        ``extra_hooks`` (``hf`` only) is entered around the prompt's forward, not the replies'.
+
+        Returns:
+            ``(logprobs [batch, n_reply], last-position logits [batch, vocab], activations)``;
+            ``logprobs[:, j] = log P(replies[j] | patched prompt)`` in nats.
         """
         ...
 
@@ -316,17 +436,19 @@ class HFBackend:
                 sources: Sources | None = None, cache_hooks: Iterable[str] = (),
                 prefix: Any = None, inputs_embeds: Float[Tensor, "batch pos d_model"] | None = None,
                 keep_graph: bool = False, extra_hooks: Callable[[], Any] | None = None,
-                ) -> tuple[Logits, Cache]:
+                logits_to_keep: int = 1, return_kv: bool = False) -> Forward:
         """:meth:`Backend.forward`; ``prefix`` is a batch-1 cache, expanded to the batch."""
         masks, sources = masks or {}, sources or {}
         check_masks(ids, masks, sources, base_model(self.handle.model).config)
         edits = {name: masked_edit(m, sources[name]) for name, m in masks.items()}
-        kwargs: dict[str, Any] = {"use_cache": prefix is not None, "logits_to_keep": 1}
+        kwargs: dict[str, Any] = {"use_cache": prefix is not None or return_kv,
+                                  "logits_to_keep": logits_to_keep}
         if prefix is not None:
             pk = copy.deepcopy(prefix)
-            if ids.shape[0] > 1:
-                pk.batch_repeat_interleave(ids.shape[0])
-            kwargs["cache"] = pk
+            batch = (inputs_embeds if inputs_embeds is not None else ids).shape[0]
+            if batch > 1:
+                pk.batch_repeat_interleave(batch)
+            kwargs[cache_kwarg(self.model)] = pk
         extra = extra_hooks() if extra_hooks else contextlib.nullcontext()
         with self._attn(), hooked(self.model, cache=cache_hooks, edits=edits,
                                   keep_graph=keep_graph) as cache, extra:
@@ -334,13 +456,32 @@ class HFBackend:
                 out = self.model(inputs_embeds=inputs_embeds, **kwargs)
             else:
                 out = self.model(input_ids=ids, **kwargs)
-        return out.logits[:, -1, :], dict(cache)
+        return Forward(out.logits, dict(cache), output_cache(out) if return_kv else None)
+
+    def score(self, ids: Int[Tensor, "batch pos"], replies: Sequence[Sequence[int]], *,
+              masks: Masks | None = None, sources: Sources | None = None,
+              cache_hooks: Iterable[str] = (), prefix: Any = None,
+              extra_hooks: Callable[[], Any] | None = None,
+              ) -> tuple[Float[Tensor, "batch n_reply"], Float[Tensor, "batch vocab"], Cache]:
+        """:meth:`Backend.score` from the patched forward's key/value cache.
+
+        The replies' later tokens are scored by :func:`interp.verdict.continuation_logprobs`,
+        run outside the hooks, so the reply positions are not patched.
+        """
+        out = self.forward(ids, masks=masks, sources=sources, cache_hooks=cache_hooks,
+                           prefix=prefix, return_kv=True, extra_hooks=extra_hooks)
+        n = ids.shape[1] + (prefix.get_seq_length() if prefix is not None else 0)
+        mask = torch.ones(ids.shape[0], n, dtype=torch.long, device=ids.device)
+        with self._attn():
+            lp = continuation_logprobs(self.model, out.logits[:, -1], out.kv, mask,
+                                       [list(r) for r in replies])
+        return lp, out.logits[:, -1], out.acts
 
     def prefix_cache(self, ids: Int[Tensor, "1 prefix"]) -> Any:
         """Key/value cache of ``ids`` (the shared unpatched prefix of every patched row)."""
         with self._attn(), torch.no_grad(), inference_guard(self.model):
             out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+        return output_cache(out)
 
 
 class _FullPromptBackend:
@@ -354,11 +495,12 @@ class _FullPromptBackend:
     def forward(self, ids: Int[Tensor, "batch pos"], *, masks: Masks | None = None,
                 sources: Sources | None = None, cache_hooks: Iterable[str] = (),
                 prefix: Any = None, inputs_embeds: Any = None, keep_graph: bool = False,
-                extra_hooks: Any = None) -> tuple[Logits, Cache]:
+                extra_hooks: Any = None, logits_to_keep: int = 1,
+                return_kv: bool = False) -> Forward:
         """:meth:`Backend.forward` (full prompts only)."""
         bad = [k for k, v in {"prefix": prefix, "inputs_embeds": inputs_embeds,
-                              "keep_graph": keep_graph, "extra_hooks": extra_hooks}.items()
-               if v not in (None, False)]
+                              "keep_graph": keep_graph, "extra_hooks": extra_hooks,
+                              "return_kv": return_kv}.items() if v not in (None, False)]
         if bad:
             raise BackendError(f"the {self.name} backend runs full prompts without {bad}; "
                                f"use 'hf'")
@@ -368,11 +510,34 @@ class _FullPromptBackend:
         check_masks(ids, masks, sources, base_model(self.handle.model).config)
         order = sorted(sites, key=hook_order)
         with inference_guard(self.handle.model):
-            return self._run(ids, {n: sites[n] for n in order}, masks, sources,
-                             set(cache_hooks))
+            logits, acts = self._run(ids, {n: sites[n] for n in order}, masks, sources,
+                                     set(cache_hooks), logits_to_keep)
+        return Forward(logits, acts)
+
+    def score(self, ids: Int[Tensor, "batch pos"], replies: Sequence[Sequence[int]], *,
+              masks: Masks | None = None, sources: Sources | None = None,
+              cache_hooks: Iterable[str] = (), prefix: Any = None,
+              extra_hooks: Callable[[], Any] | None = None,
+              ) -> tuple[Float[Tensor, "batch n_reply"], Float[Tensor, "batch vocab"], Cache]:
+        """:meth:`Backend.score` on extended prompts (module docstring).
+
+        The activations returned are those of the prompt positions of the first extension.
+        """
+        exts = reply_extensions(replies)
+        width = max(len(e) for e in exts)
+        b, n = ids.shape
+        m2, s2 = _extend_masks(masks or {}, sources or {}, len(exts), width)
+        tok = self.handle.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        out = self.forward(extend_prompts(ids, exts, pad), masks=m2, sources=s2,
+                           cache_hooks=cache_hooks, prefix=prefix, extra_hooks=extra_hooks,
+                           logits_to_keep=width + 1)
+        lp = reply_logprobs(out.logits, replies, exts, b)
+        acts = {k: v[:b, :n] for k, v in out.acts.items()}
+        return lp, out.logits[:b, 0], acts
 
     def _run(self, ids: Tensor, sites: Mapping[str, HookSite], masks: Masks, sources: Sources,
-             want: set[str]) -> tuple[Logits, Cache]:
+             want: set[str], keep: int) -> tuple[Logits, Cache]:
         raise NotImplementedError
 
 
@@ -386,7 +551,7 @@ class TLBackend(_FullPromptBackend):
         self.bridge = to_tlens(handle)
 
     def _run(self, ids: Tensor, sites: Mapping[str, HookSite], masks: Masks, sources: Sources,
-             want: set[str]) -> tuple[Logits, Cache]:
+             want: set[str], keep: int) -> tuple[Logits, Cache]:
         cache: Cache = {}
 
         def mk(name: str) -> Callable:
@@ -402,7 +567,7 @@ class TLBackend(_FullPromptBackend):
         with attn_implementation(self.handle, "eager"), torch.no_grad(), \
                 inference_guard(self.bridge):
             logits = self.bridge.run_with_hooks(ids, fwd_hooks=hooks, return_type="logits")
-        return logits[:, -1, :], cache
+        return logits[:, -keep:, :], cache
 
 
 class NNsightBackend(_FullPromptBackend):
@@ -422,7 +587,7 @@ class NNsightBackend(_FullPromptBackend):
         return obj
 
     def _run(self, ids: Tensor, sites: Mapping[str, HookSite], masks: Masks, sources: Sources,
-             want: set[str]) -> tuple[Logits, Cache]:
+             want: set[str], keep: int) -> tuple[Logits, Cache]:
         saved: dict[str, Any] = {}
         with torch.no_grad(), self.lm.trace(ids):
             for name, site in sites.items():
@@ -439,7 +604,7 @@ class NNsightBackend(_FullPromptBackend):
                         env.input = new
                 if name in want:
                     saved[name] = x.save()
-            logits = self.lm.lm_head.output[:, -1, :].save()
+            logits = self.lm.lm_head.output[:, -keep:, :].save()
         return logits.detach().clone(), {k: v.detach().clone() for k, v in saved.items()}
 
 

@@ -13,7 +13,9 @@ Algorithm of :func:`hooked`:
    when a module returns a tuple), views ``attn.hook_z`` as ``[batch, pos, n_heads, head_dim]``
    and ``attn.hook_k`` / ``attn.hook_v`` as ``[batch, pos, n_kv_heads, head_dim]``,
    applies the caller's edit function if one is given for that name (activation patching), stores
-   the (edited) value when the name is to be cached, and hands the tensor back to the module.
+   the (edited) value when the name is to be cached -- or, with ``stream``, hands it to the
+   caller's function at once and keeps nothing (``interp record`` writes it to disk, so memory
+   does not grow with the number of hook points) -- and hands the tensor back to the module.
 3. Remove every hook in a ``finally`` block, whatever raises, so the model is left with exactly
    the hooks it had before. The whole context runs inside
    :func:`interp.hooks.guard.inference_guard`: the model is in eval mode (dropout off) for its
@@ -35,17 +37,22 @@ from torch import Tensor
 from interp.hooks.guard import inference_guard
 from interp.hooks.points import n_heads_at, resolve
 
-__all__ = ["Edit", "hooked"]
+__all__ = ["Edit", "Stream", "hooked"]
 
 Edit = Callable[[Tensor], Tensor]
 """An edit of one hook point's activation: takes ``[batch, pos, ...]`` and returns a tensor of
 the same shape (``[batch, pos, n_heads, head_dim]`` for ``attn.hook_z``, ``[batch, pos,
 n_kv_heads, head_dim]`` for ``attn.hook_k`` and ``attn.hook_v``)."""
 
+Stream = Callable[[str, Tensor], None]
+"""Receives ``(name, value)`` of a cached hook point the moment it is computed: ``value`` is
+``[batch, pos, ...]`` (detached, NOT a copy: copy or write it before returning)."""
+
 
 @contextlib.contextmanager
 def hooked(model: Any, *, cache: Iterable[str] = (), edits: Mapping[str, Edit] | None = None,
-           keep_graph: bool = False) -> Iterator[dict[str, Float[Tensor, "batch pos ..."]]]:
+           keep_graph: bool = False, stream: Stream | None = None,
+           ) -> Iterator[dict[str, Float[Tensor, "batch pos ..."]]]:
     """Run forwards of ``model`` inside this context to read and edit hook points.
 
     Example:
@@ -58,6 +65,8 @@ def hooked(model: Any, *, cache: Iterable[str] = (), edits: Mapping[str, Edit] |
         cache: hook-point names whose value (after any edit) to store.
         edits: hook-point name -> function applied to the activation (module docstring).
         keep_graph: store the live tensors (for gradients) instead of detached copies.
+        stream: instead of storing, call ``stream(name, value)`` for every cached name as its
+            value is computed (:data:`Stream`); the yielded dict then stays empty.
 
     Yields:
         The dict that receives the cached activations under the names given, filled during
@@ -81,7 +90,9 @@ def hooked(model: Any, *, cache: Iterable[str] = (), edits: Mapping[str, Edit] |
             view = x.view(*x.shape[:-1], nh, -1) if nh else x
             if name in edits:
                 view = edits[name](view)
-            if name in want:
+            if name in want and stream is not None:
+                stream(name, view.detach())
+            elif name in want:
                 store[name] = view if keep_graph else view.detach().clone()
             return view.reshape(x.shape) if nh else view
         return apply

@@ -22,6 +22,12 @@ position that predicts the first output token):
    output at the last position projected by its slice of ``W_O``, TransformerLens
    ``hook_result``), and with ``patterns`` the full pattern ``[n_sel, n_heads, pos, pos]``
    (``hook_pattern``), computed inside the attention function like the last row.
+5. Streaming (:func:`record_stream`, used by ``interp record``): the same forward, but every
+   tensor goes to the caller's ``sink`` the moment it is computed and nothing is kept: the full
+   pattern of a layer in chunks of query heads (at most :data:`PATTERN_CHUNK_BYTES` of float32
+   scores per chunk), the residual streams and ``attn.hook_z`` through
+   :func:`interp.hooks.capture.hooked` with ``stream``. Peak memory is one chunk plus the
+   forward's own, whatever the number of layers recorded.
 
 Module paths come from :mod:`interp.hooks.points` only.
 """
@@ -29,7 +35,7 @@ Module paths come from :mod:`interp.hooks.points` only.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,13 +54,25 @@ from interp.hooks.points import hook_name, hook_site, resolve
 from interp.layers import parse_layers
 from interp.models import ModelHandle
 
-__all__ = ["BACKENDS", "IMPLEMENTATION", "Recording", "full_pattern", "last_row",
-           "record_rows", "register_recorder"]
+__all__ = ["BACKENDS", "IMPLEMENTATION", "PATTERN_CHUNK_BYTES", "PATTERN_POINT", "Recording",
+           "STREAM_POINTS", "Sink", "full_pattern", "last_row", "record_rows", "record_stream",
+           "register_recorder"]
 
 BACKENDS = ("hf", "eager", "transformer_lens", "nnsight")
 """Recorder backends: ``hf`` (exact rows inside the attention function) and the check paths."""
 IMPLEMENTATION = "interp_last_row"
 """Name under which the recording attention function is registered with transformers."""
+PATTERN_POINT = "attn.hook_pattern"
+"""TransformerLens name of the attention pattern (``blocks.L.attn.hook_pattern``)."""
+PATTERN_CHUNK_BYTES = 64 * 2**20
+"""Float32 scores of one streamed pattern chunk at most (a chunk holds at least one head)."""
+
+Sink = Callable[[str, int, Tensor], None]
+"""Receives ``(hook_name, start, value)`` during :func:`record_stream`: ``value`` is the
+slice ``[start : start + len(value)]`` along the first axis of the hook point's tensor
+(``[n_heads, pos, pos]`` float32 for ``attn.hook_pattern``, sent in head chunks;
+``[pos, d_model]`` / ``[pos, n_heads, head_dim]`` whole, ``start = 0``, in the model's dtype
+and on its device for the others). It must copy or write ``value`` before returning."""
 
 
 @dataclass
@@ -81,6 +99,7 @@ class _Capture:
     pattern_layers: set[int]
     rows: dict[int, Tensor] = field(default_factory=dict)
     pattern: dict[int, Tensor] = field(default_factory=dict)
+    sink: Sink | None = None
 
 
 _ACTIVE: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar("interp_capture",
@@ -149,9 +168,23 @@ def _recording_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
         layer = int(module.layer_idx)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         cap.rows[layer] = last_row(query, key, attention_mask, scale)[0]
-        if layer in cap.pattern_layers:
+        if layer in cap.pattern_layers and cap.sink is not None:
+            _stream_pattern(cap.sink, layer, query, key, attention_mask, scale)
+        elif layer in cap.pattern_layers:
             cap.pattern[layer] = full_pattern(query, key, attention_mask, scale)[0]
     return out, None
+
+
+def _stream_pattern(sink: Sink, layer: int, query: Tensor, key: Tensor, mask: Tensor | None,
+                    scale: float) -> None:
+    """Step 5: the full pattern of one layer, sent to ``sink`` in chunks of query heads."""
+    n_heads, q_len, k_len = query.shape[1], query.shape[2], key.shape[2]
+    group = n_heads // key.shape[1]
+    step = max(1, PATTERN_CHUNK_BYTES // (q_len * k_len * 4))
+    name = f"blocks.{layer}.{PATTERN_POINT}"
+    for h0 in range(0, n_heads, step):
+        heads = torch.arange(h0, min(n_heads, h0 + step), device=key.device)
+        sink(name, h0, full_pattern(query[:, heads], key[:, heads // group], mask, scale)[0])
 
 
 _REGISTERED = False
@@ -185,16 +218,15 @@ def _act_names(layer: int) -> dict[str, str]:
              ("z", "attn.hook_z"))}
 
 
-def _record_hf(handle: ModelHandle, ids: Tensor, layers: list[int],
-               patterns: bool) -> Recording:
-    """Step 2 and 4 of the module algorithm (one forward)."""
+def _forward(handle: ModelHandle, ids: Tensor, cap: _Capture, names: Sequence[str],
+             stream: Callable[[str, Tensor], None] | None = None
+             ) -> tuple[Tensor, dict[str, Tensor]]:
+    """One recorded forward: last rows ``[n_layers, n_heads, pos]`` and the hooked store."""
     model = handle.model
-    cap = _Capture(pattern_layers=set(layers) if patterns else set())
-    names = [n for layer in layers for n in _act_names(layer).values()]
     token = _ACTIVE.set(cap)
     try:
         with attn_implementation(handle, register_recorder()), \
-                hooked(model, cache=names) as store:
+                hooked(model, cache=names, stream=stream) as store:
             model(input_ids=ids, use_cache=False, logits_to_keep=1)
     finally:
         _ACTIVE.reset(token)
@@ -202,7 +234,16 @@ def _record_hf(handle: ModelHandle, ids: Tensor, layers: list[int],
     if missing:
         raise AttentionError(f"the recorder saw no attention call in layers {missing}: "
                              f"{type(model).__name__} does not use AttentionInterface")
-    rows = torch.stack([cap.rows[layer] for layer in range(handle.n_layers)])
+    return torch.stack([cap.rows[layer] for layer in range(handle.n_layers)]), store
+
+
+def _record_hf(handle: ModelHandle, ids: Tensor, layers: list[int],
+               patterns: bool) -> Recording:
+    """Step 2 and 4 of the module algorithm (one forward)."""
+    model = handle.model
+    cap = _Capture(pattern_layers=set(layers) if patterns else set())
+    names = [n for layer in layers for n in _act_names(layer).values()]
+    rows, store = _forward(handle, ids, cap, names)
     acts: dict[str, Tensor] = {}
     if layers:
         for key in ("resid_pre", "resid_post", "z"):
@@ -291,3 +332,51 @@ def record_rows(handle: ModelHandle, input_ids: Sequence[int] | Int[Tensor, " po
         if backend == "hf":
             return _record_hf(handle, ids, layers, patterns)
         return Recording(rows=_record_check(handle, ids, backend).float().cpu())
+
+
+STREAM_POINTS = ("hook_resid_pre", "attn.hook_z", "hook_resid_post")
+"""Hook points :func:`record_stream` can send besides ``attn.hook_pattern``."""
+
+
+@torch.no_grad()
+def record_stream(handle: ModelHandle, input_ids: Sequence[int] | Int[Tensor, " pos"], sink: Sink,
+                  *, layers: Sequence[int], patterns: bool = True,
+                  points: Sequence[str] = STREAM_POINTS) -> Float[Tensor, "layer head pos"]:
+    """Record one prompt, sending full patterns and activations of ``layers`` to ``sink``.
+
+    Step 5 of the module algorithm: one forward (batch 1, no padding, no KV cache); nothing
+    but the last-token rows is kept, so memory does not grow with ``len(layers)``.
+
+    Args:
+        handle: the model (any device/dtype).
+        input_ids: token ids ``[pos]``, fed exactly.
+        sink: receives every tensor as it is computed (:data:`Sink`), in execution order
+            (layer by layer: ``hook_resid_pre``, pattern chunks, ``attn.hook_z``,
+            ``hook_resid_post``).
+        layers: the layers to send.
+        patterns: send ``blocks.L.attn.hook_pattern`` ``[n_heads, pos, pos]`` (float32, every
+            row sums to 1; the same numbers as :func:`full_pattern`).
+        points: hook points of :data:`STREAM_POINTS` to send (``[pos, d_model]`` residuals,
+            ``[pos, n_heads, head_dim]`` for ``attn.hook_z``).
+
+    Returns:
+        The last-token rows ``[n_layers, n_heads, pos]`` float32 on CPU (as
+        :func:`record_rows`).
+
+    Raises:
+        AttentionError: a point outside :data:`STREAM_POINTS`, or a model whose attention does
+            not go through ``AttentionInterface``.
+        interp.errors.HookError: a layer outside the model.
+    """
+    if bad := set(points) - set(STREAM_POINTS):
+        raise AttentionError(f"record_stream cannot send {sorted(bad)}; use points of "
+                             f"{list(STREAM_POINTS)}")
+    # a layer outside the model fails before the forward; negative layers count from the end
+    layers = sorted({hook_site(handle.model, hook_name(x, "hook_resid_pre")).layer
+                     for x in layers})
+    ids = _as_ids(input_ids, handle.device)
+    names = [hook_name(x, p) for x in layers for p in points]
+    cap = _Capture(pattern_layers=set(layers) if patterns else set(), sink=sink)
+    with inference_guard(handle.model):
+        rows, _ = _forward(handle, ids, cap, names, stream=lambda n, v: sink(n, 0, v[0]))
+    return rows.float().cpu()

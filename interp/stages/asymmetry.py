@@ -2,6 +2,10 @@
 
 Algorithm of :func:`run`:
 
+0. Check the inputs before any model loads (:func:`check_inputs`): counts >= 1, the template,
+   the oracle spec, and every dataset (names, files, fields; none may come out empty). A
+   directory this call creates is removed again if it fails before the first record is kept
+   (:func:`interp.inputs.new_run_dir`).
 1. Open the run directory: create ``manifest.json``, or check that the existing one was made
    with the same :data:`KEY_FIELDS` and the same result-relevant runtime facts
    (:func:`interp.models.result_facts`: attention kernel, device, dtype, torch/transformers
@@ -13,8 +17,9 @@ Algorithm of :func:`run`:
    is stale (:func:`stale_records`: its example's question, context or answers, or its
    generation prompt's length and spans, changed since; refused unless ``overwrite``, which
    drops and redoes them), and run
-   :func:`interp.asymmetry.evaluate_examples` on the rest in chunks, appending each chunk's
-   records (flushed and fsynced) before the next.
+   :func:`interp.asymmetry.evaluate_examples` on the rest in chunks of ``batch_size``,
+   appending each chunk's records (flushed and fsynced) before the next, so an interrupt
+   loses at most one batch.
 3. ``metrics.json`` (:func:`interp.asymmetry.compute_metrics`) over every dataset run into the
    directory so far, and the asymmetry figure.
 """
@@ -31,15 +36,17 @@ from tqdm.auto import tqdm
 
 from interp.asymmetry import compute_metrics, evaluate_examples, format_metrics, make_oracle
 from interp.data import DATASETS, QAExample, load_examples
-from interp.errors import ConfigError, RunDirError
+from interp.errors import ConfigError, DataError, RunDirError
 from interp.grading import BaseOracle, RuleOracle
 from interp.grading import oracle_agreement as grade_agreement
+from interp.inputs import check_counts, new_run_dir
 from interp.models import DEFAULT_MODEL, ModelHandle, load_model, result_facts, runtime_facts
 from interp.plots import plot_asymmetry
 from interp.prompts import Template, get_template, render
 from interp.store import RunDir, config_from_table, limit_per_dataset, record_key, write_json
 
-__all__ = ["KEY_FIELDS", "NAME", "SUMMARIES", "AsymmetryConfig", "format_oracle_agreement",
+__all__ = ["KEY_FIELDS", "NAME", "SUMMARIES", "AsymmetryConfig", "check_inputs",
+           "format_oracle_agreement",
            "format_summary", "oracle_agreement", "run", "stale_records", "write_metrics"]
 
 NAME = "asymmetry"
@@ -117,31 +124,70 @@ def run(
         overwrite: discard a run directory made with another config.
         handle: an already loaded model (else ``config.model`` is loaded).
         log: where progress lines go.
-        chunk: examples per appended batch of records (default ``2 * batch_size``).
+        chunk: examples per appended batch of records (default ``batch_size``).
 
     Raises:
+        interp.errors.ConfigError: a count below 1 or an unknown oracle spec (before any
+            model loads, as every error of :func:`check_inputs`).
         interp.errors.RunDirError: ``out`` holds a run with another config or other result
             facts, or stale records (:func:`stale_records`), and not overwrite.
         interp.errors.DataError: unknown dataset, malformed file.
     """
-    rd = RunDir(out)
+    loaded = check_inputs(config)
+    with new_run_dir(out):
+        return _run(config, RunDir(out), loaded, overwrite=overwrite, handle=handle, log=log,
+                    chunk=chunk)
+
+
+def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
+    """Step 0: check a config and load its examples, before any model is loaded.
+
+    Returns:
+        ``{dataset: examples}`` (:func:`interp.data.load_examples` with the config's split,
+        limit and filter).
+
+    Raises:
+        interp.errors.ConfigError: a count below 1, no dataset, or an oracle spec that is
+            neither ``rule`` nor ``model:SPEC``.
+        interp.errors.PromptError: an unknown template.
+        interp.errors.DataError: an unknown dataset, a missing or malformed file, a missing
+            field, or a dataset with no examples left after filtering.
+    """
+    check_counts(config, NAME)
+    if not config.datasets:
+        raise ConfigError("no dataset given: pass --dataset squad_v2 (or a JSONL file)")
+    if config.oracle != "rule" and not config.oracle.startswith("model:"):
+        raise ConfigError(f"unknown oracle {config.oracle!r}: use 'rule' or 'model:SPEC'")
+    get_template(config.template, config.templates_path)
+    loaded = {}
+    for ds in config.datasets:
+        loaded[ds] = load_examples(ds, split=config.split, limit=config.limit,
+                                   include_unanswerable=config.include_unanswerable,
+                                   from_hub=config.from_hub)
+        if not loaded[ds]:
+            raise DataError(f"{ds}: no examples to run (every example is unanswerable? pass "
+                            f"--include-unanswerable to keep them)")
+    return loaded
+
+
+def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExample]], *,
+         overwrite: bool, handle: ModelHandle | None, log: Callable[[str], None],
+         chunk: int | None) -> dict[str, Any]:
+    """Steps 1-3 of :func:`run` (the module docstring) on checked inputs."""
     template = get_template(config.template, config.templates_path)
     handle = handle or load_model(config.model, device=config.device, dtype=config.dtype)
     facts = runtime_facts(handle)
     manifest = rd.init_manifest(asdict(config), model_info=handle.info, overwrite=overwrite,
                                 key_fields=KEY_FIELDS, runtime=facts,
                                 result_facts=result_facts(facts))
-    same = config.oracle == f"model:{handle.spec}"  # the run's own model grades: load it once
     oracle = make_oracle(config.oracle, device=config.device, dtype=config.dtype,
-                         handle=handle if same else None)
+                         run_model=handle)
     finished = {record_key(r): r for r in (rd.read_records(status=None)
                                            if rd.records_path.exists() else [])}
     done = set(finished)
-    chunk = chunk or 2 * config.batch_size
+    chunk = chunk or config.batch_size
     for ds in config.datasets:
-        examples = load_examples(ds, split=config.split, limit=config.limit,
-                                 include_unanswerable=config.include_unanswerable,
-                                 from_hub=config.from_hub)
+        examples = loaded[ds]
         if stale := stale_records(finished, examples, handle.tokenizer, template):
             if not overwrite:
                 (key, why), n = next(iter(stale.items())), len(stale)

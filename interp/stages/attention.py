@@ -26,9 +26,7 @@ Algorithm of :func:`run` (the method is :mod:`interp.attention`):
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +61,7 @@ from interp.store import (
     is_fresh,
     limit_per_dataset,
     read_json,
+    safe_name,
     save_tensors,
     signature,
     write_json,
@@ -128,22 +127,16 @@ class AttentionConfig:
 Config = AttentionConfig
 
 
-def _safe(name: str) -> str:
-    s = re.sub(r"[^A-Za-z0-9_.-]", "_", str(name))
-    if s != str(name) or not s:
-        s = f"{s[:60]}-{hashlib.sha1(str(name).encode()).hexdigest()[:8]}"
-    return s
-
-
 def record_path(run: RunDir, rec: Record | Mapping[str, Any]) -> Path:
     """``DIR/attention/records/<dataset>/<id>.safetensors`` of a record."""
-    folder = run.path / "attention" / "records" / _safe(rec["dataset"])
-    return folder / f"{_safe(rec['id'])}.safetensors"
+    folder = run.path / "attention" / "records" / safe_name(rec["dataset"])
+    return folder / f"{safe_name(rec['id'])}.safetensors"
 
 
 def activations_path(run: RunDir, rec: Record | Mapping[str, Any]) -> Path:
     """``DIR/activations/<dataset>/<id>.safetensors`` of a record."""
-    return run.path / "activations" / _safe(rec["dataset"]) / f"{_safe(rec['id'])}.safetensors"
+    folder = run.path / "activations" / safe_name(rec["dataset"])
+    return folder / f"{safe_name(rec['id'])}.safetensors"
 
 
 def record_signature(rec: Record | Mapping[str, Any]) -> str:

@@ -1,55 +1,64 @@
 """The patching stage: pairs x sweeps over a run directory, resumable, with tables and figures.
 
-Algorithm of :func:`run` (methods: :mod:`interp.pairs` and :mod:`interp.patching`):
+Algorithm of :func:`run` (methods: :mod:`interp.pairs`, :mod:`interp.patching`,
+:mod:`interp.patch_sweeps`; summaries: :mod:`interp.stages.patching_summary`):
 
-1. Validate the config and the layers (:func:`interp.layers.parse_layers`, then every
-   ``layer_stride``-th) before any model work.
+1. Validate the config, the layers and the band (:func:`interp.layers.parse_layers`) before
+   any model work; the oracle is the run's (manifest ``config.oracle``, ``rule`` by default)
+   unless ``oracle`` is set.
 2. For each pair kind: build the pairs from the run's ``ok`` records with the run's template
-   (:func:`interp.pairs.build_pairs`, ``limit`` built pairs per dataset).
+   (:func:`interp.pairs.build_pairs`, ``limit`` built pairs per dataset). Candidate swap: a
+   record whose own answer is right and that stores no hard negative gets one mined
+   closed-book on the fly (:class:`Miner`: Study 3's miner, seeded per record, no rotation),
+   kept in ``DIR/patching/hard_negatives.jsonl`` with the signature of what produced it.
 3. For each sweep kind and pair: reuse ``parts/{dataset}__{id}.json`` when it is fresh (its
-   signature, :func:`interp.store.signature`, covers the model and its sha256, the sweep kind,
-   the layers, the hook point, ``per_position``, the pair's token ids, position map and shared
-   prefix, and the result-relevant runtime facts, :func:`interp.stages.common.stage_facts`:
-   parts made under other facts are refused unless ``overwrite``); else run the sweep
-   (:func:`run_pair`) and write the part atomically. ``attribution`` takes its exact-patching
-   comparison from the ``heads`` / ``resid`` sweeps of the same pair in the same call when
-   they were run (same units), instead of running them again.
-4. Per (pair kind, sweep kind): ``pairs.parquet`` (one row per pair: clean/corrupt logit
-   differences, cost), ``effects.parquet`` (+ ``.csv``; one row per patched unit) and
-   ``summary.json`` (:func:`summarise`), then the figures (:func:`interp.plots.plot_patching`).
+   signature covers the model and its sha256, the sweep, the layers, the band, the hook, the
+   exact mode and ``top_k``, the pair's token ids and position map, and the result-relevant
+   runtime facts, :func:`interp.stages.common.stage_facts`: parts made under other facts are
+   refused unless ``overwrite``); else run it
+   (:func:`run_pair`) and write the part atomically (results are flushed per pair). A progress
+   bar per pair and per batch of patched rows shows the ETA.
+4. Per (pair kind, sweep kind): the tables and ``summary.json``
+   (:func:`interp.stages.patching_summary.summarise`), then the figures.
 5. ``DIR/patching/summary.json`` gathers every (pairs, kind) summary of this and earlier calls.
 
 Layout: ``DIR/patching/{pairs}/{kind}/parts/{dataset}__{id}.json``, ``effects.parquet``,
-``pairs.parquet``, ``summary.json``; ``DIR/patching/summary.json``; ``DIR/figures/patching_*.png``.
+``units.parquet``, ``pairs.parquet``, ``summary.json``; ``DIR/patching/summary.json``;
+``DIR/figures/patching_*.png``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from interp.errors import PatchingError
-from interp.layers import parse_layers
+from interp.inputs import write_result
+from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.pairs import PAIR_KINDS, PatchPair, build_pairs
-from interp.patching import Patch, Patcher, sweep_heads, sweep_resid, sweep_task_layers
+from interp.patch_sweeps import EXACT_MODES, agreement, head_units, resid_units, sweep
+from interp.patching import Patcher
 from interp.prompts import get_template
 from interp.stages.common import stage_facts
-from interp.stats import correlations
+from interp.stages.patching_summary import format_summary, summarise
 from interp.store import (
     RunDir,
     config_from_table,
     is_fresh,
     read_json,
+    read_jsonl,
     signature,
     write_json,
-    write_table,
+    write_jsonl,
 )
+
+__all__ = ["NAME", "SUMMARIES", "Config", "Miner", "PatchingConfig", "format_summary", "run",
+           "run_pair"]
 
 NAME = "patching"
 SUMMARIES = {"patching/summary.json": "patching_summary.json"}
@@ -62,20 +71,32 @@ class PatchingConfig:
     """Settings of ``interp patch`` / the ``[patching]`` config table.
 
     Attributes:
-        pairs: pair kinds to run (``candidate-swap``, ``task-swap``).
-        kinds: sweeps (``resid``, ``heads``, ``attribution``).
+        pairs: pair kinds to run (:data:`interp.pairs.PAIR_KINDS`).
+        kinds: sweeps: ``resid``, ``heads``, ``attribution`` (AtP* against the full exact
+            sweep of both, with agreement and cost).
         limit: built pairs per dataset (None: all).
-        layers: layers to sweep, a spec of :func:`interp.layers.parse_layers` (``"all"``,
-            ``"last8"``, ``"24-31"``, ``"0,4,-1"``) or a list (None: all).
+        layers: layers to sweep, a spec of :func:`interp.layers.parse_layers` (None: all).
         layer_stride: sweep every k-th layer (after ``layers``).
-        hook: residual hook point for ``resid`` and task-swap (``hook_resid_pre`` or
-            ``hook_resid_post``).
+        hook: residual hook point (``hook_resid_pre`` or ``hook_resid_post``).
         per_position: also sweep single positions (not only spans) in ``resid``.
-        max_tokens: refuse pairs longer than this (CPU time).
+        exact: ``topk`` (AtP*: attribution ranks every unit, the ``top_k`` are patched
+            exactly) or ``all`` (every unit exactly).
+        top_k: units patched exactly per pair and sweep with ``exact = "topk"``.
+        min_gap: pairs whose ``|LD_clean - LD_corrupt|`` (nats) is below it are left out of
+            the headline ratio of sums (and listed with their gaps).
+        band: layers averaged for the judge's context attention mass.
+        oracle: grades candidate-swap answers (None: the run's oracle; ``rule`` or
+            ``model:SPEC``).
+        mine: mine closed-book hard negatives for records without a wrong answer.
+        hard_negative_*: the miner's settings (as in the transfer study).
+        seed: seeds the miner (per record) and the bootstrap.
+        n_boot: cluster-bootstrap resamples for the summary's CIs.
+        max_tokens: skip pairs longer than this (CPU time).
         batch_size: patched rows per forward.
         backend: ``hf`` (the sweeps need it; :func:`interp.patching.patch` takes all three).
-        prefix_cache: reuse the shared prefix's key/value cache.
+        prefix_cache: run the positions before the first patchable one once.
         figures: draw the figures after the tables.
+        progress: show progress bars.
     """
 
     pairs: list[str] = field(default_factory=lambda: ["candidate-swap"])
@@ -85,19 +106,34 @@ class PatchingConfig:
     layer_stride: int = 1
     hook: str = "hook_resid_pre"
     per_position: bool = True
+    exact: str = "topk"
+    top_k: int = 16
+    min_gap: float = 1.0
+    band: str | list[int] = DEFAULT_BAND
+    oracle: str | None = None
+    mine: bool = True
+    hard_negative_template: str = "closed_book"
+    hard_negative_attempts: int = 5
+    hard_negative_temperature: float = 0.7
+    hard_negative_top_p: float = 0.9
+    hard_negative_max_new_tokens: int = 16
+    hard_negative_max_words: int = 12
+    seed: int = 0
+    n_boot: int = 1000
     max_tokens: int | None = 1024
     batch_size: int = 16
     backend: str = "hf"
     prefix_cache: bool = True
     figures: bool = True
+    progress: bool = True
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any]) -> PatchingConfig:
         """Build from a mapping, refusing unknown keys and values (lists the known ones).
 
         Raises:
-            ValueError: unknown keys (the message lists the known ones).
-            PatchingError: unknown pair kinds, sweep kinds, hooks or backends.
+            ConfigError: unknown keys (the message lists the known ones).
+            PatchingError: unknown pair kinds, sweep kinds, hooks, modes or backends.
         """
         d = dict(d)
         for k in ("pairs", "kinds"):
@@ -108,7 +144,7 @@ class PatchingConfig:
         return cfg
 
     def validate(self) -> None:
-        """Raises PatchingError on unknown pair kinds, sweep kinds, hooks or backends."""
+        """Raises PatchingError on unknown kinds, hooks, modes, backends or bad numbers."""
         for p in self.pairs:
             if p not in PAIR_KINDS:
                 raise PatchingError(f"unknown pair kind {p!r}; valid: {list(PAIR_KINDS)}")
@@ -118,6 +154,11 @@ class PatchingConfig:
         if self.hook not in ("hook_resid_pre", "hook_resid_post"):
             raise PatchingError(f"hook must be hook_resid_pre or hook_resid_post, not "
                                 f"{self.hook!r}")
+        if self.exact not in EXACT_MODES:
+            raise PatchingError(f"exact must be one of {list(EXACT_MODES)}, not {self.exact!r}")
+        if self.top_k < 1 or self.min_gap < 0 or self.batch_size < 1:
+            raise PatchingError(f"top_k and batch_size must be >= 1 and min_gap >= 0, got "
+                                f"{self.top_k}, {self.batch_size}, {self.min_gap}")
         if self.backend != "hf":
             raise PatchingError("sweeps run on the hf backend (use patch() for the others)")
 
@@ -131,220 +172,173 @@ class PatchingConfig:
         return layers[:: max(1, self.layer_stride)]
 
 
+Config = PatchingConfig
+"""The stage's config class (the Stage protocol's name for it)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Hard negatives mined on the fly (step 2)
+# ---------------------------------------------------------------------------------------------
+
+
+class Miner:
+    """Closed-book hard negatives for candidate-swap pairs, mined once per record and stored.
+
+    Calls :func:`interp.transfer.mine_hard_negatives` on one record at a time (without the
+    answer-rotation fallback), seeded with ``seed`` plus a stable hash of the record id, and
+    keeps each result in ``path`` (JSON lines) under a signature of the model, oracle and
+    settings, so a later call reads it back instead of sampling again.
+
+    Args:
+        handle: the model asked without the context.
+        oracle: grades the sampled answers.
+        cfg: the ``hard_negative_*`` settings and ``seed``.
+        path: the store (``DIR/patching/hard_negatives.jsonl``).
+        templates_path: the run's template file.
+        log: progress lines.
+    """
+
+    def __init__(self, handle: ModelHandle, oracle: Any, cfg: PatchingConfig, path: Path,
+                 templates_path: str | None, log: Callable[[str], None] = print):
+        self.handle, self.oracle, self.cfg, self.path, self.log = handle, oracle, cfg, path, log
+        self.templates_path = templates_path
+        self.sig = signature({"model": handle.spec, "sha256": handle.info.get("sha256"),
+                              "oracle": getattr(oracle, "name", "?"), "templates_path":
+                              templates_path, **{k: v for k, v in asdict(cfg).items()
+                                                 if k.startswith("hard_negative") or
+                                                 k == "seed"}})
+        self.rows = {(r["dataset"], r["id"]): r for r in
+                     (read_jsonl(path) if path.exists() else []) if r.get("signature") == self.sig}
+
+    def __call__(self, rec: Mapping[str, Any]) -> list[str]:
+        """The record's closed-book hard negatives (0 or 1), graded Incorrect by the oracle."""
+        from types import SimpleNamespace
+
+        from interp.data import QAExample
+        from interp.transfer import mine_hard_negatives
+
+        key = (rec["dataset"], str(rec["id"]))
+        if key not in self.rows:
+            h = int(hashlib.sha1(key[1].encode()).hexdigest()[:6], 16)
+            c = self.cfg
+            settings = SimpleNamespace(**{k: v for k, v in asdict(c).items()
+                                          if k.startswith("hard_negative")},
+                                       seed=c.seed * 7919 + h, batch_size=1,
+                                       templates_path=self.templates_path)
+            ex = QAExample(id=key[1], dataset=key[0], context=rec["context"],
+                           question=rec["question"], answers=tuple(rec["answers"]),
+                           answerable=True, split=rec.get("split", "validation"))
+            row = mine_hard_negatives(self.handle, [ex], self.oracle, settings,
+                                      rotation=False, log=lambda s: None)[0]
+            row["signature"] = self.sig
+            self.rows[key] = row
+            write_jsonl(self.path, list(self.rows.values()))
+            self.log(f"[hard negatives] {key[0]} {key[1]}: "
+                     f"{row['hard_negative']!r} after {len(row['attempts'])} attempts")
+        hn = self.rows[key].get("hard_negative")
+        return [hn] if hn else []
+
+
 # ---------------------------------------------------------------------------------------------
 # One pair
 # ---------------------------------------------------------------------------------------------
 
 
-def _pair_meta(pair: PatchPair, pt: Patcher) -> dict[str, Any]:
+def _context_mass(handle: ModelHandle, ids: Sequence[int], span: tuple[int, int] | None,
+                  band: Sequence[int]) -> float:
+    """The prompt's last-row attention mass on its context (mean over heads and band)."""
+    if not span:
+        return float("nan")
+    from interp.hooks.recorder import record_rows
+
+    rows = record_rows(handle, list(ids)).rows  # [layer, head, pos]
+    return float(rows[list(band), :, span[0]:span[1]].sum(-1).mean())
+
+
+def _pair_meta(pair: PatchPair, pt: Patcher, handle: ModelHandle, band: Sequence[int],
+               masses: dict[str, float]) -> dict[str, Any]:
+    sc = pt.scores()
+    for w, p in (("clean", pair.clean), ("corrupt", pair.corrupt)):
+        if w not in masses:
+            masses[w] = _context_mass(handle, p.input_ids, p.token_spans.get("context"), band)
     return {"id": pair.record_id, "dataset": pair.dataset, "pair": pair.kind,
-            "n_tokens": len(pair.corrupt), "start": pair.start,
+            "passage": pair.passage, "n_clean": len(pair.clean), "n_tokens": len(pair.corrupt),
+            "start": pair.start, "middle": list(pair.middle),
             "clean_answer": pair.clean_answer, "corrupt_answer": pair.corrupt_answer,
-            "corrupt_source": pair.corrupt_source, "clean_ld": pt.clean_ld,
-            "corrupt_ld": pt.corrupt_ld, "clean_forward_s": pt.clean_forward_s}
-
-
-def _exact_resid(pt: Patcher, pair: PatchPair, cfg: PatchingConfig, layers: Sequence[int],
-                 prior: Mapping[str, Mapping[str, Any]]) -> tuple[list[dict], float, bool]:
-    """Exact resid patching for the attribution comparison: ``(rows, wall_s, reused)``."""
-    if pair.kind == "candidate-swap" and "resid" in prior and cfg.per_position \
-            and cfg.hook == "hook_resid_pre":
-        return prior["resid"]["resid"], prior["resid"]["meta"]["wall_s"], True
-    if pair.kind == "task-swap":
-        pos = tuple(range(*pair.corrupt.token_spans["context"]))
-        res = pt.run([Patch(f"blocks.{layer}.hook_resid_pre", pos) for layer in layers])
-        rows = [{"layer": layer, "unit": "span", "position": -1, "span": "context",
-                 "ld": float(ld)} for layer, ld in zip(layers, res.patched)]
-        return rows, res.wall_s, False
-    rows, wall = sweep_resid(pt, pair.corrupt, layers=layers, hook="hook_resid_pre",
-                             start=pair.start, per_position=True)
-    return rows, wall, False
-
-
-def _attribution_rows(pt: Patcher, pair: PatchPair, att: Mapping[str, np.ndarray],
-                      exact_h: list[dict], exact_r: list[dict]) -> list[dict]:
-    """Attribution estimates next to the exact changes, per head and per resid unit."""
-    den = pt.clean_ld - pt.corrupt_ld
-
-    def norm(a: float) -> float:
-        return float(a / den) if abs(den) > 1e-6 else float("nan")
-
-    rows = [{**r, "unit": "head", "attr_ld": float(a), "exact_d_ld": r["ld"] - pt.corrupt_ld,
-             "attr_effect": norm(a)}
-            for r in exact_h for a in [att["heads"][r["layer"], r["head"]]]]
-    ctx = list(range(*pair.corrupt.token_spans.get("context", (0, 0))))
-    for r in exact_r:
-        if r["unit"] == "position":
-            a = att["resid"][r["layer"], r["position"]]
-        elif r["span"] == "context" and pair.kind == "task-swap":
-            a = att["resid"][r["layer"], ctx].sum()
-        else:
-            continue
-        rows.append({"layer": r["layer"], "head": -1, "unit": r["unit"],
-                     "position": r["position"], "ld": r["ld"], "attr_ld": float(a),
-                     "exact_d_ld": r["ld"] - pt.corrupt_ld, "attr_effect": norm(a),
-                     "effect": r.get("effect", float("nan"))})
-    return rows
+            "corrupt_source": pair.corrupt_source,
+            **{f"{w}_{k}": v for w in ("clean", "corrupt") for k, v in
+               (("ld", sc[w]["logit_diff"]), ("p_correct", sc[w]["p_correct"]),
+                ("coverage", sc[w]["verdict_coverage"]))},
+            "gap": sc["clean"]["logit_diff"] - sc["corrupt"]["logit_diff"],
+            "clean_context_mass": masses["clean"], "corrupt_context_mass": masses["corrupt"],
+            "clean_forward_s": pt.clean_forward_s}
 
 
 def run_pair(handle: ModelHandle, pair: PatchPair, kind: str, cfg: PatchingConfig,
-             layers: Sequence[int], prior: Mapping[str, Mapping[str, Any]] | None = None
-             ) -> dict[str, Any]:
-    """All tables of one pair for one sweep kind (module docstring, step 3).
+             layers: Sequence[int], band: Sequence[int],
+             progress: Callable[[int, int], None] | None = None,
+             masses: dict[str, float] | None = None) -> dict[str, Any]:
+    """All rows of one pair for one sweep kind (module docstring, step 3).
 
     Args:
         handle: the model.
         pair: the pair.
         kind: ``resid``, ``heads`` or ``attribution``.
-        cfg: hook, per-position, batch size and prefix-cache settings.
+        cfg: hook, per-position, exact mode, ``top_k``, batch size, prefix cache.
         layers: layers to sweep.
-        prior: kind (``heads``, ``resid``) -> this pair's finished sweep of that kind on the
-            same layers; ``attribution`` then takes its exact-patching comparison from them
-            (``resid`` only when it used ``hook_resid_pre`` per position, the units
-            attribution scores).
+        band: layers of the context attention mass.
+        progress: called with ``(rows done, rows in all)`` after each batch of patched rows.
+        masses: the pair's clean and corrupt context masses when already measured (filled
+            otherwise; the stage keeps them across sweep kinds).
 
     Returns:
-        ``{"meta": {...}, <table>: [rows]}`` with table ``resid``, ``task_layers``, ``heads``
-        or ``attribution``; ``meta`` holds the clean/corrupt logit differences, wall time and
-        cost in clean forwards.
+        ``{"meta": {...}, "rows": [...]}``: ``meta`` holds the pair's clean and corrupt verdict
+        scores, the gap, the context masses, wall times and costs in clean forwards
+        (``attribution``: also ``agreement`` per sweep, :func:`interp.patch_sweeps.agreement`);
+        ``rows`` one per unit (:func:`interp.patch_sweeps.sweep`).
     """
-    prior = prior or {}
     pt = Patcher(handle, pair.clean.input_ids, pair.corrupt.input_ids, pos_map=pair.pos_map,
-                 start=pair.start, batch_size=cfg.batch_size, prefix_cache=cfg.prefix_cache)
+                 batch_size=cfg.batch_size, prefix_cache=cfg.prefix_cache)
     pt.ensure_clean([])
-    meta = _pair_meta(pair, pt)
-    out: dict[str, Any] = {"meta": meta}
-    band = list(range(max(0, handle.n_layers - 8), handle.n_layers))
-    if pair.kind == "task-swap" and kind == "resid":
-        out["task_layers"], wall = sweep_task_layers(pt, pair.corrupt, layers=layers,
-                                                     hook=cfg.hook, band=band)
-    elif kind == "resid":
-        out["resid"], wall = sweep_resid(pt, pair.corrupt, layers=layers, hook=cfg.hook,
-                                         start=pair.start, per_position=cfg.per_position)
-    elif kind == "heads":
-        out["heads"], wall = sweep_heads(pt, layers=layers, start=pair.start)
-    else:  # attribution, with exact patching on the same pair for the comparison
-        t0 = time.perf_counter()
-        att = pt.attribution(layers)
-        wall = time.perf_counter() - t0
-        if "heads" in prior:
-            exact_h, w1 = prior["heads"]["heads"], prior["heads"]["meta"]["wall_s"]
-        else:
-            exact_h, w1 = sweep_heads(pt, layers=layers, start=pair.start)
-        exact_r, w2, reused_r = _exact_resid(pt, pair, cfg, layers, prior)
-        out["attribution"] = _attribution_rows(pt, pair, att, exact_h, exact_r)
-        meta["exact_wall_s"] = w1 + w2
-        meta["exact_reused_from"] = ["heads"] * ("heads" in prior) + ["resid"] * reused_r
-    meta["wall_s"] = wall
-    meta["cost_ratio"] = wall / pt.clean_forward_s
-    return out
+    meta = _pair_meta(pair, pt, handle, band, {} if masses is None else masses)
+    per_pos = cfg.per_position and pair.kind != "system-prompt-control"
+    units = {"resid": lambda: resid_units(pair, layers, per_position=per_pos),
+             "heads": lambda: head_units(pair, layers, handle.n_heads)}
+    kw = {"resid_hook": cfg.hook, "top_k": cfg.top_k, "band": band, "progress": progress,
+          "context_span": pair.corrupt.token_spans.get("context")}
+    if kind == "attribution":
+        rows, info, agree = [], {"attr_wall_s": 0.0, "exact_wall_s": 0.0, "n_exact": 0}, {}
+        for sub in ("resid", "heads"):
+            r, i = sweep(pt, pair, units[sub](), exact="both", **kw)
+            rows += r
+            agree[sub] = agreement(r, cfg.top_k)
+            agree[sub]["attr_cost_ratio"] = i["attr_wall_s"] / pt.clean_forward_s
+            agree[sub]["exact_cost_ratio"] = i["exact_wall_s"] / pt.clean_forward_s
+            agree[sub]["n_units"] = i["n_units"]
+            for k in ("attr_wall_s", "exact_wall_s", "n_exact"):
+                info[k] += i[k]
+        meta["agreement"] = agree
+    else:
+        rows, info = sweep(pt, pair, units[kind](), exact=cfg.exact, **kw)
+    meta.update(info)
+    meta["wall_s"] = info["attr_wall_s"] + info["exact_wall_s"]
+    meta["cost_ratio"] = meta["wall_s"] / pt.clean_forward_s
+    return {"meta": meta, "rows": rows}
 
 
-def part_signature(cfg: PatchingConfig, kind: str, layers: Sequence[int], handle: ModelHandle,
-                   pair: PatchPair, facts: Mapping[str, Any] | None = None) -> str:
+def part_signature(cfg: PatchingConfig, kind: str, layers: Sequence[int], band: Sequence[int],
+                   handle: ModelHandle, pair: PatchPair,
+                   facts: Mapping[str, Any] | None = None) -> str:
     """Signature of one pair's sweep: everything that shapes it (module docstring, step 3).
 
     ``facts``: :func:`interp.models.result_facts` of the call.
     """
     return signature({"model": handle.spec, "sha256": handle.info.get("sha256"), "kind": kind,
-                      "layers": list(layers), "hook": cfg.hook,
-                      "per_position": cfg.per_position, "clean": pair.clean.input_ids,
-                      "corrupt": pair.corrupt.input_ids, "pos_map": list(pair.pos_map or []),
-                      "start": pair.start, "runtime": facts})
-
-
-# ---------------------------------------------------------------------------------------------
-# Summaries
-# ---------------------------------------------------------------------------------------------
-
-
-def _summary_candidate_resid(df: Any, top: int) -> dict[str, Any]:
-    s: dict[str, Any] = {}
-    sp = df[df.unit == "span"].groupby(["layer", "span"]).effect.mean().unstack()
-    s["span_effect_by_layer"] = {c: {int(k): float(v) for k, v in sp[c].items()}
-                                 for c in sp.columns}
-    pos = df[df.unit == "position"]
-    if len(pos):
-        lay = pos.groupby("layer").effect.apply(lambda e: float(np.nanmax(np.abs(e))))
-        s["top_layers"] = [{"layer": int(k), "max_abs_position_effect": float(v)}
-                           for k, v in lay.sort_values(ascending=False).head(top).items()]
-        cell = pos.groupby(["layer", "rel_position"]).effect.mean()
-        s["top_cells"] = [{"layer": int(k[0]), "rel_position": int(k[1]),
-                           "mean_effect": float(cell[k])}
-                          for k in cell.abs().sort_values(ascending=False).head(top).index]
-    return s
-
-
-def _summary_task_resid(df: Any, top: int) -> dict[str, Any]:
-    g = df.groupby("layer")[["d_ld", "d_p_correct", "d_context_mass"]].mean()
-    flips = df.groupby("layer").verdict_flip.mean()
-    gl = g.drop(index=-1, errors="ignore")
-    return {"by_layer": {int(k): {**{c: float(v[c]) for c in g.columns},
-                                  "flip_rate": float(flips[k])} for k, v in g.iterrows()},
-            "top_layers": [{"layer": int(k), "mean_d_ld": float(gl.d_ld[k])}
-                           for k in gl.d_ld.abs().sort_values(ascending=False).head(top).index]}
-
-
-def _summary_heads(df: Any, pk: str, metas: list[dict], top: int) -> dict[str, Any]:
-    col = "effect"
-    if pk == "task-swap":
-        base = {m["id"]: m["corrupt_ld"] for m in metas}
-        df["d_ld"] = df.ld - df.id.map(base)
-        col = "d_ld"
-    hm = df.groupby(["layer", "head"])[col].mean()
-    return {"top_heads": [{"layer": int(k[0]), "head": int(k[1]), f"mean_{col}": float(hm[k])}
-                          for k in hm.abs().sort_values(ascending=False).head(top).index]}
-
-
-def _summary_attribution(df: Any, metas: list[dict]) -> dict[str, Any]:
-    h, r = df[df.unit == "head"], df[df.unit != "head"]
-    per = [correlations(g.attr_ld.to_numpy(), g.exact_d_ld.to_numpy())["pearson"]
-           for _, g in h.groupby("id")]
-    per = [x for x in per if x is not None]
-    return {"correlation_heads": correlations(h.attr_ld.to_numpy(), h.exact_d_ld.to_numpy()),
-            "correlation_resid": correlations(r.attr_ld.to_numpy(), r.exact_d_ld.to_numpy()),
-            "exact_cost_ratio_mean": float(np.mean(
-                [m["exact_wall_s"] / m["clean_forward_s"] for m in metas])),
-            "correlation_heads_per_pair_mean_pearson": float(np.mean(per)) if per else None}
-
-
-def summarise(d: Path, pk: str, kind: str, results: list[dict], refused: list[dict],
-              layers: Sequence[int], handle: ModelHandle, top: int = 5) -> dict[str, Any]:
-    """Write the tables of one (pairs, kind) and return its summary (module docstring, step 4).
-
-    Returns:
-        ``pairs``, ``kind``, ``n_pairs``, ``n_refused`` (+ the first 20 refusals), ``layers``,
-        ``model``, mean clean/corrupt logit differences and costs, and per kind: span effects
-        by layer, top layers and cells (candidate-swap resid); per-layer changes and flip rate
-        (task-swap resid); top heads (heads); attribution-vs-exact correlations (attribution).
-    """
-    import pandas as pd
-
-    metas = [r["meta"] for r in results]
-    if metas:
-        write_table(pd.DataFrame(metas), d / "pairs.parquet")
-    s: dict[str, Any] = {"pairs": pk, "kind": kind, "n_pairs": len(results),
-                         "n_refused": len(refused), "refused": refused[:20],
-                         "layers": list(layers), "model": handle.spec}
-    if not results:
-        return s
-    s["cost_ratio_mean"] = float(np.mean([m["cost_ratio"] for m in metas]))
-    s["clean_forward_s_mean"] = float(np.mean([m["clean_forward_s"] for m in metas]))
-    s["mean_clean_ld"] = float(np.mean([m["clean_ld"] for m in metas]))
-    s["mean_corrupt_ld"] = float(np.mean([m["corrupt_ld"] for m in metas]))
-    rows = [{"id": r["meta"]["id"], "dataset": r["meta"]["dataset"], "table": table, **x}
-            for r in results for table in ("resid", "heads", "task_layers", "attribution")
-            for x in r.get(table, [])]
-    df = pd.DataFrame(rows)
-    write_table(df, d / "effects.parquet")
-    if kind == "resid":
-        s.update(_summary_candidate_resid(df, top) if pk == "candidate-swap"
-                 else _summary_task_resid(df, top))
-    elif kind == "heads":
-        s.update(_summary_heads(df, pk, metas, top))
-    else:
-        s.update(_summary_attribution(df, metas))
-    return s
+                      "layers": list(layers), "band": list(band), "hook": cfg.hook,
+                      "per_position": cfg.per_position, "exact": cfg.exact, "top_k": cfg.top_k,
+                      "clean": pair.clean.input_ids, "corrupt": pair.corrupt.input_ids,
+                      "pos_map": pair.pos_map, "metric": "whole-reply verdict score",
+                      "runtime": facts})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,32 +346,52 @@ def summarise(d: Path, pk: str, kind: str, results: list[dict], refused: list[di
 # ---------------------------------------------------------------------------------------------
 
 
+def _bar(total: int | None, desc: str, enabled: bool, **kw: Any) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, disable=not enabled, leave=False, **kw)
+
+
 def _sweep_kind(handle: ModelHandle, cfg: PatchingConfig, pk: str, kind: str,
-                pairs: list[PatchPair], layers: list[int], parts: Path,
-                finished: dict[tuple[str, str, str], dict], log: Callable[[str], None],
+                pairs: list[PatchPair], layers: list[int], band: list[int], parts: Path,
+                masses: dict[str, dict[str, float]], log: Callable[[str], None],
                 facts: Mapping[str, Any] | None = None) -> list[dict]:
     """Every pair's sweep of one kind: fresh parts read back, the others run and written."""
     results = []
-    for pair in pairs:
-        f = parts / f"{pair.key}.json"
-        sig = part_signature(cfg, kind, layers, handle, pair, facts)
-        if is_fresh(f, sig):
-            res = read_json(f)
-        else:
-            if f.exists():
-                log(f"[{pk}/{kind}] {pair.key}: stored sweep used other settings; redone")
-            prior = {k: finished[(pk, pair.key, k)] for k in ("heads", "resid")
-                     if (pk, pair.key, k) in finished} if kind == "attribution" else None
-            res = run_pair(handle, pair, kind, cfg, layers, prior=prior)
-            res["meta"]["signature"] = sig
-            write_json(f, res)
-            m = res["meta"]
-            log(f"[{pk}/{kind}] {pair.dataset} {pair.record_id}: clean LD "
-                f"{m['clean_ld']:+.2f}, corrupt LD {m['corrupt_ld']:+.2f}, sweep "
-                f"{m['wall_s']:.1f} s = {m['cost_ratio']:.0f} clean forwards")
-        finished[(pk, pair.key, kind)] = res
-        results.append(res)
+    with _bar(len(pairs), f"{pk}/{kind} pairs", cfg.progress, unit="pair") as bar:
+        for pair in pairs:
+            f = parts / f"{pair.key}.json"
+            sig = part_signature(cfg, kind, layers, band, handle, pair, facts)
+            if is_fresh(f, sig):
+                res = read_json(f)
+            else:
+                if f.exists():
+                    log(f"[{pk}/{kind}] {pair.key}: stored sweep used other settings; redone")
+                with _bar(None, f"  {pair.key} rows", cfg.progress, unit="row") as rb:
+                    def progress(k: int, total: int, rb: Any = rb) -> None:
+                        if rb.total != total:
+                            rb.total = total
+                            rb.refresh()
+                        rb.update(k)
+                    res = run_pair(handle, pair, kind, cfg, layers, band, progress=progress,
+                                   masses=masses.setdefault(pair.key, {}))
+                res["meta"]["signature"] = sig
+                write_json(f, res)
+                m = res["meta"]
+                log(f"[{pk}/{kind}] {pair.dataset} {pair.record_id}: LD clean "
+                    f"{m['clean_ld']:+.2f}, corrupt {m['corrupt_ld']:+.2f} (gap {m['gap']:+.2f}"
+                    f" nats), {m['n_exact']} exact rows, {m['wall_s']:.1f} s = "
+                    f"{m['cost_ratio']:.0f} clean forwards")
+            results.append(res)
+            bar.update(1)
     return results
+
+
+def _oracle(cfg: PatchingConfig, mcfg: Mapping[str, Any], handle: ModelHandle) -> Any:
+    from interp.asymmetry import make_oracle
+
+    return make_oracle(cfg.oracle or mcfg.get("oracle") or "rule", device=str(handle.device),
+                       dtype=mcfg.get("dtype"), run_model=handle)
 
 
 def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, *,
@@ -393,31 +407,37 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, 
 
     Raises:
         PatchingError: bad config values (unknown kinds).
-        LayerSpecError: layers out of range.
+        LayerSpecError: layers or band out of range.
         RunDirError: the run has no manifest or no records, or parts computed under other
             runtime facts and not ``overwrite``.
     """
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     cfg.validate()
     layers = cfg.layer_list(handle.n_layers)
+    band = parse_layers(cfg.band, handle.n_layers)
     facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
     mcfg = run_dir.manifest().get("config", {})
     template = get_template(mcfg.get("template", "default"), mcfg.get("templates_path"))
     records = run_dir.read_records()
     root = run_dir.sub("patching")
+    oracle = _oracle(cfg, mcfg, handle) if "candidate-swap" in cfg.pairs else None
+    miner = Miner(handle, oracle, cfg, root / "hard_negatives.jsonl",
+                  mcfg.get("templates_path"), log) if cfg.mine and oracle else None
     summary: dict[str, Any] = {}
-    finished: dict[tuple[str, str, str], dict[str, Any]] = {}   # (pairs, pair, kind) -> part
     for pk in cfg.pairs:
-        pairs, refused = build_pairs(records, pk, template, handle.tokenizer, limit=cfg.limit,
-                                     max_tokens=cfg.max_tokens, log=log)
+        masses: dict[str, dict[str, float]] = {}   # pair -> context masses, across kinds
+        pairs, skipped = build_pairs(records, pk, template, handle.tokenizer, oracle=oracle,
+                                     mine=miner, limit=cfg.limit, max_tokens=cfg.max_tokens,
+                                     log=log)
         for kind in cfg.kinds:
             d = root / pk / kind
             t0 = time.perf_counter()
-            results = _sweep_kind(handle, cfg, pk, kind, pairs, layers, d / "parts", finished,
-                                  log, facts)
-            s = summarise(d, pk, kind, results, refused, layers, handle)
+            results = _sweep_kind(handle, cfg, pk, kind, pairs, layers, band, d / "parts",
+                                  masses, log, facts)
+            s = summarise(d, pk, kind, results, skipped, layers, band, handle.spec, cfg)
             s["elapsed_s"] = time.perf_counter() - t0
-            write_json(d / "summary.json", s)
+            if not write_result(d / "summary.json", s, n=len(results), log=log):
+                continue  # no pair was built: the existing summary and figures stay
             summary[f"{pk}/{kind}"] = s
             if cfg.figures:
                 _figures(d, run_dir, f"[{pk}/{kind}]", log)
@@ -428,29 +448,8 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, 
 
 def _figures(d: Path, run_dir: RunDir, tag: str, log: Callable[[str], None]) -> None:
     try:
-        from interp import plots
+        from interp.plots.patching import plot_patching
 
-        plots.plot_patching(d, run_dir.sub("figures"))
+        plot_patching(d, run_dir.sub("figures"))
     except Exception as err:  # noqa: BLE001 - figures never block the tables
         log(f"{tag} figure failed: {err}")
-
-
-def format_summary(summary: Mapping[str, Any]) -> str:
-    """Plain-text lines of :func:`run`'s summary: pairs, refusals, cost, top units."""
-    lines = []
-    for key, s in summary.items():
-        lines.append(f"== {key}: {s.get('n_pairs')} pairs, {s.get('n_refused')} refused, "
-                     f"cost {s.get('cost_ratio_mean', float('nan')):.1f} clean forwards/pair")
-        for k in ("top_layers", "top_heads", "correlation_heads", "correlation_resid"):
-            if k in s:
-                lines.append(f"   {k}: {s[k]}")
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------
-# Entry points until the lead merges R1's pipeline/cli (issue 10)
-# ---------------------------------------------------------------------------------------------
-
-
-Config = PatchingConfig
-"""The stage's config class (the Stage protocol's name for it)."""

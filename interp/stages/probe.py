@@ -152,8 +152,6 @@ class ProbeConfig:
             raise ProbeError(f"folds must be >= 2, not {self.folds}")
         if self.batch_size < 1:
             raise ProbeError("batch_size must be >= 1")
-        if self.limit is not None and self.limit < 1:
-            raise ProbeError(f"limit must be >= 1 or None, not {self.limit}")
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any]) -> ProbeConfig:

@@ -52,6 +52,7 @@ from interp.store import (
     config_from_table,
     read_json,
     read_jsonl,
+    safe_name,
     signature,
     write_json,
     write_jsonl,
@@ -325,8 +326,9 @@ def _evaluate_model(tdir: Path, handle: ModelHandle, mname: str, val: Mapping[st
     own, judged = [], []
     need_fix = config.judge_base_answers and mname != "base"
     for ds, exs in val.items():
-        p_self = tdir / "eval" / f"{mname}__{ds}.jsonl"
-        p_fix = tdir / "eval" / f"{mname}__{ds}__judge_base_answers.jsonl"
+        name = safe_name(ds)  # a dataset given as a file path stays one file name
+        p_self = tdir / "eval" / f"{mname}__{name}.jsonl"
+        p_fix = tdir / "eval" / f"{mname}__{name}__judge_base_answers.jsonl"
         if not p_self.exists() or (need_fix and not p_fix.exists()):
             h = h or load_adapter(handle, tdir / "adapters" / mname, name=mname)
             t0 = time.perf_counter()
@@ -360,7 +362,10 @@ def _evaluate(tdir: Path, handle: ModelHandle, template: Template, oracle: BaseO
               verdict_max_new_tokens=config.verdict_max_new_tokens,
               batch_size=config.batch_size)
     base_answers: dict[str, list[str | None]] = {}
-    for mname in MODELS:
+    from tqdm.auto import tqdm
+
+    # one bar over the models (base and each adapter), each evaluated on every dataset
+    for mname in tqdm(MODELS, desc="transfer eval", unit="model", leave=False):
         evals["self"][mname], evals["judge_base_answers"][mname] = _evaluate_model(
             tdir, handle, mname, val, base_answers, config, kw, timings, log)
     return evals
@@ -542,10 +547,13 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     """The transfer settings of a TOML file: its ``[transfer]`` table, else the whole file.
 
     In a full experiment config (with ``[asymmetry]`` etc.) only ``[transfer]`` is read.
-    """
-    import tomllib
 
-    data = tomllib.loads(Path(path).read_text())
+    Raises:
+        interp.errors.ConfigError: the file is missing or not TOML.
+    """
+    from interp.inputs import read_toml
+
+    data = read_toml(path)
     return dict(data[NAME]) if NAME in data else data
 
 

@@ -81,15 +81,24 @@ def test_tlens_leaves_model_and_bridge_as_they_were(on_disk, patch_prompts):
 
 
 def test_tlens_patching_in_training_mode_is_exact(on_disk, patch_prompts):
-    ids = patch_prompts[1].input_ids
+    """Patching through the bridge of a model left in training mode runs in eval mode.
+
+    The numbers equal those of the model in eval mode, patching every position restores the
+    clean score, and both training flags come back.
+    """
+    clean, corrupt = (p.input_ids for p in patch_prompts)
     bridge = to_tlens(on_disk)
+    units = [Patch("blocks.0.hook_resid_pre"), Patch("blocks.1.attn.hook_z", None, (1,))]
+    ref = Patcher(on_disk, clean, corrupt, backend="transformer_lens")
+    ref_res = ref.run(units)
     on_disk.model.train()
     bridge.train()
     try:
-        pt = Patcher(on_disk, ids, ids, backend="transformer_lens")
-        res = pt.run([Patch("blocks.0.hook_resid_pre"), Patch("blocks.1.attn.hook_z", None,
-                                                              (1,))])
-        assert pt.clean_ld == pt.corrupt_ld and set(res.patched.tolist()) == {pt.clean_ld}
+        pt = Patcher(on_disk, clean, corrupt, backend="transformer_lens")
+        res = pt.run(units)
+        assert (pt.clean_ld, pt.corrupt_ld) == (ref.clean_ld, ref.corrupt_ld)
+        assert res.patched.tolist() == ref_res.patched.tolist()
+        assert float(res.patched[0]) == pytest.approx(pt.clean_ld, abs=1e-5)
         assert all(m.training for m in on_disk.model.modules())
         assert all(m.training for m in bridge.modules())
     finally:

@@ -1,15 +1,15 @@
-r"""Golden pins of activation patching and the transfer study (issue 10: move, don't change).
+r"""Golden pins of activation patching and the transfer study.
 
 What is pinned (bundled SmolLM2-135M-Instruct, real bundled SQuAD 2.0 records, nothing trained):
 
-* ``pairs``: the candidate-swap and task-swap pair of one validation record (answers, where
+* ``pairs``: the candidate-swap and gen-to-eval pair of one validation record (answers, where
   the wrong candidate came from, first patchable position, position map).
-* ``candidate-swap`` / ``task-swap``: the tables one pair's sweep writes (``run_pair``): resid
-  on 3 layers (per span; task-swap: per layer with the judge's context mass), heads on 2
-  layers (task-swap: 1, its rows run the whole context), attribution on the last layer with
-  its exact-patching comparison (per position and per head), and the summary of each (top
-  layers, heads, spans, correlations); timings are left out: they are not results. The
-  layers and units are few so that the pins run in about a minute.
+* ``candidate-swap`` / ``gen-to-eval``: the rows one pair's sweep writes (``run_pair``, every
+  unit exact): resid on 3 layers (spans; gen-to-eval: the verdict position), heads on 2
+  layers (gen-to-eval: 1), attribution on the last layer with its exact comparison (per
+  position and per head), and the summary of each (top units, spans or layers, agreement);
+  timings are left out: they are not results. The layers and units are few so that the pins
+  run in about a minute. Every number is the judge's whole-reply verdict score (issue 15).
 * ``hard_negatives``: every closed-book attempt, decision and fallback for 3 train records
   (seeded sampling, short answers so that the answer-rotation fallback is taken too), and the
   LoRA-Gen/Eval/Both training sets built from them.
@@ -42,10 +42,12 @@ import torch
 
 from interp.data import load_examples
 from interp.grading import RuleOracle
+from interp.layers import parse_layers
 from interp.models import ModelHandle
-from interp.pairs import candidate_swap_pair, task_swap_pair
+from interp.pairs import candidate_swap_pair, gen_eval_pair
 from interp.prompts import get_template, render
-from interp.stages.patching import PatchingConfig, run_pair, summarise
+from interp.stages.patching import PatchingConfig, run_pair
+from interp.stages.patching_summary import summarise
 from interp.stages.transfer import TransferConfig
 from interp.transfer import build_training_sets, cross_model_patching, mine_hard_negatives
 
@@ -57,8 +59,9 @@ TOL = 1e-6
 LAYERS = [0, 15, 29]
 RECORDS = [115, 2]
 """Bundled SQuAD 2.0 validation records used (115 has the shortest context)."""
-TIMING = {"wall_s", "cost_ratio", "clean_forward_s", "exact_wall_s", "cost_ratio_mean",
-          "clean_forward_s_mean", "exact_cost_ratio_mean"}
+TIMING = {"wall_s", "cost_ratio", "clean_forward_s", "exact_wall_s", "attr_wall_s",
+          "mean_cost_ratio", "mean_clean_forward_s", "attr_cost_ratio", "exact_cost_ratio",
+          "attr_cost_clean_forwards", "exact_all_cost_clean_forwards", "signature"}
 OWN_ANSWERS = ["decision problems", "Normandy"]
 """Fixed wrong 'own answers' of the records (no generation in the pins)."""
 
@@ -78,25 +81,32 @@ def _pair_facts(p: Any) -> dict[str, Any]:
             "pos_map": list(p.pos_map)}
 
 
+def _untimed(x: Any) -> Any:
+    """``x`` without the timing keys, at any depth."""
+    if isinstance(x, dict):
+        return {k: _untimed(v) for k, v in x.items() if k not in TIMING}
+    if isinstance(x, list):
+        return [_untimed(v) for v in x]
+    return x
+
+
 def _sweep(handle: ModelHandle, pair: Any, *, per_position: bool, head_layers: list[int],
            attr_layers: list[int], tmp: Path) -> dict[str, Any]:
-    """One pair's tables and the summary the stage writes of each.
+    """One pair's rows and the summary the stage writes of each (every unit exact).
 
-    resid on :data:`LAYERS`, heads on ``head_layers``, attribution on ``attr_layers`` (it
-    reuses the heads sweep when the layers are the same, as the stage does).
+    resid on :data:`LAYERS`, heads on ``head_layers``, attribution on ``attr_layers``.
     """
-    cfg = PatchingConfig(batch_size=16, per_position=per_position)
-    out = {"heads": run_pair(handle, pair, "heads", cfg, head_layers),
-           "resid": run_pair(handle, pair, "resid", cfg, LAYERS)}
-    prior = {"heads": out["heads"]} if head_layers == attr_layers else {}
-    out["attribution"] = run_pair(handle, pair, "attribution", PatchingConfig(batch_size=16),
-                                  attr_layers, prior=prior)
+    cfg = PatchingConfig(batch_size=16, per_position=per_position, exact="all", n_boot=50,
+                         top_k=4)
+    band = parse_layers("last8", handle.n_layers)
+    out = {}
     for kind, layers in (("heads", head_layers), ("resid", LAYERS),
                          ("attribution", attr_layers)):
-        res = out[kind]
-        s = summarise(tmp / pair.kind / kind, pair.kind, kind, [res], [], layers, handle)
-        out[f"{kind}_summary"] = {k: v for k, v in s.items() if k not in TIMING}
-        res["meta"] = {k: v for k, v in res["meta"].items() if k not in TIMING}
+        res = run_pair(handle, pair, kind, cfg, layers, band)
+        s = summarise(tmp / pair.kind / kind, pair.kind, kind, [res], [], layers, band,
+                      handle.spec, cfg)
+        out[kind] = _untimed(res)
+        out[f"{kind}_summary"] = _untimed(s)
     return out
 
 
@@ -141,13 +151,13 @@ def actual(bundled, tmp_path_factory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("golden")
     recs = _records()
     tpl = get_template()
-    cand = candidate_swap_pair(bundled.tokenizer, tpl, recs[0], recs)
-    task = task_swap_pair(bundled.tokenizer, tpl, recs[0])
-    out = {"pairs": {"candidate-swap": _pair_facts(cand), "task-swap": _pair_facts(task)},
+    cand = candidate_swap_pair(bundled.tokenizer, tpl, recs[0], RuleOracle())
+    g2e = gen_eval_pair(bundled.tokenizer, tpl, recs[0], "gen-to-eval")
+    out = {"pairs": {"candidate-swap": _pair_facts(cand), "gen-to-eval": _pair_facts(g2e)},
            "candidate-swap": _sweep(bundled, cand, per_position=False, head_layers=[15, 29],
                                     attr_layers=[29], tmp=tmp),
-           "task-swap": _sweep(bundled, task, per_position=False, head_layers=[29],
-                               attr_layers=[29], tmp=tmp),
+           "gen-to-eval": _sweep(bundled, g2e, per_position=False, head_layers=[29],
+                                 attr_layers=[29], tmp=tmp),
            "hard_negatives": _hard_negatives(bundled),
            "cross_model": _cross_model(bundled, recs)}
     out = json.loads(json.dumps(out))  # the JSON view: tuples -> lists, NaN kept as NaN
@@ -184,8 +194,8 @@ def _compare(a: Any, b: Any, path: str = "") -> None:
         assert a == b and type(a) is type(b), f"{path}: {a!r} != {b!r}"
 
 
-@pytest.mark.parametrize("section", ["pairs", "candidate-swap", "task-swap", "hard_negatives",
-                                     "cross_model"])
+@pytest.mark.parametrize("section", ["pairs", "candidate-swap", "gen-to-eval",
+                                     "hard_negatives", "cross_model"])
 def test_golden(actual, golden, section):
     if REGEN:
         pytest.skip("regenerated the golden file")

@@ -1,47 +1,40 @@
-"""Pair builders on the bundled tokenizer (the alignment rule needs equal candidate lengths)."""
+"""Pair builders on the bundled tokenizer: the prefix/suffix alignment of real candidates."""
 
 from __future__ import annotations
 
 import pytest
 
 from interp.errors import PairError
-from interp.pairs import candidate_swap_pair, check_candidate_alignment, task_swap_pair
-from interp.prompts import get_template, render
+from interp.grading import RuleOracle
+from interp.pairs import candidate_swap_pair, gen_eval_pair
+from interp.prompts import get_template
 
 pytestmark = pytest.mark.integration
 
 
-def test_alignment_rule(tokenizer, patch_prompts, toy_records):
-    tpl = get_template()
-    clean, corrupt = patch_prompts
-    ctx, q = toy_records[0]["context"], toy_records[0]["question"]
-    start = check_candidate_alignment(clean, corrupt)
-    assert start == clean.token_spans["candidate"][0]
-    other = render(tokenizer, tpl, "eval", context=ctx.replace("1889", "1890"), question=q,
-                   answer="Lyon")
-    with pytest.raises(PairError, match="outside the candidate span .* at position"):
-        check_candidate_alignment(clean, other)
-    longer = render(tokenizer, tpl, "eval", context=ctx, question=q,
-                    answer="the city of Lyon in France")
-    with pytest.raises(PairError, match="equal token length"):
-        check_candidate_alignment(clean, longer)
-    with pytest.raises(PairError, match="identical"):
-        check_candidate_alignment(clean, clean)
+def test_alignment_of_candidates_of_other_lengths(tokenizer, toy_records):
+    tpl, oracle = get_template(), RuleOracle()
+    r1 = toy_records[0]  # gold "Gustave Eiffel's company", own answer "Paris"
+    p = candidate_swap_pair(tokenizer, tpl, r1, oracle)
+    nc, nx = len(p.clean), len(p.corrupt)
+    assert p.corrupt_source == "own" and nc > nx
+    c0, c1 = p.corrupt.token_spans["candidate"]
+    # the shared prefix ends where the candidates start; the suffix (template text after the
+    # candidate and the verdict position) maps from the end; the candidate is unmapped
+    assert p.start == c1 and p.pos_map[:c0] == list(range(c0))
+    assert p.pos_map[c0:c1] == [-1] * (c1 - c0) and p.middle == (0, 0)
+    assert p.pos_map[c1:] == list(range(c1 + nc - nx, nc))
+    assert p.clean.input_ids[p.pos_map[-1]] == p.corrupt.input_ids[-1]
+    assert "candidate" not in p.span_units() and p.span_units()["verdict"] == [nx - 1]
+    # a "wrong" answer the oracle grades Correct is never used (issue 15's Kingdom of Sicily)
+    rec = {**r1, "answers": ["the Kingdom of Sicily"], "oracle_label": True,
+           "hard_negatives": ["Kingdom of Sicily,"]}
+    with pytest.raises(PairError, match="no answer the oracle grades Incorrect"):
+        candidate_swap_pair(tokenizer, tpl, rec, oracle)
 
 
-def test_pairs_from_records(tokenizer, toy_records):
-    tpl = get_template()
-    recs = toy_records
-    p = candidate_swap_pair(tokenizer, tpl, recs[1], recs)
-    assert p.corrupt_source == "own" and p.clean_answer == "1889"
-    assert p.clean.token_spans["candidate"] == p.corrupt.token_spans["candidate"]
-    assert p.key == "toy__r2"
-    p3 = candidate_swap_pair(tokenizer, tpl, recs[2], recs)  # own answer right: rotation
-    assert p3.corrupt_source == "rotation" and p3.corrupt_answer != "Paris"
-    with pytest.raises(PairError, match="no wrong candidate"):
-        candidate_swap_pair(tokenizer, tpl, recs[2], [])
-    t = task_swap_pair(tokenizer, tpl, recs[0])
-    c0, c1 = t.corrupt.token_spans["context"]
-    g0, _ = t.clean.token_spans["context"]
-    assert t.corrupt.input_ids[c0:c1] == t.clean.input_ids[g0:g0 + c1 - c0]
-    assert t.pos_map[c0] == g0 and t.pos_map[c0 - 1] == -1 and t.start == c0
+def test_gen_to_eval_maps_the_last_position(tokenizer, toy_records):
+    p = gen_eval_pair(tokenizer, get_template(), toy_records[0], "gen-to-eval")
+    assert p.patchable() == [len(p.corrupt) - 1]
+    # both prompts end with the same generation prompt of the chat template
+    assert p.clean.input_ids[-3:] == p.corrupt.input_ids[-3:]

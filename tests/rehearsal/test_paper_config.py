@@ -108,8 +108,9 @@ def test_only_the_sources_are_swapped(rehearsal):
     assert paper["attention"]["layers"] == rehearsal.cfg["attention"]["layers"] == "24-31"
     assert rehearsal.cfg["asymmetry"]["oracle"] == f"model:{rehearsal.ckpt}"
     assert rehearsal.cfg["asymmetry"]["dtype"] == "bfloat16"
-    assert set(paper) - {"name", "out", "figures", "asymmetry"} == {
-        "attention", "patching", "probe", "transfer"}
+    assert set(paper) - {"name", "out", "figures", "publish", "asymmetry"} == {
+        "attention", "patching", "probe", "transfer", "steering"}
+    assert paper["steering"]["layers"] == paper["patching"]["band"] == "24-31"
 
 
 def test_every_stage_ran_on_the_llama31_shaped_model(rehearsal):
@@ -132,8 +133,10 @@ def test_every_stage_ran_on_the_llama31_shaped_model(rehearsal):
     assert probes["n_layers"] == 32 and set(probes["tasks"]) == {"eval", "gen"}
     table = json.loads((run.path / "transfer" / "table.json").read_text())
     assert set(table["self"]) == {"base", "lora_gen", "lora_eval", "lora_both"}
-    patching = [p.name for p in (run.path / "patching").iterdir()]
-    assert patching, "the patching stage wrote nothing"
+    patching = sorted(p.name for p in (run.path / "patching").rglob("summary.json"))
+    assert patching, "the patching stage wrote no summary"
+    steering = json.loads((run.path / "steering" / "summary.json").read_text())
+    assert steering["band"] == list(range(24, 32)) and steering["n_records"] == 12
     figures = {p.name for p in Path(rehearsal.cfg["figures"]).glob("*.png")}
     assert {"asymmetry.png", "attention_layerwise.png", "probes.png"} <= figures
 

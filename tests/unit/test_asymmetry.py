@@ -198,7 +198,8 @@ def test_unknown_config_key():
 def test_run_config_runs_stages_and_copies_figures_and_tables(tiny, tmp_path):
     """`interp run CONFIG`: grid + attention stage; figures and tables land in the figures folder.
 
-    An unknown stage, or an unknown key in a stage table, is refused before anything runs.
+    Only with ``publish = true``: without it the figures stay in the run directory. An unknown
+    stage, or an unknown key in a stage table, is refused before anything runs.
     """
     from interp.pipeline import run_config
 
@@ -209,6 +210,7 @@ def test_run_config_runs_stages_and_copies_figures_and_tables(tiny, tmp_path):
     cfg.write_text(f'''name = "t"
 out = "{tmp_path / 'runs'}"
 figures = "{tmp_path / 'figs'}"
+publish = true
 [asymmetry]
 models = ["{model_dir}"]
 datasets = ["squad_v2"]
@@ -227,6 +229,13 @@ n_boot = 50
             "attention_layerwise.png"} <= figs
     copied = json.loads((tmp_path / "figs" / "asymmetry_metrics.json").read_text())
     assert copied == json.loads((tmp_path / "runs").glob("*/metrics.json").__next__().read_text())
+    draft = tmp_path / "draft.toml"
+    draft.write_text(cfg.read_text().replace("publish = true", "publish = false").replace(
+        "figs", "draft_figs"))
+    lines: list[str] = []
+    run_config(draft, log=lines.append)
+    assert not (tmp_path / "draft_figs").exists()
+    assert "not updated (the config does not say publish = true)" in lines[-1]
     bad = tmp_path / "bad.toml"
     bad.write_text(cfg.read_text() + "[atention]\nlayers = 'all'\n")
     with pytest.raises(ConfigError, match=r"unknown keys or stages \['atention'\]"):

@@ -8,7 +8,7 @@ import pytest
 
 from interp.compare import comparison_rows, format_markdown, write_comparison
 from interp.pipeline import model_slug, run_config
-from interp.plots_compare import model_colors
+from interp.plots.compare import model_colors
 from interp.stages.asymmetry import write_metrics
 from interp.stages.probe import ProbeConfig
 from interp.stages.probe import run as run_probes

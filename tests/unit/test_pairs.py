@@ -1,26 +1,108 @@
-"""Clean/corrupt pair builders: candidate sources, alignment rule, task-swap position map."""
+"""Clean/corrupt pair builders: alignment, corrupt sources, the oracle invariant, skip reasons."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from interp.errors import PatchingError
+from interp.errors import PairError, PatchingError
+from interp.grading import RuleOracle
 from interp.pairs import (
+    align_positions,
     build_pairs,
+    candidate_swap_pair,
+    control_pair,
+    gen_eval_pair,
 )
 from interp.prompts import get_template
 
 
-def test_build_pairs_limit_refusals_and_kinds(tokenizer, toy_records):
+def test_align_positions_prefix_suffix_and_middle():
+    # unequal lengths: the middle maps to -1, the suffix from the end
+    pm, p, mid = align_positions([1, 2, 3, 4, 5, 9, 9], [1, 2, 3, 7, 7, 7, 9, 9])
+    assert (pm, p, mid) == ([0, 1, 2, -1, -1, -1, 5, 6], 3, (0, 0))
+    # equal lengths: identity, the middle [2, 4) patched only as a whole
+    assert align_positions([1, 2, 3, 4, 9], [1, 2, 8, 8, 9]) == ([0, 1, 2, 3, 4], 2, (2, 4))
+    # a shared tail inside the candidate belongs to the suffix
+    pm, p, mid = align_positions([1, 5, 6, 9], [1, 7, 5, 6, 9])
+    assert (pm, p, mid) == ([0, -1, 1, 2, 3], 1, (0, 0))
+    with pytest.raises(PairError, match="identical") as err:
+        align_positions([1, 2], [1, 2])
+    assert err.value.reason == "identical_prompts"
+
+
+def test_candidate_sources_in_order_and_the_oracle_invariant(tokenizer, toy_records):
+    tpl, oracle = get_template(), RuleOracle()
+    r1, r2, r3, r4 = toy_records
+    # own wrong answer first
+    p = candidate_swap_pair(tokenizer, tpl, r2, oracle, mine=lambda r: ["never asked"])
+    assert (p.corrupt_source, p.clean_answer, p.corrupt_answer) == ("own", "1889", "1890")
+    pm, prefix, _ = align_positions(p.clean.input_ids, p.corrupt.input_ids)
+    # the first patchable position: after the shared prefix, past the unmatched middle
+    assert p.pos_map == pm and p.start == p.patchable()[0]
+    assert p.start == next(i for i in range(prefix, len(pm)) if pm[i] >= 0)
+    assert p.corrupt.input_ids[-1] == p.clean.input_ids[-1] and p.pos_map[-1] == len(p.clean) - 1
+    # own answer right: a stored hard negative, graded by the oracle ("paris" is rejected: it
+    # is the gold of r3 up to case), then the miner
+    asked = []
+    rec = {**r3, "hard_negatives": ["paris", "Lyon"]}
+    p = candidate_swap_pair(tokenizer, tpl, rec, oracle,
+                            mine=lambda r: asked.append(r["id"]) or ["Rome"])
+    assert (p.corrupt_source, p.corrupt_answer, asked) == ("hard_negative", "Lyon", [])
+    p = candidate_swap_pair(tokenizer, tpl, r3, oracle, mine=lambda r: ["Paris, France", "Rome"])
+    assert (p.corrupt_source, p.corrupt_answer) == ("mined", "Rome")
+    # nothing the oracle grades Incorrect: skipped with a reason, never another gold
+    with pytest.raises(PairError, match="no answer the oracle grades Incorrect") as err:
+        candidate_swap_pair(tokenizer, tpl, r4, oracle, mine=lambda r: ["france"])
+    assert err.value.reason == "no_incorrect_answer"
+    with pytest.raises(PairError) as err:
+        candidate_swap_pair(tokenizer, tpl, {**r1, "answers": [" "]}, oracle)
+    assert err.value.reason == "no_gold"
+    # the invariant, over every record and source: no corrupt answer is oracle-correct
+    pairs, _ = build_pairs([{**r, "hard_negatives": ["Paris", "1889", "Lyon"]}
+                            for r in toy_records], "candidate-swap", tpl, tokenizer,
+                           oracle=oracle, mine=lambda r: ["France", "Rome"], log=lambda s: None)
+    assert len(pairs) == 4
+    for p, r in zip(pairs, toy_records):
+        assert not oracle.grade(p.corrupt_answer, r["answers"], dataset="toy").label
+
+
+def test_last_position_pairs_and_the_control(tokenizer, toy_records):
     tpl = get_template()
-    pairs, refused = build_pairs(toy_records, "candidate-swap", tpl, tokenizer,
+    r = toy_records[0]
+    g2e = gen_eval_pair(tokenizer, tpl, r, "gen-to-eval")
+    assert g2e.clean.task == "gen" and g2e.corrupt.task == "eval"
+    assert g2e.pos_map == [-1] * (len(g2e.corrupt) - 1) + [len(g2e.clean) - 1]
+    assert g2e.patchable() == [len(g2e.corrupt) - 1] and g2e.position_units() == []
+    assert g2e.span_units()["verdict"] == [len(g2e.corrupt) - 1]
+    e2g = gen_eval_pair(tokenizer, tpl, r, "eval-to-gen")
+    assert (e2g.clean.task, e2g.corrupt.task) == ("eval", "gen")
+    with pytest.raises(PatchingError, match="direction"):
+        gen_eval_pair(tokenizer, tpl, r, "gen-to-gen")
+    c = control_pair(tokenizer, tpl, r)
+    (c0, c1), (g0, _) = c.corrupt.token_spans["context"], c.clean.token_spans["context"]
+    assert c.pos_map[c0] == g0 and c.pos_map[c0 - 1] == -1 and c.start == c0
+    assert c.span_units() == {"context": list(range(c0, c1)), "all": list(range(c0, c1))}
+    # equal system prompts: the context is in the shared prefix, identical by construction
+    same = replace(tpl, eval_system=tpl.gen_system)
+    with pytest.raises(PairError, match="identical by construction") as err:
+        control_pair(tokenizer, same, r)
+    assert err.value.reason == "control_identity"
+
+
+def test_build_pairs_limit_skips_and_kinds(tokenizer, toy_records):
+    tpl = get_template()
+    pairs, skipped = build_pairs(toy_records, "candidate-swap", tpl, tokenizer,
                                  log=lambda s: None)
-    assert len(pairs) + len(refused) == 4 and len(pairs) >= 3
-    assert all(set(r) == {"id", "dataset", "reason"} for r in refused)
-    two, _ = build_pairs(toy_records, "task-swap", tpl, tokenizer, limit=2, log=lambda s: None)
+    assert [p.record_id for p in pairs] == ["r1", "r2"]
+    assert [(s["id"], s["reason"]) for s in skipped] == [("r3", "no_incorrect_answer"),
+                                                          ("r4", "no_incorrect_answer")]
+    two, _ = build_pairs(toy_records, "gen-to-eval", tpl, tokenizer, limit=2,
+                         log=lambda s: None)
     assert [p.record_id for p in two] == ["r1", "r2"]
-    short, refused = build_pairs(toy_records, "task-swap", tpl, tokenizer, max_tokens=10,
+    short, skipped = build_pairs(toy_records, "eval-to-gen", tpl, tokenizer, max_tokens=10,
                                  log=lambda s: None)
-    assert not short and "max_tokens 10" in refused[0]["reason"]
+    assert not short and {s["reason"] for s in skipped} == {"too_long"}
     with pytest.raises(PatchingError, match="unknown pair kind"):
-        build_pairs(toy_records, "swap", tpl, tokenizer)
+        build_pairs(toy_records, "task-swap", tpl, tokenizer)

@@ -1,7 +1,8 @@
 """The patching engine and stage on a tiny random model.
 
-Attribution against autograd, bad input, backends (names, hooks removed, no model kept alive),
-the stage's tables and resume.
+The whole-reply metric against the harness's scorer, attribution against autograd, refused
+requests, bad input, backends (names, hooks removed, no model kept alive), ratio of sums, the
+stage's tables, counts and resume.
 """
 
 from __future__ import annotations
@@ -19,65 +20,156 @@ import torch
 from interp.errors import BackendError, HookError, LayerSpecError, PatchingError
 from interp.hooks.backends import BACKENDS, get_backend
 from interp.hooks.points import decoder_layers
-from interp.pairs import check_candidate_alignment
-from interp.patching import Patch, Patcher, patch, valid_hooks
+from interp.pairs import align_positions
+from interp.patching import Patch, Patcher, patch, ratio_of_sums, valid_hooks
 from interp.stages.patching import PatchingConfig, run
 from interp.store import RunDir, write_json
+from interp.testing import tiny_llama, tiny_tokenizer
+from interp.verdict import score_verdicts, verdict_replies
 
 
-def test_attribution_gradient_matches_independent_autograd(tiny, patch_prompts):
-    """Attribution = (clean - corrupt) . dLD/da, with dLD/da checked by a zero perturbation."""
-    clean, corrupt = patch_prompts
-    pt = Patcher(tiny, clean.input_ids, corrupt.input_ids, prefix_cache=False)
+@pytest.fixture(scope="module")
+def multi():
+    """A tiny model whose tokenizer splits both replies: Correct = C + orrect, Incorrect = 3."""
+    tok = tiny_tokenizer(vocab_size=280)
+    return tiny_llama(tok, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, seed=1)
+
+
+@pytest.fixture(scope="module")
+def multi_prompts(multi):
+    from interp.prompts import get_template, render
+
+    kw = {"context": "The Eiffel Tower is in Paris.", "question": "Where is it?"}
+    clean = render(multi.tokenizer, get_template(), "eval", answer="Paris", **kw)
+    corrupt = render(multi.tokenizer, get_template(), "eval", answer="Rome", **kw)
+    return clean, corrupt
+
+
+def test_whole_reply_metric_equals_the_harness_scorer(multi, multi_prompts):
+    clean, corrupt = multi_prompts
+    r = verdict_replies(multi.tokenizer)
+    assert len(r.correct) == 2 and len(r.incorrect) == 3
+    pm, _, _ = align_positions(clean.input_ids, corrupt.input_ids)
+    pt = Patcher(multi, clean.input_ids, corrupt.input_ids, pos_map=pm)
+    pt.ensure_clean([])
+    ref = score_verdicts(multi, [clean.input_ids, corrupt.input_ids]).logit_diff
+    assert pt.clean_ld == pytest.approx(float(ref[0]), abs=1e-5)
+    assert pt.corrupt_ld == pytest.approx(float(ref[1]), abs=1e-5)
+    sc = pt.scores()["clean"]
+    assert sc["p_correct"] == pytest.approx(1 / (1 + np.exp(-pt.clean_ld)), abs=1e-9)
+    assert 0 < sc["verdict_coverage"] <= 1
+
+
+def test_attribution_is_the_gradient_of_the_whole_reply_metric(multi, multi_prompts):
+    """Attribution = (clean - corrupt) . dLD/da with LD summed over every reply token.
+
+    dLD/da is checked against a zero perturbation of the corrupt prompt's residual, with the
+    replies appended.
+    """
+    clean, corrupt = multi_prompts
+    pm, _, _ = align_positions(clean.input_ids, corrupt.input_ids)
+    pt = Patcher(multi, clean.input_ids, corrupt.input_ids, pos_map=pm, prefix_cache=False)
     att = pt.attribution()
-    layer = 1
+    layer, n = 1, len(corrupt)
     hook = f"blocks.{layer}.hook_resid_pre"
-    delta = torch.zeros(1, len(corrupt), tiny.info["d_model"], requires_grad=True)
-    h = decoder_layers(tiny.model)[layer].register_forward_pre_hook(
-        lambda mod, args: (args[0] + delta, *args[1:]) if args else None)
+    rep = verdict_replies(multi.tokenizer)
+    delta = torch.zeros(1, n, multi.info["d_model"], requires_grad=True)
+
+    def add(mod, args):
+        x = args[0]
+        return (x + torch.cat([delta, delta.new_zeros(1, x.shape[1] - n, x.shape[2])], 1),
+                *args[1:])
+
+    h = decoder_layers(multi.model)[layer].register_forward_pre_hook(add)
     try:
         with torch.enable_grad():
-            logits = tiny.model(torch.tensor([corrupt.input_ids])).logits[0, -1]
-            c, i = pt.verdict_ids
-            (g,) = torch.autograd.grad(logits[c] - logits[i], [delta])
+            total = 0.0
+            for sign, reply in ((1, rep.correct), (-1, rep.incorrect)):
+                ids = torch.tensor([corrupt.input_ids + list(reply[:-1])])
+                lp = torch.log_softmax(multi.model(ids).logits[0], -1)
+                total = total + sign * sum(lp[n - 1 + j, t] for j, t in enumerate(reply))
+            (g,) = torch.autograd.grad(total, [delta])
     finally:
         h.remove()
+    assert float(total.detach()) == pytest.approx(pt.corrupt_ld, abs=1e-4)
     pt.ensure_clean([hook])
     with torch.no_grad():
-        _, cache = pt.be.forward(pt.corrupt_ids[None], cache_hooks=[hook])
-    expect = ((pt.source(hook) - cache[hook][0]) * g[0]).sum(-1).numpy()
-    np.testing.assert_allclose(att["resid"][layer], expect, atol=1e-5)
-    # positions that hold the same token in both prompts and come before them differ by 0
-    start = check_candidate_alignment(clean, corrupt)
-    assert np.abs(att["resid"][:, :start]).max() < 1e-6
+        cache = pt.be.forward(pt.corrupt_ids[None], cache_hooks=[hook]).acts
+    diff = pt.source(hook) - cache[hook][0]
+    diff[[i for i in range(n) if i not in pt.patchable()]] = 0
+    np.testing.assert_allclose(att["resid"][layer], (diff * g[0]).sum(-1).numpy(), atol=1e-5)
+    # positions before the first patchable one count 0
+    assert np.abs(att["resid"][:, :pt.start]).max() == 0.0
+
+
+def test_requests_that_patch_nothing_are_refused_with_the_position(tiny, patch_prompts):
+    clean, corrupt = patch_prompts
+    pm, prefix, _ = align_positions(clean.input_ids, corrupt.input_ids)
+    pt = Patcher(tiny, clean.input_ids, corrupt.input_ids, pos_map=pm)
+    assert pt.shared == prefix and pt.start == prefix
+    with pytest.raises(PatchingError, match="position 1 lies in the shared prefix"):
+        pt.run([Patch("blocks.0.hook_resid_pre", (1,))])
+    with pytest.raises(PatchingError, match="row 0 patches nothing"):
+        pt.run([[]])
+    with pytest.raises(PatchingError, match="an empty position list"):
+        pt.run([Patch("blocks.0.hook_resid_pre", ())])
+    # a position mapped to -1
+    other = list(pm)
+    other[prefix + 1] = -1
+    pt2 = Patcher(tiny, clean.input_ids, corrupt.input_ids, pos_map=other)
+    with pytest.raises(PatchingError, match=f"position {prefix + 1} has no clean counterpart"):
+        pt2.run([Patch("blocks.1.attn.hook_z", (prefix, prefix + 1), (0,))])
+    # refused before any forward: no baseline was computed
+    assert pt2.clean_lp is None and pt2.corrupt_lp is None
+    # the same prompt twice: nothing can be patched
+    same = Patcher(tiny, corrupt.input_ids, corrupt.input_ids)
+    with pytest.raises(PatchingError, match="no position to patch"):
+        same.run([Patch("blocks.0.hook_resid_post")])
 
 
 def test_bad_hooks_layers_and_config(tiny, patch_prompts):
     clean, corrupt = patch_prompts
+    pm, _, _ = align_positions(clean.input_ids, corrupt.input_ids)
+    kw = {"pos_map": pm}
     with pytest.raises(HookError, match="unknown hook point.*hook_resid_pre"):
-        patch(tiny, clean.input_ids, corrupt.input_ids, hook="blocks.0.mlp.hook_post")
+        patch(tiny, clean.input_ids, corrupt.input_ids, hook="blocks.0.mlp.hook_post", **kw)
     with pytest.raises(HookError, match="valid layers: 0..1"):
-        patch(tiny, clean.input_ids, corrupt.input_ids, hook="blocks.7.hook_resid_post")
+        patch(tiny, clean.input_ids, corrupt.input_ids, hook="blocks.7.hook_resid_post", **kw)
     with pytest.raises(PatchingError, match="not patchable.*attn.hook_z"):
-        patch(tiny, clean.input_ids, corrupt.input_ids, hook="blocks.0.hook_mlp_out")
+        patch(tiny, clean.input_ids, corrupt.input_ids, hook="blocks.0.hook_mlp_out", **kw)
     with pytest.raises(PatchingError, match="heads= only"):
         patch(tiny, clean.input_ids, corrupt.input_ids, hook="blocks.0.hook_resid_pre",
-              heads=[0])
-    with pytest.raises(PatchingError, match=r"heads \[4\] out of range; valid: 0..3"):
-        patch(tiny, clean.input_ids, corrupt.input_ids, hook="blocks.0.attn.hook_z", heads=[4])
+              heads=[0], **kw)
+    with pytest.raises(PatchingError, match=r"heads \[4\] out of range or empty; valid: 0..3"):
+        patch(tiny, clean.input_ids, corrupt.input_ids, hook="blocks.0.attn.hook_z",
+              heads=[4], **kw)
     with pytest.raises(PatchingError, match="pass pos_map"):
         Patcher(tiny, clean.input_ids[:-1], corrupt.input_ids)
     with pytest.raises(ValueError, match=r"\[patching\]: unknown config keys"):
-        PatchingConfig.from_mapping({"pairz": "task-swap"})
+        PatchingConfig.from_mapping({"pairz": "gen-to-eval"})
+    with pytest.raises(PatchingError, match="unknown pair kind 'task-swap'"):
+        PatchingConfig.from_mapping({"pairs": "task-swap"})
     with pytest.raises(PatchingError, match="unknown kind 'headz'"):
         PatchingConfig.from_mapping({"kinds": "resid,headz"})
+    with pytest.raises(PatchingError, match="exact must be one of"):
+        PatchingConfig.from_mapping({"exact": "some"})
     with pytest.raises(LayerSpecError, match="0-1"):
         PatchingConfig(layers="0-5").layer_list(tiny.n_layers)
     assert PatchingConfig(layers="last1").layer_list(tiny.n_layers) == [1]
     assert len(valid_hooks(tiny.n_layers)) == 3 * tiny.n_layers
     r = patch(tiny, clean.input_ids, corrupt.input_ids, hook="blocks.1.hook_resid_post",
-              positions=[-1])
+              positions=[-1], **kw)
     assert r.patched.shape == (1,) and np.isfinite(r.effect[0])
+
+
+def test_ratio_of_sums_is_not_a_mean_of_ratios():
+    patched = np.array([0.5, 2.0, -1.0])
+    clean, corrupt = np.array([1.0, 4.0, -3.0]), np.array([0.0, 0.0, 0.0])
+    # sign-aligned: (0.5 + 2 + 1) / (1 + 4 + 3) = 3.5 / 8
+    assert ratio_of_sums(patched, clean, corrupt) == pytest.approx(3.5 / 8)
+    assert np.mean((patched - corrupt) / (clean - corrupt)) == pytest.approx(4 / 9)
+    assert ratio_of_sums(patched, corrupt, corrupt) is None
+    assert ratio_of_sums([np.nan], [1.0], [0.0]) is None
 
 
 def test_backends_are_named_once_leave_no_hooks_and_keep_no_model(tiny, patch_prompts):
@@ -85,15 +177,15 @@ def test_backends_are_named_once_leave_no_hooks_and_keep_no_model(tiny, patch_pr
     with pytest.raises(BackendError, match="unknown backend 'tlens'.*transformer_lens"):
         get_backend(tiny, "tlens")
     clean, corrupt = patch_prompts
+    pm, _, _ = align_positions(clean.input_ids, corrupt.input_ids)
 
     def hooks():  # transformers may install hooks of its own: compare, do not expect none
         return [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in tiny.model.modules()]
 
     before = hooks()
-    pt = Patcher(tiny, clean.input_ids, corrupt.input_ids)
+    pt = Patcher(tiny, clean.input_ids, corrupt.input_ids, pos_map=pm)
     pt.run([Patch("blocks.1.attn.hook_z", None, (1,)), Patch("blocks.0.hook_resid_post")])
     assert hooks() == before
-    # a patched model is freed once the caller drops it (no process-wide backend cache)
     import copy
 
     from interp.models import ModelHandle
@@ -102,8 +194,8 @@ def test_backends_are_named_once_leave_no_hooks_and_keep_no_model(tiny, patch_pr
                         spec="copy", info=dict(tiny.info))
     ref = weakref.ref(other.model)
     for backend in ("hf", "nnsight"):
-        Patcher(other, clean.input_ids, corrupt.input_ids, backend=backend).run(
-            [Patch("blocks.0.hook_resid_pre")])
+        Patcher(other, clean.input_ids, corrupt.input_ids, backend=backend, pos_map=pm).run(
+            [Patch("blocks.0.hook_resid_post")])
     del other
     gc.collect()
     assert ref() is None
@@ -117,65 +209,75 @@ def toy_run(tmp_path, toy_records):
     return run_dir
 
 
-def _check_tables(toy_run, summary):
-    root = toy_run.path / "patching"
-    for key, s in summary.items():
-        assert s["n_pairs"] >= 1, key
-        assert (root / key / "effects.parquet").exists()
-        assert (root / key / "effects.csv").exists()
-        assert s["cost_ratio_mean"] > 0
-    df = pd.read_parquet(root / "candidate-swap/resid/effects.parquet")
-    np.testing.assert_allclose(df[df.span == "all"].effect, 1.0, atol=1e-3)
-    ts = pd.read_parquet(root / "task-swap/resid/effects.parquet")
-    # resid_pre at layer 0 = token embeddings, identical in both prompts: no change
-    np.testing.assert_allclose(ts[ts.layer == 0].d_ld, 0.0, atol=1e-4)
-    assert ts.context_mass.between(0, 1).all()
-    assert summary["candidate-swap/attribution"]["correlation_heads"]["n"] > 0
-    figs = sorted(p.name for p in (toy_run.path / "figures").glob("patching_*.png"))
-    for name in ("patching_candidate_swap_resid_span.png", "patching_task_swap_resid.png",
-                 "patching_candidate_swap_attribution.png"):
-        assert name in figs
+STAGE = {"limit": 4, "layers": "0-1", "band": "0-1", "batch_size": 32, "top_k": 4,
+         "n_boot": 20, "progress": False, "hard_negative_attempts": 2}
 
 
-def test_stage_writes_tables_figures_and_resumes(tiny, toy_run):
-    cfg = PatchingConfig.from_mapping({"pairs": ["candidate-swap", "task-swap"],
-                                       "kinds": ["resid", "heads", "attribution"], "limit": 1,
-                                       "layers": "0-1", "batch_size": 32})
+def test_stage_counts_sources_gaps_and_ratio_of_sums(tiny, toy_run):
+    cfg = PatchingConfig.from_mapping({**STAGE, "pairs": ["candidate-swap"],
+                                       "kinds": ["resid", "heads"], "exact": "all"})
     summary = run(toy_run, tiny, cfg, log=lambda s: None)
-    _check_tables(toy_run, summary)
+    s = summary["candidate-swap/resid"]
+    # r1, r2: own wrong answers; r3, r4: own answers right -> hard negatives mined closed-book
+    assert s["pairs_by_source"] == {"own": 2, "mined": 2} and s["n_skipped"] == 0
+    mined = [json.loads(x) for x in (toy_run.path / "patching/hard_negatives.jsonl")
+             .read_text().splitlines()]
+    assert sorted(r["id"] for r in mined) == ["r3", "r4"]
+    assert all(r["source"] == "closed_book" and not r["fallback"] for r in mined)
+    root = toy_run.path / "patching/candidate-swap/resid"
+    pairs = pd.read_parquet(root / "pairs.parquet")
+    np.testing.assert_allclose(pairs.gap, pairs.clean_ld - pairs.corrupt_ld)
+    assert [g["gap"] for g in s["gaps"]] == pytest.approx(pairs.gap.tolist())
+    assert s["n_pairs_kept"] == int((pairs.gap.abs() >= 1.0).sum())
+    # the headline ratio of one unit, recomputed by hand from the effects table
+    df = pd.read_parquet(root / "effects.parquet")
+    units = pd.read_parquet(root / "units.parquet")
+    u = units[(units.unit == "position") & (units.layer == 1) & (units.rel_position == -1)]
+    e = df[(df.unit == "position") & (df.layer == 1) & (df.rel_position == -1) & df.kept]
+    sgn = np.sign(e.gap)
+    assert float(u.ratio.iloc[0]) == pytest.approx(
+        float((sgn * (e.ld - e.corrupt_ld)).sum() / e.gap.abs().sum()))
+    assert int(u.n_pairs.iloc[0]) == s["n_pairs_kept"]
+    # every unit of the full sweep is exact; figures drawn
+    assert df.verified.all() and np.isnan(df.attr_ld).all()
+    figs = {p.name for p in (toy_run.path / "figures").glob("patching_*.png")}
+    assert {"patching_candidate_swap_resid_span.png", "patching_candidate_swap_heads.png",
+            "patching_candidate_swap_resid_position.png"} <= figs
+
+
+def test_stage_atp_topk_attribution_agreement_and_resume(tiny, toy_run):
+    cfg = PatchingConfig.from_mapping({**STAGE, "pairs": ["gen-to-eval",
+                                                          "system-prompt-control"],
+                                       "kinds": ["resid", "heads", "attribution"],
+                                       "mine": False})
+    summary = run(toy_run, tiny, cfg, log=lambda s: None)
     root = toy_run.path / "patching"
-    # resume: a second call reads the parts back and gives the same summary numbers
+    heads = pd.read_parquet(root / "gen-to-eval/heads/effects.parquet")
+    # AtP*: 4 of 8 head units exact per pair, the others carry only the estimate
+    assert heads.groupby("id").verified.sum().tolist() == [4, 4, 4, 4]
+    assert heads.attr_ld.notna().all()
+    ver = heads[heads.verified]
+    top = heads.assign(a=heads.attr_ld.abs()).sort_values("a", ascending=False, kind="stable")
+    assert set(top.groupby("id").head(4).index) == set(ver.index)
+    ag = summary["gen-to-eval/attribution"]["agreement"]
+    assert ag["heads"]["k"] == 4 and 0 <= ag["heads"]["overlap_at_k_mean"] <= 1
+    assert summary["system-prompt-control/resid"]["control"] is True
+    by_layer = summary["gen-to-eval/resid"]["by_layer"]
+    assert sorted(by_layer) == [0, 1]
+    # resid_pre of layer 0 at the last position: the same token in both prompts, no change
+    assert by_layer[0]["mean_d_ld"] == pytest.approx(0.0, abs=1e-5)  # prefix cache vs full
+    # resume: a second call reads every part back
     cfg.figures = False
     msgs: list[str] = []
     again = run(toy_run, tiny, cfg, log=msgs.append)
-    assert not any("redone" in m or "sweep" in m for m in msgs), msgs
-    assert again["candidate-swap/heads"]["top_heads"] == summary["candidate-swap/heads"][
-        "top_heads"]
-    # attribution took its exact comparison from the resid and heads sweeps of the same call;
-    # computed afresh (attribution alone) it gives the same exact effects
-    reused = pd.read_parquet(root / "candidate-swap/attribution/effects.parquet")
-    part = next((root / "candidate-swap/attribution/parts").glob("*.json"))
-    assert json.loads(part.read_text())["meta"]["exact_reused_from"] == ["heads", "resid"]
-    shutil.rmtree(root / "candidate-swap/attribution")
-    alone = PatchingConfig.from_mapping({"pairs": ["candidate-swap"], "kinds": ["attribution"],
-                                         "limit": 1, "layers": [0, 1], "batch_size": 32,
-                                         "figures": False})
-    run(toy_run, tiny, alone, log=lambda s: None)
-    fresh = pd.read_parquet(root / "candidate-swap/attribution/effects.parquet")
-    assert json.loads(part.read_text())["meta"]["exact_reused_from"] == []
-    key = ["unit", "layer", "head", "position"]
-    a, b = reused.sort_values(key).reset_index(), fresh.sort_values(key).reset_index()
-    assert len(a) == len(b) > 0
-    np.testing.assert_allclose(a.exact_d_ld, b.exact_d_ld, atol=1e-4)
-    np.testing.assert_allclose(a.attr_ld, b.attr_ld, atol=1e-5)
-    # other layers: the stored parts are stale and are recomputed, not reused
-    cfg2 = PatchingConfig.from_mapping({"pairs": ["candidate-swap"], "kinds": ["heads"],
-                                        "limit": 1, "layers": [1], "figures": False})
+    assert not any("redone" in m or "exact rows" in m for m in msgs), msgs
+    assert again["gen-to-eval/heads"]["top_units"] == summary["gen-to-eval/heads"]["top_units"]
+    # other settings: stale parts are redone
+    shutil.rmtree(root / "system-prompt-control")
+    cfg2 = PatchingConfig.from_mapping({**STAGE, "pairs": ["gen-to-eval"], "kinds": ["heads"],
+                                        "top_k": 2, "figures": False})
     msgs = []
-    third = run(toy_run, tiny, cfg2, log=msgs.append)
-    assert any("redone" in m for m in msgs)
-    assert third["candidate-swap/heads"]["layers"] == [1]
-    assert {h["layer"] for h in third["candidate-swap/heads"]["top_heads"]} == {1}
-    # the run's summary keeps every (pairs, kind) of earlier calls
+    run(toy_run, tiny, cfg2, log=msgs.append)
+    assert sum("redone" in m for m in msgs) == 4
     stored = json.loads((root / "summary.json").read_text())
-    assert "task-swap/heads" in stored and stored["candidate-swap/heads"]["layers"] == [1]
+    assert "system-prompt-control/heads" in stored and stored["gen-to-eval/heads"]["top_k"] == 2

@@ -129,7 +129,8 @@ def test_probe_and_patching_refuse_before_any_work(tiny, run_copy, stage):
         if stage == "probe":
             probe_stage.run(run_copy, tiny, probe_stage.ProbeConfig(folds=2), **QUIET)
         else:
-            patching_stage.run(run_copy, tiny, patching_stage.PatchingConfig(), **QUIET)
+            patching_stage.run(run_copy, tiny, patching_stage.PatchingConfig(band="last1"),
+                               **QUIET)
     assert not (run_copy.path / ("probes" if stage == "probe" else "patching")).exists()
 
 
@@ -141,10 +142,10 @@ def test_patching_parts_are_keyed_on_runtime_facts(tiny, toy_records, tmp_path):
                            limit=1, max_tokens=None, log=lambda s: None)
     cfg = patching_stage.PatchingConfig()
     rf = result_facts(runtime_facts(tiny))
-    sig = patching_stage.part_signature(cfg, "resid", [0, 1], tiny, pairs[0], rf)
-    assert sig == patching_stage.part_signature(cfg, "resid", [0, 1], tiny, pairs[0], dict(rf))
+    sig = patching_stage.part_signature(cfg, "resid", [0, 1], [1], tiny, pairs[0], rf)
+    assert sig == patching_stage.part_signature(cfg, "resid", [0, 1], [1], tiny, pairs[0], dict(rf))
     for k, v in (("dtype", "bfloat16"), ("attn_implementation", "eager"), ("torch", "2.0")):
-        assert sig != patching_stage.part_signature(cfg, "resid", [0, 1], tiny, pairs[0],
+        assert sig != patching_stage.part_signature(cfg, "resid", [0, 1], [1], tiny, pairs[0],
                                                     {**rf, k: v})
 
 

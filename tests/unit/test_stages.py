@@ -12,7 +12,8 @@ from interp.store import RunDir, read_json, write_json
 
 
 def test_stage_list_is_explicit_and_complete():
-    assert list(stages.STAGES) == ["attention", "probe", "transfer", "patching"]
+    assert list(stages.STAGES) == [
+        "attention", "probe", "transfer", "patching", "steering", "record"]
     for name, stage in pipeline.STAGES.items():
         assert stage.NAME == name
         assert callable(stage.run) and callable(stage.format_summary)
@@ -72,6 +73,38 @@ def test_run_config_refuses_unknown_only(tmp_path):
     from interp.errors import ConfigError
 
     cfg = tmp_path / "c.toml"
-    cfg.write_text('name = "x"\n[asymmetry]\nmodels = ["m"]\n')
-    with pytest.raises(ConfigError, match=r"--only: unknown stages \['probes'\]"):
+    cfg.write_text('name = "x"\n[asymmetry]\nmodels = ["m"]\n[probe]\nfolds = 3\n')
+    with pytest.raises(ConfigError, match=r"^--only: unknown: probes; valid stages here: "
+                                          r"asymmetry, probe$"):
         pipeline.run_config(cfg, only=["probes"])
+    with pytest.raises(ConfigError, match=r"^--only: not configured in this file: attention; "
+                                          r"valid stages here: asymmetry, probe$"):
+        pipeline.run_config(cfg, only=["attention"])
+
+
+def test_cli_steer_and_patch(tiny_run, tmp_path):
+    """`interp steer` writes DIR/steering/ and the figure; bad values are one-line errors."""
+    from interp.testing import synthetic_probe_run
+
+    run, handle = tiny_run
+    manifest = read_json(run.manifest_path)
+    synth = synthetic_probe_run(tmp_path / "synth", handle, n_good=2, n_bad=2)
+    write_json(synth.manifest_path, {**read_json(synth.manifest_path),
+                                     "config": manifest["config"], "model": manifest["model"]})
+    runner = CliRunner()
+    res = runner.invoke(cli.app, ["steer", "--run", str(synth.path), "--alphas", "0.5,1",
+                                  "--layers", "0-1", "--limit", "1", "--tasks", "eval",
+                                  "--n-boot", "10"])
+    assert res.exit_code == 0, res.output
+    assert "judge alpha   0.5" in res.output and "judge alpha   1.0" in res.output
+    assert (synth.path / "steering/summary.json").exists()
+    assert (synth.path / "figures/steering.png").exists()
+    res = runner.invoke(cli.app, ["steer", "--run", str(synth.path), "--alphas", "0,1"])
+    assert res.exit_code == 2 and "alphas must be finite numbers > 0" in res.output
+    res = runner.invoke(cli.app, ["patch", "--run", str(synth.path), "--pairs", "task-swap"])
+    assert res.exit_code == 2 and "unknown pair kind 'task-swap'" in res.output
+    res = runner.invoke(cli.app, ["patch", "--run", str(synth.path), "--pairs", "gen-to-eval",
+                                  "--kind", "heads", "--limit", "1", "--layers", "1",
+                                  "--top-k", "2", "--band", "0-1"])
+    assert res.exit_code == 0, res.output
+    assert "gen-to-eval/heads: 2 pairs" in res.output

@@ -1,7 +1,8 @@
 """Figures drawn from stored tables (metrics.json, summaries), never from live models.
 
 Each ``plot_*`` function takes the parsed table and an output folder, writes ``NAME.png`` and
-``NAME.pdf`` there, and returns the PNG path.
+``NAME.pdf`` there, and returns the PNG path. The patching and steering figures are in
+:mod:`interp.plots.patching` and :mod:`interp.plots.steering` (re-exported here).
 """
 
 from __future__ import annotations
@@ -181,20 +182,22 @@ def _probe_panel(ax: Any, results: Mapping[str, Any], task: str, key: str, label
                            color=cmap(k), marker=markers.get(kind, "x"), s=22,
                            edgecolor="black", linewidth=0.5, zorder=3, label=f"{kind}: {pool}")
     jv = results["judge"]["folds"].get(jkey)
-    if jv is not None:
-        ax.axhline(jv, color="black", ls="--", lw=1.2,
-                   label={"auc": "judge logit-diff AUC", "accuracy": "judge EA"}.get(
-                       jkey, f"judge verdict {label}") + f" ({jv:.2f})")
+    if jv is not None:  # one legend entry for the judge; its value is written on the panel
+        ax.axhline(jv, color="black", ls="--", lw=1.4,
+                   label="verbal judge, same folds (value on each panel)")
+        ax.annotate(f"judge {jv:.2f}", (1.0, jv), xycoords=("axes fraction", "data"),
+                    xytext=(-2, 2), textcoords="offset points", ha="right", va="bottom",
+                    fontsize=7.5, fontweight="bold")
     pm = t.get("permutation")
     if key == "auc":
-        ax.axhline(0.5, color="grey", ls=":", lw=1, label="chance")
+        ax.axhline(0.5, color="grey", ls=":", lw=1, label="chance AUC / majority-class accuracy")
         if pm and pm.get("metric") == "auc" and pm.get("null_q95") is not None:
             ax.axhline(pm["null_q95"], color="tab:red", ls="-.", lw=1,
                        label=f"best cell under permuted labels, 95th pct ({pm['n']} perms)")
     if key == "accuracy":
         ax.axhline(results["majority_baseline_accuracy"], color="grey", ls=":", lw=1,
-                   label="majority class")
-    ax.set_title(f"{task} prompt — {label}", fontsize=9)
+                   label="chance AUC / majority-class accuracy")
+    ax.set_title(f"{task} prompt — {label}", fontsize=10)
     ax.set_xlabel(f"layer ({results['hook_point']})")
     ax.set_ylim(0, 1.02)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
@@ -204,7 +207,7 @@ def _probe_panel(ax: Any, results: Mapping[str, Any], task: str, key: str, label
         ptxt = f", permutation p={pm['p_value']:.2f}" if pm else ""
         ax.text(0.02, 0.03, f"best: {b['probe']} L{b['layer']} {b['pool']}\n"
                 f"AUC {b['auc']:.2f}, F1 {b['f1']:.2f}{ptxt}", transform=ax.transAxes,
-                fontsize=7, va="bottom")
+                fontsize=8, va="bottom", bbox={"fc": "white", "ec": "0.7", "alpha": 0.85})
 
 
 def plot_probes(results: Mapping[str, Any], out_dir: str | Path, name: str = "probes") -> Path:
@@ -225,21 +228,24 @@ def plot_probes(results: Mapping[str, Any], out_dir: str | Path, name: str = "pr
     """
     tasks = list(results["tasks"])
     fig, axes = plt.subplots(len(tasks), len(_PROBE_METRICS),
-                             figsize=(4.2 * len(_PROBE_METRICS), 3.3 * len(tasks)), squeeze=False)
+                             figsize=(4.6 * len(_PROBE_METRICS), 3.6 * len(tasks) + 1.2),
+                             squeeze=False)
+    seen: dict[str, Any] = {}
     for i, task in enumerate(tasks):
         for j, (key, label, jkey) in enumerate(_PROBE_METRICS):
             _probe_panel(axes[i, j], results, task, key, label, jkey, first_column=j == 0)
-        seen: dict[str, Any] = {}
-        for ax in axes[i]:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
+            for h, lab in zip(*axes[i, j].get_legend_handles_labels()):
                 seen.setdefault(lab, h)
-        axes[i, -1].legend(list(seen.values()), list(seen), fontsize=6, frameon=False,
-                           loc="center left", bbox_to_anchor=(1.02, 0.5))
     cc = results["class_counts"]
+    datasets = ", ".join(f"{d} {k}" for d, k in (results.get("datasets") or {}).items())
     fig.suptitle(f"Residual-stream probes for y* vs the verbal judge — {results['model']}, "
-                 f"n={results['n_records']} (Correct {cc['correct']}, Incorrect "
-                 f"{cc['incorrect']}), best by CV {results['select_by'].upper()}", fontsize=10)
-    fig.tight_layout()
+                 f"{datasets}: n={results['n_records']} records (Correct {cc['correct']}, "
+                 f"Incorrect {cc['incorrect']}), {results['folds']}-fold CV grouped by passage; "
+                 f"lines: mean over test folds, bands ±1 std; best cell by CV "
+                 f"{results['select_by'].upper()}", fontsize=11)
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
+    fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=min(5, len(seen)),
+               fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.0))
     return save(fig, out_dir, name)
 
 
@@ -291,9 +297,12 @@ def plot_transfer_matrix(table: Mapping[str, Any], out_dir: str | Path,
                         color="white" if arr[i, j] < 0.55 else "black")
     ax.set_xticks(range(arr.shape[1]), xlabels, fontsize=7)
     ax.set_yticks(range(len(models)), models)
-    n = next(iter(table["self"].values()))[datasets[0]].get("n")
-    ax.set_title(f"Transfer matrix (model x task), n={n} per dataset", fontsize=10)
-    fig.colorbar(im, ax=ax, fraction=0.03, pad=0.02)
+    base = next(iter(table["self"].values()))
+    ns = ", ".join(f"{d}: n={base[d].get('n')}" + (f", {base[d]['n_passages']} passages"
+                                                   if base[d].get("n_passages") else "")
+                   for d in datasets)
+    ax.set_title(f"Transfer matrix (model x task) — validation records, {ns}", fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.03, pad=0.02, label="rate (accuracy or acceptance)")
     fig.tight_layout()
     return save(fig, out_dir, name)
 
@@ -442,7 +451,7 @@ def plot_head_context_heatmaps(summary: Mapping[str, Any], out_dir: str | Path,
     diff = gen - ev
     band = summary["band"]
     fig, axes = plt.subplots(1, 3, figsize=(4 + 0.45 * gen.shape[1] * 3,
-                                            1.2 + 0.2 * gen.shape[0]))
+                                            max(3.2, 1.2 + 0.2 * gen.shape[0])))
     vmax = float(max(gen.max(), ev.max()))
     lim = float(np.abs(diff).max()) or 1.0
     for ax, arr, title, kw in ((axes[0], gen, "gen", {"cmap": "viridis", "vmin": 0,
@@ -457,7 +466,8 @@ def plot_head_context_heatmaps(summary: Mapping[str, Any], out_dir: str | Path,
         ax.set_title(f"context mass, {title}", fontsize=10)
         ax.set_xlabel("head")
         ax.set_xticks(range(arr.shape[1]))
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03,
+                     label="gen − eval" if title == "gen − eval" else "mean context mass")
     axes[0].set_ylabel("layer")
     fig.suptitle(f"Per-head last-token context mass ({dataset or 'all datasets'}, "
                  f"n={g['n']}, {g.get('n_passages', '?')} passages; dashed: band start)",
@@ -517,127 +527,10 @@ def plot_context_ratio(summary: Mapping[str, Any], out_dir: str | Path,
     return save(fig, out_dir, name)
 
 
-# ---------------------------------------------------------------------------------------------
-# Activation patching (interp.stages.patching): drawn from DIR/patching/{pairs}/{kind}/ tables
-# ---------------------------------------------------------------------------------------------
+from interp.plots.patching import plot_patching  # noqa: E402
+from interp.plots.steering import plot_steering  # noqa: E402
 
-
-def _patching_heat(ax: Any, mat: Any, xlabels: list[str], ylabels: list[str], title: str,
-                   cbar_label: str) -> None:
-    vals = np.asarray(mat, dtype=float)
-    lim = np.nanmax(np.abs(vals)) if np.isfinite(vals).any() else 1.0
-    im = ax.imshow(vals, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim,
-                   interpolation="nearest", origin="lower")
-    ax.set_xticks(range(len(xlabels)), xlabels, rotation=90, fontsize=6)
-    step = max(1, len(ylabels) // 15)
-    ax.set_yticks(range(0, len(ylabels), step), ylabels[::step], fontsize=7)
-    ax.set_title(title, fontsize=9)
-    plt.colorbar(im, ax=ax, fraction=0.03, label=cbar_label)
-
-
-def plot_patching(table_dir: str | Path, out_dir: str | Path) -> list[Path]:
-    """Figures of one patching experiment, from its stored tables.
-
-    The tables are ``summary.json``, ``effects.parquet``, ``pairs.parquet`` in
-    ``DIR/patching/{pairs}/{kind}/``.
-
-    * ``candidate-swap``/``resid``: layer x position (mean normalised effect per position
-      counted from the verdict position; tick labels are the first pair's tokens) and
-      layer x span heatmaps;
-    * ``task-swap``/``resid``: change of the verdict logit difference, ``p_correct`` and the
-      judge's context attention mass per patched layer (mean over pairs, with each pair thin);
-    * ``heads``: layer x head heatmap (normalised effect, or the change of the logit difference
-      for task-swap);
-    * ``attribution``: attribution-patching estimate vs exact patching (change of the logit
-      difference, nats), heads and residual positions, with Pearson r.
-
-    Returns:
-        The PNG paths written (``patching_{pairs}_{kind}[_...].png``).
-    """
-    import json
-
-    import pandas as pd
-
-    table_dir = Path(table_dir)
-    s = json.loads((table_dir / "summary.json").read_text())
-    if not (table_dir / "effects.parquet").exists():
-        return []
-    df = pd.read_parquet(table_dir / "effects.parquet")
-    pk, kind = s["pairs"], s["kind"]
-    stem = f"patching_{pk.replace('-', '_')}_{kind}"
-    n = s.get("n_pairs", 0)
-    out: list[Path] = []
-    if kind == "resid" and pk == "candidate-swap":
-        pos = df[df.unit == "position"]
-        if len(pos):
-            m = pos.groupby(["layer", "rel_position"]).effect.mean().unstack()
-            first = pos[pos.id == pos.id.iloc[0]].drop_duplicates("rel_position")
-            tok = dict(zip(first.rel_position, first.token))
-            xl = [f"{repr(tok.get(c, ''))[1:-1][:10]} ({c})" for c in m.columns]
-            fig, ax = plt.subplots(figsize=(max(6, 0.28 * len(xl) + 2), 5))
-            _patching_heat(ax, m.to_numpy(), xl, [str(i) for i in m.index],
-                           f"Candidate swap, residual stream patching by position (n={n})",
-                           "normalised effect")
-            ax.set_xlabel("position (token, offset from the end)")
-            ax.set_ylabel("layer")
-            out.append(save(fig, out_dir, f"{stem}_position"))
-        sp = df[df.unit == "span"].groupby(["layer", "span"]).effect.mean().unstack()
-        order = [c for c in ("context", "question", "candidate", "template", "verdict", "all")
-                 if c in sp.columns] + [c for c in sp.columns if c not in
-                                        ("context", "question", "candidate", "template",
-                                         "verdict", "all")]
-        sp = sp[order]
-        fig, ax = plt.subplots(figsize=(5, 5))
-        _patching_heat(ax, sp.to_numpy(), list(sp.columns), [str(i) for i in sp.index],
-                       f"Candidate swap, residual stream by span (n={n})", "normalised effect")
-        ax.set_ylabel("layer")
-        out.append(save(fig, out_dir, f"{stem}_span"))
-    elif kind == "resid":
-        d = df[df.layer >= 0]
-        fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-        for ax, col, lab in zip(axes, ("d_ld", "d_p_correct", "d_context_mass"),
-                                ("Δ logit diff (nats)", "Δ p_correct",
-                                 "Δ context attention mass")):
-            for _, g in d.groupby("id"):
-                ax.plot(g.layer, g[col], color="grey", lw=0.5, alpha=0.4)
-            mean = d.groupby("layer")[col].mean()
-            ax.plot(mean.index, mean.values, color=COLORS["gen"], lw=2, marker="o", ms=3)
-            ax.axhline(0, color="black", lw=0.8)
-            ax.set_xlabel("patched layer (generator → judge, context positions)")
-            ax.set_ylabel(lab)
-        fig.suptitle(f"Task swap: generator residual stream patched into the judge (n={n})",
-                     fontsize=10)
-        fig.tight_layout()
-        out.append(save(fig, out_dir, stem))
-    elif kind == "heads":
-        col = "effect" if pk == "candidate-swap" else "ld"
-        if pk == "task-swap":
-            base = pd.read_parquet(table_dir / "pairs.parquet").set_index("id").corrupt_ld
-            df = df.assign(ld=df.ld - df.id.map(base))
-        m = df.groupby(["layer", "head"])[col].mean().unstack()
-        fig, ax = plt.subplots(figsize=(max(4, 0.5 * m.shape[1] + 2), 5))
-        _patching_heat(ax, m.to_numpy(), [str(c) for c in m.columns],
-                       [str(i) for i in m.index],
-                       f"{pk}: per-head patching of attn.hook_z (n={n})",
-                       "normalised effect" if pk == "candidate-swap" else "Δ logit diff (nats)")
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
-        out.append(save(fig, out_dir, stem))
-    else:
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
-        for ax, (lab, g), key in zip(axes, (("heads", df[df.unit == "head"]),
-                                            ("residual", df[df.unit != "head"])),
-                                     ("correlation_heads", "correlation_resid")):
-            ax.scatter(g.exact_d_ld, g.attr_ld, s=8, alpha=0.5, color=COLORS["eval"])
-            if len(g):
-                lo = float(np.nanmin([g.exact_d_ld.min(), g.attr_ld.min()]))
-                hi = float(np.nanmax([g.exact_d_ld.max(), g.attr_ld.max()]))
-                ax.plot([lo, hi], [lo, hi], color="black", lw=0.8, ls="--")
-            r = (s.get(key) or {}).get("pearson")
-            ax.set_title(f"{lab}: Pearson r = {r:.2f}" if r is not None else lab, fontsize=9)
-            ax.set_xlabel("exact patching Δ logit diff (nats)")
-            ax.set_ylabel("attribution patching estimate (nats)")
-        fig.suptitle(f"{pk}: attribution vs exact patching (n={n})", fontsize=10)
-        fig.tight_layout()
-        out.append(save(fig, out_dir, stem))
-    return out
+__all__ = ["COLORS", "dataset_groups", "plot_asymmetry", "plot_context_ratio",
+           "plot_head_context_heatmaps", "plot_patching", "plot_probes",
+           "plot_span_mass_layerwise", "plot_steering", "plot_transfer_acceptance",
+           "plot_transfer_matrix", "plot_transfer_patching", "save"]

@@ -1,0 +1,249 @@
+"""Attention steering: scale the attention the last query position pays to a span of keys.
+
+The causal test of the mechanism of paper section 3.2 (issue 15, item 4): the judge's verdict
+position reads the context less than the generator's answer position does; multiply that
+reading by ``alpha`` and see what the verdict does.
+
+Algorithm (:func:`steering`, :func:`tl_steered_logits`):
+
+1. A :class:`Steer` names the steered layers (and per layer the query heads, or all), the key
+   span ``[start, end)`` (e.g. the prompt's context), and one ``alpha > 0`` per batch row.
+2. ``hf`` (the reference): inside the context manager every attention call goes through
+   ``interp_steer``, a function registered with transformers' ``AttentionInterface`` (and
+   SDPA's mask function), in the same way as the last-row recorder
+   (:mod:`interp.hooks.recorder`). It first runs SDPA exactly as the model's own kernel does.
+   Then, for the LAST query position of the forward (the verdict position when the forward
+   ends at the prompt's end; every new token while generating), it computes that row as the
+   recorder does (:func:`interp.hooks.recorder.last_row`: post-RoPE query times every key,
+   GQA groups expanded, the layer's mask) with ``log(alpha)`` added to the pre-softmax scores
+   of the span's keys for the steered heads; the softmax renormalises, so the span's mass
+   becomes ``alpha m / (alpha m + 1 - m)`` from ``m``. The output of that position is
+   ``row @ V`` (float32, cast back) for the (row, head) pairs whose bias is not zero; every
+   other output is SDPA's, bit for bit, so ``alpha = 1`` reproduces the unsteered forward
+   exactly. With ``record``, the (steered) last row of EVERY layer is kept
+   (:attr:`Steer.rows`): the attention actually reached.
+3. ``transformer_lens`` (the check): TransformerBridge runs its own eager attention; a hook on
+   ``blocks.L.attn.hook_attn_scores`` (pre-softmax scores ``[batch, head, query, key]``) adds
+   the same ``log(alpha)`` at one query position (the verdict position) and the span's keys.
+   The two agree to 1e-4 (tests/equivalence).
+
+Source: attention steering as in PASTA (Zhang et al. 2024, "Tell your model where to attend",
+which scales attention on emphasised spans in chosen heads); here the bias is ``log(alpha)``
+added before the softmax, on the last query row only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from interp.errors import SteeringError
+from interp.hooks.backends import attn_implementation, to_tlens
+from interp.hooks.recorder import last_row
+from interp.models import ModelHandle
+
+__all__ = ["IMPLEMENTATION", "Steer", "register_steering", "steering", "tl_steered_logits"]
+
+IMPLEMENTATION = "interp_steer"
+"""Name under which the steering attention function is registered with transformers."""
+
+
+@dataclass
+class Steer:
+    """One steering intervention (module docstring, step 1).
+
+    Attributes:
+        units: steered layer -> query heads (None: every head of that layer).
+        keys: key positions ``[start, end)`` whose scores get ``log(alpha)``.
+        alphas: one factor per batch row, ``[batch]``, each > 0.
+        record: keep the (steered) last row of every layer in :attr:`rows`.
+        rows: filled during a forward: layer -> ``[batch, n_heads, n_keys]`` float32.
+    """
+
+    units: Mapping[int, Sequence[int] | None]
+    keys: tuple[int, int]
+    alphas: Sequence[float]
+    record: bool = True
+    rows: dict[int, Tensor] = field(default_factory=dict)
+
+    def log_alpha(self, device: torch.device) -> Float[Tensor, " batch"]:
+        """``log(alpha)`` per row (float32)."""
+        return torch.tensor([math.log(a) for a in self.alphas], dtype=torch.float32,
+                            device=device)
+
+    def bias(self, layer: int, batch: int, n_heads: int, n_keys: int,
+             device: torch.device) -> Float[Tensor, "batch head key"] | None:
+        """The additive score bias of ``layer`` (None when the layer is not steered)."""
+        if layer not in self.units:
+            return None
+        if batch != len(self.alphas):
+            raise SteeringError(f"the forward has {batch} rows but {len(self.alphas)} alphas")
+        out = torch.zeros(batch, n_heads, n_keys, dtype=torch.float32, device=device)
+        heads = self.units[layer]
+        hs = list(range(n_heads)) if heads is None else list(heads)
+        s, e = self.keys[0], min(self.keys[1], n_keys)
+        out[:, hs, s:e] = self.log_alpha(device)[:, None, None]
+        return out
+
+
+_ACTIVE: contextvars.ContextVar[Steer | None] = contextvars.ContextVar("interp_steer",
+                                                                       default=None)
+
+
+def _additive(mask: Tensor | None, n_keys: int) -> Tensor | float:
+    """The layer's mask for the last query row as an additive float tensor ``[b, 1|h, 1, k]``."""
+    if mask is None:
+        return 0.0
+    m = mask[:, :, -1:, :n_keys]
+    if m.dtype == torch.bool:
+        return torch.zeros(m.shape, dtype=torch.float32, device=m.device).masked_fill(
+            ~m, float("-inf"))
+    return m.float()
+
+
+def _steering_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
+                        attention_mask: Tensor | None, scaling: float | None = None,
+                        dropout: float = 0.0, **kwargs: Any) -> tuple[Tensor, None]:
+    """SDPA, then the steered last query row (module docstring, step 2)."""
+    kwargs.pop("output_attentions", None)
+    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                    scaling=scaling, **kwargs)
+    st = _ACTIVE.get()
+    if st is None:
+        return out, None
+    layer = int(module.layer_idx)
+    b, n_heads, _, head_dim = query.shape
+    n_keys = key.shape[2]
+    bias = st.bias(layer, b, n_heads, n_keys, query.device)
+    if bias is None and not st.record:
+        return out, None
+    scale = scaling if scaling is not None else head_dim ** -0.5
+    add = _additive(attention_mask, n_keys)
+    if bias is not None:
+        add = add + bias[:, :, None, :]
+    row = last_row(query, key, add if torch.is_tensor(add) else None, scale)  # [b, h, k]
+    if st.record:
+        st.rows[layer] = row.detach()
+    if bias is not None:
+        apply = (bias != 0).any(-1)  # [b, h]
+        if bool(apply.any()):
+            v = value.float().repeat_interleave(n_heads // value.shape[1], dim=1)
+            o = torch.einsum("bhk,bhkd->bhd", row, v).to(out.dtype)
+            out = out.clone()
+            out[:, -1] = torch.where(apply[..., None], o, out[:, -1])
+    return out, None
+
+
+_REGISTERED = False
+
+
+def register_steering() -> str:
+    """Register the steering attention function (and its SDPA mask) with transformers.
+
+    Returns:
+        The attention-implementation name (:data:`IMPLEMENTATION`).
+    """
+    global _REGISTERED
+    if not _REGISTERED:
+        AttentionInterface.register(IMPLEMENTATION, _steering_attention)
+        AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+        _REGISTERED = True
+    return IMPLEMENTATION
+
+
+def _check(handle: ModelHandle, st: Steer) -> None:
+    """Refuse bad layers, heads, spans and alphas before any forward."""
+    if not st.alphas or any(not (a > 0 and math.isfinite(a)) for a in st.alphas):
+        raise SteeringError(f"every alpha must be a finite number > 0, got {list(st.alphas)}")
+    bad = [x for x in st.units if not 0 <= x < handle.n_layers]
+    if bad:
+        raise SteeringError(f"steered layers {bad} out of range; valid: 0..{handle.n_layers - 1}")
+    for layer, heads in st.units.items():
+        if heads is not None and (not heads or any(not 0 <= h < handle.n_heads for h in heads)):
+            raise SteeringError(f"layer {layer}: heads {list(heads)} out of range; valid: "
+                                f"0..{handle.n_heads - 1}")
+    s, e = st.keys
+    if not 0 <= s < e:
+        raise SteeringError(f"the steered key span must be [start, end) with 0 <= start < end, "
+                            f"got {st.keys}")
+
+
+@contextlib.contextmanager
+def steering(handle: ModelHandle, st: Steer) -> Iterator[Steer]:
+    """Run ``handle.model`` with the steering attention of ``st`` (module docstring, step 2).
+
+    Example:
+        >>> st = Steer(units={l: None for l in range(22, 30)}, keys=(5, 120), alphas=[0.5, 2])
+        >>> with steering(handle, st):
+        ...     out = handle.model(input_ids=ids.expand(2, -1), use_cache=False)
+        >>> st.rows[29][:, :, 5:120].sum(-1)   # context mass reached, [2, n_heads]
+
+    Args:
+        handle: the model (its attention goes through ``AttentionInterface``).
+        st: the intervention; ``st.rows`` is filled by each forward inside.
+
+    Yields:
+        ``st``.
+
+    Raises:
+        SteeringError: alphas not > 0, layers or heads outside the model, an empty span.
+    """
+    _check(handle, st)
+    token = _ACTIVE.set(st)
+    try:
+        with attn_implementation(handle, register_steering()):
+            yield st
+    finally:
+        _ACTIVE.reset(token)
+
+
+@torch.no_grad()
+def tl_steered_logits(handle: ModelHandle, ids: Int[Tensor, "batch pos"], st: Steer, *,
+                      query: int, logits_to_keep: int = 1) -> Float[Tensor, "batch keep vocab"]:
+    """The steered forward through TransformerLens (module docstring, step 3).
+
+    Args:
+        handle: the model (wrapped in a cached TransformerBridge copy).
+        ids: token ids, one row per alpha of ``st``.
+        st: the intervention (``record`` is ignored here).
+        query: the steered query position (the verdict position, ``n - 1`` of the prompt).
+        logits_to_keep: how many last positions get logits.
+
+    Returns:
+        Logits ``[batch, logits_to_keep, vocab]``.
+
+    Raises:
+        SteeringError: as :func:`steering`, or ``query`` outside the prompt.
+    """
+    _check(handle, st)
+    if not 0 <= query < ids.shape[1]:
+        raise SteeringError(f"query position {query} outside the prompt of {ids.shape[1]}")
+    bridge = to_tlens(handle)
+    la = st.log_alpha(ids.device)
+
+    def mk(layer: int) -> Any:
+        heads = st.units[layer]
+
+        def fn(scores: Tensor, hook: Any) -> Tensor:
+            hs = list(range(scores.shape[1])) if heads is None else list(heads)
+            s, e = st.keys[0], min(st.keys[1], scores.shape[-1])
+            scores = scores.clone()
+            scores[:, hs, query, s:e] += la.to(scores.dtype)[:, None, None]
+            return scores
+        return fn
+
+    hooks = [(f"blocks.{layer}.attn.hook_attn_scores", mk(layer)) for layer in st.units]
+    with attn_implementation(handle, "eager"):
+        logits = bridge.run_with_hooks(ids, fwd_hooks=hooks, return_type="logits")
+    return logits[:, -logits_to_keep:, :]

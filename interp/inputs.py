@@ -1,0 +1,169 @@
+"""User input checked before slow work, and results that a run with less work never replaces.
+
+One home for the rules every command follows (issue 17):
+
+* :func:`read_toml`: a config or template file that is missing, not UTF-8 or not TOML is a
+  :class:`interp.errors.ConfigError` (one line naming the file and the line), never a traceback.
+* :func:`check_counts`: counts such as ``limit``, ``batch_size`` and ``max_new_tokens`` are whole
+  numbers >= 1 (``None`` where the field allows it means "all"); every stage config built by
+  :func:`interp.store.config_from_table` is checked, so ``--limit 0`` is refused by every
+  command before a model loads.
+* :func:`new_run_dir`: a command that creates a run directory and fails (or is interrupted)
+  before it has kept any result removes the directory again, so a corrected rerun starts clean.
+* :func:`write_result`: a summary computed over zero items does not replace an existing one.
+* :func:`kept_work`: what an interrupted command leaves behind, for the one-line Ctrl-C message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from interp.errors import ConfigError
+
+__all__ = ["COUNT_FIELDS", "check_counts", "kept_work", "new_run_dir", "read_toml",
+           "write_result"]
+
+COUNT_FIELDS = ("limit", "eval_limit", "batch_size", "max_new_tokens", "verdict_max_new_tokens",
+                "max_train_examples", "max_length", "epochs", "rank", "train_batch_size",
+                "layer_stride", "max_tokens", "top_k", "top", "n_boot", "mlp_hidden",
+                "hard_negative_attempts", "hard_negative_max_new_tokens", "checkpoint_every")
+"""Config fields that count something: each must be an int >= 1 (or None where allowed)."""
+
+
+def read_toml(path: str | Path, what: str = "config") -> dict[str, Any]:
+    """Read a TOML file.
+
+    Args:
+        path: the file.
+        what: what the file is, for the message (``config``, ``templates``).
+
+    Returns:
+        The parsed document.
+
+    Raises:
+        ConfigError: the file is missing, a directory, not UTF-8 or not valid TOML (the
+            message names the file and, for syntax errors, the line and column).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{what} file {p} does not exist" if not p.exists()
+                          else f"{what} file {p} is a directory, not a TOML file")
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{what} file {p} is not UTF-8 text ({err.reason})") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{what} file {p} is not valid TOML: {err}") from None
+
+
+def check_counts(cfg: Any, section: str, error: type[Exception] = ConfigError) -> None:
+    """Refuse a count field (:data:`COUNT_FIELDS`) that is not a whole number >= 1.
+
+    Args:
+        cfg: a config dataclass instance.
+        section: its config table name, for the message.
+        error: the error class to raise.
+
+    Raises:
+        error: names the option (``--limit``) and the table key (``[section] limit``); for
+            ``limit`` it adds that leaving it out means every record.
+    """
+    for name in COUNT_FIELDS:
+        if name not in getattr(cfg, "__dataclass_fields__", {}):
+            continue
+        value = getattr(cfg, name)
+        if value is None and cfg.__dataclass_fields__[name].default is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            hint = " (leave it out to use every record)" if name.endswith("limit") else ""
+            raise error(f"--{name.replace('_', '-')} ([{section}] {name}) must be a whole number "
+                        f">= 1{hint}, not {value!r}")
+
+
+def _holds_results(path: Path) -> bool:
+    """Whether a folder holds any file besides ``manifest.json`` and temporary files."""
+    for p in path.rglob("*"):
+        if p.is_file() and p.name != "manifest.json" and not (
+                p.name.startswith(".") and ".tmp" in p.name):
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def new_run_dir(path: str | Path) -> Iterator[Path]:
+    """Remove ``path`` again when the body fails and this call created it with no result in it.
+
+    A failure (or Ctrl-C) after the first result was written keeps the folder: it is a run that
+    resumes. A folder that existed before is never touched.
+    """
+    path = Path(path)
+    existed = path.exists()
+    try:
+        yield path
+    except BaseException:
+        if not existed and path.is_dir() and not _holds_results(path):
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def write_result(path: str | Path, obj: Any, *, n: int,
+                 log: Callable[[str], None] | None = None) -> bool:
+    """Write a summary (:func:`interp.store.write_json`) unless it covers nothing.
+
+    Args:
+        path: the summary file.
+        obj: its content.
+        n: how many items (records, pairs) it summarises.
+        log: told when an existing summary is kept.
+
+    Returns:
+        Whether the file was written: False when ``n == 0`` and the file already exists (a run
+        that had nothing to do never replaces a result).
+    """
+    from interp.store import write_json
+
+    path = Path(path)
+    if n == 0 and path.exists():
+        if log:
+            log(f"nothing was computed; {path} is kept as it was")
+        return False
+    write_json(path, obj)
+    return True
+
+
+_KEPT = (("records.jsonl", "records", "lines"),
+         ("attention/records/*/*.safetensors", "attention recordings", "files"),
+         ("record/*/*/index.json", "recorded prompts", "files"),
+         ("probes/features_*.safetensors", "probe feature caches", "files"),
+         ("patching/*/*/parts/*.json", "patching parts", "files"),
+         ("steering/parts/*.json", "steering parts", "files"),
+         ("transfer/adapters/*/adapter_config.json", "trained adapters", "files"),
+         ("transfer/eval/*.jsonl", "transfer evaluations", "files"))
+
+
+def kept_work(paths: Mapping[str, Path] | list[Path]) -> str:
+    """What finished work lies in run directories, as text (``"12 records in runs/x"``).
+
+    Counts the resumable units each stage keeps (records, recordings, parts, adapters);
+    ``"nothing"`` when there are none.
+    """
+    out = []
+    for root in paths.values() if isinstance(paths, Mapping) else paths:
+        root, before = Path(root), len(out)
+        for pattern, label, unit in _KEPT:
+            files = [p for p in root.glob(pattern) if p.is_file()]
+            if unit == "lines":
+                n = sum(sum(1 for line in p.read_text(encoding="utf-8").splitlines()
+                            if line.strip()) for p in files)
+            else:
+                n = len(files)
+            if n:
+                out.append(f"{n} {label}")
+        if len(out) > before:
+            out[-1] += f" in {root}"
+    return ", ".join(out) or "nothing"

@@ -1,0 +1,80 @@
+"""The steering figure, drawn from ``DIR/steering/summary.json`` (never live models)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from interp.plots import COLORS, plt, save
+
+__all__ = ["plot_steering"]
+
+
+def _series(summary: Mapping[str, Any], task: str, key: str
+            ) -> tuple[list[float], np.ndarray, np.ndarray]:
+    """Alphas, means and ``[2, n]`` error bars (overall) of one statistic."""
+    xs, ys, lo, hi = [], [], [], []
+    for a, groups in (summary.get(task) or {}).items():
+        st = groups.get("overall", {}).get(key) or {}
+        if st.get("mean") is None:
+            continue
+        xs.append(float(a))
+        ys.append(st["mean"])
+        ci = st.get("ci") or [st["mean"], st["mean"]]
+        lo.append(max(st["mean"] - ci[0], 0.0))
+        hi.append(max(ci[1] - st["mean"], 0.0))
+    return xs, np.array(ys), np.array([lo, hi])
+
+
+def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
+                  name: str = "steering") -> Path:
+    """EA and acceptance of the judge, GA of the generator, and context mass vs alpha.
+
+    Panels (overall, with passage-cluster 95% CIs; alpha on a log axis, 1 = unsteered):
+    judge: forced-choice EA, acceptance on oracle-correct and on oracle-incorrect answers;
+    generator: GA; both: the context mass actually reached. The title gives the records and
+    passages (n) and the steered heads and band.
+
+    Returns:
+        The PNG path.
+    """
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    ax = axes[0]
+    for key, lab, col in (("ea_forced", "EA (forced choice)", COLORS["EA"]),
+                          ("accept_correct", "acceptance | oracle Correct", COLORS["correct"]),
+                          ("accept_incorrect", "acceptance | oracle Incorrect",
+                           COLORS["incorrect"])):
+        xs, ys, err = _series(summary, "eval", key)
+        if xs:
+            ax.errorbar(xs, ys, yerr=err, marker="o", ms=4, capsize=3, color=col, label=lab)
+    ax.set_title("judge (verdict position steered)", fontsize=9)
+    ax.set_ylim(-0.02, 1.02)
+    ax = axes[1]
+    xs, ys, err = _series(summary, "gen", "ga")
+    if xs:
+        ax.errorbar(xs, ys, yerr=err, marker="o", ms=4, capsize=3, color=COLORS["GA"],
+                    label="GA (steered answers)")
+    ax.set_title("generator (every answer token steered)", fontsize=9)
+    ax.set_ylim(-0.02, 1.02)
+    ax = axes[2]
+    for task, col in (("eval", COLORS["eval"]), ("gen", COLORS["gen"])):
+        xs, ys, err = _series(summary, task, "context_mass")
+        if xs:
+            ax.errorbar(xs, ys, yerr=err, marker="o", ms=4, capsize=3, color=col,
+                        label=f"{task} context mass")
+    ax.set_title("context mass reached (band, all heads)", fontsize=9)
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("alpha (attention factor on the context keys)")
+        ax.axvline(1.0, color="black", lw=0.6, ls=":")
+    fig.suptitle(f"Attention steering: {summary.get('n_records')} records, "
+                 f"{summary.get('n_passages')} passages; heads {summary.get('heads')}, band "
+                 f"{summary.get('band', [None])[0]}-{summary.get('band', [None])[-1]}",
+                 fontsize=10)
+    fig.tight_layout()
+    return save(fig, out_dir, name)

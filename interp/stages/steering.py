@@ -1,0 +1,306 @@
+"""The steering stage (``interp steer``): attention steering of the judge and the generator.
+
+Algorithm of :func:`run` (methods: :mod:`interp.steering`, intervention:
+:mod:`interp.hooks.steering`):
+
+1. Validate the config (alphas > 0, the band, the head set) before any model work; the head
+   set ``top-diff:K`` reads ``DIR/attention/summary.json`` (``interp attention``).
+2. For the first ``limit`` ok records of each dataset (:func:`interp.store.limit_per_dataset`),
+   render the run's prompts again (:func:`interp.asymmetry.rerender`, checked against the
+   stored spans) and, per record, reuse ``DIR/steering/parts/{dataset}__{id}.json`` when fresh
+   (its signature covers the model, alphas, steered units, band, tasks, answer length and the
+   prompts' token ids); else steer the judge (eval prompt with the record's own answer,
+   :func:`interp.steering.steer_judge`) and the generator (gen prompt,
+   :func:`interp.steering.steer_generator`; the steered answers graded by the run's oracle)
+   for every alpha, and write the part (flushed per record; a progress bar shows the ETA).
+3. Tables: ``DIR/steering/rows.parquet`` (+ csv), one row per (record, task, alpha).
+4. Summary (:func:`summarise`), per task, alpha and dataset (and overall), each with a
+   passage-cluster bootstrap 95% CI (:func:`interp.stats.cluster_bootstrap_mean`):
+   judge: context mass reached, forced-choice EA (``logit_diff > 0`` against y*), acceptance
+   (forced Correct) on oracle-correct and on oracle-incorrect answers, mean ``logit_diff``
+   (nats), mean ``verdict_coverage``; generator: context mass reached, GA of the steered
+   answers (graded by the oracle), the share of answers that differ from alpha = 1, and the
+   share of alpha = 1 answers equal to the record's (a check of the replay).
+5. The figure ``DIR/figures/steering.png`` (:func:`interp.plots.steering.plot_steering`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from interp.errors import SteeringError
+from interp.inputs import write_result
+from interp.layers import DEFAULT_BAND, parse_layers
+from interp.models import ModelHandle
+from interp.stats import cluster_bootstrap_mean, passage_groups
+from interp.steering import ALPHAS, parse_heads, steer_generator, steer_judge
+from interp.store import (
+    RunDir,
+    config_from_table,
+    is_fresh,
+    limit_per_dataset,
+    read_json,
+    signature,
+    write_json,
+    write_table,
+)
+
+__all__ = ["NAME", "SUMMARIES", "Config", "SteeringConfig", "format_summary", "run",
+           "summarise"]
+
+NAME = "steering"
+SUMMARIES = {"steering/summary.json": "steering_summary.json"}
+"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
+TASKS = ("eval", "gen")
+
+
+@dataclass
+class SteeringConfig:
+    """Settings of ``interp steer`` / the ``[steering]`` config table.
+
+    Attributes:
+        alphas: attention factors on the context keys (each > 0; 1 = unsteered).
+        layers: the steered band (:func:`interp.layers.parse_layers`; default the attention
+            band ``last8``); also the band of the context mass.
+        heads: ``all``, ``top-diff:K`` (top gen-minus-eval heads of ``interp heads``) or
+            ``L.H,L.H`` (:func:`interp.steering.parse_heads`).
+        tasks: ``eval`` (the judge) and/or ``gen`` (the generator).
+        limit: records per dataset (None: all ok records).
+        max_new_tokens: length cap of the steered answers.
+        oracle: grades the steered answers (None: the run's oracle).
+        n_boot: passage-cluster bootstrap resamples.
+        seed: bootstrap seed.
+        figures: draw the figure.
+        progress: show a progress bar.
+    """
+
+    alphas: list[float] = field(default_factory=lambda: list(ALPHAS))
+    layers: str | list[int] = DEFAULT_BAND
+    heads: str = "all"
+    tasks: list[str] = field(default_factory=lambda: ["eval", "gen"])
+    limit: int | None = 10
+    max_new_tokens: int = 32
+    oracle: str | None = None
+    n_boot: int = 1000
+    seed: int = 0
+    figures: bool = True
+    progress: bool = True
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any]) -> SteeringConfig:
+        """Build from a config table, refusing unknown keys and values.
+
+        Raises:
+            ConfigError: unknown keys (lists the known ones).
+            SteeringError: bad alphas or tasks.
+        """
+        d = dict(d)
+        for k in ("alphas", "tasks"):
+            if isinstance(d.get(k), str):
+                d[k] = [x.strip() for x in d[k].split(",") if x.strip()]
+        if "alphas" in d:
+            d["alphas"] = [float(a) for a in d["alphas"]]
+        cfg = config_from_table(cls, d, NAME)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Raises SteeringError on alphas not > 0, no alpha 1, or unknown tasks."""
+        if not self.alphas or any(not (a > 0 and np.isfinite(a)) for a in self.alphas):
+            raise SteeringError(f"alphas must be finite numbers > 0, got {self.alphas}")
+        if 1.0 not in [float(a) for a in self.alphas]:
+            raise SteeringError("alphas must include 1 (the unsteered reference)")
+        if not self.tasks or set(self.tasks) - set(TASKS):
+            raise SteeringError(f"tasks must be among {list(TASKS)}, got {self.tasks}")
+
+
+Config = SteeringConfig
+"""The stage's config class (the Stage protocol's name for it)."""
+
+
+def _units(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig
+           ) -> tuple[list[int], dict[int, list[int] | None]]:
+    band = parse_layers(cfg.layers, handle.n_layers)
+    ranked = None
+    if cfg.heads.strip().lower().startswith("top-diff:"):
+        from interp.attention import top_heads
+        from interp.stages.attention import read_summary
+
+        ranked = top_heads(read_summary(run_dir), top=handle.n_layers * handle.n_heads,
+                           layers=band)["diff"]
+    units = parse_heads(cfg.heads, band, handle.n_heads, ranked=ranked)
+    if bad := [x for x in units if not 0 <= x < handle.n_layers]:
+        raise SteeringError(f"heads on layers {bad}: valid layers 0..{handle.n_layers - 1}")
+    return band, units
+
+
+def _record(handle: ModelHandle, rec: Mapping[str, Any], cfg: SteeringConfig, band: list[int],
+            units: Mapping[int, Any], oracle: Any, prompts: Mapping[str, Any]) -> list[dict]:
+    """Step 2 for one record: one row per (task, alpha)."""
+    from interp.grading import extract_answer
+
+    rows = []
+    base = {"id": rec["id"], "dataset": rec["dataset"], "y_star": bool(rec["oracle_label"])}
+    if "eval" in cfg.tasks:
+        p = prompts["eval"]
+        j = steer_judge(handle, p.input_ids, p.token_spans["context"], units, cfg.alphas,
+                        band=band)
+        rows += [{**base, "task": "eval", "alpha": a,
+                  **{k: float(v[i]) for k, v in j.items()},
+                  "verdict": bool(j["logit_diff"][i] > 0)} for i, a in enumerate(cfg.alphas)]
+    if "gen" in cfg.tasks:
+        p = prompts["gen"]
+        g = steer_generator(handle, p.input_ids, p.token_spans["context"], units, cfg.alphas,
+                            band=band, max_new_tokens=cfg.max_new_tokens)
+        for i, a in enumerate(cfg.alphas):
+            ans = extract_answer(g["generations"][i])
+            lab = oracle.grade(ans, rec["answers"], dataset=rec["dataset"],
+                               answerable=rec.get("answerable", True),
+                               extras={"context": rec["context"], "question": rec["question"]})
+            rows.append({**base, "task": "gen", "alpha": a,
+                         "context_mass": float(g["context_mass"][i]), "answer": ans,
+                         "record_answer": rec.get("answer", ""), "correct": bool(lab.label)})
+    return rows
+
+
+def _stat(x: Any, groups: list[str], rng: np.random.Generator, n_boot: int) -> dict[str, Any]:
+    r = cluster_bootstrap_mean(np.asarray(x, dtype=float), groups, rng, n_boot)
+    return {"mean": r["mean"], "ci": r["ci"], "n": r["n"]}
+
+
+def _group_summary(g: Any, task: str, rng: np.random.Generator, n_boot: int,
+                   ref: Any) -> dict[str, Any]:
+    """Step 4 for the rows of one (task, alpha, group)."""
+    grp = g.passage.tolist()
+    out: dict[str, Any] = {"n": int(len(g)), "n_passages": int(g.passage.nunique()),
+                           "context_mass": _stat(g.context_mass, grp, rng, n_boot)}
+    if task == "eval":
+        pred, y = g.verdict.to_numpy(bool), g.y_star.to_numpy(bool)
+        out["ea_forced"] = _stat(pred == y, grp, rng, n_boot)
+        for name, sel in (("accept_correct", y), ("accept_incorrect", ~y)):
+            out[name] = _stat(pred[sel], [grp[i] for i in np.flatnonzero(sel)], rng, n_boot)
+        out["logit_diff"] = _stat(g.logit_diff, grp, rng, n_boot)
+        out["verdict_coverage"] = _stat(g.verdict_coverage, grp, rng, n_boot)
+    else:
+        out["ga"] = _stat(g.correct.to_numpy(float), grp, rng, n_boot)
+        r = ref.set_index("id").answer.reindex(g.id).to_numpy()
+        out["changed_vs_alpha1"] = float(np.mean(g.answer.to_numpy() != r))
+        out["alpha1_equals_record"] = float(np.mean(ref.answer == ref.record_answer))
+    return out
+
+
+def summarise(df: Any, cfg: SteeringConfig, band: list[int], units: Mapping[int, Any],
+              model: str) -> dict[str, Any]:
+    """Step 4 of the module algorithm from the rows table.
+
+    Returns:
+        ``{"model", "alphas", "band", "heads", "units", "n_records", "n_passages",
+        "eval": {alpha: {group: ...}}, "gen": {alpha: {group: ...}}}`` with ``group`` each
+        dataset and ``overall``; every statistic is ``{"mean", "ci", "n"}``.
+    """
+    rng = np.random.default_rng(cfg.seed)
+    s: dict[str, Any] = {"model": model, "alphas": list(cfg.alphas), "band": band,
+                         "heads": cfg.heads, "units": {str(k): v for k, v in units.items()},
+                         "n_records": int(df.id.nunique()) if len(df) else 0,
+                         "n_passages": int(df.passage.nunique()) if len(df) else 0,
+                         "metric": "whole-reply logit_diff = log P(Correct) - log P(Incorrect), "
+                                   "nats; forced verdict = logit_diff > 0"}
+    for task in cfg.tasks:
+        t = df[df.task == task]
+        ref = t[t.alpha == 1.0]
+        s[task] = {}
+        for a in cfg.alphas:
+            ta = t[t.alpha == a]
+            groups = [(d, g) for d, g in ta.groupby("dataset")] + [("overall", ta)]
+            s[task][str(a)] = {d: _group_summary(g, task, rng, cfg.n_boot,
+                                                 ref[ref.dataset == d] if d != "overall"
+                                                 else ref) for d, g in groups if len(g)}
+    return s
+
+
+def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, *,
+        overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Steer the judge and the generator on a run's records (module docstring).
+
+    ``overwrite`` is accepted for the Stage protocol (``interp run --overwrite``): a part is
+    redone whenever its signature differs, so there is nothing to refuse.
+
+    Returns:
+        The summary (also ``DIR/steering/summary.json``).
+
+    Raises:
+        SteeringError: bad alphas, tasks, band or heads.
+        RunDirError: the run has no manifest or records; ``top-diff`` without an attention
+            summary; a record whose prompts no longer render as stored.
+    """
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    from interp.asymmetry import make_oracle, rerender
+
+    run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    cfg.validate()
+    band, units = _units(run_dir, handle, cfg)
+    mcfg = run_dir.manifest().get("config", {})
+    records = limit_per_dataset(run_dir.read_records(), cfg.limit)
+    oracle = make_oracle(cfg.oracle or mcfg.get("oracle") or "rule", device=str(handle.device),
+                         dtype=mcfg.get("dtype"), run_model=handle)
+    root = run_dir.sub("steering")
+    rows = []
+    for rec, passage in tqdm(list(zip(records, passage_groups(records))), desc="steer",
+                             unit="record", disable=not cfg.progress):
+        prompts = {t: rerender(rec, t, handle.tokenizer,
+                               templates_path=mcfg.get("templates_path")) for t in TASKS}
+        sig = signature({"model": handle.spec, "sha256": handle.info.get("sha256"),
+                         "alphas": cfg.alphas, "units": {str(k): v for k, v in units.items()},
+                         "band": band, "tasks": cfg.tasks, "max_new_tokens": cfg.max_new_tokens,
+                         "oracle": getattr(oracle, "name", "?"),
+                         "ids": {t: p.input_ids for t, p in prompts.items()}})
+        f = root / "parts" / f"{rec['dataset']}__{rec['id']}.json".replace("/", "_")
+        if is_fresh(f, sig):
+            part = read_json(f)["rows"]
+        else:
+            part = _record(handle, rec, cfg, band, units, oracle, prompts)
+            write_json(f, {"signature": sig, "rows": part})
+        rows += [{**r, "passage": passage} for r in part]
+    df = pd.DataFrame(rows)
+    if len(df):
+        write_table(df, root / "rows.parquet")
+    s = summarise(df, cfg, band, units, handle.spec)
+    write_result(root / "summary.json", s, n=len(records), log=log)
+    if cfg.figures and len(df):
+        try:
+            from interp.plots.steering import plot_steering
+
+            plot_steering(s, run_dir.sub("figures"))
+        except Exception as err:  # noqa: BLE001 - figures never block the tables
+            log(f"[steering] figure failed: {err}")
+    return s
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    """Per alpha, overall: context mass, EA, acceptance, logit_diff, coverage; GA."""
+    def f(x: Mapping[str, Any] | None, p: str = ".2f") -> str:
+        if not x or x.get("mean") is None:
+            return "-"
+        ci = x.get("ci")
+        return f"{x['mean']:{p}}" + (f" [{ci[0]:{p}},{ci[1]:{p}}]" if ci else "")
+
+    lines = [f"steering {summary.get('heads')} heads, band {summary.get('band')}: "
+             f"{summary.get('n_records')} records, {summary.get('n_passages')} passages"]
+    for a, groups in (summary.get("eval") or {}).items():
+        o = groups.get("overall", {})
+        lines.append(f"judge alpha {a:>5}: ctx {f(o.get('context_mass'), '.3f')}  EA "
+                     f"{f(o.get('ea_forced'))}  acc|C {f(o.get('accept_correct'))}  acc|I "
+                     f"{f(o.get('accept_incorrect'))}  LD {f(o.get('logit_diff'))}  cov "
+                     f"{f(o.get('verdict_coverage'))}")
+    for a, groups in (summary.get("gen") or {}).items():
+        o = groups.get("overall", {})
+        lines.append(f"gen   alpha {a:>5}: ctx {f(o.get('context_mass'), '.3f')}  GA "
+                     f"{f(o.get('ga'))}  changed {o.get('changed_vs_alpha1', float('nan')):.2f}")
+    return "\n".join(lines)

@@ -1,0 +1,140 @@
+"""Attention steering on a tiny random model.
+
+Exactness at alpha = 1, the mass it reaches, bad input, head specs, and the stage's tables,
+summary and resume.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from interp.errors import SteeringError
+from interp.hooks.recorder import record_rows
+from interp.hooks.steering import Steer, steering
+from interp.prompts import get_template, render
+from interp.stages.steering import SteeringConfig, run
+from interp.steering import parse_heads, steer_generator, steer_judge
+from interp.testing import synthetic_probe_run
+from interp.verdict import continuation_logprobs, output_cache, verdict_replies
+
+
+@pytest.fixture(scope="module")
+def prompt(tiny):
+    return render(tiny.tokenizer, get_template(), "eval",
+                  context="The Eiffel Tower is in Paris. It was finished in 1889.",
+                  question="Where is the Eiffel Tower?", answer="Rome")
+
+
+def test_alpha_one_reproduces_the_unsteered_run_exactly(tiny, prompt):
+    ids = torch.tensor([prompt.input_ids])
+    ctx = prompt.token_spans["context"]
+    with torch.no_grad():
+        plain = tiny.model(input_ids=ids, use_cache=False).logits
+        with steering(tiny, Steer(units={0: None, 1: None}, keys=ctx, alphas=[1.0])):
+            steered = tiny.model(input_ids=ids, use_cache=False).logits
+    assert torch.equal(plain, steered)
+    # the judge's whole-reply score at alpha = 1 is the unsteered cached computation, bit for bit
+    out = steer_judge(tiny, prompt.input_ids, ctx, {0: None, 1: None}, [1.0], band=[0, 1])
+    with torch.no_grad():
+        pre = output_cache(tiny.model(input_ids=ids[:, :-1], use_cache=True))
+        last = tiny.model(input_ids=ids[:, -1:], cache=pre, use_cache=True)
+        lp = continuation_logprobs(tiny.model, last.logits[:, -1], output_cache(last),
+                                   torch.ones(1, ids.shape[1], dtype=torch.long),
+                                   verdict_replies(tiny.tokenizer).ids).double().numpy()
+    assert out["logprob_correct"][0] == lp[0, 0] and out["logprob_incorrect"][0] == lp[0, 1]
+    # and the rows it records are the recorder's
+    rows = record_rows(tiny, prompt.input_ids).rows
+    ref = rows[:, :, ctx[0]:ctx[1]].sum(-1).mean().item()
+    assert out["context_mass"][0] == pytest.approx(ref, abs=1e-6)
+
+
+def test_steering_reaches_the_renormalised_mass_on_steered_heads_only(tiny, prompt):
+    ids = torch.tensor([prompt.input_ids])
+    ctx = prompt.token_spans["context"]
+    base = record_rows(tiny, prompt.input_ids).rows  # [layer, head, pos]
+    st = Steer(units={1: [0, 2]}, keys=ctx, alphas=[0.25, 4.0])
+    with torch.no_grad(), steering(tiny, st):
+        tiny.model(input_ids=ids.expand(2, -1), use_cache=False)
+    m = base[1, :, ctx[0]:ctx[1]].sum(-1)
+    for row, a in enumerate((0.25, 4.0)):
+        got = st.rows[1][row, :, ctx[0]:ctx[1]].sum(-1)
+        want = m.clone()
+        want[[0, 2]] = a * m[[0, 2]] / (a * m[[0, 2]] + 1 - m[[0, 2]])
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+        # layer 0 is not steered: its rows are the unsteered ones
+        torch.testing.assert_close(st.rows[0][row], base[0], atol=1e-6, rtol=0)
+    # within a head the context keys keep their proportions (only the total is scaled)
+    r0, r1 = st.rows[1][0, 0, ctx[0]:ctx[1]], base[1, 0, ctx[0]:ctx[1]]
+    torch.testing.assert_close(r0 / r0.sum(), r1 / r1.sum(), atol=1e-5, rtol=0)
+
+
+def test_bad_steering_input(tiny, prompt):
+    ctx = prompt.token_spans["context"]
+    for st, msg in ((Steer({1: None}, ctx, [0.0]), "alpha must be a finite number > 0"),
+                    (Steer({5: None}, ctx, [1.0]), r"layers \[5\] out of range; valid: 0..1"),
+                    (Steer({1: [7]}, ctx, [1.0]), "heads .7. out of range"),
+                    (Steer({1: None}, (5, 5), [1.0]), "key span")):
+        with pytest.raises(SteeringError, match=msg), steering(tiny, st):
+            pass
+    with pytest.raises(SteeringError, match="3 rows but 2 alphas"), torch.no_grad(), \
+            steering(tiny, Steer({1: None}, ctx, [1.0, 2.0])):
+        tiny.model(input_ids=torch.tensor([prompt.input_ids] * 3), use_cache=False)
+    assert tiny.model.config._attn_implementation == "sdpa"  # restored after the error
+    with pytest.raises(SteeringError, match="'hf' or 'transformer_lens'"):
+        steer_judge(tiny, prompt.input_ids, ctx, {1: None}, [1.0], band=[1], backend="eager")
+
+
+def test_parse_heads():
+    assert parse_heads("all", [2, 3], 4) == {2: None, 3: None}
+    assert parse_heads("3.1, 2.0,3.2", [0], 4) == {3: [1, 2], 2: [0]}
+    ranked = [{"layer": 5, "head": 1}, {"layer": 4, "head": 0}, {"layer": 5, "head": 3}]
+    assert parse_heads("top-diff:2", [0], 4, ranked=ranked) == {5: [1], 4: [0]}
+    with pytest.raises(SteeringError, match="interp attention"):
+        parse_heads("top-diff:2", [0], 4)
+    with pytest.raises(SteeringError, match="head outside 0..3"):
+        parse_heads("1.4", [0], 4)
+    with pytest.raises(SteeringError, match="use 'all'"):
+        parse_heads("heads", [0], 4)
+
+
+def test_generator_at_alpha_one_decodes_the_unsteered_answer(tiny):
+    from interp.generation import generate
+
+    p = render(tiny.tokenizer, get_template(), "gen",
+               context="The Eiffel Tower is in Paris.", question="Where is it?")
+    out = steer_generator(tiny, p.input_ids, p.token_spans["context"], {0: None, 1: None},
+                          [1.0, 8.0], band=[0, 1], max_new_tokens=6)
+    ref = generate(tiny, [p.input_ids], max_new_tokens=6)[0].text
+    assert out["generations"][0] == ref
+    assert out["context_mass"][1] > out["context_mass"][0]
+
+
+def test_stage_tables_summary_and_resume(tiny, tmp_path):
+    run_dir = synthetic_probe_run(tmp_path / "run", tiny, n_good=3, n_bad=3)
+    cfg = SteeringConfig.from_mapping({"alphas": "0.5,1,2", "layers": "0-1", "limit": 2,
+                                       "max_new_tokens": 4, "n_boot": 50, "progress": False})
+    s = run(run_dir, tiny, cfg, log=lambda m: None)
+    df = pd.read_parquet(run_dir.path / "steering/rows.parquet")
+    assert len(df) == 4 * 3 * 2 and s["n_records"] == 4
+    ev = df[(df.task == "eval") & (df.alpha == 1.0)]
+    o = s["eval"]["1.0"]["overall"]
+    assert o["ea_forced"]["mean"] == pytest.approx(float(np.mean(ev.verdict == ev.y_star)))
+    acc = ev[~ev.y_star].verdict.mean()
+    assert o["accept_incorrect"]["mean"] == pytest.approx(float(acc))
+    assert o["logit_diff"]["mean"] == pytest.approx(float(ev.logit_diff.mean()))
+    assert s["gen"]["1.0"]["overall"]["changed_vs_alpha1"] == 0.0
+    # the context mass reached grows with alpha
+    cm = [s["eval"][a]["overall"]["context_mass"]["mean"] for a in ("0.5", "1.0", "2.0")]
+    assert cm[0] < cm[1] < cm[2]
+    assert (run_dir.path / "figures/steering.png").exists()
+    with pytest.raises(SteeringError, match="include 1"):
+        SteeringConfig.from_mapping({"alphas": [0.5, 2]})
+    # resume: the parts are read back, the summary is the same
+    stored = json.loads((run_dir.path / "steering/summary.json").read_text())
+    again = run(run_dir, tiny, cfg, log=lambda m: None)
+    assert json.loads(json.dumps(again)) == stored
