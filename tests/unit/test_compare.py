@@ -24,6 +24,7 @@ def grid(tmp_path_factory):
                         d_model=56, n_heads=14, n_kv_heads=2, seed=1)
     data = rehearsal_datasets(root / "data", n=2, max_chars=150, names=("squad_v2", "drop"))
     cfg = {"name": "grid", "out": str(root / "runs"), "figures": str(root / "figs"),
+           "publish": True,
            "asymmetry": {"models": [str(a), str(b)], "datasets": list(data.values()),
                          "limit": 2, "oracle": "rule", "max_new_tokens": 4,
                          "verdict_max_new_tokens": 4, "batch_size": 4, "n_boot": 50},

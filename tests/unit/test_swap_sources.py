@@ -42,7 +42,7 @@ def test_an_uncovered_source_is_refused(models, datasets, match):
 
 
 def test_load_config_errors(tmp_path):
-    with pytest.raises(ConfigError, match="no experiment config"):
+    with pytest.raises(ConfigError, match="config file .*missing.toml does not exist"):
         load_config(tmp_path / "missing.toml")
     bad = tmp_path / "bad.toml"
     bad.write_text("[asymmetry\n")
