@@ -48,8 +48,9 @@ class Watch:
     """Records what every forward and generate call of a LlamaForCausalLM was given."""
 
     def __init__(self):
-        self.forwards: list[tuple[torch.Tensor, torch.Tensor | None, int]] = []
+        self.forwards: list[tuple[torch.Tensor, torch.Tensor | None, int, bool]] = []
         self.generate_eos: list[list[int]] = []
+        self.in_generate = 0
 
     @contextmanager
     def installed(self):
@@ -63,14 +64,19 @@ class Watch:
             if input_ids is not None:
                 mask = kw.get("attention_mask")
                 watch.forwards.append((input_ids.detach().cpu(),
-                                       None if mask is None else mask.detach().cpu(), past))
+                                       None if mask is None else mask.detach().cpu(), past,
+                                       watch.in_generate > 0))
             return fwd(model, input_ids, *args, **kw)
 
         @functools.wraps(gen)
         def generate(model, *args, **kw):
             eos = kw.get("eos_token_id", model.generation_config.eos_token_id)
             watch.generate_eos.append(list(eos) if isinstance(eos, list | tuple) else [eos])
-            return gen(model, *args, **kw)
+            watch.in_generate += 1
+            try:
+                return gen(model, *args, **kw)
+            finally:
+                watch.in_generate -= 1
 
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(LlamaForCausalLM, "forward", forward)
@@ -142,13 +148,20 @@ def test_every_stage_ran_on_the_llama31_shaped_model(rehearsal):
 
 
 def test_every_fresh_sequence_has_exactly_one_bos(rehearsal):
-    """Every forward of every stage: one BOS first in a fresh sequence, none after a cache."""
+    """Every forward of every stage: one BOS first in a fresh sequence, none after a cache.
+
+    A decoding step of ``generate`` feeds the token the model just produced, which a random
+    model may well pick as ``<|begin_of_text|>``: those steps are not checked (the prompt that
+    ``generate`` starts from is).
+    """
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(rehearsal.ckpt)
     bos = tok.convert_tokens_to_ids("<|begin_of_text|>")
     fresh = cont = 0
-    for ids, mask, past in rehearsal.watch.forwards:
+    for ids, mask, past, decoding in rehearsal.watch.forwards:
+        if past and decoding:
+            continue
         for r in range(ids.shape[0]):
             real = ids[r] if mask is None else ids[r][mask[r, -ids.shape[1]:].bool()]
             n_bos = int((real == bos).sum())
@@ -157,7 +170,7 @@ def test_every_fresh_sequence_has_exactly_one_bos(rehearsal):
                 assert n_bos == 1 and int(real[0]) == bos, (n_bos, real[:4].tolist())
             else:
                 cont += 1
-                assert n_bos == 0
+                assert n_bos == 0, (past, real[:8].tolist())
     assert fresh > 100 and cont > 100, (fresh, cont)
 
 
