@@ -1,10 +1,11 @@
-# Two commands do all set-up:  `make demo` (quickstart on the bundled model + data) and `make test`.
+# Two commands do all set-up:  `make demo` (a small grid of every study, minutes) and `make test`.
+# `make study` runs the full committed study (hours, resumable) whose figures are in figures/.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo transfer test test-unit bench clean
+.PHONY: venv demo study transfer test test-unit bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +24,14 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# Every study on a small grid (both bundled models, a few records per dataset): about 15 minutes
+# on 2 CPU cores; figures and the summary table under runs/demo/ (the last lines say where).
 demo: $(STAMP)
+	$(BIN)/interp run experiments/demo.toml
+
+# The full committed study (50 records per dataset, every stage; hours on a CPU). Resumable:
+# interrupt it and run it again, finished records and stored parts are kept. Writes figures/.
+study: $(STAMP)
 	$(BIN)/interp run experiments/quickstart.toml
 
 # Study 3 on the bundled model (trains three LoRA adapters on CPU; resumable), figures copied.
@@ -48,6 +56,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/generation_batching.py
 	$(BIN)/python benchmarks/attention_recorder.py
 	$(BIN)/python benchmarks/record.py
+	$(BIN)/python benchmarks/harness.py --n 50 --compare-dtype bfloat16
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -37,12 +37,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from interp.data import QAExample
 from interp.errors import ConfigError, PromptError, RunDirError
-from interp.generation import generate
 from interp.grading import BaseOracle, ModelOracle, RuleOracle, extract_answer, parse_verdict
 from interp.models import ModelHandle, load_model
+from interp.prefill import Capture, PromptPass, run_prompts
 from interp.prompts import RenderedPrompt, Template, get_template, render
 from interp.stats import (
     MIN_PASSAGES,
@@ -53,7 +54,7 @@ from interp.stats import (
     roc_auc,
 )
 from interp.store import Record, check_verdict_scores
-from interp.verdict import score_verdicts, verdict_replies
+from interp.verdict import VerdictScores, verdict_replies
 
 __all__ = ["METRIC_DEFINITIONS", "compute_metrics", "evaluate_examples", "format_metrics",
            "group_metrics", "make_oracle", "parse_record_verdict", "record_prompts", "rerender"]
@@ -112,6 +113,8 @@ def evaluate_examples(
     verdict_max_new_tokens: int = 12,
     batch_size: int = 8,
     candidates: Sequence[str] | None = None,
+    capture: Capture | None = None,
+    progress: str | None = None,
 ) -> list[Record]:
     """Run steps 1-3 of the module algorithm on a list of examples; return their records.
 
@@ -125,6 +128,10 @@ def evaluate_examples(
         batch_size: prompts per forward.
         candidates: when given, judge these answers instead of the model's own (used by the
             transfer and patching studies; GA then describes the candidates).
+        capture: when given, also record in the same prefill forwards the last-token
+            attention rows and the pooled ``resid_post`` of both prompts of every ok record
+            (:class:`interp.prefill.Capture`; filled in place).
+        progress: a tqdm description for per-batch bars (None: none).
 
     Returns:
         One :class:`interp.store.Record` per example (``status`` ``"ok"``, or ``"skipped"``
@@ -147,10 +154,17 @@ def evaluate_examples(
                                       f"{room} positions")
             continue
         gen_prompts[k] = p
+    rows, pools = (capture.rows, capture.pools) if capture is not None else (False, ())
+    gen_pools = [x for x in pools if x != "candidate"]
+    gen_pass: dict[int, PromptPass] = {}
+    if candidates is None or capture is not None:  # given candidates: no answer to decode
+        gens = run_prompts(handle, [p.input_ids for p in gen_prompts.values()],
+                           batch_size=batch_size, rows=rows, pools=gen_pools,
+                           max_new_tokens=max_new_tokens if candidates is None else 0,
+                           progress=progress and f"{progress} gen")
+        gen_pass = dict(zip(gen_prompts, gens))
     if candidates is None:
-        gens = generate(handle, [p.input_ids for p in gen_prompts.values()],
-                        batch_size=batch_size, max_new_tokens=max_new_tokens)
-        raw = {k: g.text for k, g in zip(gen_prompts, gens)}
+        raw = {k: g.text for k, g in gen_pass.items()}
         answers = {k: extract_answer(t) for k, t in raw.items()}
     else:
         raw = answers = {k: candidates[k] for k in gen_prompts}
@@ -161,20 +175,25 @@ def evaluate_examples(
         except PromptError as err:
             records[k] = _skipped(examples[k], str(err))
             continue
-        if len(ep) + verdict_max_new_tokens > room:
+        if len(ep) + max(verdict_max_new_tokens, *map(len, replies.ids)) > room:
             records[k] = _skipped(examples[k], f"evaluation prompt has {len(ep)} tokens; it "
                                                f"exceeds the model's {room} positions")
             continue
         eval_prompts[k] = ep
-    eval_ids = [ep.input_ids for ep in eval_prompts.values()]
-    verdicts = generate(handle, eval_ids, batch_size=batch_size,
-                        max_new_tokens=verdict_max_new_tokens)
-    # The verdict score is one more forward of each eval prompt for now; H14 folds it into the
-    # verdict generation's prompt forward (its KV cache), so that each prompt is run once.
-    scores = score_verdicts(handle, eval_ids, batch_size=batch_size, replies=replies).rows()
-    for (k, ep), v, sc in zip(eval_prompts.items(), verdicts, scores):
+    # one prefill per eval prompt: the verdict score, the verdict reply and the recordings
+    evals = run_prompts(handle, [ep.input_ids for ep in eval_prompts.values()],
+                        batch_size=batch_size, max_new_tokens=verdict_max_new_tokens,
+                        continuations=replies.ids, rows=rows, pools=pools,
+                        candidate_spans=[ep.token_spans.get("candidate")
+                                         for ep in eval_prompts.values()],
+                        progress=progress and f"{progress} eval")
+    lps = torch.stack([v.logprobs for v in evals]) if evals else torch.zeros(0, 2)
+    scores = VerdictScores(logprob_correct=lps[:, 0], logprob_incorrect=lps[:, 1]).rows()
+    for (k, ep), v, sc in zip(eval_prompts.items(), evals, scores):
         records[k] = _ok_record(handle, examples[k], oracle, raw[k], answers[k], v.text, sc,
                                 gen_prompts[k], ep)
+        if capture is not None:
+            capture.got[k] = {"gen": (gen_prompts[k], gen_pass[k]), "eval": (ep, v)}
     return records  # type: ignore[return-value]
 
 

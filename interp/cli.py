@@ -152,13 +152,16 @@ def asymmetry(
     from_hub: Annotated[bool, typer.Option(help="load datasets from the HF hub")] = False,
     overwrite: Annotated[bool, typer.Option(help="discard a run made with another config")] = (
         False),
+    one_pass: Annotated[bool, typer.Option(
+        help="also record, in the same forwards, the attention span masses and probe "
+             "features the later stages read")] = True,
 ) -> None:
     """Study 1: generate, grade with the oracle, self-evaluate; write GA/EA/Delta."""
     cfg = asymmetry_stage.AsymmetryConfig.from_mapping(dict(
         model=model, datasets=_split(dataset), limit=limit, seed=seed, oracle=oracle,
         batch_size=batch_size, template=template, templates_path=templates_path,
         include_unanswerable=include_unanswerable, split=split, max_new_tokens=max_new_tokens,
-        device=device, dtype=dtype, from_hub=from_hub))
+        device=device, dtype=dtype, from_hub=from_hub, one_pass=one_pass))
     metrics = asymmetry_stage.run(cfg, _watch(out), overwrite=overwrite)
     typer.echo(asymmetry_stage.format_summary(metrics))
     typer.echo(f"wrote {out}/records.jsonl, {out}/metrics.json, {out}/figures/asymmetry.png")
@@ -220,12 +223,14 @@ def attention_cmd(
         help="only rebuild tables and figures from existing recordings")] = False,
     device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
     overwrite: Annotated[bool, typer.Option(help=_OVERWRITE_STAGE)] = False,
+    recompute: Annotated[bool, typer.Option(
+        help="record again even where a fresh recording exists (e.g. the harness's)")] = False,
 ) -> None:
     """Study 2: last-token attention rows and span mass per layer and head."""
     cfg = attention_stage.AttentionConfig.from_mapping(dict(
         backend=BACKEND_ALIASES.get(backend, backend), layers=layers, limit=limit,
         save_rows=save_rows, save_resid=save_resid, save_patterns=save_patterns, n_boot=n_boot,
-        seed=seed))
+        seed=seed, recompute=recompute))
     rd = RunDir(_watch(run))
     if tables_only:
         summary = attention_stage.write_tables(rd, cfg)
@@ -322,12 +327,15 @@ def probe_cmd(
         help="label permutations for the best cell's selection-aware null (0: off)")] = 0,
     device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
     overwrite: Annotated[bool, typer.Option(help=_OVERWRITE_STAGE)] = False,
+    recompute: Annotated[bool, typer.Option(
+        help="extract features again even where cached (e.g. by the harness)")] = False,
 ) -> None:
     """Probes on the residual stream predicting y*: the representation as a judge."""
     cfg = probe_stage.ProbeConfig.from_mapping(dict(
         folds=folds, layers=layers, probes=_split(probes), pools=_split(pools),
         tasks=_split(tasks), select_by=select_by, top_k=top_k, sweep_all=sweep_all,
-        batch_size=batch_size, seed=seed, limit=limit, permutations=permutations))
+        batch_size=batch_size, seed=seed, limit=limit, permutations=permutations,
+        recompute=recompute))
     rd = RunDir(_watch(run))
     res = probe_stage.run(rd, load_run_model(rd, device=device), cfg, overwrite=overwrite,
                           log=typer.echo)

@@ -6,10 +6,8 @@ Algorithm:
 2. Left-pad each batch with the pad token; the attention mask zeroes the pads and the
    position ids are ``cumsum(mask) - 1`` (transformers' ``generate`` derives them from the
    mask), so a padded prompt sees exactly the positions it sees alone.
-3. Greedy decoding (``do_sample=False``) until an end-of-turn token
-   (:func:`interp.models.end_of_turn_ids`: the token the chat template puts after a reply,
-   e.g. ``<|eot_id|>`` for Llama 3 whose EOS is another token, then the tokenizer's and the
-   model's EOS ids), a stop string (default: a newline after at
+3. Greedy decoding (``do_sample=False``) from the prefill's key/value cache
+   (:func:`interp.prefill.run_prompts`) until EOS, a stop string (default: a newline after at
    least one non-blank character) or ``max_new_tokens``; each sequence stops on its own.
 4. Return the decoded continuation of every prompt in the caller's order, and (on request) the
    raw logits of the first generated step (the logits at the prompt's last position). The
@@ -26,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from interp.models import ModelHandle, end_of_turn_ids
+from interp.models import ModelHandle
 
 
 @dataclass
@@ -47,20 +45,6 @@ class Generation:
     stop: str
 
 
-class _StopOnString:
-    """Per-sequence stopping: a stop string appears in the decoded continuation."""
-
-    def __init__(self, tokenizer, prompt_len: int, stops: Sequence[str]):
-        self.tok, self.prompt_len, self.stops = tokenizer, prompt_len, tuple(stops)
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kw) -> torch.Tensor:
-        done = []
-        for row in input_ids[:, self.prompt_len:]:
-            text = self.tok.decode(row, skip_special_tokens=True)
-            done.append(any(s in text.lstrip() for s in self.stops))
-        return torch.tensor(done, device=input_ids.device)
-
-
 def left_pad(batch: Sequence[Sequence[int]], pad_id: int,
              device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token id lists.
@@ -77,7 +61,6 @@ def left_pad(batch: Sequence[Sequence[int]], pad_id: int,
     return ids.to(device), mask.to(device)
 
 
-@torch.inference_mode()
 def generate(
     handle: ModelHandle,
     prompts: Sequence[Sequence[int]],
@@ -89,6 +72,10 @@ def generate(
     progress: bool = False,
 ) -> list[Generation]:
     """Greedy-decode a list of tokenized prompts in left-padded batches (module docstring).
+
+    The decoding loop is :func:`interp.prefill.run_prompts` (one prefill per batch with
+    logits only at the last position, then greedy steps from its key/value cache); its tokens
+    equal transformers' ``generate(do_sample=False)`` on the same batches (tests/unit).
 
     Args:
         handle: the loaded model.
@@ -106,43 +93,10 @@ def generate(
     Raises:
         ValueError: an empty prompt, or ``batch_size < 1``.
     """
-    from transformers import StoppingCriteriaList
+    from interp.prefill import run_prompts
 
-    if batch_size < 1:
-        raise ValueError("batch_size must be >= 1")
-    if any(len(p) == 0 for p in prompts):
-        raise ValueError("empty prompt")
-    tok = handle.tokenizer
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    eos_ids = set(end_of_turn_ids(tok, handle.model))
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    out: list[Generation | None] = [None] * len(prompts)
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    if progress:
-        from tqdm.auto import tqdm
-
-        batches = tqdm(batches, desc="generate", unit="batch")
-    for idx in batches:
-        ids, mask = left_pad([prompts[i] for i in idx], pad_id, handle.device)
-        stopping = StoppingCriteriaList([_StopOnString(tok, ids.shape[1], stop_strings)]) \
-            if stop_strings else None
-        res = handle.model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-            pad_token_id=pad_id, eos_token_id=sorted(eos_ids), stopping_criteria=stopping,
-            return_dict_in_generate=True, output_logits=keep_first_logits,
-            temperature=None, top_p=None, top_k=None,
-        )
-        new = res.sequences[:, ids.shape[1]:].tolist()
-        for row, i in enumerate(idx):
-            toks, stop = [], "max_new_tokens"
-            for t in new[row]:
-                if t in eos_ids:
-                    stop = "eos"
-                    break
-                toks.append(t)
-            text = tok.decode(toks, skip_special_tokens=True)
-            if stop != "eos" and any(s in text.lstrip() for s in stop_strings):
-                stop = "stop_string"
-            first = res.logits[0][row].float().cpu() if keep_first_logits else None
-            out[i] = Generation(text=text, token_ids=toks, first_logits=first, stop=stop)
-    return out  # type: ignore[return-value]
+    got = run_prompts(handle, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                      stop_strings=stop_strings, keep_first_logits=keep_first_logits,
+                      progress="generate" if progress else None)
+    return [Generation(text=g.text, token_ids=g.token_ids, first_logits=g.first_logits,
+                       stop=g.stop) for g in got]

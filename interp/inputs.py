@@ -79,10 +79,12 @@ def check_counts(cfg: Any, section: str, error: type[Exception] = ConfigError) -
         value = getattr(cfg, name)
         if value is None and cfg.__dataclass_fields__[name].default is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            hint = " (leave it out to use every record)" if name.endswith("limit") else ""
-            raise error(f"--{name.replace('_', '-')} ([{section}] {name}) must be a whole number "
-                        f">= 1{hint}, not {value!r}")
+        # a table of counts ({dataset: N}, the harness's limit) is checked entry by entry
+        for v in (value.values() if isinstance(value, Mapping) else [value]):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                hint = " (leave it out to use every record)" if name.endswith("limit") else ""
+                raise error(f"--{name.replace('_', '-')} ([{section}] {name}) must be a whole "
+                            f"number >= 1{hint}, not {value!r}")
 
 
 def _holds_results(path: Path) -> bool:

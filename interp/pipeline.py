@@ -16,7 +16,9 @@ Algorithm of :func:`run_config`:
    this call (no ``--only``), copy every figure and each stage's ``SUMMARIES`` tables (plus
    ``metrics.json`` as ``asymmetry_metrics.json``) into that folder (prefixed by the model slug
    when there are several models): the committed ``figures/`` are replaced only by the command
-   that makes the committed study, complete. ``out/summary.json`` holds every model's metrics.
+   that makes the committed study, complete. ``out/summary.json`` holds every model's metrics
+   and ``out/summary.txt`` every stage's summary table as text; the last lines printed say
+   where the figures and the summary table are (and repeat the config's ``description``).
 4. With several models: one table and figures that put them side by side
    (:func:`interp.compare.write_comparison`: ``out/comparison.json`` and ``comparison.md``,
    one row per model and dataset; ``out/figures/models_*.png``, one colour per model), also
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import shutil
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,7 +45,7 @@ from interp.inputs import new_run_dir, read_toml
 from interp.models import DEFAULT_MODEL, load_model
 from interp.stages import asymmetry
 from interp.stages.common import Stage
-from interp.store import RunDir, write_json
+from interp.store import RunDir, atomic_write_text, write_json
 
 __all__ = ["STAGES", "load_config", "model_slug", "out_dir", "run_config", "swap_sources"]
 
@@ -92,8 +95,9 @@ def swap_sources(config: str | Path | Mapping[str, Any], *, models: Mapping[str,
 
     * a model spec: the ``models`` / ``model`` entries, and the ``SPEC`` of an LLM oracle
       ``"model:SPEC"`` (``oracle`` keys), through ``models``;
-    * dataset names: every entry of a ``datasets`` list, through ``datasets`` (usually local
-      files), and ``from_hub`` becomes false (a file is not read from the hub);
+    * dataset names: every entry of a ``datasets`` list and every key of a per-dataset
+      ``limit`` table, through ``datasets`` (usually local files), and ``from_hub`` becomes
+      false (a file is not read from the hub);
     * where results go: ``out`` becomes ``out``, and ``figures`` (if set) ``out/figures``.
 
     Everything else (stages, layers, limits, dtype, seeds, ...) is kept as written.
@@ -123,7 +127,9 @@ def swap_sources(config: str | Path | Mapping[str, Any], *, models: Mapping[str,
     def walk(table: dict[str, Any], where: str) -> None:
         for key, val in table.items():
             at = f"{where}.{key}" if where else key
-            if isinstance(val, dict):
+            if key == "limit" and isinstance(val, dict):  # a per-dataset limit table
+                table[key] = {datasets.get(d, d): n for d, n in val.items()}
+            elif isinstance(val, dict):
                 walk(val, at)
             elif key == "models":
                 table[key] = [model(v, at) for v in val]
@@ -212,9 +218,14 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
         asymmetry.check_inputs(acfg)
         if only and "asymmetry" not in only:  # the stages need a finished asymmetry run
             RunDir(out / model_slug(spec)).read_records()
+    if cfg.get("description"):
+        log(f"== {cfg.get('name', Path(path).stem)}: {cfg['description']}")
+    texts: list[str] = []
     with new_run_dir(out):
-        summary = _run_models(acfgs, stage_cfgs, out, overwrite=overwrite, only=only, log=log)
+        summary = _run_models(acfgs, stage_cfgs, out, overwrite=overwrite, only=only, log=log,
+                              texts=texts)
     write_json(out / "summary.json", summary)
+    atomic_write_text(out / "summary.txt", "\n\n".join(texts) + "\n")
     comp = None
     if len(models) > 1:
         comp = write_comparison(out, {spec: s["run_dir"] for spec, s in summary.items()})
@@ -232,29 +243,45 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
             for src in [comp["table"], comp["markdown"], *comp["figures"]] if comp else []:
                 shutil.copy2(src, Path(cfg["figures"]) / Path(src).name)
             log(f"published figures and tables to {cfg['figures']}/")
+    published = cfg.get("figures") and cfg.get("publish") and not only
+    figs = cfg["figures"] if published else ", ".join(f"{out / model_slug(s)}/figures"
+                                                      for s in acfgs)
+    log(f"== done. Figures: {figs}. Summary table: {out / 'summary.txt'} (numbers: "
+        f"{out / 'summary.json'})." + (f" Models side by side: {comp['markdown']} and "
+                                       f"{out}/figures/models_*.png." if comp else ""))
+    if cfg.get("description"):
+        log(f"== this was {cfg['description'].rstrip('.')}.")
     return summary
 
 
 def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Path, *,
                 overwrite: bool, only: Sequence[str] | None,
-                log: Callable[[str], None]) -> dict[str, Any]:
-    """Step 2 of :func:`run_config` (the module docstring) for every model."""
+                log: Callable[[str], None], texts: list[str]) -> dict[str, Any]:
+    """Step 2 of :func:`run_config` (the module docstring) for every model.
+
+    Each stage's summary text is appended to ``texts`` and its time logged.
+    """
     summary: dict[str, Any] = {}
     for spec, acfg in acfgs.items():
         run_dir = out / model_slug(spec)
         handle = load_model(spec, device=acfg.device, dtype=acfg.dtype)
         log(f"== {spec} -> {run_dir}")
+        t0 = time.perf_counter()
         if not only or "asymmetry" in only:
             m = asymmetry.run(acfg, run_dir, overwrite=overwrite, handle=handle, log=log)
-            log(asymmetry.format_summary(m))
         else:
             m = asymmetry.write_metrics(RunDir(run_dir), acfg)
+        texts += [f"## {spec}: asymmetry ({run_dir}/metrics.json)", asymmetry.format_summary(m)]
+        log(f"{texts[-1]}\n== asymmetry took {time.perf_counter() - t0:.0f} s")
         summary[spec] = {"run_dir": str(run_dir), "metrics": m}
         for name, scfg in stage_cfgs.items():
             if not only or name in only:
                 log(f"== stage {name} on {run_dir}")
+                t0 = time.perf_counter()
                 result = STAGES[name].run(RunDir(run_dir), handle, scfg, overwrite=overwrite,
                                           log=log)
                 if text := STAGES[name].format_summary(result):
+                    texts += [f"## {spec}: {name}", text]
                     log(text)
+                log(f"== stage {name} took {time.perf_counter() - t0:.0f} s")
     return summary

@@ -34,8 +34,9 @@ Module paths come from :mod:`interp.hooks.points` only.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,8 +56,8 @@ from interp.layers import parse_layers
 from interp.models import ModelHandle
 
 __all__ = ["BACKENDS", "IMPLEMENTATION", "PATTERN_CHUNK_BYTES", "PATTERN_POINT", "Recording",
-           "STREAM_POINTS", "Sink", "full_pattern", "last_row", "record_rows", "record_stream",
-           "register_recorder"]
+           "STREAM_POINTS", "Sink", "batch_rows", "full_pattern", "last_row", "record_rows",
+           "record_stream", "register_recorder"]
 
 BACKENDS = ("hf", "eager", "transformer_lens", "nnsight")
 """Recorder backends: ``hf`` (exact rows inside the attention function) and the check paths."""
@@ -167,7 +168,7 @@ def _recording_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
     if cap is not None:
         layer = int(module.layer_idx)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        cap.rows[layer] = last_row(query, key, attention_mask, scale)[0]
+        cap.rows[layer] = last_row(query, key, attention_mask, scale)
         if layer in cap.pattern_layers and cap.sink is not None:
             _stream_pattern(cap.sink, layer, query, key, attention_mask, scale)
         elif layer in cap.pattern_layers:
@@ -204,6 +205,39 @@ def register_recorder() -> str:
     return IMPLEMENTATION
 
 
+@contextlib.contextmanager
+def batch_rows(handle: ModelHandle) -> Iterator[Callable[[], Float[Tensor, "batch layer head k"]]]:
+    """Record the last-row attention of every prompt of the batched forwards inside it.
+
+    The model runs with the recording attention function (module docstring, step 2) for the
+    duration; the forward inside may be left-padded (a padded key gets probability exactly 0,
+    the real keys sum to 1). Used by the harness's one-pass prefill
+    (:mod:`interp.prefill`), which cuts each prompt's padding off.
+
+    Yields:
+        A function returning the rows of the LAST forward run inside the context,
+        ``[batch, n_layers, n_heads, key_len]`` float32 on the model's device.
+
+    Raises:
+        AttentionError: (from the returned function) a layer saw no attention call.
+    """
+    cap = _Capture(pattern_layers=set())
+    token = _ACTIVE.set(cap)
+
+    def rows() -> Tensor:
+        if missing := [x for x in range(handle.n_layers) if x not in cap.rows]:
+            raise AttentionError(f"the recorder saw no attention call in layers {missing}: "
+                                 f"{type(handle.model).__name__} does not use "
+                                 f"AttentionInterface")
+        return torch.stack([cap.rows[x] for x in range(handle.n_layers)], dim=1)
+
+    try:
+        with attn_implementation(handle, register_recorder()):
+            yield rows
+    finally:
+        _ACTIVE.reset(token)
+
+
 def _as_ids(input_ids: Sequence[int] | Tensor, device: torch.device) -> Tensor:
     ids = torch.as_tensor(input_ids, dtype=torch.long)
     if ids.ndim != 1 or ids.numel() == 0:
@@ -234,7 +268,7 @@ def _forward(handle: ModelHandle, ids: Tensor, cap: _Capture, names: Sequence[st
     if missing:
         raise AttentionError(f"the recorder saw no attention call in layers {missing}: "
                              f"{type(model).__name__} does not use AttentionInterface")
-    return torch.stack([cap.rows[layer] for layer in range(handle.n_layers)]), store
+    return torch.stack([cap.rows[layer][0] for layer in range(handle.n_layers)]), store
 
 
 def _record_hf(handle: ModelHandle, ids: Tensor, layers: list[int],

@@ -14,8 +14,11 @@ Algorithm of :func:`run` (the method is :mod:`interp.attention`):
    result-relevant runtime facts, :func:`interp.stages.common.stage_facts`) equals the one of
    now: an interrupted run resumes, and a recording made by another model, from other prompts
    (``interp asymmetry --overwrite`` with another template keeps the record ids) or under
-   other settings is redone (other settings only with ``overwrite``, else refused). Which
-   backend made it does not matter (they agree, tests/equivalence).
+   other settings is redone (other settings only with ``overwrite``, else refused). It is
+   also redone when another backend made it (``--backend eager`` is a check of the ``hf``
+   recordings, so it records again) or with ``recompute``. The asymmetry harness writes these
+   recordings itself in its one pass (``one_pass``, :mod:`interp.stages.asymmetry`, with the
+   ``hf`` backend and the same signature), so after it this step runs no model forward.
    With ``save_resid`` the activations of those layers go to ``DIR/activations/<dataset>/<id>
    .safetensors`` (``{task}.resid_pre``, ``resid_post``, ``z``, ``result_last``, with
    ``save_patterns`` ``pattern``; shapes in :mod:`interp.hooks.recorder`).
@@ -27,7 +30,7 @@ Algorithm of :func:`run` (the method is :mod:`interp.attention`):
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,7 +73,8 @@ from interp.store import (
 
 __all__ = ["NAME", "SUMMARIES", "AttentionConfig", "Config", "activations_path",
            "format_summary", "load_masses", "read_summary", "record", "record_path",
-           "record_signature", "run", "write_tables"]
+           "record_signature", "recording_signature", "run", "save_recording",
+           "write_tables"]
 
 NAME = "attention"
 SUMMARIES = {"attention/summary.json": "attention_summary.json"}
@@ -95,6 +99,8 @@ class AttentionConfig:
         seed: seed of the bootstrap resamples.
         figures: draw the figures into ``DIR/figures``.
         top: heads listed per ranking in ``DIR/attention/heads.json``.
+        recompute: record every selected record again, even when a fresh recording exists
+            (e.g. the one the harness made in its one pass).
     """
 
     backend: str = "hf"
@@ -107,6 +113,7 @@ class AttentionConfig:
     seed: int = 0
     figures: bool = True
     top: int = 10
+    recompute: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -155,28 +162,76 @@ def _has_rows(path: Path) -> bool:
         return "rows.gen" in f.keys()
 
 
+def recording_signature(handle: ModelHandle, facts: Mapping[str, Any],
+                        ids: Mapping[str, Sequence[int]]) -> str:
+    """Signature of a recording: model, sha256, version, runtime facts, both prompts' ids."""
+    return signature({"spec": handle.spec, "sha256": handle.info.get("sha256"),
+                      "v": RECORDING_VERSION, "runtime": facts,
+                      "ids": {t: list(v) for t, v in ids.items()}})
+
+
+def save_recording(run: RunDir, handle: ModelHandle, rec: Record | Mapping[str, Any],
+                   prompts: Mapping[str, Any], rows: Mapping[str, torch.Tensor], *,
+                   backend: str, sig: str, save_rows: bool = False) -> Path:
+    """Save one record's span masses (and rows) to :func:`record_path` (step 2).
+
+    The one writer of recordings: the stage (:func:`record`) and the harness's one-pass
+    prefill (:mod:`interp.stages.asymmetry`) both call it, so a recording is the same file
+    whoever made it.
+
+    Args:
+        run: the run directory.
+        handle: the model (its layer and head counts go into the metadata).
+        rec: the record (its :func:`record_signature` is stored).
+        prompts: ``{"gen": RenderedPrompt, "eval": RenderedPrompt}``.
+        rows: ``{task: [n_layers, n_heads, n_tokens]}`` last-token attention rows.
+        backend: which backend recorded them.
+        sig: :func:`recording_signature`.
+        save_rows: keep the rows too.
+
+    Returns:
+        The path written.
+    """
+    spans = span_names([lab for p in prompts.values() for lab in p.labels])
+    tensors: dict[str, torch.Tensor] = {}
+    for task, p in prompts.items():
+        tensors[f"mass.{task}"] = span_mass(rows[task], p.labels, spans)
+        if save_rows:
+            tensors[f"rows.{task}"] = rows[task]
+    return save_tensors(record_path(run, rec), tensors,
+                        {**_meta(handle, rec, prompts, spans, backend), "signature": sig})
+
+
+def _meta(handle: ModelHandle, rec: Record | Mapping[str, Any], prompts: Mapping[str, Any],
+          spans: Sequence[str], backend: str) -> dict[str, str]:
+    return {"id": str(rec["id"]), "dataset": rec["dataset"], "spans": json.dumps(spans),
+            "record": record_signature(rec), "backend": backend,
+            "n_layers": str(handle.n_layers), "n_heads": str(handle.n_heads),
+            "n_tokens": json.dumps({t: len(p) for t, p in prompts.items()})}
+
+
 def _record_one(run: RunDir, handle: ModelHandle, rec: Record, prompts: Mapping[str, Any],
                 cfg: AttentionConfig, act_layers: list[int], sigs: tuple[str, str]) -> None:
     """Step 2 for one record: record both prompts and save masses (and rows, activations)."""
-    spans = span_names([lab for p in prompts.values() for lab in p.labels])
-    tensors: dict[str, torch.Tensor] = {}
+    rows: dict[str, torch.Tensor] = {}
     acts: dict[str, torch.Tensor] = {}
     for task, p in prompts.items():
         got = record_rows(handle, p.input_ids, backend=cfg.backend, act_layers=act_layers,
                           patterns=cfg.save_patterns)
-        tensors[f"mass.{task}"] = span_mass(got.rows, p.labels, spans)
-        if cfg.save_rows:
-            tensors[f"rows.{task}"] = got.rows
+        rows[task] = got.rows
         acts.update({f"{task}.{k}": v for k, v in got.acts.items()})
-    meta = {"id": str(rec["id"]), "dataset": rec["dataset"], "spans": json.dumps(spans),
-            "record": record_signature(rec),
-            "backend": cfg.backend, "n_layers": str(handle.n_layers),
-            "n_heads": str(handle.n_heads),
-            "n_tokens": json.dumps({t: len(p) for t, p in prompts.items()})}
     if acts:
+        spans = span_names([lab for p in prompts.values() for lab in p.labels])
         save_tensors(activations_path(run, rec), acts,
-                     {**meta, "layers": json.dumps(act_layers), "signature": sigs[1]})
-    save_tensors(record_path(run, rec), tensors, {**meta, "signature": sigs[0]})
+                     {**_meta(handle, rec, prompts, spans, cfg.backend),
+                      "layers": json.dumps(act_layers), "signature": sigs[1]})
+    save_recording(run, handle, rec, prompts, rows, backend=cfg.backend, sig=sigs[0],
+                   save_rows=cfg.save_rows)
+
+
+def _recorded_by(path: Path) -> str | None:
+    with safe_open(str(path), "pt") as f:
+        return (f.metadata() or {}).get("backend")
 
 
 def record(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None, *,
@@ -192,7 +247,8 @@ def record(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None,
         log: where progress lines go.
 
     Returns:
-        Number of records recorded now (fresh recordings are kept: resume).
+        Number of records recorded now (fresh recordings are kept: resume; with
+        ``cfg.recompute`` every selected record is recorded again).
 
     Raises:
         RunDirError: no manifest / records, no ok record, another model than the run's, a
@@ -210,19 +266,19 @@ def record(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None,
     act_layers = parse_layers(cfg.save_resid, handle.n_layers) if cfg.save_resid else []
     tpath = manifest.get("config", {}).get("templates_path")
     facts = stage_facts(run, handle, NAME, overwrite=overwrite)
-    model_id = {"spec": handle.spec, "sha256": handle.info.get("sha256"), "v": RECORDING_VERSION,
-                "runtime": facts}
     todo = []
     for rec in records:
         prompts = record_prompts(rec, handle.tokenizer, templates_path=tpath)
-        sig = signature({**model_id, "ids": {t: p.input_ids for t, p in prompts.items()}})
+        sig = recording_signature(handle, facts, {t: p.input_ids for t, p in prompts.items()})
         act_sig = signature({"record": sig, "layers": act_layers, "patterns": cfg.save_patterns})
         path = record_path(run, rec)
-        fresh = is_fresh(path, sig) and (not cfg.save_rows or _has_rows(path)) and (
+        fresh = not cfg.recompute and is_fresh(path, sig) and (
+            _recorded_by(path) == cfg.backend) and (not cfg.save_rows or _has_rows(path)) and (
             not act_layers or is_fresh(activations_path(run, rec), act_sig))
         if not fresh:
             todo.append((rec, prompts, (sig, act_sig)))
-    log(f"[attention] {len(records)} records, {len(records) - len(todo)} already recorded, "
+    log(f"[attention] {len(records)} records, {len(records) - len(todo)} already recorded "
+        f"(by this backend, e.g. in the harness's one pass), {len(todo)} to record with "
         f"backend {cfg.backend}")
     for rec, prompts, sigs in tqdm(todo, desc="attention", unit="rec", disable=not todo):
         _record_one(run, handle, rec, prompts, cfg, act_layers, sigs)

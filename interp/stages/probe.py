@@ -75,7 +75,7 @@ from interp.store import (
 )
 
 __all__ = ["NAME", "SUMMARIES", "Config", "ProbeConfig", "cached_features", "format_summary",
-           "load_probe_records", "run"]
+           "load_probe_records", "run", "store_features"]
 
 NAME = "probe"
 SUMMARIES = {"probes/results.json": "probes_results.json"}
@@ -116,6 +116,8 @@ class ProbeConfig:
         permutations: label permutations for the selection-aware null of the best cell
             (:func:`interp.probing.permutation_null`; 0 = off); each costs one sweep of the
             first probe.
+        recompute: compute the features again even when cached (e.g. by the harness's one
+            pass).
     """
 
     folds: int = 5
@@ -134,6 +136,7 @@ class ProbeConfig:
     transfer_min_per_class: int = 2
     limit: int | None = None
     permutations: int = 0
+    recompute: bool = False
 
     def __post_init__(self) -> None:
         self.probes, self.pools, self.tasks = (_split(self.probes), _split(self.pools),
@@ -228,17 +231,79 @@ def _drop_stale(have: dict[str, torch.Tensor], keys: list[str], sigs: list[str],
             [sigs[i] for i in keep], [k for k in fallback if k in kept])
 
 
+def _ident(handle: ModelHandle, facts: Mapping[str, Any] | None) -> dict[str, str]:
+    """What a features cache is made by (its signature is of this)."""
+    return {"model_sha256": str(handle.info.get("sha256")), "model": handle.spec,
+            "hook_point": HOOK_POINT, "n_layers": str(handle.n_layers),
+            "version": FEATURES_VERSION, "runtime": json.dumps(facts, sort_keys=True)}
+
+
+def _write_cache(path: Path, have: Mapping[str, torch.Tensor], ident: Mapping[str, str],
+                 keys: list[str], sigs: list[str], pools: Sequence[str],
+                 fallback: list[str]) -> None:
+    save_tensors(path, have, {**ident, "signature": signature(ident), "keys": json.dumps(keys),
+                              "prompt_sigs": json.dumps(sigs), "pools": json.dumps(list(pools)),
+                              "candidate_fallback": json.dumps(fallback)})
+
+
+def store_features(run: RunDir, handle: ModelHandle, task: str,
+                   items: Sequence[tuple[str, Sequence[int], Mapping[str, torch.Tensor], bool]],
+                   *, facts: Mapping[str, Any] | None) -> Path:
+    """Add features computed elsewhere (the harness's one pass) to the task's cache.
+
+    The rows go where :func:`cached_features` reads them, under the same signature, so the
+    probe stage finds them fresh and runs no forward for them. A row already cached under the
+    same record key is replaced (a record redone after a kill is stored once); a cache made
+    under another signature or without these pools is started anew.
+
+    Args:
+        run: the run directory.
+        handle: the model that computed them.
+        task: ``eval`` or ``gen``.
+        items: per record ``(key "dataset/id", prompt token ids, {pool: [n_layers, d_model]},
+            candidate fell back)``; every item has the same pools.
+        facts: :func:`interp.models.result_facts` (the probe stage's, :func:`stage_facts`).
+
+    Returns:
+        The cache's path.
+    """
+    path = run.sub("probes") / f"features_{task}.safetensors"
+    if not items:
+        return path
+    pools = sorted(items[0][2])
+    ident = _ident(handle, facts)
+    have, keys, sigs, fallback = _read_cache(path, signature(ident), pools, lambda s: None)
+    new = {k for k, *_ in items}
+    if have and set(have) != set(pools):  # a cache with other pools: keep only these
+        have = {p: have[p] for p in pools}
+    keep = [i for i, k in enumerate(keys) if k not in new]
+    if have and len(keep) < len(keys):
+        idx = torch.tensor(keep, dtype=torch.long)
+        have = {p: t[idx] for p, t in have.items()}
+        keys, sigs = [keys[i] for i in keep], [sigs[i] for i in keep]
+        fallback = [k for k in fallback if k not in new]
+    for p in pools:
+        rows = torch.stack([f[p] for _, _, f, _ in items]).float()
+        have[p] = torch.cat([have[p], rows]) if p in have and keys else rows
+    keys += [k for k, *_ in items]
+    sigs += [signature(list(ids)) for _, ids, _, _ in items]
+    fallback += [k for k, _, _, fb in items if fb]
+    _write_cache(path, have, ident, keys, sigs, pools, fallback)
+    return path
+
+
 def cached_features(run: RunDir, handle: ModelHandle, records: Sequence[Record], task: str, *,
                     pools: Sequence[str] = POOLS, batch_size: int = 4,
                     templates_path: str | None = None, chunk: int = 32,
-                    facts: Mapping[str, Any] | None = None,
+                    facts: Mapping[str, Any] | None = None, recompute: bool = False,
                     log: Callable[[str], None] = print) -> tuple[dict[str, np.ndarray], dict]:
     """Features of ``records`` for ``task``, read from / appended to the run's cache (step 2).
 
     The cache's signature covers the model (spec, sha256), hook point, depth, version and the
     result-relevant runtime facts; each cached row also stores the signature of its prompt's
     token ids, and a row whose record now renders to other token ids (same record id, e.g.
-    after ``interp asymmetry --overwrite`` with another template) is recomputed.
+    after ``interp asymmetry --overwrite`` with another template) is recomputed. The harness
+    fills this cache in its one pass (:func:`store_features`), so after it no forward runs.
 
     Args:
         run: the run directory.
@@ -250,6 +315,7 @@ def cached_features(run: RunDir, handle: ModelHandle, records: Sequence[Record],
         templates_path: the run's template file.
         chunk: records per cache write.
         facts: :func:`interp.models.result_facts` of this call (None: not keyed on them).
+        recompute: ignore the cache and compute every record's features again.
         log: progress lines.
 
     Returns:
@@ -262,14 +328,13 @@ def cached_features(run: RunDir, handle: ModelHandle, records: Sequence[Record],
     """
     pools = task_pools(task, pools)
     path = run.sub("probes") / f"features_{task}.safetensors"
-    ident = {"model_sha256": str(handle.info.get("sha256")), "model": handle.spec,
-             "hook_point": HOOK_POINT, "n_layers": str(handle.n_layers),
-             "version": FEATURES_VERSION, "runtime": json.dumps(facts, sort_keys=True)}
+    ident = _ident(handle, facts)
     sig = signature(ident)
     prompts = {_key(r): rerender(r, task, handle.tokenizer, templates_path=templates_path)
                for r in records}
     now = {k: signature(p.input_ids) for k, p in prompts.items()}
-    have, keys, sigs, fallback = _drop_stale(*_read_cache(path, sig, pools, log), now=now)
+    cache = ({}, [], [], []) if recompute else _read_cache(path, sig, pools, log)
+    have, keys, sigs, fallback = _drop_stale(*cache, now=now)
     known = set(keys)
     todo = [r for r in records if _key(r) not in known]
     if todo:
@@ -286,10 +351,7 @@ def cached_features(run: RunDir, handle: ModelHandle, records: Sequence[Record],
         keys += [_key(r) for r in part]
         sigs += [now[_key(r)] for r in part]
         fallback += [_key(r) for r, fb in zip(part, fell) if fb]
-        save_tensors(path, have, {**ident, "signature": sig, "keys": json.dumps(keys),
-                                  "prompt_sigs": json.dumps(sigs),
-                                  "pools": json.dumps(all_pools),
-                                  "candidate_fallback": json.dumps(fallback)})
+        _write_cache(path, have, ident, keys, sigs, all_pools, fallback)
         log(f"[probe] {task}: {len(keys)} / {len(records)} records "
             f"({time.perf_counter() - t0:.0f} s)")
     pos = {k: i for i, k in enumerate(keys)}
@@ -325,7 +387,8 @@ def _sweep_cached(run: RunDir, cfg: ProbeConfig, data: _Data, task: str,
     (``features_sig``: model, hook point, runtime facts and every record's prompt token ids).
     """
     # the sweep does not depend on the permutation count; the permutation null does
-    sig = signature({"cfg": {**asdict(cfg), "permutations": None}, "layers": data.layers,
+    sig = signature({"cfg": {**asdict(cfg), "permutations": None, "recompute": None},
+                     "layers": data.layers,
                      "keys": [_key(r) for r in data.records], "task": task,
                      "y": data.y.tolist(), "v": FEATURES_VERSION,
                      "groups": data.groups.tolist(), "features": features_sig})
@@ -362,7 +425,7 @@ def _run_task(run: RunDir, handle: ModelHandle, cfg: ProbeConfig, data: _Data, t
     """Steps 2-4 for one prompt (``eval`` or ``gen``): the task's results and saved weights."""
     feats, info = cached_features(run, handle, data.records, task, pools=cfg.pools,
                                   batch_size=cfg.batch_size, templates_path=templates_path,
-                                  facts=data.facts, log=log)
+                                  facts=data.facts, recompute=cfg.recompute, log=log)
     rows, sig = _sweep_cached(run, cfg, data, task, feats, info["signature"], log)
     best = best_row(rows, cfg.select_by)
     best_by_probe = {k: best_row(rows, cfg.select_by, k) for k in cfg.probes}

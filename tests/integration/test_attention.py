@@ -39,12 +39,17 @@ def test_run_tables_resume_and_bad_input(bundled, quick_run, tmp_path):
     res = CliRunner().invoke(cli.app, ["heads", "--run", str(run.path), "--layers", "31"])
     assert res.exit_code == 2 and "valid layers are 0-29" in res.output
     # a record whose stored spans do not match names the record
+    good = run.records_path.read_text()
     recs = run.read_records(status=None)
     bad = recs[1]
     bad["prompts"]["eval"]["token_spans"]["context"][0] += 1
     run.records_path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     with pytest.raises(RunDirError, match=bad["id"]):
         stage.record(run, bundled, stage.AttentionConfig(limit=2), log=lambda m: None)
+    # (its recording, made by the harness's one pass, is of the unchanged record)
+    with pytest.raises(RunDirError, match=f"another version of record .*{bad['id']}"):
+        stage.load_masses(run)
+    run.records_path.write_text(good)
     # layers outside the model name the valid range
     with pytest.raises(LayerSpecError, match="valid layers are 0-29"):
         stage.write_tables(run, stage.AttentionConfig(layers="28-33", figures=False),

@@ -25,6 +25,7 @@ import torch
 from transformers import LlamaForCausalLM
 from transformers.generation.utils import GenerationMixin
 
+from interp import prefill
 from interp.models import PAPER_MODEL
 from interp.pipeline import load_config, run_config, swap_sources
 from interp.store import RunDir
@@ -45,12 +46,18 @@ probe stage refuses with the class counts."""
 
 
 class Watch:
-    """Records what every forward and generate call of a LlamaForCausalLM was given."""
+    """Records what every forward and generate call of a LlamaForCausalLM was given.
+
+    Also the stop ids of interp's own greedy decoder (:func:`interp.prefill.eos_ids`, used by
+    the harness, the oracle, the judge and steering); ``generate`` is still used for sampling
+    (hard negatives).
+    """
 
     def __init__(self):
         self.forwards: list[tuple[torch.Tensor, torch.Tensor | None, int, bool]] = []
         self.generate_eos: list[list[int]] = []
         self.in_generate = 0
+        self.decode_stops: list[list[int]] = []
 
     @contextmanager
     def installed(self):
@@ -78,9 +85,17 @@ class Watch:
             finally:
                 watch.in_generate -= 1
 
+        stops = prefill.eos_ids
+
+        def eos_ids(handle):
+            ids = stops(handle)
+            watch.decode_stops.append(sorted(ids))
+            return ids
+
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(LlamaForCausalLM, "forward", forward)
             mp.setattr(GenerationMixin, "generate", generate)
+            mp.setattr(prefill, "eos_ids", eos_ids)
             yield self
 
 
@@ -180,5 +195,6 @@ def test_every_generation_stops_at_eot(rehearsal):
     tok = AutoTokenizer.from_pretrained(rehearsal.ckpt)
     eot = tok.convert_tokens_to_ids("<|eot_id|>")
     assert tok.eos_token_id != eot                      # the checkpoint's EOS is another token
-    calls = rehearsal.watch.generate_eos
-    assert len(calls) > 10 and all(eot in ids for ids in calls)
+    calls, decodes = rehearsal.watch.generate_eos, rehearsal.watch.decode_stops
+    assert len(calls) >= 1 and all(eot in ids for ids in calls)          # sampling
+    assert len(decodes) > 10 and all(eot in ids for ids in decodes)      # greedy decoding

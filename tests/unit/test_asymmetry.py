@@ -189,6 +189,16 @@ def test_run_resumes_and_refuses_other_config(tiny, tmp_path):
     assert all(0.0 < r["verdict_coverage"] <= 1.0 for r in recs)
 
 
+def test_chunk_batches_must_be_a_count():
+    with pytest.raises(ConfigError, match="chunk_batches must be a whole number >= 1, not 0"):
+        AsymmetryConfig(chunk_batches=0)
+
+
+def test_limit_table_must_name_configured_datasets():
+    with pytest.raises(ConfigError, match=r"limit names datasets \['musique'\]"):
+        AsymmetryConfig(datasets=["squad_v2"], limit={"musique": 2})
+
+
 def test_unknown_config_key():
     """Config tables with unknown keys are refused with the known ones listed."""
     with pytest.raises(ValueError, match="known"):
@@ -211,19 +221,30 @@ def test_run_config_runs_stages_and_copies_figures_and_tables(tiny, tmp_path):
 out = "{tmp_path / 'runs'}"
 figures = "{tmp_path / 'figs'}"
 publish = true
+description = "a tiny grid"
 [asymmetry]
 models = ["{model_dir}"]
-datasets = ["squad_v2"]
-limit = 2
+datasets = ["squad_v2", "drop"]
+limit = {{ squad_v2 = 2, drop = 1 }}
 max_new_tokens = 4
 n_boot = 50
 [attention]
 layers = "all"
 n_boot = 50
 ''')
-    summary = run_config(cfg)
+    lines: list[str] = []
+    summary = run_config(cfg, log=lines.append)
     (spec, entry), = summary.items()
-    assert entry["metrics"]["overall"]["n"] == 2
+    assert entry["metrics"]["overall"]["n"] == 3  # the limit table: 2 SQuAD + 1 DROP
+    assert entry["metrics"]["per_dataset"]["drop"]["n"] == 1
+    # it says what it is, how long each stage took, and where the figures and table are
+    assert lines[0] == "== t: a tiny grid" and lines[-1] == "== this was a tiny grid."
+    assert any(x.startswith("== stage attention took ") for x in lines)
+    assert lines[-2] == (f"== done. Figures: {tmp_path / 'figs'}. Summary table: "
+                         f"{tmp_path / 'runs' / 'summary.txt'} (numbers: "
+                         f"{tmp_path / 'runs' / 'summary.json'}).")
+    text = (tmp_path / "runs" / "summary.txt").read_text()
+    assert "asymmetry" in text and "attention" in text and "overall" in text
     figs = {p.name for p in (tmp_path / "figs").iterdir()}
     assert {"asymmetry.png", "asymmetry_metrics.json", "attention_summary.json",
             "attention_layerwise.png"} <= figs
@@ -235,7 +256,8 @@ n_boot = 50
     lines: list[str] = []
     run_config(draft, log=lines.append)
     assert not (tmp_path / "draft_figs").exists()
-    assert "not updated (the config does not say publish = true)" in lines[-1]
+    assert "not updated (the config does not say publish = true)" in lines[-3]
+    assert lines[-2].startswith(f"== done. Figures: {tmp_path / 'runs'}/")  # the run's own
     bad = tmp_path / "bad.toml"
     bad.write_text(cfg.read_text() + "[atention]\nlayers = 'all'\n")
     with pytest.raises(ConfigError, match=r"unknown keys or stages \['atention'\]"):

@@ -12,7 +12,8 @@ from interp.pipeline import load_config, swap_sources
 
 CFG = {"name": "x", "out": "runs/x", "figures": "figs",
        "asymmetry": {"models": ["org/big", "other"], "datasets": ["squad_v2", "drop"],
-                     "from_hub": True, "oracle": "model:org/big", "limit": 1000},
+                     "from_hub": True, "oracle": "model:org/big",
+                     "limit": {"squad_v2": 12, "drop": 3}},
        "attention": {"layers": "24-31"},
        "transfer": {"datasets": ["squad_v2"], "from_hub": True, "oracle": "rule", "rank": 16},
        "steering": {"oracle": "model:other", "alphas": [0.5, 2.0]}}
@@ -25,7 +26,8 @@ def test_only_sources_change_and_the_input_is_kept():
     assert CFG == before
     assert new["asymmetry"] == {"models": ["/ck/a", "/ck/b"],
                                 "datasets": ["/d/s.jsonl", "/d/d.jsonl"], "from_hub": False,
-                                "oracle": "model:/ck/a", "limit": 1000}
+                                "oracle": "model:/ck/a",
+                                "limit": {"/d/s.jsonl": 12, "/d/d.jsonl": 3}}
     assert new["transfer"] == {"datasets": ["/d/s.jsonl"], "from_hub": False, "oracle": "rule",
                                "rank": 16}
     assert new["steering"]["oracle"] == "model:/ck/b" and new["attention"] == CFG["attention"]
