@@ -85,7 +85,15 @@ class Watch:
             finally:
                 watch.in_generate -= 1
 
-        stops = prefill.eos_ids
+        stops, decode = prefill.eos_ids, prefill._decode
+
+        @functools.wraps(decode)
+        def decoding(*args, **kw):  # interp's greedy loop: its steps feed the model's tokens
+            watch.in_generate += 1
+            try:
+                return decode(*args, **kw)
+            finally:
+                watch.in_generate -= 1
 
         def eos_ids(handle):
             ids = stops(handle)
@@ -96,6 +104,7 @@ class Watch:
             mp.setattr(LlamaForCausalLM, "forward", forward)
             mp.setattr(GenerationMixin, "generate", generate)
             mp.setattr(prefill, "eos_ids", eos_ids)
+            mp.setattr(prefill, "_decode", decoding)
             yield self
 
 
@@ -165,9 +174,10 @@ def test_every_stage_ran_on_the_llama31_shaped_model(rehearsal):
 def test_every_fresh_sequence_has_exactly_one_bos(rehearsal):
     """Every forward of every stage: one BOS first in a fresh sequence, none after a cache.
 
-    A decoding step of ``generate`` feeds the token the model just produced, which a random
-    model may well pick as ``<|begin_of_text|>``: those steps are not checked (the prompt that
-    ``generate`` starts from is).
+    A decoding step (``generate``, or interp's own greedy loop ``interp.prefill._decode``)
+    feeds the token the model just produced, which a random model may well pick as
+    ``<|begin_of_text|>`` (it did: one step after 346 cached positions): those steps are not
+    checked; the prompts they start from are.
     """
     from transformers import AutoTokenizer
 
