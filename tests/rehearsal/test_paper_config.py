@@ -28,6 +28,7 @@ from transformers.generation.utils import GenerationMixin
 from interp import prefill
 from interp.models import PAPER_MODEL
 from interp.pipeline import load_config, run_config, swap_sources
+from interp.stages import steering as steering_stage
 from interp.store import RunDir
 from interp.testing import llama31_checkpoint, rehearsal_datasets
 
@@ -85,15 +86,17 @@ class Watch:
             finally:
                 watch.in_generate -= 1
 
-        stops, decode = prefill.eos_ids, prefill._decode
+        stops = prefill.eos_ids
 
-        @functools.wraps(decode)
-        def decoding(*args, **kw):  # interp's greedy loop: its steps feed the model's tokens
-            watch.in_generate += 1
-            try:
-                return decode(*args, **kw)
-            finally:
-                watch.in_generate -= 1
+        def decoding(fn):  # interp's own greedy loops: their steps feed the model's tokens
+            @functools.wraps(fn)
+            def run(*args, **kw):
+                watch.in_generate += 1
+                try:
+                    return fn(*args, **kw)
+                finally:
+                    watch.in_generate -= 1
+            return run
 
         def eos_ids(handle):
             ids = stops(handle)
@@ -104,7 +107,9 @@ class Watch:
             mp.setattr(LlamaForCausalLM, "forward", forward)
             mp.setattr(GenerationMixin, "generate", generate)
             mp.setattr(prefill, "eos_ids", eos_ids)
-            mp.setattr(prefill, "_decode", decoding)
+            mp.setattr(prefill, "_decode", decoding(prefill._decode))
+            mp.setattr(steering_stage, "steer_generator",
+                       decoding(steering_stage.steer_generator))
             yield self
 
 
@@ -174,9 +179,10 @@ def test_every_stage_ran_on_the_llama31_shaped_model(rehearsal):
 def test_every_fresh_sequence_has_exactly_one_bos(rehearsal):
     """Every forward of every stage: one BOS first in a fresh sequence, none after a cache.
 
-    A decoding step (``generate``, or interp's own greedy loop ``interp.prefill._decode``)
-    feeds the token the model just produced, which a random model may well pick as
-    ``<|begin_of_text|>`` (it did: one step after 346 cached positions): those steps are not
+    A decoding step (``generate``, or interp's own greedy loops ``interp.prefill._decode``
+    and ``interp.steering.steer_generator``) feeds the token the model just produced, which a
+    random model may well pick as ``<|begin_of_text|>`` (it did: one step after 346 cached
+    positions): those steps are not
     checked; the prompts they start from are.
     """
     from transformers import AutoTokenizer

@@ -13,6 +13,7 @@ import torch
 from interp.generation import generate
 from interp.models import end_of_turn_ids, load_model
 from interp.prompts import get_template, render
+from interp.steering import steer_generator
 from interp.testing import LLAMA31_ROPE_SCALING, llama31_checkpoint, tiny_llama, tiny_tokenizer
 from interp.transfer import sample_answers
 
@@ -65,6 +66,16 @@ def test_generation_stops_at_eot_not_only_eos(ltok):
     (g2,) = generate(h2, [p.input_ids], max_new_tokens=5, stop_strings=())
     assert (g2.stop, g2.token_ids) == ("max_new_tokens", [comma] * 5)   # the control
     assert sample_answers(h, [p.input_ids], seed=0, max_new_tokens=4) == [""]
+    calls = []
+    hook = h.model.register_forward_hook(lambda *a: calls.append(1))
+    steered = steer_generator(h, p.input_ids, p.token_spans["context"], {1: None}, [0.5, 2.0],
+                              band=[1], max_new_tokens=4)
+    hook.remove()
+    assert steered["generations"] == ["", ""] and len(calls) == 2   # the prompt only (5 if
+    # the loop ran on: its EOS set used to be the checkpoint's, without <|eot_id|>)
+    steered2 = steer_generator(h2, p.input_ids, p.token_spans["context"], {1: None}, [1.0],
+                               band=[1], max_new_tokens=3)
+    assert steered2["generations"] == [",,,"]                        # the control
 
 
 def test_llama31_checkpoint_round_trips(tmp_path):
