@@ -61,8 +61,19 @@ __all__ = ["METRIC_DEFINITIONS", "compute_metrics", "evaluate_examples", "format
 
 
 def make_oracle(spec: str, *, template: Template | None = None, device: str | None = None,
-                handle: ModelHandle | None = None) -> BaseOracle:
+                dtype: str | None = None, handle: ModelHandle | None = None,
+                run_model: ModelHandle | None = None) -> BaseOracle:
     """The oracle named by ``spec``: ``"rule"`` or ``"model:SPEC"``.
+
+    Args:
+        spec: ``"rule"`` or ``"model:SPEC"`` (SPEC: any :func:`interp.models.load_model` spec).
+        template: unused (kept for callers that pass the Study 1 template).
+        device: where to load an LLM oracle.
+        dtype: its precision (default by device, :func:`interp.models.load_model`).
+        handle: an already loaded model to grade with instead of loading SPEC.
+        run_model: the run's model; used when SPEC names it (``model:<its spec>``), so the
+            oracle is not loaded a second time (every stage that grades passes it; the
+            transfer study does not, its base model takes adapters).
 
     Raises:
         ConfigError: any other spec.
@@ -70,7 +81,10 @@ def make_oracle(spec: str, *, template: Template | None = None, device: str | No
     if spec == "rule":
         return RuleOracle()
     if spec.startswith("model:"):
-        return ModelOracle(handle or load_model(spec.removeprefix("model:"), device=device))
+        if handle is None and run_model is not None and spec == f"model:{run_model.spec}":
+            handle = run_model
+        return ModelOracle(handle or load_model(spec.removeprefix("model:"), device=device,
+                                                dtype=dtype))
     raise ConfigError(f"unknown oracle {spec!r}: use 'rule' or 'model:SPEC'")
 
 

@@ -526,11 +526,13 @@ class Patcher:
         vm, sm = valid.to(self.handle.device), sel.to(self.handle.device)
         for layer in layers:
             h = hook_name(layer, resid_hook)
-            diff = (self.source(h) - acts[h]) * vm[:, None]
-            resid[layer] = (diff * grads[h]).sum(-1).cpu().numpy()
+            # float32 products and sums: a bfloat16 model's activations and gradients are
+            # bfloat16 (numpy has no such type, and a bf16 sum over d_model loses digits)
+            diff = (self.source(h).float() - acts[h].float()) * vm[:, None]
+            resid[layer] = (diff * grads[h].float()).sum(-1).cpu().numpy()
             h = hook_name(layer, "attn.hook_z")
-            diff = (self.source(h) - acts[h]) * sm[:, None, None]
-            heads[layer] = (diff * grads[h]).sum((0, 2)).cpu().numpy()
+            diff = (self.source(h).float() - acts[h].float()) * sm[:, None, None]
+            heads[layer] = (diff * grads[h].float()).sum((0, 2)).cpu().numpy()
         self._attribution[key] = {"resid": resid, "heads": heads}
         return self._attribution[key]
 

@@ -19,10 +19,19 @@ Algorithm of :func:`run_config`:
    that makes the committed study, complete. ``out/summary.json`` holds every model's metrics
    and ``out/summary.txt`` every stage's summary table as text; the last lines printed say
    where the figures and the summary table are (and repeat the config's ``description``).
+4. With several models: one table and figures that put them side by side
+   (:func:`interp.compare.write_comparison`: ``out/comparison.json`` and ``comparison.md``,
+   one row per model and dataset; ``out/figures/models_*.png``, one colour per model), also
+   published into ``figures`` under the conditions of step 3.
+
+:func:`swap_sources` turns a config into its rehearsal: the same config with only the model
+and dataset sources replaced (``tests/rehearsal`` runs ``experiments/paper.toml`` that way on a
+tiny Llama-3.1-shaped checkpoint, and ``benchmarks/gpu_check.sh`` does on a GPU).
 """
 
 from __future__ import annotations
 
+import copy
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from interp import stages
+from interp.compare import write_comparison
 from interp.errors import ConfigError
 from interp.inputs import new_run_dir, read_toml
 from interp.models import DEFAULT_MODEL, load_model
@@ -37,7 +47,7 @@ from interp.stages import asymmetry
 from interp.stages.common import Stage
 from interp.store import RunDir, atomic_write_text, write_json
 
-__all__ = ["STAGES", "model_slug", "out_dir", "run_config"]
+__all__ = ["STAGES", "load_config", "model_slug", "out_dir", "run_config", "swap_sources"]
 
 TOP_LEVEL = ("name", "out", "figures", "publish", "description", "asymmetry")
 """Top-level keys of an experiment config besides the stage tables."""
@@ -62,6 +72,85 @@ def model_slug(spec: str) -> str:
 def out_dir(cfg: Mapping[str, Any], path: str | Path) -> Path:
     """The folder of a config's run directories: ``out``, else ``runs/<name or file stem>``."""
     return Path(cfg.get("out", f"runs/{cfg.get('name', Path(path).stem)}"))
+
+
+def load_config(config: str | Path | Mapping[str, Any]) -> dict[str, Any]:
+    """An experiment config as a dict: a TOML file read, or a mapping copied (deeply).
+
+    Raises:
+        ConfigError: as :func:`interp.inputs.read_toml` (missing file, not TOML, ...).
+    """
+    if isinstance(config, Mapping):
+        return copy.deepcopy(dict(config))
+    return read_toml(config)
+
+
+def swap_sources(config: str | Path | Mapping[str, Any], *, models: Mapping[str, str],
+                 datasets: Mapping[str, str], out: str | Path) -> dict[str, Any]:
+    """The same experiment config with only its model and dataset sources replaced.
+
+    A rehearsal runs a real config (e.g. ``experiments/paper.toml``) end to end on a stand-in
+    model and a few records: what it exercises is the config itself, so nothing else may
+    change. Replaced, in every table:
+
+    * a model spec: the ``models`` / ``model`` entries, and the ``SPEC`` of an LLM oracle
+      ``"model:SPEC"`` (``oracle`` keys), through ``models``;
+    * dataset names: every entry of a ``datasets`` list and every key of a per-dataset
+      ``limit`` table, through ``datasets`` (usually local files), and ``from_hub`` becomes
+      false (a file is not read from the hub);
+    * where results go: ``out`` becomes ``out``, and ``figures`` (if set) ``out/figures``.
+
+    Everything else (stages, layers, limits, dtype, seeds, ...) is kept as written.
+
+    Args:
+        config: a TOML path or a parsed config.
+        models: old model spec -> new spec; every model and oracle spec of the config must be
+            a key.
+        datasets: old dataset name -> new source; every dataset of the config must be a key.
+        out: the rehearsal's output folder.
+
+    Returns:
+        The new config (the input is not modified).
+
+    Raises:
+        ConfigError: a model, oracle or dataset of the config that the swap does not cover
+            (so a rehearsal can never silently run the original source).
+    """
+    cfg = load_config(config)
+
+    def model(spec: str, where: str) -> str:
+        if spec not in models:
+            raise ConfigError(f"{where}: model {spec!r} is not swapped; add it to models "
+                              f"(covered: {sorted(models)})")
+        return models[spec]
+
+    def walk(table: dict[str, Any], where: str) -> None:
+        for key, val in table.items():
+            at = f"{where}.{key}" if where else key
+            if key == "limit" and isinstance(val, dict):  # a per-dataset limit table
+                table[key] = {datasets.get(d, d): n for d, n in val.items()}
+            elif isinstance(val, dict):
+                walk(val, at)
+            elif key == "models":
+                table[key] = [model(v, at) for v in val]
+            elif key == "model":
+                table[key] = model(val, at)
+            elif key == "oracle" and isinstance(val, str) and val.startswith("model:"):
+                table[key] = "model:" + model(val.removeprefix("model:"), at)
+            elif key == "datasets":
+                if bad := [d for d in ([val] if isinstance(val, str) else val)
+                           if d not in datasets]:
+                    raise ConfigError(f"{at}: datasets {bad} are not swapped; add them to "
+                                      f"datasets (covered: {sorted(datasets)})")
+                table[key] = [datasets[d] for d in ([val] if isinstance(val, str) else val)]
+            elif key == "from_hub":
+                table[key] = False
+
+    walk(cfg, "")
+    cfg["out"] = str(out)
+    if "figures" in cfg:
+        cfg["figures"] = str(Path(out) / "figures")
+    return cfg
 
 
 def _check(cfg: Mapping[str, Any], path: str | Path, only: Sequence[str] | None
@@ -94,12 +183,14 @@ def _copy_figures(run_dir: Path, dest: Path, names: Sequence[str], prefix: str) 
         shutil.copy2(src, dest / f"{prefix}{name}")
 
 
-def run_config(path: str | Path, *, overwrite: bool = False, only: Sequence[str] | None = None,
+def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
+               only: Sequence[str] | None = None,
                log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run every stage of a TOML config (module docstring; see ``experiments/quickstart.toml``).
 
     Args:
-        path: the experiment config.
+        path: the experiment config (a TOML file, or a parsed config such as
+            :func:`swap_sources` returns).
         overwrite: discard run directories made with another asymmetry config, and let
             every stage redo work computed under other runtime settings.
         only: run only these stages (``asymmetry`` and/or names of :data:`STAGES`).
@@ -114,7 +205,9 @@ def run_config(path: str | Path, *, overwrite: bool = False, only: Sequence[str]
         interp.errors.DataError: a dataset or file of ``[asymmetry]`` that cannot be loaded.
         interp.errors.RunDirError: ``--only`` without ``asymmetry`` on a run that has none.
     """
-    cfg = read_toml(path)
+    cfg = load_config(path)
+    if isinstance(path, Mapping):
+        path = str(cfg.get("name", "config"))
     stage_cfgs = _check(cfg, path, only)
     out = out_dir(cfg, path)
     asym = dict(cfg.get("asymmetry", {}))
@@ -133,6 +226,10 @@ def run_config(path: str | Path, *, overwrite: bool = False, only: Sequence[str]
                               texts=texts)
     write_json(out / "summary.json", summary)
     atomic_write_text(out / "summary.txt", "\n\n".join(texts) + "\n")
+    comp = None
+    if len(models) > 1:
+        comp = write_comparison(out, {spec: s["run_dir"] for spec, s in summary.items()})
+        log(f"== {len(models)} models side by side: {comp['markdown']}, {out}/figures/models_*")
     if cfg.get("figures"):
         if not cfg.get("publish"):
             log(f"figures in {out}/*/figures; {cfg['figures']}/ not updated (the config does "
@@ -143,12 +240,15 @@ def run_config(path: str | Path, *, overwrite: bool = False, only: Sequence[str]
             for spec in models:
                 _copy_figures(out / model_slug(spec), Path(cfg["figures"]), list(stage_cfgs),
                               "" if len(models) == 1 else f"{model_slug(spec)}__")
+            for src in [comp["table"], comp["markdown"], *comp["figures"]] if comp else []:
+                shutil.copy2(src, Path(cfg["figures"]) / Path(src).name)
             log(f"published figures and tables to {cfg['figures']}/")
     published = cfg.get("figures") and cfg.get("publish") and not only
     figs = cfg["figures"] if published else ", ".join(f"{out / model_slug(s)}/figures"
                                                       for s in acfgs)
     log(f"== done. Figures: {figs}. Summary table: {out / 'summary.txt'} (numbers: "
-        f"{out / 'summary.json'}).")
+        f"{out / 'summary.json'})." + (f" Models side by side: {comp['markdown']} and "
+                                       f"{out}/figures/models_*.png." if comp else ""))
     if cfg.get("description"):
         log(f"== this was {cfg['description'].rstrip('.')}.")
     return summary

@@ -1,21 +1,36 @@
-"""Tiny random models and a tiny tokenizer built in code, for unit tests and benchmarks.
+"""Tiny random models and tiny tokenizers built in code, for unit tests, rehearsals and benchmarks.
 
 Nothing here reads a file or the network: :func:`tiny_tokenizer` trains a small byte-level BPE
-with the ``tokenizers`` library on a fixed in-code corpus and gives it a ChatML chat template
-(the same turn markers as SmolLM2: ``<|im_start|>``, ``<|im_end|>``); :func:`tiny_llama` builds a
-random GQA ``LlamaForCausalLM`` from a config sized to any tokenizer. Both are deterministic
-(same vocabulary, same weights for a seed), so tests that use them run anywhere in seconds and
-need no model package (tuned-lens builds its test models the same way).
+with the ``tokenizers`` library on a fixed in-code corpus and gives it a chat template of one of
+two families (:data:`FAMILIES`): ChatML (the turn markers of SmolLM2 and Qwen2.5:
+``<|im_start|>``, ``<|im_end|>``) or Llama 3.1 (``<|begin_of_text|>``, ``<|start_header_id|>``,
+``<|end_header_id|>``, ``<|eot_id|>``, and the system header with the knowledge-cutoff and date
+lines that Llama 3.1's template injects into every prompt). :func:`tiny_llama` builds a random
+GQA ``LlamaForCausalLM`` (or, with ``arch="qwen2"``, a ``Qwen2ForCausalLM``: biases on q/k/v)
+from a config sized to any tokenizer, and :func:`llama31_checkpoint` saves a Llama-3.1-shaped
+random checkpoint (32 layers, GQA 4:1, Llama 3.1's rope scaling) as a local directory, the model
+of the paper-configuration rehearsal (``tests/rehearsal``) and of ``benchmarks/gpu_check.sh``.
+All are deterministic (same vocabulary, same weights for a seed), so tests that use them run
+anywhere in seconds and need no model package (tuned-lens builds its test models the same way).
 
 Algorithm of :func:`tiny_tokenizer`:
 
 1. A byte-level pre-tokenizer (every byte is in the initial alphabet, so any text encodes and
-   decodes back exactly) and a BPE model with ``<|endoftext|>``, ``<|im_start|>`` and
-   ``<|im_end|>`` as special tokens.
+   decodes back exactly) and a BPE model with the family's special tokens.
 2. BPE merges learned from :data:`CORPUS` (template words, verdict words, a few facts) up to
-   ``vocab_size`` entries, so prompts are a few times shorter than their byte count.
-3. Wrapped in ``transformers.PreTrainedTokenizerFast`` (offsets mapping, ``apply_chat_template``,
-   ``save_pretrained``): BOS ``<|im_start|>``, EOS and pad ``<|im_end|>``, UNK ``<|endoftext|>``.
+   ``vocab_size`` entries, so prompts are a few times shorter than their byte count. Llama 3:
+   the corpus also holds the bundled prompt templates' texts, so their words are single
+   tokens as in Llama 3's 128k vocabulary (prompts about half as long: the 32-layer
+   rehearsal runs correspondingly faster).
+3. Llama 3 only: a post-processor that prepends ``<|begin_of_text|>`` when special tokens are
+   added, as the real Llama 3 tokenizer does; its chat template ALSO starts with BOS, so code
+   that tokenizes a rendered chat prompt with ``add_special_tokens=True`` gets two BOS tokens
+   (the family-specific fault the rehearsal checks for).
+4. Wrapped in ``transformers.PreTrainedTokenizerFast`` (offsets mapping, ``apply_chat_template``,
+   ``save_pretrained``). ChatML: BOS ``<|im_start|>``, EOS and pad ``<|im_end|>``, UNK
+   ``<|endoftext|>``. Llama 3: BOS ``<|begin_of_text|>``, EOS ``<|end_of_text|>`` (as Llama 3's
+   base tokenizer: the end of turn ``<|eot_id|>`` is NOT the EOS token, so stopping at it must
+   come from the chat template, :func:`interp.models.end_of_turn_ids`), pad ``<|eot_id|>``.
 """
 
 from __future__ import annotations
@@ -26,16 +41,22 @@ from typing import Any
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from interp.models import ModelHandle
 from interp.prompts import get_template, render
 from interp.store import RunDir
 
-__all__ = ["CHAT_TEMPLATE", "CORPUS", "synthetic_probe_run", "tiny_llama", "tiny_tokenizer"]
-
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+__all__ = ["CHAT_TEMPLATE", "CORPUS", "FAMILIES", "LLAMA3_CHAT_TEMPLATE", "LLAMA31_ROPE_SCALING",
+           "llama31_checkpoint", "rehearsal_datasets", "synthetic_probe_run", "tiny_checkpoint",
+           "tiny_llama", "tiny_tokenizer"]
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -44,6 +65,44 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 """ChatML, as SmolLM2's template but without its default system prompt."""
+
+LLAMA3_CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- if not date_string is defined %}{%- set date_string = '26 Jul 2024' %}{%- endif %}"
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{%- set system_message = messages[0]['content'] | trim %}"
+    "{%- set messages = messages[1:] %}"
+    "{%- else %}{%- set system_message = '' %}{%- endif %}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\n\n' }}"
+    "{{- 'Cutting Knowledge Date: December 2023\n' }}"
+    "{{- 'Today Date: ' + date_string + '\n\n' }}"
+    "{{- system_message }}{{- '<|eot_id|>' }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content']"
+    " | trim + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"
+)
+"""Llama 3.1 Instruct's chat template without its tool-calling branches: BOS, a system header
+that always carries the knowledge-cutoff and date lines (text the template injects, labelled
+``template``), every message's content trimmed, ``<|eot_id|>`` after each turn."""
+
+FAMILIES: dict[str, dict[str, Any]] = {
+    "chatml": {"specials": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+               "bos": "<|im_start|>", "eos": "<|im_end|>", "pad": "<|im_end|>",
+               "unk": "<|endoftext|>", "template": CHAT_TEMPLATE, "add_bos": False},
+    "llama3": {"specials": ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                            "<|end_header_id|>", "<|eot_id|>"),
+               "bos": "<|begin_of_text|>", "eos": "<|end_of_text|>", "pad": "<|eot_id|>",
+               "unk": None, "template": LLAMA3_CHAT_TEMPLATE, "add_bos": True},
+}
+"""Chat-template families of :func:`tiny_tokenizer`: special tokens, BOS/EOS/pad/UNK, the chat
+template, and whether encoding with special tokens prepends BOS (module docstring, step 3)."""
+
+LLAMA31_ROPE_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+"""``rope_scaling`` of Llama-3.1-8B-Instruct's config.json (with ``rope_theta`` 500000)."""
 
 CORPUS = (
     "You answer questions about a context. Reply with only the answer: a short phrase copied "
@@ -63,35 +122,79 @@ CORPUS = (
 """The text the tiny BPE learns its merges from (fixed: the vocabulary never changes)."""
 
 
-@functools.lru_cache(maxsize=4)
-def _tokenizer_json(vocab_size: int) -> str:
-    tok = Tokenizer(models.BPE(unk_token="<|endoftext|>"))
+def _template_texts() -> list[str]:
+    """The bundled prompt templates' texts (every variant's system and user messages)."""
+    from interp.prompts import load_templates
+
+    return [" ".join((t.gen_system, t.gen_user, t.eval_system, t.eval_user))
+            for t in load_templates().values()]
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer_json(vocab_size: int, family: str = "chatml") -> str:
+    fam = FAMILIES[family]
+    corpus = list(CORPUS) + (_template_texts() * 4 if family == "llama3" else [])
+    unk = fam["unk"]
+    tok = Tokenizer(models.BPE(unk_token=unk) if unk else models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(fam["specials"]),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    tok.train_from_iterator(list(CORPUS), trainer=trainer)
+    tok.train_from_iterator(corpus, trainer=trainer)
+    if fam["add_bos"]:
+        bos = fam["bos"]
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+            special_tokens=[(bos, tok.token_to_id(bos))])
     return tok.to_str()
 
 
-def tiny_tokenizer(vocab_size: int = 512) -> Any:
-    """A small byte-level BPE tokenizer with a ChatML chat template (module docstring).
+def tiny_tokenizer(vocab_size: int = 512, template: str = "chatml") -> Any:
+    """A small byte-level BPE tokenizer with a chat template (module docstring).
 
     Args:
-        vocab_size: target vocabulary size (256 bytes + 3 special tokens + merges; the corpus
+        vocab_size: target vocabulary size (256 bytes + the special tokens + merges; the corpus
             may support fewer merges, then the vocabulary is smaller).
+        template: the chat-template family, a key of :data:`FAMILIES` (``chatml`` or
+            ``llama3``).
 
     Returns:
         A ``transformers.PreTrainedTokenizerFast``; a new object on every call (callers may set
         attributes such as ``padding_side``), built from a cached definition.
+
+    Raises:
+        ValueError: an unknown template family.
     """
+    if template not in FAMILIES:
+        raise ValueError(f"unknown template family {template!r}; known: {sorted(FAMILIES)}")
+    fam = FAMILIES[template]
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(_tokenizer_json(vocab_size)),
-        bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|im_end|>",
-        unk_token="<|endoftext|>")
-    tok.chat_template = CHAT_TEMPLATE
+        tokenizer_object=Tokenizer.from_str(_tokenizer_json(vocab_size, template)),
+        bos_token=fam["bos"], eos_token=fam["eos"], pad_token=fam["pad"],
+        **({"unk_token": fam["unk"]} if fam["unk"] else {}))
+    tok.chat_template = fam["template"]
     return tok
+
+
+def _config(tokenizer: Any, arch: str, **kw: Any) -> Any:
+    """The transformers config of :func:`tiny_llama` (``kw``: shape and init settings)."""
+    common = dict(
+        vocab_size=len(tokenizer), hidden_size=kw["d_model"],
+        intermediate_size=2 * kw["d_model"], num_hidden_layers=kw["n_layers"],
+        num_attention_heads=kw["n_heads"], num_key_value_heads=kw["n_kv_heads"],
+        max_position_embeddings=kw["max_positions"], rope_theta=kw["rope_theta"],
+        initializer_range=kw["init_std"], tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, attn_implementation=kw["attn_implementation"],
+        attention_dropout=kw["attention_dropout"])
+    if kw["rope_scaling"]:
+        common["rope_scaling"] = dict(kw["rope_scaling"])
+    if arch == "llama":
+        return LlamaConfig(**common), LlamaForCausalLM
+    if arch == "qwen2":
+        return Qwen2Config(**common), Qwen2ForCausalLM
+    raise ValueError(f"unknown arch {arch!r}; use 'llama' or 'qwen2'")
 
 
 def tiny_llama(
@@ -105,8 +208,12 @@ def tiny_llama(
     init_std: float = 0.2,
     attn_implementation: str = "sdpa",
     attention_dropout: float = 0.0,
+    arch: str = "llama",
+    rope_scaling: dict[str, Any] | None = None,
+    rope_theta: float = 10000.0,
+    max_positions: int = 4096,
 ) -> ModelHandle:
-    """A tiny random ``LlamaForCausalLM`` (GQA) built from a config, for unit tests.
+    """A tiny random GQA causal LM (``LlamaForCausalLM`` by default) built from a config.
 
     ``init_std`` is large by default so that logits are peaked and greedy decoding is not
     decided by float noise between equal candidates.
@@ -122,26 +229,143 @@ def tiny_llama(
         attn_implementation: the model's attention kernel.
         attention_dropout: dropout on the attention weights in training mode (tests of the
             eval-mode guard, :func:`interp.hooks.guard.inference_guard`).
+        arch: ``llama`` or ``qwen2`` (Qwen2: biases on the q/k/v projections).
+        rope_scaling: the config's ``rope_scaling`` (e.g. :data:`LLAMA31_ROPE_SCALING`).
+        rope_theta: RoPE base.
+        max_positions: ``max_position_embeddings``.
 
     Returns:
-        A :class:`interp.models.ModelHandle` (spec ``"tiny-llama"``, sha256 None, float32, CPU).
+        A :class:`interp.models.ModelHandle` (spec ``"tiny-llama"`` or ``"tiny-qwen2"``,
+        sha256 None, float32, CPU).
+
+    Raises:
+        ValueError: an unknown ``arch``.
     """
-    cfg = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=d_model, intermediate_size=2 * d_model,
-        num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=n_kv_heads,
-        max_position_embeddings=4096, rope_theta=10000.0, initializer_range=init_std,
-        tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        attn_implementation=attn_implementation, attention_dropout=attention_dropout,
-    )
+    cfg, cls = _config(tokenizer, arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
+                       n_kv_heads=n_kv_heads, init_std=init_std,
+                       attn_implementation=attn_implementation,
+                       attention_dropout=attention_dropout, rope_scaling=rope_scaling,
+                       rope_theta=rope_theta, max_positions=max_positions)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).eval()
+    model = cls(cfg).eval()
     model.requires_grad_(False)
-    info = {"spec": "tiny-llama", "source": "random", "sha256": None, "revision": None,
+    spec = f"tiny-{arch}"
+    info = {"spec": spec, "source": "random", "sha256": None, "revision": None,
             "n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": n_kv_heads,
             "head_dim": d_model // n_heads, "d_model": d_model, "dtype": "float32",
-            "device": "cpu", "max_positions": 4096}
-    return ModelHandle(model=model, tokenizer=tokenizer, spec="tiny-llama", info=info)
+            "device": "cpu", "max_positions": max_positions}
+    return ModelHandle(model=model, tokenizer=tokenizer, spec=spec, info=info)
+
+
+def llama31_checkpoint(
+    path: str | Path,
+    *,
+    n_layers: int = 32,
+    d_model: int = 64,
+    n_heads: int = 8,
+    n_kv_heads: int = 2,
+    seed: int = 0,
+    vocab_size: int = 512,
+    dtype: str = "bfloat16",
+) -> Path:
+    """Save a tiny random Llama-3.1-shaped checkpoint as a local directory (for rehearsals).
+
+    The shape facts the paper's code paths depend on are Llama-3.1-8B-Instruct's: 32 decoder
+    blocks (so the band ``24-31`` is the last eight), grouped-query attention 4:1 (8 query and
+    2 key/value heads here, 32 and 8 there), ``rope_theta`` 500000 with
+    :data:`LLAMA31_ROPE_SCALING`, ``max_position_embeddings`` 131072, untied embeddings, weights
+    stored in bfloat16, and a Llama-3-style tokenizer and chat template (:func:`tiny_tokenizer`
+    with ``template="llama3"``: ``<|begin_of_text|>`` added by both the template and the
+    tokenizer's post-processor, ``<|eot_id|>`` ending each turn, EOS ``<|end_of_text|>``). Only
+    the width and the vocabulary are tiny, and the weights are random
+    (:func:`tiny_llama`, ``seed``). Used by ``tests/rehearsal`` and ``benchmarks/gpu_check.sh``
+    (the GPU machine cannot receive the bundled GGUFs, so it builds this instead).
+
+    Args:
+        path: the directory to write (created; files in it are overwritten).
+        n_layers: decoder blocks (32, as Llama-3.1-8B).
+        d_model: residual width (tiny).
+        n_heads: query heads per layer (8: GQA 4:1 with ``n_kv_heads`` 2).
+        n_kv_heads: key/value heads per layer.
+        seed: seed of the random weights.
+        vocab_size: target vocabulary of the tiny BPE.
+        dtype: ``torch_dtype`` of the saved weights (``bfloat16`` as Llama 3.1's, or
+            ``float32``).
+
+    Returns:
+        ``path`` as a :class:`pathlib.Path`; ``interp.models.load_model(str(path))`` loads it.
+    """
+    return tiny_checkpoint(path, template="llama3", arch="llama", n_layers=n_layers,
+                           d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, seed=seed,
+                           vocab_size=vocab_size, dtype=dtype, rope_scaling=LLAMA31_ROPE_SCALING,
+                           rope_theta=500000.0, max_positions=131072)
+
+
+def tiny_checkpoint(path: str | Path, *, template: str = "chatml", arch: str = "llama",
+                    vocab_size: int = 512, dtype: str = "float32", **shape: Any) -> Path:
+    """Save a tiny random model and its tokenizer as a local checkpoint directory.
+
+    :func:`tiny_tokenizer` (``vocab_size``, ``template``) and :func:`tiny_llama` (``arch`` and
+    ``shape``: ``n_layers``, ``d_model``, ``n_heads``, ``n_kv_heads``, ``seed``,
+    ``rope_scaling``, ``rope_theta``, ``max_positions``, ...), written with
+    ``save_pretrained``; :func:`interp.models.load_model` loads it as a local directory.
+
+    Args:
+        path: the directory (created; files in it are overwritten).
+        template: chat-template family (:data:`FAMILIES`).
+        arch: ``llama`` or ``qwen2``.
+        vocab_size: target vocabulary of the tiny BPE.
+        dtype: ``torch_dtype`` of the saved weights (``float32`` or ``bfloat16``).
+        **shape: keyword arguments of :func:`tiny_llama`.
+
+    Returns:
+        ``path`` as a :class:`pathlib.Path`.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tok = tiny_tokenizer(vocab_size, template=template)
+    handle = tiny_llama(tok, arch=arch, **shape)
+    model = handle.model.to({"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype])
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def rehearsal_datasets(out_dir: str | Path, n: int = 3, max_chars: int | None = 200,
+                       names: tuple[str, ...] | None = None) -> dict[str, str]:
+    """Write ``n`` bundled validation records of each dataset as JSONL files (rehearsal data).
+
+    The records are the first ``n`` of :func:`interp.data.load_examples` (one per passage),
+    with each context cut to its first ``max_chars`` characters (at a word boundary), so a
+    32-layer rehearsal of every stage runs in about a minute on a CPU; the code paths do not
+    depend on the length, and the ids, questions, answers and extras are the records' own.
+    Each file keeps its dataset's name in its records, so the runs group them as usual.
+
+    Args:
+        out_dir: folder for ``<name>.jsonl`` (created).
+        n: records per dataset.
+        max_chars: longest context kept (None: whole contexts).
+        names: datasets (default: all of :data:`interp.data.DATASETS`).
+
+    Returns:
+        ``{dataset name: path}``, the ``datasets`` argument of
+        :func:`interp.pipeline.swap_sources`.
+    """
+    from dataclasses import replace
+
+    from interp.data import DATASETS, load_examples
+    from interp.data.loading import save_examples
+
+    out = {}
+    for name in names or DATASETS:
+        exs = []
+        for ex in load_examples(name, limit=n):
+            ctx = ex.context
+            if max_chars and len(ctx) > max_chars:
+                ctx = ctx[:max_chars].rsplit(" ", 1)[0]
+            exs.append(replace(ex, context=ctx))
+        out[name] = str(save_examples(exs, Path(out_dir) / f"{name}.jsonl"))
+    return out
 
 
 GOOD = ("Paris", "Rome", "Berlin", "Madrid")

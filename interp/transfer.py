@@ -58,7 +58,7 @@ from interp.grading import BaseOracle, extract_answer, is_abstention, normalize_
 from interp.hooks.guard import inference_guard
 from interp.hooks.points import hook_name
 from interp.lora import encode_example, end_of_turn_id
-from interp.models import ModelHandle
+from interp.models import ModelHandle, end_of_turn_ids
 from interp.patching import Patch, Patcher
 from interp.prompts import Template, get_template, render
 
@@ -85,6 +85,7 @@ class TransferSettings(Protocol):
     """
 
     datasets: list[str]
+    from_hub: bool
     max_train_examples: int
     max_length: int
     templates_path: str | None
@@ -158,19 +159,23 @@ def sample_answers(handle: ModelHandle, prompts: Sequence[Sequence[int]], *, see
         batch_size: prompts per ``generate`` call.
 
     Returns:
-        The decoded continuations (special tokens removed), in input order.
+        The decoded continuations up to the first end-of-turn token
+        (:func:`interp.models.end_of_turn_ids`; special tokens removed), in input order.
     """
     tok = handle.tokenizer
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    stop = end_of_turn_ids(tok, handle.model)
     out: list[str] = []
     for b, s in enumerate(range(0, len(prompts), batch_size)):
         ids, mask = left_pad(prompts[s:s + batch_size], pad_id, handle.device)
         torch.manual_seed(seed + b)
         res = handle.model.generate(input_ids=ids, attention_mask=mask, do_sample=True,
                                     temperature=temperature, top_p=top_p, top_k=0,
-                                    max_new_tokens=max_new_tokens, pad_token_id=pad_id)
+                                    max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                                    eos_token_id=stop)
         for row in res[:, ids.shape[1]:].tolist():
-            out.append(tok.decode(row, skip_special_tokens=True))
+            cut = next((i for i, t in enumerate(row) if t in stop), len(row))
+            out.append(tok.decode(row[:cut], skip_special_tokens=True))
     return out
 
 
@@ -203,7 +208,8 @@ def rotation_answer(k: int, pool: Sequence[QAExample], oracle: BaseOracle, *,
         seed: other records are tried in a ``random.Random(seed * 100003 + k)`` order.
 
     Returns:
-        ``(answer, donor_id)``, or ``(None, None)`` when every other gold matches this gold.
+        ``(answer, donor_id)``, or ``(None, None)`` when every other gold matches this gold
+        or is judged correct for record ``k`` by the oracle.
 
     Source:
         Paper section 3.3 (fallback "answer rotation").
@@ -277,8 +283,9 @@ def mine_hard_negatives(handle: ModelHandle, pool: Sequence[QAExample], oracle: 
         ans, donor = rotation_answer(k, pool, oracle, seed=config.seed)
         if ans is None:
             raise TransferError(f"record {pool[k].id}: no hard negative (every closed-book "
-                                f"attempt was rejected and no other pool record has a "
-                                f"different gold answer); use more training records")
+                                f"attempt was rejected, and every other pool record's gold "
+                                f"answer equals this record's or the oracle {oracle.name} "
+                                f"judges it correct here); use more training records")
         rows[k].update(hard_negative=ans, source="rotation", fallback=True, donor_id=donor)
     return rows
 
@@ -342,7 +349,7 @@ def training_pool(config: TransferSettings, tokenizer: Any, template: Template, 
     eot = end_of_turn_id(tokenizer)
     for ds in config.datasets:
         try:
-            examples = load_examples(ds, split="train")
+            examples = load_examples(ds, split="train", from_hub=config.from_hub)
         except DataError as err:
             raise TransferError(f"the transfer study trains on the train split of {ds!r}, "
                                 f"which is not available: {err}. Use squad_v2, hotpotqa or "

@@ -10,7 +10,8 @@ Algorithm of :func:`hooked`:
    :class:`interp.errors.HookError` BEFORE any hook is registered.
 2. Register one forward pre-hook (input side) or forward hook (output side) per name. At run
    time the hook takes the tensor (``args[0]`` or the ``hidden_states`` keyword; ``output[0]``
-   when a module returns a tuple), views ``attn.hook_z`` as ``[batch, pos, n_heads, head_dim]``,
+   when a module returns a tuple), views ``attn.hook_z`` as ``[batch, pos, n_heads, head_dim]``
+   and ``attn.hook_k`` / ``attn.hook_v`` as ``[batch, pos, n_kv_heads, head_dim]``,
    applies the caller's edit function if one is given for that name (activation patching), stores
    the (edited) value when the name is to be cached -- or, with ``stream``, hands it to the
    caller's function at once and keeps nothing (``interp record`` writes it to disk, so memory
@@ -34,21 +35,18 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.hooks.guard import inference_guard
-from interp.hooks.points import base_model, resolve
+from interp.hooks.points import n_heads_at, resolve
 
 __all__ = ["Edit", "Stream", "hooked"]
 
 Edit = Callable[[Tensor], Tensor]
 """An edit of one hook point's activation: takes ``[batch, pos, ...]`` and returns a tensor of
-the same shape (``[batch, pos, n_heads, head_dim]`` for ``attn.hook_z``)."""
+the same shape (``[batch, pos, n_heads, head_dim]`` for ``attn.hook_z``, ``[batch, pos,
+n_kv_heads, head_dim]`` for ``attn.hook_k`` and ``attn.hook_v``)."""
 
 Stream = Callable[[str, Tensor], None]
 """Receives ``(name, value)`` of a cached hook point the moment it is computed: ``value`` is
 ``[batch, pos, ...]`` (detached, NOT a copy: copy or write it before returning)."""
-
-
-def _n_heads(model: Any) -> int:
-    return int(base_model(model).config.num_attention_heads)
 
 
 @contextlib.contextmanager
@@ -83,19 +81,20 @@ def hooked(model: Any, *, cache: Iterable[str] = (), edits: Mapping[str, Edit] |
     edits = dict(edits or {})
     want = set(cache)
     sites = {name: resolve(model, name) for name in sorted(want | set(edits))}
-    nh = _n_heads(model)
     store: dict[str, Tensor] = {}
 
     def make(name: str, point: str) -> Callable[[Tensor], Tensor]:
+        nh = n_heads_at(model, point)
+
         def apply(x: Tensor) -> Tensor:
-            view = x.view(*x.shape[:-1], nh, -1) if point == "attn.hook_z" else x
+            view = x.view(*x.shape[:-1], nh, -1) if nh else x
             if name in edits:
                 view = edits[name](view)
             if name in want and stream is not None:
                 stream(name, view.detach())
             elif name in want:
                 store[name] = view if keep_graph else view.detach().clone()
-            return view.reshape(x.shape) if point == "attn.hook_z" else view
+            return view.reshape(x.shape) if nh else view
         return apply
 
     handles = []

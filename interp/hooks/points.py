@@ -8,6 +8,10 @@ the input or the output of one module of decoder block ``L``:
 point                       module (relative to block L)      io      shape
 ==========================  ================================  ======  ===========================
 ``hook_resid_pre``          the block itself                  input   ``[batch, pos, d_model]``
+``attn.hook_k``             ``self_attn.k_proj``              output  ``[batch, pos, n_kv_heads,
+                                                                      head_dim]`` (viewed)
+``attn.hook_v``             ``self_attn.v_proj``              output  ``[batch, pos, n_kv_heads,
+                                                                      head_dim]`` (viewed)
 ``attn.hook_z``             ``self_attn.o_proj``              input   ``[batch, pos, n_heads,
                                                                       head_dim]`` (viewed)
 ``hook_attn_out``           ``self_attn``                     output  ``[batch, pos, d_model]``
@@ -15,6 +19,13 @@ point                       module (relative to block L)      io      shape
 ``hook_mlp_out``            ``mlp``                           output  ``[batch, pos, d_model]``
 ``hook_resid_post``         the block itself                  output  ``[batch, pos, d_model]``
 ==========================  ================================  ======  ===========================
+
+``attn.hook_k`` / ``attn.hook_v`` are the keys and values before rotary embedding and before
+grouped-query attention repeats them (TransformerLens's ``hook_k`` / ``hook_v`` of a GQA model):
+one entry per key/value head. Query head ``h`` reads key/value head :func:`kv_head` ``(h)`` =
+``h // (n_heads // n_kv_heads)`` (transformers' ``repeat_kv``), so an edit of key/value head
+``g`` reaches exactly the query heads :func:`query_heads` ``(g)`` at ``attn.hook_z`` of the same
+block (Qwen2.5-Coder-0.5B: 14 query / 2 key/value heads, head 1 feeds query heads 7-13).
 
 ``attn.hook_pattern`` (the attention pattern) has no module whose input or output holds it under
 SDPA; it is recorded inside the attention function (:mod:`interp.hooks.recorder`).
@@ -38,6 +49,7 @@ from interp.errors import HookError, ModelSpecError
 
 __all__ = [
     "ARCHITECTURES",
+    "HEAD_POINTS",
     "HOOK_POINTS",
     "HookSite",
     "base_model",
@@ -46,12 +58,17 @@ __all__ = [
     "decoder_layers",
     "hook_name",
     "hook_site",
+    "kv_head",
+    "n_heads_at",
     "parse_hook",
+    "query_heads",
     "resolve",
 ]
 
 HOOK_POINTS: dict[str, tuple[str, str]] = {
     "hook_resid_pre": ("", "input"),
+    "attn.hook_k": ("self_attn.k_proj", "output"),
+    "attn.hook_v": ("self_attn.v_proj", "output"),
     "attn.hook_z": ("self_attn.o_proj", "input"),
     "hook_attn_out": ("self_attn", "output"),
     "hook_resid_mid": ("post_attention_layernorm", "input"),
@@ -60,6 +77,13 @@ HOOK_POINTS: dict[str, tuple[str, str]] = {
 }
 """Per-block hook point -> (module path relative to the block, ``input`` or ``output``), in
 execution order within a block."""
+
+HEAD_POINTS: dict[str, str] = {
+    "attn.hook_k": "num_key_value_heads",
+    "attn.hook_v": "num_key_value_heads",
+    "attn.hook_z": "num_attention_heads",
+}
+"""Hook points viewed per head: point -> the config attribute that counts their heads."""
 
 ARCHITECTURES: dict[str, str] = {
     "llama": "model.layers",
@@ -217,3 +241,56 @@ def resolve(model: Any, name: str) -> tuple[Any, HookSite]:
     """
     site = hook_site(model, name)
     return base_model(model).get_submodule(site.module_path), site
+
+
+def n_heads_at(model: Any, point: str) -> int | None:
+    """Heads of a per-head hook point (:data:`HEAD_POINTS`) of ``model``; None for other points.
+
+    Args:
+        model: a causal LM, a PEFT model around one, or a transformers config.
+        point: a hook point such as ``attn.hook_z`` or ``attn.hook_v``.
+    """
+    if point not in HEAD_POINTS:
+        return None
+    obj = base_model(model)
+    cfg = getattr(obj, "config", obj)
+    n = getattr(cfg, HEAD_POINTS[point], None)
+    return int(n if n else cfg.num_attention_heads)
+
+
+def kv_head(h: int, n_heads: int, n_kv_heads: int) -> int:
+    """The key/value head that query head ``h`` reads under grouped-query attention.
+
+    ``h // (n_heads // n_kv_heads)``: transformers' ``repeat_kv`` repeats each key/value head
+    for ``n_heads // n_kv_heads`` consecutive query heads (Ainslie et al. 2023, "GQA").
+
+    Raises:
+        ModelSpecError: ``n_heads`` not a multiple of ``n_kv_heads``.
+        ValueError: ``h`` outside ``0 .. n_heads - 1``.
+    """
+    check_heads(_Heads(n_heads, n_kv_heads))
+    if not 0 <= h < n_heads:
+        raise ValueError(f"query head {h} out of range 0..{n_heads - 1}")
+    return h // (n_heads // n_kv_heads)
+
+
+def query_heads(g: int, n_heads: int, n_kv_heads: int) -> range:
+    """The query heads that read key/value head ``g`` (the inverse of :func:`kv_head`).
+
+    Raises:
+        ModelSpecError: ``n_heads`` not a multiple of ``n_kv_heads``.
+        ValueError: ``g`` outside ``0 .. n_kv_heads - 1``.
+    """
+    check_heads(_Heads(n_heads, n_kv_heads))
+    if not 0 <= g < n_kv_heads:
+        raise ValueError(f"key/value head {g} out of range 0..{n_kv_heads - 1}")
+    group = n_heads // n_kv_heads
+    return range(g * group, (g + 1) * group)
+
+
+@dataclass(frozen=True)
+class _Heads:
+    """A stand-in config with head counts only (for :func:`check_heads`)."""
+
+    num_attention_heads: int
+    num_key_value_heads: int

@@ -221,7 +221,8 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     manifest = rd.init_manifest(asdict(config), model_info=handle.info, overwrite=overwrite,
                                 key_fields=KEY_FIELDS, runtime=facts,
                                 result_facts=result_facts(facts))
-    oracle = make_oracle(config.oracle, device=config.device)
+    oracle = make_oracle(config.oracle, device=config.device, dtype=config.dtype,
+                         run_model=handle)
     facts = None
     if config.one_pass:  # the stages' own checks: refuse their work made under other settings
         facts = stage_facts(rd, handle, "attention", overwrite=overwrite)

@@ -248,7 +248,8 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
     band, units = _units(run_dir, handle, cfg)
     mcfg = run_dir.manifest().get("config", {})
     records = limit_per_dataset(run_dir.read_records(), cfg.limit)
-    oracle = make_oracle(cfg.oracle or mcfg.get("oracle") or "rule", device=str(handle.device))
+    oracle = make_oracle(cfg.oracle or mcfg.get("oracle") or "rule", device=str(handle.device),
+                         dtype=mcfg.get("dtype"), run_model=handle)
     root = run_dir.sub("steering")
     rows = []
     for rec, passage in tqdm(list(zip(records, passage_groups(records))), desc="steer",

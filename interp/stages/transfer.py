@@ -52,6 +52,7 @@ from interp.store import (
     config_from_table,
     read_json,
     read_jsonl,
+    safe_name,
     signature,
     write_json,
     write_jsonl,
@@ -93,6 +94,9 @@ class TransferConfig:
         model: base model spec (used by the CLI when no handle is given).
         datasets: datasets whose TRAIN split trains the adapters (pooled) and whose validation
             split evaluates them. Bundled train splits: ``squad_v2``, ``hotpotqa``, ``musique``.
+        from_hub: read the dataset names' train and validation splits from the Hugging Face
+            hub (:func:`interp.data.load_examples`) instead of the bundled files; the paper's
+            setting (DROP has no bundled train split).
         eval_limit: validation records per dataset for the evaluation (first N answerable).
         template: Study 1 template variant (training prompts AND evaluation).
         templates_path: TOML file of template variants (None: the bundled ``paper.toml``).
@@ -134,6 +138,7 @@ class TransferConfig:
 
     model: str = "smollm2-135m-instruct"
     datasets: list[str] = field(default_factory=lambda: ["squad_v2"])
+    from_hub: bool = False
     eval_limit: int = 50
     template: str = "default"
     templates_path: str | None = None
@@ -321,8 +326,9 @@ def _evaluate_model(tdir: Path, handle: ModelHandle, mname: str, val: Mapping[st
     own, judged = [], []
     need_fix = config.judge_base_answers and mname != "base"
     for ds, exs in val.items():
-        p_self = tdir / "eval" / f"{mname}__{ds}.jsonl"
-        p_fix = tdir / "eval" / f"{mname}__{ds}__judge_base_answers.jsonl"
+        name = safe_name(ds)  # a dataset given as a file path stays one file name
+        p_self = tdir / "eval" / f"{mname}__{name}.jsonl"
+        p_fix = tdir / "eval" / f"{mname}__{name}__judge_base_answers.jsonl"
         if not p_self.exists() or (need_fix and not p_fix.exists()):
             h = h or load_adapter(handle, tdir / "adapters" / mname, name=mname)
             t0 = time.perf_counter()
@@ -474,12 +480,12 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig, 
     template = get_template(cfg.template, cfg.templates_path)
     t_start, timings = time.perf_counter(), {}
     pool = training_pool(cfg, handle.tokenizer, template, log=log)
-    val = {ds: load_examples(ds, split="validation", limit=cfg.eval_limit)
-           for ds in cfg.datasets}
+    val = {ds: load_examples(ds, split="validation", limit=cfg.eval_limit,
+                             from_hub=cfg.from_hub) for ds in cfg.datasets}
     check_config(tdir, cfg, overwrite, provenance(handle, cfg, template, pool, val))
     if run_dir.manifest_path.exists():  # the full runtime facts, per stage (checked above)
         stage_facts(run_dir, handle, NAME, overwrite=True)
-    oracle = make_oracle(cfg.oracle, device=cfg.device)
+    oracle = make_oracle(cfg.oracle, device=cfg.device, dtype=cfg.dtype)
     t0 = time.perf_counter()
     negatives = _hard_negatives(tdir, handle, pool, oracle, cfg, log)
     timings["hard_negatives_s"] = time.perf_counter() - t0

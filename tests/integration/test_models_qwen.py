@@ -256,3 +256,35 @@ def test_qwen_perplexity_on_bundled_contexts(qwen):
         second.append(float(nll[48:].mean().exp()))
     assert all(5.0 < p < 150.0 for p in first), first
     assert all(p < 2.0 for p in second), second
+
+
+def test_qwen_kv_head_1_feeds_query_heads_7_to_13(qwen):
+    """GQA 7:1 on the real weights: patching key/value head 1 changes query heads 7-13 only.
+
+    The values of key/value head 1 at block 3 come from another prompt of the same length; at
+    ``attn.hook_z`` of block 3 query heads 0-6 stay bit-identical and every one of 7-13 moves.
+    """
+    from interp.hooks.capture import hooked
+
+    tok = qwen.tokenizer
+    a = tok("The Normans gave their name to Normandy.", return_tensors="pt")["input_ids"]
+    b = tok("Rollo agreed to swear fealty to Charles.", return_tensors="pt")["input_ids"]
+    n = min(a.shape[1], b.shape[1])
+    a, b = a[:, :n], b[:, :n]
+    v, z = "blocks.3.attn.hook_v", "blocks.3.attn.hook_z"
+    with hooked(qwen.model, cache=[v]) as src:
+        qwen.model(input_ids=a)
+    assert src[v].shape == (1, n, 2, 64)
+
+    def patch(x):
+        x = x.clone()
+        x[:, :, 1] = src[v][:, :, 1]
+        return x
+
+    with hooked(qwen.model, cache=[z]) as base:
+        qwen.model(input_ids=b)
+    with hooked(qwen.model, cache=[z], edits={v: patch}) as patched:
+        qwen.model(input_ids=b)
+    assert torch.equal(patched[z][0, :, :7], base[z][0, :, :7])
+    moved = (patched[z] - base[z]).abs()[0].amax(dim=(0, 2))
+    assert bool((moved[7:] > 1e-3).all()), moved

@@ -60,6 +60,27 @@ def test_whole_reply_metric_equals_the_harness_scorer(multi, multi_prompts):
     assert 0 < sc["verdict_coverage"] <= 1
 
 
+def test_attribution_runs_in_bfloat16(multi, multi_prompts):
+    """A bfloat16 model's attribution comes back float64 and tracks the float32 one.
+
+    (numpy has no bfloat16: the products are taken in float32; found by the paper rehearsal.)
+    """
+    import copy
+
+    clean, corrupt = multi_prompts
+    pm, _, _ = align_positions(clean.input_ids, corrupt.input_ids)
+    ref = Patcher(multi, clean.input_ids, corrupt.input_ids, pos_map=pm).attribution()
+    bf = copy.copy(multi)
+    bf.model = copy.deepcopy(multi.model).to(torch.bfloat16)
+    att = Patcher(bf, clean.input_ids, corrupt.input_ids, pos_map=pm).attribution()
+    for key in ("resid", "heads"):
+        assert att[key].dtype == np.float64 and att[key].shape == ref[key].shape
+        r = np.corrcoef(att[key].ravel(), ref[key].ravel())[0, 1]
+        assert r > 0.98, (key, r)                         # bfloat16 rounding, same estimate
+        big = np.unravel_index(np.abs(ref[key]).argmax(), ref[key].shape)
+        assert np.sign(att[key][big]) == np.sign(ref[key][big]) != 0
+
+
 def test_attribution_is_the_gradient_of_the_whole_reply_metric(multi, multi_prompts):
     """Attribution = (clean - corrupt) . dLD/da with LD summed over every reply token.
 

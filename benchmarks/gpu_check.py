@@ -1,0 +1,170 @@
+"""GPU check of the paper configuration (issue 13); ``benchmarks/gpu_check.sh`` runs it.
+
+On a machine with an NVIDIA GPU and this repo (no package index, no hub, no bundled GGUF: it
+builds what it needs), using whatever torch / transformers the machine has:
+
+1. Build the rehearsal stand-in of Llama-3.1-8B-Instruct (``interp.testing.llama31_checkpoint``:
+   32 layers, GQA 4:1, Llama 3.1 rope scaling and chat template, random bfloat16 weights) and
+   ``--records`` bundled records per dataset (``interp.testing.rehearsal_datasets``).
+2. Run ``experiments/paper.toml`` with only its model and dataset sources swapped
+   (``interp.pipeline.swap_sources``) and the device set (``[asymmetry] device``,
+   ``[transfer] device``), stage by stage, timing each: records/s per stage.
+3. On the records that run produced, compute on BOTH the CPU and ``--device`` (bfloat16, the
+   same prompts): the last-token span mass over the band 24-31 (mean over heads and band
+   layers, per prompt and span) and the whole-reply verdict score ``logit_diff``. They must
+   agree to ``--tol-mass`` (1e-3) and ``--tol-logit`` (1e-2 nats); the largest differences
+   are printed.
+4. Print throughput, peak GPU memory (``torch.cuda.max_memory_allocated``) and wall time;
+   write everything to ``OUT/gpu_check.json``. Exit status 1 when the numbers disagree, 2 on
+   an error, 0 otherwise.
+
+``--device cpu`` is the dry run: every step on the CPU (step 3 then compares the CPU with
+itself), so the script is tested end to end on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from interp.asymmetry import record_prompts  # noqa: E402
+from interp.attention import span_mass  # noqa: E402
+from interp.hooks.recorder import record_rows  # noqa: E402
+from interp.models import PAPER_MODEL, load_model, runtime_facts  # noqa: E402
+from interp.pipeline import run_config, swap_sources  # noqa: E402
+from interp.store import RunDir  # noqa: E402
+from interp.testing import llama31_checkpoint, rehearsal_datasets  # noqa: E402
+from interp.verdict import score_verdicts  # noqa: E402
+
+SPANS = ("context", "question", "candidate", "template")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (the dry run)")
+    ap.add_argument("--records", type=int, default=3, help="records per dataset")
+    ap.add_argument("--config", default=str(ROOT / "experiments" / "paper.toml"))
+    ap.add_argument("--out", default="runs/gpu_check", help="work and output folder")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated stages (default: every stage of the config)")
+    ap.add_argument("--seed", type=int, default=2,
+                    help="weights seed of the stand-in (tests/rehearsal: why 2)")
+    ap.add_argument("--tol-mass", type=float, default=1e-3)
+    ap.add_argument("--tol-logit", type=float, default=1e-2)
+    return ap.parse_args(argv)
+
+
+def _stages(cfg: dict, only: str | None) -> list[str]:
+    names = ["asymmetry"] + [k for k in ("attention", "probe", "transfer", "patching",
+                                         "steering", "record") if k in cfg]
+    names += [k for k in cfg if isinstance(cfg[k], dict) and k not in names]
+    return [n for n in names if not only or n in only.split(",")]
+
+
+def run_stages(cfg: dict, device: str, only: str | None) -> dict[str, dict]:
+    """Step 2: each stage on its own, timed (seconds, records/s), on ``device``."""
+    cfg["asymmetry"]["device"] = device
+    if "transfer" in cfg:
+        cfg["transfer"]["device"] = device
+    timings: dict[str, dict] = {}
+    for name in _stages(cfg, only):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        summary = run_config(cfg, only=[name], log=lambda s: None)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        (spec,) = summary
+        n = len(RunDir(summary[spec]["run_dir"]).read_records())
+        timings[name] = {"seconds": dt, "records": n, "records_per_s": n / dt}
+        print(f"  {name:<10} {dt:7.1f} s  {n / dt:7.2f} records/s", flush=True)
+    return timings
+
+
+def measure(ckpt: Path, run: RunDir, device: str) -> dict[str, list[float]]:
+    """Step 3 on one device: band span mass per (record, task, span) and logit_diff per record."""
+    handle = load_model(str(ckpt), device=device, dtype="bfloat16")
+    band = list(range(24, 32))
+    mass, prompts, keys = [], [], []
+    for r in run.read_records():
+        ps = record_prompts(r, handle.tokenizer)
+        for task in ("gen", "eval"):
+            rows = record_rows(handle, ps[task].input_ids).rows          # [layer, head, pos]
+            m = span_mass(rows[band], ps[task].labels, SPANS).mean(dim=(0, 1))
+            mass += m.tolist()
+            keys += [f"{r['dataset']}/{r['id']}/{task}/{s}" for s in SPANS]
+        prompts.append(ps["eval"].input_ids)
+    scores = score_verdicts(handle, prompts, batch_size=8)
+    return {"keys": keys, "mass": mass, "logit_diff": scores.logit_diff.tolist(),
+            "runtime": runtime_facts(handle)}
+
+
+def compare(ckpt: Path, run: RunDir, device: str, tol_mass: float, tol_logit: float) -> dict:
+    """Step 3: the same prompts on the CPU and on ``device``; the largest differences."""
+    ref, dev = measure(ckpt, run, "cpu"), measure(ckpt, run, device)
+    dm = [abs(a - b) for a, b in zip(ref["mass"], dev["mass"])]
+    dl = [abs(a - b) for a, b in zip(ref["logit_diff"], dev["logit_diff"])]
+    worst = max(range(len(dm)), key=dm.__getitem__)
+    return {"n_prompts": len(dm) // len(SPANS), "n_records": len(dl),
+            "span_mass_max_abs_diff": max(dm), "span_mass_worst": ref["keys"][worst],
+            "logit_diff_max_abs_diff": max(dl),
+            "logit_diff_cpu": ref["logit_diff"], "logit_diff_device": dev["logit_diff"],
+            "tol_mass": tol_mass, "tol_logit": tol_logit,
+            "agree": max(dm) <= tol_mass and max(dl) <= tol_logit,
+            "runtime_cpu": ref["runtime"], "runtime_device": dev["runtime"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    if args.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            print("error: no CUDA device visible to torch; use --device cpu for the dry run")
+            return 2
+        torch.cuda.reset_peak_memory_stats()
+    out = Path(args.out)
+    print(f"gpu_check: torch {torch.__version__}, device {args.device}"
+          + (f" ({torch.cuda.get_device_name()})" if args.device.startswith("cuda") else ""))
+    ckpt = llama31_checkpoint(out / "llama31", seed=args.seed)
+    data = rehearsal_datasets(out / "data", n=args.records)
+    cfg = swap_sources(args.config, models={PAPER_MODEL: str(ckpt)}, datasets=data,
+                       out=out / "runs")
+    print(f"stages of {args.config} on {args.device} ({args.records} records per dataset):")
+    timings = run_stages(cfg, args.device, args.only)
+    run = RunDir(out / "runs" / ckpt.name)
+    print("CPU vs device on the same prompts (bfloat16):", flush=True)
+    agreement = compare(ckpt, run, args.device, args.tol_mass, args.tol_logit)
+    peak = (torch.cuda.max_memory_allocated() / 2**20
+            if args.device.startswith("cuda") else None)
+    report = {"device": args.device, "torch": torch.__version__, "timings": timings,
+              "agreement": agreement, "peak_gpu_memory_mib": peak,
+              "wall_s": time.perf_counter() - t_start}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
+    a = agreement
+    print(f"  span mass: max |cpu - {args.device}| = {a['span_mass_max_abs_diff']:.2e} "
+          f"(tolerance {args.tol_mass:g}; worst {a['span_mass_worst']}) over "
+          f"{a['n_prompts']} prompts")
+    print(f"  logit_diff: max |cpu - {args.device}| = {a['logit_diff_max_abs_diff']:.2e} nats "
+          f"(tolerance {args.tol_logit:g}) over {a['n_records']} records")
+    print(f"peak GPU memory: {'-' if peak is None else f'{peak:.0f} MiB'}; wall "
+          f"{report['wall_s']:.0f} s; {'AGREE' if a['agree'] else 'DISAGREE'}; "
+          f"report {out / 'gpu_check.json'}")
+    return 0 if a["agree"] else 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Exception as err:  # noqa: BLE001 - one line, then the status the script promises
+        print(f"error: {type(err).__name__}: {err}")
+        raise SystemExit(2) from err

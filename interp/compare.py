@@ -1,0 +1,192 @@
+"""Several models side by side: one table and figures over the run directories of a grid.
+
+``interp run`` on a config with several ``[asymmetry] models`` writes one run directory per
+model (``out/<model-slug>/``); :func:`write_comparison` then reads each directory's stored
+tables (never a live model) and writes, into ``out/``:
+
+* ``comparison.json``: ``{"models", "definitions", "rows"}``, one row per (model, dataset)
+  plus each model's ``overall`` row (:func:`comparison_rows`), and ``comparison.md``, the
+  same rows as a Markdown table;
+* ``figures/models_asymmetry.png`` (GA, EA and Δ per dataset, one colour per model),
+  ``figures/models_attention.png`` (context mass by relative depth and the context ratio per
+  dataset, one colour per model; when the attention stage ran) and
+  ``figures/models_probes.png`` (best probe AUC by relative depth against the verbal judge's
+  AUC, one colour per model; when the probe stage ran), :mod:`interp.plots.compare`.
+
+A stage that did not run for a model leaves its columns None in that model's rows. Numbers
+are copied, not recomputed: each keeps the definition of the table it comes from
+(``metrics.json``, ``attention/summary.json``, ``probes/results.json``,
+``transfer/table.json``), summarised in :data:`DEFINITIONS`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from interp.store import write_json
+
+__all__ = ["DEFINITIONS", "comparison_rows", "format_markdown", "read_run", "write_comparison"]
+
+DEFINITIONS: dict[str, str] = {
+    "model": "model spec of the run directory",
+    "n_layers": "decoder blocks of the model (manifest)",
+    "dataset": "dataset name, or 'overall' (every record of the run)",
+    "n": "ok records", "n_passages": "distinct passages among them",
+    "GA": "generation accuracy P(y* = Correct) (metrics.json)",
+    "EA": "evaluation accuracy P(y = y*), generated verdict, no verdict = wrong",
+    "EA_forced": "evaluation accuracy of the forced choice p_correct > 0.5",
+    "delta": "EA - GA", "GA_ci / EA_ci / delta_ci": "95% bootstrap CIs over passages",
+    "acceptance_rate_correct": "judge says Correct | y* Correct",
+    "acceptance_rate_incorrect": "judge says Correct | y* Incorrect",
+    "no_verdict": "share of replies with no parseable verdict",
+    "auc_logit_diff": "ROC AUC of the whole-reply logit_diff against y*",
+    "band": "attention band (layers) of the ctx_* and context_ratio columns",
+    "ctx_gen / ctx_eval": "mean last-token attention mass on the context over the band and all "
+                          "heads, generation / evaluation prompt (attention/summary.json)",
+    "cand_eval": "same, on the candidate answer of the evaluation prompt",
+    "context_ratio": "mean ctx_gen / mean ctx_eval (a ratio of means), with its CI",
+    "probe_auc / probe_layer / probe_pool": "best residual-stream probe on the eval prompt "
+                                            "(overall rows; probes/results.json)",
+    "judge_auc": "AUC of the verbal judge's logit_diff on the probe's records",
+    "transfer_delta_<adapter>": "EA - GA of base / lora_gen / lora_eval / lora_both on that "
+                                "dataset's validation records (transfer/table.json)",
+}
+"""What every column of ``comparison.json`` holds."""
+
+_METRIC_KEYS = ("GA", "GA_ci", "EA", "EA_ci", "EA_forced", "delta", "delta_ci",
+                "acceptance_rate_correct", "acceptance_rate_incorrect", "auc_logit_diff")
+
+
+def _read(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def read_run(run_dir: str | Path) -> dict[str, Any]:
+    """The stored tables of one run directory (None for a stage that did not run).
+
+    Returns:
+        ``{"manifest", "metrics", "attention", "probes", "transfer"}``.
+    """
+    p = Path(run_dir)
+    return {"manifest": _read(p / "manifest.json") or {}, "metrics": _read(p / "metrics.json"),
+            "attention": _read(p / "attention" / "summary.json"),
+            "probes": _read(p / "probes" / "results.json"),
+            "transfer": _read(p / "transfer" / "table.json")}
+
+
+def _attention_cols(att: Mapping[str, Any] | None, ds: str) -> dict[str, Any]:
+    group = None if att is None else (att["overall"] if ds == "overall"
+                                      else att.get("per_dataset", {}).get(ds))
+    if not group or not group.get("n"):
+        return {}
+    band = att["band"]
+    return {"band": f"{band[0]}-{band[-1]}" if len(band) > 1 else str(band[0]),
+            "ctx_gen": group["gen"]["context"]["mean"],
+            "ctx_eval": group["eval"]["context"]["mean"],
+            "cand_eval": group["eval"]["candidate"]["mean"],
+            "context_ratio": group["context_ratio"],
+            "context_ratio_ci": group.get("context_ratio_ci")}
+
+
+def _transfer_cols(table: Mapping[str, Any] | None, ds: str) -> dict[str, Any]:
+    if not table:
+        return {}
+    out = {}
+    for adapter, per in table.get("self", {}).items():
+        m = per.get(ds)
+        out[f"transfer_delta_{adapter}"] = m["delta"] if m and m.get("n") else None
+    return out
+
+
+def comparison_rows(runs: Mapping[str, str | Path]) -> list[dict[str, Any]]:
+    """One row per (model, dataset) and per model ``overall``, in the grid's model order.
+
+    Args:
+        runs: model spec -> its run directory (with ``metrics.json``).
+
+    Returns:
+        Rows with the columns of :data:`DEFINITIONS` (None where a stage did not run).
+
+    Raises:
+        FileNotFoundError: a run directory without ``metrics.json``.
+    """
+    rows = []
+    for spec, run_dir in runs.items():
+        t = read_run(run_dir)
+        if t["metrics"] is None:
+            raise FileNotFoundError(f"{run_dir} has no metrics.json; run the asymmetry stage")
+        groups = [(d, g) for d, g in t["metrics"]["per_dataset"].items() if g.get("n")]
+        groups.append(("overall", t["metrics"]["overall"]))
+        probes = t["probes"]
+        for ds, g in groups:
+            shares = g.get("verdict_shares") or {}
+            row: dict[str, Any] = {
+                "model": spec, "n_layers": t["manifest"].get("model", {}).get("n_layers"),
+                "dataset": ds, "n": g["n"], "n_passages": g.get("n_passages"),
+                **{k: g.get(k) for k in _METRIC_KEYS}, "no_verdict": shares.get("none"),
+                "band": None, "ctx_gen": None, "ctx_eval": None, "cand_eval": None,
+                "context_ratio": None, "context_ratio_ci": None,
+                "probe_auc": None, "probe_layer": None, "probe_pool": None, "judge_auc": None}
+            row.update(_attention_cols(t["attention"], ds))
+            if probes and ds == "overall":
+                best = probes["best"]
+                row.update(probe_auc=best["auc"], probe_layer=best["layer"],
+                           probe_pool=best["pool"], judge_auc=probes["judge"]["overall"]["auc"])
+            row.update(_transfer_cols(t["transfer"], ds))
+            rows.append(row)
+    return rows
+
+
+_MD_COLUMNS = (("model", "model"), ("dataset", "dataset"), ("n", "n"), ("GA", "GA"),
+               ("EA", "EA"), ("EA_forced", "EA_forced"), ("delta", "Δ"),
+               ("acceptance_rate_incorrect", "acc|y*=I"), ("no_verdict", "no verdict"),
+               ("ctx_gen", "ctx gen"), ("ctx_eval", "ctx eval"), ("context_ratio", "ratio"),
+               ("probe_auc", "probe AUC"), ("judge_auc", "judge AUC"))
+
+
+def format_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The main columns of :func:`comparison_rows` as a Markdown table (3 decimals, '-')."""
+    def cell(v: Any) -> str:
+        if v is None:
+            return "-"
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    head = "| " + " | ".join(name for _, name in _MD_COLUMNS) + " |"
+    rule = "|" + "|".join("---" for _ in _MD_COLUMNS) + "|"
+    body = ["| " + " | ".join(cell(r.get(k)) for k, _ in _MD_COLUMNS) + " |" for r in rows]
+    return "\n".join([head, rule, *body]) + "\n"
+
+
+def write_comparison(out: str | Path, runs: Mapping[str, str | Path]) -> dict[str, Any]:
+    """Write ``comparison.json``, ``comparison.md`` and the model figures into ``out``.
+
+    Args:
+        out: the grid's output folder (figures go to ``out/figures``).
+        runs: model spec -> run directory, in the grid's order.
+
+    Returns:
+        ``{"table": path of comparison.json, "markdown": ..., "figures": [png paths]}``.
+    """
+    from interp.plots.compare import (
+        plot_models_asymmetry,
+        plot_models_attention,
+        plot_models_probes,
+    )
+
+    out = Path(out)
+    rows = comparison_rows(runs)
+    tables = {spec: read_run(d) for spec, d in runs.items()}
+    write_json(out / "comparison.json", {"models": list(runs), "definitions": DEFINITIONS,
+                                         "rows": rows})
+    (out / "comparison.md").write_text(format_markdown(rows))
+    figs = [plot_models_asymmetry({s: t["metrics"] for s, t in tables.items()},
+                                  out / "figures")]
+    if att := {s: t["attention"] for s, t in tables.items() if t["attention"]}:
+        figs.append(plot_models_attention(att, out / "figures"))
+    if probes := {s: t["probes"] for s, t in tables.items() if t["probes"]}:
+        figs.append(plot_models_probes(probes, out / "figures"))
+    return {"table": out / "comparison.json", "markdown": out / "comparison.md",
+            "figures": figs}

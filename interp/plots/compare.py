@@ -1,0 +1,164 @@
+"""Figures that put several models side by side, one colour per model (:mod:`interp.compare`).
+
+Drawn from stored tables only (each model's ``metrics.json``, ``attention/summary.json``,
+``probes/results.json``). Models of different depths share an axis of RELATIVE depth,
+``layer / (n_layers - 1)``, so layer 24 of 32 and layer 18 of 24 sit at the same place. Each
+function writes ``NAME.png`` and ``NAME.pdf`` and returns the PNG path
+(:func:`interp.plots.save`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from interp.plots import _err, plt, save
+
+__all__ = ["model_colors", "plot_models_asymmetry", "plot_models_attention",
+           "plot_models_probes"]
+
+_PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3")
+
+
+def model_colors(specs: list[str]) -> dict[str, str]:
+    """One colour per model, in the grid's order (the same in every figure)."""
+    return {s: _PALETTE[i % len(_PALETTE)] for i, s in enumerate(specs)}
+
+
+def _short(spec: str) -> str:
+    return Path(spec).name if "/" in spec else spec
+
+
+def _datasets(tables: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    names: list[str] = []
+    for t in tables.values():
+        names += [d for d, g in t["per_dataset"].items() if g.get("n") and d not in names]
+    return names + ["overall"]
+
+
+def _group(t: Mapping[str, Any], ds: str) -> Mapping[str, Any] | None:
+    g = t["overall"] if ds == "overall" else t.get("per_dataset", {}).get(ds)
+    return g if g and g.get("n") else None
+
+
+def _grouped_bars(ax: Any, tables: Mapping[str, Mapping[str, Any]], datasets: list[str],
+                  get: Any, colors: Mapping[str, str]) -> None:
+    """Bars per dataset, one per model (``get(group) -> (value, ci)``); missing groups blank."""
+    x, w = np.arange(len(datasets)), 0.8 / len(tables)
+    for j, (spec, t) in enumerate(tables.items()):
+        vals, errs = [], []
+        for ds in datasets:
+            g = _group(t, ds)
+            v, ci = get(g) if g else (None, None)
+            vals.append(np.nan if v is None else v)
+            errs.append(_err(v, ci) if v is not None else [0.0, 0.0])
+        ax.bar(x + (j - (len(tables) - 1) / 2) * w, vals, w, yerr=np.array(errs).T, capsize=2,
+               color=colors[spec], label=_short(spec))
+    ax.set_xticks(x, datasets, fontsize=8)
+
+
+def plot_models_asymmetry(metrics: Mapping[str, Mapping[str, Any]], out_dir: str | Path,
+                          name: str = "models_asymmetry") -> Path:
+    """GA, EA and Δ = EA − GA per dataset with 95% CIs, one colour per model.
+
+    Args:
+        metrics: model spec -> its ``metrics.json`` (:func:`interp.asymmetry.compute_metrics`).
+        out_dir: output folder.
+        name: file stem.
+    """
+    colors = model_colors(list(metrics))
+    datasets = _datasets(metrics)
+    fig, axes = plt.subplots(1, 3, figsize=(max(12, 1.6 * len(datasets) * 3), 4))
+    for ax, key, title in ((axes[0], "GA", "generation accuracy GA"),
+                           (axes[1], "EA", "self-evaluation accuracy EA"),
+                           (axes[2], "delta", "asymmetry Δ = EA − GA")):
+        _grouped_bars(ax, metrics, datasets, lambda g, k=key: (g[k], g.get(f"{k}_ci")), colors)
+        ax.set_title(title, fontsize=10)
+    axes[0].set_ylim(0, 1.05)
+    axes[1].set_ylim(0, 1.05)
+    axes[2].axhline(0, color="black", lw=0.8)
+    axes[0].legend(frameon=False, fontsize=8)
+    fig.suptitle("Models side by side (CIs: bootstrap over passages)", fontsize=10)
+    fig.tight_layout()
+    return save(fig, out_dir, name)
+
+
+def _depth(n: int) -> np.ndarray:
+    return np.arange(n) / max(n - 1, 1)
+
+
+def plot_models_attention(summaries: Mapping[str, Mapping[str, Any]], out_dir: str | Path,
+                          name: str = "models_attention") -> Path:
+    """Context mass by relative depth (gen solid, eval dashed) and the context ratio per dataset.
+
+    Panel 1: the layerwise mean context mass of the last-token row over all heads (overall
+    group), generation and evaluation prompt, each model's band shaded in its colour. Panel 2:
+    ``context_ratio`` (mean gen / mean eval context mass over the band) per dataset with its CI.
+
+    Args:
+        summaries: model spec -> its ``attention/summary.json``.
+        out_dir: output folder.
+        name: file stem.
+    """
+    colors = model_colors(list(summaries))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1.2, 1]})
+    for spec, s in summaries.items():
+        lw = s["overall"]["layerwise"]
+        for task, style in (("gen", "-"), ("eval", "--")):
+            mean = np.asarray(lw[task]["context"]["mean"], float)
+            axes[0].plot(_depth(len(mean)), mean, style, color=colors[spec],
+                         label=f"{_short(spec)} {task}")
+        band, n = s["band"], s["n_layers"]
+        axes[0].axvspan(band[0] / max(n - 1, 1), band[-1] / max(n - 1, 1), color=colors[spec],
+                        alpha=0.08)
+    axes[0].set_xlabel("relative depth (layer / (n_layers − 1))")
+    axes[0].set_ylabel("context mass (mean over heads)")
+    axes[0].set_title("Last-token attention on the context; band shaded", fontsize=10)
+    axes[0].legend(frameon=False, fontsize=7, ncol=2)
+    datasets = _datasets(summaries)
+    _grouped_bars(axes[1], summaries, datasets,
+                  lambda g: (g["context_ratio"], g.get("context_ratio_ci")), colors)
+    axes[1].axhline(1, color="black", lw=0.8)
+    axes[1].set_title("context ratio gen / eval over each model's band", fontsize=10)
+    fig.tight_layout()
+    return save(fig, out_dir, name)
+
+
+def plot_models_probes(results: Mapping[str, Mapping[str, Any]], out_dir: str | Path,
+                       name: str = "models_probes") -> Path:
+    """Best cross-validated probe AUC per layer (eval prompt) by relative depth, per model.
+
+    For each layer the best pooling of the first probe kind of the sweep; the dotted line in
+    the model's colour is its verbal judge's AUC (whole-reply ``logit_diff``) on the same
+    records, 0.5 is chance.
+
+    Args:
+        results: model spec -> its ``probes/results.json``.
+        out_dir: output folder.
+        name: file stem.
+    """
+    colors = model_colors(list(results))
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for spec, r in results.items():
+        task = r["tasks"].get("eval") or next(iter(r["tasks"].values()))
+        kind = r["config"]["probes"][0]
+        best: dict[int, float] = {}
+        for row in task["grid"]:
+            if row["probe"] == kind and row.get("auc") is not None:
+                best[row["layer"]] = max(best.get(row["layer"], 0.0), row["auc"])
+        layers = sorted(best)
+        ax.plot(np.asarray(layers) / max(r["n_layers"] - 1, 1), [best[x] for x in layers],
+                "o-", ms=3, color=colors[spec], label=f"{_short(spec)} {kind} probe")
+        if (auc := r["judge"]["overall"].get("auc")) is not None:
+            ax.axhline(auc, ls=":", color=colors[spec], label=f"{_short(spec)} judge AUC")
+    ax.axhline(0.5, color="black", lw=0.8)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("relative depth (layer / (n_layers − 1))")
+    ax.set_ylabel("cross-validated ROC AUC (y*)")
+    ax.set_title("Residual-stream probes vs the verbal judge", fontsize=10)
+    ax.legend(frameon=False, fontsize=7)
+    fig.tight_layout()
+    return save(fig, out_dir, name)

@@ -1,0 +1,95 @@
+"""Two models side by side: ``interp run`` on a grid of two tiny models of different shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from interp.compare import comparison_rows, format_markdown, write_comparison
+from interp.pipeline import model_slug, run_config
+from interp.plots.compare import model_colors
+from interp.stages.asymmetry import write_metrics
+from interp.stages.probe import ProbeConfig
+from interp.stages.probe import run as run_probes
+from interp.testing import rehearsal_datasets, synthetic_probe_run, tiny_checkpoint, tiny_llama
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grid")
+    a = tiny_checkpoint(root / "tiny-a", template="chatml", arch="llama", n_layers=3,
+                        d_model=32, n_heads=4, n_kv_heads=2, seed=0)
+    b = tiny_checkpoint(root / "tiny-b", template="llama3", arch="qwen2", n_layers=4,
+                        d_model=56, n_heads=14, n_kv_heads=2, seed=1)
+    data = rehearsal_datasets(root / "data", n=2, max_chars=150, names=("squad_v2", "drop"))
+    cfg = {"name": "grid", "out": str(root / "runs"), "figures": str(root / "figs"),
+           "publish": True,
+           "asymmetry": {"models": [str(a), str(b)], "datasets": list(data.values()),
+                         "limit": 2, "oracle": "rule", "max_new_tokens": 4,
+                         "verdict_max_new_tokens": 4, "batch_size": 4, "n_boot": 50},
+           "attention": {"layers": "last2", "n_boot": 50, "figures": False}}
+    summary = run_config(cfg, log=lambda s: None)
+    return root, cfg, summary, (str(a), str(b))
+
+
+def test_one_table_with_a_row_per_model_and_dataset(grid):
+    root, _, summary, (a, b) = grid
+    table = json.loads((root / "runs" / "comparison.json").read_text())
+    assert table["models"] == [a, b]
+    rows = table["rows"]
+    assert [(r["model"], r["dataset"]) for r in rows] == [
+        (m, d) for m in (a, b) for d in ("drop", "squad_v2", "overall")]
+    assert [r["n_layers"] for r in rows] == [3] * 3 + [4] * 3
+    assert {r["band"] for r in rows[:3]} == {"1-2"} and {r["band"] for r in rows[3:]} == {"2-3"}
+    for spec in (a, b):                         # numbers are the run's own, copied exactly
+        run = root / "runs" / model_slug(spec)
+        metrics = json.loads((run / "metrics.json").read_text())
+        att = json.loads((run / "attention" / "summary.json").read_text())
+        mine = {r["dataset"]: r for r in rows if r["model"] == spec}
+        assert mine["overall"]["n"] == metrics["overall"]["n"] == 4
+        assert mine["drop"]["GA"] == metrics["per_dataset"]["drop"]["GA"]
+        assert mine["overall"]["delta"] == metrics["overall"]["delta"]
+        assert mine["squad_v2"]["ctx_eval"] == att["per_dataset"]["squad_v2"]["eval"][
+            "context"]["mean"]
+        assert mine["overall"]["context_ratio"] == pytest.approx(att["overall"]["context_ratio"])
+        assert 0.0 < mine["overall"]["ctx_gen"] < 1.0
+        assert mine["overall"]["probe_auc"] is None      # the probe stage did not run
+    md = (root / "runs" / "comparison.md").read_text().splitlines()
+    assert len(md) == 2 + 6 and md[0].startswith("| model | dataset | n | GA | EA |")
+    assert summary[a]["run_dir"] != summary[b]["run_dir"]
+
+
+def test_figures_put_the_models_side_by_side(grid):
+    root, cfg, _, (a, b) = grid
+    for name in ("models_asymmetry.png", "models_attention.png", "comparison.json",
+                 "comparison.md"):
+        assert (root / "figs" / name).stat().st_size > 1000 or name.endswith(("json", "md"))
+    for spec in (a, b):                          # each model's own figures, prefixed
+        assert (root / "figs" / f"{model_slug(spec)}__asymmetry.png").exists()
+    assert (root / "runs" / "figures" / "models_attention.png").exists()
+    assert not (root / "runs" / "figures" / "models_probes.png").exists()
+    colors = model_colors([a, b])
+    assert len(set(colors.values())) == 2
+
+
+def test_probe_columns_and_figure(tiny, tiny_tokenizer, tmp_path):
+    """Two probed runs (different depths): probe AUC and judge AUC per model, the probe figure."""
+    deeper = tiny_llama(tiny_tokenizer, n_layers=3, seed=2)
+    runs = {}
+    for spec, handle in (("tiny-2", tiny), ("tiny-3", deeper)):
+        run = synthetic_probe_run(tmp_path / spec, handle)
+        write_metrics(run)
+        res = run_probes(run, handle, ProbeConfig(folds=3, top_k=1, pools=["last"], tasks=["eval"],
+                                                  probes=["logreg"]), log=lambda s: None)
+        runs[spec] = (run.path, res)
+    comp = write_comparison(tmp_path / "grid", {s: p for s, (p, _) in runs.items()})
+    rows = [r for r in comparison_rows({s: p for s, (p, _) in runs.items()})
+            if r["dataset"] == "overall"]
+    for row, (spec, (_, res)) in zip(rows, runs.items()):
+        assert row["model"] == spec
+        assert (row["probe_auc"], row["probe_layer"]) == (res["best"]["auc"],
+                                                         res["best"]["layer"])
+        assert row["judge_auc"] == res["judge"]["overall"]["auc"]
+    assert [p.name for p in comp["figures"]] == ["models_asymmetry.png", "models_probes.png"]
+    assert "| tiny-3 | overall |" in format_markdown(rows)
