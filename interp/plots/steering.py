@@ -57,6 +57,9 @@ def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
     if xs:
         ax.errorbar(xs, ys, yerr=err, marker="o", ms=4, capsize=3, color=COLORS["GA"],
                     label="GA (steered answers)")
+    else:
+        ax.text(0.5, 0.5, "generator not steered in this run\n(steering tasks without 'gen')",
+                ha="center", va="center", transform=ax.transAxes, fontsize=9, color="0.4")
     ax.set_title("generator (every answer token steered)", fontsize=9)
     ax.set_ylim(-0.02, 1.02)
     ax = axes[2]
@@ -66,6 +69,9 @@ def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
             ax.errorbar(xs, ys, yerr=err, marker="o", ms=4, capsize=3, color=col,
                         label=f"{task} context mass")
     ax.set_title("context mass reached (band, all heads)", fontsize=9)
+    for ax, label in zip(axes, ("share of answers", "GA (share of answers right)",
+                                "last-token attention mass on the context")):
+        ax.set_ylabel(label)
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
