@@ -337,7 +337,12 @@ def runtime_facts(handle: ModelHandle | Any) -> dict[str, Any]:
         "num_interop_threads": torch.get_num_interop_threads(),
     }
     if hasattr(cuda, "fp32_precision"):  # torch >= 2.9: the successor of allow_tf32
-        facts["fp32_precision_matmul"] = cuda.fp32_precision
+        # "none" = unset, so the global setting decides; record the precision in effect, so
+        # that setting allow_tf32 back to its old value (which writes "ieee") is no change
+        prec = cuda.fp32_precision
+        if prec == "none":
+            prec = "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+        facts["fp32_precision_matmul"] = prec
     return facts
 
 
