@@ -57,7 +57,7 @@ from interp.models import ModelHandle
 
 __all__ = ["BACKENDS", "IMPLEMENTATION", "PATTERN_CHUNK_BYTES", "PATTERN_POINT", "Recording",
            "STREAM_POINTS", "Sink", "batch_rows", "full_pattern", "last_row", "record_rows",
-           "record_stream", "register_recorder"]
+           "record_stream", "register_attention", "register_recorder"]
 
 BACKENDS = ("hf", "eager", "transformer_lens", "nnsight")
 """Recorder backends: ``hf`` (exact rows inside the attention function) and the check paths."""
@@ -188,21 +188,28 @@ def _stream_pattern(sink: Sink, layer: int, query: Tensor, key: Tensor, mask: Te
         sink(name, h0, full_pattern(query[:, heads], key[:, heads // group], mask, scale)[0])
 
 
-_REGISTERED = False
+_REGISTERED: set[str] = set()
+
+
+def register_attention(name: str, fn: Callable[..., Any]) -> str:
+    """Register a custom attention function under ``name`` (with the SDPA mask), once.
+
+    The recorder and the steering intervention (:mod:`interp.hooks.steering`) both run as
+    transformers ``AttentionInterface`` functions selected by name.
+
+    Returns:
+        ``name``.
+    """
+    if name not in _REGISTERED:
+        AttentionInterface.register(name, fn)
+        AttentionMaskInterface.register(name, sdpa_mask)
+        _REGISTERED.add(name)
+    return name
 
 
 def register_recorder() -> str:
-    """Register the recording attention function (and its SDPA mask) with transformers.
-
-    Returns:
-        The attention-implementation name (:data:`IMPLEMENTATION`).
-    """
-    global _REGISTERED
-    if not _REGISTERED:
-        AttentionInterface.register(IMPLEMENTATION, _recording_attention)
-        AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
-        _REGISTERED = True
-    return IMPLEMENTATION
+    """Register the recording attention function; returns :data:`IMPLEMENTATION`."""
+    return register_attention(IMPLEMENTATION, _recording_attention)
 
 
 @contextlib.contextmanager

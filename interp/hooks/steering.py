@@ -44,13 +44,11 @@ from typing import Any
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from interp.errors import SteeringError
 from interp.hooks.backends import attn_implementation, to_tlens
-from interp.hooks.recorder import last_row
+from interp.hooks.recorder import last_row, register_attention
 from interp.models import ModelHandle
 
 __all__ = ["IMPLEMENTATION", "Steer", "register_steering", "steering", "tl_steered_logits"]
@@ -145,21 +143,9 @@ def _steering_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
     return out, None
 
 
-_REGISTERED = False
-
-
 def register_steering() -> str:
-    """Register the steering attention function (and its SDPA mask) with transformers.
-
-    Returns:
-        The attention-implementation name (:data:`IMPLEMENTATION`).
-    """
-    global _REGISTERED
-    if not _REGISTERED:
-        AttentionInterface.register(IMPLEMENTATION, _steering_attention)
-        AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
-        _REGISTERED = True
-    return IMPLEMENTATION
+    """Register the steering attention function; returns :data:`IMPLEMENTATION`."""
+    return register_attention(IMPLEMENTATION, _steering_attention)
 
 
 def _check(handle: ModelHandle, st: Steer) -> None:

@@ -56,7 +56,7 @@ from interp.errors import AttentionError, RunDirError
 from interp.hooks.recorder import BACKENDS, record_rows
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
-from interp.stages.common import check_run_model, stage_facts
+from interp.stages.common import ok_records, stage_facts
 from interp.store import (
     Record,
     RunDir,
@@ -257,11 +257,7 @@ def record(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None,
         interp.errors.LayerSpecError: ``layers`` or ``save_resid`` outside the model.
     """
     cfg = cfg or AttentionConfig()
-    manifest = run.manifest()
-    records = limit_per_dataset(run.read_records(), cfg.limit)
-    if not records:
-        raise RunDirError(f"{run.path}/records.jsonl holds no ok record: nothing to record")
-    check_run_model(run, handle, manifest)
+    manifest, records = ok_records(run, handle, cfg.limit)
     parse_layers(cfg.layers, handle.n_layers)
     act_layers = parse_layers(cfg.save_resid, handle.n_layers) if cfg.save_resid else []
     tpath = manifest.get("config", {}).get("templates_path")

@@ -24,9 +24,9 @@ from typing import Any, Protocol
 
 from interp.errors import RunDirError
 from interp.models import ModelHandle, load_model, result_facts, runtime_facts
-from interp.store import RunDir
+from interp.store import RunDir, limit_per_dataset
 
-__all__ = ["Stage", "check_run_model", "load_run_model", "stage_facts"]
+__all__ = ["Stage", "check_run_model", "load_run_model", "ok_records", "stage_facts"]
 
 
 class Stage(Protocol):
@@ -60,6 +60,22 @@ def check_run_model(run: RunDir, handle: ModelHandle,
         raise RunDirError(f"{run.path} was made with model {m.get('spec')!r} (sha256 "
                           f"{want[:12]}), not {handle.spec!r} (sha256 {got[:12]}): use the run's "
                           f"model")
+
+
+def ok_records(run: RunDir, handle: ModelHandle, limit: int | None
+               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The run's manifest and its ok records (first ``limit`` per dataset), for ``handle``.
+
+    Raises:
+        RunDirError: no manifest, no ok record, or another model than the run's
+            (:func:`check_run_model`).
+    """
+    manifest = run.manifest()
+    records = limit_per_dataset(run.read_records(), limit)
+    if not records:
+        raise RunDirError(f"{run.path}/records.jsonl holds no ok record: nothing to record")
+    check_run_model(run, handle, manifest)
+    return manifest, records
 
 
 def stage_facts(run: RunDir, handle: ModelHandle, stage: str, *,

@@ -61,7 +61,7 @@ from interp.models import ModelHandle
 from interp.plots.record import plot_span_to_span
 from interp.prompts import RenderedPrompt
 from interp.shards import TensorStreamWriter, plan_shards
-from interp.stages.common import check_run_model
+from interp.stages.common import ok_records
 from interp.store import (
     RECORD_DIR,
     Record,
@@ -349,11 +349,7 @@ def record(run: RunDir, handle: ModelHandle, cfg: RecordConfig | None = None, *,
         interp.errors.LayerSpecError: ``layers`` or ``band`` outside the model.
     """
     cfg = cfg or RecordConfig()
-    manifest = run.manifest()
-    records = limit_per_dataset(run.read_records(), cfg.limit)
-    if not records:
-        raise RunDirError(f"{run.path}/records.jsonl holds no ok record: nothing to record")
-    check_run_model(run, handle, manifest)
+    manifest, records = ok_records(run, handle, cfg.limit)
     layers = parse_layers(cfg.layers, handle.n_layers)
     parse_layers(cfg.band, handle.n_layers)  # a bad band fails before the slow work
     tpath = manifest.get("config", {}).get("templates_path")
