@@ -43,7 +43,10 @@ import pytest
 import torch
 
 PINS = Path(__file__).parent / "pins"
-TOL = 1e-6
+# Floats from float32 forward passes move in their last bits with the CPU's BLAS kernels; CI's
+# machine moved the patching pins by 3.3e-6 relative (test_golden_patching_transfer.py).
+# Real changes move these numbers by 1e-3 or more.
+TOL = 1e-5
 # A whole-reply log-probability sums float32 log-softmax terms of logits ~20 in size, so its
 # last bits (eps 1.2e-7 x 20 per term) move with the reduction order of the BLAS kernels
 # (thread count, batch shape); seen: 1.4e-6 nats between 1 and 2 threads.
