@@ -4,8 +4,8 @@ Algorithm (paper section 3.3; the study around it is :mod:`interp.stages.transfe
 
 1. **Encoding** (:func:`encode_example`): the Study 1 prompt (:func:`interp.prompts.render`,
    chat template) plus the target as the assistant reply plus the chat template's end-of-turn
-   token (:func:`end_of_turn_id`); labels are -100 everywhere except the target tokens (loss
-   only on the answer / verdict).
+   token (the first of :func:`interp.models.end_of_turn_ids`); labels are -100 everywhere
+   except the target tokens (loss only on the answer / verdict).
 2. **Training** (:func:`train_adapter`): a peft LoRA adapter on a deep copy of the base model
    (the base model object is never modified), AdamW on the LoRA parameters only, linear
    warm-up then constant learning rate, right-padded batches in a seeded order per epoch,
@@ -36,7 +36,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp.errors import TransferError
-from interp.models import ModelHandle
+from interp.models import ModelHandle, end_of_turn_ids
 from interp.prompts import Template, render
 from interp.store import atomic_path, read_json, save_tensors, write_json
 
@@ -44,7 +44,6 @@ __all__ = [
     "LORA_FIELDS",
     "LoraSettings",
     "encode_example",
-    "end_of_turn_id",
     "load_adapter",
     "model_fingerprint",
     "train_adapter",
@@ -80,29 +79,6 @@ class LoraSettings(Protocol):
 # ---------------------------------------------------------------------------------------------
 
 
-def end_of_turn_id(tokenizer: Any) -> int:
-    """The token that closes an assistant turn in the tokenizer's chat template.
-
-    Rendered ``[user, assistant "X"]`` minus the generation-prompt rendering gives ``"X" +
-    suffix``; the first token of the suffix is the end-of-turn token when it is a special token
-    (SmolLM2 / ChatML ``<|im_end|>``, Llama 3 ``<|eot_id|>``), else the EOS token.
-    """
-    eos = tokenizer.eos_token_id
-    if not getattr(tokenizer, "chat_template", None):
-        return eos
-    msgs = [{"role": "user", "content": "Q"}]
-    a = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    b = tokenizer.apply_chat_template(msgs + [{"role": "assistant", "content": "X"}],
-                                      tokenize=False)
-    if not b.startswith(a):
-        return eos
-    suffix = b[len(a):].split("X", 1)[-1]
-    ids = tokenizer(suffix, add_special_tokens=False)["input_ids"]
-    if ids and ids[0] in set(tokenizer.all_special_ids):
-        return int(ids[0])
-    return eos
-
-
 def encode_example(tokenizer: Any, template: Template, item: Mapping[str, Any], *,
                    eot_id: int | None = None) -> dict[str, list[int]]:
     """Tokenize one training item: the Study 1 prompt plus the target as the assistant reply.
@@ -111,7 +87,8 @@ def encode_example(tokenizer: Any, template: Template, item: Mapping[str, Any], 
         tokenizer: chat tokenizer.
         template: the Study 1 template variant.
         item: ``{"task": "gen"|"eval", "context", "question", "answer" (eval), "target"}``.
-        eot_id: end-of-turn token (default :func:`end_of_turn_id`).
+        eot_id: end-of-turn token (default: the first of
+            :func:`interp.models.end_of_turn_ids`, the template's own).
 
     Returns:
         ``input_ids [seq]`` = prompt ids + target ids + [eot], and ``labels [seq]`` with -100 on
@@ -120,7 +97,7 @@ def encode_example(tokenizer: Any, template: Template, item: Mapping[str, Any], 
     """
     p = render(tokenizer, template, item["task"], context=item["context"],
                question=item["question"], answer=item.get("answer"))
-    eot = end_of_turn_id(tokenizer) if eot_id is None else eot_id
+    eot = end_of_turn_ids(tokenizer)[0] if eot_id is None else eot_id
     target = tokenizer(item["target"], add_special_tokens=False)["input_ids"] + [eot]
     return {"input_ids": list(p.input_ids) + target,
             "labels": [-100] * len(p.input_ids) + target}

@@ -57,7 +57,7 @@ from interp.generation import left_pad
 from interp.grading import BaseOracle, extract_answer, is_abstention, normalize_answer
 from interp.hooks.guard import inference_guard
 from interp.hooks.points import hook_name
-from interp.lora import encode_example, end_of_turn_id
+from interp.lora import encode_example
 from interp.models import ModelHandle, end_of_turn_ids
 from interp.patching import Patch, Patcher
 from interp.prompts import Template, get_template, render
@@ -346,7 +346,7 @@ def training_pool(config: TransferSettings, tokenizer: Any, template: Template, 
     """
     per_ds = math.ceil(config.max_train_examples / len(config.datasets))
     pool: list[QAExample] = []
-    eot = end_of_turn_id(tokenizer)
+    eot = end_of_turn_ids(tokenizer)[0]
     for ds in config.datasets:
         try:
             examples = load_examples(ds, split="train", from_hub=config.from_hub)

@@ -71,10 +71,10 @@ def ok_records(run: RunDir, handle: ModelHandle, limit: int | None
             (:func:`check_run_model`).
     """
     manifest = run.manifest()
+    check_run_model(run, handle, manifest)
     records = limit_per_dataset(run.read_records(), limit)
     if not records:
-        raise RunDirError(f"{run.path}/records.jsonl holds no ok record: nothing to record")
-    check_run_model(run, handle, manifest)
+        raise RunDirError(f"{run.path}/records.jsonl holds no ok record: nothing to do")
     return manifest, records
 
 

@@ -44,7 +44,7 @@ from interp.pairs import PAIR_KINDS, PatchPair, build_pairs
 from interp.patch_sweeps import EXACT_MODES, agreement, head_units, resid_units, sweep
 from interp.patching import Patcher
 from interp.prompts import get_template
-from interp.stages.common import stage_facts
+from interp.stages.common import ok_records, stage_facts
 from interp.stages.patching_summary import format_summary, summarise
 from interp.store import (
     RunDir,
@@ -415,10 +415,10 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, 
     cfg.validate()
     layers = cfg.layer_list(handle.n_layers)
     band = parse_layers(cfg.band, handle.n_layers)
+    manifest, records = ok_records(run_dir, handle, None)
     facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
-    mcfg = run_dir.manifest().get("config", {})
+    mcfg = manifest.get("config", {})
     template = get_template(mcfg.get("template", "default"), mcfg.get("templates_path"))
-    records = run_dir.read_records()
     root = run_dir.sub("patching")
     oracle = _oracle(cfg, mcfg, handle) if "candidate-swap" in cfg.pairs else None
     miner = Miner(handle, oracle, cfg, root / "hard_negatives.jsonl",

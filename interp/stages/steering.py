@@ -37,13 +37,13 @@ from interp.errors import SteeringError
 from interp.inputs import write_result
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
+from interp.stages.common import ok_records, stage_facts
 from interp.stats import cluster_bootstrap_mean, passage_groups
 from interp.steering import ALPHAS, parse_heads, steer_generator, steer_judge
 from interp.store import (
     RunDir,
     config_from_table,
     is_fresh,
-    limit_per_dataset,
     read_json,
     signature,
     write_json,
@@ -227,16 +227,18 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
         overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Steer the judge and the generator on a run's records (module docstring).
 
-    ``overwrite`` is accepted for the Stage protocol (``interp run --overwrite``): a part is
-    redone whenever its signature differs, so there is nothing to refuse.
+    ``overwrite``: redo parts stored under other result-relevant runtime facts (attention
+    kernel, dtype, device, versions; :func:`interp.stages.common.stage_facts`) instead of
+    refusing; a part is redone whenever its signature differs.
 
     Returns:
         The summary (also ``DIR/steering/summary.json``).
 
     Raises:
         SteeringError: bad alphas, tasks, band or heads.
-        RunDirError: the run has no manifest or records; ``top-diff`` without an attention
-            summary; a record whose prompts no longer render as stored.
+        RunDirError: the run has no manifest or records; another model than the run's;
+            parts stored under other runtime facts and not ``overwrite``; ``top-diff`` without
+            an attention summary; a record whose prompts no longer render as stored.
     """
     import pandas as pd
     from tqdm.auto import tqdm
@@ -245,9 +247,10 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
 
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     cfg.validate()
+    manifest, records = ok_records(run_dir, handle, cfg.limit)
+    facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
     band, units = _units(run_dir, handle, cfg)
-    mcfg = run_dir.manifest().get("config", {})
-    records = limit_per_dataset(run_dir.read_records(), cfg.limit)
+    mcfg = manifest.get("config", {})
     oracle = make_oracle(cfg.oracle or mcfg.get("oracle") or "rule", device=str(handle.device),
                          dtype=mcfg.get("dtype"), run_model=handle)
     root = run_dir.sub("steering")
@@ -256,7 +259,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
                              unit="record", disable=not cfg.progress):
         prompts = {t: rerender(rec, t, handle.tokenizer,
                                templates_path=mcfg.get("templates_path")) for t in TASKS}
-        sig = signature({"model": handle.spec, "sha256": handle.info.get("sha256"),
+        sig = signature({"model": handle.spec, "sha256": handle.info.get("sha256"), **facts,
                          "alphas": cfg.alphas, "units": {str(k): v for k, v in units.items()},
                          "band": band, "tasks": cfg.tasks, "max_new_tokens": cfg.max_new_tokens,
                          "oracle": getattr(oracle, "name", "?"),

@@ -43,8 +43,8 @@ from interp.data import QAExample, load_examples
 from interp.errors import TransferError
 from interp.grading import BaseOracle
 from interp.layers import parse_layers
-from interp.lora import encode_example, end_of_turn_id, load_adapter, train_adapter
-from interp.models import ModelHandle, result_facts, runtime_facts
+from interp.lora import encode_example, load_adapter, train_adapter
+from interp.models import ModelHandle, end_of_turn_ids, result_facts, runtime_facts
 from interp.prompts import Template, get_template, render
 from interp.stages.common import stage_facts
 from interp.store import (
@@ -302,7 +302,7 @@ def _train(tdir: Path, handle: ModelHandle, template: Template,
            sets: Mapping[str, list[dict[str, Any]]], config: TransferConfig,
            log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
     """Steps 3-4: write the training sets, train (or read back) each adapter."""
-    eot = end_of_turn_id(handle.tokenizer)
+    eot = end_of_turn_ids(handle.tokenizer)[0]
     for name, items in sets.items():
         write_jsonl(tdir / "train_sets" / f"{name}.jsonl", items)
     metas = {}

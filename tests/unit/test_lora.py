@@ -10,18 +10,18 @@ import torch
 from interp.errors import TransferError
 from interp.lora import (
     encode_example,
-    end_of_turn_id,
     load_adapter,
     model_fingerprint,
     train_adapter,
 )
+from interp.models import end_of_turn_ids
 from interp.prompts import get_template
 from interp.transfer import build_training_sets
 
 
 def test_loss_mask_covers_only_the_answer(tokenizer):
     tpl = get_template("default")
-    eot = end_of_turn_id(tokenizer)
+    eot = end_of_turn_ids(tokenizer)[0]
     assert tokenizer.convert_ids_to_tokens(eot) == "<|im_end|>"
     item = {"task": "gen", "context": "The sky is blue.", "question": "What colour is the sky?",
             "target": "blue"}

@@ -52,6 +52,19 @@ def test_load_run_model_reloads_and_checks_the_sha256(tiny_run):
         load_run_model(run)
 
 
+@pytest.mark.parametrize("name", ["attention", "probe", "patching", "steering", "record"])
+def test_every_stage_refuses_another_models_run(tiny_run, name):
+    """A stage run with a model other than the run's is refused before any work."""
+    run, handle = tiny_run
+    m = read_json(run.manifest_path)
+    m["model"]["sha256"] = "0" * 64
+    write_json(run.manifest_path, m)
+    stage = pipeline.STAGES[name]
+    table = {"layers": "all", "band": "all"} if name == "patching" else {}  # a 2-layer model
+    with pytest.raises(RunDirError, match=r"sha256 000000000000\), not .*use the run's model"):
+        stage.run(run, handle, stage.Config.from_mapping(table), log=lambda s: None)
+
+
 def test_cli_prints_one_line_errors_and_exit_2(tmp_path):
     """InterpError -> `error: <msg>` and exit status 2; --debug keeps the traceback."""
     runner = CliRunner()
