@@ -29,7 +29,8 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/interp run experiments/demo.toml
 
-# The full committed study (50 records per dataset, every stage; hours on a CPU). Resumable:
+# The full committed study (30/30/4/2 records per dataset, every stage; about an hour on 2 CPU
+# cores). Resumable:
 # interrupt it and run it again, finished records and stored parts are kept. Writes figures/.
 study: $(STAMP)
 	$(BIN)/interp run experiments/quickstart.toml
