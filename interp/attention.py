@@ -38,7 +38,8 @@ Algorithm, per ok record of a finished asymmetry run (the run-directory work is
    are the labels of step 3; query spans are the same labels over all positions but the last,
    plus :data:`LAST` = the last position alone (the verdict position of the eval prompt, the
    answer position of the gen prompt). Each row sums to 1; a query span absent from a prompt
-   (``candidate`` in gen) is NaN. :func:`summarize_span_to_span` averages the band: per record
+   (``candidate`` in gen) is NaN, and so is, in the summary, the column of a key span no
+   prompt of the group has. :func:`summarize_span_to_span` averages the band: per record
    the mean over band layers and heads, then the mean over records (NaN rows left out, their
    count reported per query span), per dataset, with the number of distinct passages.
 """
@@ -378,8 +379,9 @@ def summarize_span_to_span(records: Sequence[Record] | Sequence[Mapping[str, Any
     Returns:
         ``{"band", "query_spans", "key_spans", "per_dataset": {name: group}, "overall"}``; a
         group has ``n`` (records), ``n_passages`` (distinct contexts) and per task ``mean``
-        ``[n_query_spans][n_key_spans]`` (None for a query span no record has) and ``n_rows``
-        (records with each query span).
+        ``[n_query_spans][n_key_spans]`` (None for a query span no record has, and for the
+        column of a key span no record has: ``candidate`` in gen is n/a, not a measured 0)
+        and ``n_rows`` (records with each query span).
     """
     use = [i for i, x in enumerate(layers) if x in set(band)] or list(range(len(layers)))
     # NaN rows (a query span the prompt lacks) are NaN in every layer and head alike
@@ -396,8 +398,11 @@ def summarize_span_to_span(records: Sequence[Record] | Sequence[Mapping[str, Any
             has = ~np.isnan(m).any(axis=2)
             with np.errstate(invalid="ignore"):
                 mean = np.nansum(m, axis=0) / has.sum(0)[:, None]
-            out[t] = {"mean": [[None if not has[:, i].any() else float(v) for v in row]
-                               for i, row in enumerate(mean)],
+            # a key span no prompt of the group has (its query row absent everywhere and no
+            # mass on it): n/a, not a measured 0
+            gone = [not has[:, i].any() and not np.nansum(m[:, :, i]) for i in range(len(spans))]
+            out[t] = {"mean": [[None if not has[:, i].any() or gone[j] else float(v)
+                                for j, v in enumerate(row)] for i, row in enumerate(mean)],
                       "n_rows": has.sum(0).astype(int).tolist()}
         return out
 

@@ -26,15 +26,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from interp.stats import MIN_PASSAGES, passage_note
 from interp.store import write_json
 
-__all__ = ["DEFINITIONS", "comparison_rows", "format_markdown", "read_run", "write_comparison"]
+__all__ = ["DEFINITIONS", "comparison_rows", "format_markdown", "probe_headline", "read_run",
+           "write_comparison"]
 
 DEFINITIONS: dict[str, str] = {
     "model": "model spec of the run directory",
     "n_layers": "decoder blocks of the model (manifest)",
     "dataset": "dataset name, or 'overall' (every record of the run)",
     "n": "ok records", "n_passages": "distinct passages among them",
+    "few_passages": f"true when n_passages < {MIN_PASSAGES}: few independent units, CIs are "
+                    "fragile (the Markdown table stars the row and says so under it)",
     "GA": "generation accuracy P(y* = Correct) (metrics.json)",
     "EA": "evaluation accuracy P(y = y*), generated verdict, no verdict = wrong",
     "EA_forced": "evaluation accuracy of the forced choice p_correct > 0.5",
@@ -48,9 +52,17 @@ DEFINITIONS: dict[str, str] = {
                           "heads, generation / evaluation prompt (attention/summary.json)",
     "cand_eval": "same, on the candidate answer of the evaluation prompt",
     "context_ratio": "mean ctx_gen / mean ctx_eval (a ratio of means), with its CI",
-    "probe_auc / probe_layer / probe_pool": "best residual-stream probe on the eval prompt "
-                                            "(overall rows; probes/results.json)",
-    "judge_auc": "AUC of the verbal judge's logit_diff on the probe's records",
+    "probe_auc / probe_probe / probe_layer / probe_pool": "best-of-N CV AUC: mean test-fold AUC "
+        "of the best (probe, layer, pool) cell on the eval prompt, selected among probe_cells "
+        "cells by that same AUC, so optimistic by the selection (overall rows; "
+        "probes/results.json)",
+    "probe_cells": "N, the (probe, layer, pool) cells the best probe was selected from",
+    "probe_perm_p / probe_perm_n / probe_perm_probe / probe_perm_auc": "label-permutation p of "
+        "the best cell of probe kind probe_perm_probe (observed AUC probe_perm_auc), re-selected "
+        "over every layer and pool under each of probe_perm_n permutations; None when not run",
+    "judge_auc": "AUC of the verbal judge's logit_diff on the same CV test folds as the probe "
+                 "(mean over folds, probes/results.json judge.folds), comparable to probe_auc",
+    "judge_auc_pooled": "AUC of the judge's logit_diff pooled over the probe's records",
     "transfer_delta_<adapter>": "EA - GA of base / lora_gen / lora_eval / lora_both on that "
                                 "dataset's validation records (transfer/table.json)",
 }
@@ -101,6 +113,38 @@ def _transfer_cols(table: Mapping[str, Any] | None, ds: str) -> dict[str, Any]:
     return out
 
 
+_PROBE_KEYS = ("probe_auc", "probe_probe", "probe_layer", "probe_pool", "probe_cells",
+               "probe_perm_p", "probe_perm_n", "probe_perm_probe", "probe_perm_auc",
+               "judge_auc", "judge_auc_pooled")
+
+
+def probe_headline(results: Mapping[str, Any], task: str = "eval") -> dict[str, Any]:
+    """The probe columns of a comparison row (:data:`DEFINITIONS`) from ``probes/results.json``.
+
+    The best cell is a best-of-N pick (N = cells with an AUC in the task's grid), so it comes
+    with N and the permutation test of :func:`interp.stages.probe.run` (whose null re-selects
+    the best cell of one probe kind, named in ``probe_perm_probe``); the judge AUC beside it
+    is the one on the same CV test folds (``judge.folds.auc``), as in the probe figure.
+
+    Args:
+        results: the content of ``DIR/probes/results.json``.
+        task: the probed prompt (``eval``; falls back to the first task stored).
+
+    Returns:
+        The ``_PROBE_KEYS`` columns (None where the results lack them).
+    """
+    t = results["tasks"].get(task) or next(iter(results["tasks"].values()))
+    best, pm = t["best"], t.get("permutation") or {}
+    judge = results.get("judge") or {}
+    return {"probe_auc": best["auc"], "probe_probe": best["probe"], "probe_layer": best["layer"],
+            "probe_pool": best["pool"],
+            "probe_cells": sum(r.get("auc") is not None for r in t["grid"]),
+            "probe_perm_p": pm.get("p_value"), "probe_perm_n": pm.get("n"),
+            "probe_perm_probe": pm.get("probe"), "probe_perm_auc": pm.get("observed"),
+            "judge_auc": (judge.get("folds") or {}).get("auc"),
+            "judge_auc_pooled": (judge.get("overall") or {}).get("auc")}
+
+
 def comparison_rows(runs: Mapping[str, str | Path]) -> list[dict[str, Any]]:
     """One row per (model, dataset) and per model ``overall``, in the grid's model order.
 
@@ -129,35 +173,61 @@ def comparison_rows(runs: Mapping[str, str | Path]) -> list[dict[str, Any]]:
                 **{k: g.get(k) for k in _METRIC_KEYS}, "no_verdict": shares.get("none"),
                 "band": None, "ctx_gen": None, "ctx_eval": None, "cand_eval": None,
                 "context_ratio": None, "context_ratio_ci": None,
-                "probe_auc": None, "probe_layer": None, "probe_pool": None, "judge_auc": None}
+                **dict.fromkeys(_PROBE_KEYS)}
+            if row["n_passages"] is not None:
+                row["few_passages"] = row["n_passages"] < MIN_PASSAGES
             row.update(_attention_cols(t["attention"], ds))
             if probes and ds == "overall":
-                best = probes["best"]
-                row.update(probe_auc=best["auc"], probe_layer=best["layer"],
-                           probe_pool=best["pool"], judge_auc=probes["judge"]["overall"]["auc"])
+                row.update(probe_headline(probes))
             row.update(_transfer_cols(t["transfer"], ds))
             rows.append(row)
     return rows
 
 
-_MD_COLUMNS = (("model", "model"), ("dataset", "dataset"), ("n", "n"), ("GA", "GA"),
-               ("EA", "EA"), ("EA_forced", "EA_forced"), ("delta", "Δ"),
+_MD_COLUMNS = (("model", "model"), ("dataset", "dataset"), ("n", "n"),
+               ("n_passages", "passages"), ("GA", "GA"), ("EA", "EA"),
+               ("EA_forced", "EA_forced"), ("delta", "Δ"), ("delta_ci", "Δ 95% CI"),
                ("acceptance_rate_incorrect", "acc|y*=I"), ("no_verdict", "no verdict"),
                ("ctx_gen", "ctx gen"), ("ctx_eval", "ctx eval"), ("context_ratio", "ratio"),
-               ("probe_auc", "probe AUC"), ("judge_auc", "judge AUC"))
+               ("probe_auc", "probe best-of-N CV AUC"), ("probe_perm_p", "perm. p"),
+               ("judge_auc", "judge AUC (same folds)"))
+
+
+def _md_cell(row: Mapping[str, Any], key: str) -> str:
+    v = row.get(key)
+    if key == "n_passages" and v is not None:
+        return f"{v}{'*' * bool(row.get('few_passages'))}"
+    if key == "probe_auc" and v is not None:
+        return f"{v:.3f} (best of {row.get('probe_cells')}: {row.get('probe_probe')} " \
+               f"L{row.get('probe_layer')} {row.get('probe_pool')})"
+    if key == "probe_perm_p" and v is not None:
+        return f"{v:.2f} ({row.get('probe_perm_n')} perms, best {row.get('probe_perm_probe')} " \
+               f"cell, AUC {row.get('probe_perm_auc'):.3f})"
+    if v is None:
+        return "-"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(f"{x:.3f}" for x in v) + "]"
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
 def format_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The main columns of :func:`comparison_rows` as a Markdown table (3 decimals, '-')."""
-    def cell(v: Any) -> str:
-        if v is None:
-            return "-"
-        return f"{v:.3f}" if isinstance(v, float) else str(v)
+    """The main columns of :func:`comparison_rows` as a Markdown table (3 decimals, '-').
 
+    Rows on fewer than :data:`interp.stats.MIN_PASSAGES` passages get a ``*`` on their passage
+    count, explained under the table with the per-model summaries' wording
+    (:func:`interp.stats.passage_note`); the probe columns say what the best-of-N AUC is.
+    """
     head = "| " + " | ".join(name for _, name in _MD_COLUMNS) + " |"
     rule = "|" + "|".join("---" for _ in _MD_COLUMNS) + "|"
-    body = ["| " + " | ".join(cell(r.get(k)) for k, _ in _MD_COLUMNS) + " |" for r in rows]
-    return "\n".join([head, rule, *body]) + "\n"
+    body = ["| " + " | ".join(_md_cell(r, k) for k, _ in _MD_COLUMNS) + " |" for r in rows]
+    notes = [f"\\* {r['model']} {r['dataset']}: {passage_note(r['n_passages'])}"
+             for r in rows if r.get("few_passages")]
+    if any(r.get("probe_auc") is not None for r in rows):
+        notes.append("probe best-of-N CV AUC: mean test-fold AUC of the best of N (probe, "
+                     "layer, pool) cells, selected by that same AUC (optimistic); perm. p: "
+                     "label-permutation test of the best cell of the named probe kind; judge "
+                     "AUC on the same CV test folds.")
+    return "\n".join([head, rule, *body]) + "\n" + "".join(f"\n{n}\n" for n in notes)
 
 
 def write_comparison(out: str | Path, runs: Mapping[str, str | Path]) -> dict[str, Any]:

@@ -204,10 +204,27 @@ def _probe_panel(ax: Any, results: Mapping[str, Any], task: str, key: str, label
     if first_column:
         b = t["best"]
         ax.set_ylabel(f"CV mean over {results['folds']} folds")
-        ptxt = f", permutation p={pm['p_value']:.2f}" if pm else ""
         ax.text(0.02, 0.03, f"best: {b['probe']} L{b['layer']} {b['pool']}\n"
-                f"AUC {b['auc']:.2f}, F1 {b['f1']:.2f}{ptxt}", transform=ax.transAxes,
+                f"AUC {b['auc']:.2f}, F1 {b['f1']:.2f}{permutation_text(pm)}",
+                transform=ax.transAxes,
                 fontsize=8, va="bottom", bbox={"fc": "white", "ec": "0.7", "alpha": 0.85})
+
+
+def permutation_text(pm: Mapping[str, Any] | None) -> str:
+    r"""``\npermutation p=P (best KIND cell, AUC A, N permutations)``, or '' when not run.
+
+    The permutation null of :func:`interp.stages.probe.run` re-selects the best cell of one
+    probe kind (``pm["probe"]``, observed value ``pm["observed"]``), which need not be the
+    overall best cell printed beside it; the text names the cell the p belongs to.
+    """
+    if not pm or pm.get("p_value") is None:
+        return ""
+    metric = str(pm.get("metric", "auc")).upper()
+    obs = pm.get("observed")
+    what = f", {metric} {obs:.2f}" if obs is not None else ""
+    n = pm.get("n")
+    return (f"\npermutation p={pm['p_value']:.2f} (best {pm.get('probe', '?')} cell{what}, "
+            f"{n} permutation{'s' * (n != 1)})")
 
 
 def plot_probes(results: Mapping[str, Any], out_dir: str | Path, name: str = "probes") -> Path:
@@ -531,6 +548,6 @@ from interp.plots.patching import plot_patching  # noqa: E402
 from interp.plots.steering import plot_steering  # noqa: E402
 
 __all__ = ["COLORS", "dataset_groups", "plot_asymmetry", "plot_context_ratio",
-           "plot_head_context_heatmaps", "plot_patching", "plot_probes",
+           "permutation_text", "plot_head_context_heatmaps", "plot_patching", "plot_probes",
            "plot_span_mass_layerwise", "plot_steering", "plot_transfer_acceptance",
            "plot_transfer_matrix", "plot_transfer_patching", "save"]

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.patches import Patch
 
 from interp.plots import _err, plt, save
+from interp.stats import MIN_PASSAGES, passage_note
 
-__all__ = ["model_colors", "plot_models_asymmetry", "plot_models_attention",
+__all__ = ["dataset_labels", "model_colors", "plot_models_asymmetry", "plot_models_attention",
            "plot_models_probes"]
 
 _PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3")
@@ -44,9 +46,56 @@ def _group(t: Mapping[str, Any], ds: str) -> Mapping[str, Any] | None:
     return g if g and g.get("n") else None
 
 
+def _few(g: Mapping[str, Any]) -> bool:
+    n_p = g.get("n_passages")
+    return bool(g.get("few_passages")) or (n_p is not None and n_p < MIN_PASSAGES)
+
+
+def dataset_labels(tables: Mapping[str, Mapping[str, Any]], datasets: list[str]
+                   ) -> tuple[list[str], list[str]]:
+    r"""X tick labels ``dataset\nn=N\nP passages`` (``*`` under 10 passages) and their notes.
+
+    The same label as one model's figures (:func:`interp.plots.dataset_groups`); where the
+    models' groups differ in size the values are joined with ``,`` in the models' order. The
+    notes (one per starred dataset, :func:`interp.stats.passage_note` of its smallest group)
+    go under the figure (:func:`_footnote`).
+
+    Args:
+        tables: model spec -> a table with ``per_dataset`` and ``overall`` groups.
+        datasets: the x positions' names.
+
+    Returns:
+        ``(labels, notes)``.
+    """
+    labels, notes = [], []
+    for ds in datasets:
+        groups = [g for t in tables.values() if (g := _group(t, ds))]
+        ns = list(dict.fromkeys(str(g["n"]) for g in groups))
+        ps = list(dict.fromkeys(g.get("n_passages") for g in groups))
+        if not groups or None in ps:
+            labels.append(f"{ds}\n(n={','.join(ns) or 0})")
+            continue
+        star = "*" if any(_few(g) for g in groups) else ""
+        labels.append(f"{ds}\nn={','.join(ns)}\n{','.join(map(str, ps))} passages{star}")
+        if star:
+            notes.append(f"* {ds}: {passage_note(min(ps))}")
+    return labels, notes
+
+
+def _footnote(fig: Any, notes: list[str]) -> None:
+    if notes:
+        fig.text(0.01, -0.01, "\n".join(notes), ha="left", va="top", fontsize=7.5,
+                 color="#C44E52")
+
+
 def _grouped_bars(ax: Any, tables: Mapping[str, Mapping[str, Any]], datasets: list[str],
-                  get: Any, colors: Mapping[str, str]) -> None:
-    """Bars per dataset, one per model (``get(group) -> (value, ci)``); missing groups blank."""
+                  get: Any, colors: Mapping[str, str]) -> list[str]:
+    """Bars per dataset, one per model (``get(group) -> (value, ci)``); missing groups blank.
+
+    Every drawn bar carries a line at its value and the value as text, so a bar of height 0
+    is visible (and told apart from a missing group, which has neither). The x ticks are
+    :func:`dataset_labels`; returns their notes.
+    """
     x, w = np.arange(len(datasets)), 0.8 / len(tables)
     for j, (spec, t) in enumerate(tables.items()):
         vals, errs = [], []
@@ -55,9 +104,15 @@ def _grouped_bars(ax: Any, tables: Mapping[str, Mapping[str, Any]], datasets: li
             v, ci = get(g) if g else (None, None)
             vals.append(np.nan if v is None else v)
             errs.append(_err(v, ci) if v is not None else [0.0, 0.0])
-        ax.bar(x + (j - (len(tables) - 1) / 2) * w, vals, w, yerr=np.array(errs).T, capsize=2,
-               color=colors[spec], label=_short(spec))
-    ax.set_xticks(x, datasets, fontsize=8)
+        xs = x + (j - (len(tables) - 1) / 2) * w
+        bars = ax.bar(xs, vals, w, yerr=np.array(errs).T, capsize=2, color=colors[spec],
+                      label=_short(spec))
+        ax.hlines(vals, xs - w / 2, xs + w / 2, colors="black", lw=1.2)
+        ax.bar_label(bars, labels=["" if np.isnan(v) else f"{v:.2f}" for v in vals],
+                     fontsize=6, padding=1)
+    labels, notes = dataset_labels(tables, datasets)
+    ax.set_xticks(x, labels, fontsize=7)
+    return notes
 
 
 def plot_models_asymmetry(metrics: Mapping[str, Mapping[str, Any]], out_dir: str | Path,
@@ -71,18 +126,23 @@ def plot_models_asymmetry(metrics: Mapping[str, Mapping[str, Any]], out_dir: str
     """
     colors = model_colors(list(metrics))
     datasets = _datasets(metrics)
-    fig, axes = plt.subplots(1, 3, figsize=(max(12, 1.6 * len(datasets) * 3), 4))
-    for ax, key, title in ((axes[0], "GA", "generation accuracy GA"),
-                           (axes[1], "EA", "self-evaluation accuracy EA"),
-                           (axes[2], "delta", "asymmetry Δ = EA − GA")):
-        _grouped_bars(ax, metrics, datasets, lambda g, k=key: (g[k], g.get(f"{k}_ci")), colors)
+    fig, axes = plt.subplots(1, 3, figsize=(max(12, 1.6 * len(datasets) * 3), 4.4))
+    for ax, key, title, ylabel in (
+            (axes[0], "GA", "generation accuracy GA", "GA (share of answers right)"),
+            (axes[1], "EA", "self-evaluation accuracy EA", "EA (share of verdicts right)"),
+            (axes[2], "delta", "asymmetry Δ = EA − GA", "Δ = EA − GA")):
+        notes = _grouped_bars(ax, metrics, datasets,
+                              lambda g, k=key: (g[k], g.get(f"{k}_ci")), colors)
         ax.set_title(title, fontsize=10)
-    axes[0].set_ylim(0, 1.05)
-    axes[1].set_ylim(0, 1.05)
+        ax.set_ylabel(ylabel)
+    axes[0].set_ylim(0, 1.1)
+    axes[1].set_ylim(0, 1.1)
     axes[2].axhline(0, color="black", lw=0.8)
     axes[0].legend(frameon=False, fontsize=8)
-    fig.suptitle("Models side by side (CIs: bootstrap over passages)", fontsize=10)
+    fig.suptitle("Models side by side (CIs: bootstrap over passages; black line and number: "
+                 "the bar's value)", fontsize=10)
     fig.tight_layout()
+    _footnote(fig, notes)
     return save(fig, out_dir, name)
 
 
@@ -104,7 +164,8 @@ def plot_models_attention(summaries: Mapping[str, Mapping[str, Any]], out_dir: s
         name: file stem.
     """
     colors = model_colors(list(summaries))
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1.2, 1]})
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.4), gridspec_kw={"width_ratios": [1.2, 1]})
+    bands = []
     for spec, s in summaries.items():
         lw = s["overall"]["layerwise"]
         for task, style in (("gen", "-"), ("eval", "--")):
@@ -114,16 +175,23 @@ def plot_models_attention(summaries: Mapping[str, Mapping[str, Any]], out_dir: s
         band, n = s["band"], s["n_layers"]
         axes[0].axvspan(band[0] / max(n - 1, 1), band[-1] / max(n - 1, 1), color=colors[spec],
                         alpha=0.08)
+        bands.append(Patch(color=colors[spec], alpha=0.25,
+                           label=f"{_short(spec)} band: layers {band[0]}-{band[-1]} of {n}"))
+    handles, _ = axes[0].get_legend_handles_labels()
     axes[0].set_xlabel("relative depth (layer / (n_layers − 1))")
     axes[0].set_ylabel("context mass (mean over heads)")
-    axes[0].set_title("Last-token attention on the context; band shaded", fontsize=10)
-    axes[0].legend(frameon=False, fontsize=7, ncol=2)
+    ns = ", ".join(f"{_short(spec)} n={s['overall']['n']}" for spec, s in summaries.items())
+    axes[0].set_title(f"Last-token attention on the context (overall; {ns})", fontsize=9)
+    axes[0].legend(handles=handles + bands, frameon=False, fontsize=7, ncol=2)
     datasets = _datasets(summaries)
-    _grouped_bars(axes[1], summaries, datasets,
-                  lambda g: (g["context_ratio"], g.get("context_ratio_ci")), colors)
+    notes = _grouped_bars(axes[1], summaries, datasets,
+                          lambda g: (g["context_ratio"], g.get("context_ratio_ci")), colors)
     axes[1].axhline(1, color="black", lw=0.8)
+    axes[1].set_ylabel("context ratio (mean gen / mean eval mass)")
     axes[1].set_title("context ratio gen / eval over each model's band", fontsize=10)
+    axes[1].legend(frameon=False, fontsize=7)
     fig.tight_layout()
+    _footnote(fig, notes)
     return save(fig, out_dir, name)
 
 
@@ -131,9 +199,10 @@ def plot_models_probes(results: Mapping[str, Mapping[str, Any]], out_dir: str | 
                        name: str = "models_probes") -> Path:
     """Best cross-validated probe AUC per layer (eval prompt) by relative depth, per model.
 
-    For each layer the best pooling of the first probe kind of the sweep; the dotted line in
-    the model's colour is its verbal judge's AUC (whole-reply ``logit_diff``) on the same
-    records, 0.5 is chance.
+    Each layer's point is the MAXIMUM over the pools of the first probe kind of the sweep (a
+    best-of-pools value, optimistic like every selected cell); the dotted line in the model's
+    colour is its verbal judge's AUC (whole-reply ``logit_diff``) on the same CV test folds
+    (``judge.folds``, as in the per-model probe figure), 0.5 is chance.
 
     Args:
         results: model spec -> its ``probes/results.json``.
@@ -141,24 +210,32 @@ def plot_models_probes(results: Mapping[str, Mapping[str, Any]], out_dir: str | 
         name: file stem.
     """
     colors = model_colors(list(results))
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    kinds, n_pools = set(), set()
     for spec, r in results.items():
         task = r["tasks"].get("eval") or next(iter(r["tasks"].values()))
         kind = r["config"]["probes"][0]
+        kinds.add(kind)
+        n_pools.add(len(task.get("pools") or r["config"]["pools"]))
         best: dict[int, float] = {}
         for row in task["grid"]:
             if row["probe"] == kind and row.get("auc") is not None:
                 best[row["layer"]] = max(best.get(row["layer"], 0.0), row["auc"])
         layers = sorted(best)
         ax.plot(np.asarray(layers) / max(r["n_layers"] - 1, 1), [best[x] for x in layers],
-                "o-", ms=3, color=colors[spec], label=f"{_short(spec)} {kind} probe")
-        if (auc := r["judge"]["overall"].get("auc")) is not None:
-            ax.axhline(auc, ls=":", color=colors[spec], label=f"{_short(spec)} judge AUC")
+                "o-", ms=3, color=colors[spec],
+                label=f"{_short(spec)} {kind} probe (n={r['n_records']})")
+        judge = r["judge"].get("folds") or {}
+        if (auc := judge.get("auc")) is not None:
+            ax.axhline(auc, ls=":", color=colors[spec],
+                       label=f"{_short(spec)} judge AUC, same folds ({auc:.2f})")
     ax.axhline(0.5, color="black", lw=0.8)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("relative depth (layer / (n_layers − 1))")
-    ax.set_ylabel("cross-validated ROC AUC (y*)")
-    ax.set_title("Residual-stream probes vs the verbal judge", fontsize=10)
+    pools = "/".join(map(str, sorted(n_pools)))
+    ax.set_ylabel(f"CV ROC AUC (y*), max over {pools} pools")
+    ax.set_title(f"Residual-stream probes ({'/'.join(sorted(kinds))}) vs the verbal judge:\n"
+                 f"each point the best pool at that layer (a max, optimistic)", fontsize=10)
     ax.legend(frameon=False, fontsize=7)
     fig.tight_layout()
     return save(fig, out_dir, name)

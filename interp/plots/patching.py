@@ -8,22 +8,51 @@ effects are ratios of sums over the pairs kept (``|gap| >= min_gap``,
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.patches import Patch
 
 from interp.plots import COLORS, plt, save
 
-__all__ = ["plot_patching"]
+__all__ = ["NOT_MEASURED", "nothing_to_show", "plot_patching"]
+
+NOT_MEASURED = "0.7"
+"""Colour of a heatmap cell that was never measured (NaN), told apart from a zero effect
+(white in the diverging colour map)."""
+
+_SPAN_ORDER = ("context", "question", "candidate", "template", "verdict", "all")
+
+
+def nothing_to_show(s: dict[str, Any]) -> str | None:
+    """The panel text of an experiment without a kept pair, else None.
+
+    ``nothing to show: 0 of N pairs with |gap| >= X nats`` (the summary's ``n_pairs_kept``,
+    ``n_pairs`` and ``min_gap``).
+    """
+    if s.get("n_pairs_kept"):
+        return None
+    return (f"nothing to show: 0 of {s.get('n_pairs')} pairs with |gap| >= "
+            f"{s.get('min_gap')} nats")
 
 
 def _heat(ax: Any, mat: Any, xlabels: list[str], ylabels: list[str], title: str,
-          cbar_label: str) -> None:
+          cbar_label: str, empty: str | None = None) -> None:
+    """One diverging heatmap; NaN cells (never measured) in :data:`NOT_MEASURED` grey.
+
+    ``empty``: written across the panel (no kept pair, :func:`nothing_to_show`).
+    """
     vals = np.asarray(mat, dtype=float)
     lim = np.nanmax(np.abs(vals)) if np.isfinite(vals).any() else 1.0
-    im = ax.imshow(vals, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim,
+    lim = lim if lim > 0 else 1.0
+    cmap = plt.get_cmap("RdBu_r").with_extremes(bad=NOT_MEASURED)
+    im = ax.imshow(np.ma.masked_invalid(vals), aspect="auto", cmap=cmap, vmin=-lim, vmax=lim,
                    interpolation="nearest", origin="lower")
+    if empty:
+        ax.text(0.5, 0.5, empty.replace(": ", ":\n", 1), transform=ax.transAxes,
+                ha="center", va="center", fontsize=9, bbox={"fc": "white", "ec": "0.5"})
     ax.set_xticks(range(len(xlabels)), xlabels, rotation=90, fontsize=6)
     step = max(1, len(ylabels) // 15)
     ax.set_yticks(range(0, len(ylabels), step), ylabels[::step], fontsize=7)
@@ -32,10 +61,13 @@ def _heat(ax: Any, mat: Any, xlabels: list[str], ylabels: list[str], title: str,
 
 
 def _pair_heat(units: Any, col_key: str, cols: list, xl: list[str], stem: str, title: str,
-               out_dir: Path, xlabel: str) -> Path:
+               out_dir: Path, xlabel: str, *, empty: str | None = None,
+               notes: list[str] | None = None) -> Path:
     """Two heatmaps: the exact ratio of sums and the attribution estimate's.
 
-    The exact panel is blank where no kept pair had the unit patched exactly.
+    Cells never measured (no kept pair had the unit patched exactly, or the unit does not
+    exist in any kept pair) are NaN, drawn grey with a legend entry saying so; ``empty``
+    (:func:`nothing_to_show`) is written on both panels; ``notes`` go under the figure.
     """
     fig, axes = plt.subplots(1, 2, figsize=(max(8, 0.5 * len(xl) + 5), 5))
     for ax, col, lab in zip(axes, ("ratio", "ratio_attr"),
@@ -43,12 +75,55 @@ def _pair_heat(units: Any, col_key: str, cols: list, xl: list[str], stem: str, t
         m = units.pivot_table(index="layer", columns=col_key, values=col, aggfunc="first",
                               dropna=False).reindex(columns=cols)
         _heat(ax, m.to_numpy(dtype=float), xl, [str(i) for i in m.index], lab,
-              "normalised effect")
+              "normalised effect", empty)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("layer")
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.legend(handles=[Patch(color=NOT_MEASURED, label="grey: not measured")],
+               loc="lower right", fontsize=8, frameon=False)
+    if notes:
+        width = max(60, int(12 * fig.get_figwidth()))
+        fig.text(0.01, -0.01, "\n".join(textwrap.fill(n, width) for n in notes), ha="left",
+                 va="top", fontsize=8, color="#C44E52")
     return save(fig, out_dir, stem)
+
+
+def span_notes(effects: Any, spans: list[str], pairs: Any = None) -> list[str]:
+    """Notes for the span columns no kept pair patched (their column stays, grey).
+
+    ``candidate`` is patched as a whole only when the clean and corrupt answers have the same
+    token length (:meth:`interp.pairs.PatchPair.span_units`); otherwise the pair's ``middle``
+    is the empty span ``[0, 0]``. With ``pairs`` (``pairs.parquet``) the note counts the kept
+    pairs with an empty middle.
+
+    Args:
+        effects: ``effects.parquet`` (columns ``id``, ``kept``, ``unit``, ``span``).
+        spans: the span columns of the figure.
+        pairs: ``pairs.parquet`` (columns ``id``, ``middle``, ``n_clean``, ``n_tokens``).
+    """
+    kept = effects[effects.kept] if "kept" in effects else effects
+    if not len(kept):
+        return []
+    have = set(kept[kept.unit == "span"].span)
+    notes = []
+    for sp in spans:
+        if sp in have:
+            continue
+        if sp != "candidate":
+            notes.append(f"{sp}: not measured in any kept pair")
+            continue
+        why = ""
+        if pairs is not None and "middle" in pairs:
+            k = pairs[pairs.id.isin(set(kept.id))]
+            empty = [r for r in k.itertuples() if r.middle[1] <= r.middle[0]]
+            lens = ", ".join(f"{r.n_clean} vs {r.n_tokens}" for r in empty[:3])
+            why = (f": its middle span is empty ([0, 0]) in {len(empty)} of {len(k)} kept "
+                   f"pairs, clean and corrupt prompts differ in length (tokens {lens}"
+                   f"{', ...' if len(empty) > 3 else ''})")
+        notes.append(f"candidate: not patched as a whole in any kept pair{why}; the clean and "
+                     "corrupt answers must have the same token length for that")
+    return notes
 
 
 def _layer_lines(units: Any, span: str, s: dict[str, Any], stem: str, title: str,
@@ -65,6 +140,9 @@ def _layer_lines(units: Any, span: str, s: dict[str, Any], stem: str, title: str
         ax.axhline(ref, color="black", lw=0.8)
         ax.set_xlabel("patched layer")
         ax.set_ylabel(lab)
+        if empty := nothing_to_show(s):
+            ax.text(0.5, 0.5, empty.replace(": ", ":\n", 1), transform=ax.transAxes,
+                    ha="center", va="center", fontsize=8, bbox={"fc": "white", "ec": "0.5"})
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return save(fig, out_dir, stem)
@@ -122,6 +200,10 @@ def plot_patching(table_dir: str | Path, out_dir: str | Path) -> list[Path]:
       ``resid``: per patched layer the normalised effect, the raw change, the forced-verdict
       flip rate and the judge's context mass;
     * ``heads``: layer x head (exact and attribution);
+    * heatmap cells never measured are grey (legend ``grey: not measured``), a zero effect
+      white; without a kept pair the panels say ``nothing to show: 0 of N pairs ...``; a
+      candidate-swap span column no kept pair patched (``candidate`` when the answers differ
+      in length) stays, grey, with a note under the figure (:func:`span_notes`);
     * ``attribution``: attribution estimate vs exact change, heads and residual units, with
       AtP*'s top-k overlap and Spearman correlation.
 
@@ -142,6 +224,7 @@ def plot_patching(table_dir: str | Path, out_dir: str | Path) -> list[Path]:
             f"{s.get('n_pairs_kept')} of {s.get('n_pairs')} pairs with |gap| >= "
             f"{s.get('min_gap')} nats, {s.get('n_passages')} passages; {mode}")
     out: list[Path] = []
+    empty = nothing_to_show(s)
     if kind == "resid" and pk == "candidate-swap":
         pos = units[units.unit == "position"]
         if len(pos):
@@ -149,12 +232,16 @@ def plot_patching(table_dir: str | Path, out_dir: str | Path) -> list[Path]:
             xl = _position_labels(pd.read_parquet(table_dir / "effects.parquet"), cols)
             out.append(_pair_heat(pos, "rel_position", cols, xl, f"{stem}_position", head,
                                   out_dir, "position, offset from the end (its token when every "
-                                           "pair has the same one there; [n pairs])"))
+                                           "pair has the same one there; [n pairs])",
+                                  empty=empty))
         sp = units[units.unit == "span"]
-        order = [c for c in ("context", "question", "candidate", "template", "verdict", "all")
-                 if c in set(sp.span)] + sorted(set(sp.span) - {
-                     "context", "question", "candidate", "template", "verdict", "all"})
-        out.append(_pair_heat(sp, "span", order, order, f"{stem}_span", head, out_dir, "span"))
+        order = [c for c in _SPAN_ORDER if c in set(sp.span) or c == "candidate"] + sorted(
+            set(sp.span) - set(_SPAN_ORDER))
+        pairs_path = table_dir / "pairs.parquet"
+        notes = span_notes(pd.read_parquet(table_dir / "effects.parquet"), order,
+                           pd.read_parquet(pairs_path) if pairs_path.exists() else None)
+        out.append(_pair_heat(sp, "span", order, order, f"{stem}_span", head, out_dir, "span",
+                              empty=empty, notes=notes))
     elif kind == "resid":
         span = "verdict" if pk in ("gen-to-eval", "eval-to-gen") else "context"
         out.append(_layer_lines(units, span, s, stem, head, out_dir))
@@ -162,7 +249,7 @@ def plot_patching(table_dir: str | Path, out_dir: str | Path) -> list[Path]:
         hs = units[units.unit == "head"]
         cols = sorted(hs["head"].unique())
         out.append(_pair_heat(hs, "head", cols, [str(c) for c in cols], stem, head, out_dir,
-                              "head"))
+                              "head", empty=empty))
     else:
         df = pd.read_parquet(table_dir / "effects.parquet")
         out.append(_attribution(df, s, stem, head, out_dir))

@@ -23,8 +23,9 @@ def plot_span_to_span(summary: Mapping[str, Any], out_dir: str | Path,
     """Gen and eval span-to-span block matrices of the band, side by side, one colour scale.
 
     Cell (i, j) is the mean attention mass query span i puts on key span j
-    (:func:`interp.attention.summarize_span_to_span`); rows sum to 1; a query span no
-    prompt has (``candidate`` in gen) is left blank and marked ``n/a``.
+    (:func:`interp.attention.summarize_span_to_span`); rows sum to 1; a span no
+    prompt has (``candidate`` in gen: its row and its column) is grey and marked ``n/a``,
+    told apart from a measured 0.00.
 
     Args:
         summary: ``record/span_to_span.json``.
@@ -36,6 +37,10 @@ def plot_span_to_span(summary: Mapping[str, Any], out_dir: str | Path,
     qs, ks, band = summary["query_spans"], summary["key_spans"], summary["band"]
     mats = {t: np.array([[np.nan if v is None else v for v in row] for row in g[t]["mean"]],
                         dtype=float) for t in ("gen", "eval")}
+    for m in mats.values():   # summaries written before the column was stored as None
+        for j, k in enumerate(ks):
+            if k in qs and np.isnan(m[qs.index(k)]).all() and not np.nansum(m[:, j]):
+                m[:, j] = np.nan
     fig, axes = plt.subplots(1, 2, figsize=(3.2 + 1.5 * len(ks) * 2, 1.6 + 0.55 * len(qs)),
                              sharey=True)
     cmap = plt.get_cmap("viridis").with_extremes(bad="#dddddd")

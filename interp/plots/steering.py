@@ -9,8 +9,20 @@ from typing import Any
 import numpy as np
 
 from interp.plots import COLORS, plt, save
+from interp.stats import passage_note
 
-__all__ = ["plot_steering"]
+__all__ = ["JUDGE_SERIES", "judge_panel", "plot_steering"]
+
+JUDGE_SERIES = (
+    ("ea_forced", "EA (forced choice)", COLORS["EA"], "o", "-", 8, None),
+    ("accept_correct", "acceptance | oracle Correct", COLORS["correct"], "s", "--", 6,
+     "no oracle-correct record"),
+    ("accept_incorrect", "acceptance | oracle Incorrect", COLORS["incorrect"], "^", ":", 5,
+     "no oracle-incorrect record"),
+)
+"""The judge panel's lines: ``(key, label, colour, marker, linestyle, marker size, what an
+empty group lacks)``. Each line has its own marker, line style and size (largest drawn
+first) and a small shift on the alpha axis, so two lines with the same values both show."""
 
 
 def _series(summary: Mapping[str, Any], task: str, key: str
@@ -29,6 +41,31 @@ def _series(summary: Mapping[str, Any], task: str, key: str
     return xs, np.array(ys), np.array([lo, hi])
 
 
+def judge_panel(ax: Any, summary: Mapping[str, Any]) -> list[str]:
+    """Draw the judge's lines (:data:`JUDGE_SERIES`) on ``ax``; return the legend labels.
+
+    A line whose group is empty at every alpha (e.g. acceptance on oracle-correct answers
+    when no steered record is oracle-correct) is not drawn; its legend entry says why
+    (``acceptance | oracle Correct: no oracle-correct record``).
+    """
+    labels = []
+    for i, (key, lab, col, marker, ls, ms, empty) in enumerate(JUDGE_SERIES):
+        xs, ys, err = _series(summary, "eval", key)
+        if xs:
+            shift = 2.0 ** (0.04 * (i - 1))   # a small dodge on the log2 alpha axis
+            ax.errorbar(np.asarray(xs) * shift, ys, yerr=err, marker=marker, ms=ms, ls=ls,
+                        capsize=3, color=col, mfc="none" if i else col, label=lab,
+                        zorder=3 + i)
+            labels.append(lab)
+        else:
+            lab = f"{lab}: {empty or 'no record'} (not drawn)"
+            ax.plot([], [], marker=marker, ls=ls, color=col, alpha=0.4, label=lab)
+            labels.append(lab)
+    ax.set_title("judge (verdict position steered)", fontsize=9)
+    ax.set_ylim(-0.02, 1.02)
+    return labels
+
+
 def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
                   name: str = "steering") -> Path:
     """EA and acceptance of the judge, GA of the generator, and context mass vs alpha.
@@ -36,22 +73,15 @@ def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
     Panels (overall, with passage-cluster 95% CIs; alpha on a log axis, 1 = unsteered):
     judge: forced-choice EA, acceptance on oracle-correct and on oracle-incorrect answers;
     generator: GA; both: the context mass actually reached. The title gives the records and
-    passages (n) and the steered heads and band.
+    passages (n) and the steered heads and band; under :data:`interp.stats.MIN_PASSAGES`
+    passages the count is starred and the note written under the figure. Lines of the
+    judge panel: :func:`judge_panel`.
 
     Returns:
         The PNG path.
     """
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    ax = axes[0]
-    for key, lab, col in (("ea_forced", "EA (forced choice)", COLORS["EA"]),
-                          ("accept_correct", "acceptance | oracle Correct", COLORS["correct"]),
-                          ("accept_incorrect", "acceptance | oracle Incorrect",
-                           COLORS["incorrect"])):
-        xs, ys, err = _series(summary, "eval", key)
-        if xs:
-            ax.errorbar(xs, ys, yerr=err, marker="o", ms=4, capsize=3, color=col, label=lab)
-    ax.set_title("judge (verdict position steered)", fontsize=9)
-    ax.set_ylim(-0.02, 1.02)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    judge_panel(axes[0], summary)
     ax = axes[1]
     xs, ys, err = _series(summary, "gen", "ga")
     if xs:
@@ -78,9 +108,14 @@ def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
         ax.set_xscale("log", base=2)
         ax.set_xlabel("alpha (attention factor on the context keys)")
         ax.axvline(1.0, color="black", lw=0.6, ls=":")
+    n_p = summary.get("n_passages") or 0
+    note = summary.get("note") or (passage_note(n_p) if "few_passages" not in summary else None)
     fig.suptitle(f"Attention steering: {summary.get('n_records')} records, "
-                 f"{summary.get('n_passages')} passages; heads {summary.get('heads')}, band "
+                 f"{n_p} passages{'*' * bool(note)}; heads {summary.get('heads')}, band "
                  f"{summary.get('band', [None])[0]}-{summary.get('band', [None])[-1]}",
                  fontsize=10)
     fig.tight_layout()
+    if note:
+        fig.text(0.01, -0.01, f"* {note}; the CIs rest on these few passages", ha="left",
+                 va="top", fontsize=7.5, color="#C44E52")
     return save(fig, out_dir, name)

@@ -38,7 +38,7 @@ from interp.inputs import write_result
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.stages.common import ok_records, stage_facts
-from interp.stats import cluster_bootstrap_mean, passage_groups
+from interp.stats import MIN_PASSAGES, cluster_bootstrap_mean, passage_groups, passage_note
 from interp.steering import ALPHAS, parse_heads, steer_generator, steer_judge
 from interp.store import (
     RunDir,
@@ -177,7 +177,9 @@ def _group_summary(g: Any, task: str, rng: np.random.Generator, n_boot: int,
                    ref: Any) -> dict[str, Any]:
     """Step 4 for the rows of one (task, alpha, group)."""
     grp = g.passage.tolist()
-    out: dict[str, Any] = {"n": int(len(g)), "n_passages": int(g.passage.nunique()),
+    n_p = int(g.passage.nunique())
+    out: dict[str, Any] = {"n": int(len(g)), "n_passages": n_p,
+                           "few_passages": n_p < MIN_PASSAGES,
                            "context_mass": _stat(g.context_mass, grp, rng, n_boot)}
     if task == "eval":
         pred, y = g.verdict.to_numpy(bool), g.y_star.to_numpy(bool)
@@ -200,8 +202,11 @@ def summarise(df: Any, cfg: SteeringConfig, band: list[int], units: Mapping[int,
 
     Returns:
         ``{"model", "alphas", "band", "heads", "units", "n_records", "n_passages",
-        "eval": {alpha: {group: ...}}, "gen": {alpha: {group: ...}}}`` with ``group`` each
-        dataset and ``overall``; every statistic is ``{"mean", "ci", "n"}``.
+        "few_passages", "note", "eval": {alpha: {group: ...}}, "gen": {alpha: {group: ...}}}``
+        with ``group`` each dataset and ``overall`` (each with ``n``, ``n_passages`` and
+        ``few_passages``); every statistic is ``{"mean", "ci", "n"}``. ``few_passages`` is
+        true under :data:`interp.stats.MIN_PASSAGES` passages, and ``note`` then says so
+        (:func:`interp.stats.passage_note`; None otherwise).
     """
     rng = np.random.default_rng(cfg.seed)
     s: dict[str, Any] = {"model": model, "alphas": list(cfg.alphas), "band": band,
@@ -210,6 +215,8 @@ def summarise(df: Any, cfg: SteeringConfig, band: list[int], units: Mapping[int,
                          "n_passages": int(df.passage.nunique()) if len(df) else 0,
                          "metric": "whole-reply logit_diff = log P(Correct) - log P(Incorrect), "
                                    "nats; forced verdict = logit_diff > 0"}
+    s["few_passages"] = s["n_passages"] < MIN_PASSAGES
+    s["note"] = passage_note(s["n_passages"])
     for task in cfg.tasks:
         t = df[df.task == task]
         ref = t[t.alpha == 1.0]
@@ -287,15 +294,20 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
 
 
 def format_summary(summary: Mapping[str, Any]) -> str:
-    """Per alpha, overall: context mass, EA, acceptance, logit_diff, coverage; GA."""
+    """Per alpha, overall: context mass, EA, acceptance, logit_diff, coverage; GA.
+
+    A summary on fewer than :data:`interp.stats.MIN_PASSAGES` passages gets a ``*`` on its
+    passage count and the note under the lines.
+    """
     def f(x: Mapping[str, Any] | None, p: str = ".2f") -> str:
         if not x or x.get("mean") is None:
             return "-"
         ci = x.get("ci")
         return f"{x['mean']:{p}}" + (f" [{ci[0]:{p}},{ci[1]:{p}}]" if ci else "")
 
+    star = "*" if summary.get("few_passages") else ""
     lines = [f"steering {summary.get('heads')} heads, band {summary.get('band')}: "
-             f"{summary.get('n_records')} records, {summary.get('n_passages')} passages"]
+             f"{summary.get('n_records')} records, {summary.get('n_passages')} passages{star}"]
     for a, groups in (summary.get("eval") or {}).items():
         o = groups.get("overall", {})
         lines.append(f"judge alpha {a:>5}: ctx {f(o.get('context_mass'), '.3f')}  EA "
@@ -306,4 +318,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         o = groups.get("overall", {})
         lines.append(f"gen   alpha {a:>5}: ctx {f(o.get('context_mass'), '.3f')}  GA "
                      f"{f(o.get('ga'))}  changed {o.get('changed_vs_alpha1', float('nan')):.2f}")
+    if star:
+        lines.append(f"* {summary.get('note') or passage_note(summary['n_passages'])}; the "
+                     "CIs above rest on these few passages")
     return "\n".join(lines)

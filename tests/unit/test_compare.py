@@ -56,7 +56,15 @@ def test_one_table_with_a_row_per_model_and_dataset(grid):
         assert 0.0 < mine["overall"]["ctx_gen"] < 1.0
         assert mine["overall"]["probe_auc"] is None      # the probe stage did not run
     md = (root / "runs" / "comparison.md").read_text().splitlines()
-    assert len(md) == 2 + 6 and md[0].startswith("| model | dataset | n | GA | EA |")
+    assert md[0].startswith("| model | dataset | n | passages | GA | EA |")
+    table_lines = [x for x in md if x.startswith("|")]
+    assert len(table_lines) == 2 + 6
+    # every group here has 2 passages (< 10): flagged in the json, starred and explained in md
+    assert all(r["few_passages"] is True for r in rows)
+    assert [x.split(" | ")[3] for x in table_lines[2:5]] == ["2*", "2*", "4*"]
+    assert "\\* " + a + " drop: only 2 passages (< 10)" in "\n".join(md)
+    drop = rows[0]
+    assert f"[{drop['delta_ci'][0]:.3f}, {drop['delta_ci'][1]:.3f}]" in table_lines[2]
     assert summary[a]["run_dir"] != summary[b]["run_dir"]
 
 
@@ -90,6 +98,46 @@ def test_probe_columns_and_figure(tiny, tiny_tokenizer, tmp_path):
         assert row["model"] == spec
         assert (row["probe_auc"], row["probe_layer"]) == (res["best"]["auc"],
                                                          res["best"]["layer"])
-        assert row["judge_auc"] == res["judge"]["overall"]["auc"]
+        # the judge AUC beside the probe is the same-folds one; the pooled one kept apart
+        assert row["judge_auc"] == res["judge"]["folds"]["auc"]
+        assert row["judge_auc_pooled"] == res["judge"]["overall"]["auc"]
+        grid_cells = [c for c in res["tasks"]["eval"]["grid"] if c.get("auc") is not None]
+        assert row["probe_cells"] == len(grid_cells) > 1
+        assert row["probe_auc"] == max(c["auc"] for c in grid_cells)
     assert [p.name for p in comp["figures"]] == ["models_asymmetry.png", "models_probes.png"]
-    assert "| tiny-3 | overall |" in format_markdown(rows)
+    md = format_markdown(rows)
+    assert "| tiny-3 | overall |" in md
+    assert f"(best of {rows[1]['probe_cells']}: logreg L{rows[1]['probe_layer']} last)" in md
+    assert "probe best-of-N CV AUC" in md and "judge AUC (same folds)" in md
+
+
+def test_probe_headline_names_the_permuted_cell():
+    """The permutation p is reported with its count and the probe kind whose cell it tests."""
+    from interp.compare import probe_headline
+    cell = {"probe": "svm", "layer": 3, "pool": "candidate", "auc": 0.85}
+    res = {"tasks": {"eval": {
+        "best": cell, "grid": [cell, {**cell, "probe": "logreg", "auc": 0.83},
+                               {**cell, "layer": 1, "auc": None}],
+        "permutation": {"n": 2, "probe": "logreg", "observed": 0.83, "p_value": 1 / 3}}},
+        "judge": {"overall": {"auc": 0.66}, "folds": {"auc": 0.62}}}
+    h = probe_headline(res)
+    assert (h["probe_auc"], h["probe_cells"], h["judge_auc"], h["judge_auc_pooled"]) == (
+        0.85, 2, 0.62, 0.66)
+    assert (h["probe_perm_p"], h["probe_perm_n"], h["probe_perm_probe"]) == (1 / 3, 2, "logreg")
+    row = {"model": "m", "dataset": "overall", "n": 9, "n_passages": 12, "few_passages": False,
+           **h}
+    md = format_markdown([row])
+    assert "| 12 |" in md and "12*" not in md
+    assert "0.33 (2 perms, best logreg cell, AUC 0.830)" in md
+
+
+def test_dataset_labels_star_small_groups():
+    from interp.plots.compare import dataset_labels
+    tables = {"a": {"per_dataset": {"d": {"n": 3, "n_passages": 2, "few_passages": True}},
+                    "overall": {"n": 30, "n_passages": 12, "few_passages": False}},
+              "b": {"per_dataset": {"d": {"n": 3, "n_passages": 3, "few_passages": True}},
+                    "overall": {"n": 30, "n_passages": 12, "few_passages": False}}}
+    labels, notes = dataset_labels(tables, ["d", "overall"])
+    assert labels == ["d\nn=3\n2,3 passages*", "overall\nn=30\n12 passages"]
+    assert notes == ["* d: only 2 passages (< 10): questions about one passage are not "
+                     "independent, so this group has few independent units"]

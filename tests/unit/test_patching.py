@@ -302,3 +302,37 @@ def test_stage_atp_topk_attribution_agreement_and_resume(tiny, toy_run):
     assert sum("redone" in m for m in msgs) == 4
     stored = json.loads((root / "summary.json").read_text())
     assert "system-prompt-control/heads" in stored and stored["gen-to-eval/heads"]["top_k"] == 2
+
+
+def test_patching_heatmap_tells_unmeasured_from_zero_and_says_when_empty():
+    """NaN cells are masked and drawn grey (zero stays white).
+
+    No kept pair is said on the panel; a candidate column no kept pair patched gets a note.
+    """
+    import matplotlib.colors as mcolors
+    import pandas as pd
+
+    from interp.plots import plt
+    from interp.plots.patching import NOT_MEASURED, _heat, nothing_to_show, span_notes
+
+    assert nothing_to_show({"n_pairs_kept": 0, "n_pairs": 2, "min_gap": 1.0}) == (
+        "nothing to show: 0 of 2 pairs with |gap| >= 1.0 nats")
+    assert nothing_to_show({"n_pairs_kept": 1, "n_pairs": 2, "min_gap": 1.0}) is None
+    fig, ax = plt.subplots()
+    _heat(ax, [[0.0, np.nan], [0.5, -0.5]], ["a", "b"], ["0", "1"], "t", "c", empty="gone")
+    im = ax.images[0]
+    assert im.get_array().mask.tolist() == [[False, True], [False, False]]
+    assert mcolors.to_hex(im.cmap(np.ma.masked_invalid([np.nan]))[0]) == mcolors.to_hex(
+        NOT_MEASURED)
+    assert mcolors.to_hex(im.cmap(im.norm(0.0))) != mcolors.to_hex(NOT_MEASURED)
+    assert [t.get_text() for t in ax.texts] == ["gone"]
+    plt.close(fig)
+    effects = pd.DataFrame({"id": ["p1", "p1", "p2"], "kept": [True, True, False],
+                            "unit": "span", "span": ["template", "verdict", "candidate"]})
+    pairs = pd.DataFrame({"id": ["p1", "p2"], "middle": [np.array([0, 0]), np.array([5, 9])],
+                          "n_clean": [219, 100], "n_tokens": [227, 100]})
+    notes = span_notes(effects, ["candidate", "template", "verdict", "all"], pairs)
+    assert notes[0].startswith("candidate: not patched as a whole in any kept pair: its middle "
+                               "span is empty ([0, 0]) in 1 of 1 kept pairs")
+    assert "219 vs 227" in notes[0] and notes[1] == "all: not measured in any kept pair"
+    assert span_notes(effects.assign(kept=False), ["candidate"], pairs) == []

@@ -175,6 +175,12 @@ def test_stage_writes_shards_index_and_loads_by_hook_name(tiny3, run3):
     s = summary["span_to_span"]
     assert s["query_spans"][-1] == "last" and s["overall"]["n"] == 3
     assert s["overall"]["gen"]["mean"][s["query_spans"].index("candidate")] == [None] * 4
+    # the gen prompt has no candidate: its key column is n/a too, not a measured 0.00
+    ci = s["key_spans"].index("candidate")
+    assert [row[ci] for row in s["overall"]["gen"]["mean"]] == [None] * len(s["query_spans"])
+    assert all(row[ci] is not None for row in s["overall"]["eval"]["mean"])
+    assert all(v is not None for i, row in enumerate(s["overall"]["gen"]["mean"])
+               if i != s["query_spans"].index("candidate") for j, v in enumerate(row) if j != ci)
     assert summary["bytes_per_record"] > 3 * 4 * n * n * 4  # at least the eval patterns
     idx = __import__("pandas").read_parquet(run3.path / "record" / "index.parquet")
     assert len(idx) == 3 * 2 * 3 * 4  # records x tasks x layers x hooks

@@ -138,3 +138,46 @@ def test_stage_tables_summary_and_resume(tiny, tmp_path):
     stored = json.loads((run_dir.path / "steering/summary.json").read_text())
     again = run(run_dir, tiny, cfg, log=lambda m: None)
     assert json.loads(json.dumps(again)) == stored
+
+
+def _eval_rows(n_records: int, y_star: list[bool]) -> pd.DataFrame:
+    rows = []
+    for i in range(n_records):
+        for a in (0.5, 1.0):
+            rows.append({"id": f"r{i}", "passage": f"p{i}", "dataset": "squad_v2",
+                         "task": "eval", "alpha": a, "context_mass": 0.1 * a,
+                         "verdict": True, "y_star": y_star[i], "logit_diff": 1.0,
+                         "verdict_coverage": 0.9})
+    return pd.DataFrame(rows)
+
+
+def test_summary_flags_few_passages_and_the_figure_says_what_is_missing():
+    """Under 10 passages the summary, its text and the figure say so.
+
+    An empty group's line is named in the legend; coinciding lines get distinct markers/styles.
+    """
+    from interp.plots import plt
+    from interp.plots.steering import judge_panel
+    from interp.stages.steering import format_summary, summarise
+
+    cfg = SteeringConfig(alphas=[0.5, 1.0], tasks=["eval"], n_boot=20)
+    few = summarise(_eval_rows(4, [False] * 4), cfg, [0], {}, "m")
+    assert (few["n_passages"], few["few_passages"]) == (4, True)
+    assert few["note"].startswith("only 4 passages (< 10)")
+    assert few["eval"]["0.5"]["overall"]["few_passages"] is True
+    text = format_summary(few)
+    assert "4 records, 4 passages*" in text and "* only 4 passages (< 10)" in text
+    many = summarise(_eval_rows(10, [True] * 5 + [False] * 5), cfg, [0], {}, "m")
+    assert (many["few_passages"], many["note"]) == (False, None)
+    assert "passages*" not in format_summary(many) and "\n* " not in format_summary(many)
+
+    fig, ax = plt.subplots()
+    labels = judge_panel(ax, few)   # every answer oracle-incorrect: acc|C has no record
+    assert "acceptance | oracle Correct: no oracle-correct record (not drawn)" in labels
+    fig2, ax2 = plt.subplots()
+    judge_panel(ax2, many)          # EA = acc|C = 1 at both alphas: same values, both visible
+    lines = [ln for ln in ax2.get_lines() if ln.get_marker() in ("o", "s", "^")]
+    assert len({(ln.get_marker(), ln.get_linestyle()) for ln in lines}) == 3
+    assert len({tuple(ln.get_xdata()) for ln in lines}) == 3    # dodged on the alpha axis
+    plt.close(fig)
+    plt.close(fig2)
