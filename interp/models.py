@@ -337,11 +337,13 @@ def runtime_facts(handle: ModelHandle | Any) -> dict[str, Any]:
         "num_interop_threads": torch.get_num_interop_threads(),
     }
     if hasattr(cuda, "fp32_precision"):  # torch >= 2.9: the successor of allow_tf32
-        # "none" = unset, so the global setting decides; record the precision in effect, so
-        # that setting allow_tf32 back to its old value (which writes "ieee") is no change
+        # An override of the global float32_matmul_precision (recorded above), "none" when
+        # none is in effect: an explicit value that gives what the global setting gives
+        # ("ieee" under "highest", written when a test puts allow_tf32 back to False) is
+        # recorded as "none" too, so it is no change, and runs recorded before stay valid.
         prec = cuda.fp32_precision
-        if prec == "none":
-            prec = "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+        if prec == ("ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"):
+            prec = "none"
         facts["fp32_precision_matmul"] = prec
     return facts
 

@@ -71,6 +71,27 @@ def test_result_facts_are_the_documented_subset(tiny):
                                                                         "device": "cuda:1"})
 
 
+@pytest.mark.skipif(not hasattr(torch.backends.cuda.matmul, "fp32_precision"),
+                    reason="torch < 2.9 has no fp32_precision")
+def test_fp32_precision_fact_is_the_override_in_effect(tiny):
+    """Putting allow_tf32 back to False (which writes 'ieee') is no change; TF32 on is one."""
+    matmul = torch.backends.cuda.matmul
+    old_prec, old_global = matmul.fp32_precision, torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        matmul.fp32_precision = "none"
+        unset = runtime_facts(tiny)["fp32_precision_matmul"]
+        matmul.allow_tf32 = False
+        assert matmul.fp32_precision == "ieee"
+        assert unset == runtime_facts(tiny)["fp32_precision_matmul"] == "none"
+        matmul.allow_tf32 = True     # TF32 on: a change (torch moves the global to "high")
+        assert result_facts(runtime_facts(tiny)) != result_facts(runtime_facts(tiny) | {
+            "float32_matmul_precision": "highest", "fp32_precision_matmul": "none"})
+    finally:
+        matmul.fp32_precision = old_prec
+        torch.set_float32_matmul_precision(old_global)
+
+
 def test_asymmetry_manifest_records_runtime_and_refuses_other_settings(tiny, tmp_path):
     cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=2, batch_size=2,
                           max_new_tokens=3, verdict_max_new_tokens=2, n_boot=20)
