@@ -153,14 +153,21 @@ def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
     Raises:
         error: ``table`` has keys that are not fields of ``cls``; the message names the section,
             the unknown keys and the known ones, so a typo is fixed in one look; or a count
-            (``limit``, ``batch_size``, ... :data:`interp.inputs.COUNT_FIELDS`) below 1.
+            (``limit``, ``batch_size``, ... :data:`interp.inputs.COUNT_FIELDS`) below 1; a
+            numeric field that holds no number (:func:`interp.inputs.check_numbers`); with a
+            ``device`` field, a device or dtype this machine cannot load a model on
+            (:func:`interp.inputs.check_device`, :func:`interp.inputs.check_dtype`).
     """
-    from interp.inputs import check_counts
+    from interp.inputs import check_counts, check_device, check_dtype, check_numbers
 
     known = set(cls.__dataclass_fields__)
     if unknown := set(table) - known:
         raise error(f"[{section}]: unknown config keys {sorted(unknown)}; known: "
                     f"{sorted(known)}")
+    table = check_numbers(cls, table, section, error)
+    if "device" in known:  # a config that loads a model: its device and precision
+        check_device(table.get("device"), error)
+        check_dtype(table.get("dtype"), error)
     try:
         cfg = cls(**dict(table))
     except TypeError as err:  # a value of the wrong type, found by __post_init__

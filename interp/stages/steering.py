@@ -103,8 +103,6 @@ class SteeringConfig:
         for k in ("alphas", "tasks"):
             if isinstance(d.get(k), str):
                 d[k] = [x.strip() for x in d[k].split(",") if x.strip()]
-        if "alphas" in d:
-            d["alphas"] = [float(a) for a in d["alphas"]]
         cfg = config_from_table(cls, d, NAME)
         cfg.validate()
         return cfg
