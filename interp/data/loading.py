@@ -317,7 +317,8 @@ def bundled_path(dataset: str, split: str = "validation") -> Path:
     if split not in available or not path.is_file():
         raise DataError(
             f"no bundled {split!r} split for {dataset!r} (bundled splits: "
-            f"{', '.join(available) or 'none'}); use from_hub=True or pass a file path. "
+            f"{', '.join(available) or 'none'}); load it from the hub (--from-hub; config key "
+            "from_hub = true; from_hub=True in Python) or pass a file path. "
             "See interp/bundled/SOURCES.md."
         )
     return path
@@ -376,7 +377,7 @@ def load_examples(
         p = Path(name).expanduser()
         if from_hub:
             raise DataError(
-                f"from_hub=True needs a dataset name ({', '.join(DATASETS)}), got {name!r}"
+                f"--from-hub (from_hub) needs a dataset name ({', '.join(DATASETS)}), got {name!r}"
             )
         if not p.exists():
             if os.sep in name or "/" in name or p.suffix:

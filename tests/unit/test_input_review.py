@@ -1,5 +1,7 @@
-"""Input errors a new-user review found (issue: duplicate ids, dtype/device, numeric lists,
-later-stage configs, a run's model, messages): each a one-line error before slow work."""
+"""Input errors a new-user review found, each now a one-line error before slow work.
+
+Duplicate ids, dtype/device, numeric lists, later-stage configs, a run's model, messages.
+"""
 
 from __future__ import annotations
 
@@ -103,3 +105,117 @@ def test_cli_steer_alphas_abc_is_one_line(tmp_path):
     assert res.exit_code == 2, res.output
     assert res.output.strip() == ("error: --alphas ([steering] alphas) must be a list of "
                                   "numbers, not ['abc'] ('abc' is not a number)")
+
+
+def _manifest_run(path, *, model="no-such-model", n_layers=2, n_heads=4, config=None):
+    """A run dir whose manifest names a model that cannot load.
+
+    An error other than the model's own was raised before the model was looked up.
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = {"model": model, **(config or {})}
+    (path / "manifest.json").write_text(json.dumps({
+        "config": cfg, "model": {"spec": model, "n_layers": n_layers, "n_heads": n_heads}}))
+    return path
+
+
+@pytest.mark.parametrize("args,match", [
+    (["attention", "--layers", "30-35"], r"--layers \(\[attention\] layers\): layers '30-35': "
+                                         r"layer 30 is out of range; valid layers are 0-1"),
+    (["probe", "--layers", "last3"], r"--layers \(\[probe\] layers\)"),
+    (["record", "--band", "5"], r"--band \(\[record\] band\)"),
+    (["patch", "--layers", "7"], r"--layers \(\[patching\] layers\)"),
+    (["steer", "--layers", "last9"], r"--layers \(\[steering\] layers\)"),
+    (["steer", "--layers", "all", "--heads", "1.7"], 
+     r"\[steering\] heads '1.7': empty, or a head outside 0..3"),
+    (["steer", "--layers", "all", "--heads", "top-diff:x"], 
+     r"K of top-diff:K must be a whole number"),
+])
+def test_stage_layers_are_checked_from_the_manifest_before_the_model_loads(tmp_path, args,
+                                                                              match):
+    run = _manifest_run(tmp_path / "run")
+    res = CliRunner().invoke(cli.app, [*args, "--run", str(run)])
+    assert res.exit_code == 2, res.output
+    assert len(res.output.strip().splitlines()) == 1
+    assert "no-such-model" not in res.output  # refused before the model was looked up
+    import re
+    assert re.search(match, res.output), res.output
+
+
+def test_asymmetry_into_another_models_run_is_refused_before_loading(tmp_path):
+    run = _manifest_run(tmp_path / "smol", model="smollm2-135m-instruct")
+    res = CliRunner().invoke(cli.app, ["asymmetry", "--model", "no-such-qwen", "--limit", "1",
+                                       "--out", str(run)])
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith(f"error: {run} was made with another config (model: "
+                                 f"'smollm2-135m-instruct' -> 'no-such-qwen'")
+    assert "--overwrite" in res.output
+
+
+def test_run_config_checks_every_stage_against_the_model_before_any_stage_runs(tiny, tmp_path):
+    from interp.errors import LayerSpecError, SteeringError
+    from interp.pipeline import run_config
+
+    model_dir = tmp_path / "tiny-model"
+    tiny.model.save_pretrained(model_dir)
+    tiny.tokenizer.save_pretrained(model_dir)
+    base = {"out": str(tmp_path / "runs"),
+            "asymmetry": {"models": [str(model_dir)], "datasets": ["squad_v2"], "limit": 1,
+                          "max_new_tokens": 2, "n_boot": 10}}
+    with pytest.raises(LayerSpecError, match=r"^--layers \(\[attention\] layers\): layers "
+                                             r"'last80': cannot take the last 80"):
+        run_config({**base, "attention": {"layers": "last80"}}, log=lambda s: None)
+    assert not (tmp_path / "runs").exists()  # no run dir left behind, the harness never ran
+    with pytest.raises(SteeringError, match=r"^\[steering\] heads '0.9'"):
+        run_config({**base, "steering": {"heads": "0.9", "layers": "all"}}, log=lambda s: None)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_grid_folder_names_its_runs(tmp_path):
+    from interp.errors import RunDirError
+    from interp.store import RunDir
+
+    grid = tmp_path / "demo"
+    for name in ("b", "a"):
+        _manifest_run(grid / name)
+    with pytest.raises(RunDirError, match=rf"^{grid} is a grid of runs: pass one of {grid / 'a'}, "
+                                          rf"{grid / 'b'}$"):
+        RunDir(grid).manifest()
+    res = CliRunner().invoke(cli.app, ["metrics", "--run", str(grid)])
+    assert res.exit_code == 2 and "is a grid of runs" in res.output
+    with pytest.raises(RunDirError, match="has no manifest.json: run `interp asymmetry"):
+        RunDir(tmp_path / "empty").manifest()
+
+
+def test_messages_name_the_cli_option():
+    from interp.errors import ProbeError
+    from interp.stats import make_folds
+
+    with pytest.raises(DataError, match=r"--from-hub; config key from_hub = true"):
+        load_examples("drop", split="train")
+    with pytest.raises(ProbeError, match=r"\(each needs >= 2, and 2 is the fewest folds\); add "
+                                         r"records"):
+        make_folds([True, False, False], 2, 0)
+    with pytest.raises(ProbeError, match=r"use fewer --folds \(2 is the fewest\) or add"):
+        make_folds([True, True, False, False], 3, 0)
+    res = CliRunner().invoke(cli.app, ["transfer", "--help"])
+    assert "a [transfer] table" in " ".join(res.output.replace("│", " ").split())
+
+
+def test_load_activations_says_a_record_lies_outside_the_limit(tmp_path):
+    from interp.errors import RunDirError
+    from interp.store import load_activations
+
+    run = _manifest_run(tmp_path / "run")
+    (run / "records.jsonl").write_text("\n".join(json.dumps(
+        {"id": i, "dataset": "squad_v2", "status": "ok"}) for i in ("a", "b")) + "\n")
+    with pytest.raises(RunDirError, match="run `interp record --run .*` first"):
+        load_activations(run, "b", "eval", "hook_resid_post")
+    (run / "record" / "squad_v2" / "a").mkdir(parents=True)
+    (run / "record" / "squad_v2" / "a" / "index.json").write_text("{}")
+    with pytest.raises(RunDirError, match=r"^record 'b' was not recorded: .* 1 records \(the "
+                                          r"first --limit N ok records per dataset\) .*larger "
+                                          r"--limit, or none"):
+        load_activations(run, "b", "eval", "hook_resid_post")
+    with pytest.raises(RunDirError, match="has no ok record 'zz'"):
+        load_activations(run, "zz", "eval", "hook_resid_post")
