@@ -235,7 +235,8 @@ def attention_cmd(
     if tables_only:
         summary = attention_stage.write_tables(rd, cfg)
     else:
-        summary = attention_stage.run(rd, load_run_model(rd, device=device), cfg,
+        summary = attention_stage.run(rd, load_run_model(rd, device=device, stage="attention",
+                                                      config=cfg), cfg,
                                       overwrite=overwrite, log=typer.echo)
     typer.echo(attention_stage.format_summary(summary))
     typer.echo(f"wrote {run}/attention/span_mass.parquet, summary.json, heads.json and "
@@ -266,7 +267,8 @@ def record_cmd(
     if tables_only:
         summary = record_stage.write_tables(rd, cfg)
     else:
-        summary = record_stage.run(rd, load_run_model(rd, device=device), cfg, log=typer.echo)
+        summary = record_stage.run(rd, load_run_model(rd, device=device, stage="record",
+                                                            config=cfg), cfg, log=typer.echo)
     typer.echo(record_stage.format_summary(summary))
     typer.echo(f"wrote {run}/record/ (index.json, index.parquet, span_to_span.parquet) and "
                f"{run}/figures/record_span_to_span.png")
@@ -337,7 +339,8 @@ def probe_cmd(
         batch_size=batch_size, seed=seed, limit=limit, permutations=permutations,
         recompute=recompute))
     rd = RunDir(_watch(run))
-    res = probe_stage.run(rd, load_run_model(rd, device=device), cfg, overwrite=overwrite,
+    res = probe_stage.run(rd, load_run_model(rd, device=device, stage="probe", config=cfg),
+                          cfg, overwrite=overwrite,
                           log=typer.echo)
     typer.echo(probe_stage.format_summary(res))
 
@@ -379,7 +382,8 @@ def patch_cmd(
         "mine": mine, "max_tokens": max_tokens, "batch_size": batch_size})
     rd = RunDir(run)
     _watch(rd.path)
-    summary = patching_stage.run(rd, load_run_model(rd, device=device), cfg,
+    summary = patching_stage.run(rd, load_run_model(rd, device=device, stage="patching",
+                                                       config=cfg), cfg,
                                  overwrite=overwrite, log=typer.echo)
     typer.echo(patching_stage.format_summary(summary))
     typer.echo(f"wrote {rd.path / 'patching'} and {rd.path / 'figures'}/patching_*.png")
@@ -409,7 +413,8 @@ def steer_cmd(
         "seed": seed})
     rd = RunDir(run)
     _watch(rd.path)
-    summary = steering_stage.run(rd, load_run_model(rd, device=device), cfg, log=typer.echo)
+    summary = steering_stage.run(rd, load_run_model(rd, device=device, stage="steering",
+                                                       config=cfg), cfg, log=typer.echo)
     typer.echo(steering_stage.format_summary(summary))
     typer.echo(f"wrote {rd.path / 'steering'} and {rd.path / 'figures'}/steering.png")
 
@@ -417,7 +422,7 @@ def steer_cmd(
 @app.command("transfer")
 def transfer_cmd(
     config: Annotated[Path | None, typer.Option(
-        help="TOML: a [transfer] table or flat TransferConfig keys")] = None,
+        help="TOML: a \\[transfer] table or flat TransferConfig keys")] = None,
     out: Annotated[Path, typer.Option(help="run directory")] = Path("runs/transfer"),
     model: Annotated[str | None, typer.Option(help="base model spec")] = None,
     dataset: Annotated[list[str] | None, typer.Option(

@@ -8,6 +8,12 @@ One home for the rules every command follows (issue 17):
   numbers >= 1 (``None`` where the field allows it means "all"); every stage config built by
   :func:`interp.store.config_from_table` is checked, so ``--limit 0`` is refused by every
   command before a model loads.
+* :func:`check_numbers`: a config field annotated as a number (``float``, ``int``) or a list
+  of numbers (``list[float]``) holds numbers; strings of a ``list[float]`` (a CLI comma list)
+  are parsed, anything else is refused naming the option and the value.
+* :func:`check_device` and :func:`check_dtype`: a device torch can parse and this machine has,
+  and a model dtype among :data:`MODEL_DTYPES`; checked by every config with a ``device`` field
+  and by :func:`interp.models.load_model` before it reads anything.
 * :func:`new_run_dir`: a command that creates a run directory and fails (or is interrupted)
   before it has kept any result removes the directory again, so a corrected rerun starts clean.
 * :func:`write_result`: a summary computed over zero items does not replace an existing one.
@@ -25,8 +31,11 @@ from typing import Any
 
 from interp.errors import ConfigError
 
-__all__ = ["COUNT_FIELDS", "check_counts", "kept_work", "new_run_dir", "read_toml",
-           "write_result"]
+__all__ = ["COUNT_FIELDS", "MODEL_DTYPES", "check_counts", "check_device", "check_dtype",
+           "check_numbers", "kept_work", "new_run_dir", "read_toml", "write_result"]
+
+MODEL_DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+"""The precisions a model loads in (``auto``: bfloat16 on CUDA, float32 elsewhere)."""
 
 COUNT_FIELDS = ("limit", "eval_limit", "batch_size", "max_new_tokens", "verdict_max_new_tokens",
                 "max_train_examples", "max_length", "epochs", "rank", "train_batch_size",
@@ -85,6 +94,106 @@ def check_counts(cfg: Any, section: str, error: type[Exception] = ConfigError) -
                 hint = " (leave it out to use every record)" if name.endswith("limit") else ""
                 raise error(f"--{name.replace('_', '-')} ([{section}] {name}) must be a whole "
                             f"number >= 1{hint}, not {value!r}")
+
+
+_NUMBER_TYPES = {"int": (int,), "float": (int, float)}
+
+
+def check_numbers(cls: Any, table: Mapping[str, Any], section: str,
+                  error: type[Exception] = ConfigError) -> dict[str, Any]:
+    """Check (and parse) the numeric fields of a config table before the dataclass is built.
+
+    A field annotated ``int``, ``float``, ``list[int]`` or ``list[float]`` (optionally
+    ``| None``) must hold numbers of that kind (``True`` is not a number; an int is a float);
+    a string in a ``list[float]``/``list[int]`` (a comma list from the command line) is parsed.
+    Fields with other annotations (``str | list[int]`` layer specs, ...) are left alone.
+
+    Args:
+        cls: the config dataclass (its annotations are strings or types).
+        table: the config table.
+        section: its table name, for the message.
+        error: the error class to raise.
+
+    Returns:
+        A copy of ``table`` with parsed lists.
+
+    Raises:
+        error: names the option (``--alphas``), the table key, the bad entry and the kind of
+            number expected.
+    """
+    out = dict(table)
+    for name, f in getattr(cls, "__dataclass_fields__", {}).items():
+        if name not in out or out[name] is None:
+            continue
+        ann = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        ann = ann.replace(" | None", "").strip()
+        is_list = ann.startswith("list[") and ann.endswith("]")
+        kind = ann[5:-1] if is_list else ann
+        if kind not in _NUMBER_TYPES:
+            continue
+        value = out[name]
+        what = "whole number" if kind == "int" else "number"
+        if is_list and not isinstance(value, list | tuple):
+            raise error(f"--{name.replace('_', '-')} ([{section}] {name}) must be a list of "
+                        f"{what}s, not {value!r}")
+        parsed = []
+        for v in value if is_list else [value]:
+            if is_list and isinstance(v, str):
+                with contextlib.suppress(ValueError):
+                    v = int(v) if kind == "int" else float(v)
+            if isinstance(v, bool) or not isinstance(v, _NUMBER_TYPES[kind]):
+                shape = f"a list of {what}s" if is_list else f"a {what}"
+                raise error(f"--{name.replace('_', '-')} ([{section}] {name}) must be {shape}, "
+                            f"not {value!r} ({v!r} is not a {what})")
+            parsed.append(v)
+        out[name] = parsed if is_list else parsed[0]
+    return out
+
+
+def check_dtype(dtype: Any, error: type[Exception] = ConfigError) -> None:
+    """Refuse a model precision that is not one of :data:`MODEL_DTYPES` (None: by device).
+
+    Raises:
+        error: lists the valid names.
+    """
+    if dtype is None or (isinstance(dtype, str) and dtype in MODEL_DTYPES):
+        return
+    if type(dtype).__name__ == "dtype" and type(dtype).__module__ == "torch":
+        return  # a torch.dtype given in code
+    raise error(f"--dtype {dtype!r} is not a model precision: use one of "
+                f"{', '.join(MODEL_DTYPES)}")
+
+
+def check_device(device: Any, error: type[Exception] = ConfigError) -> None:
+    """Refuse a device torch cannot parse or this machine does not have (None: the default).
+
+    Raises:
+        error: a name ``torch.device`` does not know (``tpu``), a CUDA or MPS device when this
+            torch cannot use one (the message says to use ``--device cpu``), or a CUDA index
+            beyond the visible devices.
+    """
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise error(f"--device {device!r} is not a device torch knows: use cpu, cuda or "
+                    f"cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise error(f"--device {device}: cuda requested but torch.cuda.is_available() is "
+                        f"False: use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise error(f"--device {device}: this machine has {torch.cuda.device_count()} "
+                        f"CUDA device(s) (cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    elif dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise error(f"--device {device}: mps requested but torch.backends.mps.is_available() "
+                        f"is False: use --device cpu")
+    elif dev.type != "cpu":
+        raise error(f"--device {device!r}: interp runs on cpu, cuda or mps, not {dev.type}")
 
 
 def _holds_results(path: Path) -> bool:

@@ -238,6 +238,10 @@ def load_model(
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from interp.inputs import check_device, check_dtype
+
+    check_device(device, ModelSpecError)
+    check_dtype(dtype, ModelSpecError)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch_dtype = _pick_dtype(dtype, device)
     path, info = _resolve(spec, revision)

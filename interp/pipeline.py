@@ -8,7 +8,9 @@ Algorithm of :func:`run_config`:
    has), every stage table (its ``Config.from_mapping`` refuses unknown keys and counts below
    1) and the asymmetry inputs of every model (:func:`interp.stages.asymmetry.check_inputs`:
    datasets, fields, limit).
-2. For each model of ``[asymmetry] models``: load it once, run Study 1 into
+2. For each model of ``[asymmetry] models``: load it once, check every stage config to run
+   against its shape (:func:`interp.stages.common.check_config`: layer selections, heads),
+   then run Study 1 into
    ``out/<model-slug>/`` (:mod:`interp.stages.asymmetry`; with ``--only`` excluding it, only
    ``metrics.json`` is recomputed), then each configured stage in the order of :data:`STAGES`
    on that run directory with the same model.
@@ -35,6 +37,7 @@ import copy
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +47,7 @@ from interp.errors import ConfigError
 from interp.inputs import new_run_dir, read_toml
 from interp.models import DEFAULT_MODEL, load_model
 from interp.stages import asymmetry
-from interp.stages.common import Stage
+from interp.stages.common import Stage, check_config
 from interp.store import RunDir, atomic_write_text, write_json
 
 __all__ = ["STAGES", "load_config", "model_slug", "out_dir", "run_config", "swap_sources"]
@@ -216,6 +219,8 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
              for spec in models}
     for spec, acfg in acfgs.items():
         asymmetry.check_inputs(acfg)
+        if not overwrite and (not only or "asymmetry" in only):  # before any model loads
+            RunDir(out / model_slug(spec)).check_config(asdict(acfg), asymmetry.KEY_FIELDS)
         if only and "asymmetry" not in only:  # the stages need a finished asymmetry run
             RunDir(out / model_slug(spec)).read_records()
     if cfg.get("description"):
@@ -265,6 +270,9 @@ def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Pa
     for spec, acfg in acfgs.items():
         run_dir = out / model_slug(spec)
         handle = load_model(spec, device=acfg.device, dtype=acfg.dtype)
+        for name, scfg in stage_cfgs.items():  # before any stage runs: layers, heads
+            if not only or name in only:
+                check_config(name, scfg, handle.n_layers, handle.n_heads)
         log(f"== {spec} -> {run_dir}")
         t0 = time.perf_counter()
         if not only or "asymmetry" in only:

@@ -344,8 +344,10 @@ def make_folds(y: Bool[Array, " n"], folds: int, seed: int, *,
     if min(n_c, n_i) < folds:
         raise ProbeError(
             f"too few {unit} of a class for {folds}-fold cross-validation of {what}: "
-            f"y*=Correct {n_c}, y*=Incorrect {n_i} (each needs >= {folds}); use fewer --folds "
-            f"or more records (`interp asymmetry --limit`)")
+            f"y*=Correct {n_c}, y*=Incorrect {n_i} (each needs >= {folds}"
+            + ("); use fewer --folds (2 is the fewest) or add records" if folds > 2 else
+               f", and {folds} is the fewest folds); add records")
+            + " (`interp asymmetry --limit`)")
     if groups is None:
         skf = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
         return [(tr, te) for tr, te in skf.split(np.zeros(len(y)), y)]

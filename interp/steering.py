@@ -79,7 +79,10 @@ def parse_heads(spec: str | Sequence[str], band: Sequence[int], n_heads: int, *,
         if ranked is None:
             raise SteeringError("heads 'top-diff:K' needs the attention summary's head ranking; "
                                 "run `interp attention` on the run first")
-        k = int(s.split(":", 1)[1])
+        k_text = s.split(":", 1)[1]
+        if not k_text.isdigit() or int(k_text) < 1:
+            raise SteeringError(f"heads {spec!r}: K of top-diff:K must be a whole number >= 1")
+        k = int(k_text)
         pairs = [(int(r["layer"]), int(r["head"])) for r in list(ranked)[:k]]
     else:
         try:

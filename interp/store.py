@@ -153,14 +153,21 @@ def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
     Raises:
         error: ``table`` has keys that are not fields of ``cls``; the message names the section,
             the unknown keys and the known ones, so a typo is fixed in one look; or a count
-            (``limit``, ``batch_size``, ... :data:`interp.inputs.COUNT_FIELDS`) below 1.
+            (``limit``, ``batch_size``, ... :data:`interp.inputs.COUNT_FIELDS`) below 1; a
+            numeric field that holds no number (:func:`interp.inputs.check_numbers`); with a
+            ``device`` field, a device or dtype this machine cannot load a model on
+            (:func:`interp.inputs.check_device`, :func:`interp.inputs.check_dtype`).
     """
-    from interp.inputs import check_counts
+    from interp.inputs import check_counts, check_device, check_dtype, check_numbers
 
     known = set(cls.__dataclass_fields__)
     if unknown := set(table) - known:
         raise error(f"[{section}]: unknown config keys {sorted(unknown)}; known: "
                     f"{sorted(known)}")
+    table = check_numbers(cls, table, section, error)
+    if "device" in known:  # a config that loads a model: its device and precision
+        check_device(table.get("device"), error)
+        check_dtype(table.get("dtype"), error)
     try:
         cfg = cls(**dict(table))
     except TypeError as err:  # a value of the wrong type, found by __post_init__
@@ -382,9 +389,15 @@ class RunDir:
         """The manifest.
 
         Raises:
-            RunDirError: there is none (the message says to run ``interp asymmetry`` first).
+            RunDirError: there is none (the message says to run ``interp asymmetry`` first,
+                or, for a folder of run directories such as ``interp run`` writes, names
+                them).
         """
         if not self.manifest_path.exists():
+            runs = sorted(p.parent for p in self.path.glob("*/manifest.json"))
+            if runs:
+                raise RunDirError(f"{self.path} is a grid of runs: pass one of "
+                                  f"{', '.join(str(p) for p in runs)}")
             raise RunDirError(f"{self.path} has no manifest.json: run `interp asymmetry --out "
                               f"{self.path} ...` first")
         return read_json(self.manifest_path)
@@ -422,9 +435,7 @@ class RunDir:
                     if old["config"].get(k) != config.get(k)}
             diff.update(_fact_diff(old.get("result_facts"), result_facts))
             if diff and not overwrite:
-                lines = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
-                raise RunDirError(f"{self.path} was made with another config ({lines}). Use "
-                                  f"another --out, or --overwrite to discard it.")
+                self._refuse(diff)
             if diff and overwrite:
                 for p in (self.records_path, self.path / "metrics.json"):
                     p.unlink(missing_ok=True)
@@ -449,6 +460,29 @@ class RunDir:
             manifest["result_facts"] = dict(result_facts)
         write_json(self.manifest_path, manifest)
         return manifest
+
+    def check_config(self, config: Mapping[str, Any], key_fields: Iterable[str]) -> None:
+        """Refuse, before a model loads, a config whose key fields differ from the manifest's.
+
+        The part of :meth:`init_manifest`'s check that needs no model (the model spec,
+        template, oracle, dtype, ...; the result facts are compared there, once the model is
+        loaded). Nothing to check when there is no manifest yet.
+
+        Raises:
+            RunDirError: the same one-line message as :meth:`init_manifest` (names each
+                difference, another ``--out`` and ``--overwrite``).
+        """
+        if not self.manifest_path.exists():
+            return
+        old = read_json(self.manifest_path).get("config", {})
+        if diff := {k: (old.get(k), config.get(k)) for k in key_fields
+                    if old.get(k) != config.get(k)}:
+            self._refuse(diff)
+
+    def _refuse(self, diff: Mapping[str, tuple[Any, Any]]) -> None:
+        lines = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
+        raise RunDirError(f"{self.path} was made with another config ({lines}). Use "
+                          f"another --out, or --overwrite to discard it.")
 
     def check_stage(self, stage: str, *, runtime: Mapping[str, Any],
                     result_facts: Mapping[str, Any], overwrite: bool = False) -> dict[str, Any]:
@@ -638,9 +672,22 @@ def _find_part(root: Path, record_id: str, dataset: str | None) -> Path:
     folder = safe_name(dataset) if dataset is not None else "*"  # safe names hold no glob
     parts = sorted((root / RECORD_DIR).glob(f"{folder}/{safe_name(record_id)}/index.json"))
     if not parts:
-        raise RunDirError(f"{root} has no recording of record {record_id!r}"
-                          f"{'' if dataset is None else f' of {dataset}'}: run `interp record "
-                          f"--run {root}` first")
+        of = "" if dataset is None else f" of {dataset}"
+        n = len(list((root / RECORD_DIR).glob("*/*/index.json")))
+        if not n:
+            raise RunDirError(f"{root} has no recording of record {record_id!r}{of}: run "
+                              f"`interp record --run {root}` first")
+        rd = RunDir(root)
+        ok = rd.records_path.exists() and any(
+            str(r.get("id")) == record_id and dataset in (None, r.get("dataset"))
+            for r in rd.read_records())
+        if not ok:
+            raise RunDirError(f"{root} has no ok record {record_id!r}{of} (not in records.jsonl,"
+                              f" or skipped by the harness): only ok records are recorded")
+        raise RunDirError(f"record {record_id!r}{of} was not recorded: `interp record` recorded "
+                          f"{n} records (the first --limit N ok records per dataset) and this "
+                          f"one is outside them; run `interp record --run {root}` with a larger "
+                          f"--limit, or none, to include it")
     if len(parts) > 1:
         raise RunDirError(f"record id {record_id!r} is recorded in several datasets "
                           f"({[p.parent.parent.name for p in parts]}): pass dataset=")

@@ -226,30 +226,53 @@ def _parse_file(p: Path) -> tuple[Any, Iterator[tuple[int, Any]] | None]:
 
 
 def _iter_file(p: Path, split: str) -> Iterator[QAExample]:
+    """The examples of a data file, refusing an id that two records share.
+
+    Raises:
+        DataError: as :func:`_parse_file` and the converters, or two records with the same
+            id (the message names the file, the id and both lines or record numbers): a run
+            keys its records, recordings and parts by (dataset, id), so a duplicate would
+            share them.
+    """
+    seen: dict[str, str] = {}
+    for where, ex in _iter_file_at(p, split):
+        if (first := seen.setdefault(ex.id, where)) != where:
+            raise DataError(f"{p}: duplicate id {ex.id!r} ({first} and {where}): give every "
+                            f"record its own id")
+        yield ex
+
+
+def _iter_file_at(p: Path, split: str) -> Iterator[tuple[str, QAExample]]:
+    """``(where, example)`` for each record of a file (``line N`` or ``record N``)."""
     obj, lines = _parse_file(p)
     if lines is not None:
         for lineno, rec in lines:
             try:
-                yield _convert_record(rec, _record_kind(rec), split, p.stem)
+                ex = _convert_record(rec, _record_kind(rec), split, p.stem)
             except DataError as e:
                 raise e.at(f"{p}:{lineno}") from None
+            yield f"line {lineno}", ex
         return
     kind = _classify_whole(obj)
     if kind == "squad_v2_json":
-        yield from examples_from_squad_v2(obj, split=split, where=str(p))
+        it = examples_from_squad_v2(obj, split=split, where=str(p))
+        yield from ((f"question {n + 1}", ex) for n, ex in enumerate(it))
     elif kind == "drop_json":
-        yield from examples_from_drop(obj, split=split, where=str(p))
+        it = examples_from_drop(obj, split=split, where=str(p))
+        yield from ((f"question {n + 1}", ex) for n, ex in enumerate(it))
     elif kind == "list":
         for n, rec in enumerate(obj):
             try:
-                yield _convert_record(rec, _record_kind(rec), split, p.stem)
+                ex = _convert_record(rec, _record_kind(rec), split, p.stem)
             except DataError as e:
                 raise e.at(f"{p}: [{n}]") from None
+            yield f"record [{n}]", ex
     elif kind == "record":
         try:
-            yield _convert_record(obj, _record_kind(obj), split, p.stem)
+            ex = _convert_record(obj, _record_kind(obj), split, p.stem)
         except DataError as e:
             raise e.at(f"{p}:1") from None
+        yield "line 1", ex
     else:
         raise DataError(
             f"{p}: unrecognised data format (expected our JSONL, SQuAD v2.0 json, DROP json, "
@@ -294,7 +317,8 @@ def bundled_path(dataset: str, split: str = "validation") -> Path:
     if split not in available or not path.is_file():
         raise DataError(
             f"no bundled {split!r} split for {dataset!r} (bundled splits: "
-            f"{', '.join(available) or 'none'}); use from_hub=True or pass a file path. "
+            f"{', '.join(available) or 'none'}); load it from the hub (--from-hub; config key "
+            "from_hub = true; from_hub=True in Python) or pass a file path. "
             "See interp/bundled/SOURCES.md."
         )
     return path
@@ -353,7 +377,7 @@ def load_examples(
         p = Path(name).expanduser()
         if from_hub:
             raise DataError(
-                f"from_hub=True needs a dataset name ({', '.join(DATASETS)}), got {name!r}"
+                f"--from-hub (from_hub) needs a dataset name ({', '.join(DATASETS)}), got {name!r}"
             )
         if not p.exists():
             if os.sep in name or "/" in name or p.suffix:

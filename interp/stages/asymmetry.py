@@ -175,6 +175,8 @@ def run(
         interp.errors.DataError: unknown dataset, malformed file.
     """
     loaded = check_inputs(config)
+    if not overwrite:  # another model, template, ... is refused before the model loads
+        RunDir(out).check_config(asdict(config), KEY_FIELDS)
     with new_run_dir(out):
         return _run(config, RunDir(out), loaded, overwrite=overwrite, handle=handle, log=log,
                     chunk=chunk)

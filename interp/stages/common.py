@@ -22,11 +22,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from interp.errors import RunDirError
+from interp.errors import InterpError, LayerSpecError, RunDirError
+from interp.layers import parse_layers
 from interp.models import ModelHandle, load_model, result_facts, runtime_facts
 from interp.store import RunDir, limit_per_dataset
 
-__all__ = ["Stage", "check_run_model", "load_run_model", "ok_records", "stage_facts"]
+__all__ = ["LAYER_FIELDS", "Stage", "check_config", "check_run_model", "load_run_model",
+           "ok_records", "stage_facts"]
+
+LAYER_FIELDS = ("layers", "band", "save_resid", "patch_layers", "lora_layers")
+"""Stage config fields that hold a layer selection (:func:`interp.layers.parse_layers`)."""
 
 
 class Stage(Protocol):
@@ -60,6 +65,39 @@ def check_run_model(run: RunDir, handle: ModelHandle,
         raise RunDirError(f"{run.path} was made with model {m.get('spec')!r} (sha256 "
                           f"{want[:12]}), not {handle.spec!r} (sha256 {got[:12]}): use the run's "
                           f"model")
+
+
+def check_config(name: str, cfg: Any, n_layers: int, n_heads: int | None = None) -> None:
+    """Check a stage config against a model's shape, before the model runs (or loads).
+
+    Every :data:`LAYER_FIELDS` entry that is set is parsed with ``n_layers``; then the config's
+    own ``check(n_layers, n_heads)``, where it has one (steering's head spec). Used by
+    ``interp run`` for every configured stage right after each model loads (so a typo in a
+    later stage's table fails before the asymmetry stage runs), and by :func:`load_run_model`
+    from the run's manifest before the model loads.
+
+    Args:
+        name: the stage's config table name, for the message.
+        cfg: the stage's config dataclass.
+        n_layers: the model's transformer blocks.
+        n_heads: its query heads per layer (None: unknown, head specs are not checked).
+
+    Raises:
+        LayerSpecError: a layer selection outside the model (names the option and the table
+            key, e.g. ``--layers ([attention] layers)``, and the valid range).
+        interp.errors.InterpError: what the config's own ``check`` raises.
+    """
+    for f in LAYER_FIELDS:
+        if f in getattr(cfg, "__dataclass_fields__", {}) and (v := getattr(cfg, f)) is not None:
+            try:
+                parse_layers(v, n_layers, default="all")
+            except LayerSpecError as err:
+                raise LayerSpecError(f"--{f.replace('_', '-')} ([{name}] {f}): {err}") from None
+    if (check := getattr(cfg, "check", None)) is not None:
+        try:
+            check(n_layers, n_heads)
+        except InterpError as err:
+            raise type(err)(f"[{name}] {err}") from None
 
 
 def ok_records(run: RunDir, handle: ModelHandle, limit: int | None
@@ -100,13 +138,17 @@ def stage_facts(run: RunDir, handle: ModelHandle, stage: str, *,
 
 
 def load_run_model(run: RunDir, device: str | None = None,
-                   dtype: str | None = None) -> ModelHandle:
+                   dtype: str | None = None, *, stage: str | None = None,
+                   config: Any = None) -> ModelHandle:
     """Load the model a run was made with (the manifest's model spec) and check its sha256.
 
     Args:
         run: a run directory with ``manifest.json``.
         device: where to load it (default: the run's ``config.device``, else CUDA if available).
         dtype: precision (default: the run's ``config.dtype``, else by device).
+        stage: with ``config``: the stage whose config is checked (:func:`check_config`)
+            against the model shape the manifest records, before the model loads.
+        config: that stage's config.
 
     Returns:
         The :class:`interp.models.ModelHandle`.
@@ -115,6 +157,7 @@ def load_run_model(run: RunDir, device: str | None = None,
         RunDirError: no manifest, a manifest without a model, or weights whose sha256 differs
             from the manifest's.
         interp.errors.ModelSpecError: the spec cannot be loaded here.
+        LayerSpecError: ``config`` selects layers outside the model (:func:`check_config`).
     """
     manifest = run.manifest()
     cfg = manifest.get("config", {})
@@ -122,6 +165,9 @@ def load_run_model(run: RunDir, device: str | None = None,
     if not spec:
         raise RunDirError(f"{run.manifest_path} names no model (neither model.spec nor "
                           f"config.model)")
+    if config is not None and (n_layers := manifest.get("model", {}).get("n_layers")):
+        check_config(stage or "stage", config, int(n_layers),
+                     manifest["model"].get("n_heads"))
     handle = load_model(spec, device=device or cfg.get("device"), dtype=dtype or cfg.get("dtype"))
     check_run_model(run, handle, manifest)
     return handle

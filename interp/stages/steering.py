@@ -103,8 +103,6 @@ class SteeringConfig:
         for k in ("alphas", "tasks"):
             if isinstance(d.get(k), str):
                 d[k] = [x.strip() for x in d[k].split(",") if x.strip()]
-        if "alphas" in d:
-            d["alphas"] = [float(a) for a in d["alphas"]]
         cfg = config_from_table(cls, d, NAME)
         cfg.validate()
         return cfg
@@ -117,6 +115,29 @@ class SteeringConfig:
             raise SteeringError("alphas must include 1 (the unsteered reference)")
         if not self.tasks or set(self.tasks) - set(TASKS):
             raise SteeringError(f"tasks must be among {list(TASKS)}, got {self.tasks}")
+
+
+    def check(self, n_layers: int, n_heads: int | None = None) -> None:
+        """Check the band and an explicit head spec against a model's shape.
+
+        ``top-diff:K`` needs the attention ranking; here only ``K`` is checked (an int >= 1).
+
+        Raises:
+            interp.errors.LayerSpecError: the band lies outside the model.
+            SteeringError: an unparseable head spec, a head outside ``0..n_heads-1`` or a layer
+                outside the model.
+        """
+        band = parse_layers(self.layers, n_layers)
+        s = self.heads.strip().lower()
+        if s.startswith("top-diff:"):
+            k = s.split(":", 1)[1]
+            if not k.isdigit() or int(k) < 1:
+                raise SteeringError(f"heads {self.heads!r}: K of top-diff:K must be a whole "
+                                    f"number >= 1")
+        elif n_heads is not None:
+            units = parse_heads(self.heads, band, n_heads)
+            if bad := [x for x in units if not 0 <= x < n_layers]:
+                raise SteeringError(f"heads on layers {bad}: valid layers 0..{n_layers - 1}")
 
 
 Config = SteeringConfig

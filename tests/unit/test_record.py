@@ -186,7 +186,7 @@ def test_stage_writes_shards_index_and_loads_by_hook_name(tiny3, run3):
     assert len(idx) == 3 * 2 * 3 * 4  # records x tasks x layers x hooks
     with pytest.raises(RunDirError, match="was not recorded"):
         load_activations(run3, rec["id"], "eval", "blocks.0.hook_mlp_out")
-    with pytest.raises(RunDirError, match="no recording"):
+    with pytest.raises(RunDirError, match="has no ok record .nope."):
         load_activations(run3, "nope", "eval", "blocks.0.hook_resid_pre")
 
 
