@@ -189,13 +189,14 @@ def test_ctrl_c_says_what_is_kept_and_resumes(ws):
     kept = len(records.read_text().splitlines())
     assert 2 <= kept < N_MANY
     last = err.strip().splitlines()[-1]
-    # the harness's one pass also keeps recordings and feature caches (written just before
-    # their chunk's records, so at most one chunk more of them)
+    # the harness's one pass also keeps one attention recording per record (written just
+    # before its chunk's records, so at most one chunk more) and the probe features of every
+    # kept record in one cache file per task (gen, eval)
     m = re.fullmatch(rf"interrupted: kept {kept} records, (\d+) attention recordings, (\d+) "
                      rf"probe feature caches in {re.escape(str(out))}; resume with: "
                      + re.escape("interp " + " ".join(args)), last)
     assert m, last
-    assert all(kept <= int(g) <= kept + 1 for g in m.groups()), last
+    assert kept <= int(m.group(1)) <= kept + 1 and int(m.group(2)) == 2, last
 
     proc2 = cli(ws, *args)
     assert proc2.returncode == 0, proc2.stderr[-3000:]
