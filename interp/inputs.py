@@ -145,7 +145,7 @@ def check_numbers(cls: Any, table: Mapping[str, Any], section: str,
                 shape = f"a list of {what}s" if is_list else f"a {what}"
                 raise error(f"--{name.replace('_', '-')} ([{section}] {name}) must be {shape}, "
                             f"not {value!r} ({v!r} is not a {what})")
-            parsed.append(v)
+            parsed.append(float(v) if kind == "float" else v)  # 1 -> 1.0: one key per value
         out[name] = parsed if is_list else parsed[0]
     return out
 

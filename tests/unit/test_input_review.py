@@ -90,6 +90,9 @@ def test_numeric_lists_are_refused_by_one_helper(alphas):
 
 def test_numeric_fields_of_every_stage_are_checked():
     assert STAGES["steering"].Config.from_mapping({"alphas": ["0.5", "1"]}).alphas == [0.5, 1.0]
+    # a float field holds floats (summaries key results by str(alpha): "1.0", never "1")
+    alphas = STAGES["steering"].Config.from_mapping({"alphas": [1, 2]}).alphas
+    assert alphas == [1.0, 2.0] and all(type(a) is float for a in alphas)
     with pytest.raises(InterpError, match=r"--lr \(\[transfer\] lr\) must be a number"):
         STAGES["transfer"].Config.from_mapping({"lr": "fast"})
     with pytest.raises(InterpError, match=r"--min-gap \(\[patching\] min_gap\) must be a number"):
