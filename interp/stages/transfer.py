@@ -417,14 +417,16 @@ def _cross_model(tdir: Path, handle: ModelHandle, template: Template,
     return out
 
 
-def _figures(run_dir: RunDir, table: Mapping[str, Any], patch_path: Path) -> list[Path]:
-    """Step 8."""
+def _figures(run_dir: RunDir, table: Mapping[str, Any], patch_path: Path,
+             model: str | None = None) -> list[Path]:
+    """Step 8 (``model``: the base model's name, for the titles)."""
     from interp.plots import plot_transfer_acceptance, plot_transfer_matrix, plot_transfer_patching
 
     figs = run_dir.sub("figures")
-    paths = [plot_transfer_matrix(table, figs), plot_transfer_acceptance(table, figs)]
+    paths = [plot_transfer_matrix(table, figs, model=model),
+             plot_transfer_acceptance(table, figs, model=model)]
     if patch_path.exists():
-        paths.append(plot_transfer_patching(read_json(patch_path), figs))
+        paths.append(plot_transfer_patching(read_json(patch_path), figs, model=model))
     return paths
 
 
@@ -508,7 +510,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig, 
         timings["patching_s"] = time.perf_counter() - t0
         log(f"[patching] {patching['n_prompts']} prompts x {len(ADAPTERS)} adapters in "
             f"{timings['patching_s']:.1f} s")
-    paths = _figures(run_dir, table, patch_path)
+    paths = _figures(run_dir, table, patch_path, cfg.model)
     summary = _summary(cfg, pool, negatives, table, sets, timings,
                        time.perf_counter() - t_start, paths)
     write_json(tdir / "summary.json", summary)
