@@ -208,6 +208,34 @@ def _hub_error(spec: str, err: Exception) -> ModelSpecError:
         f".gguf file.")
 
 
+def model_shape(spec: str, *, revision: str | None = None) -> tuple[int, int]:
+    """A model's transformer blocks and query heads per block, from its config only.
+
+    Reads ``config.json`` without the weights: a local checkpoint directly, a hub id through
+    ``AutoConfig`` (one small file), a bundled alias or GGUF file from its dequantised cache
+    (made once, as :func:`load_model` would). Lets a multi-model run check every model's stage
+    configs (layer selections, heads) before the first model runs.
+
+    Returns:
+        ``(n_layers, n_heads)``.
+
+    Raises:
+        ModelSpecError: as :func:`load_model` for a spec that cannot be resolved or reached.
+    """
+    from transformers import AutoConfig
+
+    if Path(spec).is_dir() and (Path(spec) / "config.json").exists():
+        path: Path | str = Path(spec)
+    else:
+        path, info = _resolve(spec, revision)
+        revision = info.get("revision") if info.get("source") == "hub" else None
+    try:
+        cfg = AutoConfig.from_pretrained(path, revision=revision)
+    except OSError as err:
+        raise _hub_error(spec, err) from err
+    return int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
+
+
 def load_model(
     spec: str = DEFAULT_MODEL,
     *,

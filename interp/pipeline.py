@@ -8,9 +8,10 @@ Algorithm of :func:`run_config`:
    has), every stage table (its ``Config.from_mapping`` refuses unknown keys and counts below
    1) and the asymmetry inputs of every model (:func:`interp.stages.asymmetry.check_inputs`:
    datasets, fields, limit).
-2. For each model of ``[asymmetry] models``: load it once, check every stage config to run
-   against its shape (:func:`interp.stages.common.check_config`: layer selections, heads),
-   then run Study 1 into
+   Then every stage config to run is checked against every model's shape, read from its
+   config alone (:func:`interp.models.model_shape`, :func:`interp.stages.common.check_config`:
+   layer selections, heads), so no model runs before a later one would fail.
+2. For each model of ``[asymmetry] models``: load it once, run Study 1 into
    ``out/<model-slug>/`` (:mod:`interp.stages.asymmetry`; with ``--only`` excluding it, only
    ``metrics.json`` is recomputed), then each configured stage in the order of :data:`STAGES`
    on that run directory with the same model.
@@ -45,7 +46,7 @@ from interp import stages
 from interp.compare import write_comparison
 from interp.errors import ConfigError
 from interp.inputs import new_run_dir, read_toml
-from interp.models import DEFAULT_MODEL, load_model
+from interp.models import DEFAULT_MODEL, load_model, model_shape
 from interp.stages import asymmetry
 from interp.stages.common import Stage, check_config
 from interp.store import RunDir, atomic_write_text, write_json
@@ -223,6 +224,11 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
             RunDir(out / model_slug(spec)).check_config(asdict(acfg), asymmetry.KEY_FIELDS)
         if only and "asymmetry" not in only:  # the stages need a finished asymmetry run
             RunDir(out / model_slug(spec)).read_records()
+    for spec in acfgs:  # every model's shape against every stage, before the first one runs
+        n_layers, n_heads = model_shape(spec)
+        for name, scfg in stage_cfgs.items():
+            if not only or name in only:
+                check_config(name, scfg, n_layers, n_heads, model=spec)
     if cfg.get("description"):
         log(f"== {cfg.get('name', Path(path).stem)}: {cfg['description']}")
     texts: list[str] = []
@@ -270,9 +276,6 @@ def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Pa
     for spec, acfg in acfgs.items():
         run_dir = out / model_slug(spec)
         handle = load_model(spec, device=acfg.device, dtype=acfg.dtype)
-        for name, scfg in stage_cfgs.items():  # before any stage runs: layers, heads
-            if not only or name in only:
-                check_config(name, scfg, handle.n_layers, handle.n_heads)
         log(f"== {spec} -> {run_dir}")
         t0 = time.perf_counter()
         if not only or "asymmetry" in only:

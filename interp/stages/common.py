@@ -67,13 +67,15 @@ def check_run_model(run: RunDir, handle: ModelHandle,
                           f"model")
 
 
-def check_config(name: str, cfg: Any, n_layers: int, n_heads: int | None = None) -> None:
+def check_config(name: str, cfg: Any, n_layers: int, n_heads: int | None = None, *,
+                 model: str | None = None) -> None:
     """Check a stage config against a model's shape, before the model runs (or loads).
 
     Every :data:`LAYER_FIELDS` entry that is set is parsed with ``n_layers``; then the config's
     own ``check(n_layers, n_heads)``, where it has one (steering's head spec). Used by
-    ``interp run`` for every configured stage right after each model loads (so a typo in a
-    later stage's table fails before the asymmetry stage runs), and by :func:`load_run_model`
+    ``interp run`` for every configured stage and every model before the first model loads
+    (so a typo in a later stage's table, or a band one of the models lacks, fails before any
+    asymmetry stage runs), and by :func:`load_run_model`
     from the run's manifest before the model loads.
 
     Args:
@@ -81,23 +83,26 @@ def check_config(name: str, cfg: Any, n_layers: int, n_heads: int | None = None)
         cfg: the stage's config dataclass.
         n_layers: the model's transformer blocks.
         n_heads: its query heads per layer (None: unknown, head specs are not checked).
+        model: the model's name, put in the message (a grid of several models).
 
     Raises:
         LayerSpecError: a layer selection outside the model (names the option and the table
             key, e.g. ``--layers ([attention] layers)``, and the valid range).
         interp.errors.InterpError: what the config's own ``check`` raises.
     """
+    on = f" for {model}" if model else ""
     for f in LAYER_FIELDS:
         if f in getattr(cfg, "__dataclass_fields__", {}) and (v := getattr(cfg, f)) is not None:
             try:
                 parse_layers(v, n_layers, default="all")
             except LayerSpecError as err:
-                raise LayerSpecError(f"--{f.replace('_', '-')} ([{name}] {f}): {err}") from None
+                raise LayerSpecError(f"--{f.replace('_', '-')} ([{name}] {f}){on}: {err}"
+                                     ) from None
     if (check := getattr(cfg, "check", None)) is not None:
         try:
             check(n_layers, n_heads)
         except InterpError as err:
-            raise type(err)(f"[{name}] {err}") from None
+            raise type(err)(f"[{name}]{on}: {err}" if model else f"[{name}] {err}") from None
 
 
 def ok_records(run: RunDir, handle: ModelHandle, limit: int | None

@@ -165,13 +165,37 @@ def test_run_config_checks_every_stage_against_the_model_before_any_stage_runs(t
     base = {"out": str(tmp_path / "runs"),
             "asymmetry": {"models": [str(model_dir)], "datasets": ["squad_v2"], "limit": 1,
                           "max_new_tokens": 2, "n_boot": 10}}
-    with pytest.raises(LayerSpecError, match=r"^--layers \(\[attention\] layers\): layers "
-                                             r"'last80': cannot take the last 80"):
+    with pytest.raises(LayerSpecError, match=r"^--layers \(\[attention\] layers\) for .*"
+                                             r"tiny-model: layers 'last80': cannot take the "
+                                             r"last 80"):
         run_config({**base, "attention": {"layers": "last80"}}, log=lambda s: None)
     assert not (tmp_path / "runs").exists()  # no run dir left behind, the harness never ran
-    with pytest.raises(SteeringError, match=r"^\[steering\] heads '0.9'"):
+    with pytest.raises(SteeringError, match=r"^\[steering\] for .*tiny-model: heads '0.9'"):
         run_config({**base, "steering": {"heads": "0.9", "layers": "all"}}, log=lambda s: None)
     assert not (tmp_path / "runs").exists()
+
+
+def test_run_config_checks_every_models_shape_before_the_first_model_runs(tiny, tiny_tokenizer,
+                                                                           tmp_path):
+    """A layer the second model lacks fails before the first model's harness runs."""
+    from interp.errors import LayerSpecError
+    from interp.models import model_shape
+    from interp.pipeline import run_config
+    from interp.testing import tiny_llama
+
+    deep, shallow = tmp_path / "deep", tmp_path / "shallow"
+    for handle, where in ((tiny_llama(tiny_tokenizer, n_layers=4), deep), (tiny, shallow)):
+        handle.model.save_pretrained(where)
+        handle.tokenizer.save_pretrained(where)
+    assert model_shape(str(deep)) == (4, 4) and model_shape(str(shallow)) == (2, 4)
+    cfg = {"out": str(tmp_path / "runs"),
+           "asymmetry": {"models": [str(deep), str(shallow)], "datasets": ["squad_v2"],
+                         "limit": 1, "max_new_tokens": 2, "n_boot": 10},
+           "attention": {"layers": "3"}}
+    with pytest.raises(LayerSpecError, match=rf"^--layers \(\[attention\] layers\) for "
+                                             rf"{shallow}: layers '3'"):
+        run_config(cfg, log=lambda s: None)
+    assert not (tmp_path / "runs").exists()  # the deep model never ran either
 
 
 def test_a_grid_folder_names_its_runs(tmp_path):
