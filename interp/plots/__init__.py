@@ -7,6 +7,7 @@ Each ``plot_*`` function takes the parsed table and an output folder, writes ``N
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,18 @@ def dataset_groups(table: Mapping[str, Any]) -> tuple[list[tuple[str, Any]], lis
     return groups, [label(d, g) for d, g in groups]
 
 
+def footnote(fig: plt.Figure, notes: list[str], wrap: int | None = None) -> None:
+    """Write ``notes`` (one per line, red, small) under the figure; nothing when empty.
+
+    The text hangs below the axes; :func:`save` keeps it (``bbox_inches="tight"``). ``wrap``:
+    fill each note to that many characters.
+    """
+    if notes:
+        lines = [textwrap.fill(n, wrap) for n in notes] if wrap else notes
+        fig.text(0.01, -0.01, "\n".join(lines), ha="left", va="top", fontsize=7.5,
+                 color="#C44E52")
+
+
 def passage_footnote(fig: plt.Figure, groups: list[tuple[str, Any]]) -> None:
     """Write, visibly under the figure, the notes of groups on fewer than 10 passages.
 
@@ -65,9 +78,7 @@ def passage_footnote(fig: plt.Figure, groups: list[tuple[str, Any]]) -> None:
     notes = [f"* {d}: {g['note']}" for d, g in groups if g.get("few_passages")]
     notes += [f"{d}: {g['forced_choice_note']}" for d, g in groups
               if g.get("forced_choice_note")]
-    if notes:
-        fig.text(0.01, -0.01, "\n".join(notes), ha="left", va="top", fontsize=7.5,
-                 color="#C44E52")
+    footnote(fig, notes)
 
 
 _VERDICT_COLORS = {"accept": "#55A868", "reject": "#C44E52", "none": "0.75"}
@@ -310,14 +321,6 @@ def judge_notes(table: Mapping[str, Any], kinds: tuple[str, ...] = ("self",
     return out
 
 
-def _notes_below(fig: plt.Figure, notes: list[str]) -> None:
-    """Write ``notes`` under the axes of ``fig`` (red, small), making room for them."""
-    if not notes:
-        return
-    fig.subplots_adjust(bottom=min(0.5, 0.12 + 0.045 * len(notes)))
-    fig.text(0.01, 0.01, "\n".join(notes), fontsize=7, color="#b03030", va="bottom")
-
-
 def plot_transfer_matrix(table: Mapping[str, Any], out_dir: str | Path,
                          name: str = "transfer_matrix", model: str | None = None) -> Path:
     """Transfer matrix: model (base, LoRA-Gen, LoRA-Eval, LoRA-Both) x task heatmap.
@@ -372,7 +375,7 @@ def plot_transfer_matrix(table: Mapping[str, Any], out_dir: str | Path,
                  f"validation records, {ns}", fontsize=10)
     fig.colorbar(im, ax=ax, fraction=0.03, pad=0.02, label="rate (accuracy or acceptance)")
     fig.tight_layout()
-    _notes_below(fig, judge_notes(table))
+    footnote(fig, judge_notes(table))
     return save(fig, out_dir, name)
 
 
@@ -416,7 +419,7 @@ def plot_transfer_acceptance(table: Mapping[str, Any], out_dir: str | Path,
     fig.suptitle("Acceptance rates after LoRA fine-tuning (self-evaluation)"
                  + (f", {model}" if model else ""), fontsize=10)
     fig.tight_layout()
-    _notes_below(fig, judge_notes(table, ("self",)))
+    footnote(fig, judge_notes(table, ("self",)))
     return save(fig, out_dir, name)
 
 
@@ -606,7 +609,7 @@ def plot_context_ratio(summary: Mapping[str, Any], out_dir: str | Path,
 from interp.plots.patching import plot_patching  # noqa: E402
 from interp.plots.steering import plot_steering  # noqa: E402
 
-__all__ = ["COLORS", "dataset_groups", "plot_asymmetry", "plot_context_ratio",
+__all__ = ["COLORS", "dataset_groups", "footnote", "plot_asymmetry", "plot_context_ratio",
            "permutation_text", "plot_head_context_heatmaps", "plot_patching", "plot_probes",
            "plot_span_mass_layerwise", "plot_steering", "plot_transfer_acceptance",
            "plot_transfer_matrix", "plot_transfer_patching", "save"]

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from matplotlib.patches import Patch
 
-from interp.plots import _err, plt, save
+from interp.plots import _err, footnote, plt, save
 from interp.stats import MIN_PASSAGES, passage_note
 
 __all__ = ["dataset_labels", "model_colors", "plot_models_asymmetry", "plot_models_attention",
@@ -58,7 +58,7 @@ def dataset_labels(tables: Mapping[str, Mapping[str, Any]], datasets: list[str]
     The same label as one model's figures (:func:`interp.plots.dataset_groups`); where the
     models' groups differ in size the values are joined with ``,`` in the models' order. The
     notes (one per starred dataset, :func:`interp.stats.passage_note` of its smallest group)
-    go under the figure (:func:`_footnote`).
+    go under the figure (:func:`interp.plots.footnote`).
 
     Args:
         tables: model spec -> a table with ``per_dataset`` and ``overall`` groups.
@@ -80,12 +80,6 @@ def dataset_labels(tables: Mapping[str, Mapping[str, Any]], datasets: list[str]
         if star:
             notes.append(f"* {ds}: {passage_note(min(ps))}")
     return labels, notes
-
-
-def _footnote(fig: Any, notes: list[str]) -> None:
-    if notes:
-        fig.text(0.01, -0.01, "\n".join(notes), ha="left", va="top", fontsize=7.5,
-                 color="#C44E52")
 
 
 def _grouped_bars(ax: Any, tables: Mapping[str, Mapping[str, Any]], datasets: list[str],
@@ -142,7 +136,7 @@ def plot_models_asymmetry(metrics: Mapping[str, Mapping[str, Any]], out_dir: str
     fig.suptitle("Models side by side (CIs: bootstrap over passages; black line and number: "
                  "the bar's value)", fontsize=10)
     fig.tight_layout()
-    _footnote(fig, notes)
+    footnote(fig, notes)
     return save(fig, out_dir, name)
 
 
@@ -191,7 +185,7 @@ def plot_models_attention(summaries: Mapping[str, Mapping[str, Any]], out_dir: s
     axes[1].set_title("context ratio gen / eval over each model's band", fontsize=10)
     axes[1].legend(frameon=False, fontsize=7)
     fig.tight_layout()
-    _footnote(fig, notes)
+    footnote(fig, notes)
     return save(fig, out_dir, name)
 
 

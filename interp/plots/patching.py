@@ -8,14 +8,13 @@ effects are ratios of sums over the pairs kept (``|gap| >= min_gap``,
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from matplotlib.patches import Patch
 
-from interp.plots import COLORS, plt, save
+from interp.plots import COLORS, footnote, plt, save
 
 __all__ = ["NOT_MEASURED", "nothing_to_show", "plot_patching"]
 
@@ -82,10 +81,7 @@ def _pair_heat(units: Any, col_key: str, cols: list, xl: list[str], stem: str, t
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.legend(handles=[Patch(color=NOT_MEASURED, label="grey: not measured")],
                loc="lower right", fontsize=8, frameon=False)
-    if notes:
-        width = max(60, int(12 * fig.get_figwidth()))
-        fig.text(0.01, -0.01, "\n".join(textwrap.fill(n, width) for n in notes), ha="left",
-                 va="top", fontsize=8, color="#C44E52")
+    footnote(fig, notes, wrap=max(60, int(12 * fig.get_figwidth())))
     return save(fig, out_dir, stem)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from interp.plots import COLORS, plt, save
+from interp.plots import COLORS, footnote, plt, save
 from interp.stats import passage_note
 
 __all__ = ["JUDGE_SERIES", "judge_panel", "plot_steering"]
@@ -115,7 +115,5 @@ def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
                  f"{summary.get('band', [None])[0]}-{summary.get('band', [None])[-1]}",
                  fontsize=10)
     fig.tight_layout()
-    if note:
-        fig.text(0.01, -0.01, f"* {note}; the CIs rest on these few passages", ha="left",
-                 va="top", fontsize=7.5, color="#C44E52")
+    footnote(fig, [f"* {note}; the CIs rest on these few passages"] if note else [])
     return save(fig, out_dir, name)
