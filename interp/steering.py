@@ -42,12 +42,24 @@ from interp.hooks.steering import Steer, steering, tl_steered_logits
 from interp.models import ModelHandle, end_of_turn_ids
 from interp.verdict import VerdictReplies, continuation_logprobs, output_cache, verdict_replies
 
-__all__ = ["ALPHAS", "parse_heads", "steer_generator", "steer_judge"]
+__all__ = ["ALPHAS", "parse_heads", "steer_generator", "steer_judge", "top_diff_k"]
 
 ALPHAS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 """The default grid of attention factors (issue 15, item 4)."""
 
 Units = Mapping[int, Sequence[int] | None]
+
+
+def top_diff_k(spec: str) -> int:
+    """The ``K`` of a ``top-diff:K`` head spec.
+
+    Raises:
+        SteeringError: ``K`` is not a whole number >= 1.
+    """
+    k = spec.strip().split(":", 1)[1]
+    if not k.isdigit() or int(k) < 1:
+        raise SteeringError(f"heads {spec!r}: K of top-diff:K must be a whole number >= 1")
+    return int(k)
 
 
 def parse_heads(spec: str | Sequence[str], band: Sequence[int], n_heads: int, *,
@@ -79,11 +91,7 @@ def parse_heads(spec: str | Sequence[str], band: Sequence[int], n_heads: int, *,
         if ranked is None:
             raise SteeringError("heads 'top-diff:K' needs the attention summary's head ranking; "
                                 "run `interp attention` on the run first")
-        k_text = s.split(":", 1)[1]
-        if not k_text.isdigit() or int(k_text) < 1:
-            raise SteeringError(f"heads {spec!r}: K of top-diff:K must be a whole number >= 1")
-        k = int(k_text)
-        pairs = [(int(r["layer"]), int(r["head"])) for r in list(ranked)[:k]]
+        pairs = [(int(r["layer"]), int(r["head"])) for r in list(ranked)[:top_diff_k(spec)]]
     else:
         try:
             pairs = [(int(a), int(b)) for a, b in (x.split(".") for x in s.split(",") if x)]

@@ -431,8 +431,7 @@ class RunDir:
         keys = list(key_fields) or list(config)
         if self.manifest_path.exists():
             old = read_json(self.manifest_path)
-            diff = {k: (old["config"].get(k), config.get(k)) for k in keys
-                    if old["config"].get(k) != config.get(k)}
+            diff = _key_diff(old["config"], config, keys)
             diff.update(_fact_diff(old.get("result_facts"), result_facts))
             if diff and not overwrite:
                 self._refuse(diff)
@@ -474,9 +473,8 @@ class RunDir:
         """
         if not self.manifest_path.exists():
             return
-        old = read_json(self.manifest_path).get("config", {})
-        if diff := {k: (old.get(k), config.get(k)) for k in key_fields
-                    if old.get(k) != config.get(k)}:
+        if diff := _key_diff(read_json(self.manifest_path).get("config", {}), config,
+                             key_fields):
             self._refuse(diff)
 
     def _refuse(self, diff: Mapping[str, tuple[Any, Any]]) -> None:
@@ -602,6 +600,12 @@ class RunDir:
 def record_key(rec: Record | Mapping[str, Any]) -> tuple[str, str]:
     """The identity of a record: ``(dataset, id)``."""
     return (rec["dataset"], rec["id"])
+
+
+def _key_diff(old: Mapping[str, Any], new: Mapping[str, Any], keys: Iterable[str]
+              ) -> dict[str, tuple[Any, Any]]:
+    """``{key: (old value, new value)}`` for each of ``keys`` whose value differs."""
+    return {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)}
 
 
 def _fact_diff(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None

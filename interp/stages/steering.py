@@ -39,7 +39,7 @@ from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.stages.common import ok_records, stage_facts
 from interp.stats import MIN_PASSAGES, cluster_bootstrap_mean, passage_groups, passage_note
-from interp.steering import ALPHAS, parse_heads, steer_generator, steer_judge
+from interp.steering import ALPHAS, parse_heads, steer_generator, steer_judge, top_diff_k
 from interp.store import (
     RunDir,
     config_from_table,
@@ -130,10 +130,7 @@ class SteeringConfig:
         band = parse_layers(self.layers, n_layers)
         s = self.heads.strip().lower()
         if s.startswith("top-diff:"):
-            k = s.split(":", 1)[1]
-            if not k.isdigit() or int(k) < 1:
-                raise SteeringError(f"heads {self.heads!r}: K of top-diff:K must be a whole "
-                                    f"number >= 1")
+            top_diff_k(self.heads)
         elif n_heads is not None:
             units = parse_heads(self.heads, band, n_heads)
             if bad := [x for x in units if not 0 <= x < n_layers]:
