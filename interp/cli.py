@@ -9,6 +9,7 @@ are caught once, by the command group: ``error: <message>`` on stderr and exit s
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -19,9 +20,11 @@ import typer
 from typer.core import TyperGroup
 
 from interp import attention as attention_method
-from interp.errors import InterpError
+from interp.errors import ConfigError, InterpError
 from interp.inputs import kept_work, read_toml
+from interp.launch import current_shard, finish
 from interp.layers import DEFAULT_BAND, parse_layers
+from interp.merge import merge_shards, run_asymmetry
 from interp.models import DEFAULT_MODEL, load_model
 from interp.pipeline import out_dir, run_config
 from interp.stages import asymmetry as asymmetry_stage
@@ -122,6 +125,36 @@ def _split(values: list[str] | str | None) -> list[str]:
     return out
 
 
+_SHARD_HELP = ("run shard I of N (I from 0): its records only, into OUT/shards/I-of-N; "
+               "default: from torchrun/accelerate (RANK, WORLD_SIZE) or a SLURM array")
+
+
+def _placement(device_map: str | None, max_memory: str | None, offload_folder: str | None
+               ) -> dict[str, Any]:
+    """``--device-map`` / ``--max-memory`` / ``--offload-folder`` as config values.
+
+    Raises:
+        ConfigError: a ``--device-map`` that is neither a strategy, a JSON object nor a JSON
+            file, or a ``--max-memory`` entry without ``=``.
+    """
+    dm: Any = device_map
+    if device_map and device_map.strip().startswith("{"):
+        try:
+            dm = json.loads(device_map)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"--device-map is not a JSON object ({err})") from None
+    elif device_map and device_map.endswith(".json"):
+        if not Path(device_map).is_file():
+            raise ConfigError(f"--device-map {device_map}: no such file")
+        dm = json.loads(Path(device_map).read_text(encoding="utf-8"))
+    mem = None
+    if max_memory:
+        if bad := [x for x in max_memory.split(",") if "=" not in x]:
+            raise ConfigError(f"--max-memory {bad[0]!r}: use DEVICE=SIZE, e.g. 0=20GiB,cpu=60GiB")
+        mem = dict(x.strip().split("=", 1) for x in max_memory.split(","))
+    return {"device_map": dm, "max_memory": mem, "offload_folder": offload_folder}
+
+
 @app.command()
 def asymmetry(
     dataset: Annotated[list[str], typer.Option(
@@ -149,20 +182,36 @@ def asymmetry(
         help="cpu, cuda, cuda:1 (default: CUDA when available)")] = None,
     dtype: Annotated[str | None, typer.Option(
         help="float32, bfloat16, float16 (default: by device)")] = None,
+    device_map: Annotated[str | None, typer.Option(
+        help="a model larger than one device: auto, balanced, sequential, or a JSON table "
+             "module -> device ('{\"model.layers.20\": \"disk\", ...}') or a .json file")] = None,
+    max_memory: Annotated[str | None, typer.Option(
+        help="with --device-map: memory per device, e.g. 0=20GiB,1=20GiB,cpu=60GiB")] = None,
+    offload_folder: Annotated[str | None, typer.Option(
+        help="with --device-map: folder of the modules mapped to disk")] = None,
     from_hub: Annotated[bool, typer.Option(help="load datasets from the HF hub")] = False,
     overwrite: Annotated[bool, typer.Option(help="discard a run made with another config")] = (
         False),
     one_pass: Annotated[bool, typer.Option(
         help="also record, in the same forwards, the attention span masses and probe "
              "features the later stages read")] = True,
+    shard: Annotated[str | None, typer.Option(help=_SHARD_HELP)] = None,
 ) -> None:
     """Study 1: generate, grade with the oracle, self-evaluate; write GA/EA/Delta."""
     cfg = asymmetry_stage.AsymmetryConfig.from_mapping(dict(
         model=model, datasets=_split(dataset), limit=limit, seed=seed, oracle=oracle,
         batch_size=batch_size, template=template, templates_path=templates_path,
         include_unanswerable=include_unanswerable, split=split, max_new_tokens=max_new_tokens,
-        device=device, dtype=dtype, from_hub=from_hub, one_pass=one_pass))
-    metrics = asymmetry_stage.run(cfg, _watch(out), overwrite=overwrite)
+        device=device, dtype=dtype, from_hub=from_hub, one_pass=one_pass,
+        **_placement(device_map, max_memory, offload_folder)))
+    this = current_shard(shard)
+    try:
+        metrics = run_asymmetry(cfg, _watch(out), shard=this, overwrite=overwrite,
+                                log=typer.echo)
+    finally:
+        finish()
+    if metrics is None:  # a shard's records only: the merge writes metrics.json
+        return
     typer.echo(asymmetry_stage.format_summary(metrics))
     typer.echo(f"wrote {out}/records.jsonl, {out}/metrics.json, {out}/figures/asymmetry.png")
 
@@ -197,10 +246,30 @@ def run_cmd(
     only: Annotated[list[str] | None, typer.Option(
         help="run only these stages (asymmetry or a stage the config has; comma list); "
              "figures/ is then not updated")] = None,
+    shard: Annotated[str | None, typer.Option(help=_SHARD_HELP)] = None,
 ) -> None:
     """Run a configured grid (models x datasets) and its stages."""
     _watch(out_dir(read_toml(config), config))
-    run_config(config, overwrite=overwrite, only=_split(only) or None, log=typer.echo)
+    try:
+        run_config(config, overwrite=overwrite, only=_split(only) or None, log=typer.echo,
+                   shard=current_shard(shard))
+    finally:
+        finish()
+
+
+@app.command("merge")
+def merge_cmd(
+    shards: Annotated[list[Path], typer.Argument(
+        help="every shard's run directory, e.g. runs/x/shards/*-of-4")],
+    out: Annotated[Path, typer.Option(help="the merged run directory")],
+    overwrite: Annotated[bool, typer.Option(
+        help="replace a run in --out made with another config")] = False,
+) -> None:
+    """Join finished shards (--shard I/N, SLURM arrays, Ray tasks) into one run directory."""
+    metrics = merge_shards(shards, out, overwrite=overwrite, log=typer.echo)
+    typer.echo(asymmetry_stage.format_summary(metrics))
+    typer.echo(f"wrote {out}/records.jsonl, {out}/manifest.json, {out}/metrics.json; run the "
+               f"stages on {out} (interp run CONFIG, or interp attention/probe/... --run {out})")
 
 
 @app.command("attention")

@@ -27,6 +27,7 @@ __all__ = [
     "ProbeError",
     "PromptError",
     "RunDirError",
+    "ShardError",
     "SteeringError",
     "TransferError",
 ]
@@ -121,3 +122,7 @@ class TransferError(InterpError):
 
 class SteeringError(InterpError):
     """Bad steering input (unknown span, alpha <= 0, layers outside the model)."""
+
+
+class ShardError(InterpError):
+    """A shard setting that cannot be used, or shards that cannot become one run."""

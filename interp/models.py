@@ -44,9 +44,10 @@ from interp.gguf import (
 )
 from interp.hooks.points import check_heads
 
-__all__ = ["BUNDLED", "DEFAULT_MODEL", "PAPER_MODEL", "ModelHandle", "ModelSpecError",
-           "bundled_gguf", "cache_dir", "end_of_turn_ids", "load_model", "load_tokenizer",
-           "RESULT_FACTS", "result_facts", "runtime_facts", "sha256_file"]
+__all__ = ["BUNDLED", "DEFAULT_MODEL", "PAPER_MODEL", "PLACEMENT_FIELDS", "RESULT_FACTS",
+           "ModelHandle", "ModelSpecError", "bundled_gguf", "cache_dir", "check_device_map",
+           "end_of_turn_ids", "handle_device", "load_model", "load_tokenizer", "placement",
+           "result_facts", "runtime_facts", "sha256_file"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 PAPER_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -76,8 +77,13 @@ class ModelHandle:
 
     @property
     def device(self) -> torch.device:
-        """Device of the model's first parameter."""
-        return next(self.model.parameters()).device
+        """Where inputs go: the execution device of the input embeddings.
+
+        For a model on one device, that device; for one loaded with a ``device_map``
+        (:func:`load_model`), the device the embeddings compute on
+        (:func:`interp.hooks.devices.input_device`); blocks may run elsewhere.
+        """
+        return handle_device(self.model)
 
     @property
     def n_layers(self) -> int:
@@ -243,16 +249,33 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     attn_implementation: str = "sdpa",
     revision: str | None = None,
+    device_map: str | Mapping[str, Any] | None = None,
+    max_memory: Mapping[Any, str | int] | None = None,
+    offload_folder: str | Path | None = None,
 ) -> ModelHandle:
     """Load a causal LM and tokenizer from a spec (see the module docstring).
 
+    A model larger than one device is loaded with ``device_map`` through transformers'
+    big-model loading (accelerate's dispatch; accelerate's guide "Big Model Inference"): its
+    blocks are placed on several GPUs, the CPU, or an offload folder on disk, and every
+    hook of :mod:`interp.hooks` works on each block's own device
+    (:mod:`interp.hooks.devices`), so the placement changes nothing but speed. The placement
+    chosen is recorded as ``info["device_map"]`` (module -> device); it is not a result fact.
+
     Args:
         spec: alias, ``.gguf`` path, local checkpoint directory or hub id (``id@revision``).
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...; default CUDA when available.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...; default CUDA when available. With a
+            ``device_map`` it only chooses the default dtype.
         dtype: ``float32`` / ``bfloat16`` / ``float16`` / ``auto`` (bf16 on CUDA, fp32 on CPU).
         attn_implementation: transformers attention backend for ordinary forwards
             (``sdpa`` default; recorders swap in their own kernels per call).
         revision: hub revision (overrides ``@revision`` in the spec).
+        device_map: ``"auto"``, ``"balanced"``, ``"balanced_low_0"``, ``"sequential"`` or a
+            mapping module name -> device (``0``, ``"cuda:1"``, ``"cpu"``, ``"disk"``), as
+            transformers' ``from_pretrained`` takes it (:func:`check_device_map`).
+        max_memory: with ``device_map``, the memory each device may hold (``{0: "20GiB",
+            "cpu": "60GiB"}``; GPU indices may be given as strings, as TOML writes them).
+        offload_folder: with ``device_map``, where modules mapped to ``"disk"`` are kept.
 
     Returns:
         A :class:`ModelHandle` in eval mode with gradients off for its parameters.
@@ -262,7 +285,8 @@ def load_model(
             bundled package is missing or its file fails the sha256 check; a GGUF's
             tokenizer cannot be reproduced; the hub cannot be reached for a hub id; or the
             config's query heads are not a multiple of its key/value heads (checked before
-            the weights are read).
+            the weights are read); a ``device_map``, ``max_memory`` or ``offload_folder``
+            that cannot be used (:func:`check_device_map`).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -270,10 +294,12 @@ def load_model(
 
     check_device(device, ModelSpecError)
     check_dtype(dtype, ModelSpecError)
+    placement = check_device_map(device_map, max_memory, offload_folder)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch_dtype = _pick_dtype(dtype, device)
     path, info = _resolve(spec, revision)
-    kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn_implementation}
+    kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn_implementation,
+                              **placement}
     if info["source"] == "hub":
         kwargs["revision"] = info["revision"]
     try:
@@ -285,7 +311,11 @@ def load_model(
     if info["source"] == "hub":
         info["revision"] = getattr(model.config, "_commit_hash", None) or info["revision"]
         info["sha256"] = _hub_sha256(str(path), info["revision"])
-    model.to(device).eval()
+    if placement:  # dispatched by accelerate: no .to(), which would undo the placement
+        info["device_map"] = {k: str(v) for k, v in getattr(model, "hf_device_map", {}).items()}
+        model.eval()
+    else:
+        model.to(device).eval()
     model.requires_grad_(False)
     cfg = model.config
     eot = end_of_turn_ids(tok, model)
@@ -294,12 +324,91 @@ def load_model(
         n_kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
         head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
         d_model=cfg.hidden_size, dtype=str(torch_dtype).removeprefix("torch."),
-        device=str(device), max_positions=int(getattr(cfg, "max_position_embeddings", 2048)),
+        device=str(device) if not placement else str(handle_device(model)),
+        max_positions=int(getattr(cfg, "max_position_embeddings", 2048)),
         eot_ids=eot, eot_tokens=tok.convert_ids_to_tokens(eot),
     )
     handle = ModelHandle(model=model, tokenizer=tok, spec=spec, info=info)
     info["runtime"] = runtime_facts(handle)
     return handle
+
+
+PLACEMENT_FIELDS = ("device_map", "max_memory", "offload_folder")
+"""Config keys of big-model placement, passed to :func:`load_model` as they are named."""
+
+
+def placement(config: Mapping[str, Any] | Any) -> dict[str, Any]:
+    """The :data:`PLACEMENT_FIELDS` of a config mapping or dataclass (absent: None)."""
+    get = config.get if isinstance(config, Mapping) else lambda k: getattr(config, k, None)
+    return {k: get(k) for k in PLACEMENT_FIELDS}
+
+
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+"""The placement strategies of transformers' ``device_map`` (accelerate's
+``infer_auto_device_map``)."""
+
+
+def check_device_map(device_map: str | Mapping[str, Any] | None,
+                     max_memory: Mapping[Any, Any] | None = None,
+                     offload_folder: str | Path | None = None) -> dict[str, Any]:
+    """Check big-model placement options and return them as ``from_pretrained`` keywords.
+
+    Args:
+        device_map: a strategy of :data:`DEVICE_MAP_STRATEGIES` or module name -> device
+            (an int GPU index, ``"cuda:N"``, ``"cpu"``, ``"disk"``, ``"meta"`` is refused).
+        max_memory: device -> memory (``"20GiB"`` or bytes); keys ``0``/``"0"``/``"cpu"``.
+        offload_folder: folder of the modules mapped to ``"disk"``.
+
+    Returns:
+        ``{}`` without a device map; else ``device_map`` (and ``max_memory`` with GPU indices
+        as ints, ``offload_folder`` as a string) for ``from_pretrained``.
+
+    Raises:
+        ModelSpecError: ``max_memory`` or ``offload_folder`` without ``device_map``; an
+            unknown strategy; a device a mapping names that this machine lacks; ``"disk"``
+            without ``offload_folder``.
+    """
+    from interp.inputs import check_device
+
+    if device_map is None:
+        if max_memory is not None or offload_folder is not None:
+            raise ModelSpecError("--max-memory and --offload-folder need --device-map (auto, "
+                                 "balanced, sequential or a module -> device table)")
+        return {}
+    out: dict[str, Any] = {}
+    if isinstance(device_map, str):
+        if device_map not in DEVICE_MAP_STRATEGIES:
+            raise ModelSpecError(f"--device-map {device_map!r}: use one of "
+                                 f"{', '.join(DEVICE_MAP_STRATEGIES)} or a module -> device "
+                                 f"table")
+        out["device_map"] = device_map
+    elif isinstance(device_map, Mapping) and device_map:
+        placed = {}
+        for name, dev in device_map.items():
+            dev = int(dev) if isinstance(dev, str) and dev.isdigit() else dev
+            if dev != "disk":
+                check_device(f"cuda:{dev}" if isinstance(dev, int) else dev, ModelSpecError)
+            placed[str(name)] = dev
+        if "disk" in placed.values() and offload_folder is None:
+            raise ModelSpecError("--device-map puts modules on 'disk': give --offload-folder "
+                                 "DIR for them")
+        out["device_map"] = placed
+    else:
+        raise ModelSpecError(f"--device-map must be a strategy or a non-empty module -> device "
+                             f"table, not {device_map!r}")
+    if max_memory is not None:
+        out["max_memory"] = {int(k) if str(k).isdigit() else str(k): v
+                             for k, v in dict(max_memory).items()}
+    if offload_folder is not None:
+        out["offload_folder"] = str(offload_folder)
+    return out
+
+
+def handle_device(model: Any) -> torch.device:
+    """Where a model's inputs go (:func:`interp.hooks.devices.input_device`)."""
+    from interp.hooks.devices import input_device
+
+    return input_device(model)
 
 
 def end_of_turn_ids(tokenizer: Any, model: Any = None) -> list[int]:
@@ -352,11 +461,12 @@ def runtime_facts(handle: ModelHandle | Any) -> dict[str, Any]:
 
     model = getattr(handle, "model", handle)
     p = next(model.parameters())
+    dev = handle_device(model)  # a device-mapped model: where its inputs (and first block) go
     cuda = torch.backends.cuda.matmul
     facts = {
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
-        "device": str(p.device),
-        "device_name": torch.cuda.get_device_name(p.device) if p.device.type == "cuda" else None,
+        "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
         "dtype": str(p.dtype).removeprefix("torch."),
         "torch": torch.__version__, "transformers": transformers.__version__,
         "cuda": torch.version.cuda,

@@ -528,10 +528,10 @@ class Patcher:
             h = hook_name(layer, resid_hook)
             # float32 products and sums: a bfloat16 model's activations and gradients are
             # bfloat16 (numpy has no such type, and a bf16 sum over d_model loses digits)
-            diff = (self.source(h).float() - acts[h].float()) * vm[:, None]
+            diff = (self.source(h).float() - acts[h].float()) * vm[:, None].to(acts[h].device)
             resid[layer] = (diff * grads[h].float()).sum(-1).cpu().numpy()
             h = hook_name(layer, "attn.hook_z")
-            diff = (self.source(h).float() - acts[h].float()) * sm[:, None, None]
+            diff = (self.source(h).float() - acts[h].float()) * sm[:, None, None].to(acts[h].device)
             heads[layer] = (diff * grads[h].float()).sum((0, 2)).cpu().numpy()
         self._attribution[key] = {"resid": resid, "heads": heads}
         return self._attribution[key]

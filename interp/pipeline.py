@@ -46,7 +46,9 @@ from interp import stages
 from interp.compare import write_comparison
 from interp.errors import ConfigError
 from interp.inputs import new_run_dir, read_toml
-from interp.models import DEFAULT_MODEL, load_model, model_shape
+from interp.launch import Shard
+from interp.merge import run_asymmetry
+from interp.models import DEFAULT_MODEL, load_model, model_shape, placement
 from interp.stages import asymmetry
 from interp.stages.common import Stage, check_config
 from interp.store import RunDir, atomic_write_text, write_json
@@ -189,8 +191,18 @@ def _copy_figures(run_dir: Path, dest: Path, names: Sequence[str], prefix: str) 
 
 def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
                only: Sequence[str] | None = None,
-               log: Callable[[str], None] = print) -> dict[str, Any]:
+               log: Callable[[str], None] = print,
+               shard: Shard | None = None) -> dict[str, Any]:
     """Run every stage of a TOML config (module docstring; see ``experiments/quickstart.toml``).
+
+    With ``shard`` (:mod:`interp.launch`: ``--shard I/N``, torchrun, a SLURM array) each
+    model's Study 1 runs on the shard's records into ``out/<model>/shards/I-of-N``
+    (:func:`interp.merge.run_asymmetry`). Under torchrun rank 0 then merges them into
+    ``out/<model>`` and runs every stage there, once, over all records (fresh one-pass parts
+    are reused), and writes the summary: the run directories an unsharded run leaves; the
+    other ranks stop after their shards. A ``--shard`` or SLURM shard stops after its
+    records; ``interp merge`` joins them and ``interp run CONFIG`` (unsharded) then resumes
+    with the stages.
 
     Args:
         path: the experiment config (a TOML file, or a parsed config such as
@@ -199,6 +211,7 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
             every stage redo work computed under other runtime settings.
         only: run only these stages (``asymmetry`` and/or names of :data:`STAGES`).
         log: progress lines.
+        shard: this process's shard (:func:`interp.launch.current_shard`; None: unsharded).
 
     Returns:
         ``{model spec: {"run_dir", "metrics"}}`` (also written to ``out/summary.json``).
@@ -206,6 +219,8 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
     Raises:
         ConfigError: a missing or malformed file, an unknown top-level key or stage, an
             ``--only`` name that is not a configured stage, or a bad stage config value.
+        interp.errors.ShardError: shards of another count under a run directory, or a
+            refused merge.
         interp.errors.DataError: a dataset or file of ``[asymmetry]`` that cannot be loaded.
         interp.errors.RunDirError: ``--only`` without ``asymmetry`` on a run that has none.
     """
@@ -234,7 +249,9 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
     texts: list[str] = []
     with new_run_dir(out):
         summary = _run_models(acfgs, stage_cfgs, out, overwrite=overwrite, only=only, log=log,
-                              texts=texts)
+                              texts=texts, shard=shard)
+    if shard is not None and not (shard.joined and shard.index == 0):
+        return summary  # this process wrote its shards; rank 0 or `interp merge` goes on
     write_json(out / "summary.json", summary)
     atomic_write_text(out / "summary.txt", "\n\n".join(texts) + "\n")
     comp = None
@@ -267,19 +284,28 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
 
 def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Path, *,
                 overwrite: bool, only: Sequence[str] | None,
-                log: Callable[[str], None], texts: list[str]) -> dict[str, Any]:
+                log: Callable[[str], None], texts: list[str],
+                shard: Shard | None = None) -> dict[str, Any]:
     """Step 2 of :func:`run_config` (the module docstring) for every model.
 
-    Each stage's summary text is appended to ``texts`` and its time logged.
+    Each stage's summary text is appended to ``texts`` and its time logged. With ``shard``,
+    a process whose Study 1 gives no merged run (:func:`interp.merge.run_asymmetry` returns
+    None) skips the model's stages.
     """
     summary: dict[str, Any] = {}
     for spec, acfg in acfgs.items():
         run_dir = out / model_slug(spec)
-        handle = load_model(spec, device=acfg.device, dtype=acfg.dtype)
+        if shard is not None and (only and "asymmetry" not in only) and shard.index:
+            continue  # stages only: rank 0 runs them on the merged run
+        device = shard.device(acfg.device) if shard is not None else acfg.device
+        handle = load_model(spec, device=device, dtype=acfg.dtype, **placement(acfg))
         log(f"== {spec} -> {run_dir}")
         t0 = time.perf_counter()
         if not only or "asymmetry" in only:
-            m = asymmetry.run(acfg, run_dir, overwrite=overwrite, handle=handle, log=log)
+            m = run_asymmetry(acfg, run_dir, shard=shard, overwrite=overwrite, handle=handle,
+                              log=log)
+            if m is None:
+                continue
         else:
             m = asymmetry.write_metrics(RunDir(run_dir), acfg)
         texts += [f"## {spec}: asymmetry ({run_dir}/metrics.json)", asymmetry.format_summary(m)]

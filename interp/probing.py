@@ -74,6 +74,7 @@ from tqdm.auto import tqdm
 from interp.errors import ProbeError
 from interp.generation import left_pad
 from interp.hooks.capture import hooked
+from interp.hooks.devices import stack_cpu
 from interp.hooks.points import hook_name
 from interp.models import ModelHandle
 from interp.prompts import RenderedPrompt
@@ -139,7 +140,7 @@ def residual_stream(handle: ModelHandle, input_ids: Int[Tensor, "batch seq"],
     with hooked(handle.model, cache=names) as acts:
         handle.model(input_ids=input_ids, attention_mask=attention_mask,
                      position_ids=position_ids, use_cache=False, logits_to_keep=1)
-    return torch.stack([acts[n] for n in names], dim=1).float().cpu()
+    return stack_cpu([acts[n] for n in names], dim=1).float()
 
 
 def pool_resid(resid: Float[Tensor, "layer seq d_model"], candidate: Sequence[int] | None,

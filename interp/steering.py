@@ -38,6 +38,7 @@ from jaxtyping import Float
 
 from interp.errors import SteeringError
 from interp.hooks.backends import extend_prompts, reply_extensions, reply_logprobs
+from interp.hooks.devices import stack_cpu
 from interp.hooks.steering import Steer, steering, tl_steered_logits
 from interp.models import ModelHandle, end_of_turn_ids
 from interp.verdict import VerdictReplies, continuation_logprobs, output_cache, verdict_replies
@@ -107,7 +108,7 @@ def parse_heads(spec: str | Sequence[str], band: Sequence[int], n_heads: int, *,
 
 def _mass(rows: Mapping[int, torch.Tensor], band: Sequence[int], span: tuple[int, int]
           ) -> np.ndarray:
-    m = torch.stack([rows[layer][:, :, span[0]:span[1]].sum(-1).mean(-1) for layer in band])
+    m = stack_cpu([rows[layer][:, :, span[0]:span[1]].sum(-1).mean(-1) for layer in band])
     return m.mean(0).double().cpu().numpy()
 
 

@@ -60,6 +60,7 @@ from torch import Tensor
 
 from interp.errors import BackendError
 from interp.hooks.capture import Edit, hooked
+from interp.hooks.devices import like
 from interp.hooks.guard import inference_guard
 from interp.hooks.points import (
     HOOK_POINTS,
@@ -250,8 +251,8 @@ def masked_edit(mask: Bool[Tensor, "batch pos *heads"], src: Float[Tensor, "pos 
         ``act -> where(mask[..., None], src[None], act)`` for ``act`` ``[batch, pos, d]``
         (``[batch, pos, n_heads, head_dim]`` at ``attn.hook_z``).
     """
-    def edit(act: Tensor) -> Tensor:
-        return torch.where(mask.unsqueeze(-1), src.unsqueeze(0).to(act.dtype), act)
+    def edit(act: Tensor) -> Tensor:  # on the device of the layer it edits (a device map)
+        return torch.where(like(mask, act, dtype=False).unsqueeze(-1), like(src, act)[None], act)
     return edit
 
 

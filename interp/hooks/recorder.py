@@ -50,6 +50,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from interp.errors import AttentionError
 from interp.hooks.backends import attn_implementation, to_nnsight, to_tlens
 from interp.hooks.capture import hooked
+from interp.hooks.devices import module_weight, stack_cpu
 from interp.hooks.guard import inference_guard
 from interp.hooks.points import hook_name, hook_site, resolve
 from interp.layers import parse_layers
@@ -223,7 +224,8 @@ def batch_rows(handle: ModelHandle) -> Iterator[Callable[[], Float[Tensor, "batc
 
     Yields:
         A function returning the rows of the LAST forward run inside the context,
-        ``[batch, n_layers, n_heads, key_len]`` float32 on the model's device.
+        ``[batch, n_layers, n_heads, key_len]`` float32 on the CPU (the layers of a
+        device-mapped model may compute on several devices, :mod:`interp.hooks.devices`).
 
     Raises:
         AttentionError: (from the returned function) a layer saw no attention call.
@@ -236,7 +238,7 @@ def batch_rows(handle: ModelHandle) -> Iterator[Callable[[], Float[Tensor, "batc
             raise AttentionError(f"the recorder saw no attention call in layers {missing}: "
                                  f"{type(handle.model).__name__} does not use "
                                  f"AttentionInterface")
-        return torch.stack([cap.rows[x] for x in range(handle.n_layers)], dim=1)
+        return stack_cpu([cap.rows[x] for x in range(handle.n_layers)], dim=1)
 
     try:
         with attn_implementation(handle, register_recorder()):
@@ -275,7 +277,7 @@ def _forward(handle: ModelHandle, ids: Tensor, cap: _Capture, names: Sequence[st
     if missing:
         raise AttentionError(f"the recorder saw no attention call in layers {missing}: "
                              f"{type(model).__name__} does not use AttentionInterface")
-    return torch.stack([cap.rows[layer][0] for layer in range(handle.n_layers)]), store
+    return stack_cpu([cap.rows[layer][0] for layer in range(handle.n_layers)]), store
 
 
 def _record_hf(handle: ModelHandle, ids: Tensor, layers: list[int],
@@ -287,17 +289,17 @@ def _record_hf(handle: ModelHandle, ids: Tensor, layers: list[int],
     rows, store = _forward(handle, ids, cap, names)
     acts: dict[str, Tensor] = {}
     if layers:
-        for key in ("resid_pre", "resid_post", "z"):
-            acts[key] = torch.stack([store[_act_names(x)[key]][0] for x in layers])
         res = []
-        for x, z in zip(layers, acts["z"]):
-            w_o = resolve(model, hook_name(x, "attn.hook_z"))[0].weight  # [d_model, H * d_head]
-            z_last = z[-1]  # [n_heads, head_dim]
+        for x in layers:  # on the layer's own device (a device map may spread them)
+            z_last = store[_act_names(x)["z"]][0, -1]  # [n_heads, head_dim]
+            w_o = module_weight(resolve(model, hook_name(x, "attn.hook_z"))[0])  # [d_model, H*d]
             n_h, d_h = z_last.shape
-            res.append(torch.einsum("hd,mhd->hm", z_last, w_o.view(-1, n_h, d_h)))
-        acts["result_last"] = torch.stack(res)
+            res.append(torch.einsum("hd,mhd->hm", z_last, w_o.view(-1, n_h, d_h).to(z_last)))
+        for key in ("resid_pre", "resid_post", "z"):
+            acts[key] = stack_cpu([store[_act_names(x)[key]][0] for x in layers])
+        acts["result_last"] = stack_cpu(res)
         if patterns:
-            acts["pattern"] = torch.stack([cap.pattern[x] for x in layers])
+            acts["pattern"] = stack_cpu([cap.pattern[x] for x in layers])
     return Recording(rows=rows.float().cpu(), acts={k: v.cpu() for k, v in acts.items()},
                      layers=layers)
 
@@ -319,18 +321,18 @@ def _record_check(handle: ModelHandle, ids: Tensor, backend: str) -> Tensor:
     with attn_implementation(handle, "eager"), inference_guard(bridge):
         if backend == "eager":
             out = model(input_ids=ids, use_cache=False, output_attentions=True, logits_to_keep=1)
-            return torch.stack([a[0, :, -1, :] for a in out.attentions])
+            return stack_cpu([a[0, :, -1, :] for a in out.attentions])
         if backend == "transformer_lens":
             names = [f"blocks.{x}.attn.hook_pattern" for x in range(n_layers)]
             _, cache = lm.run_with_cache(ids, names_filter=lambda n: n in names)
-            return torch.stack([cache[n][0, :, -1, :] for n in names])
+            return stack_cpu([cache[n][0, :, -1, :] for n in names])
         paths = [hook_site(model, hook_name(x, "hook_attn_out")).module_path
                  for x in range(n_layers)]
         saved = []
         with lm.trace(ids):
             for path in paths:
                 saved.append(_envoy(lm, path).output[1][0, :, -1, :].save())
-        return torch.stack([getattr(s, "value", s) for s in saved])
+        return stack_cpu([getattr(s, "value", s) for s in saved])
 
 
 @torch.no_grad()

@@ -36,11 +36,20 @@ from tqdm.auto import tqdm
 
 from interp.asymmetry import compute_metrics, evaluate_examples, format_metrics, make_oracle
 from interp.data import DATASETS, QAExample, load_examples
-from interp.errors import ConfigError, DataError, RunDirError
+from interp.errors import ConfigError, DataError, InterpError, RunDirError
 from interp.grading import BaseOracle, RuleOracle
 from interp.grading import oracle_agreement as grade_agreement
 from interp.inputs import check_counts, new_run_dir
-from interp.models import DEFAULT_MODEL, ModelHandle, load_model, result_facts, runtime_facts
+from interp.launch import Shard, assign
+from interp.models import (
+    DEFAULT_MODEL,
+    ModelHandle,
+    check_device_map,
+    load_model,
+    placement,
+    result_facts,
+    runtime_facts,
+)
 from interp.plots import plot_asymmetry
 from interp.prefill import Capture
 from interp.probing import POOLS
@@ -90,6 +99,12 @@ class AsymmetryConfig:
         seed: seed of bootstrap resampling.
         device: where to run (default CUDA when available).
         dtype: precision (``float32``, ``bfloat16``, ...; default by device).
+        device_map: a model larger than one device: ``auto``, ``balanced``, ``sequential``
+            or a table module -> device (``0``, ``"cuda:1"``, ``"cpu"``, ``"disk"``),
+            :func:`interp.models.load_model`; recorded in the manifest, not a key field (it
+            changes nothing but speed).
+        max_memory: with ``device_map``: device -> memory (``{0 = "20GiB", cpu = "60GiB"}``).
+        offload_folder: with ``device_map``: the folder of modules mapped to ``"disk"``.
         from_hub: read dataset names from the Hugging Face hub instead of the bundled files.
         n_boot: bootstrap resamples for CIs.
         one_pass: in the harness's own prefill forwards, also record what the attention and
@@ -122,12 +137,19 @@ class AsymmetryConfig:
     seed: int = 0
     device: str | None = None
     dtype: str | None = None
+    device_map: str | dict[str, Any] | None = None
+    max_memory: dict[str, Any] | None = None
+    offload_folder: str | None = None
     from_hub: bool = False
     n_boot: int = 2000
     one_pass: bool = True
     chunk_batches: int = 1
 
     def __post_init__(self) -> None:
+        try:
+            check_device_map(self.device_map, self.max_memory, self.offload_folder)
+        except InterpError as err:
+            raise ConfigError(f"[asymmetry] {err}") from None
         if isinstance(self.chunk_batches, bool) or not isinstance(self.chunk_batches, int) or \
                 self.chunk_batches < 1:
             raise ConfigError(f"[asymmetry] chunk_batches must be a whole number >= 1, not "
@@ -155,8 +177,14 @@ def run(
     handle: ModelHandle | None = None,
     log: Callable[[str], None] = print,
     chunk: int | None = None,
+    shard: Shard | None = None,
 ) -> dict[str, Any]:
     """Run Study 1 into a run directory, resuming finished work; return metrics.json's content.
+
+    With ``shard`` (:mod:`interp.launch`) only the shard's records are run, into
+    ``out/shards/I-of-N`` (an ordinary resumable run whose manifest says which records it
+    owns); its ``metrics.json`` is left to the merge (:mod:`interp.merge`), and ``{}`` is
+    returned.
 
     Args:
         config: the run's configuration.
@@ -166,6 +194,7 @@ def run(
         log: where progress lines go.
         chunk: examples per appended chunk of records (default ``chunk_batches *
             batch_size``; the examples of a chunk are sorted by prompt length into batches).
+        shard: run only this shard's records (:func:`interp.launch.assign`).
 
     Raises:
         interp.errors.ConfigError: a count below 1 or an unknown oracle spec (before any
@@ -175,11 +204,18 @@ def run(
         interp.errors.DataError: unknown dataset, malformed file.
     """
     loaded = check_inputs(config)
+    owned = None
+    if shard is not None:
+        loaded, positions, total = assign(loaded, shard)
+        keys = ["/".join((ex.dataset, ex.id)) for exs in loaded.values() for ex in exs]
+        owned = shard.provenance(keys, positions, total)
+        out = shard.dir(out)
+        config = replace(config, device=shard.device(config.device))
     if not overwrite:  # another model, template, ... is refused before the model loads
         RunDir(out).check_config(asdict(config), KEY_FIELDS)
     with new_run_dir(out):
         return _run(config, RunDir(out), loaded, overwrite=overwrite, handle=handle, log=log,
-                    chunk=chunk)
+                    chunk=chunk, shard=owned)
 
 
 def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
@@ -215,14 +251,24 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
 
 def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExample]], *,
          overwrite: bool, handle: ModelHandle | None, log: Callable[[str], None],
-         chunk: int | None) -> dict[str, Any]:
-    """Steps 1-3 of :func:`run` (the module docstring) on checked inputs."""
+         chunk: int | None, shard: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Steps 1-3 of :func:`run` (the module docstring) on checked inputs.
+
+    ``shard``: the manifest's ``shard`` entry of a shard's run (:meth:`interp.launch.Shard.
+    provenance`): stored, and no ``metrics.json`` is written (the merge writes it).
+    """
     template = get_template(config.template, config.templates_path)
-    handle = handle or load_model(config.model, device=config.device, dtype=config.dtype)
+    handle = handle or load_model(config.model, device=config.device, dtype=config.dtype,
+                                  **placement(config))
     facts = runtime_facts(handle)
     manifest = rd.init_manifest(asdict(config), model_info=handle.info, overwrite=overwrite,
                                 key_fields=KEY_FIELDS, runtime=facts,
                                 result_facts=result_facts(facts))
+    if shard is not None:
+        manifest["shard"] = shard
+        write_json(rd.manifest_path, manifest)
+        rd.path.mkdir(parents=True, exist_ok=True)
+        rd.records_path.touch()  # a shard that owns no record is finished too
     oracle = make_oracle(config.oracle, device=config.device, dtype=config.dtype,
                          run_model=handle)
     facts = None
@@ -271,6 +317,8 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
             dt = time.perf_counter() - t0
             log(f"[{ds}] {len(todo)} examples in {dt:.1f} s "
                 f"({60 * len(todo) / dt:.1f} examples/minute)")
+    if shard is not None:
+        return {}
     # metrics.json describes the whole run directory: every dataset run into it so far
     every = manifest["config"].get("datasets", config.datasets)
     return write_metrics(rd, replace(config, datasets=list(every)))

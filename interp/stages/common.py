@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from interp.errors import InterpError, LayerSpecError, RunDirError
 from interp.layers import parse_layers
-from interp.models import ModelHandle, load_model, result_facts, runtime_facts
+from interp.models import ModelHandle, load_model, placement, result_facts, runtime_facts
 from interp.store import RunDir, limit_per_dataset
 
 __all__ = ["LAYER_FIELDS", "Stage", "check_config", "check_run_model", "load_run_model",
@@ -147,6 +147,9 @@ def load_run_model(run: RunDir, device: str | None = None,
                    config: Any = None) -> ModelHandle:
     """Load the model a run was made with (the manifest's model spec) and check its sha256.
 
+    The run's big-model placement (``device_map``, ``max_memory``, ``offload_folder`` of its
+    config, :func:`interp.models.load_model`) is used again.
+
     Args:
         run: a run directory with ``manifest.json``.
         device: where to load it (default: the run's ``config.device``, else CUDA if available).
@@ -173,6 +176,7 @@ def load_run_model(run: RunDir, device: str | None = None,
     if config is not None and (n_layers := manifest.get("model", {}).get("n_layers")):
         check_config(stage or "stage", config, int(n_layers),
                      manifest["model"].get("n_heads"))
-    handle = load_model(spec, device=device or cfg.get("device"), dtype=dtype or cfg.get("dtype"))
+    handle = load_model(spec, device=device or cfg.get("device"), dtype=dtype or cfg.get("dtype"),
+                        **placement(cfg))
     check_run_model(run, handle, manifest)
     return handle

@@ -1,0 +1,237 @@
+"""Runs split over processes by the standard launchers: which records a process owns.
+
+``interp`` has no scheduler of its own: torchrun (or ``accelerate launch``), a SLURM job array,
+Ray or a shell loop starts the processes; each process learns its shard here and works on its
+records only, into an ordinary resumable run directory of its own; :mod:`interp.merge` turns
+the finished shards into one run.
+
+Algorithm:
+
+1. **Identity** (:func:`current_shard`): an explicit ``--shard I/N`` (``I`` from 0) wins; else
+   torchrun / ``accelerate launch`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``); else a SLURM
+   array (``SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN`` of ``SLURM_ARRAY_TASK_COUNT``). One
+   shard in all (``N = 1``) is no sharding.
+2. **Records** (:func:`assign`): the examples are selected globally first, exactly as an
+   unsharded run selects them (same ``limit``, order and seed,
+   :func:`interp.stages.asymmetry.check_inputs`); then whole passages are dealt out: the
+   passages (:func:`interp.data.passage_key`, the bootstrap's cluster) in the order of their
+   first question, passage ``k`` to shard ``k mod N``. A passage's questions stay together, the
+   assignment needs no model, and a larger ``limit`` keeps every earlier record in its shard
+   (the selection grows at its end).
+3. **Device** (:meth:`Shard.device`): ``cuda:LOCAL_RANK`` when CUDA is present, else the CPU.
+4. **Where** (:meth:`Shard.dir`): shard ``I`` of ``N`` writes ``OUT/shards/I-of-N/``, an
+   ordinary run directory (resumable: a killed shard reruns the same command). Its manifest
+   holds ``shard``: index, count, launcher and the global position of every record it owns,
+   which is what :mod:`interp.merge` checks. Shards of another ``N`` under the same ``OUT``
+   are refused (:func:`check_count`): the records would be dealt out differently.
+5. **Together** (:func:`barrier`): under torchrun every process waits for the others with a
+   ``torch.distributed`` (gloo) barrier; rank 0 merges. That is all the process group is used
+   for.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from interp.data import QAExample, passage_key
+from interp.errors import ShardError
+
+__all__ = ["SHARDS_DIR", "Shard", "assign", "barrier", "check_count", "current_shard",
+           "finish", "parse_shard", "shard_dirs"]
+
+SHARDS_DIR = "shards"
+"""Folder of a run directory that holds its shards (``OUT/shards/I-of-N/``)."""
+_NAME = re.compile(r"(\d+)-of-(\d+)")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One process's share of a run.
+
+    Attributes:
+        index: the shard, ``0 <= index < count``.
+        count: shards in all (``N``).
+        launcher: who said so: ``torchrun`` (also ``accelerate launch``), ``slurm`` or
+            ``--shard``.
+        local_rank: the process's index on its machine (torchrun's ``LOCAL_RANK``), for the
+            device; None: ``index``.
+    """
+
+    index: int
+    count: int
+    launcher: str = "--shard"
+    local_rank: int | None = None
+
+    @property
+    def name(self) -> str:
+        """``I-of-N``."""
+        return f"{self.index}-of-{self.count}"
+
+    @property
+    def joined(self) -> bool:
+        """Whether the processes form a torch.distributed group (torchrun): rank 0 merges."""
+        return self.launcher == "torchrun"
+
+    def dir(self, out: str | Path) -> Path:
+        """The shard's run directory ``OUT/shards/I-of-N``."""
+        return Path(out) / SHARDS_DIR / self.name
+
+    def device(self, asked: str | None = None) -> str | None:
+        """The device this shard runs on: ``cuda:LOCAL_RANK`` with CUDA, else the CPU.
+
+        ``asked`` (a config's ``device``) wins unless it is None or a bare ``cuda``; without
+        CUDA it is returned as it is (None: the CPU, as unsharded).
+        """
+        import torch
+
+        if asked not in (None, "cuda"):
+            return asked
+        if torch.cuda.is_available():
+            rank = self.index if self.local_rank is None else self.local_rank
+            return f"cuda:{rank % torch.cuda.device_count()}"
+        return asked
+
+    def provenance(self, keys: Sequence[str], positions: Sequence[int], total: int
+                   ) -> dict[str, Any]:
+        """The manifest's ``shard`` entry (step 4): ``keys`` ``"dataset/id"`` owned, in order."""
+        return {"index": self.index, "count": self.count, "launcher": self.launcher,
+                "name": self.name, "keys": list(keys), "positions": list(positions),
+                "total": total}
+
+
+def parse_shard(spec: str) -> Shard:
+    """``"I/N"`` as a :class:`Shard` (``I`` counted from 0).
+
+    Raises:
+        ShardError: not two whole numbers, ``N < 1`` or ``I`` outside ``0..N-1``.
+    """
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(spec))
+    if not m:
+        raise ShardError(f"--shard {spec!r}: use I/N with I counted from 0, e.g. --shard 0/4")
+    i, n = int(m.group(1)), int(m.group(2))
+    if n < 1 or not 0 <= i < n:
+        raise ShardError(f"--shard {spec}: I must be in 0..N-1 and N >= 1 (shards are counted "
+                         f"from 0: 0/{max(n, 1)} ... {max(n, 1) - 1}/{max(n, 1)})")
+    return Shard(i, n, "--shard")
+
+
+def current_shard(spec: str | None = None, env: Mapping[str, str] | None = None
+                  ) -> Shard | None:
+    """This process's shard (step 1), or None when the run is not split.
+
+    Args:
+        spec: ``--shard I/N`` (wins over the environment).
+        env: the environment (default ``os.environ``).
+
+    Raises:
+        ShardError: a malformed ``--shard``, or launcher variables that contradict each other
+            (``RANK >= WORLD_SIZE``).
+    """
+    env = os.environ if env is None else env
+    if spec:
+        shard = parse_shard(spec)
+    elif int(env.get("WORLD_SIZE", "1") or 1) > 1:
+        n, i = int(env["WORLD_SIZE"]), int(env.get("RANK", "0"))
+        if not 0 <= i < n:
+            raise ShardError(f"RANK={i} is outside WORLD_SIZE={n}: not a torchrun environment")
+        local = env.get("LOCAL_RANK")
+        shard = Shard(i, n, "torchrun", int(local) if local is not None else None)
+    elif int(env.get("SLURM_ARRAY_TASK_COUNT", "1") or 1) > 1:
+        n = int(env["SLURM_ARRAY_TASK_COUNT"])
+        i = int(env.get("SLURM_ARRAY_TASK_ID", "0")) - int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
+        if not 0 <= i < n:
+            raise ShardError(f"SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN = {i} is outside "
+                             f"0..{n - 1}: use a contiguous array (--array=0-{n - 1})")
+        shard = Shard(i, n, "slurm")
+    else:
+        return None
+    return shard if shard.count > 1 else None
+
+
+def assign(loaded: Mapping[str, Sequence[QAExample]], shard: Shard
+           ) -> tuple[dict[str, list[QAExample]], list[int], int]:
+    """The examples a shard owns (step 2).
+
+    Args:
+        loaded: ``{dataset: examples}`` as the unsharded run selects them, in config order.
+        shard: the shard.
+
+    Returns:
+        ``(owned, positions, total)``: ``{dataset: its owned examples, in order}``, the global
+        position (in the concatenation of ``loaded``) of each owned example, and the number of
+        examples in all.
+    """
+    passages: dict[str, int] = {}
+    owned: dict[str, list[QAExample]] = {ds: [] for ds in loaded}
+    positions: list[int] = []
+    pos = 0
+    for ds, examples in loaded.items():
+        for ex in examples:
+            k = passages.setdefault(passage_key(ex), len(passages))
+            if k % shard.count == shard.index:
+                owned[ds].append(ex)
+                positions.append(pos)
+            pos += 1
+    return owned, positions, pos
+
+
+def shard_dirs(out: str | Path) -> list[Path]:
+    """The shard run directories under ``OUT/shards/`` (those with a manifest), sorted."""
+    root = Path(out) / SHARDS_DIR
+    found = [p for p in root.iterdir() if _NAME.fullmatch(p.name) and
+             (p / "manifest.json").exists()] if root.is_dir() else []
+    return sorted(found, key=lambda p: tuple(int(x) for x in _NAME.fullmatch(p.name).groups()))
+
+
+def check_count(out: str | Path, shard: Shard) -> None:
+    """Refuse to shard ``OUT`` into ``N`` shards when it holds shards of another count.
+
+    Records are dealt out by ``N`` (step 2): shards of two counts would own overlapping
+    records. Rerun with the count the existing shards have, or remove ``OUT/shards``.
+
+    Raises:
+        ShardError: one line naming the existing count and both ways out.
+    """
+    other = sorted({int(_NAME.fullmatch(p.name).group(2)) for p in shard_dirs(out)} -
+                   {shard.count})
+    if other:
+        raise ShardError(f"{Path(out) / SHARDS_DIR} holds shards of {other[0]} (not "
+                         f"{shard.count}): rerun with --shard I/{other[0]} (or the same "
+                         f"launcher size), or remove {Path(out) / SHARDS_DIR} to start over")
+
+
+_GROUP: list[bool] = []
+
+
+def barrier(shard: Shard | None) -> None:
+    """Wait until every process of a torchrun group gets here (step 5); no-op otherwise.
+
+    The gloo process group is made on the first call (``env://``: torchrun's
+    ``MASTER_ADDR``/``MASTER_PORT``), with a day's timeout: a shard may wait long for a slower
+    one.
+    """
+    if shard is None or not shard.joined:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", rank=shard.index, world_size=shard.count,
+                                timeout=timedelta(days=1))
+        _GROUP.append(True)
+    dist.barrier()
+
+
+def finish() -> None:
+    """Leave the process group :func:`barrier` made (at the end of a command)."""
+    if _GROUP:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        _GROUP.clear()
