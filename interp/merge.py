@@ -212,45 +212,36 @@ def _plan_parts(ms: Sequence[Mapping[str, Any]]) -> tuple[list[tuple[Path, Path]
 def _merge_rows(files: Sequence[Path], order: Mapping[str, int]) -> tuple[dict, dict]:
     """Rows of several shards' copies of one rows-keyed part, in ``order`` (step 2).
 
-    Metadata entries that are JSON lists as long as ``keys`` are per row and concatenated;
-    other lists (keys of a subset, such as ``candidate_fallback``) are joined; every other
-    entry (the signature, pools, model) must be the same in every shard.
+    Metadata entries that are JSON lists as long as ``keys`` in every shard are per row and
+    concatenated; other lists (keys of a subset, such as ``candidate_fallback``) are joined;
+    every other entry (the signature, pools, model) must be the same in every shard.
     """
     metas, tensors = [], []
     for f in files:
         with safe_open(str(f), "pt") as fh:
-            metas.append(dict(fh.metadata() or {}))
+            meta = dict(fh.metadata() or {})
+        metas.append({k: json.loads(v) if k == "keys" or (v[:1] == "[" and k != "pools") else v
+                      for k, v in meta.items()})
         tensors.append(load_tensors(f))
-    keys: list[str] = []
-    per_row: dict[str, list[Any]] = {}
-    joined: dict[str, list[Any]] = {}
-    plain: dict[str, str] = {}
-    for f, meta in zip(files, metas):
-        k = json.loads(meta["keys"])
-        keys += k
-        for name, val in meta.items():
-            if name == "keys":
-                continue
-            parsed = json.loads(val) if val[:1] == "[" else None
-            if isinstance(parsed, list) and len(parsed) == len(k) and name != "pools":
-                per_row.setdefault(name, []).extend(parsed)
-            elif isinstance(parsed, list) and name != "pools":
-                joined.setdefault(name, []).extend(x for x in parsed
-                                                   if x not in joined.get(name, []))
-            elif plain.setdefault(name, val) != val:
-                _refuse(f"{f.name} of the shards differ in {name} ({plain[name][:40]!r} vs "
-                        f"{val[:40]!r}): they were made under other settings")
+    lists = {k for m in metas for k, v in m.items() if isinstance(v, list) and k != "keys"}
+    per_row = {k for k in lists if all(len(m.get(k, [])) == len(m["keys"]) for m in metas)}
+    keys = [k for m in metas for k in m["keys"]]
     if len(set(keys)) != len(keys):
         _refuse(f"{files[0].name}: a record's row is in two shards")
     idx = sorted(range(len(keys)), key=lambda i: (order.get(keys[i], len(order)), i))
+    out: dict[str, str] = {"keys": json.dumps([keys[i] for i in idx])}
+    for k in sorted(lists):
+        vals = [x for m in metas for x in m.get(k, [])]
+        out[k] = json.dumps([vals[i] for i in idx] if k in per_row else list(dict.fromkeys(vals)))
+    for f, m in zip(files, metas):
+        for k, v in m.items():
+            if k not in lists and k != "keys" and out.setdefault(k, v) != v:
+                _refuse(f"{f.name} of the shards differ in {k} ({out[k][:40]!r} vs "
+                        f"{v[:40]!r}): they were made under other settings")
     names = set(tensors[0])
     if any(set(t) != names for t in tensors):
         _refuse(f"{files[0].name} of the shards hold different tensors")
-    cat = {n: torch.cat([t[n] for t in tensors])[idx] for n in names}
-    meta = {**plain, "keys": json.dumps([keys[i] for i in idx]),
-            **{n: json.dumps([v[i] for i in idx]) for n, v in per_row.items()},
-            **{n: json.dumps(v) for n, v in joined.items()}}
-    return cat, meta
+    return {n: torch.cat([t[n] for t in tensors])[idx] for n in names}, out
 
 
 def merge_shards(shard_dirs: Sequence[str | Path], out: str | Path, *,
@@ -309,6 +300,10 @@ def merge_shards(shard_dirs: Sequence[str | Path], out: str | Path, *,
     # step 3
     first = ms[0]
     manifest = {k: v for k, v in first.items() if k not in ("shard", "_dir")}
+    # where the shards computed (cuda:0, cuda:1, ...): kept when they agree, else the default
+    manifest["config"] = {**first["config"], **{
+        k: first["config"].get(k) if all(m["config"].get(k) == first["config"].get(k)
+                                         for m in ms) else None for k in PROCESS_FIELDS}}
     manifest["shards"] = [{"name": m["shard"]["name"], "dir": str(m["_dir"]),
                            "launcher": m["shard"]["launcher"], "records": len(m["shard"]["keys"]),
                            "created": m.get("created"), "git_commit": m.get("git_commit"),
@@ -320,7 +315,7 @@ def merge_shards(shard_dirs: Sequence[str | Path], out: str | Path, *,
     # step 4
     cfg = asymmetry.AsymmetryConfig.from_mapping(
         {k: v for k, v in first["config"].items()
-         if k in asymmetry.AsymmetryConfig.__dataclass_fields__})
+         if k in asymmetry.AsymmetryConfig.__dataclass_fields__ and k not in PROCESS_FIELDS})
     metrics = asymmetry.write_metrics(rd, cfg)
     log(f"[merge] {len(ms)} shards, {len(records)} records, {len(copies)} parts copied, "
         f"{len(rows)} row files joined into {out} in {time.perf_counter() - t0:.1f} s")

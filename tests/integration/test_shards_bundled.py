@@ -1,0 +1,187 @@
+"""Runs split over processes leave the run an unsharded run leaves (bundled SmolLM2, 8 records).
+
+One unsharded ``interp run`` of a small config (Study 1 with its one pass, attention, probe,
+steering) is the reference. Then, each against it: ``torchrun --nproc_per_node 2 -m interp
+run`` of the same config; ``torchrun ... -m interp asymmetry`` with the same settings; and
+``--shard 0/2`` (killed after its first chunk, then rerun) + ``--shard 1/2`` + ``interp
+merge``. Every process runs one torch thread. Answers, verdicts and every record field are
+identical; ``logit_diff``, span masses, stage numbers and ``metrics.json`` floats agree within
+1e-5 (a shard's batches hold other prompts, so padding moves the last bits, as a change of
+``batch_size`` would); counts and strings are identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file
+
+from interp.pipeline import run_config
+
+pytestmark = pytest.mark.integration
+
+SLUG = "smollm2-135m-instruct"
+ASYM = {"datasets": ["squad_v2"], "limit": 8, "batch_size": 2, "max_new_tokens": 16}
+"""The settings of ``interp asymmetry`` in :func:`_asym_args` (the rest are its defaults)."""
+STAGES = {"attention": {"layers": "last8", "n_boot": 100},
+          "probe": {"tasks": ["eval"], "folds": 2, "probes": ["logreg"], "top_k": 1,
+                    "layers": [10, 20, 29]},
+          "steering": {"alphas": [0.5, 1.0, 2.0], "layers": "last8", "tasks": ["eval"], "limit": 2,
+                       "max_new_tokens": 8, "n_boot": 100}}
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _toml(path: Path, out: Path) -> Path:
+    def val(v):
+        return json.dumps(v)
+    lines = [f'name = "shards"\nout = "{out}"\n[asymmetry]']
+    lines += [f"{k} = {val(v)}" for k, v in ASYM.items()]
+    for name, table in STAGES.items():
+        lines += [f"[{name}]", *(f"{k} = {val(v)}" for k, v in table.items())]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
+            "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _interp(*args: str, torchrun: bool = False, check: bool = True
+            ) -> subprocess.CompletedProcess:
+    exe = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc_per_node", "2"] if torchrun else [sys.executable]
+    res = subprocess.run([*exe, "-m", "interp", *args], env=_env(), cwd=REPO,
+                         capture_output=True, text=True, timeout=900)
+    if check and res.returncode:
+        raise AssertionError(f"exit {res.returncode}: {res.stderr[-3000:]}")
+    return res
+
+
+def _asym_args(out: Path) -> list[str]:
+    return ["asymmetry", "--dataset", "squad_v2", "--limit", "8", "--batch-size", "2",
+            "--max-new-tokens", "16", "--out", str(out)]
+
+
+def _records(d: Path) -> list[dict]:
+    return [json.loads(x) for x in (d / "records.jsonl").read_text().splitlines() if x.strip()]
+
+
+def _close(a, b, where: str) -> None:
+    """Equal, floats within 1e-5 (relative for large ones)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), where
+        for k in a:
+            _close(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _close(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and not isinstance(b, bool):
+        assert isinstance(b, float | int) and b == pytest.approx(a, rel=1e-5, abs=1e-5), where
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def assert_same_run(ref: Path, got: Path, stages: bool = False) -> None:
+    """Records, metrics, one-pass parts (and stage summaries) of two run directories agree."""
+    ra, rb = _records(ref), _records(got)
+    assert [(r["dataset"], r["id"]) for r in ra] == [(r["dataset"], r["id"]) for r in rb]
+    for x, y in zip(ra, rb):
+        for k in ("answer", "generation", "verdict", "verdict_text", "oracle_label", "status"):
+            assert x.get(k) == y.get(k), (x["id"], k)
+        _close(x, y, f"record {x['id']}")
+    _close(json.loads((ref / "metrics.json").read_text()),
+           json.loads((got / "metrics.json").read_text()), "metrics.json")
+    parts = sorted((ref / "attention/records").rglob("*.safetensors"))
+    assert len(parts) == len([r for r in ra if r["status"] == "ok"]) > 0
+    for p in parts:
+        a, b = load_file(p), load_file(got / p.relative_to(ref))
+        for k in a:
+            np.testing.assert_allclose(b[k].numpy(), a[k].numpy(), atol=1e-5, err_msg=str(p))
+    fa = load_file(ref / "probes/features_eval.safetensors")
+    fb = load_file(got / "probes/features_eval.safetensors")
+    for k in fa:
+        np.testing.assert_allclose(fb[k].numpy(), fa[k].numpy(), atol=1e-5, rtol=1e-5)
+    if stages:
+        for f in ("attention/summary.json", "probes/results.json", "steering/summary.json"):
+            a, b = (json.loads((d / f).read_text()) for d in (ref, got))
+            for drop in ("elapsed_s", "wall_s", "seconds", "created", "run"):
+                a.pop(drop, None)
+                b.pop(drop, None)
+            _close(a, b, f)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The unsharded run of the config: ``out/<model>/``."""
+    root = tmp_path_factory.mktemp("unsharded")
+    run_config(_toml(root / "cfg.toml", root / "out"), log=lambda s: None)
+    return root / "out" / SLUG
+
+
+def test_torchrun_interp_run_equals_unsharded(reference, tmp_path):
+    cfg = _toml(tmp_path / "cfg.toml", tmp_path / "out")
+    _interp("run", str(cfg), torchrun=True)
+    got = tmp_path / "out" / SLUG
+    assert sorted(p.name for p in (got / "shards").iterdir()) == ["0-of-2", "1-of-2"]
+    m = json.loads((got / "manifest.json").read_text())
+    assert [s["name"] for s in m["shards"]] == ["0-of-2", "1-of-2"]
+    assert [s["launcher"] for s in m["shards"]] == ["torchrun", "torchrun"]
+    assert sum(s["records"] for s in m["shards"]) == 8 and "shard" not in m
+    assert_same_run(reference, got, stages=True)
+    assert (tmp_path / "out" / "summary.json").exists()
+
+
+def test_torchrun_asymmetry_equals_unsharded(reference, tmp_path):
+    _interp(*_asym_args(tmp_path / "run"), torchrun=True)
+    assert_same_run(reference, tmp_path / "run")
+
+
+def test_killed_shard_resumes_and_merge_equals_unsharded(reference, tmp_path):
+    out = tmp_path / "run"
+    shard0 = out / "shards" / "0-of-2"
+    cmd = [sys.executable, "-m", "interp", *_asym_args(out), "--shard", "0/2"]
+    proc = subprocess.Popen(cmd, env=_env(), cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:  # kill after the first chunk
+        if (shard0 / "records.jsonl").exists() and (shard0 / "records.jsonl").read_text():
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.2)
+    proc.wait()
+    kept = _records(shard0)
+    assert 0 < len(kept) < len(json.loads((shard0 / "manifest.json").read_text())
+                               ["shard"]["keys"]), "the kill should leave a shard unfinished"
+    refused = _interp("merge", str(shard0), str(out / "shards" / "1-of-2"), "--out",
+                      str(out), check=False)
+    assert refused.returncode == 2  # shard 1 does not exist yet
+    _interp(*_asym_args(out), "--shard", "1/2")
+    unfinished = _interp("merge", str(shard0), str(out / "shards" / "1-of-2"), "--out",
+                         str(out), check=False)
+    assert unfinished.returncode == 2 and "0-of-2 is unfinished" in unfinished.stderr
+    assert len(unfinished.stderr.strip().splitlines()) == 1
+    _interp(*_asym_args(out), "--shard", "0/2")  # the same command resumes
+    rec0 = _records(shard0)
+    assert [r["id"] for r in rec0[:len(kept)]] == [r["id"] for r in kept]
+    assert len({r["id"] for r in rec0}) == len(rec0)  # nothing done twice
+    other = _interp(*_asym_args(out), "--shard", "0/3", check=False)
+    assert other.returncode == 2 and "holds shards of 2" in other.stderr
+    _interp("merge", str(shard0), str(out / "shards" / "1-of-2"), "--out", str(out))
+    assert_same_run(reference, out)
+    # the merged run is an ordinary run: an unsharded rerun of the same command has nothing
+    # left to do and changes no record
+    before = (out / "records.jsonl").read_text()
+    _interp(*_asym_args(out))
+    assert (out / "records.jsonl").read_text() == before
+    shutil.rmtree(out / "shards")

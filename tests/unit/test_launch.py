@@ -1,0 +1,217 @@
+"""Shard identity and record assignment (interp.launch), and merging shards (interp.merge).
+
+The merges here join hand-made shard directories (manifests, records, per-record parts and a
+rows-keyed feature cache), so no model runs; the bundled-model runs are in
+``tests/integration/test_shards_bundled.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from interp.data import QAExample, passage_key
+from interp.errors import ShardError
+from interp.launch import Shard, assign, check_count, current_shard, parse_shard
+from interp.merge import merge_shards
+from interp.store import read_json, save_tensors, write_json, write_jsonl
+
+
+def test_shard_from_the_launchers():
+    assert current_shard(env={}) is None
+    assert current_shard(env={"WORLD_SIZE": "1", "RANK": "0"}) is None
+    s = current_shard(env={"WORLD_SIZE": "4", "RANK": "2", "LOCAL_RANK": "0"})
+    assert (s.index, s.count, s.launcher, s.local_rank, s.joined) == (2, 4, "torchrun", 0, True)
+    s = current_shard(env={"SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_ID": "11",
+                           "SLURM_ARRAY_TASK_MIN": "10"})
+    assert (s.index, s.count, s.launcher, s.joined) == (1, 3, "slurm", False)
+    s = current_shard("1/2", env={"WORLD_SIZE": "4", "RANK": "3"})  # --shard wins
+    assert (s.index, s.count, s.launcher, s.name) == (1, 2, "--shard", "1-of-2")
+    assert s.dir("runs/x") == Path("runs/x/shards/1-of-2")
+    assert current_shard("0/1") is None
+    for bad in ("2/2", "1", "a/b", "0/0", "-1/2"):
+        with pytest.raises(ShardError, match="--shard"):
+            parse_shard(bad)
+    with pytest.raises(ShardError, match="outside"):
+        current_shard(env={"WORLD_SIZE": "2", "RANK": "5"})
+
+
+def test_device_follows_the_local_rank():
+    s = Shard(3, 4, "torchrun", local_rank=1)
+    if torch.cuda.is_available():
+        assert s.device() == f"cuda:{1 % torch.cuda.device_count()}"
+    else:
+        assert s.device() is None and s.device("cpu") == "cpu"
+    assert s.device("cuda:0") == "cuda:0"  # an explicit index is kept
+
+
+def _examples(n: int, per_passage: int = 2, dataset: str = "squad_v2") -> list[QAExample]:
+    return [QAExample(id=f"{dataset}{i}", dataset=dataset, context=f"passage {i // per_passage}",
+                      question=f"q{i}", answers=("a",), answerable=True, split="validation")
+            for i in range(n)]
+
+
+def test_assignment_keeps_passages_together_and_covers_every_record_once():
+    loaded = {"squad_v2": _examples(9, 3), "drop": _examples(4, 1, "drop")}
+    parts = [assign(loaded, Shard(i, 3)) for i in range(3)]
+    positions = sorted(p for _, pos, _ in parts for p in pos)
+    assert positions == list(range(13)) and all(t == 13 for *_, t in parts)
+    for owned, pos, _ in parts:
+        flat = [ex for exs in owned.values() for ex in exs]
+        everything = [ex for exs in loaded.values() for ex in exs]
+        assert [everything[p] for p in pos] == flat  # global order kept
+    passages = [{passage_key(ex) for exs in o.values() for ex in exs} for o, _, _ in parts]
+    assert not (passages[0] & passages[1]) and not (passages[1] & passages[2])
+    # 3 squad passages then 4 drop passages, dealt round-robin: 3 + 2 + 2 passages
+    assert [len(p) for p in passages] == [3, 2, 2]
+    # a larger limit keeps every earlier record in its shard
+    more = {"squad_v2": _examples(12, 3), "drop": _examples(4, 1, "drop")}
+    for i, (owned, _, _) in enumerate(parts):
+        now = assign(more, Shard(i, 3))[0]
+        assert {e.id for e in now["squad_v2"]} >= {e.id for e in owned["squad_v2"]}
+
+
+def _record(i: int) -> dict:
+    return {"id": f"r{i}", "dataset": "squad_v2", "status": "ok", "model": "m",
+            "template": "default", "context": f"passage {i // 2}", "question": f"q{i}",
+            "answers": ["a"], "answer": "a", "oracle_label": i % 2 == 0,
+            "verdict": i % 3 == 0, "verdict_source": "word", "logit_diff": 0.1 * i - 0.3,
+            "p_correct": 0.4 + 0.02 * i, "verdict_coverage": 0.3,
+            "logprob_correct": -1.0, "logprob_incorrect": -1.2}
+
+
+def _make_shards(root: Path, n: int = 2, total: int = 6) -> list[Path]:
+    """Shards of ``total`` records over ``n`` shards, as asymmetry writes them."""
+    records = [_record(i) for i in range(total)]
+    config = {"model": "m", "datasets": ["squad_v2"], "limit": total, "template": "default",
+              "seed": 0, "n_boot": 50, "device": None}
+    dirs = []
+    for s in range(n):
+        mine = [i for i in range(total) if (i // 2) % n == s]
+        d = root / "shards" / f"{s}-of-{n}"
+        manifest = {"config": {**config, "device": f"cuda:{s}"},
+                    "model": {"spec": "m", "sha256": "ab" * 32},
+                    "result_facts": {"dtype": "float32", "device": "cpu"},
+                    "stages": {"attention": {"result_facts": {"dtype": "float32"}}},
+                    "shard": Shard(s, n, "--shard").provenance(
+                        [f"squad_v2/r{i}" for i in mine], mine, total)}
+        write_json(d / "manifest.json", manifest)
+        write_jsonl(d / "records.jsonl", [records[i] for i in mine])
+        for i in mine:  # a per-record part
+            save_tensors(d / "attention/records/squad_v2" / f"r{i}.safetensors",
+                         {"mass.eval": torch.full((2, 3), float(i))}, {"signature": "s"})
+        keys = [f"squad_v2/r{i}" for i in reversed(mine)]  # rows in any order
+        save_tensors(d / "probes/features_eval.safetensors",
+                     {"mean": torch.tensor([[float(k[-1])] for k in keys])},
+                     {"signature": "feat", "keys": json.dumps(keys),
+                      "prompt_sigs": json.dumps([f"p{k[-1]}" for k in keys]),
+                      "candidate_fallback": json.dumps(keys[:1]), "pools": '["mean"]'})
+        dirs.append(d)
+    return dirs
+
+
+def _digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_merge_joins_shards_in_the_unsharded_order(tmp_path):
+    dirs = _make_shards(tmp_path)
+    out = tmp_path / "merged"
+    metrics = merge_shards(dirs, out, log=lambda s: None)
+    recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in recs] == [f"r{i}" for i in range(6)]
+    assert metrics["overall"]["n"] == 6 and (out / "metrics.json").exists()
+    assert sorted(p.name for p in (out / "attention/records/squad_v2").iterdir()) == [
+        f"r{i}.safetensors" for i in range(6)]
+    from safetensors import safe_open
+
+    with safe_open(str(out / "probes/features_eval.safetensors"), "pt") as f:
+        meta, mean = f.metadata(), f.get_tensor("mean")
+    assert json.loads(meta["keys"]) == [f"squad_v2/r{i}" for i in range(6)]
+    assert json.loads(meta["prompt_sigs"]) == [f"p{i}" for i in range(6)]
+    assert mean[:, 0].tolist() == [float(i) for i in range(6)]  # rows follow their keys
+    assert sorted(json.loads(meta["candidate_fallback"])) == ["squad_v2/r3", "squad_v2/r5"]
+    assert meta["signature"] == "feat"
+    m = read_json(out / "manifest.json")
+    assert "shard" not in m and [s["name"] for s in m["shards"]] == ["0-of-2", "1-of-2"]
+    assert [s["records"] for s in m["shards"]] == [4, 2] and m["merged"]["records"] == 6
+
+
+def _edit(d: Path, fn) -> None:
+    m = read_json(d / "manifest.json")
+    fn(m)
+    write_json(d / "manifest.json", m)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("config", "another config than 0-of-2 (template: 'default' vs 'matched')"),
+    ("model", "another model than 0-of-2 (model sha256"),
+    ("facts", "other settings than 0-of-2 (run: dtype 'float32' vs 'bfloat16')"),
+    ("stage_facts", "(attention stage: dtype"),
+    ("missing", "shard 1-of-2 is missing"),
+    ("twice", "given twice"),
+    ("unfinished", "shard 1-of-2 is unfinished: 1 of its 2 records (first missing: "
+                   "squad_v2/r3)"),
+    ("duplicate", "record squad_v2/r0 is in shards 0-of-2 and 1-of-2"),
+    ("lost", "2 of 8 records are in no shard"),
+    ("not_a_shard", "is not a shard"),
+    ("counts", "shards of different counts [2, 3]"),
+])
+def test_refused_merges_change_nothing(tmp_path, case, message):
+    dirs = _make_shards(tmp_path)
+    if case == "config":
+        _edit(dirs[1], lambda m: m["config"].update(template="matched"))
+    elif case == "model":
+        _edit(dirs[1], lambda m: m["model"].update(sha256="cd" * 32))
+    elif case == "facts":
+        _edit(dirs[1], lambda m: m["result_facts"].update(dtype="bfloat16"))
+    elif case == "stage_facts":
+        _edit(dirs[1], lambda m: m["stages"]["attention"]["result_facts"].update(
+            dtype="bfloat16"))
+    elif case == "missing":
+        dirs = dirs[:1]
+    elif case == "twice":
+        dirs = [dirs[0], dirs[0], dirs[1]]
+    elif case == "unfinished":
+        lines = (dirs[1] / "records.jsonl").read_text().splitlines()
+        (dirs[1] / "records.jsonl").write_text(lines[0] + "\n")
+    elif case == "duplicate":
+        with open(dirs[1] / "records.jsonl", "a") as f:
+            f.write(json.dumps(_record(0)) + "\n")
+        _edit(dirs[1], lambda m: m["shard"].update(keys=[*m["shard"]["keys"], "squad_v2/r0"],
+                                                   positions=[*m["shard"]["positions"], 0]))
+    elif case == "lost":
+        for d in dirs:
+            _edit(d, lambda m: m["shard"].update(total=8))
+    elif case == "not_a_shard":
+        _edit(dirs[1], lambda m: m.pop("shard"))
+    elif case == "counts":
+        _edit(dirs[1], lambda m: m["shard"].update(count=3))
+    before = _digest(tmp_path)
+    with pytest.raises(ShardError, match="^merge refused: ") as err:
+        merge_shards(dirs, tmp_path / "merged", log=lambda s: None)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert _digest(tmp_path) == before and not (tmp_path / "merged").exists()
+
+
+def test_merge_refuses_an_output_run_of_another_config(tmp_path):
+    dirs = _make_shards(tmp_path)
+    out = tmp_path / "merged"
+    write_json(out / "manifest.json", {"config": {"model": "other"}})
+    with pytest.raises(ShardError, match="holds a run made with another config"):
+        merge_shards(dirs, out, log=lambda s: None)
+    merge_shards(dirs, out, overwrite=True, log=lambda s: None)
+    assert read_json(out / "manifest.json")["config"]["model"] == "m"
+
+
+def test_sharding_with_another_count_is_refused(tmp_path):
+    _make_shards(tmp_path)
+    check_count(tmp_path, Shard(1, 2))
+    with pytest.raises(ShardError, match="holds shards of 2 \\(not 3\\): rerun with --shard I/2"):
+        check_count(tmp_path, replace(Shard(0, 3)))
