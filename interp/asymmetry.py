@@ -53,7 +53,7 @@ from interp.stats import (
     passage_note,
     roc_auc,
 )
-from interp.store import Record, check_verdict_scores
+from interp.store.records import Record, check_verdict_scores
 from interp.verdict import VerdictScores, verdict_replies
 
 __all__ = ["METRIC_DEFINITIONS", "compute_metrics", "evaluate_examples", "format_metrics",

@@ -57,7 +57,7 @@ from torch import Tensor
 
 from interp.errors import AttentionError
 from interp.stats import MIN_PASSAGES, ClusterBootstrap, passage_groups, passage_note
-from interp.store import Record
+from interp.store.records import Record
 
 __all__ = ["CONTENT_SPANS", "LAST", "SPANS", "SUMMARY_DEFINITIONS", "TASKS", "format_heads",
            "format_summary", "query_span_names", "span_mass", "span_mass_table", "span_names",

@@ -78,7 +78,8 @@ from interp.hooks.points import hook_name
 from interp.models import ModelHandle
 from interp.prompts import RenderedPrompt
 from interp.stats import binary_metrics, fold_summary, make_folds, mcnemar
-from interp.store import Record, atomic_path, check_verdict_scores, read_json, write_json
+from interp.store.io import atomic_path, read_json, write_json
+from interp.store.records import Record, check_verdict_scores
 
 __all__ = ["HOOK_POINT", "HOOK_POINT_DOC", "METRICS", "POOLS", "PROBES", "TASKS", "FittedProbe",
            "balanced_weights", "best_row", "cross_dataset_transfer", "cross_validate",

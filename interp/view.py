@@ -43,7 +43,9 @@ from interp.hooks.recorder import record_rows
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.stages.common import check_run_model
-from interp.store import Record, RunDir, atomic_write_text, safe_name
+from interp.store.io import atomic_write_text, safe_name
+from interp.store.records import Record
+from interp.store.rundir import RunDir
 
 __all__ = ["find_record", "page_data", "render_page", "write_view"]
 

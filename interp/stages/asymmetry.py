@@ -39,7 +39,7 @@ from interp.data import DATASETS, QAExample, load_examples
 from interp.errors import ConfigError, DataError, RunDirError
 from interp.grading import BaseOracle, RuleOracle
 from interp.grading import oracle_agreement as grade_agreement
-from interp.inputs import check_counts, new_run_dir
+from interp.inputs import check_counts, config_from_table, new_run_dir
 from interp.models import DEFAULT_MODEL, ModelHandle, load_model, result_facts, runtime_facts
 from interp.plots import plot_asymmetry
 from interp.prefill import Capture
@@ -48,14 +48,9 @@ from interp.prompts import Template, get_template, render
 from interp.stages import attention as attention_stage
 from interp.stages import probe as probe_stage
 from interp.stages.common import stage_facts
-from interp.store import (
-    Record,
-    RunDir,
-    config_from_table,
-    limit_per_dataset,
-    record_key,
-    write_json,
-)
+from interp.store.io import write_json
+from interp.store.records import Record, limit_per_dataset, record_key
+from interp.store.rundir import RunDir
 
 __all__ = ["KEY_FIELDS", "NAME", "SUMMARIES", "AsymmetryConfig", "check_inputs",
            "format_oracle_agreement", "format_summary", "oracle_agreement", "run",

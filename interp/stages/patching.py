@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.errors import PatchingError
-from interp.inputs import write_result
+from interp.inputs import config_from_table, write_result
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.pairs import PAIR_KINDS, PatchPair, build_pairs
@@ -46,16 +46,8 @@ from interp.patching import Patcher
 from interp.prompts import get_template
 from interp.stages.common import ok_records, stage_facts
 from interp.stages.patching_summary import format_summary, summarise
-from interp.store import (
-    RunDir,
-    config_from_table,
-    is_fresh,
-    read_json,
-    read_jsonl,
-    signature,
-    write_json,
-    write_jsonl,
-)
+from interp.store.io import is_fresh, read_json, read_jsonl, signature, write_json, write_jsonl
+from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SUMMARIES", "Config", "Miner", "PatchingConfig", "format_summary", "run",
            "run_pair"]

@@ -56,25 +56,17 @@ from interp.attention import TASKS, query_span_names, span_names, span_to_span
 from interp.attention import summarize_span_to_span as _summarize
 from interp.errors import ConfigError, RunDirError
 from interp.hooks.recorder import PATTERN_POINT, record_stream
+from interp.inputs import config_from_table
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.plots.record import plot_span_to_span
 from interp.prompts import RenderedPrompt
 from interp.shards import TensorStreamWriter, plan_shards
 from interp.stages.common import ok_records
-from interp.store import (
-    RECORD_DIR,
-    Record,
-    RunDir,
-    config_from_table,
-    limit_per_dataset,
-    read_json,
-    record_part_path,
-    save_tensors,
-    signature,
-    write_json,
-    write_table,
-)
+from interp.store.io import read_json, save_tensors, signature, write_json, write_table
+from interp.store.recordings import RECORD_DIR, record_part_path
+from interp.store.records import Record, limit_per_dataset
+from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SUMMARIES", "Config", "RecordConfig", "format_summary", "query_positions",
            "record", "record_prompt", "run", "write_tables"]

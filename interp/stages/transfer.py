@@ -42,21 +42,14 @@ from interp.asymmetry import evaluate_examples, group_metrics, make_oracle
 from interp.data import QAExample, load_examples
 from interp.errors import TransferError
 from interp.grading import BaseOracle
+from interp.inputs import config_from_table
 from interp.layers import parse_layers
 from interp.lora import encode_example, load_adapter, train_adapter
 from interp.models import ModelHandle, end_of_turn_ids, result_facts, runtime_facts
 from interp.prompts import Template, get_template, render
 from interp.stages.common import stage_facts
-from interp.store import (
-    RunDir,
-    config_from_table,
-    read_json,
-    read_jsonl,
-    safe_name,
-    signature,
-    write_json,
-    write_jsonl,
-)
+from interp.store.io import read_json, read_jsonl, safe_name, signature, write_json, write_jsonl
+from interp.store.rundir import RunDir
 from interp.transfer import (
     build_training_sets,
     cross_model_patching,

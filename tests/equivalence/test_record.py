@@ -17,7 +17,7 @@ from interp.hooks.backends import attn_implementation
 from interp.hooks.capture import hooked
 from interp.hooks.recorder import record_rows
 from interp.stages import record as stage
-from interp.store import load_activations
+from interp.store.recordings import load_activations
 from interp.testing import synthetic_probe_run
 
 

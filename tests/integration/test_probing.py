@@ -13,7 +13,7 @@ from interp.errors import ProbeError
 from interp.stages.probe import ProbeConfig
 from interp.stages.probe import run as run_probes
 from interp.stats import passage_groups
-from interp.store import RunDir
+from interp.store.rundir import RunDir
 from tests.equivalence.test_batching import hook_outputs
 
 pytestmark = pytest.mark.integration

@@ -30,7 +30,8 @@ from interp.stages import attention as attention_stage
 from interp.stages import probe as probe_stage
 from interp.stages.asymmetry import AsymmetryConfig
 from interp.stages.asymmetry import run as run_asymmetry
-from interp.store import RunDir, read_jsonl
+from interp.store.io import read_jsonl
+from interp.store.rundir import RunDir
 from interp.verdict import score_verdicts, verdict_replies
 
 QUIET = {"log": lambda s: None}

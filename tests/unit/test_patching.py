@@ -23,7 +23,8 @@ from interp.hooks.points import decoder_layers
 from interp.pairs import align_positions
 from interp.patching import Patch, Patcher, patch, ratio_of_sums, valid_hooks
 from interp.stages.patching import PatchingConfig, run
-from interp.store import RunDir, write_json
+from interp.store.io import write_json
+from interp.store.rundir import RunDir
 from interp.testing import tiny_llama, tiny_tokenizer
 from interp.verdict import score_verdicts, verdict_replies
 
