@@ -35,7 +35,7 @@ tokens the chat template gives them. The reply positions themselves are never pa
 read the patched prompt. Two exact ways, tested to agree:
 
 * ``hf``: the patched forward returns its key/value cache, and the replies' later tokens are
-  scored from that cache by :func:`interp.verdict.continuation_logprobs` (outside the hooks).
+  scored from that cache by :func:`interp.kv_cache.continuation_logprobs` (outside the hooks).
 * full prompts (TransformerLens, nnsight, and attribution patching, which needs gradients):
   each prompt is extended by ``reply[:-1]`` of every multi-token reply (right-padded rows, so
   one forward holds every reply; causal attention makes the padding invisible), the masks are
@@ -71,8 +71,8 @@ from interp.hooks.points import (
     parse_hook,
     resolve,
 )
+from interp.kv_cache import cache_kwarg, continuation_logprobs, output_cache
 from interp.models import ModelHandle
-from interp.verdict import cache_kwarg, continuation_logprobs, output_cache
 
 __all__ = [
     "BACKENDS",
@@ -465,7 +465,7 @@ class HFBackend:
               ) -> tuple[Float[Tensor, "batch n_reply"], Float[Tensor, "batch vocab"], Cache]:
         """:meth:`Backend.score` from the patched forward's key/value cache.
 
-        The replies' later tokens are scored by :func:`interp.verdict.continuation_logprobs`,
+        The replies' later tokens are scored by :func:`interp.kv_cache.continuation_logprobs`,
         run outside the hooks, so the reply positions are not patched.
         """
         out = self.forward(ids, masks=masks, sources=sources, cache_hooks=cache_hooks,

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from interp.data import load_examples
-from interp.generation import generate, left_pad
+from interp.generation import generate
+from interp.kv_cache import left_pad
 from interp.models import result_facts, runtime_facts
 from interp.prefill import eos_ids, run_prompts
 from interp.stages import attention as attention_stage
