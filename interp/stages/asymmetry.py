@@ -41,7 +41,7 @@ from interp.grading import BaseOracle, RuleOracle
 from interp.grading import oracle_agreement as grade_agreement
 from interp.inputs import check_counts, config_from_table, new_run_dir
 from interp.models import DEFAULT_MODEL, ModelHandle, load_model, result_facts, runtime_facts
-from interp.plots import plot_asymmetry
+from interp.plots.asymmetry import plot_asymmetry
 from interp.prefill import Capture
 from interp.probing import POOLS
 from interp.prompts import Template, get_template, render

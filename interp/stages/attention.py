@@ -40,7 +40,6 @@ import torch
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
-from interp import plots
 from interp.asymmetry import record_prompts
 from interp.attention import (
     SPANS,
@@ -57,6 +56,7 @@ from interp.hooks.recorder import BACKENDS, record_rows
 from interp.inputs import config_from_table
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
+from interp.plots import attention as attention_plots
 from interp.stages.common import ok_records, stage_facts
 from interp.store.io import (
     is_fresh,
@@ -347,9 +347,9 @@ def write_tables(run: RunDir, cfg: AttentionConfig | None = None, *,
     write_json(out / "heads.json", heads)
     if cfg.figures:
         figs = run.sub("figures")
-        plots.plot_span_mass_layerwise(summary, figs)
-        plots.plot_head_context_heatmaps(summary, figs)
-        plots.plot_context_ratio(summary, figs)
+        attention_plots.plot_span_mass_layerwise(summary, figs)
+        attention_plots.plot_head_context_heatmaps(summary, figs)
+        attention_plots.plot_context_ratio(summary, figs)
     return summary
 
 

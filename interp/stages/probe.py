@@ -40,7 +40,7 @@ from interp.errors import ProbeError
 from interp.inputs import config_from_table
 from interp.layers import parse_layers
 from interp.models import ModelHandle
-from interp.plots import plot_probes
+from interp.plots.probes import plot_probes
 from interp.probing import (
     HOOK_POINT,
     HOOK_POINT_DOC,

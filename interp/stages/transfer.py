@@ -413,7 +413,11 @@ def _cross_model(tdir: Path, handle: ModelHandle, template: Template,
 def _figures(run_dir: RunDir, table: Mapping[str, Any], patch_path: Path,
              model: str | None = None) -> list[Path]:
     """Step 8 (``model``: the base model's name, for the titles)."""
-    from interp.plots import plot_transfer_acceptance, plot_transfer_matrix, plot_transfer_patching
+    from interp.plots.transfer import (
+        plot_transfer_acceptance,
+        plot_transfer_matrix,
+        plot_transfer_patching,
+    )
 
     figs = run_dir.sub("figures")
     paths = [plot_transfer_matrix(table, figs, model=model),

@@ -313,7 +313,7 @@ def test_patching_heatmap_tells_unmeasured_from_zero_and_says_when_empty():
     import matplotlib.colors as mcolors
     import pandas as pd
 
-    from interp.plots import plt
+    from interp.plots.common import plt
     from interp.plots.patching import NOT_MEASURED, _heat, nothing_to_show, span_notes
 
     assert nothing_to_show({"n_pairs_kept": 0, "n_pairs": 2, "min_gap": 1.0}) == (

@@ -88,7 +88,7 @@ def test_run_probes_end_to_end_and_resume(tiny, tmp_path):
     assert pm["n"] + pm["skipped"] == 3 and pm["observed"] == pytest.approx(
         max(r["auc"] for r in res["tasks"]["eval"]["grid"] if r["probe"] == "logreg"))
     assert "permutation null" in format_summary(res)
-    from interp.plots import permutation_text  # the figure names the permuted cell
+    from interp.plots.probes import permutation_text  # the figure names the permuted cell
     assert permutation_text(pm) == (f"\npermutation p={pm['p_value']:.2f} (best logreg cell, "
                                     f"AUC {pm['observed']:.2f}, {pm['n']} permutations)")
     assert permutation_text(None) == "" and "1 permutation)" in permutation_text(

@@ -157,7 +157,7 @@ def test_summary_flags_few_passages_and_the_figure_says_what_is_missing():
 
     An empty group's line is named in the legend; coinciding lines get distinct markers/styles.
     """
-    from interp.plots import plt
+    from interp.plots.common import plt
     from interp.plots.steering import judge_panel
     from interp.stages.steering import format_summary, summarise
 
