@@ -11,7 +11,7 @@ Algorithm (the run-directory work, caches and ``results.json`` are
 
 1. Records: the ``ok`` records of an asymmetry run; each record's eval prompt (candidate = the
    record's extracted ``answer``) and gen prompt are rendered again and checked against the
-   record (:func:`interp.asymmetry.rerender`).
+   record (:func:`interp.prompts.rerender`).
 2. Residual stream (:func:`residual_stream`): one forward pass per prompt (or left-padded
    batches, position ids ``cumsum(mask) - 1``), hook point ``resid_post`` of every layer L
    (TransformerLens ``blocks.L.hook_resid_post``: the output of decoder layer L, before the

@@ -5,7 +5,7 @@ Algorithm of :func:`run` (the method is :mod:`interp.attention`):
 1. Records: the run's ``ok`` records, the first ``limit`` of each dataset
    (:func:`interp.store.records.limit_per_dataset`). The model must be the run's (sha256 check).
 2. Record (:func:`record`): for each record, re-render both prompts
-   (:func:`interp.asymmetry.record_prompts`), and unless its recording is fresh, run
+   (:func:`interp.prompts.record_prompts`), and unless its recording is fresh, run
    :func:`interp.hooks.recorder.record_rows` once per prompt and save the span masses
    ``mass.{gen,eval}`` ``[n_layers, n_heads, n_spans]`` (and with ``save_rows`` the rows
    ``rows.{task}`` ``[n_layers, n_heads, pos]``) to ``DIR/attention/records/<dataset>/<id>
@@ -40,7 +40,6 @@ import torch
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
-from interp.asymmetry import record_prompts
 from interp.attention import (
     SPANS,
     TASKS,
@@ -57,6 +56,7 @@ from interp.inputs import config_from_table
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.plots import attention as attention_plots
+from interp.prompts import record_prompts
 from interp.stages.common import ok_records, stage_facts
 from interp.store.io import (
     is_fresh,

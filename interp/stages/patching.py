@@ -380,7 +380,7 @@ def _sweep_kind(handle: ModelHandle, cfg: PatchingConfig, pk: str, kind: str,
 
 
 def _oracle(cfg: PatchingConfig, mcfg: Mapping[str, Any], handle: ModelHandle) -> Any:
-    from interp.asymmetry import make_oracle
+    from interp.grading import make_oracle
 
     return make_oracle(cfg.oracle or mcfg.get("oracle") or "rule", device=str(handle.device),
                        dtype=mcfg.get("dtype"), run_model=handle)

@@ -35,7 +35,6 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from interp.asymmetry import rerender
 from interp.errors import ProbeError
 from interp.inputs import config_from_table
 from interp.layers import parse_layers
@@ -59,6 +58,7 @@ from interp.probing import (
     sweep,
     task_pools,
 )
+from interp.prompts import rerender
 from interp.stages.common import check_run_model, stage_facts
 from interp.stats import make_folds, passage_groups
 from interp.store.io import is_fresh, load_tensors, read_json, save_tensors, signature, write_json

@@ -7,7 +7,7 @@ Algorithm of :func:`run` (methods: :mod:`interp.steering`, intervention:
    set ``top-diff:K`` reads ``DIR/attention/summary.json`` (``interp attention``).
 2. For the first ``limit`` ok records of each dataset
    (:func:`interp.store.records.limit_per_dataset`),
-   render the run's prompts again (:func:`interp.asymmetry.rerender`, checked against the
+   render the run's prompts again (:func:`interp.prompts.rerender`, checked against the
    stored spans) and, per record, reuse ``DIR/steering/parts/{dataset}__{id}.json`` when fresh
    (its signature covers the model, alphas, steered units, band, tasks, answer length and the
    prompts' token ids); else steer the judge (eval prompt with the record's own answer,
@@ -262,7 +262,8 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from interp.asymmetry import make_oracle, rerender
+    from interp.grading import make_oracle
+    from interp.prompts import rerender
 
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     cfg.validate()

@@ -38,10 +38,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from interp.asymmetry import evaluate_examples, group_metrics, make_oracle
+from interp.asymmetry import evaluate_examples, group_metrics
 from interp.data import QAExample, load_examples
 from interp.errors import TransferError
-from interp.grading import BaseOracle
+from interp.grading import BaseOracle, make_oracle
 from interp.inputs import config_from_table
 from interp.layers import parse_layers
 from interp.lora import encode_example, load_adapter, train_adapter
@@ -94,7 +94,7 @@ class TransferConfig:
         template: Study 1 template variant (training prompts AND evaluation).
         templates_path: TOML file of template variants (None: the bundled ``paper.toml``).
         hard_negative_template: variant whose gen prompt has no context (``closed_book``).
-        oracle: ``"rule"`` or ``"model:SPEC"`` (:func:`interp.asymmetry.make_oracle`).
+        oracle: ``"rule"`` or ``"model:SPEC"`` (:func:`interp.grading.make_oracle`).
         max_train_examples: training items per adapter (= pool records; default 80).
         max_length: longest training sequence in tokens (prompt + target); records whose eval
             item would be longer are left out of the pool (default 512).
