@@ -757,7 +757,7 @@ def test_rule_oracle_yes_no_choice_and_plurals(pred, gold, question, expected):
 
 
 def test_oracle_spec_is_parsed_in_one_place(tiny, monkeypatch):
-    """rule | model:SPEC, checked without loading; a registered kind is accepted everywhere."""
+    """Rule | model:SPEC, checked without loading; a registered kind is accepted everywhere."""
     from interp.errors import ConfigError
     from interp.grading import (
         ORACLE_KINDS,
