@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from interp.hooks.backends import attn_implementation
 from interp.hooks.capture import hooked
 from interp.hooks.recorder import record_rows
+from interp.hooks.wrappers import attn_implementation
 from interp.prompts import record_prompts
 from interp.stages import record as stage
 from interp.store.recordings import load_activations
