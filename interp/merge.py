@@ -39,16 +39,16 @@ from safetensors import safe_open
 
 from interp.errors import ShardError
 from interp.launch import Shard, barrier, check_count
-from interp.store import (
-    RunDir,
+from interp.store.io import (
     is_tmp_path,
     load_tensors,
     read_json,
-    record_key,
     save_tensors,
     write_json,
     write_jsonl,
 )
+from interp.store.records import record_key
+from interp.store.rundir import RunDir
 
 __all__ = ["PARTS", "PROCESS_FIELDS", "Part", "merge_shards", "run_asymmetry"]
 

@@ -1,4 +1,4 @@
-"""Runs split over processes leave the run an unsharded run leaves (bundled SmolLM2, 8 records).
+"""Runs split over processes leave the run an unsharded run leaves (bundled SmolLM2, 10 records).
 
 One unsharded ``interp run`` of a small config (Study 1 with its one pass, attention, probe,
 steering) is the reference. Then, each against it: ``torchrun --nproc_per_node 2 -m interp
@@ -30,7 +30,7 @@ from interp.pipeline import run_config
 pytestmark = pytest.mark.integration
 
 SLUG = "smollm2-135m-instruct"
-ASYM = {"datasets": ["squad_v2"], "limit": 8, "batch_size": 2, "max_new_tokens": 16}
+ASYM = {"datasets": ["squad_v2"], "limit": 10, "batch_size": 2, "max_new_tokens": 16}
 """The settings of ``interp asymmetry`` in :func:`_asym_args` (the rest are its defaults)."""
 STAGES = {"attention": {"layers": "last8", "n_boot": 100},
           "probe": {"tasks": ["eval"], "folds": 2, "probes": ["logreg"], "top_k": 1,
@@ -68,7 +68,7 @@ def _interp(*args: str, torchrun: bool = False, check: bool = True
 
 
 def _asym_args(out: Path) -> list[str]:
-    return ["asymmetry", "--dataset", "squad_v2", "--limit", "8", "--batch-size", "2",
+    return ["asymmetry", "--dataset", "squad_v2", "--limit", "10", "--batch-size", "2",
             "--max-new-tokens", "16", "--out", str(out)]
 
 
@@ -137,7 +137,7 @@ def test_torchrun_interp_run_equals_unsharded(reference, tmp_path):
     m = json.loads((got / "manifest.json").read_text())
     assert [s["name"] for s in m["shards"]] == ["0-of-2", "1-of-2"]
     assert [s["launcher"] for s in m["shards"]] == ["torchrun", "torchrun"]
-    assert sum(s["records"] for s in m["shards"]) == 8 and "shard" not in m
+    assert sum(s["records"] for s in m["shards"]) == 10 and "shard" not in m
     assert_same_run(reference, got, stages=True)
     assert (tmp_path / "out" / "summary.json").exists()
 

@@ -19,7 +19,7 @@ from interp.data import QAExample, passage_key
 from interp.errors import ShardError
 from interp.launch import Shard, assign, check_count, current_shard, parse_shard
 from interp.merge import merge_shards
-from interp.store import read_json, save_tensors, write_json, write_jsonl
+from interp.store.io import read_json, save_tensors, write_json, write_jsonl
 
 
 def test_shard_from_the_launchers():
