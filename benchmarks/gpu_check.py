@@ -14,7 +14,17 @@ builds what it needs), using whatever torch / transformers the machine has:
    layers, per prompt and span) and the whole-reply verdict score ``logit_diff``. They must
    agree to ``--tol-mass`` (1e-3) and ``--tol-logit`` (1e-2 nats); the largest differences
    are printed.
-4. Print throughput, peak GPU memory (``torch.cuda.max_memory_allocated``) and wall time;
+4. Two shards on one device: ``interp asymmetry --shard 0/2`` and ``--shard 1/2`` started
+   together on the stand-in (``--shard-records`` records of one dataset; both processes on
+   the one GPU; batches of one prompt, so padding cannot differ), then ``interp merge``,
+   against the same command unsharded: identical answers and verdicts, ``logit_diff``
+   within ``--tol-logit``; the wall times of both.
+5. A device map split between the device and the CPU: the stand-in loaded with its first
+   half of blocks on ``--device`` and the rest (with the final norm and the head) on the CPU
+   (``load_model(device_map=...)``; on a GPU accelerate keeps those weights in CPU memory and
+   streams them in; in the dry run the second half is offloaded to disk). Step 3's numbers on
+   the same prompts must equal the plain load's on ``--device`` within the tolerances.
+6. Print throughput, peak GPU memory (``torch.cuda.max_memory_allocated``) and wall time;
    write everything to ``OUT/gpu_check.json``. Exit status 1 when the numbers disagree, 2 on
    an error, 0 otherwise.
 
@@ -57,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="comma-separated stages (default: every stage of the config)")
     ap.add_argument("--seed", type=int, default=2,
                     help="weights seed of the stand-in (tests/rehearsal: why 2)")
+    ap.add_argument("--shard-records", type=int, default=4,
+                    help="records of the two-shard check (step 4; 0 skips it)")
+    ap.add_argument("--no-device-map", action="store_true", help="skip step 5")
     ap.add_argument("--tol-mass", type=float, default=1e-3)
     ap.add_argument("--tol-logit", type=float, default=1e-2)
     return ap.parse_args(argv)
@@ -90,9 +103,13 @@ def run_stages(cfg: dict, device: str, only: str | None) -> dict[str, dict]:
     return timings
 
 
-def measure(ckpt: Path, run: RunDir, device: str) -> dict[str, list[float]]:
-    """Step 3 on one device: band span mass per (record, task, span) and logit_diff per record."""
-    handle = load_model(str(ckpt), device=device, dtype="bfloat16")
+def measure(ckpt: Path, run: RunDir, device: str, **placement: object
+            ) -> dict[str, list[float]]:
+    """Step 3 on one device: band span mass per (record, task, span) and logit_diff per record.
+
+    ``placement``: ``device_map`` / ``offload_folder`` for :func:`interp.models.load_model`.
+    """
+    handle = load_model(str(ckpt), device=device, dtype="bfloat16", **placement)
     band = list(range(24, 32))
     mass, prompts, keys = [], [], []
     for r in run.read_records():
@@ -108,9 +125,30 @@ def measure(ckpt: Path, run: RunDir, device: str) -> dict[str, list[float]]:
             "runtime": runtime_facts(handle)}
 
 
-def compare(ckpt: Path, run: RunDir, device: str, tol_mass: float, tol_logit: float) -> dict:
-    """Step 3: the same prompts on the CPU and on ``device``; the largest differences."""
-    ref, dev = measure(ckpt, run, "cpu"), measure(ckpt, run, device)
+def split_map(n_layers: int, device: str) -> dict[str, object]:
+    """Step 5's device map: the first half of the blocks on ``device``, the rest on the CPU.
+
+    The final norm and the head go with the second half; in the dry run (``device`` cpu) the
+    second half is offloaded to disk.
+    """
+    first: object = int(device.split(":")[1]) if device.startswith("cuda:") else (
+        0 if device == "cuda" else "cpu")
+    rest = "cpu" if device.startswith("cuda") else "disk"
+    dm: dict[str, object] = {"model.embed_tokens": first, "model.rotary_emb": first}
+    dm.update({f"model.layers.{i}": first if i < n_layers // 2 else rest
+               for i in range(n_layers)})
+    dm.update({"model.norm": rest, "lm_head": rest})
+    return dm
+
+
+def compare(ckpt: Path, run: RunDir, device: str, tol_mass: float, tol_logit: float,
+            ref: dict | None = None, dev: dict | None = None) -> dict:
+    """Step 3: the same prompts on the CPU and on ``device``; the largest differences.
+
+    ``ref`` / ``dev``: :func:`measure` results already made (step 5 compares a device map).
+    """
+    ref = ref or measure(ckpt, run, "cpu")
+    dev = dev or measure(ckpt, run, device)
     dm = [abs(a - b) for a, b in zip(ref["mass"], dev["mass"])]
     dl = [abs(a - b) for a, b in zip(ref["logit_diff"], dev["logit_diff"])]
     worst = max(range(len(dm)), key=dm.__getitem__)
@@ -121,6 +159,46 @@ def compare(ckpt: Path, run: RunDir, device: str, tol_mass: float, tol_logit: fl
             "tol_mass": tol_mass, "tol_logit": tol_logit,
             "agree": max(dm) <= tol_mass and max(dl) <= tol_logit,
             "runtime_cpu": ref["runtime"], "runtime_device": dev["runtime"]}
+
+
+def shard_check(ckpt: Path, data: dict[str, str], device: str, n: int, out: Path,
+                tol_logit: float) -> dict:
+    """Step 4: two shards started together on one device, merged, against one process."""
+    import os
+    import subprocess
+
+    name, path = next(iter(data.items()))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    base = [sys.executable, "-m", "interp", "asymmetry", "--model", str(ckpt), "--dataset",
+            path, "--limit", str(n), "--batch-size", "1", "--max-new-tokens", "8",
+            "--device", device, "--dtype", "bfloat16"]
+
+    def together(cmds: list[list[str]]) -> float:
+        t0 = time.perf_counter()
+        procs = [subprocess.Popen(c, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True) for c in cmds]
+        for p in procs:
+            _, err = p.communicate()
+            if p.returncode:
+                raise RuntimeError(f"{' '.join(p.args[3:])}: {err.strip().splitlines()[-1]}")
+        return time.perf_counter() - t0
+
+    one, split = out / "shards" / "one", out / "shards" / "split"
+    t_one = together([[*base, "--out", str(one)]])
+    t_split = together([[*base, "--out", str(split), "--shard", f"{i}/2"] for i in range(2)])
+    t0 = time.perf_counter()
+    together([[sys.executable, "-m", "interp", "merge",
+               *(str(split / "shards" / f"{i}-of-2") for i in range(2)), "--out", str(split)]])
+    t_merge = time.perf_counter() - t0
+    a, b = RunDir(one).read_records(status=None), RunDir(split).read_records(status=None)
+    same = [(r["id"], r.get("answer"), r.get("verdict")) for r in a] == [
+        (r["id"], r.get("answer"), r.get("verdict")) for r in b]
+    dl = max((abs(x["logit_diff"] - y["logit_diff"]) for x, y in zip(a, b)
+              if "logit_diff" in x and "logit_diff" in y), default=0.0)
+    return {"dataset": name, "records": len(a), "one_process_s": t_one,
+            "two_shards_s": t_split, "merge_s": t_merge, "same_answers_and_verdicts": same,
+            "logit_diff_max_abs_diff": dl, "agree": same and dl <= tol_logit}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,11 +221,36 @@ def main(argv: list[str] | None = None) -> int:
     run = RunDir(out / "runs" / ckpt.name)
     print("CPU vs device on the same prompts (bfloat16):", flush=True)
     agreement = compare(ckpt, run, args.device, args.tol_mass, args.tol_logit)
+    shards = None
+    if args.shard_records:
+        print(f"two shards on one {args.device} ({args.shard_records} records), merged:",
+              flush=True)
+        shards = shard_check(ckpt, data, args.device, args.shard_records, out,
+                             args.tol_logit)
+        print(f"  1 process {shards['one_process_s']:.1f} s, 2 shards "
+              f"{shards['two_shards_s']:.1f} s, merge {shards['merge_s']:.1f} s; answers and "
+              f"verdicts {'identical' if shards['same_answers_and_verdicts'] else 'DIFFER'}, "
+              f"max |logit_diff| difference {shards['logit_diff_max_abs_diff']:.2e}")
+    mapped = None
+    if not args.no_device_map:
+        n_layers = json.loads((ckpt / "config.json").read_text())["num_hidden_layers"]
+        dm = split_map(n_layers, args.device)
+        print(f"device map: blocks 0-{n_layers // 2 - 1} on {args.device}, the rest on "
+              f"{'the CPU' if args.device.startswith('cuda') else 'disk'}:", flush=True)
+        plain = measure(ckpt, run, args.device)
+        split = measure(ckpt, run, args.device, device_map=dm,
+                        offload_folder=str(out / "offload"))
+        mapped = compare(ckpt, run, args.device, args.tol_mass, args.tol_logit, ref=plain,
+                         dev=split)
+        print(f"  span mass max |plain - mapped| = {mapped['span_mass_max_abs_diff']:.2e}, "
+              f"logit_diff {mapped['logit_diff_max_abs_diff']:.2e} nats")
     peak = (torch.cuda.max_memory_allocated() / 2**20
             if args.device.startswith("cuda") else None)
     report = {"device": args.device, "torch": torch.__version__, "timings": timings,
-              "agreement": agreement, "peak_gpu_memory_mib": peak,
-              "wall_s": time.perf_counter() - t_start}
+              "agreement": agreement, "shards": shards, "device_map": mapped,
+              "peak_gpu_memory_mib": peak, "wall_s": time.perf_counter() - t_start}
+    agree = agreement["agree"] and (shards is None or shards["agree"]) and (
+        mapped is None or mapped["agree"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
     a = agreement
@@ -157,9 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  logit_diff: max |cpu - {args.device}| = {a['logit_diff_max_abs_diff']:.2e} nats "
           f"(tolerance {args.tol_logit:g}) over {a['n_records']} records")
     print(f"peak GPU memory: {'-' if peak is None else f'{peak:.0f} MiB'}; wall "
-          f"{report['wall_s']:.0f} s; {'AGREE' if a['agree'] else 'DISAGREE'}; "
+          f"{report['wall_s']:.0f} s; {'AGREE' if agree else 'DISAGREE'}; "
           f"report {out / 'gpu_check.json'}")
-    return 0 if a["agree"] else 1
+    return 0 if agree else 1
 
 
 if __name__ == "__main__":
