@@ -111,7 +111,8 @@ def assert_same_run(ref: Path, got: Path, stages: bool = False) -> None:
     fa = load_file(ref / "probes/features_eval.safetensors")
     fb = load_file(got / "probes/features_eval.safetensors")
     for k in fa:
-        np.testing.assert_allclose(fb[k].numpy(), fa[k].numpy(), atol=1e-5, rtol=1e-5)
+        # pooled residual streams (not normalised): padding moves them by up to ~3e-5
+        np.testing.assert_allclose(fb[k].numpy(), fa[k].numpy(), atol=1e-4, rtol=1e-4)
     if stages:
         for f in ("attention/summary.json", "probes/results.json", "steering/summary.json"):
             a, b = (json.loads((d / f).read_text()) for d in (ref, got))
