@@ -43,8 +43,8 @@ from interp.inputs import check_counts, config_from_table, new_run_dir
 from interp.models import DEFAULT_MODEL, ModelHandle, load_model, result_facts, runtime_facts
 from interp.plots.asymmetry import plot_asymmetry
 from interp.prefill import Capture
-from interp.probing import POOLS
 from interp.prompts import Template, get_template, render
+from interp.residual_features import POOLS
 from interp.stages import attention as attention_stage
 from interp.stages import probe as probe_stage
 from interp.stages.common import stage_facts
