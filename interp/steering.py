@@ -38,6 +38,7 @@ from jaxtyping import Float
 
 from interp.errors import SteeringError
 from interp.hooks.backends import extend_prompts, reply_extensions, reply_logprobs
+from interp.hooks.recorder import context_mass
 from interp.hooks.steering import Steer, steering, tl_steered_logits
 from interp.kv_cache import cache_kwarg, continuation_logprobs, output_cache
 from interp.models import ModelHandle, end_of_turn_ids
@@ -106,12 +107,6 @@ def parse_heads(spec: str | Sequence[str], band: Sequence[int], n_heads: int, *,
     return out
 
 
-def _mass(rows: Mapping[int, torch.Tensor], band: Sequence[int], span: tuple[int, int]
-          ) -> np.ndarray:
-    m = torch.stack([rows[layer][:, :, span[0]:span[1]].sum(-1).mean(-1) for layer in band])
-    return m.mean(0).double().cpu().numpy()
-
-
 @torch.no_grad()
 def _last_forward(handle: ModelHandle, ids: Sequence[int], st: Steer) -> tuple[Any, Any, int]:
     """Step 1 (``hf``): the unsteered prefix once, the last position for every alpha."""
@@ -159,7 +154,7 @@ def steer_judge(handle: ModelHandle, ids: Sequence[int], context: tuple[int, int
         last, kv, n = _last_forward(handle, ids, st)
         mask = torch.ones(len(alphas), n, dtype=torch.long, device=handle.device)
         lp = continuation_logprobs(handle.model, last, kv, mask, replies.ids)
-        mass = _mass(st.rows, band, context)
+        mass = context_mass(st.rows, band, context)
     elif backend == "transformer_lens":
         exts = reply_extensions(replies.ids)
         width = max(len(e) for e in exts)
@@ -207,7 +202,7 @@ def steer_generator(handle: ModelHandle, ids: Sequence[int], context: tuple[int,
     eos = set(end_of_turn_ids(tok, model))  # Llama 3: <|eot_id|> is not the EOS token
     st = Steer(units=units, keys=context, alphas=list(alphas), record=True)
     logits, kv, n = _last_forward(handle, ids, st)
-    mass = _mass(st.rows, band, context)
+    mass = context_mass(st.rows, band, context)
     st.record = False
     b = len(alphas)
     new: list[list[int]] = [[] for _ in range(b)]
