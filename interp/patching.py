@@ -86,18 +86,12 @@ __all__ = [
     "ratio_of_sums",
     "patchable_positions",
     "shared_prefix",
-    "valid_hooks",
 ]
 
 PATCH_POINTS = ("hook_resid_pre", "attn.hook_z", "hook_resid_post")
 """Patchable hook points per block, in execution order."""
 TokenIds = Int[Tensor, " seq"] | Int[Tensor, "1 seq"] | Sequence[int]
 """One prompt's token ids: ``[seq]`` or ``[1, seq]``."""
-
-
-def valid_hooks(n_layers: int) -> list[str]:
-    """All patchable hook-point names of a model with ``n_layers`` blocks."""
-    return [hook_name(layer, p) for layer in range(n_layers) for p in PATCH_POINTS]
 
 
 def _parse(name: str, n_layers: int) -> tuple[int, str]:
@@ -233,11 +227,6 @@ class PatchResult:
     def coverage(self) -> Float[np.ndarray, " n_rows"]:
         """``P(Correct) + P(Incorrect)`` of each patched run."""
         return np.exp(self.logprob_correct) + np.exp(self.logprob_incorrect)
-
-    @property
-    def cost_ratio(self) -> float:
-        """Patched-forward wall time as a multiple of one clean forward pass."""
-        return self.wall_s / self.clean_forward_s if self.clean_forward_s else float("nan")
 
 
 class Patcher:

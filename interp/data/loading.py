@@ -122,9 +122,6 @@ def _convert_record(rec: Any, kind: str, split: str, dataset: str | None = None)
     return QAExample.from_dict(rec, split=split, dataset=dataset)
 
 
-_WHOLE_KINDS = {"squad_v2_json", "drop_json"}
-
-
 def _classify_whole(obj: Any) -> str:
     if isinstance(obj, Mapping):
         if isinstance(obj.get("data"), list):
