@@ -120,7 +120,7 @@ def _recorder(pt: Patcher, band: Sequence[int], span: tuple[int, int],
 
     @contextlib.contextmanager
     def cm(batch: int) -> Any:
-        st = Steer(units={}, keys=span, alphas=[1.0] * batch, record=True)
+        st = Steer(units={}, keys=span, alphas=[1.0] * batch, keep_rows=True)
         with steering(pt.handle, st):
             yield
         out.append(context_mass(st.rows, band, span))

@@ -150,7 +150,7 @@ def steer_judge(handle: ModelHandle, ids: Sequence[int], context: tuple[int, int
     """
     replies = replies or verdict_replies(handle.tokenizer)
     if backend == "hf":
-        st = Steer(units=units, keys=context, alphas=list(alphas), record=True)
+        st = Steer(units=units, keys=context, alphas=list(alphas), keep_rows=True)
         last, kv, n = _last_forward(handle, ids, st)
         mask = torch.ones(len(alphas), n, dtype=torch.long, device=handle.device)
         lp = continuation_logprobs(handle.model, last, kv, mask, replies.ids)
@@ -161,7 +161,7 @@ def steer_judge(handle: ModelHandle, ids: Sequence[int], context: tuple[int, int
         tok = handle.tokenizer
         t = torch.tensor([list(ids)] * len(alphas), device=handle.device)
         ext = extend_prompts(t, exts, tok.pad_token_id or 0)
-        st = Steer(units=units, keys=context, alphas=list(alphas) * len(exts), record=False)
+        st = Steer(units=units, keys=context, alphas=list(alphas) * len(exts), keep_rows=False)
         logits = tl_steered_logits(handle, ext, st, query=len(ids) - 1,
                                    logits_to_keep=width + 1)
         lp = reply_logprobs(logits, replies.ids, exts, len(alphas))
@@ -200,10 +200,10 @@ def steer_generator(handle: ModelHandle, ids: Sequence[int], context: tuple[int,
     """
     tok, model = handle.tokenizer, handle.model
     eos = set(end_of_turn_ids(tok, model))  # Llama 3: <|eot_id|> is not the EOS token
-    st = Steer(units=units, keys=context, alphas=list(alphas), record=True)
+    st = Steer(units=units, keys=context, alphas=list(alphas), keep_rows=True)
     logits, kv, n = _last_forward(handle, ids, st)
     mass = context_mass(st.rows, band, context)
-    st.record = False
+    st.keep_rows = False
     b = len(alphas)
     new: list[list[int]] = [[] for _ in range(b)]
     done = [False] * b
