@@ -59,10 +59,11 @@ test: $(STAMP)
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
 
-# The docs site into site/ (MkDocs): a broken link, anchor or snippet fails the build; the CLI
+# The docs site into site/ (MkDocs): a broken link, anchor or snippet fails the build (not
+# --quiet: it hides the warnings that --strict counts); the CLI
 # reference is generated from interp.cli; the tutorial is rendered as committed (not executed).
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/generation_batching.py
