@@ -59,9 +59,9 @@ test: $(STAMP)
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
 
-# The docs site into site/ (MkDocs): a broken link, anchor or snippet fails the build (not
-# --quiet: it hides the warnings that --strict counts); the CLI
-# reference is generated from interp.cli; the tutorial is rendered as committed (not executed).
+# The docs site into site/ (MkDocs): a broken link, anchor or snippet fails the build (never
+# --quiet: it hides the warnings that --strict counts). The CLI reference is generated from
+# interp.cli, the API reference from the docstrings; the tutorial is rendered as committed.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
