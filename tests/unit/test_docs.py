@@ -83,3 +83,35 @@ def test_cli_reference_lists_every_command_and_option():
                 if opt.startswith("-"):
                     assert opt in ref, (name, opt)
     assert ref.count("\n### `interp ") == len(root.commands)
+
+
+def _code_spans() -> list[str]:
+    pages = [*sorted((ROOT / "docs").glob("*.md")), README]
+    return [s for p in pages for s in re.findall(r"`([^`\n]+)`", p.read_text(encoding="utf-8"))]
+
+
+def test_every_module_and_file_the_docs_name_exists():
+    """A module, function or source file the pages name in code is there (no stale reference)."""
+    import importlib
+
+    names = {n for s in _code_spans()
+             for n in re.findall(r"\binterp(?:\.[A-Za-z_]\w*)+", s)}
+    assert len(names) >= 10
+    stale = []
+    for name in sorted(names):
+        parts = name.split(".")
+        for i in range(len(parts), 0, -1):  # the longest importable prefix, then attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            for attr in parts[i:]:
+                obj = getattr(obj, attr, None)
+            if obj is None:
+                stale.append(name)
+            break
+    assert stale == []
+    files = {f for s in _code_spans()
+             for f in re.findall(r"\b((?:interp|tests|benchmarks|experiments)/[\w./*-]*\w)", s)}
+    assert len(files) >= 20
+    assert [f for f in sorted(files) if not list(ROOT.glob(f)) and not (ROOT / f).exists()] == []
