@@ -1,7 +1,7 @@
 """One prefill per prompt: greedy decode, verdict scores, attention rows and pooled residuals.
 
 The harness (:func:`interp.asymmetry.evaluate_examples`) runs every prompt through the model
-ONCE and takes from that one forward everything the studies read (issue 14, item 1-2):
+ONCE and takes from that one forward everything the studies read (docs/architecture.md, one pass):
 
 1. Batches are formed by length: the prompts are sorted by token count and cut into batches
    of ``batch_size``, so a batch pads little. Each batch is left-padded; the attention mask

@@ -3,7 +3,7 @@
 Paper section 3.2 reports that the judge's verdict position reads the context 3-5x less than
 the generator's answer position. If that is WHY the judge misses wrong answers, raising the
 verdict position's context attention should make the judge reject wrong answers more often,
-and lowering the generator's should lower its accuracy (issue 15, item 4). The intervention is
+and lowering the generator's should lower its accuracy (docs/stages.md, steer). The intervention is
 :mod:`interp.hooks.steering`; the stage is :mod:`interp.stages.steering`.
 
 Algorithm, one record and a grid of ``alpha`` (all alphas at once, one batch row each):
@@ -47,7 +47,7 @@ from interp.verdict import VerdictReplies, verdict_replies
 __all__ = ["ALPHAS", "parse_heads", "steer_generator", "steer_judge", "top_diff_k"]
 
 ALPHAS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
-"""The default grid of attention factors (issue 15, item 4)."""
+"""The default grid of attention factors (docs/stages.md, steer)."""
 
 Units = Mapping[int, Sequence[int] | None]
 

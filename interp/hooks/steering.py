@@ -1,6 +1,6 @@
 """Attention steering: scale the attention the last query position pays to a span of keys.
 
-The causal test of the mechanism of paper section 3.2 (issue 15, item 4): the judge's verdict
+The causal test of the mechanism of paper section 3.2 (docs/stages.md, steer): the judge's verdict
 position reads the context less than the generator's answer position does; multiply that
 reading by ``alpha`` and see what the verdict does.
 
