@@ -46,7 +46,7 @@ from interp.hooks.points import check_heads
 
 __all__ = ["BUNDLED", "DEFAULT_MODEL", "PAPER_MODEL", "ModelHandle", "ModelSpecError",
            "bundled_gguf", "cache_dir", "end_of_turn_ids", "load_model", "load_tokenizer",
-           "RESULT_FACTS", "result_facts", "runtime_facts", "sha256_file"]
+           "RESULT_FACTS", "result_facts", "runtime_facts", "sha256_file", "stop_ids"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 PAPER_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -302,13 +302,28 @@ def load_model(
     return handle
 
 
+def _added_ids(tokenizer: Any, special_only: bool) -> set[int]:
+    """Ids of the tokenizer's added tokens (``added_tokens_decoder``), optionally special only.
+
+    Covers tokens registered only in ``tokenizer.json``'s ``added_tokens`` (Llama 3's
+    ``<|eot_id|>`` as first released), which ``all_special_ids`` misses: that property lists
+    only the tokens named in the special-tokens map (bos, eos, pad, unk, additional).
+    """
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids = {int(i) for i, t in added.items() if not special_only or getattr(t, "special", True)}
+    return ids | set(getattr(tokenizer, "all_special_ids", []) or [])
+
+
 def end_of_turn_ids(tokenizer: Any, model: Any = None) -> list[int]:
     """Token ids that end the assistant's turn, for stopping generation.
 
-    Read from the chat template as it renders a finished assistant reply: the special token
+    Read from the chat template as it renders a finished assistant reply: the added token
     right after the reply text (``<|im_end|>`` for ChatML templates such as SmolLM2's and
-    Qwen2.5's, ``<|eot_id|>`` for Llama 3), then the tokenizer's ``eos_token_id`` and the
-    model's ``generation_config.eos_token_id`` (int or list), without repeats, in that order.
+    Qwen2.5's, ``<|eot_id|>`` for Llama 3), whether or not the tokenizer names it among its
+    special tokens (any token of ``added_tokens_decoder`` counts: Llama-3-Instruct as first
+    released listed only ``<|end_of_text|>`` as EOS), then the tokenizer's ``eos_token_id`` and
+    the model's ``generation_config.eos_token_id`` (int or list), without repeats, in that
+    order. See https://huggingface.co/docs/transformers/chat_templating.
 
     Args:
         tokenizer: a Hugging Face tokenizer (with or without a chat template).
@@ -326,11 +341,31 @@ def end_of_turn_ids(tokenizer: Any, model: Any = None) -> list[int]:
             tokenize=False)
         after = text[text.rfind(reply) + len(reply):]
         following = tokenizer(after, add_special_tokens=False)["input_ids"][:1]
-        ids += [i for i in following if i in set(tokenizer.all_special_ids)]
+        ids += [i for i in following if i in _added_ids(tokenizer, special_only=False)]
     ids.append(tokenizer.eos_token_id)
     gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids += gen if isinstance(gen, list | tuple) else [gen]
     return list(dict.fromkeys(int(i) for i in ids if i is not None))
+
+
+def stop_ids(tokenizer: Any, model: Any = None) -> list[int]:
+    """Every id that ends a generated reply: :func:`end_of_turn_ids`, then each special token.
+
+    A reply never holds a special (control) token: a model that misses its end of turn and
+    emits the next turn's header (Llama 3's ``<|start_header_id|>``, ChatML's
+    ``<|im_start|>``) stops there, so the answer never contains the next header (decoding
+    with ``skip_special_tokens`` would drop the marker and keep the role name:
+    ``"Parisassistant"``).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+        model: optional model whose generation config adds its eos ids.
+
+    Returns:
+        :func:`end_of_turn_ids` first (its order kept), then the other special ids, sorted.
+    """
+    eot = end_of_turn_ids(tokenizer, model)
+    return eot + sorted(_added_ids(tokenizer, special_only=True) - set(eot))
 
 
 def runtime_facts(handle: ModelHandle | Any) -> dict[str, Any]:

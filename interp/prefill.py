@@ -48,7 +48,7 @@ from interp.generation import left_pad
 from interp.hooks.capture import hooked
 from interp.hooks.guard import inference_guard
 from interp.hooks.points import hook_name
-from interp.models import ModelHandle, end_of_turn_ids
+from interp.models import ModelHandle, stop_ids
 from interp.verdict import cache_kwarg, continuation_logprobs, output_cache
 
 __all__ = ["Capture", "PromptPass", "eos_ids", "run_prompts"]
@@ -97,13 +97,13 @@ class Capture:
 
 
 def eos_ids(handle: ModelHandle) -> set[int]:
-    """The ids that end a reply: :func:`interp.models.end_of_turn_ids`.
+    """The ids that end a reply: :func:`interp.models.stop_ids`.
 
     The token the chat template puts after an assistant reply (``<|im_end|>``, Llama 3's
-    ``<|eot_id|>``, which is not the EOS of every Llama 3 checkpoint), the tokenizer's EOS and
-    the generation config's EOS ids.
+    ``<|eot_id|>``, which is not the EOS of every Llama 3 checkpoint), the tokenizer's EOS,
+    the generation config's EOS ids and every other special token (the next turn's header).
     """
-    return set(end_of_turn_ids(handle.tokenizer, handle.model))
+    return set(stop_ids(handle.tokenizer, handle.model))
 
 
 @contextlib.contextmanager

@@ -39,7 +39,7 @@ from jaxtyping import Float
 from interp.errors import SteeringError
 from interp.hooks.backends import extend_prompts, reply_extensions, reply_logprobs
 from interp.hooks.steering import Steer, steering, tl_steered_logits
-from interp.models import ModelHandle, end_of_turn_ids
+from interp.models import ModelHandle, stop_ids
 from interp.verdict import VerdictReplies, continuation_logprobs, output_cache, verdict_replies
 
 __all__ = ["ALPHAS", "parse_heads", "steer_generator", "steer_judge", "top_diff_k"]
@@ -207,7 +207,7 @@ def steer_generator(handle: ModelHandle, ids: Sequence[int], context: tuple[int,
     from interp.verdict import cache_kwarg
 
     tok, model = handle.tokenizer, handle.model
-    eos = set(end_of_turn_ids(tok, model))  # Llama 3: <|eot_id|> is not the EOS token
+    eos = set(stop_ids(tok, model))  # Llama 3: <|eot_id|> is not the EOS token
     st = Steer(units=units, keys=context, alphas=list(alphas), record=True)
     logits, kv, n = _last_forward(handle, ids, st)
     mass = _mass(st.rows, band, context)
