@@ -125,12 +125,33 @@ def _pick_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
 
 
-def _dir_sha256(path: Path) -> str:
-    """sha256 over the weight files of a local checkpoint (names and contents, sorted)."""
+NOT_RESULT_FILES = (".md", ".txt.license", ".gitattributes", ".gitignore", "LICENSE")
+"""Suffixes of a checkpoint's files that cannot change a result (docs, licences, git files);
+every other file is part of the fingerprint (:func:`checkpoint_sha256`)."""
+
+
+def _result_file(name: str) -> bool:
+    return not name.endswith(NOT_RESULT_FILES) and not name.startswith(("LICENSE", "README"))
+
+
+def checkpoint_sha256(path: Path) -> str:
+    """sha256 over every file of a local checkpoint that can change a result.
+
+    Names and contents of the folder's files, sorted: the weights, and also ``config.json``
+    (``rope_theta``, ``rope_scaling``, ...), ``generation_config.json``, the tokenizer files
+    and the chat template (``tokenizer_config.json``, ``chat_template.jinja``), an adapter's
+    config and weights; not READMEs, licences and git files (:data:`NOT_RESULT_FILES`). A run
+    resumed with a checkpoint whose template or config changed is then refused like one whose
+    weights changed (:func:`interp.stages.common.check_run_model`).
+
+    Args:
+        path: the checkpoint directory.
+
+    Returns:
+        A hex digest.
+    """
     h = hashlib.sha256()
-    files = sorted(p for p in path.iterdir()
-                   if p.suffix in (".safetensors", ".bin", ".gguf", ".pt") and p.is_file())
-    for p in files:
+    for p in sorted(p for p in path.iterdir() if p.is_file() and _result_file(p.name)):
         h.update(p.name.encode())
         h.update(sha256_file(p).encode())
     return h.hexdigest()
@@ -162,7 +183,7 @@ def _resolve(spec: str, revision: str | None) -> tuple[Path | str, dict[str, Any
         if not (path / "config.json").exists():
             raise ModelSpecError(f"{spec} is a directory without config.json: not a checkpoint")
         return path, {**info, "source": "local", "path": str(path),
-                      "sha256": _dir_sha256(path), "revision": None}
+                      "sha256": checkpoint_sha256(path), "revision": None}
     elif "/" in spec and not Path(spec).exists():
         repo, _, rev = spec.partition("@")
         return repo, {**info, "source": "hub", "path": repo, "revision": revision or rev or None}
@@ -447,10 +468,12 @@ def result_facts(facts: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _hub_sha256(repo: str, revision: str | None) -> str | None:
-    """sha256 of a hub checkpoint's weights, from the hub cache's blob names (no hashing).
+    """sha256 of a hub checkpoint's files, from the hub cache's blob names (no hashing).
 
-    The hub cache stores LFS files as ``blobs/<sha256>``; combining those digests identifies the
-    weights without reading 16 GB. Returns None where the cache layout is not found.
+    The hub cache stores LFS files as ``blobs/<sha256>`` and small files as ``blobs/<git
+    sha1>``; combining the names and digests of every file that can change a result (weights,
+    config, tokenizer, chat template: :func:`checkpoint_sha256`'s selection) identifies the
+    checkpoint without reading 16 GB. Returns None where the cache layout is not found.
     """
     try:
         from huggingface_hub import scan_cache_dir
@@ -463,8 +486,8 @@ def _hub_sha256(repo: str, revision: str | None) -> str | None:
             for rev in repo_info.revisions:
                 if revision and rev.commit_hash != revision:
                     continue
-                blobs = sorted(Path(f.blob_path).name for f in rev.files
-                               if f.file_name.endswith((".safetensors", ".bin")))
+                blobs = sorted(f"{f.file_name}={Path(f.blob_path).name}" for f in rev.files
+                               if _result_file(f.file_name))
                 if blobs:
                     return hashlib.sha256("".join(blobs).encode()).hexdigest()
     except Exception:  # noqa: BLE001 - provenance is best effort for hub models

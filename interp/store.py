@@ -89,6 +89,9 @@ class Record(TypedDict, total=False):
         logit_diff: ``logprob_correct - logprob_incorrect`` (nats).
         p_correct: ``sigmoid(logit_diff)``, the forced choice between the two replies.
         verdict_coverage: ``P(Correct) + P(Incorrect)`` in ``(0, 1]``.
+        verdict_reply_ids: the token ids of the two whole replies those scores compare,
+            ``{"Correct": [...], "Incorrect": [...]}`` (:func:`interp.verdict.verdict_replies`;
+            the manifest's ``model.verdict_replies`` also names their token strings).
         prompts: ``{"gen": PromptSummary, "eval": PromptSummary}``.
     """
 
@@ -115,6 +118,7 @@ class Record(TypedDict, total=False):
     logit_diff: float
     p_correct: float
     verdict_coverage: float
+    verdict_reply_ids: dict[str, list[int]]
     prompts: dict[str, PromptSummary]
 
 
@@ -366,6 +370,17 @@ def git_commit() -> str | None:
         return None
 
 
+def _add_commit(manifest: dict[str, Any]) -> None:
+    """Add this checkout's commit to ``manifest["git_commits"]``: every commit that wrote.
+
+    ``git_commit`` stays the first one (the run's creation); a resumed or extended run, or a
+    later stage, made by another checkout appends its commit once, in order.
+    """
+    commits = manifest.setdefault("git_commits", [manifest.get("git_commit")])
+    if (now := git_commit()) not in commits:
+        commits.append(now)
+
+
 class RunDir:
     """A run directory (module docstring).
 
@@ -446,6 +461,7 @@ class RunDir:
                 old["config"].update({k: v for k, v in config.items() if k not in keys})
                 old["config"].update(merged)
                 old.setdefault("invocations", []).append(_now())
+                _add_commit(old)
                 write_json(self.manifest_path, old)
                 return old
         manifest = {
@@ -453,6 +469,7 @@ class RunDir:
             "versions": package_versions(), "git_commit": git_commit(),
             "platform": platform.platform(), "argv": sys.argv, "invocations": [_now()],
         }
+        _add_commit(manifest)
         if runtime is not None:
             manifest["runtime"] = dict(runtime)
         if result_facts is not None:
@@ -517,6 +534,7 @@ class RunDir:
         entry = {"runtime": dict(runtime), "result_facts": dict(result_facts),
                  "versions": package_versions(), "git_commit": git_commit(), "updated": _now()}
         manifest.setdefault("stages", {})[stage] = entry
+        _add_commit(manifest)
         write_json(self.manifest_path, manifest)
         return entry
 

@@ -10,8 +10,11 @@ Algorithm of :func:`run`:
    with the same :data:`KEY_FIELDS` and the same result-relevant runtime facts
    (:func:`interp.models.result_facts`: attention kernel, device, dtype, torch/transformers
    versions, TF32 and determinism flags; another model, template, oracle, decoding or any of
-   these is refused unless ``overwrite``); list datasets accumulate over invocations. The
-   manifest stores the full :func:`interp.models.runtime_facts` as ``runtime``.
+   these is refused unless ``overwrite``), and that the model's fingerprint (``sha256``:
+   weights, config and tokenizer files, :func:`interp.stages.common.check_run_model`) is the
+   run's; list datasets accumulate over invocations. The manifest stores the full
+   :func:`interp.models.runtime_facts` as ``runtime`` and the token ids and strings of the
+   two whole verdict replies every score compares (``model.verdict_replies``).
 2. For each dataset: load the examples (first ``limit`` after filtering), skip those already
    in ``records.jsonl`` (resume; a larger ``limit`` only adds the new ones) unless the record
    is stale (:func:`stale_records`: its example's question, context or answers, or its
@@ -47,7 +50,7 @@ from interp.probing import POOLS
 from interp.prompts import Template, get_template, render
 from interp.stages import attention as attention_stage
 from interp.stages import probe as probe_stage
-from interp.stages.common import stage_facts
+from interp.stages.common import check_run_model, stage_facts
 from interp.store import (
     Record,
     RunDir,
@@ -56,6 +59,7 @@ from interp.store import (
     record_key,
     write_json,
 )
+from interp.verdict import verdict_replies
 
 __all__ = ["KEY_FIELDS", "NAME", "SUMMARIES", "AsymmetryConfig", "check_inputs",
            "format_oracle_agreement", "format_summary", "oracle_agreement", "run",
@@ -220,7 +224,11 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     template = get_template(config.template, config.templates_path)
     handle = handle or load_model(config.model, device=config.device, dtype=config.dtype)
     facts = runtime_facts(handle)
-    manifest = rd.init_manifest(asdict(config), model_info=handle.info, overwrite=overwrite,
+    if not overwrite and rd.manifest_path.exists():  # resuming with another checkpoint: refuse
+        check_run_model(rd, handle)
+    replies = verdict_replies(handle.tokenizer).to_record()  # the scored tokens, by name
+    manifest = rd.init_manifest(asdict(config), overwrite=overwrite,
+                                model_info={**handle.info, "verdict_replies": replies},
                                 key_fields=KEY_FIELDS, runtime=facts,
                                 result_facts=result_facts(facts))
     oracle = make_oracle(config.oracle, device=config.device, dtype=config.dtype,
