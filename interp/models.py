@@ -182,6 +182,7 @@ def _resolve(spec: str, revision: str | None) -> tuple[Path | str, dict[str, Any
         path = Path(spec).resolve()
         if not (path / "config.json").exists():
             raise ModelSpecError(f"{spec} is a directory without config.json: not a checkpoint")
+        check_folder(path)
         return path, {**info, "source": "local", "path": str(path),
                       "sha256": checkpoint_sha256(path), "revision": None}
     elif "/" in spec and not Path(spec).exists():
@@ -195,6 +196,70 @@ def _resolve(spec: str, revision: str | None) -> tuple[Path | str, dict[str, Any
     info.update(cached_checkpoint=str(path), tokenizer_pre=source["tokenizer"]["pre"],
                 gguf_name=source.get("general", {}).get("name"))
     return path, info
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+
+
+def check_folder(path: Path) -> None:
+    """Refuse a checkpoint folder that holds full weights AND a peft adapter.
+
+    ``from_pretrained`` attaches an ``adapter_config.json`` it finds beside the weights; in a
+    folder of merged weights (``merge_and_unload`` then ``save_pretrained``) that still holds
+    the adapter's files, the adapter is applied a second time, silently (measured: logits 5.5
+    nats off on a tiny Llama). Which of the two the folder means cannot be told from it.
+    See https://huggingface.co/docs/peft/developer_guides/checkpoint.
+
+    Raises:
+        ModelSpecError: naming the weight files and the adapter files.
+    """
+    weights = sorted(p.name for p in path.iterdir() if p.is_file()
+                     and p.name.endswith(WEIGHT_SUFFIXES) and p.name not in ADAPTER_FILES
+                     and not p.name.startswith(("optimizer", "rng", "training_args")))
+    adapter = sorted(n for n in ADAPTER_FILES if (path / n).exists())
+    if weights and "adapter_config.json" in adapter:
+        raise ModelSpecError(
+            f"{path} holds full weights ({', '.join(weights)}) and a peft adapter "
+            f"({', '.join(adapter)}): loading would apply the adapter again; move the adapter "
+            f"files out if the weights are merged, or the weights out to load the adapter")
+
+
+def check_loaded(path: Path | str, loading_info: Mapping[str, Any]) -> None:
+    """Refuse a checkpoint whose weight files lack tensors the model needs (or mis-shape them).
+
+    ``from_pretrained`` fills a tensor missing from every weight file with its random
+    initialisation and only logs it (a sharded checkpoint whose index names a shard that lacks
+    the tensor loads "successfully"). Tied weights are not reported missing by transformers.
+
+    Args:
+        path: the checkpoint directory or hub id (for the message).
+        loading_info: the ``output_loading_info=True`` result of ``from_pretrained``.
+
+    Raises:
+        ModelSpecError: one line naming the missing (or mis-shaped) keys and, for a sharded
+            checkpoint, the shard its index names for them.
+    """
+    missing = sorted(loading_info.get("missing_keys") or ())
+    mismatched = sorted(str(k[0] if isinstance(k, tuple) else k)
+                        for k in loading_info.get("mismatched_keys") or ())
+    if not missing and not mismatched:
+        return
+    where = ""
+    index = Path(path) / "model.safetensors.index.json"
+    if missing and index.exists():
+        import json
+
+        wmap = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+        named = sorted({wmap[k] for k in missing if k in wmap})
+        where = (f"; {index.name} names {', '.join(named)} for them, which lack them" if named
+                 else f"; {index.name} does not name them")
+    keys = ", ".join(missing[:4]) + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else "")
+    bad = f"missing {len(missing)} tensor(s) ({keys})" if missing else ""
+    if mismatched:
+        bad += ("; " if bad else "") + f"mis-shaped {', '.join(mismatched[:4])}"
+    raise ModelSpecError(f"checkpoint {path} {bad}{where}: they would load at their random "
+                         f"initialisation; fix or re-download the weight files")
 
 
 def _tokenizer(path: Path | str, info: dict[str, Any]) -> Any:
@@ -283,7 +348,9 @@ def load_model(
             bundled package is missing or its file fails the sha256 check; a GGUF's
             tokenizer cannot be reproduced; the hub cannot be reached for a hub id; or the
             config's query heads are not a multiple of its key/value heads (checked before
-            the weights are read).
+            the weights are read); a folder of full weights that also holds a peft adapter
+            (:func:`check_folder`), or weight files that lack tensors of the model
+            (:func:`check_loaded`).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -300,9 +367,11 @@ def load_model(
     try:
         tok = _tokenizer(path, info)
         check_heads(AutoConfig.from_pretrained(path, revision=kwargs.get("revision")))
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        model, loading = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True,
+                                                              **kwargs)
     except OSError as err:
         raise _hub_error(spec, err) from err
+    check_loaded(path, loading)
     if info["source"] == "hub":
         info["revision"] = getattr(model.config, "_commit_hash", None) or info["revision"]
         info["sha256"] = _hub_sha256(str(path), info["revision"])
