@@ -75,6 +75,7 @@ from interp.store import (
     write_json,
     write_table,
 )
+from interp.tokens import token_strings
 
 __all__ = ["NAME", "SUMMARIES", "Config", "RecordConfig", "format_summary", "query_positions",
            "record", "record_prompt", "run", "write_tables"]
@@ -270,11 +271,6 @@ def record_prompt(handle: ModelHandle, p: RenderedPrompt, cfg: RecordConfig,
     return table, sizes, sink.s2s
 
 
-def _tokens(tokenizer: Any, ids: Sequence[int]) -> list[str]:
-    """Token strings, each id decoded alone (TransformerLens ``to_str_tokens``)."""
-    return [tokenizer.decode([int(i)]) for i in ids]
-
-
 def _clear(folder: Path) -> None:
     """Step 3: the part first, then every other file (old shards, temporary files)."""
     (folder / "index.json").unlink(missing_ok=True)
@@ -319,7 +315,7 @@ def _record_one(run: RunDir, handle: ModelHandle, rec: Record,
         part["shards"].update(sizes)
         part["tasks"][task] = {
             "n_tokens": len(p), "token_ids": list(map(int, p.input_ids)),
-            "tokens": _tokens(handle.tokenizer, p.input_ids), "labels": list(p.labels),
+            "tokens": token_strings(handle.tokenizer, p.input_ids), "labels": list(p.labels),
             "token_spans": {k: list(v) for k, v in p.token_spans.items()},
             "positions": query_positions(p.labels, cfg.positions)}
     if "attention" in cfg.what:
