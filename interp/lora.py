@@ -33,10 +33,10 @@ from typing import Any, Protocol
 import torch
 from jaxtyping import Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from interp.errors import TransferError
 from interp.models import ModelHandle, end_of_turn_ids
+from interp.progress import tqdm
 from interp.prompts import Template, render
 from interp.store import atomic_path, read_json, save_tensors, write_json
 

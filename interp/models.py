@@ -355,11 +355,13 @@ def load_model(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from interp.inputs import check_device, check_dtype
+    from interp.progress import quiet_library_bars
 
     check_device(device, ModelSpecError)
     check_dtype(dtype, ModelSpecError)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch_dtype = _pick_dtype(dtype, device)
+    quiet_library_bars()  # transformers' weight-loading bar: not in a log file
     path, info = _resolve(spec, revision)
     kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn_implementation}
     if info["source"] == "hub":

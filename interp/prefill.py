@@ -219,7 +219,7 @@ def run_prompts(
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     if progress:
-        from tqdm.auto import tqdm
+        from interp.progress import tqdm
 
         batches = tqdm(batches, desc=progress, unit="batch", leave=False)
     out: list[PromptPass] = [PromptPass() for _ in prompts]

@@ -69,13 +69,13 @@ from sklearn.neural_network import MLPClassifier
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import LinearSVC
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from interp.errors import ProbeError
 from interp.generation import left_pad
 from interp.hooks.capture import hooked
 from interp.hooks.points import hook_name
 from interp.models import ModelHandle
+from interp.progress import tqdm
 from interp.prompts import RenderedPrompt
 from interp.stats import binary_metrics, fold_summary, make_folds, mcnemar
 from interp.store import Record, atomic_path, check_verdict_scores, read_json, write_json

@@ -35,8 +35,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from interp.asymmetry import compute_metrics, evaluate_examples, format_metrics, make_oracle
 from interp.data import DATASETS, QAExample, load_examples
 from interp.errors import ConfigError, DataError, RunDirError
@@ -47,6 +45,7 @@ from interp.models import DEFAULT_MODEL, ModelHandle, load_model, result_facts, 
 from interp.plots import plot_asymmetry
 from interp.prefill import Capture
 from interp.probing import POOLS
+from interp.progress import tqdm
 from interp.prompts import Template, get_template, render
 from interp.stages import attention as attention_stage
 from interp.stages import probe as probe_stage

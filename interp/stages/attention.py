@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import safe_open
-from tqdm.auto import tqdm
 
 from interp import plots
 from interp.asymmetry import record_prompts
@@ -56,6 +55,7 @@ from interp.errors import AttentionError, RunDirError
 from interp.hooks.recorder import BACKENDS, record_rows
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
+from interp.progress import tqdm
 from interp.stages.common import ok_records, stage_facts
 from interp.store import (
     Record,

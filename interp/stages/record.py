@@ -49,7 +49,6 @@ import numpy as np
 import pandas as pd
 import torch
 from safetensors.torch import load_file
-from tqdm.auto import tqdm
 
 from interp.asymmetry import record_prompts
 from interp.attention import TASKS, query_span_names, span_names, span_to_span
@@ -59,6 +58,7 @@ from interp.hooks.recorder import PATTERN_POINT, record_stream
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.plots.record import plot_span_to_span
+from interp.progress import tqdm
 from interp.prompts import RenderedPrompt
 from interp.shards import TensorStreamWriter, plan_shards
 from interp.stages.common import ok_records
