@@ -29,7 +29,8 @@ from interp.stages import transfer as transfer_stage
 from interp.stages.asymmetry import AsymmetryConfig
 from interp.stages.asymmetry import run as run_asymmetry
 from interp.stages.common import stage_facts
-from interp.store import RunDir, load_tensors
+from interp.store.io import load_tensors
+from interp.store.rundir import RunDir
 from interp.testing import synthetic_probe_run
 
 QUIET = {"log": lambda s: None}
@@ -315,8 +316,8 @@ def test_records_and_manifest_name_the_scored_reply_tokens(local_ck, tmp_path):
 
     The manifest names them with their strings; scoring those ids again gives the score.
     """
-    from interp.asymmetry import rerender
     from interp.models import load_model
+    from interp.prompts import rerender
     from interp.verdict import VerdictReplies, score_verdicts, verdict_replies
 
     out = tmp_path / "run"
@@ -374,12 +375,12 @@ def test_resume_refuses_a_checkpoint_whose_config_or_template_changed(local_ck, 
 
 
 def test_resumed_run_records_every_commit_that_wrote(local_ck, tmp_path, monkeypatch):
-    import interp.store
+    import interp.store.rundir
 
     out = tmp_path / "run"
-    monkeypatch.setattr(interp.store, "git_commit", lambda: "aaa111")
+    monkeypatch.setattr(interp.store.rundir, "git_commit", lambda: "aaa111")
     run_asymmetry(_small_cfg(local_ck), out, **QUIET)
-    monkeypatch.setattr(interp.store, "git_commit", lambda: "bbb222")
+    monkeypatch.setattr(interp.store.rundir, "git_commit", lambda: "bbb222")
     run_asymmetry(_small_cfg(local_ck, limit=2), out, **QUIET)
     run_asymmetry(_small_cfg(local_ck, limit=2), out, **QUIET)      # same commit: once
     m = RunDir(out).manifest()
