@@ -311,6 +311,7 @@ def load_masses(run: RunDir, *, limit: int | None = None
         spans += [x for x in s if x not in spans]
         have.append(r)
     if not have:
+        run.require_run()
         raise RunDirError(f"{run.path} has no attention recordings: run `interp attention --run "
                           f"{run.path}` first")
     mass = {}
@@ -361,6 +362,7 @@ def read_summary(run: RunDir) -> dict[str, Any]:
     """
     path = run.path / "attention" / "summary.json"
     if not path.exists():
+        run.require_run()  # a grid folder: name its runs, never advise writing into it
         raise RunDirError(f"{path} does not exist: run `interp attention --run {run.path}` first")
     return read_json(path)
 

@@ -363,6 +363,7 @@ def _parts(run: RunDir, cfg: RecordConfig) -> list[tuple[Record, dict[str, Any]]
         if path.exists():
             out.append((rec, read_json(path)))
     if not out:
+        run.require_run()
         raise RunDirError(f"{run.path} has no recordings: run `interp record --run {run.path}` "
                           f"first")
     return out

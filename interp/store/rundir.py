@@ -89,13 +89,34 @@ class RunDir:
                 them).
         """
         if not self.manifest_path.exists():
-            runs = sorted(p.parent for p in self.path.glob("*/manifest.json"))
-            if runs:
-                raise RunDirError(f"{self.path} is a grid of runs: pass one of "
-                                  f"{', '.join(str(p) for p in runs)}")
-            raise RunDirError(f"{self.path} has no manifest.json: run `interp asymmetry --out "
-                              f"{self.path} ...` first")
+            self._missing("manifest.json")
         return read_json(self.manifest_path)
+
+    def require_run(self) -> None:
+        """Refuse a folder that is not a run (no manifest), before advising a command on it.
+
+        Raises:
+            RunDirError: as :meth:`manifest` (a grid of runs: its model folders named).
+        """
+        if not self.manifest_path.exists():
+            self._missing("manifest.json")
+
+    def _missing(self, name: str) -> None:
+        """Refuse a run directory without ``name``; a grid of runs is told to name a run.
+
+        A folder that ``interp run`` filled with one run directory per model is not a run:
+        advice to run ``interp asymmetry --out`` into it would write a run into the grid, so
+        the message names its model folders instead.
+
+        Raises:
+            RunDirError: always.
+        """
+        runs = sorted(p.parent for p in self.path.glob("*/manifest.json"))
+        if runs:
+            raise RunDirError(f"{self.path} is a grid of runs: pass one of "
+                              f"{', '.join(str(p) for p in runs)}")
+        raise RunDirError(f"{self.path} has no {name}: run `interp asymmetry --out "
+                          f"{self.path} ...` first")
 
     def init_manifest(self, config: Mapping[str, Any], *, model_info: Mapping[str, Any],
                       overwrite: bool = False, key_fields: Iterable[str] = (),
@@ -234,8 +255,7 @@ class RunDir:
                 malformed (names the line).
         """
         if not self.records_path.exists():
-            raise RunDirError(f"{self.path} has no records.jsonl: run `interp asymmetry --out "
-                              f"{self.path} ...` first")
+            self._missing("records.jsonl")
         lines = self.records_path.read_text(encoding="utf-8").splitlines()
         out = []
         for n, line in enumerate(lines, 1):
