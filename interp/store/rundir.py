@@ -6,12 +6,10 @@ cut by a crash is reported and dropped on the next read, so that record is simpl
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import subprocess
 import sys
-import warnings
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from importlib import metadata
@@ -19,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from interp.errors import RunDirError
-from interp.store.io import nan_to_none, read_json, write_json, write_jsonl
+from interp.jsonl import json_line, parse_jsonl
+from interp.store.io import _parse, nan_to_none, read_json, write_json, write_jsonl
 from interp.store.records import Record, record_key
 
 _PACKAGES = ("interp", "torch", "transformers", "transformer-lens", "nnsight", "peft",
@@ -246,9 +245,12 @@ class RunDir:
         return self.path / "records.jsonl"
 
     def read_records(self, *, status: str | None = "ok") -> list[Record]:
-        """Records of the run, optionally only those with a given ``status``.
+        r"""Records of the run, optionally only those with a given ``status``.
 
-        A last line cut by a crash is dropped with a warning (it will be redone).
+        Read with :func:`interp.jsonl.parse_jsonl` (split on ``\n`` only, so U+2028,
+        U+2029 and U+0085 inside a string are text). A last line cut by a crash (inside a
+        document or a UTF-8 character) is dropped with a warning (it will be redone); a
+        complete last line without its newline is kept.
 
         Raises:
             RunDirError: the run has no records.jsonl, or a line other than the last is
@@ -256,22 +258,8 @@ class RunDir:
         """
         if not self.records_path.exists():
             self._missing("records.jsonl")
-        lines = self.records_path.read_text(encoding="utf-8").splitlines()
-        out = []
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as err:
-                if n == len(lines):
-                    warnings.warn(f"{self.records_path}:{n}: incomplete last line dropped "
-                                  f"(an interrupted write); it will be redone", stacklevel=2)
-                    continue
-                raise RunDirError(f"{self.records_path}:{n}: malformed JSON ({err})") from err
-            if status is None or rec.get("status") == status:
-                out.append(rec)
-        return out
+        got = _parse(self.records_path)
+        return [rec for _, rec in got.rows if status is None or rec.get("status") == status]
 
     def append_records(self, records: Iterable[Record] | Iterable[Mapping[str, Any]]) -> None:
         """Append records as JSON lines, then flush and fsync."""
@@ -279,7 +267,7 @@ class RunDir:
         self._repair_tail()
         with open(self.records_path, "a", encoding="utf-8") as f:
             for rec in records:
-                f.write(json.dumps(nan_to_none(rec), ensure_ascii=False) + "\n")
+                f.write(json_line(nan_to_none(rec)))
             f.flush()
             os.fsync(f.fileno())
 
@@ -296,7 +284,12 @@ class RunDir:
         return len(recs) - len(kept)
 
     def _repair_tail(self) -> None:
-        """Cut a partial last line (no trailing newline) left by a killed writer."""
+        """Before appending: end a whole last line that lost its newline, cut a torn one.
+
+        A writer killed between a record and its newline leaves a complete record: it is kept
+        (the newline is added); one killed inside a record leaves a torn line: it is cut
+        (:meth:`read_records` already left it out and the record is redone).
+        """
         p = self.records_path
         if not p.exists() or p.stat().st_size == 0:
             return
@@ -304,8 +297,15 @@ class RunDir:
             f.seek(-1, os.SEEK_END)
             if f.read(1) == b"\n":
                 return
-            data = p.read_bytes()
-            f.truncate(data.rfind(b"\n") + 1)
+        got = parse_jsonl(p.read_bytes())
+        with open(p, "rb+") as f:
+            if got.torn_offset is not None:
+                f.truncate(got.torn_offset)
+            else:
+                f.seek(0, os.SEEK_END)
+                f.write(b"\n")
+            f.flush()
+            os.fsync(f.fileno())
 
     # -- sub-folders ----------------------------------------------------------------------
     def sub(self, name: str) -> Path:
