@@ -169,13 +169,14 @@ def run(
         interp.errors.ConfigError: a count below 1 or an unknown oracle spec (before any
             model loads, as every error of :func:`check_inputs`).
         interp.errors.RunDirError: ``out`` holds a run with another config or other result
-            facts, or stale records (:func:`stale_records`), and not overwrite.
+            facts, or stale records (:func:`stale_records`), and not overwrite; or another
+            process is writing ``out`` (:meth:`interp.store.rundir.RunDir.writer`).
         interp.errors.DataError: unknown dataset, malformed file.
     """
     loaded = check_inputs(config)
     if not overwrite:  # another model, template, ... is refused before the model loads
         RunDir(out).check_config(asdict(config), KEY_FIELDS)
-    with new_run_dir(out):
+    with new_run_dir(out), RunDir(out).writer():  # a second writer is refused here, at once
         return _run(config, RunDir(out), loaded, overwrite=overwrite, handle=handle, log=log,
                     chunk=chunk)
 

@@ -6,11 +6,13 @@ cut by a crash is reported and dropped on the next read, so that record is simpl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -47,6 +49,10 @@ def git_commit() -> str | None:
         return out + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+_LOCKS: dict[str, Any] = {}
+"""One ``FileLock`` per run directory in this process (so :meth:`RunDir.writer` nests)."""
 
 
 def _add_commit(manifest: dict[str, Any]) -> None:
@@ -238,6 +244,45 @@ class RunDir:
         write_json(self.manifest_path, manifest)
         return entry
 
+    # -- one writer at a time --------------------------------------------------------------
+    @contextlib.contextmanager
+    def writer(self) -> Iterator[None]:
+        """Hold the run directory's writer lock for the body (one writer at a time).
+
+        An OS file lock (``filelock.FileLock`` on ``DIR/.writer.lock``: ``fcntl``/``msvcrt``)
+        that the kernel releases when its process dies, so a lock left by a killed or
+        crashed writer is never stale; the holder's pid, host, command and start time are
+        written to ``DIR/.writer.json`` for the message a second writer gets. Re-entrant in
+        one process. See https://py-filelock.readthedocs.io/.
+
+        Raises:
+            RunDirError: another process holds the lock (one line naming it).
+        """
+        from filelock import FileLock, Timeout
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        lock = _LOCKS.setdefault(str(self.path.resolve()),
+                                 FileLock(str(self.path / ".writer.lock"), timeout=0))
+        owner = self.path / ".writer.json"
+        try:
+            lock.acquire()
+        except Timeout:
+            try:
+                who = read_json(owner)
+                held = (f"pid {who.get('pid')} on {who.get('host')} "
+                        f"({who.get('argv')!r}, since {who.get('since')})")
+            except (OSError, ValueError):
+                held = "another process"
+            raise RunDirError(f"{self.path} is being written by {held}: wait for it to "
+                              f"finish, or use another --out") from None
+        try:
+            if lock.lock_counter == 1:
+                write_json(owner, {"pid": os.getpid(), "host": platform.node(),
+                                   "argv": " ".join(sys.argv), "since": _now()})
+            yield
+        finally:
+            lock.release()
+
     # -- records --------------------------------------------------------------------------
     @property
     def records_path(self) -> Path:
@@ -259,7 +304,15 @@ class RunDir:
         if not self.records_path.exists():
             self._missing("records.jsonl")
         got = _parse(self.records_path)
-        return [rec for _, rec in got.rows if status is None or rec.get("status") == status]
+        latest: dict[tuple[str, str], Any] = {}
+        for _, rec in got.rows:  # never trust a repeated id: the last line of it wins
+            latest.pop(record_key(rec), None)
+            latest[record_key(rec)] = rec
+        if len(latest) < len(got.rows):
+            warnings.warn(f"{self.records_path}: {len(got.rows) - len(latest)} line(s) repeat "
+                          f"a record id (two writers?); each record is read once, its last "
+                          f"line", stacklevel=2)
+        return [rec for rec in latest.values() if status is None or rec.get("status") == status]
 
     def append_records(self, records: Iterable[Record] | Iterable[Mapping[str, Any]]) -> None:
         """Append records as JSON lines, then flush and fsync."""

@@ -89,3 +89,58 @@ def test_parse_jsonl_contract():
     torn = parse_jsonl(b'{"a": 1}\n{"b": "\xe6\x9d')
     assert torn.rows == [(1, {"a": 1})] and torn.torn == 2 and torn.torn_offset == 9
     assert "not UTF-8" in torn.torn_reason
+
+
+HOLDER = """
+import sys, time
+from interp.store.rundir import RunDir
+with RunDir(sys.argv[1]).writer():
+    print("holding", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_two_processes_one_run_dir_second_writer_refused_then_lock_freed_by_death(
+        tiny, tmp_path):
+    """Another process holds the run: a second writer is refused naming it, writes nothing.
+
+    Once the holder is killed (no clean release) the lock is free again, not stale.
+    """
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from interp.errors import RunDirError
+    from interp.stages.asymmetry import AsymmetryConfig
+    from interp.stages.asymmetry import run as run_asymmetry
+
+    out = tmp_path / "run"
+    cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=2, batch_size=2,
+                          max_new_tokens=3, verdict_max_new_tokens=2, n_boot=20)
+    run_asymmetry(cfg, out, handle=tiny, log=lambda s: None)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        before = (out / "records.jsonl").read_bytes()
+        cfg.limit = 3
+        with pytest.raises(RunDirError, match=rf"^{out} is being written by pid {holder.pid} "
+                                              rf"on .*: wait for it to finish, or use another"):
+            run_asymmetry(cfg, out, handle=tiny, log=lambda s: None)
+        assert (out / "records.jsonl").read_bytes() == before          # nothing written
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    run_asymmetry(cfg, out, handle=tiny, log=lambda s: None)           # the dead holder's lock
+    ids = [r["id"] for r in RunDir(out).read_records()]
+    assert len(ids) == len(set(ids)) == 3
+
+
+def test_reading_never_trusts_a_repeated_id(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.append_records([_rec(1, "old"), _rec(2), _rec(1, "new"), _rec(3)])
+    with pytest.warns(UserWarning, match="1 line.s. repeat a record id"):
+        recs = run.read_records()
+    assert [(r["id"], r["context"]) for r in recs] == [("q2", ODD), ("q1", "new"), ("q3", ODD)]
