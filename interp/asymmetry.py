@@ -61,8 +61,10 @@ __all__ = ["METRIC_DEFINITIONS", "compute_metrics", "evaluate_examples", "format
 
 
 def _example_fields(ex: QAExample) -> dict[str, Any]:
+    """The example's fields of a record, with the data file's extra fields as ``extras``."""
     return {"id": ex.id, "dataset": ex.dataset, "split": ex.split, "question": ex.question,
-            "context": ex.context, "answers": list(ex.answers), "answerable": ex.answerable}
+            "context": ex.context, "answers": list(ex.answers), "answerable": ex.answerable,
+            **({"extras": dict(ex.extras)} if ex.extras else {})}
 
 
 def _skipped(ex: QAExample, reason: str) -> Record:

@@ -221,6 +221,10 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     if not overwrite and rd.manifest_path.exists():  # resuming with another checkpoint: refuse
         check_run_model(rd, handle)
     replies = verdict_replies(handle.tokenizer).to_record()  # the scored tokens, by name
+    before = rd.manifest()["config"].get("datasets", []) if rd.manifest_path.exists() else []
+    if added := [d for d in config.datasets if before and d not in before]:
+        log(f"{rd.path} holds a run on {', '.join(before)}: adding {', '.join(added)} to it "
+            f"(metrics.json will cover all of them; use another --out for a separate run)")
     manifest = rd.init_manifest(asdict(config), overwrite=overwrite,
                                 model_info={**handle.info, "verdict_replies": replies},
                                 key_fields=KEY_FIELDS, runtime=facts,

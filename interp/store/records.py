@@ -51,6 +51,8 @@ class Record(TypedDict, total=False):
 
     Attributes:
         id, dataset, split, question, context, answers, answerable: the example.
+        extras: the data file's other fields of the example (:attr:`interp.data.QAExample.extras`;
+            absent when it has none).
         status: ``ok`` or ``skipped``; reason: why it was skipped.
         model: the model spec that generated and judged; template: the template variant.
         generation: the raw generated text; answer: the extracted answer (the candidate the
@@ -78,6 +80,7 @@ class Record(TypedDict, total=False):
     context: str
     answers: list[str]
     answerable: bool
+    extras: dict[str, Any]
     reason: str
     model: str
     template: str

@@ -144,3 +144,27 @@ def test_reading_never_trusts_a_repeated_id(tmp_path):
     with pytest.warns(UserWarning, match="1 line.s. repeat a record id"):
         recs = run.read_records()
     assert [(r["id"], r["context"]) for r in recs] == [("q2", ODD), ("q1", "new"), ("q3", ODD)]
+
+
+def test_second_dataset_into_one_out_is_said_and_user_fields_are_kept(tiny, tmp_path):
+    from interp.stages.asymmetry import AsymmetryConfig
+    from interp.stages.asymmetry import run as run_asymmetry
+
+    data = tmp_path / "my_qa.jsonl"
+    data.write_text("".join(json.dumps(
+        {"id": f"u{i}", "question": "Where is it?", "context": "It is in Paris.",
+         "answers": ["Paris"], "source_url": f"https://example.org/{i}", "grader": "ann"})
+        + "\n" for i in range(2)), encoding="utf-8")
+    out, said = tmp_path / "run", []
+    kw = dict(model="tiny-llama", limit=2, batch_size=2, max_new_tokens=3,
+              verdict_max_new_tokens=2, n_boot=20)
+    run_asymmetry(AsymmetryConfig(datasets=[str(data)], **kw), out, handle=tiny, log=said.append)
+    recs = RunDir(out).read_records()
+    assert [r["extras"]["source_url"] for r in recs] == ["https://example.org/0",
+                                                         "https://example.org/1"]
+    assert {r["extras"]["grader"] for r in recs} == {"ann"}
+    assert not any("adding" in s for s in said)
+    run_asymmetry(AsymmetryConfig(datasets=["squad_v2"], **kw), out, handle=tiny,
+                  log=said.append)
+    assert any(f"{out} holds a run on {data}: adding squad_v2 to it" in s for s in said)
+    assert {r["dataset"] for r in RunDir(out).read_records()} == {"my_qa", "squad_v2"}
