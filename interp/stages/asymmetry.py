@@ -10,8 +10,11 @@ Algorithm of :func:`run`:
    with the same :data:`KEY_FIELDS` and the same result-relevant runtime facts
    (:func:`interp.models.result_facts`: attention kernel, device, dtype, torch/transformers
    versions, TF32 and determinism flags; another model, template, oracle, decoding or any of
-   these is refused unless ``overwrite``); list datasets accumulate over invocations. The
-   manifest stores the full :func:`interp.models.runtime_facts` as ``runtime``.
+   these is refused unless ``overwrite``), and that the model's fingerprint (``sha256``:
+   weights, config and tokenizer files, :func:`interp.stages.common.check_run_model`) is the
+   run's; list datasets accumulate over invocations. The manifest stores the full
+   :func:`interp.models.runtime_facts` as ``runtime`` and the token ids and strings of the
+   two whole verdict replies every score compares (``model.verdict_replies``).
 2. For each dataset: load the examples (first ``limit`` after filtering), skip those already
    in ``records.jsonl`` (resume; a larger ``limit`` only adds the new ones) unless the record
    is stale (:func:`stale_records`: its example's question, context or answers, or its
@@ -32,8 +35,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from interp.agreement import oracle_agreement as grade_agreement
 from interp.asymmetry import compute_metrics, evaluate_examples, format_metrics
 from interp.data import DATASETS, QAExample, load_examples
@@ -43,14 +44,16 @@ from interp.inputs import check_counts, config_from_table, new_run_dir
 from interp.models import DEFAULT_MODEL, ModelHandle, load_model, result_facts, runtime_facts
 from interp.plots.asymmetry import plot_asymmetry
 from interp.prefill import Capture
+from interp.progress import tqdm
 from interp.prompts import Template, get_template, render
 from interp.residual_features import POOLS
 from interp.stages import attention as attention_stage
 from interp.stages import probe as probe_stage
-from interp.stages.common import stage_facts
+from interp.stages.common import check_run_model, stage_facts
 from interp.store.io import write_json
 from interp.store.records import Record, limit_per_dataset, qa_key
 from interp.store.rundir import RunDir
+from interp.verdict import verdict_replies
 
 __all__ = ["KEY_FIELDS", "NAME", "SUMMARIES", "AsymmetryConfig", "check_inputs",
            "format_oracle_agreement", "format_summary", "oracle_agreement", "run",
@@ -166,13 +169,14 @@ def run(
         interp.errors.ConfigError: a count below 1 or an unknown oracle spec (before any
             model loads, as every error of :func:`check_inputs`).
         interp.errors.RunDirError: ``out`` holds a run with another config or other result
-            facts, or stale records (:func:`stale_records`), and not overwrite.
+            facts, or stale records (:func:`stale_records`), and not overwrite; or another
+            process is writing ``out`` (:meth:`interp.store.rundir.RunDir.writer`).
         interp.errors.DataError: unknown dataset, malformed file.
     """
     loaded = check_inputs(config)
     if not overwrite:  # another model, template, ... is refused before the model loads
         RunDir(out).check_config(asdict(config), KEY_FIELDS)
-    with new_run_dir(out):
+    with new_run_dir(out), RunDir(out).writer():  # a second writer is refused here, at once
         return _run(config, RunDir(out), loaded, overwrite=overwrite, handle=handle, log=log,
                     chunk=chunk)
 
@@ -214,7 +218,15 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     template = get_template(config.template, config.templates_path)
     handle = handle or load_model(config.model, device=config.device, dtype=config.dtype)
     facts = runtime_facts(handle)
-    manifest = rd.init_manifest(asdict(config), model_info=handle.info, overwrite=overwrite,
+    if not overwrite and rd.manifest_path.exists():  # resuming with another checkpoint: refuse
+        check_run_model(rd, handle)
+    replies = verdict_replies(handle.tokenizer).to_record()  # the scored tokens, by name
+    before = rd.manifest()["config"].get("datasets", []) if rd.manifest_path.exists() else []
+    if added := [d for d in config.datasets if before and d not in before]:
+        log(f"{rd.path} holds a run on {', '.join(before)}: adding {', '.join(added)} to it "
+            f"(metrics.json will cover all of them; use another --out for a separate run)")
+    manifest = rd.init_manifest(asdict(config), overwrite=overwrite,
+                                model_info={**handle.info, "verdict_replies": replies},
                                 key_fields=KEY_FIELDS, runtime=facts,
                                 result_facts=result_facts(facts))
     oracle = make_oracle(config.oracle, device=config.device, dtype=config.dtype,

@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import safe_open
-from tqdm.auto import tqdm
 
 from interp.attention import (
     SPANS,
@@ -56,6 +55,7 @@ from interp.inputs import config_from_table
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.plots import attention as attention_plots
+from interp.progress import tqdm
 from interp.prompts import record_prompts
 from interp.stages.common import ok_records, stage_facts
 from interp.store.io import (
@@ -311,6 +311,7 @@ def load_masses(run: RunDir, *, limit: int | None = None
         spans += [x for x in s if x not in spans]
         have.append(r)
     if not have:
+        run.require_run()
         raise RunDirError(f"{run.path} has no attention recordings: run `interp attention --run "
                           f"{run.path}` first")
     mass = {}
@@ -361,6 +362,7 @@ def read_summary(run: RunDir) -> dict[str, Any]:
     """
     path = run.path / "attention" / "summary.json"
     if not path.exists():
+        run.require_run()  # a grid folder: name its runs, never advise writing into it
         raise RunDirError(f"{path} does not exist: run `interp attention --run {run.path}` first")
     return read_json(path)
 

@@ -338,7 +338,7 @@ def part_signature(cfg: PatchingConfig, kind: str, layers: Sequence[int], band: 
 
 
 def _bar(total: int | None, desc: str, enabled: bool, **kw: Any) -> Any:
-    from tqdm.auto import tqdm
+    from interp.progress import tqdm
 
     return tqdm(total=total, desc=desc, disable=not enabled, leave=False, **kw)
 

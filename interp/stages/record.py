@@ -49,7 +49,6 @@ import numpy as np
 import pandas as pd
 import torch
 from safetensors.torch import load_file
-from tqdm.auto import tqdm
 
 from interp.attention import TASKS, query_span_names, span_names, span_to_span
 from interp.attention import summarize_span_to_span as _summarize
@@ -59,6 +58,7 @@ from interp.inputs import config_from_table
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.plots.record import plot_span_to_span
+from interp.progress import tqdm
 from interp.prompts import RenderedPrompt, record_prompts
 from interp.shards import TensorStreamWriter, plan_shards
 from interp.stages.common import ok_records
@@ -66,6 +66,7 @@ from interp.store.io import read_json, save_tensors, signature, write_json, writ
 from interp.store.recordings import RECORDINGS_DIR, recording_index_path
 from interp.store.records import Record, limit_per_dataset
 from interp.store.rundir import RunDir
+from interp.tokens import token_strings
 
 __all__ = ["NAME", "SUMMARIES", "Config", "RecordConfig", "format_summary", "query_positions",
            "record", "record_prompt", "run", "write_tables"]
@@ -261,11 +262,6 @@ def record_prompt(handle: ModelHandle, p: RenderedPrompt, cfg: RecordConfig,
     return table, sizes, sink.s2s
 
 
-def _tokens(tokenizer: Any, ids: Sequence[int]) -> list[str]:
-    """Token strings, each id decoded alone (TransformerLens ``to_str_tokens``)."""
-    return [tokenizer.decode([int(i)]) for i in ids]
-
-
 def _clear(folder: Path) -> None:
     """Step 3: the part first, then every other file (old shards, temporary files)."""
     (folder / "index.json").unlink(missing_ok=True)
@@ -310,7 +306,7 @@ def _record_one(run: RunDir, handle: ModelHandle, rec: Record,
         part["shards"].update(sizes)
         part["tasks"][task] = {
             "n_tokens": len(p), "token_ids": list(map(int, p.input_ids)),
-            "tokens": _tokens(handle.tokenizer, p.input_ids), "labels": list(p.labels),
+            "tokens": token_strings(handle.tokenizer, p.input_ids), "labels": list(p.labels),
             "token_spans": {k: list(v) for k, v in p.token_spans.items()},
             "positions": query_positions(p.labels, cfg.positions)}
     if "attention" in cfg.what:
@@ -367,6 +363,7 @@ def _parts(run: RunDir, cfg: RecordConfig) -> list[tuple[Record, dict[str, Any]]
         if path.exists():
             out.append((rec, read_json(path)))
     if not out:
+        run.require_run()
         raise RunDirError(f"{run.path} has no recordings: run `interp record --run {run.path}` "
                           f"first")
     return out

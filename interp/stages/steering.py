@@ -260,9 +260,9 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
             an attention summary; a record whose prompts no longer render as stored.
     """
     import pandas as pd
-    from tqdm.auto import tqdm
 
     from interp.grading import make_oracle
+    from interp.progress import tqdm
     from interp.prompts import rerender
 
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)

@@ -67,6 +67,7 @@ def _find_part(root: Path, record_id: str, dataset: str | None) -> Path:
         of = "" if dataset is None else f" of {dataset}"
         n = len(list((root / RECORDINGS_DIR).glob("*/*/index.json")))
         if not n:
+            RunDir(root).require_run()
             raise RunDirError(f"{root} has no recording of record {record_id!r}{of}: run "
                               f"`interp record --run {root}` first")
         rd = RunDir(root)
