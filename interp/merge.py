@@ -47,7 +47,7 @@ from interp.store.io import (
     write_json,
     write_jsonl,
 )
-from interp.store.records import record_key
+from interp.store.records import qa_key
 from interp.store.rundir import RunDir
 
 __all__ = ["PARTS", "PROCESS_FIELDS", "Part", "merge_shards", "run_asymmetry"]
@@ -158,7 +158,7 @@ def _records(ms: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         recs = rd.read_records(status=None) if rd.records_path.exists() else []
         got: dict[tuple[str, str], dict[str, Any]] = {}
         for r in recs:
-            k = record_key(r)
+            k = qa_key(r)
             if k in got:
                 _refuse(f"shard {name} holds record {'/'.join(k)} twice")
             if k in where:
@@ -172,7 +172,7 @@ def _records(ms: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     f"missing: {'/'.join(first)}); rerun its command, it resumes")
         for k, r in got.items():
             if pos[k] in placed:
-                _refuse(f"records {'/'.join(k)} and {'/'.join(record_key(placed[pos[k]]))} "
+                _refuse(f"records {'/'.join(k)} and {'/'.join(qa_key(placed[pos[k]]))} "
                         f"claim one position")
             placed[pos[k]] = r
     total = ms[0]["shard"]["total"]
@@ -272,7 +272,7 @@ def merge_shards(shard_dirs: Sequence[str | Path], out: str | Path, *,
     _same(ms)
     records = _records(ms)
     copies, rows = _plan_parts(ms)
-    order = {"/".join(record_key(r)): i for i, r in enumerate(records)}
+    order = {"/".join(qa_key(r)): i for i, r in enumerate(records)}
     merged_rows = {rel: _merge_rows(files, order) for rel, files in rows.items()}
     rd = RunDir(out)
     if rd.manifest_path.exists() and not overwrite:
