@@ -2,7 +2,9 @@
 
 A smoke test of the script's whole path on 1 record per dataset and the first two stages: the
 stand-in is built, the paper config runs with swapped sources, the CPU-vs-device comparison
-measures span mass and logit_diff (here CPU against itself: exactly 0), the report is written.
+measures span mass and logit_diff (here CPU against itself: exactly 0), two shards of the
+first dataset's one record (the second shard owns none) merged equal one process, the device
+map (half the blocks offloaded to disk) equals the plain load exactly, the report is written.
 The full dry run (every stage, 3 records per dataset) is
 ``benchmarks/gpu_check.sh --device cpu``.
 """
@@ -26,7 +28,7 @@ def test_gpu_check_dry_run(tmp_path, capsys):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     status = mod.main(["--device", "cpu", "--records", "1", "--only", "asymmetry,attention",
-                       "--out", str(tmp_path)])
+                       "--shard-records", "2", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert status == 0, out
     report = json.loads((tmp_path / "gpu_check.json").read_text())
@@ -37,6 +39,11 @@ def test_gpu_check_dry_run(tmp_path, capsys):
     assert a["span_mass_max_abs_diff"] == 0.0 and a["logit_diff_max_abs_diff"] == 0.0
     assert a["agree"] and a["runtime_device"]["dtype"] == "bfloat16"
     assert len(a["logit_diff_cpu"]) == 4 and all(abs(x) > 0 for x in a["logit_diff_cpu"])
+    sh = report["shards"]
+    assert sh["records"] == 1 and sh["same_answers_and_verdicts"] and sh["agree"]  # shard 1: none
+    assert sh["logit_diff_max_abs_diff"] == 0.0  # batches of one prompt: bit-identical
+    dm = report["device_map"]
+    assert dm["agree"] and dm["span_mass_max_abs_diff"] == dm["logit_diff_max_abs_diff"] == 0.0
     assert "records/s" in out and "AGREE" in out and report["peak_gpu_memory_mib"] is None
     if not torch.cuda.is_available():             # refused before any work, one line
         assert mod.main(["--device", "cuda", "--out", str(tmp_path / "x")]) == 2
