@@ -128,13 +128,19 @@ def asymmetry(
         "--dataset", "-d", help="squad_v2, drop, hotpotqa, musique or a file path (JSONL "
                                 "format: README 'Data files'); repeat or comma-separate")] = [  # noqa: B006
         "squad_v2"],
-    model: Annotated[str, typer.Option(help="alias, .gguf, checkpoint dir or hub id")] = (
+    model: Annotated[str, typer.Option(
+        help="alias, .gguf, checkpoint dir, hub id, or openai:MODEL (a served model)")] = (
         DEFAULT_MODEL),
     limit: Annotated[int | None, typer.Option(
         help="examples per dataset (>= 1; the first N in passage round-robin order)")] = 50,
     out: Annotated[Path, typer.Option(help="run directory")] = Path("runs/asymmetry"),
     seed: Annotated[int, typer.Option(help="seed of the bootstrap CIs")] = 0,
-    oracle: Annotated[str, typer.Option(help="'rule' or 'model:SPEC'")] = "rule",
+    oracle: Annotated[str, typer.Option(help="'rule', 'model:SPEC' or 'openai:MODEL'")] = "rule",
+    base_url: Annotated[str | None, typer.Option(
+        help="an openai:MODEL model's base URL (default: $INTERP_OPENAI_BASE_URL, "
+             "$OPENAI_BASE_URL)")] = None,
+    oracle_base_url: Annotated[str | None, typer.Option(
+        help="an openai:MODEL oracle's base URL (default: as --base-url)")] = None,
     batch_size: Annotated[int, typer.Option(
         help="prompts per forward; records are saved after every batch")] = 8,
     template: Annotated[str, typer.Option(
@@ -161,7 +167,9 @@ def asymmetry(
         model=model, datasets=_split(dataset), limit=limit, seed=seed, oracle=oracle,
         batch_size=batch_size, template=template, templates_path=templates_path,
         include_unanswerable=include_unanswerable, split=split, max_new_tokens=max_new_tokens,
-        device=device, dtype=dtype, from_hub=from_hub, one_pass=one_pass))
+        device=device, dtype=dtype, from_hub=from_hub, one_pass=one_pass,
+        model_endpoint={"base_url": base_url} if base_url else None,
+        oracle_endpoint={"base_url": oracle_base_url} if oracle_base_url else None))
     metrics = asymmetry_stage.run(cfg, _watch(out), overwrite=overwrite)
     typer.echo(asymmetry_stage.format_summary(metrics))
     typer.echo(f"wrote {out}/records.jsonl, {out}/metrics.json, {out}/figures/asymmetry.png")
@@ -178,12 +186,16 @@ def metrics(run: Annotated[Path, typer.Option(help="run directory")]) -> None:
 @app.command("oracle-agreement")
 def oracle_agreement_cmd(
     run: Annotated[Path, typer.Option(help="asymmetry run directory")],
-    oracle: Annotated[str, typer.Option(help="the LLM oracle, model:SPEC")],
+    oracle: Annotated[str, typer.Option(help="the LLM oracle, model:SPEC or openai:MODEL")],
     limit: Annotated[int | None, typer.Option(help="first N ok records per dataset")] = None,
     device: Annotated[str | None, typer.Option(help="where the LLM oracle runs")] = None,
+    base_url: Annotated[str | None, typer.Option(
+        help="an openai:MODEL oracle's base URL (default: $INTERP_OPENAI_BASE_URL, "
+             "$OPENAI_BASE_URL)")] = None,
 ) -> None:
     """Cohen's kappa and the confusion table of the rule oracle vs an LLM oracle on a run."""
-    res = asymmetry_stage.oracle_agreement(RunDir(run), oracle, limit=limit, device=device)
+    res = asymmetry_stage.oracle_agreement(RunDir(run), oracle, limit=limit, device=device,
+                                           endpoint={"base_url": base_url} if base_url else None)
     typer.echo(asymmetry_stage.format_oracle_agreement(res))
     typer.echo(f"wrote {run}/oracle_agreement.json")
 

@@ -48,7 +48,7 @@ from interp.errors import ConfigError
 from interp.inputs import new_run_dir, read_toml
 from interp.models import DEFAULT_MODEL, load_model, model_shape
 from interp.stages import asymmetry
-from interp.stages.common import Stage, check_config
+from interp.stages.common import Stage, check_config, refuse_served
 from interp.store import RunDir, atomic_write_text, write_json
 
 __all__ = ["STAGES", "load_config", "model_slug", "out_dir", "run_config", "swap_sources"]
@@ -225,6 +225,11 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
         if only and "asymmetry" not in only:  # the stages need a finished asymmetry run
             RunDir(out / model_slug(spec)).read_records()
     for spec in acfgs:  # every model's shape against every stage, before the first one runs
+        for name in stage_cfgs:
+            if not only or name in only:
+                refuse_served(f"[{name}]", spec)
+        if spec.startswith("openai:"):
+            continue
         n_layers, n_heads = model_shape(spec)
         for name, scfg in stage_cfgs.items():
             if not only or name in only:
@@ -275,7 +280,8 @@ def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Pa
     summary: dict[str, Any] = {}
     for spec, acfg in acfgs.items():
         run_dir = out / model_slug(spec)
-        handle = load_model(spec, device=acfg.device, dtype=acfg.dtype)
+        handle = None if spec.startswith("openai:") else load_model(  # served: no weights
+            spec, device=acfg.device, dtype=acfg.dtype)
         log(f"== {spec} -> {run_dir}")
         t0 = time.perf_counter()
         if not only or "asymmetry" in only:
