@@ -24,13 +24,14 @@ import shutil
 import time
 from pathlib import Path
 
-from interp.asymmetry import make_oracle
+from interp.agreement import oracle_agreement as grade_agreement
 from interp.endpoints.local import LocalServer
-from interp.grading import oracle_agreement as grade_agreement
+from interp.grading import make_oracle
 from interp.models import bundled_gguf
 from interp.stages.asymmetry import AsymmetryConfig, format_oracle_agreement, oracle_agreement
 from interp.stages.asymmetry import run as run_asymmetry
-from interp.store import RunDir, write_json
+from interp.store.io import write_json
+from interp.store.rundir import RunDir
 
 QWEN = "qwen2.5-coder-0.5b-instruct"
 

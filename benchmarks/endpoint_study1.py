@@ -25,7 +25,8 @@ from pathlib import Path
 from interp.endpoints.local import LocalServer
 from interp.models import bundled_gguf
 from interp.stages.asymmetry import AsymmetryConfig, run
-from interp.store import RunDir, record_key
+from interp.store.records import record_key
+from interp.store.rundir import RunDir
 
 
 def main() -> None:

@@ -19,8 +19,8 @@ from interp.endpoints.client import (
     RequestFailed,
     is_endpoint_spec,
 )
-from interp.endpoints.oracle import EndpointOracle
-from interp.endpoints.study import endpoint_for, evaluate_served, oracle_facts, run_served
+from interp.endpoints.oracle import EndpointOracle, endpoint_for
+from interp.endpoints.study import evaluate_served, oracle_facts, run_served
 
 __all__ = ["CACHE_FILE", "PREFIX", "Endpoint", "EndpointConfig", "EndpointOracle",
            "RequestCache", "RequestFailed", "endpoint_for", "evaluate_served",

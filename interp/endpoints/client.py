@@ -44,13 +44,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+import httpx
+
 from interp.endpoints.cache import RequestCache, request_key
 from interp.errors import ConfigError, EndpointError
+from interp.verdict import VERDICT_WORDS
 
-__all__ = ["PREFIX", "Endpoint", "EndpointConfig", "RequestFailed", "is_endpoint_spec"]
+__all__ = ["FORCED_METHOD", "PREFIX", "Endpoint", "EndpointConfig", "RequestFailed", "grammar",
+           "is_endpoint_spec", "probe_forced_choice"]
 
 PREFIX = "openai:"
 """The spec prefix of a served model: ``openai:MODEL``."""
+FORCED_METHOD = "llama.cpp token grammar, cache_prompt false"
+"""The ``forced_choice.method`` of a server that scores whole replies
+(:mod:`interp.endpoints.scoring`)."""
 MIN_REQUESTS_FOR_RATE = 20
 """The error rate's denominator is at least this many requests (one early failure of a
 long run does not stop it)."""
@@ -187,8 +194,6 @@ class Endpoint:
         """
         if self.facts is not None:
             return self.facts
-        from interp.endpoints.scoring import probe_forced_choice
-
         quick = self._client.with_options(max_retries=1, timeout=min(self.config.timeout_s,
                                                                      15.0))
         try:
@@ -367,3 +372,61 @@ def _reply(r: Any) -> dict[str, Any]:
                for t in content]
     return {"content": ch.message.content or "", "finish_reason": ch.finish_reason,
             "logprobs": lps, "system_fingerprint": r.system_fingerprint}
+
+
+def _root(endpoint: Endpoint) -> str:
+    url = endpoint.base_url
+    return url[:-3] if url.endswith("/v1") else url
+
+
+def _server_reply_ids(endpoint: Endpoint, client: httpx.Client, word: str) -> list[int]:
+    """The reply's token ids under the server's template (module docstring)."""
+    msgs = [{"role": "user", "content": "X"}]
+    head = client.post("/apply-template", json={"messages": msgs}).json()["prompt"]
+    full = client.post("/apply-template", json={
+        "messages": [*msgs, {"role": "assistant", "content": word}]}).json()["prompt"]
+    if not full.startswith(head) or not full[len(head):].startswith(word):
+        raise ValueError(f"the server's template does not continue with {word!r}")
+
+    def tok(text: str) -> list[dict[str, Any]]:
+        return client.post("/tokenize", json={"content": text, "with_pieces": True,
+                                              "add_special": False,
+                                              "parse_special": True}).json()["tokens"]
+
+    h, f = tok(head), tok(full[:len(head) + len(word)])
+    if [t["id"] for t in f[:len(h)]] != [t["id"] for t in h]:
+        raise ValueError(f"the reply {word!r} merges with the generation prompt")
+    reply = f[len(h):]
+    if "".join(t["piece"] for t in reply).strip() != word:
+        raise ValueError(f"the reply {word!r} does not tokenize on its own")
+    return [int(t["id"]) for t in reply]
+
+
+def probe_forced_choice(endpoint: Endpoint) -> dict[str, Any] | None:
+    """Whether the server scores whole replies; the method and reply tokens, or None.
+
+    Called by :meth:`Endpoint.preflight` (its requests are not cached and not counted);
+    the method: :mod:`interp.endpoints.scoring`.
+    """
+    headers = {"Authorization": f"Bearer {endpoint._key}"}
+    try:
+        with httpx.Client(base_url=_root(endpoint), headers=headers,
+                          timeout=endpoint.config.timeout_s) as client:
+            ids = {w: _server_reply_ids(endpoint, client, w) for w in VERDICT_WORDS}
+            body = {"model": endpoint.config.model, "temperature": 0, "max_tokens": 8,
+                    "logprobs": True, "cache_prompt": False,
+                    "grammar": grammar(ids["Incorrect"]),
+                    "messages": [{"role": "user", "content": "Is 2 + 2 = 5?"}]}
+            r = client.post("/v1/chat/completions", json=body).json()
+            got = r["choices"][0]["logprobs"]["content"][:len(ids["Incorrect"])]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    if [t.get("id") for t in got] != ids["Incorrect"] or \
+            not all(isinstance(t.get("logprob"), float) for t in got):
+        return None
+    return {"method": FORCED_METHOD, "reply_ids": ids}
+
+
+def grammar(ids: list[int]) -> str:
+    """A llama.cpp GBNF grammar that allows exactly the token ids ``ids``, in order."""
+    return "root ::= " + " ".join(f"<[{i}]>" for i in ids)

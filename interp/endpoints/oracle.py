@@ -23,9 +23,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from interp.endpoints.client import Endpoint
+from interp.endpoints.cache import CACHE_FILE, RequestCache
+from interp.endpoints.client import PREFIX, Endpoint, EndpointConfig
 from interp.endpoints.scoring import constrained_choice, score_replies
 from interp.grading import (
+    ORACLE_KINDS,
     ORACLE_SYSTEM,
     ORACLE_USER,
     BaseOracle,
@@ -34,7 +36,7 @@ from interp.grading import (
     parse_verdict,
 )
 
-__all__ = ["ORACLE_PROMPT_VERSION", "EndpointOracle"]
+__all__ = ["ORACLE_PROMPT_VERSION", "EndpointOracle", "endpoint_for"]
 
 ORACLE_PROMPT_VERSION = "oracle-" + hashlib.sha256(
     (ORACLE_SYSTEM + ORACLE_USER).encode()).hexdigest()[:12]
@@ -93,3 +95,32 @@ class EndpointOracle(BaseOracle):
         self.counts[how.split("(")[0]] += 1
         return OracleResult(label=bool(verdict), em=ruled.em, f1=ruled.f1,
                             rule=f"openai:{how}:{text.strip()[:40]}")
+
+
+def endpoint_for(spec: str, table: Mapping[str, Any] | None, run: Any, where: str) -> Endpoint:
+    """An :class:`Endpoint` for ``openai:MODEL`` with a run directory's request cache.
+
+    Args:
+        spec: ``openai:MODEL``.
+        table: its config table (:class:`interp.endpoints.client.EndpointConfig`).
+        run: the run directory (a :class:`interp.store.RunDir`) whose ``requests.jsonl`` it
+            uses; None: an in-memory cache.
+        where: the table's name, for messages.
+
+    Raises:
+        interp.errors.ConfigError: a bad spec or table.
+        interp.errors.EndpointError: ``api_key_env`` names an unset variable.
+    """
+    cache = RequestCache(run.path / CACHE_FILE if run is not None else None)
+    return Endpoint(EndpointConfig.from_spec(spec, table, where), cache)
+
+
+def _endpoint_oracle(arg: str, *, run: Any = None, endpoint: Mapping[str, Any] | None = None,
+                     served: Mapping[str, Endpoint] | None = None, **_: Any) -> BaseOracle:
+    """The ``openai`` kind of :data:`interp.grading.ORACLE_KINDS` (preflighted lazily)."""
+    spec = PREFIX + arg
+    ep = (served or {}).get(spec) or endpoint_for(spec, endpoint, run, "oracle_endpoint")
+    return EndpointOracle(ep)
+
+
+ORACLE_KINDS["openai"] = (True, _endpoint_oracle)

@@ -17,10 +17,10 @@ token sequence and report the model's own log-prob of each token:
 * vLLM's ``prompt_logprobs`` would give the same numbers; that path is not implemented
   (docs/endpoints.md).
 
-Algorithm of :func:`probe_forced_choice` (in the preflight): both reply token lists from the
-server, then one forced request; the method is available only when the reply came back as
-exactly the forced ids, each with a log-prob. Otherwise the forced-choice fields of Study 1
-are absent and EA_forced is reported as unavailable.
+Algorithm of :func:`interp.endpoints.client.probe_forced_choice` (in the preflight): both
+reply token lists from the server, then one forced request; the method is available only
+when the reply came back as exactly the forced ids, each with a log-prob. Otherwise the
+forced-choice fields of Study 1 are absent and EA_forced is reported as unavailable.
 
 When a generated reply holds no verdict, the oracle falls back to this forced choice, else to
 a constrained choice (:func:`constrained_choice`: ``response_format`` with a JSON schema whose
@@ -31,83 +31,17 @@ from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from interp.endpoints.client import RequestFailed
+from interp.endpoints.client import Endpoint, RequestFailed, grammar
 from interp.verdict import VERDICT_WORDS
 
-if TYPE_CHECKING:
-    from interp.endpoints.client import Endpoint
+__all__ = ["VERDICT_SCHEMA", "constrained_choice", "score_replies"]
 
-__all__ = ["FORCED_METHOD", "VERDICT_SCHEMA", "constrained_choice", "probe_forced_choice",
-           "score_replies"]
-
-FORCED_METHOD = "llama.cpp token grammar, cache_prompt false"
-"""The ``forced_choice.method`` of a server that scores whole replies (module docstring)."""
 VERDICT_SCHEMA = {"type": "json_schema", "json_schema": {
     "name": "verdict", "strict": True,
     "schema": {"type": "object", "additionalProperties": False, "required": ["verdict"],
                "properties": {"verdict": {"type": "string", "enum": list(VERDICT_WORDS)}}}}}
 """``response_format`` of the constrained choice."""
-
-
-def _root(endpoint: Endpoint) -> str:
-    url = endpoint.base_url
-    return url[:-3] if url.endswith("/v1") else url
-
-
-def _server_reply_ids(endpoint: Endpoint, client: httpx.Client, word: str) -> list[int]:
-    """The reply's token ids under the server's template (module docstring)."""
-    msgs = [{"role": "user", "content": "X"}]
-    head = client.post("/apply-template", json={"messages": msgs}).json()["prompt"]
-    full = client.post("/apply-template", json={
-        "messages": [*msgs, {"role": "assistant", "content": word}]}).json()["prompt"]
-    if not full.startswith(head) or not full[len(head):].startswith(word):
-        raise ValueError(f"the server's template does not continue with {word!r}")
-
-    def tok(text: str) -> list[dict[str, Any]]:
-        return client.post("/tokenize", json={"content": text, "with_pieces": True,
-                                              "add_special": False,
-                                              "parse_special": True}).json()["tokens"]
-
-    h, f = tok(head), tok(full[:len(head) + len(word)])
-    if [t["id"] for t in f[:len(h)]] != [t["id"] for t in h]:
-        raise ValueError(f"the reply {word!r} merges with the generation prompt")
-    reply = f[len(h):]
-    if "".join(t["piece"] for t in reply).strip() != word:
-        raise ValueError(f"the reply {word!r} does not tokenize on its own")
-    return [int(t["id"]) for t in reply]
-
-
-def probe_forced_choice(endpoint: Endpoint) -> dict[str, Any] | None:
-    """Whether the server scores whole replies; the method and reply tokens, or None.
-
-    Called by :meth:`interp.endpoints.client.Endpoint.preflight` (its requests are not
-    cached and not counted).
-    """
-    headers = {"Authorization": f"Bearer {endpoint._key}"}
-    try:
-        with httpx.Client(base_url=_root(endpoint), headers=headers,
-                          timeout=endpoint.config.timeout_s) as client:
-            ids = {w: _server_reply_ids(endpoint, client, w) for w in VERDICT_WORDS}
-            body = {"model": endpoint.config.model, "temperature": 0, "max_tokens": 8,
-                    "logprobs": True, "cache_prompt": False,
-                    "grammar": _grammar(ids["Incorrect"]),
-                    "messages": [{"role": "user", "content": "Is 2 + 2 = 5?"}]}
-            r = client.post("/v1/chat/completions", json=body).json()
-            got = r["choices"][0]["logprobs"]["content"][:len(ids["Incorrect"])]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-        return None
-    if [t.get("id") for t in got] != ids["Incorrect"] or \
-            not all(isinstance(t.get("logprob"), float) for t in got):
-        return None
-    return {"method": FORCED_METHOD, "reply_ids": ids}
-
-
-def _grammar(ids: list[int]) -> str:
-    return "root ::= " + " ".join(f"<[{i}]>" for i in ids)
 
 
 def score_replies(endpoint: Endpoint, messages: list[dict[str, str]], *,
@@ -134,7 +68,7 @@ def score_replies(endpoint: Endpoint, messages: list[dict[str, str]], *,
     for word, key in zip(VERDICT_WORDS, ("logprob_correct", "logprob_incorrect")):
         ids = fc["reply_ids"][word]
         r = endpoint.chat(messages, prompt_version=prompt_version, max_tokens=len(ids) + 1,
-                          logprobs=True, grammar=_grammar(ids), cache_prompt=False)
+                          logprobs=True, grammar=grammar(ids), cache_prompt=False)
         got = (r["logprobs"] or [])[:len(ids)]
         if [t[0] for t in got] != ids:
             raise RequestFailed(f"the forced reply {word!r} came back as "

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -38,16 +38,18 @@ from tqdm.auto import tqdm
 
 from interp.asymmetry import _example_fields, parse_record_verdict
 from interp.data import QAExample
-from interp.endpoints.cache import CACHE_FILE, RequestCache
-from interp.endpoints.client import Endpoint, EndpointConfig, RequestFailed
+from interp.endpoints.cache import CACHE_FILE
+from interp.endpoints.client import Endpoint, RequestFailed
+from interp.endpoints.oracle import endpoint_for
 from interp.endpoints.scoring import score_replies
 from interp.errors import EndpointError
-from interp.grading import BaseOracle, extract_answer
+from interp.grading import BaseOracle, extract_answer, make_oracle
 from interp.prompts import Template, chat_messages
-from interp.store import Record, RunDir, record_key
+from interp.store.records import Record, record_key
+from interp.store.rundir import RunDir
 from interp.verdict import VerdictScores
 
-__all__ = ["endpoint_for", "evaluate_served", "oracle_facts", "prompt_version", "run_served",
+__all__ = ["evaluate_served", "oracle_facts", "prompt_version", "run_served",
            "served_model_info"]
 
 
@@ -56,18 +58,6 @@ def prompt_version(template: Template) -> str:
     text = "\x1f".join((template.gen_system, template.gen_user, template.eval_system,
                         template.eval_user))
     return f"{template.name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
-
-
-def endpoint_for(spec: str, table: Mapping[str, Any] | None, run: RunDir | None,
-                 where: str) -> Endpoint:
-    """An :class:`Endpoint` for ``openai:MODEL`` with the run directory's request cache.
-
-    Raises:
-        interp.errors.ConfigError: a bad spec or table (:meth:`EndpointConfig.from_spec`).
-        interp.errors.EndpointError: ``api_key_env`` names an unset variable.
-    """
-    cache = RequestCache(run.path / CACHE_FILE if run is not None else None)
-    return Endpoint(EndpointConfig.from_spec(spec, table, where), cache)
 
 
 def served_model_info(endpoint: Endpoint) -> dict[str, Any]:
@@ -113,8 +103,9 @@ def evaluate_served(endpoint: Endpoint, ex: QAExample, *, template: Template,
 
 
 def run_served(config: Any, rd: RunDir, loaded: Mapping[str, list[QAExample]], *,
-               overwrite: bool, log: Callable[[str], None], chunk: int | None
-               ) -> dict[str, Any]:
+               overwrite: bool, log: Callable[[str], None], chunk: int | None,
+               key_fields: Sequence[str], stale: Callable[..., Mapping[Any, str]],
+               finish: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """Steps 1-3 of :func:`interp.stages.asymmetry.run` for ``model = "openai:MODEL"``.
 
     Args:
@@ -124,6 +115,10 @@ def run_served(config: Any, rd: RunDir, loaded: Mapping[str, list[QAExample]], *
         overwrite: as the stage's.
         log: progress lines.
         chunk: examples per appended chunk.
+        key_fields: the stage's config fields that must match a stored run.
+        stale: the stage's check of finished records against their examples
+            (:func:`interp.stages.asymmetry.stale_records`, called with no tokenizer).
+        finish: writes ``metrics.json`` (:func:`interp.stages.asymmetry.write_metrics`).
 
     Returns:
         ``metrics.json``'s content (:func:`interp.stages.asymmetry.write_metrics`).
@@ -133,9 +128,7 @@ def run_served(config: Any, rd: RunDir, loaded: Mapping[str, list[QAExample]], *
             loads), or the failures pass ``max_error_rate`` (finished records kept).
         interp.errors.RunDirError: another config or server, or stale records.
     """
-    from interp.asymmetry import make_oracle
     from interp.prompts import get_template
-    from interp.stages.asymmetry import KEY_FIELDS, stale_records, write_metrics
 
     template = get_template(config.template, config.templates_path)
     endpoint = endpoint_for(config.model, config.model_endpoint, rd, "asymmetry.model_endpoint")
@@ -152,12 +145,12 @@ def run_served(config: Any, rd: RunDir, loaded: Mapping[str, list[QAExample]], *
     manifest = rd.init_manifest(
         asdict(config), model_info=served_model_info(endpoint) if facts else
         {"spec": endpoint.spec, "source": "openai-endpoint"}, overwrite=overwrite,
-        key_fields=KEY_FIELDS, runtime=facts, result_facts=facts)
+        key_fields=key_fields, runtime=facts, result_facts=facts)
     done = set(finished)
     chunk = chunk or config.chunk_batches * config.batch_size
     for ds in config.datasets:
         examples = loaded[ds]
-        if bad := stale_records(finished, examples, None, template):
+        if bad := stale(finished, examples, None, template):
             if not overwrite:
                 from interp.errors import RunDirError
 
@@ -197,7 +190,7 @@ def run_served(config: Any, rd: RunDir, loaded: Mapping[str, list[QAExample]], *
     log(f"requests: {endpoint.requests} sent, {endpoint.cache.hits} served from "
         f"{rd.path / CACHE_FILE}, {endpoint.failed} failed")
     every = manifest["config"].get("datasets", config.datasets)
-    return write_metrics(rd, replace(config, datasets=list(every)))
+    return finish(rd, replace(config, datasets=list(every)))
 
 
 def oracle_facts(oracle: BaseOracle) -> dict[str, Any]:

@@ -34,29 +34,24 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from interp.asymmetry import compute_metrics, evaluate_examples, format_metrics, make_oracle
+from interp.agreement import oracle_agreement as grade_agreement
+from interp.asymmetry import compute_metrics, evaluate_examples, format_metrics
 from interp.data import DATASETS, QAExample, load_examples
-from interp.endpoints import PREFIX, EndpointConfig, is_endpoint_spec, oracle_facts, run_served
+from interp.endpoints import EndpointConfig, is_endpoint_spec, oracle_facts, run_served
 from interp.errors import ConfigError, DataError, RunDirError
-from interp.grading import BaseOracle, RuleOracle
-from interp.grading import oracle_agreement as grade_agreement
-from interp.inputs import check_counts, new_run_dir
+from interp.grading import BaseOracle, RuleOracle, make_oracle, parse_oracle_spec
+from interp.inputs import check_counts, config_from_table, new_run_dir
 from interp.models import DEFAULT_MODEL, ModelHandle, load_model, result_facts, runtime_facts
-from interp.plots import plot_asymmetry
+from interp.plots.asymmetry import plot_asymmetry
 from interp.prefill import Capture
 from interp.probing import POOLS
 from interp.prompts import Template, get_template, render
 from interp.stages import attention as attention_stage
 from interp.stages import probe as probe_stage
 from interp.stages.common import stage_facts
-from interp.store import (
-    Record,
-    RunDir,
-    config_from_table,
-    limit_per_dataset,
-    record_key,
-    write_json,
-)
+from interp.store.io import write_json
+from interp.store.records import Record, limit_per_dataset, record_key
+from interp.store.rundir import RunDir
 
 __all__ = ["KEY_FIELDS", "NAME", "SUMMARIES", "AsymmetryConfig", "check_inputs",
            "format_oracle_agreement", "format_summary", "oracle_agreement", "run",
@@ -188,7 +183,8 @@ def run(
     with new_run_dir(out):
         if is_endpoint_spec(config.model):  # a served model: its replies, no internals
             return run_served(config, RunDir(out), loaded, overwrite=overwrite, log=log,
-                              chunk=chunk)
+                              chunk=chunk, key_fields=KEY_FIELDS, stale=stale_records,
+                              finish=write_metrics)
         return _run(config, RunDir(out), loaded, overwrite=overwrite, handle=handle, log=log,
                     chunk=chunk)
 
@@ -201,8 +197,9 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
         limit and filter).
 
     Raises:
-        interp.errors.ConfigError: a count below 1, no dataset, an oracle spec that is
-            neither ``rule``, ``model:SPEC`` nor ``openai:MODEL``, or a bad endpoint table.
+        interp.errors.ConfigError: a count below 1, no dataset, an unknown oracle spec
+            (:func:`interp.grading.parse_oracle_spec`: ``rule``, ``model:SPEC``,
+            ``openai:MODEL``) or a bad endpoint table.
         interp.errors.PromptError: an unknown template.
         interp.errors.DataError: an unknown dataset, a missing or malformed file, a missing
             field, or a dataset with no examples left after filtering.
@@ -210,9 +207,7 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
     check_counts(config, NAME)
     if not config.datasets:
         raise ConfigError("no dataset given: pass --dataset squad_v2 (or a JSONL file)")
-    if config.oracle != "rule" and not config.oracle.startswith(("model:", PREFIX)):
-        raise ConfigError(f"unknown oracle {config.oracle!r}: use 'rule', 'model:SPEC' or "
-                          f"'openai:MODEL'")
+    parse_oracle_spec(config.oracle)
     for spec, table, where in ((config.model, config.model_endpoint, "model_endpoint"),
                                (config.oracle, config.oracle_endpoint, "oracle_endpoint")):
         if is_endpoint_spec(spec):
@@ -405,15 +400,16 @@ def oracle_agreement(run: RunDir, oracle: str | BaseOracle, *, limit: int | None
         endpoint: an ``openai:`` oracle's table (:class:`interp.endpoints.EndpointConfig`).
 
     Returns:
-        The written dict: :func:`interp.grading.oracle_agreement`'s keys plus ``run``,
+        The written dict: :func:`interp.agreement.oracle_agreement`'s keys plus ``run``,
         ``stored_oracle`` (the run's own oracle) and ``oracle_b_counts`` (how often the LLM
         oracle's reply decided and how often its forced choice did, when it counts them).
 
     Raises:
-        ConfigError: ``oracle`` is neither ``model:SPEC`` nor ``openai:MODEL``.
+        ConfigError: ``oracle`` is ``rule`` or not an oracle spec
+            (:func:`interp.grading.parse_oracle_spec`).
         RunDirError: the run has no ok records (before any model is loaded).
     """
-    if isinstance(oracle, str) and not oracle.startswith(("model:", PREFIX)):
+    if isinstance(oracle, str) and parse_oracle_spec(oracle).kind == "rule":
         raise ConfigError(f"--oracle must be model:SPEC or openai:MODEL (the rule oracle is "
                           f"the other side), not {oracle!r}")
     records = limit_per_dataset(run.read_records(), limit)

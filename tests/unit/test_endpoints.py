@@ -12,9 +12,10 @@ import time
 import pytest
 from werkzeug import Response
 
-from interp.asymmetry import format_metrics, make_oracle
+from interp.asymmetry import format_metrics
 from interp.endpoints import CACHE_FILE, Endpoint, EndpointConfig, RequestCache, RequestFailed
 from interp.errors import ConfigError, EndpointError, ModelSpecError, RunDirError
+from interp.grading import make_oracle
 from interp.models import load_model
 from interp.stages.asymmetry import AsymmetryConfig, oracle_agreement, run
 from interp.stages.common import load_run_model
