@@ -55,7 +55,7 @@ class LocalServer:
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout_s: float = 60.0) -> LocalServer:
+    def start(self, timeout_s: float = 300.0) -> LocalServer:
         """Start the child and wait until it answers.
 
         Raises:
