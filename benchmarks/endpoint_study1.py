@@ -25,7 +25,7 @@ from pathlib import Path
 from interp.endpoints.local import LocalServer
 from interp.models import bundled_gguf
 from interp.stages.asymmetry import AsymmetryConfig, run
-from interp.store.records import record_key
+from interp.store.records import qa_key
 from interp.store.rundir import RunDir
 
 
@@ -50,8 +50,8 @@ def main() -> None:
                                                      "concurrency": 1, "timeout_s": 600}),
                      out / "served", log=print)
         t_served = time.perf_counter() - t0
-    a_recs = {record_key(r): r for r in RunDir(out / "inprocess").read_records()}
-    b_recs = {record_key(r): r for r in RunDir(out / "served").read_records()}
+    a_recs = {qa_key(r): r for r in RunDir(out / "inprocess").read_records()}
+    b_recs = {qa_key(r): r for r in RunDir(out / "served").read_records()}
     keys = sorted(set(a_recs) & set(b_recs))
     same = {f: sum(a_recs[k][f] == b_recs[k][f] for k in keys) / len(keys)
             for f in ("answer", "verdict", "oracle_label")}

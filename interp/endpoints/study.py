@@ -45,7 +45,7 @@ from interp.endpoints.scoring import score_replies
 from interp.errors import EndpointError
 from interp.grading import BaseOracle, extract_answer, make_oracle
 from interp.prompts import Template, chat_messages
-from interp.store.records import Record, record_key
+from interp.store.records import Record, qa_key
 from interp.store.rundir import RunDir
 from interp.verdict import VerdictScores
 
@@ -132,7 +132,7 @@ def run_served(config: Any, rd: RunDir, loaded: Mapping[str, list[QAExample]], *
 
     template = get_template(config.template, config.templates_path)
     endpoint = endpoint_for(config.model, config.model_endpoint, rd, "asymmetry.model_endpoint")
-    finished = {record_key(r): r for r in (rd.read_records(status=None)
+    finished = {qa_key(r): r for r in (rd.read_records(status=None)
                                            if rd.records_path.exists() else [])}
     todo_all = [ex for exs in loaded.values() for ex in exs
                 if (ex.dataset, ex.id) not in finished]
@@ -172,7 +172,7 @@ def run_served(config: Any, rd: RunDir, loaded: Mapping[str, list[QAExample]], *
                 verdict_max_new_tokens=config.verdict_max_new_tokens), part)
             recs = [{**r, "template": config.template} for r in got if isinstance(r, dict)]
             rd.append_records(recs)
-            done.update(record_key(r) for r in recs)
+            done.update(qa_key(r) for r in recs)
             bar.update(len(part))
             errs = [r for r in got if not isinstance(r, dict)]
             failed += sum(isinstance(e, RequestFailed) for e in errs)

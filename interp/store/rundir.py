@@ -20,7 +20,7 @@ from typing import Any
 
 from interp.errors import RunDirError
 from interp.store.io import nan_to_none, read_json, write_json, write_jsonl
-from interp.store.records import Record, record_key
+from interp.store.records import Record, qa_key
 
 _PACKAGES = ("interp", "torch", "transformers", "transformer-lens", "nnsight", "peft",
              "datasets", "numpy", "scikit-learn")
@@ -257,7 +257,7 @@ class RunDir:
         """
         drop = set(keys)
         recs = self.read_records(status=None)
-        kept = [r for r in recs if record_key(r) not in drop]
+        kept = [r for r in recs if qa_key(r) not in drop]
         write_jsonl(self.records_path, kept)
         return len(recs) - len(kept)
 
