@@ -5,9 +5,9 @@ One home for the rules every command follows (issue 17):
 * :func:`read_toml`: a config or template file that is missing, not UTF-8 or not TOML is a
   :class:`interp.errors.ConfigError` (one line naming the file and the line), never a traceback.
 * :func:`check_counts`: counts such as ``limit``, ``batch_size`` and ``max_new_tokens`` are whole
-  numbers >= 1 (``None`` where the field allows it means "all"); every stage config built by
-  :func:`interp.store.config_from_table` is checked, so ``--limit 0`` is refused by every
-  command before a model loads.
+  numbers >= 1 (``None`` or ``all`` where the field allows it means "all"); every stage config
+  built by :func:`interp.options.config_from_table` is checked, so ``--limit 0`` is refused by
+  every command before a model loads.
 * :func:`check_numbers`: a config field annotated as a number (``float``, ``int``) or a list
   of numbers (``list[float]``) holds numbers; strings of a ``list[float]`` (a CLI comma list)
   are parsed, anything else is refused naming the option and the value.
@@ -17,7 +17,8 @@ One home for the rules every command follows (issue 17):
 * :func:`new_run_dir`: a command that creates a run directory and fails (or is interrupted)
   before it has kept any result removes the directory again, so a corrected rerun starts clean.
 * :func:`write_result`: a summary computed over zero items does not replace an existing one.
-* :func:`kept_work`: what an interrupted command leaves behind, for the one-line Ctrl-C message.
+* :func:`kept_work`: what an interrupted command leaves behind, for the one-line Ctrl-C message
+  (every stage's declared parts, :func:`interp.stages.contract.kept_work`).
 """
 
 from __future__ import annotations
@@ -30,19 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from interp.errors import ConfigError
+from interp.stages.contract import kept_work
 
-__all__ = ["COUNT_FIELDS", "MODEL_DTYPES", "check_counts", "check_device", "check_dtype",
+__all__ = ["MODEL_DTYPES", "check_counts", "check_device", "check_dtype",
            "check_numbers", "kept_work", "new_run_dir", "read_toml", "write_result"]
 
 MODEL_DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 """The precisions a model loads in (``auto``: bfloat16 on CUDA, float32 elsewhere)."""
-
-COUNT_FIELDS = ("limit", "eval_limit", "batch_size", "max_new_tokens", "verdict_max_new_tokens",
-                "max_train_examples", "max_length", "epochs", "rank", "train_batch_size",
-                "layer_stride", "max_tokens", "top_k", "top", "n_boot", "mlp_hidden",
-                "hard_negative_attempts", "hard_negative_max_new_tokens", "checkpoint_every")
-"""Config fields that count something: each must be an int >= 1 (or None where allowed)."""
-
 
 def read_toml(path: str | Path, what: str = "config") -> dict[str, Any]:
     """Read a TOML file.
@@ -71,7 +66,9 @@ def read_toml(path: str | Path, what: str = "config") -> dict[str, Any]:
 
 
 def check_counts(cfg: Any, section: str, error: type[Exception] = ConfigError) -> None:
-    """Refuse a count field (:data:`COUNT_FIELDS`) that is not a whole number >= 1.
+    """Refuse a count field that is not a whole number >= 1 (None: all, where the type allows).
+
+    The count fields are those declared ``kind="count"`` (:func:`interp.options.option`).
 
     Args:
         cfg: a config dataclass instance.
@@ -79,19 +76,24 @@ def check_counts(cfg: Any, section: str, error: type[Exception] = ConfigError) -
         error: the error class to raise.
 
     Raises:
-        error: names the option (``--limit``) and the table key (``[section] limit``); for
-            ``limit`` it adds that leaving it out means every record.
+        error: names the option (``--limit``) and the table key (``[section] limit``); for a
+            ``limit`` it adds how to ask for every record.
     """
-    for name in COUNT_FIELDS:
-        if name not in getattr(cfg, "__dataclass_fields__", {}):
-            continue
+    from interp.options import allows_none, fields_of_kind
+
+    fields = getattr(cfg, "__dataclass_fields__", {})
+    for name in fields_of_kind(type(cfg), "count") if fields else []:
         value = getattr(cfg, name)
-        if value is None and cfg.__dataclass_fields__[name].default is None:
+        every = fields[name].default is None
+        if value is None and allows_none(type(cfg), name):
             continue
         # a table of counts ({dataset: N}, the harness's limit) is checked entry by entry
         for v in (value.values() if isinstance(value, Mapping) else [value]):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                hint = " (leave it out to use every record)" if name.endswith("limit") else ""
+                hint = ""
+                if name.endswith("limit"):
+                    hint = (" (leave it out to use every record)" if every else
+                            " (or all to use every record)")
                 raise error(f"--{name.replace('_', '-')} ([{section}] {name}) must be a whole "
                             f"number >= 1{hint}, not {value!r}")
 
@@ -245,36 +247,3 @@ def write_result(path: str | Path, obj: Any, *, n: int,
         return False
     write_json(path, obj)
     return True
-
-
-_KEPT = (("records.jsonl", "records", "lines"),
-         ("attention/records/*/*.safetensors", "attention recordings", "files"),
-         ("record/*/*/index.json", "recorded prompts", "files"),
-         ("probes/features_*.safetensors", "probe feature caches", "files"),
-         ("patching/*/*/parts/*.json", "patching parts", "files"),
-         ("steering/parts/*.json", "steering parts", "files"),
-         ("transfer/adapters/*/adapter_config.json", "trained adapters", "files"),
-         ("transfer/eval/*.jsonl", "transfer evaluations", "files"))
-
-
-def kept_work(paths: Mapping[str, Path] | list[Path]) -> str:
-    """What finished work lies in run directories, as text (``"12 records in runs/x"``).
-
-    Counts the resumable units each stage keeps (records, recordings, parts, adapters);
-    ``"nothing"`` when there are none.
-    """
-    out = []
-    for root in paths.values() if isinstance(paths, Mapping) else paths:
-        root, before = Path(root), len(out)
-        for pattern, label, unit in _KEPT:
-            files = [p for p in root.glob(pattern) if p.is_file()]
-            if unit == "lines":
-                n = sum(sum(1 for line in p.read_text(encoding="utf-8").splitlines()
-                            if line.strip()) for p in files)
-            else:
-                n = len(files)
-            if n:
-                out.append(f"{n} {label}")
-        if len(out) > before:
-            out[-1] += f" in {root}"
-    return ", ".join(out) or "nothing"

@@ -36,6 +36,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from interp.errors import ConfigError, RunDirError
+from interp.stages.contract import safe_name, spec
 
 
 class PromptSummary(TypedDict):
@@ -144,36 +145,6 @@ def check_verdict_scores(records: Iterable[Mapping[str, Any]]) -> None:
 
 _PACKAGES = ("interp", "torch", "transformers", "transformer-lens", "nnsight", "peft",
              "datasets", "numpy", "scikit-learn")
-
-
-def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
-                      error: type[Exception] = ConfigError) -> Any:
-    """Build the dataclass ``cls`` from a config table (``[section]`` of a TOML file).
-
-    Raises:
-        error: ``table`` has keys that are not fields of ``cls``; the message names the section,
-            the unknown keys and the known ones, so a typo is fixed in one look; or a count
-            (``limit``, ``batch_size``, ... :data:`interp.inputs.COUNT_FIELDS`) below 1; a
-            numeric field that holds no number (:func:`interp.inputs.check_numbers`); with a
-            ``device`` field, a device or dtype this machine cannot load a model on
-            (:func:`interp.inputs.check_device`, :func:`interp.inputs.check_dtype`).
-    """
-    from interp.inputs import check_counts, check_device, check_dtype, check_numbers
-
-    known = set(cls.__dataclass_fields__)
-    if unknown := set(table) - known:
-        raise error(f"[{section}]: unknown config keys {sorted(unknown)}; known: "
-                    f"{sorted(known)}")
-    table = check_numbers(cls, table, section, error)
-    if "device" in known:  # a config that loads a model: its device and precision
-        check_device(table.get("device"), error)
-        check_dtype(table.get("dtype"), error)
-    try:
-        cfg = cls(**dict(table))
-    except TypeError as err:  # a value of the wrong type, found by __post_init__
-        raise error(f"[{section}]: {err}") from None
-    check_counts(cfg, section, error)
-    return cfg
 
 
 @contextlib.contextmanager
@@ -460,7 +431,7 @@ class RunDir:
         write_json(self.manifest_path, manifest)
         return manifest
 
-    def check_config(self, config: Mapping[str, Any], key_fields: Iterable[str]) -> None:
+    def check_same_config(self, config: Mapping[str, Any], key_fields: Iterable[str]) -> None:
         """Refuse, before a model loads, a config whose key fields differ from the manifest's.
 
         The part of :meth:`init_manifest`'s check that needs no model (the model spec,
@@ -621,24 +592,16 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def safe_name(name: str) -> str:
-    """A file name for a dataset or record id (``_`` for unsafe characters, + sha1 if changed)."""
-    s = re.sub(r"[^A-Za-z0-9_.-]", "_", str(name))
-    if s != str(name) or not s:
-        s = f"{s[:60]}-{hashlib.sha1(str(name).encode()).hexdigest()[:8]}"
-    return s
-
-
 # -- recorded activations (``interp record``) -------------------------------------------------
 
-RECORD_DIR = "record"
+RECORD_DIR = spec("record").folder
 """Folder of ``interp record`` in a run directory (:mod:`interp.stages.record`)."""
 
 
 def record_part_path(run: RunDir | str | Path, dataset: str, record_id: str) -> Path:
-    """``DIR/record/<dataset>/<id>/index.json``: one record's index part (written last)."""
+    """``DIR/record/<dataset>/<id>/index.json``: one record's part (the contract's)."""
     root = run.path if isinstance(run, RunDir) else Path(run)
-    return root / RECORD_DIR / safe_name(dataset) / safe_name(record_id) / "index.json"
+    return spec("record").parts[0].path(root, dataset, record_id)
 
 
 @dataclass
