@@ -108,6 +108,7 @@ class AttentionConfig:
         top: heads listed per ranking in ``DIR/attention/heads.json``.
         recompute: record every selected record again, even when a fresh recording exists
             (e.g. the one the harness made in its one pass).
+        progress: show a progress bar while recording.
     """
 
     backend: str = "hf"
@@ -121,6 +122,7 @@ class AttentionConfig:
     figures: bool = True
     top: int = option(10, kind="count")
     recompute: bool = False
+    progress: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -212,7 +214,8 @@ def record(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None,
     log(f"[attention] {len(records)} records, {len(records) - len(todo)} already recorded "
         f"(by this backend, e.g. in the harness's one pass), {len(todo)} to record with "
         f"backend {cfg.backend}")
-    for rec, prompts, sigs in tqdm(todo, desc="attention", unit="rec", disable=not todo):
+    bar = tqdm(todo, desc="attention", unit="rec", disable=not todo or not cfg.progress)
+    for rec, prompts, sigs in bar:
         _record_one(run, handle, rec, prompts, cfg, act_layers, sigs)
     return len(todo)
 
