@@ -1,6 +1,6 @@
 """User input checked before slow work, and results that a run with less work never replaces.
 
-One home for the rules every command follows (issue 17):
+One home for the rules every command follows (docs/cli.md, errors):
 
 * :func:`read_toml`: a config or template file that is missing, not UTF-8 or not TOML is a
   :class:`interp.errors.ConfigError` (one line naming the file and the line), never a traceback.

@@ -395,7 +395,7 @@ def stop_ids(tokenizer: Any, model: Any = None) -> list[int]:
 
 
 def runtime_facts(handle: ModelHandle | Any) -> dict[str, Any]:
-    """How computations with this model are carried out now (for manifests, issue 12 item 4).
+    """How computations with this model are carried out now (for manifests; docs/measuring.md).
 
     Two runs that differ in any of these can give different numbers: the attention kernel
     actually configured (``model.config._attn_implementation``), device and parameter dtype,

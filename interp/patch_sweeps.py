@@ -42,13 +42,14 @@ import numpy as np
 
 from interp.errors import PatchingError
 from interp.hooks.points import hook_name
+from interp.hooks.recorder import context_mass
 from interp.hooks.steering import Steer, steering
 from interp.pairs import PatchPair
 from interp.patching import Patch, Patcher
 from interp.stats import correlations
 from interp.tokens import token_strings
 
-__all__ = ["EXACT_MODES", "Unit", "agreement", "context_mass", "head_units", "resid_units",
+__all__ = ["EXACT_MODES", "Unit", "agreement", "head_units", "resid_units",
            "sweep"]
 
 EXACT_MODES = ("topk", "all")
@@ -113,13 +114,6 @@ def head_units(pair: PatchPair, layers: Sequence[int], n_heads: int) -> list[Uni
     return [Unit(layer, "head", pos, head=h) for layer in layers for h in range(n_heads)]
 
 
-def context_mass(rows: dict[int, Any], band: Sequence[int], span: tuple[int, int]
-                 ) -> np.ndarray:
-    """Mean over heads and ``band`` of the rows' mass on ``span``: ``[batch]``."""
-    m = [rows[layer][:, :, span[0]:span[1]].sum(-1).mean(-1) for layer in band]
-    return np.mean([x.double().cpu().numpy() for x in m], axis=0)
-
-
 def _recorder(pt: Patcher, band: Sequence[int], span: tuple[int, int],
               out: list[np.ndarray]) -> Callable[[int], Any]:
     """``extra_hooks`` of :meth:`Patcher.run` that appends each batch's context masses."""
@@ -127,7 +121,7 @@ def _recorder(pt: Patcher, band: Sequence[int], span: tuple[int, int],
 
     @contextlib.contextmanager
     def cm(batch: int) -> Any:
-        st = Steer(units={}, keys=span, alphas=[1.0] * batch, record=True)
+        st = Steer(units={}, keys=span, alphas=[1.0] * batch, keep_rows=True)
         with steering(pt.handle, st):
             yield
         out.append(context_mass(st.rows, band, span))

@@ -2,7 +2,7 @@
 
 The eval prompt asks for exactly "Correct" or "Incorrect". The score of a prompt is how much
 more probable the model makes the whole reply "Correct" than the whole reply "Incorrect", with
-the tokens the chat template gives those replies (DESIGN.md, "Measuring honestly"). Comparing
+the tokens the chat template gives those replies (docs/measuring.md, the verdict score). Comparing
 first tokens instead is wrong: "Incorrect" is ``In`` + ``correct`` for many tokenizers, so a
 first-token score compares "Correct" with the sub-token "In".
 

@@ -92,7 +92,7 @@ def _load_hub(dataset: str, split: str) -> Iterator[QAExample]:
 # --------------------------------------------------------------------------------------------
 
 
-def _record_kind(rec: Any) -> str:
+def _row_kind(rec: Any) -> str:
     """Classify one JSON record (a line of a JSONL file or an item of a JSON list)."""
     if not isinstance(rec, Mapping):
         return "unknown"
@@ -109,7 +109,7 @@ def _record_kind(rec: Any) -> str:
     return "jsonl"
 
 
-def _convert_record(rec: Any, kind: str, split: str, dataset: str | None = None) -> QAExample:
+def _convert_row(rec: Any, kind: str, split: str, dataset: str | None = None) -> QAExample:
     if kind == "ircot":
         return example_from_ircot(rec, split=split)
     if kind == "musique":
@@ -121,9 +121,6 @@ def _convert_record(rec: Any, kind: str, split: str, dataset: str | None = None)
     if kind == "hub_squad_v2":
         return example_from_hub_row("squad_v2", rec, split=split)
     return QAExample.from_dict(rec, split=split, dataset=dataset)
-
-
-_WHOLE_KINDS = {"squad_v2_json", "drop_json"}
 
 
 def _classify_whole(obj: Any) -> str:
@@ -157,22 +154,22 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     obj, lines = _parse_file(p)
     if lines is not None:
         for _lineno, rec in lines:
-            kind = _record_kind(rec)
+            kind = _row_kind(rec)
             return {"musique": "musique_jsonl", "ircot": "ircot_jsonl"}.get(kind, "jsonl")
         raise DataError(f"{p}: file has no records")
     kind = _classify_whole(obj)
     if kind == "list":
-        first = _record_kind(obj[0]) if obj else "jsonl"
+        first = _row_kind(obj[0]) if obj else "jsonl"
         return {"hotpotqa": "hotpotqa_json", "musique": "musique_json", "ircot": "ircot_json"}.get(
             first, "json_list"
         )
     if kind == "record":
-        return _record_format(obj)
+        return _row_format(obj)
     return kind
 
 
-def _record_format(rec: Mapping[str, Any]) -> str:
-    kind = _record_kind(rec)
+def _row_format(rec: Mapping[str, Any]) -> str:
+    kind = _row_kind(rec)
     return {"musique": "musique_jsonl", "ircot": "ircot_jsonl"}.get(kind, "jsonl")
 
 
@@ -250,7 +247,7 @@ def _iter_file_at(p: Path, split: str) -> Iterator[tuple[str, QAExample]]:
     if lines is not None:
         for lineno, rec in lines:
             try:
-                ex = _convert_record(rec, _record_kind(rec), split, p.stem)
+                ex = _convert_row(rec, _row_kind(rec), split, p.stem)
             except DataError as e:
                 raise e.at(f"{p}:{lineno}") from None
             yield f"line {lineno}", ex
@@ -265,13 +262,13 @@ def _iter_file_at(p: Path, split: str) -> Iterator[tuple[str, QAExample]]:
     elif kind == "list":
         for n, rec in enumerate(obj):
             try:
-                ex = _convert_record(rec, _record_kind(rec), split, p.stem)
+                ex = _convert_row(rec, _row_kind(rec), split, p.stem)
             except DataError as e:
                 raise e.at(f"{p}: [{n}]") from None
             yield f"record [{n}]", ex
     elif kind == "record":
         try:
-            ex = _convert_record(obj, _record_kind(obj), split, p.stem)
+            ex = _convert_row(obj, _row_kind(obj), split, p.stem)
         except DataError as e:
             raise e.at(f"{p}:1") from None
         yield "line 1", ex

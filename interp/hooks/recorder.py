@@ -28,6 +28,9 @@ position that predicts the first output token):
    scores per chunk), the residual streams and ``attn.hook_z`` through
    :func:`interp.hooks.capture.hooked` with ``stream``. Peak memory is one chunk plus the
    forward's own, whatever the number of layers recorded.
+6. Context mass (:func:`context_mass`): of recorded last rows, the attention mass on a span
+   (the context), mean over query heads and over a band of layers; the one definition that
+   patching, steering and the task-swap sweeps report.
 
 Module paths come from :mod:`interp.hooks.points` only.
 """
@@ -36,10 +39,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
@@ -56,7 +60,8 @@ from interp.layers import parse_layers
 from interp.models import ModelHandle
 
 __all__ = ["BACKENDS", "IMPLEMENTATION", "PATTERN_CHUNK_BYTES", "PATTERN_POINT", "Recording",
-           "STREAM_POINTS", "Sink", "batch_rows", "full_pattern", "last_row", "record_rows",
+           "STREAM_POINTS", "Sink", "batch_rows", "context_mass", "full_pattern", "last_row",
+           "record_rows",
            "record_stream", "register_attention", "register_recorder"]
 
 BACKENDS = ("hf", "eager", "transformer_lens", "nnsight")
@@ -334,6 +339,29 @@ def _record_check(handle: ModelHandle, ids: Tensor, backend: str) -> Tensor:
 
 
 @torch.no_grad()
+def context_mass(rows: Mapping[int, Tensor] | Tensor, band: Sequence[int],
+                 span: tuple[int, int]) -> np.ndarray:
+    """Last-row attention mass on ``span``, mean over query heads and the layers of ``band``.
+
+    ``mean_{L in band} mean_h sum_{k in [start, end)} A_L[..., h, k]`` (paper section 3.2: the
+    context mass of the verdict position), each layer's mean over heads taken in the rows'
+    dtype, the mean over layers in float64.
+
+    Args:
+        rows: layer -> last rows ``[..., n_heads, pos]``: a mapping such as
+            :attr:`interp.hooks.steering.Steer.rows` (``[batch, n_heads, pos]``) or a tensor
+            ``[n_layers, n_heads, pos]`` of :func:`record_rows`.
+        band: the layers averaged.
+        span: ``(start, end)`` key positions, end exclusive.
+
+    Returns:
+        float64 array of the leading shape ``[...]`` (``[batch]``; 0-d for one prompt).
+    """
+    per_layer = [rows[layer][..., span[0]:span[1]].sum(-1).mean(-1).double().cpu()
+                 for layer in band]
+    return torch.stack(per_layer).mean(0).numpy()
+
+
 def record_rows(handle: ModelHandle, input_ids: Sequence[int] | Int[Tensor, " pos"], *,
                 backend: str = "hf", act_layers: Sequence[int] = (),
                 patterns: bool = False) -> Recording:

@@ -44,14 +44,14 @@ from interp.inputs import check_counts, config_from_table, new_run_dir
 from interp.models import DEFAULT_MODEL, ModelHandle, load_model, result_facts, runtime_facts
 from interp.plots.asymmetry import plot_asymmetry
 from interp.prefill import Capture
-from interp.probing import POOLS
 from interp.progress import tqdm
 from interp.prompts import Template, get_template, render
+from interp.residual_features import POOLS
 from interp.stages import attention as attention_stage
 from interp.stages import probe as probe_stage
 from interp.stages.common import check_run_model, stage_facts
 from interp.store.io import write_json
-from interp.store.records import Record, limit_per_dataset, record_key
+from interp.store.records import Record, limit_per_dataset, qa_key
 from interp.store.rundir import RunDir
 from interp.verdict import verdict_replies
 
@@ -235,7 +235,7 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     if config.one_pass:  # the stages' own checks: refuse their work made under other settings
         facts = stage_facts(rd, handle, "attention", overwrite=overwrite)
         stage_facts(rd, handle, "probe", overwrite=overwrite)
-    finished = {record_key(r): r for r in (rd.read_records(status=None)
+    finished = {qa_key(r): r for r in (rd.read_records(status=None)
                                            if rd.records_path.exists() else [])}
     done = set(finished)
     chunk = chunk or config.chunk_batches * config.batch_size
@@ -267,7 +267,7 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
             if cap is not None:  # before the records: a kill in between redoes the records,
                 store_one_pass(rd, handle, recs, cap, facts)  # whose outputs are then replaced
             rd.append_records(recs)
-            done.update(record_key(r) for r in recs)
+            done.update(qa_key(r) for r in recs)
             bar.update(len(part))
             for r in recs:
                 if r["status"] != "ok":
@@ -317,7 +317,7 @@ def store_one_pass(run: RunDir, handle: ModelHandle, records: Sequence[Record],
                                        {t: ps.rows for t, (_, ps) in got.items()},
                                        backend="hf", sig=sig)
         for t, (rp, ps) in got.items():
-            feats[t].append(("/".join(record_key(rec)), rp.input_ids, ps.pooled, ps.fell_back))
+            feats[t].append(("/".join(qa_key(rec)), rp.input_ids, ps.pooled, ps.fell_back))
     for t, items in feats.items():
         probe_stage.store_features(run, handle, t, items, facts=facts)
     return len(capture.got)

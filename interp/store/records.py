@@ -124,7 +124,7 @@ def check_verdict_scores(records: Iterable[Mapping[str, Any]]) -> None:
                 f"--overwrite")
 
 
-def record_key(rec: Record | Mapping[str, Any]) -> tuple[str, str]:
+def qa_key(rec: Record | Mapping[str, Any]) -> tuple[str, str]:
     """The identity of a record: ``(dataset, id)``."""
     return (rec["dataset"], rec["id"])
 

@@ -21,7 +21,7 @@ from typing import Any
 from interp.errors import RunDirError
 from interp.jsonl import json_line, parse_jsonl
 from interp.store.io import _parse, nan_to_none, read_json, write_json, write_jsonl
-from interp.store.records import Record, record_key
+from interp.store.records import Record, qa_key
 
 _PACKAGES = ("interp", "torch", "transformers", "transformer-lens", "nnsight", "peft",
              "datasets", "numpy", "scikit-learn")
@@ -306,8 +306,8 @@ class RunDir:
         got = _parse(self.records_path)
         latest: dict[tuple[str, str], Any] = {}
         for _, rec in got.rows:  # never trust a repeated id: the last line of it wins
-            latest.pop(record_key(rec), None)
-            latest[record_key(rec)] = rec
+            latest.pop(qa_key(rec), None)
+            latest[qa_key(rec)] = rec
         if len(latest) < len(got.rows):
             warnings.warn(f"{self.records_path}: {len(got.rows) - len(latest)} line(s) repeat "
                           f"a record id (two writers?); each record is read once, its last "
@@ -332,7 +332,7 @@ class RunDir:
         """
         drop = set(keys)
         recs = self.read_records(status=None)
-        kept = [r for r in recs if record_key(r) not in drop]
+        kept = [r for r in recs if qa_key(r) not in drop]
         write_jsonl(self.records_path, kept)
         return len(recs) - len(kept)
 
