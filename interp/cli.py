@@ -200,7 +200,7 @@ def _root(ctx: typer.Context, debug: Annotated[bool, typer.Option(
 def metrics(run: Annotated[Path, typer.Option(help="run directory")]) -> None:
     """Recompute metrics.json and the asymmetry figure from a run's records."""
     from interp.stages import asymmetry as stage
-    from interp.store import RunDir
+    from interp.store.rundir import RunDir
 
     rd = RunDir(run)
     cfg = stage.AsymmetryConfig.from_mapping(rd.manifest()["config"])
@@ -217,7 +217,7 @@ def oracle_agreement_cmd(
 ) -> None:
     """Cohen's kappa and the confusion table of the rule oracle vs an LLM oracle on a run."""
     from interp.stages import asymmetry as stage
-    from interp.store import RunDir
+    from interp.store.rundir import RunDir
 
     res = stage.oracle_agreement(RunDir(run), oracle, limit=limit, device=device)
     typer.echo(stage.format_oracle_agreement(res))
@@ -258,7 +258,7 @@ def view_cmd(
 ) -> None:
     """A self-contained HTML page: a record's gen and eval tokens coloured by attention."""
     from interp.stages import load_run_model
-    from interp.store import RunDir
+    from interp.store.rundir import RunDir
     from interp.view import find_record, write_view
 
     rd = RunDir(run)
@@ -279,7 +279,7 @@ def heads_cmd(
     from interp import attention
     from interp.layers import parse_layers
     from interp.stages.stored import read_attention_summary
-    from interp.store import RunDir
+    from interp.store.rundir import RunDir
 
     summary = read_attention_summary(RunDir(run))
     ranked = attention.top_heads(summary, dataset=dataset, top=top,
@@ -350,7 +350,7 @@ def _run_stage(s: StageSpec, cls: Any, kw: dict[str, Any]) -> None:
     """Build the config from the options given, check, load the model, run, print."""
     from interp.models import load_model
     from interp.stages import load_run_model
-    from interp.store import RunDir
+    from interp.store.rundir import RunDir
 
     values = given(cls, kw)
     if "backend" in values:

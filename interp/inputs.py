@@ -1,16 +1,13 @@
 """User input checked before slow work, and results that a run with less work never replaces.
 
-One home for the rules every command follows (issue 17):
+One home for the rules every command follows (docs/cli.md, errors):
 
 * :func:`read_toml`: a config or template file that is missing, not UTF-8 or not TOML is a
   :class:`interp.errors.ConfigError` (one line naming the file and the line), never a traceback.
-* :func:`check_counts`: counts such as ``limit``, ``batch_size`` and ``max_new_tokens`` are whole
-  numbers >= 1 (``None`` or ``all`` where the field allows it means "all"); every stage config
-  built by :func:`interp.options.config_from_table` is checked, so ``--limit 0`` is refused by
-  every command before a model loads.
-* :func:`check_numbers`: a config field annotated as a number (``float``, ``int``) or a list
-  of numbers (``list[float]``) holds numbers; strings of a ``list[float]`` (a CLI comma list)
-  are parsed, anything else is refused naming the option and the value.
+* counts (``limit``, ``batch_size``, ...) and numbers of every stage config are checked where
+  the options are declared (:func:`interp.options.check_counts`,
+  :func:`interp.options.check_numbers`), so ``--limit 0`` is refused by every command before a
+  model loads.
 * :func:`check_device` and :func:`check_dtype`: a device torch can parse and this machine has,
   and a model dtype among :data:`MODEL_DTYPES`; checked by every config with a ``device`` field
   and by :func:`interp.models.load_model` before it reads anything.
@@ -26,15 +23,15 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tomllib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from interp.errors import ConfigError
 from interp.stages.contract import kept_work
 
-__all__ = ["MODEL_DTYPES", "check_counts", "check_device", "check_dtype",
-           "check_numbers", "kept_work", "new_run_dir", "read_toml", "write_result"]
+__all__ = ["MODEL_DTYPES", "check_device", "check_dtype",
+           "kept_work", "new_run_dir", "read_toml", "write_result"]
 
 MODEL_DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 """The precisions a model loads in (``auto``: bfloat16 on CUDA, float32 elsewhere)."""
@@ -63,93 +60,6 @@ def read_toml(path: str | Path, what: str = "config") -> dict[str, Any]:
         raise ConfigError(f"{what} file {p} is not UTF-8 text ({err.reason})") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{what} file {p} is not valid TOML: {err}") from None
-
-
-def check_counts(cfg: Any, section: str, error: type[Exception] = ConfigError) -> None:
-    """Refuse a count field that is not a whole number >= 1 (None: all, where the type allows).
-
-    The count fields are those declared ``kind="count"`` (:func:`interp.options.option`).
-
-    Args:
-        cfg: a config dataclass instance.
-        section: its config table name, for the message.
-        error: the error class to raise.
-
-    Raises:
-        error: names the option (``--limit``) and the table key (``[section] limit``); for a
-            ``limit`` it adds how to ask for every record.
-    """
-    from interp.options import allows_none, fields_of_kind
-
-    fields = getattr(cfg, "__dataclass_fields__", {})
-    for name in fields_of_kind(type(cfg), "count") if fields else []:
-        value = getattr(cfg, name)
-        every = fields[name].default is None
-        if value is None and allows_none(type(cfg), name):
-            continue
-        # a table of counts ({dataset: N}, the harness's limit) is checked entry by entry
-        for v in (value.values() if isinstance(value, Mapping) else [value]):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                hint = ""
-                if name.endswith("limit"):
-                    hint = (" (leave it out to use every record)" if every else
-                            " (or all to use every record)")
-                raise error(f"--{name.replace('_', '-')} ([{section}] {name}) must be a whole "
-                            f"number >= 1{hint}, not {value!r}")
-
-
-_NUMBER_TYPES = {"int": (int,), "float": (int, float)}
-
-
-def check_numbers(cls: Any, table: Mapping[str, Any], section: str,
-                  error: type[Exception] = ConfigError) -> dict[str, Any]:
-    """Check (and parse) the numeric fields of a config table before the dataclass is built.
-
-    A field annotated ``int``, ``float``, ``list[int]`` or ``list[float]`` (optionally
-    ``| None``) must hold numbers of that kind (``True`` is not a number; an int is a float);
-    a string in a ``list[float]``/``list[int]`` (a comma list from the command line) is parsed.
-    Fields with other annotations (``str | list[int]`` layer specs, ...) are left alone.
-
-    Args:
-        cls: the config dataclass (its annotations are strings or types).
-        table: the config table.
-        section: its table name, for the message.
-        error: the error class to raise.
-
-    Returns:
-        A copy of ``table`` with parsed lists.
-
-    Raises:
-        error: names the option (``--alphas``), the table key, the bad entry and the kind of
-            number expected.
-    """
-    out = dict(table)
-    for name, f in getattr(cls, "__dataclass_fields__", {}).items():
-        if name not in out or out[name] is None:
-            continue
-        ann = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
-        ann = ann.replace(" | None", "").strip()
-        is_list = ann.startswith("list[") and ann.endswith("]")
-        kind = ann[5:-1] if is_list else ann
-        if kind not in _NUMBER_TYPES:
-            continue
-        value = out[name]
-        what = "whole number" if kind == "int" else "number"
-        if is_list and not isinstance(value, list | tuple):
-            raise error(f"--{name.replace('_', '-')} ([{section}] {name}) must be a list of "
-                        f"{what}s, not {value!r}")
-        parsed = []
-        for v in value if is_list else [value]:
-            if is_list and isinstance(v, str):
-                with contextlib.suppress(ValueError):
-                    v = int(v) if kind == "int" else float(v)
-            if isinstance(v, bool) or not isinstance(v, _NUMBER_TYPES[kind]):
-                shape = f"a list of {what}s" if is_list else f"a {what}"
-                raise error(f"--{name.replace('_', '-')} ([{section}] {name}) must be {shape}, "
-                            f"not {value!r} ({v!r} is not a {what})")
-            parsed.append(float(v) if kind == "float" else v)  # 1 -> 1.0: one key per value
-        out[name] = parsed if is_list else parsed[0]
-    return out
 
 
 def check_dtype(dtype: Any, error: type[Exception] = ConfigError) -> None:
@@ -226,7 +136,7 @@ def new_run_dir(path: str | Path) -> Iterator[Path]:
 
 def write_result(path: str | Path, obj: Any, *, n: int,
                  log: Callable[[str], None] | None = None) -> bool:
-    """Write a summary (:func:`interp.store.write_json`) unless it covers nothing.
+    """Write a summary (:func:`interp.store.io.write_json`) unless it covers nothing.
 
     Args:
         path: the summary file.
@@ -238,7 +148,7 @@ def write_result(path: str | Path, obj: Any, *, n: int,
         Whether the file was written: False when ``n == 0`` and the file already exists (a run
         that had nothing to do never replaces a result).
     """
-    from interp.store import write_json
+    from interp.store.io import write_json
 
     path = Path(path)
     if n == 0 and path.exists():

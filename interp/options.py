@@ -18,7 +18,7 @@ One rule turns a value into its declared type, for every key of every table and 
   ``["squad_v2"]``, ``--alphas 0.5,1`` is ``[0.5, 1.0]``), the one list parser
   (:func:`split_list`);
 * ``"all"`` where a count that may be None belongs is None (every record);
-* numbers in such a list are parsed (:func:`interp.inputs.check_numbers`);
+* numbers in such a list are parsed (:func:`check_numbers`);
 * anything else of another type is refused naming the option and the key: a quoted word where
   a boolean belongs (``include_unanswerable = "false"``), a number in quotes where a number
   belongs (``limit = "3"``), a list where text belongs.
@@ -29,6 +29,7 @@ loads).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import re
@@ -39,7 +40,8 @@ from typing import Any
 
 from interp.errors import ConfigError
 
-__all__ = ["ALL", "CliOption", "allows_none", "cli_options", "config_from_table", "conform",
+__all__ = ["ALL", "CliOption", "allows_none", "check_counts", "check_numbers", "cli_options",
+           "config_from_table", "conform",
            "field_help", "fields_of_kind", "given", "option", "option_name", "parse_count",
            "split_list"]
 
@@ -157,8 +159,6 @@ def conform(cls: Any, table: Mapping[str, Any], section: str,
             unanswerable ([asymmetry] include_unanswerable) must be true or false, not
             'false'``).
     """
-    from interp.inputs import check_numbers
-
     hints = typing.get_type_hints(cls)
     out = dict(table)
     for f in dataclasses.fields(cls):
@@ -194,11 +194,11 @@ def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
         error: ``table`` has keys that are not fields of ``cls`` (the message names the
             section, the unknown keys and the known ones, so a typo is fixed in one look); a
             value of another type (:func:`conform`); a count below 1
-            (:func:`interp.inputs.check_counts`); with a ``device`` field, a device or dtype
+            (:func:`check_counts`); with a ``device`` field, a device or dtype
             this machine cannot load a model on (:func:`interp.inputs.check_device`,
             :func:`interp.inputs.check_dtype`).
     """
-    from interp.inputs import check_counts, check_device, check_dtype
+    from interp.inputs import check_device, check_dtype
 
     known = set(cls.__dataclass_fields__)
     if unknown := set(table) - known:
@@ -300,4 +300,89 @@ def given(cls: Any, values: Mapping[str, Any]) -> dict[str, Any]:
         if v is None or v == () or v == []:
             continue
         out[f.name] = ",".join(v) if isinstance(v, list | tuple) else v
+    return out
+
+
+def check_counts(cfg: Any, section: str, error: type[Exception] = ConfigError) -> None:
+    """Refuse a count field that is not a whole number >= 1 (None: all, where the type allows).
+
+    The count fields are those declared ``kind="count"`` (:func:`interp.options.option`).
+
+    Args:
+        cfg: a config dataclass instance.
+        section: its config table name, for the message.
+        error: the error class to raise.
+
+    Raises:
+        error: names the option (``--limit``) and the table key (``[section] limit``); for a
+            ``limit`` it adds how to ask for every record.
+    """
+    fields = getattr(cfg, "__dataclass_fields__", {})
+    for name in fields_of_kind(type(cfg), "count") if fields else []:
+        value = getattr(cfg, name)
+        every = fields[name].default is None
+        if value is None and allows_none(type(cfg), name):
+            continue
+        # a table of counts ({dataset: N}, the harness's limit) is checked entry by entry
+        for v in (value.values() if isinstance(value, Mapping) else [value]):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                hint = ""
+                if name.endswith("limit"):
+                    hint = (" (leave it out to use every record)" if every else
+                            " (or all to use every record)")
+                raise error(f"--{name.replace('_', '-')} ([{section}] {name}) must be a whole "
+                            f"number >= 1{hint}, not {value!r}")
+
+
+_NUMBER_TYPES = {"int": (int,), "float": (int, float)}
+
+
+def check_numbers(cls: Any, table: Mapping[str, Any], section: str,
+                  error: type[Exception] = ConfigError) -> dict[str, Any]:
+    """Check (and parse) the numeric fields of a config table before the dataclass is built.
+
+    A field annotated ``int``, ``float``, ``list[int]`` or ``list[float]`` (optionally
+    ``| None``) must hold numbers of that kind (``True`` is not a number; an int is a float);
+    a string in a ``list[float]``/``list[int]`` (a comma list from the command line) is parsed.
+    Fields with other annotations (``str | list[int]`` layer specs, ...) are left alone.
+
+    Args:
+        cls: the config dataclass (its annotations are strings or types).
+        table: the config table.
+        section: its table name, for the message.
+        error: the error class to raise.
+
+    Returns:
+        A copy of ``table`` with parsed lists.
+
+    Raises:
+        error: names the option (``--alphas``), the table key, the bad entry and the kind of
+            number expected.
+    """
+    out = dict(table)
+    for name, f in getattr(cls, "__dataclass_fields__", {}).items():
+        if name not in out or out[name] is None:
+            continue
+        ann = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        ann = ann.replace(" | None", "").strip()
+        is_list = ann.startswith("list[") and ann.endswith("]")
+        kind = ann[5:-1] if is_list else ann
+        if kind not in _NUMBER_TYPES:
+            continue
+        value = out[name]
+        what = "whole number" if kind == "int" else "number"
+        if is_list and not isinstance(value, list | tuple):
+            raise error(f"--{name.replace('_', '-')} ([{section}] {name}) must be a list of "
+                        f"{what}s, not {value!r}")
+        parsed = []
+        for v in value if is_list else [value]:
+            if is_list and isinstance(v, str):
+                with contextlib.suppress(ValueError):
+                    v = int(v) if kind == "int" else float(v)
+            if isinstance(v, bool) or not isinstance(v, _NUMBER_TYPES[kind]):
+                shape = f"a list of {what}s" if is_list else f"a {what}"
+                raise error(f"--{name.replace('_', '-')} ([{section}] {name}) must be {shape}, "
+                            f"not {value!r} ({v!r} is not a {what})")
+            parsed.append(float(v) if kind == "float" else v)  # 1 -> 1.0: one key per value
+        out[name] = parsed if is_list else parsed[0]
     return out

@@ -3,14 +3,14 @@
 Algorithm of :func:`run` (the method is :mod:`interp.attention`):
 
 1. Records: the run's ``ok`` records, the first ``limit`` of each dataset
-   (:func:`interp.store.limit_per_dataset`). The model must be the run's (sha256 check).
+   (:func:`interp.store.records.limit_per_dataset`). The model must be the run's (sha256 check).
 2. Record (:func:`record`): for each record, re-render both prompts
-   (:func:`interp.asymmetry.record_prompts`), and unless its recording is fresh, run
+   (:func:`interp.prompts.record_prompts`), and unless its recording is fresh, run
    :func:`interp.hooks.recorder.record_rows` once per prompt and save the span masses
    ``mass.{gen,eval}`` ``[n_layers, n_heads, n_spans]`` (and with ``save_rows`` the rows
    ``rows.{task}`` ``[n_layers, n_heads, pos]``) to ``DIR/attention/records/<dataset>/<id>
    .safetensors``. A recording is fresh when its stored signature
-   (:func:`interp.store.signature` of the model and its sha256, the prompts' token ids and the
+   (:func:`interp.store.io.signature` of the model and its sha256, the prompts' token ids and the
    result-relevant runtime facts, :func:`interp.stages.common.stage_facts`) equals the one of
    now: an interrupted run resumes, and a recording made by another model, from other prompts
    (``interp asymmetry --overwrite`` with another template keeps the record ids) or under
@@ -38,10 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import safe_open
-from tqdm.auto import tqdm
 
-from interp import plots
-from interp.asymmetry import record_prompts
 from interp.attention import (
     SPANS,
     TASKS,
@@ -56,31 +53,33 @@ from interp.hooks.recorder import BACKENDS, record_rows
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.options import config_from_table, option
+from interp.plots import attention as attention_plots
+from interp.progress import tqdm
+from interp.prompts import record_prompts
 from interp.stages.common import ok_records, stage_facts
 from interp.stages.contract import spec
 from interp.stages.stored import (
     activations_path,
-    record_path,
-    record_signature,
+    qa_record_signature,
     recording_meta,
     recording_signature,
+    rows_path,
     save_recording,
 )
 from interp.stages.stored import read_attention_summary as read_summary
-from interp.store import (
-    Record,
-    RunDir,
+from interp.store.io import (
     is_fresh,
-    limit_per_dataset,
     save_tensors,
     signature,
     write_json,
     write_table,
 )
+from interp.store.records import Record, limit_per_dataset
+from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SPEC", "SUMMARIES", "AttentionConfig", "Config", "activations_path",
-           "format_summary", "load_masses", "read_summary", "record", "record_path",
-           "record_signature", "recording_signature", "run", "save_recording",
+           "format_summary", "load_masses", "read_summary", "record", "rows_path",
+           "qa_record_signature", "recording_signature", "run", "save_recording",
            "write_tables"]
 
 SPEC = spec("attention")
@@ -205,7 +204,7 @@ def record(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None,
         prompts = record_prompts(rec, handle.tokenizer, templates_path=tpath)
         sig = recording_signature(handle, facts, {t: p.input_ids for t, p in prompts.items()})
         act_sig = signature({"record": sig, "layers": act_layers, "patterns": cfg.save_patterns})
-        path = record_path(run, rec)
+        path = rows_path(run, rec)
         fresh = not cfg.recompute and is_fresh(path, sig) and (
             _recorded_by(path) == cfg.backend) and (not cfg.save_rows or _has_rows(path)) and (
             not act_layers or is_fresh(activations_path(run, rec), act_sig))
@@ -236,12 +235,12 @@ def load_masses(run: RunDir, *, limit: int | None = None
     records = limit_per_dataset(run.read_records(), limit)
     have, per, spans, backends = [], [], list(SPANS), set()
     for r in records:
-        p = record_path(run, r)
+        p = rows_path(run, r)
         if not p.exists():
             continue
         with safe_open(str(p), "pt") as f:
             meta = f.metadata() or {}
-            if meta.get("record", record_signature(r)) != record_signature(r):
+            if meta.get("record", qa_record_signature(r)) != qa_record_signature(r):
                 raise RunDirError(f"{p} was recorded from another version of record "
                                   f"{r['dataset']}/{r['id']} (its prompts changed): run "
                                   f"`interp attention --run {run.path}` to redo it")
@@ -251,6 +250,7 @@ def load_masses(run: RunDir, *, limit: int | None = None
         spans += [x for x in s if x not in spans]
         have.append(r)
     if not have:
+        run.require_run()
         raise RunDirError(f"{run.path} has no attention recordings: run `interp attention --run "
                           f"{run.path}` first")
     mass = {}
@@ -287,9 +287,9 @@ def write_tables(run: RunDir, cfg: AttentionConfig | None = None, *,
     write_json(out / "heads.json", heads)
     if cfg.figures:
         figs = run.sub("figures")
-        plots.plot_span_mass_layerwise(summary, figs)
-        plots.plot_head_context_heatmaps(summary, figs)
-        plots.plot_context_ratio(summary, figs)
+        attention_plots.plot_span_mass_layerwise(summary, figs)
+        attention_plots.plot_head_context_heatmaps(summary, figs)
+        attention_plots.plot_context_ratio(summary, figs)
     return summary
 
 

@@ -7,7 +7,7 @@ A stage module (``interp.stages.attention``, ``interp.stages.probe``, ...) provi
 * ``Config``: a dataclass with ``from_mapping(table)`` that refuses unknown keys
   (:func:`interp.options.config_from_table`);
 * ``run(run_dir, handle, cfg, *, overwrite=False, log=print) -> summary``: the study on a
-  finished asymmetry run (resumable; fresh parts are reused, :func:`interp.store.is_fresh`);
+  finished asymmetry run (resumable; fresh parts are reused, :func:`interp.store.io.is_fresh`);
   it first calls :func:`stage_facts`, which refuses to reuse work computed under other
   result-relevant runtime facts unless ``overwrite``, and puts those facts into every part's
   signature;
@@ -27,7 +27,8 @@ from interp.layers import parse_layers
 from interp.models import ModelHandle, load_model, result_facts, runtime_facts
 from interp.options import fields_of_kind
 from interp.stages.contract import check_needs
-from interp.store import RunDir, limit_per_dataset
+from interp.store.records import limit_per_dataset
+from interp.store.rundir import RunDir
 
 __all__ = ["Stage", "check_against_shape", "check_run_model", "load_run_model",
            "ok_records", "stage_facts"]

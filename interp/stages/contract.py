@@ -31,7 +31,6 @@ read the layout without loading torch.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import inspect
 import re
@@ -42,6 +41,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 from interp.errors import ConfigError, RunDirError
+from interp.names import flat_key, safe_name
 
 __all__ = ["SPECS", "Need", "Part", "StageSpec", "check_module", "check_needs", "flat_key",
            "kept_work", "safe_name", "spec", "stage_names"]
@@ -49,19 +49,6 @@ __all__ = ["SPECS", "Need", "Part", "StageSpec", "check_module", "check_needs", 
 RUN_ARGS = ("run_dir", "handle", "cfg", "overwrite", "log")
 """The parameters of every stage's ``run``, in this order (``overwrite`` and ``log`` keyword
 only)."""
-
-
-def safe_name(name: str) -> str:
-    """A file name for a dataset or record id (``_`` for unsafe characters, + sha1 if changed)."""
-    s = re.sub(r"[^A-Za-z0-9_.-]", "_", str(name))
-    if s != str(name) or not s:
-        s = f"{s[:60]}-{hashlib.sha1(str(name).encode()).hexdigest()[:8]}"
-    return s
-
-
-def flat_key(dataset: str, record_id: str) -> str:
-    """A record's file-safe key ``dataset__id`` (characters outside ``[A-Za-z0-9_.-]`` -> ``_``)."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{dataset}__{record_id}")
 
 
 @dataclass(frozen=True)
@@ -363,18 +350,24 @@ def check_needs(run_dir: str | Path, stages: Iterable[tuple[str, Any]], *,
 def _count(part: Part, files: list[Path]) -> int:
     if part.unit == "files":
         return len(files)
-    return sum(sum(1 for line in p.read_text(encoding="utf-8").splitlines() if line.strip())
-               for p in files)
+    return sum(sum(1 for line in p.read_bytes().split(b"\n") if line.strip())
+               for p in files)  # bytes split on "\n": a torn tail or U+2028 cannot miscount
 
 
 def kept_work(paths: Mapping[str, Path] | Iterable[Path]) -> str:
     """What finished work lies in run directories, as text (``"12 records in runs/x"``).
 
-    Counts every stage's declared parts (:class:`Part`); ``"nothing"`` when there are none.
+    Counts every stage's declared parts (:class:`Part`); ``"nothing"`` when there are none. A
+    grid folder (``interp run --out``: one run directory per model, no manifest of its own) is
+    counted in each of its model folders.
     """
     out: list[str] = []
-    for root in paths.values() if isinstance(paths, Mapping) else paths:
-        root, before = Path(root), len(out)
+    roots = [Path(r) for r in (paths.values() if isinstance(paths, Mapping) else paths)]
+    runs = [run for r in roots for run in (
+        [r] if (r / "manifest.json").exists()
+        else sorted(p.parent for p in r.glob("*/manifest.json")) or [r])]
+    for root in runs:
+        before = len(out)
         out += [f"{n} {p.label}" for p in _parts() if (n := _count(p, p.files(root)))]
         if len(out) > before:
             out[-1] += f" in {root}"

@@ -48,15 +48,8 @@ from interp.prompts import get_template
 from interp.stages.common import ok_records, stage_facts
 from interp.stages.contract import spec
 from interp.stages.patching_summary import format_summary, summarise
-from interp.store import (
-    RunDir,
-    is_fresh,
-    read_json,
-    read_jsonl,
-    signature,
-    write_json,
-    write_jsonl,
-)
+from interp.store.io import is_fresh, read_json, read_jsonl, signature, write_json, write_jsonl
+from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SUMMARIES", "Config", "Miner", "PatchingConfig", "format_summary", "run",
            "run_pair"]
@@ -248,10 +241,9 @@ def _context_mass(handle: ModelHandle, ids: Sequence[int], span: tuple[int, int]
     """The prompt's last-row attention mass on its context (mean over heads and band)."""
     if not span:
         return float("nan")
-    from interp.hooks.recorder import record_rows
+    from interp.hooks.recorder import context_mass, record_rows
 
-    rows = record_rows(handle, list(ids)).rows  # [layer, head, pos]
-    return float(rows[list(band), :, span[0]:span[1]].sum(-1).mean())
+    return float(context_mass(record_rows(handle, list(ids)).rows, band, span))
 
 
 def _pair_meta(pair: PatchPair, pt: Patcher, handle: ModelHandle, band: Sequence[int],
@@ -346,7 +338,7 @@ def part_signature(cfg: PatchingConfig, kind: str, layers: Sequence[int], band: 
 
 
 def _bar(total: int | None, desc: str, enabled: bool, **kw: Any) -> Any:
-    from tqdm.auto import tqdm
+    from interp.progress import tqdm
 
     return tqdm(total=total, desc=desc, disable=not enabled, leave=False, **kw)
 
@@ -390,7 +382,7 @@ def _sweep_kind(handle: ModelHandle, cfg: PatchingConfig, pk: str, kind: str,
 
 
 def _oracle(cfg: PatchingConfig, mcfg: Mapping[str, Any], handle: ModelHandle) -> Any:
-    from interp.asymmetry import make_oracle
+    from interp.grading import make_oracle
 
     return make_oracle(cfg.oracle or mcfg.get("oracle") or "rule", device=str(handle.device),
                        dtype=mcfg.get("dtype"), run_model=handle)

@@ -4,8 +4,8 @@ Algorithm of :func:`run` (the methods are :mod:`interp.probing`, numbered there)
 
 1. Records: the run's ``ok`` records (checked: unique keys, an oracle label each, made by the
    loaded model, whose sha256 is the manifest's), the first ``limit`` of each dataset
-   (:func:`interp.store.limit_per_dataset`); labels y* and one group per passage; the CV folds
-   (:func:`interp.stats.make_folds`) shared by every probe and by the verbal judge.
+   (:func:`interp.store.records.limit_per_dataset`); labels y* and one group per passage; the CV
+   folds (:func:`interp.stats.make_folds`) shared by every probe and by the verbal judge.
 2. Features (:func:`cached_features`): pooled ``resid_post`` of every layer, cached in
    ``DIR/probes/features_{task}.safetensors`` (``[n_records, n_layers, d_model]`` per pool).
    The cache is fresh when its signature (model, sha256, hook point, layers, version and the
@@ -32,30 +32,26 @@ from typing import Any
 import numpy as np
 import torch
 
-from interp.asymmetry import rerender
 from interp.errors import ProbeError
 from interp.layers import parse_layers
 from interp.models import ModelHandle
 from interp.options import config_from_table, option, split_list
-from interp.plots import plot_probes
+from interp.plots.probes import plot_probes
 from interp.probing import (
-    HOOK_POINT,
-    HOOK_POINT_DOC,
     METRICS,
-    POOLS,
     PROBES,
     TASKS,
     best_row,
     cross_dataset_transfer,
     cross_validate,
-    extract_features,
     fit_probe,
     judge_metrics,
     permutation_null,
     probe_vs_judge,
     sweep,
-    task_pools,
 )
+from interp.prompts import rerender
+from interp.residual_features import HOOK_POINT, HOOK_POINT_DOC, POOLS, extract_features, task_pools
 from interp.stages.common import check_run_model, stage_facts
 from interp.stages.contract import spec
 from interp.stages.stored import (
@@ -68,16 +64,9 @@ from interp.stages.stored import (
     write_features,
 )
 from interp.stats import make_folds, passage_groups
-from interp.store import (
-    Record,
-    RunDir,
-    is_fresh,
-    limit_per_dataset,
-    read_json,
-    record_key,
-    signature,
-    write_json,
-)
+from interp.store.io import is_fresh, read_json, signature, write_json
+from interp.store.records import Record, limit_per_dataset, qa_key
+from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SPEC", "SUMMARIES", "Config", "ProbeConfig", "cached_features",
            "format_summary", "load_probe_records", "run", "store_features"]
@@ -174,7 +163,7 @@ Config = ProbeConfig
 
 
 def _key(rec: Record | Mapping[str, Any]) -> str:
-    return "/".join(record_key(rec))
+    return "/".join(qa_key(rec))
 
 
 def load_probe_records(run: RunDir, handle: ModelHandle | None = None) -> list[Record]:

@@ -21,20 +21,14 @@ from safetensors import safe_open
 from interp.attention import span_mass, span_names
 from interp.errors import RunDirError
 from interp.models import ModelHandle
-from interp.probing import HOOK_POINT
+from interp.residual_features import HOOK_POINT
 from interp.stages.contract import spec
-from interp.store import (
-    Record,
-    RunDir,
-    is_fresh,
-    load_tensors,
-    read_json,
-    save_tensors,
-    signature,
-)
+from interp.store.io import is_fresh, load_tensors, read_json, save_tensors, signature
+from interp.store.records import Record
+from interp.store.rundir import RunDir
 
 __all__ = ["FEATURES_VERSION", "RECORDING_VERSION", "activations_path", "features_path",
-           "read_attention_summary", "record_path", "record_signature", "recording_signature",
+           "read_attention_summary", "rows_path", "qa_record_signature", "recording_signature",
            "save_recording", "store_features"]
 
 RECORDING_VERSION = "1"
@@ -46,7 +40,7 @@ _ATTENTION = spec("attention")
 _PROBE = spec("probe")
 
 
-def record_path(run: RunDir, rec: Record | Mapping[str, Any]) -> Path:
+def rows_path(run: RunDir, rec: Record | Mapping[str, Any]) -> Path:
     """``DIR/attention/records/<dataset>/<id>.safetensors`` of a record (the contract's part)."""
     return _ATTENTION.parts[0].path(run.path, rec["dataset"], rec["id"])
 
@@ -69,11 +63,13 @@ def read_attention_summary(run: RunDir) -> dict[str, Any]:
     """
     path = run.path / _ATTENTION.table("summary.json")
     if not path.exists():
+        if any(run.path.glob("*/manifest.json")):  # a grid folder: name its runs instead
+            run.require_run()
         raise RunDirError(f"{path} does not exist: run `interp attention --run {run.path}` first")
     return read_json(path)
 
 
-def record_signature(rec: Record | Mapping[str, Any]) -> str:
+def qa_record_signature(rec: Record | Mapping[str, Any]) -> str:
     """Signature of what a record's prompts are made from (no model needed to compute it).
 
     Stored with each recording, so that tables built from recordings without a model
@@ -95,7 +91,7 @@ def recording_signature(handle: ModelHandle, facts: Mapping[str, Any],
 def save_recording(run: RunDir, handle: ModelHandle, rec: Record | Mapping[str, Any],
                    prompts: Mapping[str, Any], rows: Mapping[str, torch.Tensor], *,
                    backend: str, sig: str, save_rows: bool = False) -> Path:
-    """Save one record's span masses (and rows) to :func:`record_path` (step 2).
+    """Save one record's span masses (and rows) to :func:`rows_path` (step 2).
 
     The one writer of recordings: the stage (:func:`record`) and the harness's one-pass
     prefill (:mod:`interp.stages.asymmetry`) both call it, so a recording is the same file
@@ -104,7 +100,7 @@ def save_recording(run: RunDir, handle: ModelHandle, rec: Record | Mapping[str, 
     Args:
         run: the run directory.
         handle: the model (its layer and head counts go into the metadata).
-        rec: the record (its :func:`record_signature` is stored).
+        rec: the record (its :func:`qa_record_signature` is stored).
         prompts: ``{"gen": RenderedPrompt, "eval": RenderedPrompt}``.
         rows: ``{task: [n_layers, n_heads, n_tokens]}`` last-token attention rows.
         backend: which backend recorded them.
@@ -120,14 +116,14 @@ def save_recording(run: RunDir, handle: ModelHandle, rec: Record | Mapping[str, 
         tensors[f"mass.{task}"] = span_mass(rows[task], p.labels, spans)
         if save_rows:
             tensors[f"rows.{task}"] = rows[task]
-    return save_tensors(record_path(run, rec), tensors,
+    return save_tensors(rows_path(run, rec), tensors,
                         {**recording_meta(handle, rec, prompts, spans, backend), "signature": sig})
 
 
 def recording_meta(handle: ModelHandle, rec: Record | Mapping[str, Any], prompts: Mapping[str, Any],
           spans: Sequence[str], backend: str) -> dict[str, str]:
     return {"id": str(rec["id"]), "dataset": rec["dataset"], "spans": json.dumps(spans),
-            "record": record_signature(rec), "backend": backend,
+            "record": qa_record_signature(rec), "backend": backend,
             "n_layers": str(handle.n_layers), "n_heads": str(handle.n_heads),
             "n_tokens": json.dumps({t: len(p) for t, p in prompts.items()})}
 

@@ -14,7 +14,8 @@ from interp import cli, pipeline, stages
 from interp.errors import ConfigError, RunDirError
 from interp.stages import contract
 from interp.stages.contract import SPECS, check_needs, kept_work, spec
-from interp.store import RunDir, record_part_path
+from interp.store import RunDir
+from interp.store.recordings import recording_index_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,10 +66,10 @@ def test_the_layout_derives_from_the_parts(tmp_path):
 
     run = RunDir(tmp_path)
     rec = {"dataset": "squad_v2", "id": "a/b c"}
-    assert attention.record_path(run, rec) == tmp_path / "attention/records/squad_v2" / (
+    assert attention.rows_path(run, rec) == tmp_path / "attention/records/squad_v2" / (
         contract.safe_name("a/b c") + ".safetensors")
     assert probe.features_path(run, "eval") == tmp_path / "probes/features_eval.safetensors"
-    assert record_part_path(run, "squad_v2", "a/b c") == (
+    assert recording_index_path(run, "squad_v2", "a/b c") == (
         tmp_path / "record/squad_v2" / contract.safe_name("a/b c") / "index.json")
     assert steering.SPEC.parts[0].path(tmp_path, "squad_v2", "a/b c") == (
         tmp_path / "steering/parts/squad_v2__a_b_c.json")
