@@ -57,9 +57,10 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/interp-bench-endpoints")
     a = ap.parse_args()
     rd = RunDir(Path(a.out) / "inprocess")
-    run_asymmetry(AsymmetryConfig(model="smollm2-135m-instruct", datasets=[a.dataset],
+    run_asymmetry(rd.path, None,
+                  AsymmetryConfig(model="smollm2-135m-instruct", datasets=[a.dataset],
                                   limit=a.n, device="cpu", dtype="float32", n_boot=1000),
-                  rd.path, log=lambda s: None)
+                  log=lambda s: None)
     out = {}
     with LocalServer(bundled_gguf(QWEN), "qwen", threads=a.threads) as srv:
         t0 = time.perf_counter()

@@ -39,16 +39,18 @@ def main() -> None:
     out = Path(a.out)
     base = dict(datasets=[a.dataset], limit=a.n, device="cpu", n_boot=1000)
     t0 = time.perf_counter()
-    local = run(AsymmetryConfig(model="smollm2-135m-instruct", dtype="float32", **base),
-                out / "inprocess", log=lambda s: None)
+    local = run(out / "inprocess", None,
+                AsymmetryConfig(model="smollm2-135m-instruct", dtype="float32", **base),
+                log=lambda s: None)
     t_local = time.perf_counter() - t0
     with LocalServer(bundled_gguf("smollm2-135m-instruct"), "smollm2",
                      threads=a.threads) as srv:
         t0 = time.perf_counter()
-        served = run(AsymmetryConfig(model="openai:smollm2", **base,
+        served = run(out / "served", None,
+                     AsymmetryConfig(model="openai:smollm2", **base,
                                      model_endpoint={"base_url": srv.base_url,
                                                      "concurrency": 1, "timeout_s": 600}),
-                     out / "served", log=print)
+                     log=print)
         t_served = time.perf_counter() - t0
     a_recs = {qa_key(r): r for r in RunDir(out / "inprocess").read_records()}
     b_recs = {qa_key(r): r for r in RunDir(out / "served").read_records()}

@@ -47,6 +47,7 @@ from interp.hooks.steering import Steer, steering
 from interp.pairs import PatchPair
 from interp.patching import Patch, Patcher
 from interp.stats import correlations
+from interp.tokens import token_strings
 
 __all__ = ["EXACT_MODES", "Unit", "agreement", "head_units", "resid_units",
            "sweep"]
@@ -185,13 +186,14 @@ def _rows(pt: Patcher, pair: PatchPair, units: Sequence[Unit], est: np.ndarray,
     tok = pt.handle.tokenizer
     nan = float("nan")
     exact = {i: j for j, i in enumerate(chosen)}
+    shown = token_strings(tok, pair.corrupt.input_ids)
     rows = []
     for k, u in enumerate(units):
         j = exact.get(k)
         r = {"layer": u.layer, "unit": u.kind, "position": u.position,
              "rel_position": u.position - n if u.position >= 0 else 0, "span": u.span,
              "head": u.head,
-             "token": tok.decode([pair.corrupt.input_ids[u.position]]) if u.position >= 0
+             "token": shown[u.position] if u.position >= 0
              else "", "attr_ld": float(est[k]), "verified": j is not None}
         if j is None:
             r.update(ld=nan, d_ld=nan, p_correct=nan, coverage=nan, effect=nan,

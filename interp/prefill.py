@@ -55,7 +55,7 @@ from interp.kv_cache import (
     pad_token_id,
     position_ids,
 )
-from interp.models import ModelHandle, end_of_turn_ids
+from interp.models import ModelHandle, stop_ids
 
 __all__ = ["Capture", "PromptPass", "eos_ids", "run_prompts"]
 
@@ -103,13 +103,13 @@ class Capture:
 
 
 def eos_ids(handle: ModelHandle) -> set[int]:
-    """The ids that end a reply: :func:`interp.models.end_of_turn_ids`.
+    """The ids that end a reply: :func:`interp.models.stop_ids`.
 
     The token the chat template puts after an assistant reply (``<|im_end|>``, Llama 3's
-    ``<|eot_id|>``, which is not the EOS of every Llama 3 checkpoint), the tokenizer's EOS and
-    the generation config's EOS ids.
+    ``<|eot_id|>``, which is not the EOS of every Llama 3 checkpoint), the tokenizer's EOS,
+    the generation config's EOS ids and every other special token (the next turn's header).
     """
-    return set(end_of_turn_ids(handle.tokenizer, handle.model))
+    return set(stop_ids(handle.tokenizer, handle.model))
 
 
 @contextlib.contextmanager
@@ -225,7 +225,7 @@ def run_prompts(
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     if progress:
-        from tqdm.auto import tqdm
+        from interp.progress import tqdm
 
         batches = tqdm(batches, desc=progress, unit="batch", leave=False)
     out: list[PromptPass] = [PromptPass() for _ in prompts]

@@ -60,9 +60,9 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.neural_network import MLPClassifier
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import LinearSVC
-from tqdm.auto import tqdm
 
 from interp.errors import ProbeError
+from interp.progress import tqdm
 from interp.stats import binary_metrics, fold_summary, make_folds, mcnemar
 from interp.store.io import atomic_path, read_json, write_json
 from interp.store.records import Record, check_verdict_scores

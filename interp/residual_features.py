@@ -23,13 +23,13 @@ from collections.abc import Sequence
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from interp.errors import ProbeError
 from interp.hooks.capture import hooked
 from interp.hooks.points import hook_name
 from interp.kv_cache import left_pad, pad_token_id, position_ids
 from interp.models import ModelHandle
+from interp.progress import tqdm
 from interp.prompts import RenderedPrompt
 
 __all__ = ["HOOK_POINT", "HOOK_POINT_DOC", "POOLS", "extract_features", "pool_resid",

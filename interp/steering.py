@@ -41,7 +41,7 @@ from interp.hooks.backends import extend_prompts, reply_extensions, reply_logpro
 from interp.hooks.recorder import context_mass
 from interp.hooks.steering import Steer, steering, tl_steered_logits
 from interp.kv_cache import cache_kwarg, continuation_logprobs, output_cache
-from interp.models import ModelHandle, end_of_turn_ids
+from interp.models import ModelHandle, stop_ids
 from interp.verdict import VerdictReplies, verdict_replies
 
 __all__ = ["ALPHAS", "parse_heads", "steer_generator", "steer_judge", "top_diff_k"]
@@ -199,7 +199,7 @@ def steer_generator(handle: ModelHandle, ids: Sequence[int], context: tuple[int,
         ``generations``: the decoded continuation of each alpha (before answer extraction).
     """
     tok, model = handle.tokenizer, handle.model
-    eos = set(end_of_turn_ids(tok, model))  # Llama 3: <|eot_id|> is not the EOS token
+    eos = set(stop_ids(tok, model))  # Llama 3: <|eot_id|> is not the EOS token
     st = Steer(units=units, keys=context, alphas=list(alphas), keep_rows=True)
     logits, kv, n = _last_forward(handle, ids, st)
     mass = context_mass(st.rows, band, context)

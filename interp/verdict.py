@@ -80,6 +80,15 @@ class VerdictReplies:
         """``(correct, incorrect)``."""
         return self.correct, self.incorrect
 
+    def id_lists(self) -> dict[str, list[int]]:
+        """``{"Correct": [ids], "Incorrect": [ids]}``: what a record names as its scored tokens."""
+        return {w: list(r) for w, r in zip(VERDICT_WORDS, self.ids)}
+
+    def to_record(self) -> dict[str, dict[str, list[Any]]]:
+        """JSON-safe ``{word: {"ids": [...], "tokens": [...]}}`` for a run's manifest."""
+        return {w: {"ids": ids, "tokens": list(self.tokens[w])}
+                for w, ids in self.id_lists().items()}
+
 
 def _reply_tokens(tokenizer: Any, word: str) -> list[int]:
     msgs = [{"role": "user", "content": "X"}]

@@ -17,6 +17,7 @@ from interp.data.examples import (
     _unknown_dataset,
 )
 from interp.errors import DataError
+from interp.jsonl import json_line
 
 __all__ = [
     "BUNDLED_DIR",
@@ -166,7 +167,8 @@ def _row_format(rec: Mapping[str, Any]) -> str:
 
 
 def _iter_jsonl(p: Path, text: str) -> Iterator[tuple[int, Any]]:
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # "\n" only: str.splitlines also splits on U+2028/U+2029/U+0085, legal inside strings
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -450,8 +452,8 @@ def save_examples(examples: Iterable[QAExample], path: str | os.PathLike[str]) -
     lines = []
     for ex in examples:
         try:
-            lines.append(json.dumps(ex.to_dict(), ensure_ascii=False))
+            lines.append(json_line(ex.to_dict()))
         except (TypeError, ValueError) as e:
             raise DataError(f"example {ex.id!r} is not JSON-serialisable: {e}") from None
-    p.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    p.write_text("".join(lines), encoding="utf-8")
     return p

@@ -51,6 +51,8 @@ class Record(TypedDict, total=False):
 
     Attributes:
         id, dataset, split, question, context, answers, answerable: the example.
+        extras: the data file's other fields of the example (:attr:`interp.data.QAExample.extras`;
+            absent when it has none).
         status: ``ok`` or ``skipped``; reason: why it was skipped.
         model: the model spec that generated and judged; template: the template variant.
         generation: the raw generated text; answer: the extracted answer (the candidate the
@@ -64,6 +66,9 @@ class Record(TypedDict, total=False):
         logit_diff: ``logprob_correct - logprob_incorrect`` (nats).
         p_correct: ``sigmoid(logit_diff)``, the forced choice between the two replies.
         verdict_coverage: ``P(Correct) + P(Incorrect)`` in ``(0, 1]``.
+        verdict_reply_ids: the token ids of the two whole replies those scores compare,
+            ``{"Correct": [...], "Incorrect": [...]}`` (:func:`interp.verdict.verdict_replies`;
+            the manifest's ``model.verdict_replies`` also names their token strings).
         prompts: ``{"gen": PromptSummary, "eval": PromptSummary}``.
     """
 
@@ -75,6 +80,7 @@ class Record(TypedDict, total=False):
     context: str
     answers: list[str]
     answerable: bool
+    extras: dict[str, Any]
     reason: str
     model: str
     template: str
@@ -90,6 +96,7 @@ class Record(TypedDict, total=False):
     logit_diff: float
     p_correct: float
     verdict_coverage: float
+    verdict_reply_ids: dict[str, list[int]]
     prompts: dict[str, PromptSummary]
 
 

@@ -90,7 +90,7 @@ def test_served_study_resumes_after_the_server_stops_and_reruns_from_the_cache(
 
     def go():
         try:
-            run(cfg, out, chunk=1)
+            run(out, None, cfg, chunk=1)
         except EndpointError as err:
             errors.append(err)
 
@@ -105,7 +105,7 @@ def test_served_study_resumes_after_the_server_stops_and_reruns_from_the_cache(
     kept = RunDir(out).read_records()
     assert [r["id"] for r in kept] == ["q0"]
     server.start(timeout_s=120)  # the same port: the cache's keys still match
-    m = run(cfg, out)
+    m = run(out, None, cfg)
     recs_now = RunDir(out).read_records()
     assert sorted(r["id"] for r in recs_now) == ["q0", "q1"]
     for r in recs_now:  # the forced choice, exactly as in-process
@@ -116,5 +116,5 @@ def test_served_study_resumes_after_the_server_stops_and_reruns_from_the_cache(
     keys = [r["key"] for r in rows if "messages" in r["request"]]
     assert len(keys) == len(set(keys)) == 8  # gen, eval, 2 forced replies per example
     server.stop()
-    again = run(cfg, out)  # nothing to do and nothing asked: the server is gone
+    again = run(out, None, cfg)  # nothing to do and nothing asked: the server is gone
     assert again["overall"] == m["overall"]  # the module's last test: no restart

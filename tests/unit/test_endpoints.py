@@ -250,7 +250,7 @@ def test_served_study_without_scores_caches_and_never_writes_the_key(
     cfg = AsymmetryConfig(model="openai:fake", datasets=[data_file], limit=3, n_boot=50,
                           model_endpoint={"base_url": httpserver.url_for("/v1"),
                                           "concurrency": 2})
-    m = run(cfg, out)
+    m = run(out, None, cfg)
     assert seen["auth"] == {f"Bearer {KEY}"}  # the key is sent ...
     recs = RunDir(out).read_records()
     assert [r["answer"] for r in recs] == ["Paris", "Shakespeare", "blue"]
@@ -276,7 +276,7 @@ def test_served_study_without_scores_caches_and_never_writes_the_key(
     # a rerun with the server gone makes no request and gives the same numbers
     httpserver.clear()
     posts = seen["chat"]
-    again = run(AsymmetryConfig(**{**cfg.__dict__, "limit": 3}), out)
+    again = run(out, None, AsymmetryConfig(**{**cfg.__dict__, "limit": 3}))
     assert seen["chat"] == posts and again["overall"]["EA"] == 1.0
     # the stages that read internals refuse the run in one line
     with pytest.raises(ConfigError, match="attention needs the model's internals"):
@@ -305,13 +305,13 @@ def test_run_stops_past_max_error_rate_keeping_finished_records(httpserver, tmp_
     httpserver.expect_request("/v1/models").respond_with_json(MODELS)
     httpserver.expect_request("/v1/chat/completions").respond_with_handler(flaky)
     with pytest.raises(EndpointError, match="max_error_rate 0.0"):
-        run(cfg, out)
+        run(out, None, cfg)
     kept = RunDir(out).read_records()
     assert [r["id"] for r in kept] == ["q0"]
     # the server is back: the rerun does the other two, nothing twice
     httpserver.clear()
     seen = fake_server(httpserver)
-    m = run(cfg, out)
+    m = run(out, None, cfg)
     ids = [r["id"] for r in RunDir(out).read_records()]
     assert sorted(ids) == ["q0", "q1", "q2"] and len(ids) == 3
     keys = [row["key"] for row in chat_lines(out)]
@@ -327,14 +327,14 @@ def test_run_stops_past_max_error_rate_keeping_finished_records(httpserver, tmp_
     with open(data_file, "a") as f:
         f.write(json.dumps(extra) + "\n")
     with pytest.raises(RunDirError, match="runtime.endpoint_models"):
-        run(AsymmetryConfig(**{**cfg.__dict__, "limit": 4}), out)
+        run(out, None, AsymmetryConfig(**{**cfg.__dict__, "limit": 4}))
 
 
 def test_oracle_agreement_served_from_the_cache(httpserver, tmp_path, data_file):
     fake_server(httpserver)
     out = tmp_path / "run"
-    run(AsymmetryConfig(model="openai:fake", datasets=[data_file], limit=3, n_boot=50,
-                        model_endpoint={"base_url": httpserver.url_for("/v1")}), out)
+    run(out, None, AsymmetryConfig(model="openai:fake", datasets=[data_file], limit=3, n_boot=50,
+                        model_endpoint={"base_url": httpserver.url_for("/v1")}))
     first = oracle_agreement(RunDir(out), "openai:fake",
                              endpoint={"base_url": httpserver.url_for("/v1")})
     assert first["oracle_b"] == "openai:fake" and first["n"] == 3
