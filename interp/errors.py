@@ -126,3 +126,10 @@ class SteeringError(InterpError):
 
 class ShardError(InterpError):
     """A shard setting that cannot be used, or shards that cannot become one run."""
+
+
+class EndpointError(InterpError):
+    """A model endpoint that cannot be used: unreachable, wrong model or key, too many failures.
+
+    The message never holds the API key (docs/endpoints.md).
+    """

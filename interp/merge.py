@@ -12,8 +12,9 @@ rank 0 calls it by itself, :func:`run_asymmetry`):
    ``records.jsonl`` holds each record it owns once); no record in two shards and none
    missing; ``DIR``, when it already holds a run, made with the same config. Each refusal is
    one line naming the shard and the difference.
-2. **Copy the parts** the stages keep per record (:data:`PARTS`, the stage contract's
-   declarations): ``records.jsonl`` in the order an unsharded run writes (the global
+2. **Copy the parts** the stages keep per record (every :class:`interp.stages.contract.Part`
+   of :data:`interp.stages.contract.SPECS`, by its ``keyed``): the ``lines`` of
+   ``records.jsonl`` in the order an unsharded run writes (the global
    selection's), every per-record file or folder copied, the rows of files that key many
    records (probe feature caches) concatenated in that order, their signatures checked equal.
 3. **Manifest**: shard 0's, with ``shards`` (each shard's name, folder, launcher, records,
@@ -30,15 +31,15 @@ import json
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from safetensors import safe_open
 
 from interp.errors import ShardError
 from interp.launch import Shard, barrier, check_count
+from interp.stages.contract import SPECS, Part
 from interp.store.io import (
     is_tmp_path,
     load_tensors,
@@ -50,39 +51,23 @@ from interp.store.io import (
 from interp.store.records import qa_key
 from interp.store.rundir import RunDir
 
-__all__ = ["PARTS", "PROCESS_FIELDS", "Part", "merge_shards", "run_asymmetry"]
+__all__ = ["PROCESS_FIELDS", "merge_shards", "run_asymmetry"]
 
-PROCESS_FIELDS = ("device", "device_map", "max_memory", "offload_folder")
+PROCESS_FIELDS = ("device", "device_map", "max_memory", "offload_folder", "shard")
 """Config keys that may differ between shards: where a process computes, not what."""
 
 
-@dataclass(frozen=True)
-class Part:
-    """A stored part of a stage, as the stage contract declares it.
-
-    Attributes:
-        pattern: its path relative to the run directory (``*`` for the record and the
-            stage's coordinates).
-        keyed: ``record`` (one file per record), ``folder`` (one folder per record, with its
-            ``index.json`` written last) or ``rows`` (rows of many records in one
-            safetensors file, keyed ``dataset/id`` in its metadata ``keys``).
-    """
-
-    pattern: str
-    keyed: Literal["record", "folder", "rows"]
+def _parts() -> list[Part]:
+    """Every stage's declared parts (:data:`interp.stages.contract.SPECS`), step 2's list."""
+    return [p for s in SPECS for p in s.parts]
 
 
-PARTS: dict[str, tuple[Part, ...]] = {
-    "attention": (Part("attention/records/*/*.safetensors", "record"),
-                  Part("activations/*/*.safetensors", "record")),
-    "probe": (Part("probes/features_*.safetensors", "rows"),),
-    "patching": (Part("patching/*/*/parts/*.json", "record"),),
-    "steering": (Part("steering/parts/*.json", "record"),),
-    "record": (Part("record/*/*/index.json", "folder"),),
-}
-"""Per-record parts of every stage that a merge copies (``records.jsonl`` aside). Transfer
-keeps per-step parts (adapters, evaluations), which are not split by record: it is not
-sharded."""
+def _unit(part: Part, root: Path, f: Path) -> Path:
+    """What one record's part is: the file, or the folder named by ``{id}`` holding it."""
+    depth = next((i for i, piece in enumerate(Path(part.pattern).parts) if "{id}" in piece),
+                 None)
+    pieces = f.relative_to(root).parts
+    return root.joinpath(*pieces[:depth + 1]) if depth is not None else f
 
 
 def _refuse(msg: str) -> None:
@@ -183,7 +168,7 @@ def _records(ms: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _part_files(root: Path, part: Part) -> list[Path]:
-    return sorted(p for p in root.glob(part.pattern) if p.is_file() and not is_tmp_path(p))
+    return [p for p in part.files(root) if not is_tmp_path(p)]
 
 
 def _plan_parts(ms: Sequence[Mapping[str, Any]]) -> tuple[list[tuple[Path, Path]],
@@ -194,13 +179,15 @@ def _plan_parts(ms: Sequence[Mapping[str, Any]]) -> tuple[list[tuple[Path, Path]
     owner: dict[Path, str] = {}
     for m in ms:
         root, name = Path(m["_dir"]), m["shard"]["name"]
-        for part in (p for parts in PARTS.values() for p in parts):
+        for part in _parts():
+            if part.keyed in ("lines", "step"):
+                continue  # lines: the records, joined by _records; steps are not sharded
             for f in _part_files(root, part):
                 rel = f.relative_to(root)
                 if part.keyed == "rows":
                     rows.setdefault(str(rel), []).append(f)
                     continue
-                src = f.parent if part.keyed == "folder" else f
+                src = _unit(part, root, f)
                 rel = src.relative_to(root)
                 if rel in owner:
                     _refuse(f"{rel} is in shards {owner[rel]} and {name}")
@@ -244,6 +231,49 @@ def _merge_rows(files: Sequence[Path], order: Mapping[str, int]) -> tuple[dict, 
     return {n: torch.cat([t[n] for t in tensors])[idx] for n in names}, out
 
 
+def _write(rd: RunDir, ms: Sequence[Mapping[str, Any]], records: list[dict[str, Any]],
+           copies: Sequence[tuple[Path, Path]], merged_rows: Mapping[str, tuple[dict, dict]]
+           ) -> dict[str, Any]:
+    """Steps 2-4 of :func:`merge_shards` on checked shards: parts, manifest, tables."""
+    from interp.stages import asymmetry
+
+    rd.path.mkdir(parents=True, exist_ok=True)
+    write_jsonl(rd.records_path, records)
+    for src, rel in copies:
+        dest = rd.path / rel
+        if src.is_dir():
+            if dest.exists():
+                shutil.rmtree(dest)
+            shutil.copytree(src, dest, ignore=lambda d, names: [n for n in names
+                                                                if is_tmp_path(n)])
+        else:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest)
+    for rel, (tensors, meta) in merged_rows.items():
+        save_tensors(rd.path / rel, tensors, meta)
+    # step 3
+    first = ms[0]
+    manifest = {k: v for k, v in first.items() if k not in ("shard", "_dir")}
+    # where the shards computed (cuda:0, cuda:1, ...): kept when they agree, else the default
+    manifest["config"] = {**first["config"], **{
+        k: first["config"].get(k) if all(m["config"].get(k) == first["config"].get(k)
+                                         for m in ms) else None for k in PROCESS_FIELDS}}
+    manifest["shards"] = [{"name": m["shard"]["name"], "dir": str(m["_dir"]),
+                           "launcher": m["shard"]["launcher"], "records": len(m["shard"]["keys"]),
+                           "created": m.get("created"), "git_commit": m.get("git_commit"),
+                           "runtime": m.get("runtime"),
+                           "result_facts": m.get("result_facts")} for m in ms]
+    manifest["merged"] = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "shards": len(ms),
+                          "records": len(records)}
+    write_json(rd.manifest_path, manifest)
+    # step 4
+    cfg = asymmetry.AsymmetryConfig.from_mapping(
+        {k: v for k, v in first["config"].items()
+         if k in asymmetry.AsymmetryConfig.__dataclass_fields__ and k not in PROCESS_FIELDS})
+    metrics = asymmetry.write_metrics(rd, cfg)
+    return metrics
+
+
 def merge_shards(shard_dirs: Sequence[str | Path], out: str | Path, *,
                  overwrite: bool = False, log: Callable[[str], None] = print
                  ) -> dict[str, Any]:
@@ -282,72 +312,44 @@ def merge_shards(shard_dirs: Sequence[str | Path], out: str | Path, *,
             _refuse(f"{out} holds a run made with another config ({diff[0]}: "
                     f"{old.get(diff[0])!r} vs {new.get(diff[0])!r}); use --overwrite or "
                     f"another --out")
-    # step 2: nothing was written before this line
-    rd.path.mkdir(parents=True, exist_ok=True)
-    write_jsonl(rd.records_path, records)
-    for src, rel in copies:
-        dest = rd.path / rel
-        if src.is_dir():
-            if dest.exists():
-                shutil.rmtree(dest)
-            shutil.copytree(src, dest, ignore=lambda d, names: [n for n in names
-                                                                if is_tmp_path(n)])
-        else:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest)
-    for rel, (tensors, meta) in merged_rows.items():
-        save_tensors(rd.path / rel, tensors, meta)
-    # step 3
-    first = ms[0]
-    manifest = {k: v for k, v in first.items() if k not in ("shard", "_dir")}
-    # where the shards computed (cuda:0, cuda:1, ...): kept when they agree, else the default
-    manifest["config"] = {**first["config"], **{
-        k: first["config"].get(k) if all(m["config"].get(k) == first["config"].get(k)
-                                         for m in ms) else None for k in PROCESS_FIELDS}}
-    manifest["shards"] = [{"name": m["shard"]["name"], "dir": str(m["_dir"]),
-                           "launcher": m["shard"]["launcher"], "records": len(m["shard"]["keys"]),
-                           "created": m.get("created"), "git_commit": m.get("git_commit"),
-                           "runtime": m.get("runtime"),
-                           "result_facts": m.get("result_facts")} for m in ms]
-    manifest["merged"] = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "shards": len(ms),
-                          "records": len(records)}
-    write_json(rd.manifest_path, manifest)
-    # step 4
-    cfg = asymmetry.AsymmetryConfig.from_mapping(
-        {k: v for k, v in first["config"].items()
-         if k in asymmetry.AsymmetryConfig.__dataclass_fields__ and k not in PROCESS_FIELDS})
-    metrics = asymmetry.write_metrics(rd, cfg)
+    # step 2: nothing was written before this line; the merged run's writer lock is held
+    # (the shards under OUT/shards/ hold their own, released when each finished)
+    with rd.writer():
+        metrics = _write(rd, ms, records, copies, merged_rows)
     log(f"[merge] {len(ms)} shards, {len(records)} records, {len(copies)} parts copied, "
         f"{len(rows)} row files joined into {out} in {time.perf_counter() - t0:.1f} s")
     return metrics
 
 
-def run_asymmetry(config: Any, out: str | Path, *, shard: Shard | None,
-                  overwrite: bool = False, handle: Any = None,
+def run_asymmetry(run_dir: str | Path, handle: Any = None, cfg: Any = None, *,
+                  shard: Shard | None, overwrite: bool = False,
                   log: Callable[[str], None] = print) -> dict[str, Any] | None:
     """Study 1 for this process: the whole run, or its shard (and, under torchrun, the merge).
 
-    Without a shard: :func:`interp.stages.asymmetry.run` into ``out``. With one: the shard
-    into ``out/shards/I-of-N`` (:mod:`interp.launch`); under torchrun every process then
-    waits for the others (:func:`interp.launch.barrier`) and rank 0 merges into ``out``.
+    The stage contract's arguments (:mod:`interp.stages.contract`), plus ``shard``. Without
+    a shard: :func:`interp.stages.asymmetry.run` into ``run_dir``. With one: the shard into
+    ``run_dir/shards/I-of-N`` (:mod:`interp.launch`); under torchrun every process then waits
+    for the others (:func:`interp.launch.barrier`) and rank 0 merges into ``run_dir`` (the
+    shards' writer locks are released by then; the merge writes ``run_dir`` under its own).
 
     Returns:
-        ``metrics.json`` of ``out`` (unsharded, or rank 0 after the merge); None for a process
-        that only wrote its shard (the other ranks, and ``--shard`` / SLURM shards, which
-        :func:`merge_shards` joins once all are finished).
+        ``metrics.json`` of ``run_dir`` (unsharded, or rank 0 after the merge); None for a
+        process that only wrote its shard (the other ranks, and ``--shard`` / SLURM shards,
+        which :func:`merge_shards` joins once all are finished).
 
     Raises:
-        ShardError: ``out`` holds shards of another count, or the merge is refused.
+        ShardError: ``run_dir`` holds shards of another count, or the merge is refused.
     """
     from interp.stages import asymmetry
 
+    out = Path(run_dir)
     if shard is None:
-        return asymmetry.run(config, out, overwrite=overwrite, handle=handle, log=log)
+        return asymmetry.run(out, handle, cfg, overwrite=overwrite, log=log)
     check_count(out, shard)
-    asymmetry.run(config, out, overwrite=overwrite, handle=handle, log=log, shard=shard)
+    asymmetry.run(out, handle, cfg, overwrite=overwrite, log=log, shard=shard)
     if not shard.joined:
         log(f"[shard {shard.name}] done in {shard.dir(out)}; when all {shard.count} are, "
-            f"join them: interp merge {Path(out) / 'shards'}/*-of-{shard.count} --out {out}")
+            f"join them: interp merge {out / 'shards'}/*-of-{shard.count} --out {out}")
         return None
     barrier(shard)
     if shard.index != 0:

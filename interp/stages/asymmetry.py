@@ -29,19 +29,21 @@ Algorithm of :func:`run`:
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from interp.agreement import oracle_agreement as grade_agreement
 from interp.asymmetry import compute_metrics, evaluate_examples, format_metrics
 from interp.data import DATASETS, QAExample, load_examples
-from interp.errors import ConfigError, DataError, InterpError, RunDirError
+from interp.endpoints import EndpointConfig, is_endpoint_spec, oracle_facts, run_served
+from interp.errors import ConfigError, DataError, InterpError, RunDirError, ShardError
 from interp.grading import BaseOracle, RuleOracle, make_oracle, parse_oracle_spec
-from interp.inputs import check_counts, config_from_table, new_run_dir
-from interp.launch import Shard, assign
+from interp.inputs import new_run_dir
+from interp.launch import Shard, assign, parse_shard
 from interp.models import (
     DEFAULT_MODEL,
     ModelHandle,
@@ -51,14 +53,15 @@ from interp.models import (
     result_facts,
     runtime_facts,
 )
+from interp.options import check_counts, config_from_table, option
 from interp.plots.asymmetry import plot_asymmetry
 from interp.prefill import Capture
 from interp.progress import tqdm
 from interp.prompts import Template, get_template, render
 from interp.residual_features import POOLS
-from interp.stages import attention as attention_stage
-from interp.stages import probe as probe_stage
 from interp.stages.common import check_run_model, stage_facts
+from interp.stages.contract import spec
+from interp.stages.stored import recording_signature, save_recording, store_features
 from interp.store.io import write_json
 from interp.store.records import Record, limit_per_dataset, qa_key
 from interp.store.rundir import RunDir
@@ -68,8 +71,10 @@ __all__ = ["KEY_FIELDS", "NAME", "SUMMARIES", "AsymmetryConfig", "check_inputs",
            "format_oracle_agreement", "format_summary", "oracle_agreement", "run",
            "stale_records", "store_one_pass", "write_metrics"]
 
-NAME = "asymmetry"
-SUMMARIES = {"metrics.json": "asymmetry_metrics.json"}
+SPEC = spec("asymmetry")
+"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+NAME = SPEC.name
+SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 KEY_FIELDS = ("model", "template", "templates_path", "oracle", "include_unanswerable", "split",
               "max_new_tokens", "verdict_max_new_tokens", "dtype", "from_hub")
@@ -83,12 +88,13 @@ class AsymmetryConfig:
     Attributes:
         model: model spec (:func:`interp.models.load_model`).
         datasets: dataset names (``squad_v2``, ``drop``, ``hotpotqa``, ``musique``) or paths.
-        limit: examples per dataset (first N after filtering; None for all), or a table
+        limit: examples per dataset (first N after filtering; all or None: every one), or a table
             ``{dataset: N}`` (a dataset it does not name gets all its examples; e.g. a small
             grid that keeps the ~3k-token MuSiQue prompts few).
         template: template variant name; ``templates_path`` a TOML file of variants.
         templates_path: a TOML file of template variants (None: the bundled ones).
-        oracle: ``"rule"`` or ``"model:SPEC"`` (an LLM oracle).
+        oracle: ``"rule"``, ``"model:SPEC"`` (an LLM oracle) or ``"openai:MODEL"`` (an LLM
+            oracle behind an OpenAI-compatible endpoint, docs/endpoints.md).
         include_unanswerable: keep SQuAD 2.0 unanswerable questions (abstaining is correct).
         split: dataset split.
         max_new_tokens: answer length cap (tokens).
@@ -99,10 +105,15 @@ class AsymmetryConfig:
         dtype: precision (``float32``, ``bfloat16``, ...; default by device).
         device_map: a model larger than one device: ``auto``, ``balanced``, ``sequential``
             or a table module -> device (``0``, ``"cuda:1"``, ``"cpu"``, ``"disk"``),
-            :func:`interp.models.load_model`; recorded in the manifest, not a key field (it
+            :func:`interp.models.load_model` (on the command line a table is a JSON object
+            or a ``.json`` file of one); recorded in the manifest, not a key field (it
             changes nothing but speed).
-        max_memory: with ``device_map``: device -> memory (``{0 = "20GiB", cpu = "60GiB"}``).
+        max_memory: with ``device_map``: device -> memory (``{0 = "20GiB", cpu = "60GiB"}``;
+            on the command line ``0=20GiB,cpu=60GiB``).
         offload_folder: with ``device_map``: the folder of modules mapped to ``"disk"``.
+        shard: run shard ``I/N`` (``I`` from 0): its records only, into
+            ``OUT/shards/I-of-N``; None: from torchrun/accelerate (``RANK``, ``WORLD_SIZE``)
+            or a SLURM array, else unsharded (:func:`interp.launch.current_shard`).
         from_hub: read dataset names from the Hugging Face hub instead of the bundled files.
         n_boot: bootstrap resamples for CIs.
         one_pass: in the harness's own prefill forwards, also record what the attention and
@@ -119,31 +130,43 @@ class AsymmetryConfig:
             after every batch, but the sort only orders one batch; 4: less padding (SmolLM2,
             32 SQuAD records: 19.4 instead of 15.8 examples per CPU-minute), and a kill loses
             up to 4 batches.
+        model_endpoint: for ``model = "openai:MODEL"``: ``base_url``, ``api_key_env``,
+            ``concurrency``, ``timeout_s``, ``max_retries``, ``max_error_rate``, ``seed``
+            (:class:`interp.endpoints.EndpointConfig`; None: defaults and the environment).
+        oracle_endpoint: the same table for ``oracle = "openai:MODEL"`` (both tables are
+            config keys only; on the command line the base URL comes from
+            ``$INTERP_OPENAI_BASE_URL`` or ``$OPENAI_BASE_URL``).
     """
 
     model: str = DEFAULT_MODEL
-    datasets: list[str] = field(default_factory=lambda: ["squad_v2"])
-    limit: int | dict[str, int] | None = 50
+    datasets: list[str] = option(["squad_v2"], flag="dataset", short="d")
+    limit: int | dict[str, int] | None = option(None, kind="count")
     template: str = "default"
     templates_path: str | None = None
     oracle: str = "rule"
     include_unanswerable: bool = False
     split: str = "validation"
-    max_new_tokens: int = 48
-    verdict_max_new_tokens: int = 12
-    batch_size: int = 8
+    max_new_tokens: int = option(48, kind="count")
+    verdict_max_new_tokens: int = option(12, kind="count")
+    batch_size: int = option(8, kind="count")
     seed: int = 0
     device: str | None = None
     dtype: str | None = None
     device_map: str | dict[str, Any] | None = None
-    max_memory: dict[str, Any] | None = None
+    max_memory: dict[str, Any] | str | None = None
     offload_folder: str | None = None
+    shard: str | None = None
     from_hub: bool = False
-    n_boot: int = 2000
+    n_boot: int = option(2000, kind="count")
     one_pass: bool = True
     chunk_batches: int = 1
+    model_endpoint: dict[str, Any] | None = option(None, cli=False)
+    oracle_endpoint: dict[str, Any] | None = option(None, cli=False)
 
     def __post_init__(self) -> None:
+        self.device_map, self.max_memory = _placement_text(self.device_map, self.max_memory)
+        if self.shard is not None:
+            parse_shard(self.shard)  # a malformed I/N is refused with the config
         try:
             check_device_map(self.device_map, self.max_memory, self.offload_folder)
         except InterpError as err:
@@ -167,28 +190,54 @@ class AsymmetryConfig:
         return config_from_table(cls, d, NAME)
 
 
+def _placement_text(device_map: Any, max_memory: Any) -> tuple[Any, Any]:
+    """The command line's text forms of ``device_map`` and ``max_memory`` as config values.
+
+    ``--device-map`` is a strategy, a JSON object or a ``.json`` file of one;
+    ``--max-memory`` is ``DEVICE=SIZE,...`` (``0=20GiB,cpu=60GiB``). Other values pass as
+    they are.
+
+    Raises:
+        ConfigError: malformed JSON, a missing file, or a memory entry without ``=``.
+    """
+    if isinstance(device_map, str) and device_map.strip().startswith("{"):
+        try:
+            device_map = json.loads(device_map)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"--device-map is not a JSON object ({err})") from None
+    elif isinstance(device_map, str) and device_map.endswith(".json"):
+        if not Path(device_map).is_file():
+            raise ConfigError(f"--device-map {device_map}: no such file")
+        device_map = json.loads(Path(device_map).read_text(encoding="utf-8"))
+    if isinstance(max_memory, str):
+        if bad := [x for x in max_memory.split(",") if "=" not in x]:
+            raise ConfigError(f"--max-memory {bad[0]!r}: use DEVICE=SIZE, e.g. 0=20GiB,cpu=60GiB")
+        max_memory = dict(x.strip().split("=", 1) for x in max_memory.split(","))
+    return device_map, max_memory
+
+
 def run(
-    config: AsymmetryConfig,
-    out: str | Path,
+    run_dir: RunDir | str | Path,
+    handle: ModelHandle | None = None,
+    cfg: AsymmetryConfig | None = None,
     *,
     overwrite: bool = False,
-    handle: ModelHandle | None = None,
     log: Callable[[str], None] = print,
     chunk: int | None = None,
     shard: Shard | None = None,
 ) -> dict[str, Any]:
     """Run Study 1 into a run directory, resuming finished work; return metrics.json's content.
 
-    With ``shard`` (:mod:`interp.launch`) only the shard's records are run, into
-    ``out/shards/I-of-N`` (an ordinary resumable run whose manifest says which records it
-    owns); its ``metrics.json`` is left to the merge (:mod:`interp.merge`), and ``{}`` is
-    returned.
+    The stage contract's signature (:mod:`interp.stages.contract`). With ``shard``
+    (:mod:`interp.launch`) only the shard's records are run, into ``run_dir/shards/I-of-N``
+    (an ordinary resumable run whose manifest says which records it owns); its
+    ``metrics.json`` is left to the merge (:mod:`interp.merge`), and ``{}`` is returned.
 
     Args:
-        config: the run's configuration.
-        out: run directory.
+        run_dir: run directory (created when missing).
+        handle: an already loaded model (None: ``cfg.model`` is loaded, after the checks).
+        cfg: the run's configuration (None: the defaults).
         overwrite: discard a run directory made with another config.
-        handle: an already loaded model (else ``config.model`` is loaded).
         log: where progress lines go.
         chunk: examples per appended chunk of records (default ``chunk_batches *
             batch_size``; the examples of a chunk are sorted by prompt length into batches).
@@ -197,22 +246,31 @@ def run(
     Raises:
         interp.errors.ConfigError: a count below 1 or an unknown oracle spec (before any
             model loads, as every error of :func:`check_inputs`).
-        interp.errors.RunDirError: ``out`` holds a run with another config or other result
-            facts, or stale records (:func:`stale_records`), and not overwrite; or another
-            process is writing ``out`` (:meth:`interp.store.rundir.RunDir.writer`).
+        interp.errors.RunDirError: ``run_dir`` holds a run with another config or other
+            result facts, or stale records (:func:`stale_records`), and not overwrite; or
+            another process is writing it (:meth:`interp.store.rundir.RunDir.writer`).
         interp.errors.DataError: unknown dataset, malformed file.
     """
+    config = cfg or AsymmetryConfig()
+    out = run_dir.path if isinstance(run_dir, RunDir) else Path(run_dir)
     loaded = check_inputs(config)
     owned = None
     if shard is not None:
+        if is_endpoint_spec(config.model):
+            raise ShardError(f"a served model ({config.model}) is not sharded: run it in one "
+                             f"process and raise [asymmetry.model_endpoint] concurrency")
         loaded, positions, total = assign(loaded, shard)
         keys = ["/".join((ex.dataset, ex.id)) for exs in loaded.values() for ex in exs]
         owned = shard.provenance(keys, positions, total)
         out = shard.dir(out)
         config = replace(config, device=shard.device(config.device))
     if not overwrite:  # another model, template, ... is refused before the model loads
-        RunDir(out).check_config(asdict(config), KEY_FIELDS)
+        RunDir(out).check_same_config(asdict(config), KEY_FIELDS)
     with new_run_dir(out), RunDir(out).writer():  # a second writer is refused here, at once
+        if is_endpoint_spec(config.model):  # a served model: its replies, no internals
+            return run_served(config, RunDir(out), loaded, overwrite=overwrite, log=log,
+                              chunk=chunk, key_fields=KEY_FIELDS, stale=stale_records,
+                              finish=write_metrics)
         return _run(config, RunDir(out), loaded, overwrite=overwrite, handle=handle, log=log,
                     chunk=chunk, shard=owned)
 
@@ -225,8 +283,9 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
         limit and filter).
 
     Raises:
-        interp.errors.ConfigError: a count below 1, no dataset, or an oracle spec that is
-            neither ``rule`` nor ``model:SPEC`` (:func:`interp.grading.parse_oracle_spec`).
+        interp.errors.ConfigError: a count below 1, no dataset, an unknown oracle spec
+            (:func:`interp.grading.parse_oracle_spec`: ``rule``, ``model:SPEC``,
+            ``openai:MODEL``) or a bad endpoint table.
         interp.errors.PromptError: an unknown template.
         interp.errors.DataError: an unknown dataset, a missing or malformed file, a missing
             field, or a dataset with no examples left after filtering.
@@ -235,6 +294,10 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
     if not config.datasets:
         raise ConfigError("no dataset given: pass --dataset squad_v2 (or a JSONL file)")
     parse_oracle_spec(config.oracle)
+    for model_spec, table, where in ((config.model, config.model_endpoint, "model_endpoint"),
+                               (config.oracle, config.oracle_endpoint, "oracle_endpoint")):
+        if is_endpoint_spec(model_spec):
+            EndpointConfig.from_spec(model_spec, table, f"asymmetry.{where}")
     get_template(config.template, config.templates_path)
     loaded = {}
     for ds in config.datasets:
@@ -256,6 +319,10 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     provenance`): stored, and no ``metrics.json`` is written (the merge writes it).
     """
     template = get_template(config.template, config.templates_path)
+    served = None  # an endpoint oracle is preflighted before the model loads
+    if is_endpoint_spec(config.oracle):
+        served = make_oracle(config.oracle, run=rd, endpoint=config.oracle_endpoint)
+        served.endpoint.preflight()  # type: ignore[attr-defined]
     handle = handle or load_model(config.model, device=config.device, dtype=config.dtype,
                                   **placement(config))
     facts = runtime_facts(handle)
@@ -269,14 +336,14 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     manifest = rd.init_manifest(asdict(config), overwrite=overwrite,
                                 model_info={**handle.info, "verdict_replies": replies},
                                 key_fields=KEY_FIELDS, runtime=facts,
-                                result_facts=result_facts(facts))
+                                result_facts={**result_facts(facts), **oracle_facts(served)})
     if shard is not None:
         manifest["shard"] = shard
         write_json(rd.manifest_path, manifest)
         rd.path.mkdir(parents=True, exist_ok=True)
         rd.records_path.touch()  # a shard that owns no record is finished too
-    oracle = make_oracle(config.oracle, device=config.device, dtype=config.dtype,
-                         run_model=handle)
+    oracle = served or make_oracle(config.oracle, device=config.device, dtype=config.dtype,
+                                   run_model=handle)
     facts = None
     if config.one_pass:  # the stages' own checks: refuse their work made under other settings
         facts = stage_facts(rd, handle, "attention", overwrite=overwrite)
@@ -341,8 +408,8 @@ def store_one_pass(run: RunDir, handle: ModelHandle, records: Sequence[Record],
                    capture: Capture, facts: Mapping[str, Any] | None) -> int:
     """Write what the harness recorded in its one pass where the stages read it.
 
-    The writers are the stages' own (:func:`interp.stages.attention.save_recording` and
-    :func:`interp.stages.probe.store_features`), under their signatures.
+    The writers are the stages' own (:func:`interp.stages.stored.save_recording` and
+    :func:`interp.stages.stored.store_features`), under the stages' signatures.
 
     Args:
         run: the run directory.
@@ -359,15 +426,15 @@ def store_one_pass(run: RunDir, handle: ModelHandle, records: Sequence[Record],
     for k, got in sorted(capture.got.items()):
         rec = records[k]
         prompts = {t: rp for t, (rp, _) in got.items()}
-        sig = attention_stage.recording_signature(
+        sig = recording_signature(
             handle, facts or {}, {t: p.input_ids for t, p in prompts.items()})
-        attention_stage.save_recording(run, handle, rec, prompts,
+        save_recording(run, handle, rec, prompts,
                                        {t: ps.rows for t, (_, ps) in got.items()},
                                        backend="hf", sig=sig)
         for t, (rp, ps) in got.items():
             feats[t].append(("/".join(qa_key(rec)), rp.input_ids, ps.pooled, ps.fell_back))
     for t, items in feats.items():
-        probe_stage.store_features(run, handle, t, items, facts=facts)
+        store_features(run, handle, t, items, facts=facts)
     return len(capture.got)
 
 
@@ -378,7 +445,8 @@ def stale_records(finished: Mapping[tuple[str, str], Mapping[str, Any]],
 
     A record is keyed by (dataset, id); it is stale when the example now loaded under that key
     has another question, context or answers, or (``ok`` records) when its generation prompt
-    now renders to another length or other token spans (a new tokenizer or template text).
+    now renders to another length or other token spans (a new tokenizer or template text;
+    not checked with ``tokenizer=None``, a served model's run).
     """
     out = {}
     for ex in examples:
@@ -391,7 +459,8 @@ def stale_records(finished: Mapping[tuple[str, str], Mapping[str, Any]],
                 out[(ex.dataset, ex.id)] = f"its {k} changed"
                 break
         else:
-            if rec.get("status") == "ok" and (rec.get("prompts") or {}).get("gen") != render(
+            if tokenizer is not None and rec.get("status") == "ok" and (
+                    rec.get("prompts") or {}).get("gen") != render(
                     tokenizer, template, "gen", context=ex.context, question=ex.question,
                     reference=ex.answers[0] if ex.answers else "").to_record():
                 out[(ex.dataset, ex.id)] = "its generation prompt renders differently"
@@ -419,7 +488,8 @@ def write_metrics(run: RunDir, config: AsymmetryConfig | None = None) -> dict[st
 
 
 def oracle_agreement(run: RunDir, oracle: str | BaseOracle, *, limit: int | None = None,
-                     device: str | None = None) -> dict[str, Any]:
+                     device: str | None = None, endpoint: Mapping[str, Any] | None = None
+                     ) -> dict[str, Any]:
     """Agreement of the rule oracle and an LLM oracle on a run's records.
 
     Both oracles grade every ok record's extracted answer (:func:`interp.grading.
@@ -428,9 +498,12 @@ def oracle_agreement(run: RunDir, oracle: str | BaseOracle, *, limit: int | None
 
     Args:
         run: an asymmetry run directory.
-        oracle: ``"model:SPEC"`` or an oracle object (side ``b``; the rule oracle is ``a``).
+        oracle: ``"model:SPEC"``, ``"openai:MODEL"`` (its requests cached in the run
+            directory, so a rerun makes none) or an oracle object (side ``b``; the rule
+            oracle is ``a``).
         limit: the first N ok records per dataset (None: all).
         device: where to load the oracle model.
+        endpoint: an ``openai:`` oracle's table (:class:`interp.endpoints.EndpointConfig`).
 
     Returns:
         The written dict: :func:`interp.agreement.oracle_agreement`'s keys plus ``run``,
@@ -443,12 +516,13 @@ def oracle_agreement(run: RunDir, oracle: str | BaseOracle, *, limit: int | None
         RunDirError: the run has no ok records (before any model is loaded).
     """
     if isinstance(oracle, str) and parse_oracle_spec(oracle).kind == "rule":
-        raise ConfigError(f"--oracle must be model:SPEC (the rule oracle is the other side), "
-                          f"not {oracle!r}")
+        raise ConfigError(f"--oracle must be model:SPEC or openai:MODEL (the rule oracle is "
+                          f"the other side), not {oracle!r}")
     records = limit_per_dataset(run.read_records(), limit)
     if not records:
         raise RunDirError(f"{run.path} has no ok records to grade; run `interp asymmetry` first")
-    other = make_oracle(oracle, device=device) if isinstance(oracle, str) else oracle
+    other = make_oracle(oracle, device=device, run=run, endpoint=endpoint) \
+        if isinstance(oracle, str) else oracle
     res = grade_agreement(records, RuleOracle(), other, max_examples=len(records))
     res = {"run": str(run.path),
            "stored_oracle": run.manifest().get("config", {}).get("oracle"), **res,
