@@ -215,3 +215,60 @@ def test_sharding_with_another_count_is_refused(tmp_path):
     check_count(tmp_path, Shard(1, 2))
     with pytest.raises(ShardError, match="holds shards of 2 \\(not 3\\): rerun with --shard I/2"):
         check_count(tmp_path, replace(Shard(0, 3)))
+
+
+def test_merge_copies_every_per_record_part_the_contract_declares(tmp_path):
+    """The parts come from the stage contract: a new stage's parts merge without a new table."""
+    import re
+
+    from interp.stages.contract import SPECS
+
+    dirs = _make_shards(tmp_path)
+    parts = [p for s in SPECS for p in s.parts if p.keyed == "record"]
+    assert {p.pattern.split("/")[0] for p in parts} >= {"attention", "patching", "steering",
+                                                        "record"}
+    expected = []
+    for d in dirs:
+        for i in read_json(d / "manifest.json")["shard"]["positions"]:
+            for p in parts:
+                coords = {c: "c" for c in re.findall(r"\{([a-z_]+)\}", p.pattern)
+                          if c not in ("dataset", "id")}
+                f = p.path(d, "squad_v2", f"r{i}", **coords)
+                f.parent.mkdir(parents=True, exist_ok=True)
+                f.write_text(f"{p.label} {i}")
+                if "{id}/" in p.pattern:  # a record's folder: what lies beside its index too
+                    (f.parent / "shard_000.safetensors").write_text(f"tensors {i}")
+                    expected.append((f.parent.relative_to(d) / "shard_000.safetensors",
+                                     f"tensors {i}"))
+                expected.append((f.relative_to(d), f"{p.label} {i}"))
+    out = tmp_path / "merged"
+    merge_shards(dirs, out, log=lambda s: None)
+    assert len(expected) == 6 * (len(parts) + 1)
+    for rel, text in expected:
+        assert (out / rel).read_text() == text, rel
+
+
+def test_placement_and_shard_options_come_from_the_config_fields(tmp_path):
+    from interp.errors import ConfigError
+    from interp.options import cli_options
+    from interp.stages.asymmetry import AsymmetryConfig
+
+    decls = {o.name: o.decls for o in cli_options(AsymmetryConfig)}
+    assert decls["device_map"] == ("--device-map",) and decls["shard"] == ("--shard",)
+    assert decls["max_memory"] == ("--max-memory",) and "offload_folder" in decls
+    table = tmp_path / "map.json"
+    table.write_text('{"model.layers.0": "cpu"}')
+    for text in ('{"model.layers.0": "cpu"}', str(table)):
+        cfg = AsymmetryConfig.from_mapping({"device_map": text, "max_memory": "0=1GiB,cpu=2GiB",
+                                            "offload_folder": str(tmp_path)})
+        assert cfg.device_map == {"model.layers.0": "cpu"}
+        assert cfg.max_memory == {"0": "1GiB", "cpu": "2GiB"}
+    assert AsymmetryConfig.from_mapping({"device_map": "auto"}).device_map == "auto"
+    with pytest.raises(ConfigError, match="--max-memory '0:1GiB': use DEVICE=SIZE"):
+        AsymmetryConfig.from_mapping({"device_map": "auto", "max_memory": "0:1GiB"})
+    with pytest.raises(ConfigError, match="not a JSON object"):
+        AsymmetryConfig.from_mapping({"device_map": "{model: cpu}"})
+    with pytest.raises(ConfigError, match="no such file"):
+        AsymmetryConfig.from_mapping({"device_map": str(tmp_path / "none.json")})
+    with pytest.raises(ShardError, match="--shard 2/2: I must be in 0..N-1"):
+        AsymmetryConfig.from_mapping({"shard": "2/2"})
