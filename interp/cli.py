@@ -155,13 +155,17 @@ def asymmetry(
     one_pass: Annotated[bool, typer.Option(
         help="also record, in the same forwards, the attention span masses and probe "
              "features the later stages read")] = True,
+    answers_from: Annotated[str | None, typer.Option(
+        help="judge this finished run's answers instead of generating (cross-judging: same "
+             "records, template and oracle labels)")] = None,
 ) -> None:
     """Study 1: generate, grade with the oracle, self-evaluate; write GA/EA/Delta."""
     cfg = asymmetry_stage.AsymmetryConfig.from_mapping(dict(
         model=model, datasets=_split(dataset), limit=limit, seed=seed, oracle=oracle,
         batch_size=batch_size, template=template, templates_path=templates_path,
         include_unanswerable=include_unanswerable, split=split, max_new_tokens=max_new_tokens,
-        device=device, dtype=dtype, from_hub=from_hub, one_pass=one_pass))
+        device=device, dtype=dtype, from_hub=from_hub, one_pass=one_pass,
+        answers_from=answers_from))
     metrics = asymmetry_stage.run(cfg, _watch(out), overwrite=overwrite)
     typer.echo(asymmetry_stage.format_summary(metrics))
     typer.echo(f"wrote {out}/records.jsonl, {out}/metrics.json, {out}/figures/asymmetry.png")
@@ -463,6 +467,56 @@ def transfer_cmd(
     typer.echo(f"hard-negative fallback rate {summary['hard_negative_fallback_rate']:.2f}; "
                f"training seconds {summary['train_seconds']}")
     typer.echo(f"wrote {out}/transfer/ and {out}/figures/transfer_*.png")
+
+
+@app.command("audit")
+def audit_cmd(
+    run: Annotated[Path | None, typer.Option(
+        help="a judged run directory (self- or cross-judged)")] = None,
+    judged: Annotated[Path | None, typer.Option(
+        help="instead: a JSONL judge dataset (context, question, candidate, label, optional "
+             "verdict per line), judged by --model into --out")] = None,
+    model: Annotated[str | None, typer.Option(help="with --judged: the judge model")] = None,
+    out: Annotated[Path | None, typer.Option(help="with --judged: the run directory")] = None,
+    template: Annotated[str, typer.Option(help="with --judged: the eval template")] = "default",
+    band: Annotated[str, typer.Option(help="layers of the band means")] = DEFAULT_BAND,
+    detector_layers: Annotated[str, typer.Option(
+        help="layers whose heads feed the detector")] = "all",
+    detector_features: Annotated[str, typer.Option(
+        help="per-head features: lookback_ratio,context,candidate (comma list)")] = (
+        "lookback_ratio"),
+    folds: Annotated[int, typer.Option(help="passage-grouped CV folds of the detector")] = 5,
+    fpr: Annotated[float, typer.Option(
+        help="share of right verdicts the flags may catch (false-positive rate)")] = 0.1,
+    limit: Annotated[int | None, typer.Option(help="records per dataset (>= 1)")] = None,
+    n_boot: Annotated[int, typer.Option(help="bootstrap resamples of the CIs")] = 1000,
+    seed: Annotated[int, typer.Option(help="seed of the folds and the bootstrap")] = 0,
+    device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
+    overwrite: Annotated[bool, typer.Option(help=_OVERWRITE_STAGE)] = False,
+) -> None:
+    """Did the judge read? Attention on context/candidate per verdict, AUCs, flagged verdicts."""
+    from interp.errors import ConfigError
+    from interp.stages import audit as audit_stage
+
+    cfg = audit_stage.AuditConfig.from_mapping(dict(
+        band=band, detector_layers=detector_layers, detector_features=detector_features,
+        folds=folds, fpr=fpr, limit=limit, n_boot=n_boot, seed=seed))
+    if (run is None) == (judged is None):
+        raise ConfigError("give either --run DIR or --judged FILE.jsonl (with --model, --out)")
+    if judged is not None:
+        if not model or out is None:
+            raise ConfigError("--judged needs --model (the judge) and --out (its run directory)")
+        audit_stage.read_judged(judged)  # a malformed file fails before the model loads
+        handle = load_model(model, device=device)
+        rd = audit_stage.judged_run(judged, _watch(out), handle, template=template,
+                                    overwrite=overwrite, log=typer.echo)
+    else:
+        rd = RunDir(_watch(run))  # type: ignore[arg-type]
+        handle = load_run_model(rd, device=device, stage="audit", config=cfg)
+    summary = audit_stage.run(rd, handle, cfg, overwrite=overwrite, log=typer.echo)
+    typer.echo(audit_stage.format_summary(summary))
+    typer.echo(f"wrote {rd.path}/audit/summary.json, flagged.md, flagged.csv and "
+               f"{rd.path}/figures/audit_roc.png")
 
 
 def main() -> None:

@@ -12,11 +12,20 @@ one thin command per stage.
 
 from __future__ import annotations
 
-from interp.stages import asymmetry, attention, patching, probe, record, steering, transfer
+from interp.stages import (
+    asymmetry,
+    attention,
+    audit,
+    patching,
+    probe,
+    record,
+    steering,
+    transfer,
+)
 from interp.stages.common import Stage, check_run_model, load_run_model
 
-__all__ = ["STAGES", "Stage", "asymmetry", "attention", "check_run_model", "load_run_model",
-           "patching", "probe", "record", "steering", "transfer"]
+__all__ = ["STAGES", "Stage", "asymmetry", "attention", "audit", "check_run_model",
+           "load_run_model", "patching", "probe", "record", "steering", "transfer"]
 
 STAGES: dict[str, Stage] = {
     attention.NAME: attention,  # type: ignore[dict-item]
@@ -25,5 +34,6 @@ STAGES: dict[str, Stage] = {
     patching.NAME: patching,  # type: ignore[dict-item]
     steering.NAME: steering,  # type: ignore[dict-item]
     record.NAME: record,  # type: ignore[dict-item]
+    audit.NAME: audit,  # type: ignore[dict-item]
 }
 """Stages that read a finished asymmetry run, by config-table name, in the order they run."""
