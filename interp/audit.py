@@ -133,8 +133,9 @@ def verdict_signals(records: Sequence[Mapping[str, Any]],
     idx = {s: i for i, s in enumerate(spans)}
     lr = lookback_ratio(mass, spans, span_tokens(records, "eval", spans))
     ld = np.array([float(r["logit_diff"]) for r in records])
-    return {"context_mass": mass[:, band, :, idx["context"]].mean(axis=(1, 2)),
-            "candidate_mass": mass[:, band, :, idx["candidate"]].mean(axis=(1, 2)),
+    in_band = mass[:, band]
+    return {"context_mass": in_band[..., idx["context"]].mean(axis=(1, 2)),
+            "candidate_mass": in_band[..., idx["candidate"]].mean(axis=(1, 2)),
             "lookback_ratio": lr[:, band].mean(axis=(1, 2)),
             "logit_diff_margin": np.abs(ld), "logit_diff": ld}
 
