@@ -8,8 +8,10 @@ Algorithm of :func:`run` (the method is :mod:`interp.audit`):
 2. :func:`write_audit` (no model): the masses (:func:`interp.stages.attention.load_masses`),
    the signals, their AUCs for wrong verdicts per dataset and overall, the detector and the
    flags at ``fpr`` (:mod:`interp.audit`, steps 2-6); writes ``DIR/audit/summary.json``,
-   ``DIR/audit/flagged.csv`` and ``flagged.md`` (id, dataset, question, candidate, verdict,
-   oracle label, context mass, Lookback ratio, logit_diff, detector score) and
+   ``DIR/audit/verdicts.csv`` (every verdict: id, dataset, question, candidate, verdict,
+   oracle label, wrong, context and candidate mass, Lookback ratio, logit_diff, detector
+   score, flagged; also ``.parquet``), the flagged ones as ``flagged.csv`` and ``flagged.md``
+   (a Markdown table, cells cut to 80 characters) and
    ``DIR/figures/audit_roc.png``.
 
 A judge dataset this project did not make (:func:`judged_run`): a JSONL file with, per line,
@@ -170,8 +172,10 @@ def write_audit(run: RunDir, cfg: AuditConfig | None = None, *,
     flags = {k: method.flag_at_fpr(s, wrong, cfg.fpr) for k, s in oriented.items()}
     flag_by = "detector" if det["possible"] else "context_mass"
     flagged = flags[flag_by]["flagged"]
-    table = _flag_table(records, signals, det.get("oof"), flagged, wrong)
+    every = _verdict_table(records, signals, det.get("oof"), flagged, wrong)
+    table = every[every.flagged].drop(columns="flagged")
     out = run.sub("audit")
+    write_table(every, out / "verdicts.parquet")
     write_table(table, out / "flagged.parquet")
     atomic_write_text(out / "flagged.md", _markdown(table) + "\n")
     manifest = run.manifest()
@@ -226,32 +230,35 @@ def _verdict_word(v: Any) -> str:
     return "Correct" if v is True else "Incorrect" if v is False else "(none)"
 
 
-def _flag_table(records: Sequence[Mapping[str, Any]], signals: Mapping[str, np.ndarray],
-                oof: np.ndarray | None, flagged: np.ndarray, wrong: np.ndarray) -> pd.DataFrame:
-    """The flagged records, highest detector score first (the readable table)."""
+def _verdict_table(records: Sequence[Mapping[str, Any]], signals: Mapping[str, np.ndarray],
+                   oof: np.ndarray | None, flagged: np.ndarray, wrong: np.ndarray
+                   ) -> pd.DataFrame:
+    """Every verdict with its signals and flag, highest detector score first."""
     rows = []
-    for i in np.flatnonzero(flagged):
-        r = records[i]
+    for i, r in enumerate(records):
         rows.append({"id": str(r["id"]), "dataset": r["dataset"], "question": r["question"],
                      "candidate": r.get("answer", ""), "verdict": _verdict_word(r.get("verdict")),
                      "oracle_label": "Correct" if r["oracle_label"] else "Incorrect",
                      "wrong": bool(wrong[i]),
-                     "context_mass": round(float(signals["context_mass"][i]), 4),
-                     "candidate_mass": round(float(signals["candidate_mass"][i]), 4),
-                     "lookback_ratio": round(float(signals["lookback_ratio"][i]), 4),
+                     "context_mass": float(signals["context_mass"][i]),
+                     "candidate_mass": float(signals["candidate_mass"][i]),
+                     "lookback_ratio": float(signals["lookback_ratio"][i]),
                      "logit_diff": round(float(signals["logit_diff"][i]), 3),
-                     "detector_score": None if oof is None else round(float(oof[i]), 3)})
+                     "detector_score": None if oof is None else round(float(oof[i]), 3),
+                     "flagged": bool(flagged[i])})
     cols = ["id", "dataset", "question", "candidate", "verdict", "oracle_label", "wrong",
-            "context_mass", "candidate_mass", "lookback_ratio", "logit_diff", "detector_score"]
+            "context_mass", "candidate_mass", "lookback_ratio", "logit_diff", "detector_score",
+            "flagged"]
     df = pd.DataFrame(rows, columns=cols)
     return df.sort_values("detector_score", ascending=False, na_position="last",
                           kind="stable") if len(df) else df
 
 
 def _markdown(df: pd.DataFrame) -> str:
-    """A Markdown table of ``df`` (cells cut to 80 characters, pipes escaped)."""
+    """A Markdown table of ``df`` (floats to 3 places, cells cut to 80 characters)."""
     def cell(v: Any) -> str:
-        s = str(v).replace("|", "\\|").replace("\n", " ")
+        s = f"{v:.3f}" if isinstance(v, float) else str(v)
+        s = s.replace("|", "\\|").replace("\n", " ")
         return s if len(s) <= 80 else s[:77] + "..."
 
     lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]

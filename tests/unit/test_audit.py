@@ -32,15 +32,17 @@ def test_audit_context_mass_is_the_attention_stages_band_mean(audited, tiny):
     attention_stage.write_tables(run, attention_stage.AttentionConfig(layers="all",
                                                                       figures=False))
     table = pd.read_parquet(run.path / "attention" / "span_mass.parquet")
+    every = pd.read_csv(run.path / "audit" / "verdicts.csv")
     flagged = pd.read_csv(run.path / "audit" / "flagged.csv")
-    assert len(flagged) == summary["n_flagged"] > 0
-    for _, row in flagged.iterrows():
+    assert len(flagged) == summary["n_flagged"] == every.flagged.sum() > 0
+    assert len(every) == summary["n"]
+    for _, row in every.iterrows():
         sel = table[(table.id == str(row.id)) & (table.task == "eval")
                     & (table.span == "context")]
-        assert row.context_mass == pytest.approx(sel["mass"].mean(), abs=1e-4)
+        assert row.context_mass == pytest.approx(sel["mass"].mean(), rel=1e-5)
         cand = table[(table.id == str(row.id)) & (table.task == "eval")
                      & (table.span == "candidate")]
-        assert row.candidate_mass == pytest.approx(cand["mass"].mean(), abs=1e-4)
+        assert row.candidate_mass == pytest.approx(cand["mass"].mean(), rel=1e-5)
 
 
 def test_audit_numbers(audited):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from interp.asymmetry import group_metrics
-from interp.cross_judge import judge_matrix, load_answer_source, source_metrics
+from interp.cross_judge import cross_probe, judge_matrix, load_answer_source, source_metrics
 from interp.errors import ConfigError, RunDirError
 from interp.stages.asymmetry import AsymmetryConfig, run
 from interp.store import RunDir, read_json, write_jsonl
@@ -134,3 +134,79 @@ def test_answer_source_chains_through_a_cross_judged_source(grid):
     src = load_answer_source(root / "A_on_B")
     key = next(iter(src.records))
     assert src.given(key).source == {"model": models["B"], "run": str(root / "B")}
+
+
+def test_interp_run_cross_judge_fills_the_matrix(grid, tmp_path):
+    """`interp run` with two models and cross_judge = true: cross runs, stages, matrix, figure."""
+    from interp.pipeline import run_config
+
+    root, models, base = grid
+    cfg = {"name": "cross", "out": str(tmp_path / "grid"), "cross_judge": True,
+           "asymmetry": {"models": [models["A"], models["B"]], "datasets": base["datasets"],
+                         "limit": 4, "batch_size": 4, "n_boot": 100, "max_new_tokens": 4,
+                         "device": "cpu"},
+           "attention": {"layers": "all", "n_boot": 50, "figures": False}}
+    run_config(cfg, log=_quiet)
+    out = tmp_path / "grid"
+    mx = read_json(out / "cross_judge.json")
+    assert mx["judges"] == mx["sources"] == [models["A"], models["B"]]
+    for j in mx["judges"]:
+        assert all(mx["cells"][j][s]["n"] == 4 for s in mx["sources"])
+    cross = out / "ma__judges__mb"
+    assert mx["cells"][models["A"]][models["B"]]["run"] == str(cross)
+    assert (cross / "attention" / "summary.json").exists()  # a stage on the cross-judged run
+    assert {r["answer"] for r in RunDir(cross).read_records()} == {
+        r["answer"] for r in RunDir(out / "mb").read_records()}
+    assert (out / "figures" / "cross_judge.png").exists()
+    assert "self minus other" in (out / "cross_judge.txt").read_text()
+    with pytest.raises(ConfigError, match="two or more"):
+        run_config({**cfg, "asymmetry": {**cfg["asymmetry"], "models": [models["A"]]}},
+                   log=_quiet)
+
+
+def test_cli_answers_from(grid, tmp_path):
+    from typer.testing import CliRunner
+
+    from interp.cli import app
+
+    root, models, base = grid
+    res = CliRunner().invoke(app, ["asymmetry", "--model", models["A"], "--dataset",
+                                   base["datasets"][0], "--limit", "3", "--max-new-tokens", "4",
+                                   "--answers-from", str(root / "B"), "--out",
+                                   str(tmp_path / "cli")])
+    assert res.exit_code == 0, res.output
+    assert all(r["answer_source"]["model"] == models["B"]
+               for r in RunDir(tmp_path / "cli").read_records())
+    res = CliRunner().invoke(app, ["asymmetry", "--model", models["A"], "--dataset",
+                                   base["datasets"][0], "--limit", "3", "--answers-from",
+                                   str(root / "B"), "--template", "reference", "--out",
+                                   str(tmp_path / "cli2")])
+    assert res.exit_code == 2 and "judge with the source's template" in res.output
+
+
+def test_cross_probe_scores_both_judges_on_the_probe_folds(grid):
+    """Probes of A's residual stream on B's answers, A's and B's verbal judges on its folds."""
+    from interp.models import load_model
+    from interp.plots.cross import plot_cross_probe
+    from interp.probing import judge_metrics
+    from interp.stages import probe as probe_stage
+    from interp.stats import make_folds, passage_groups
+
+    root, models, _ = grid
+    handle = load_model(models["A"], device="cpu")
+    cfg = probe_stage.ProbeConfig(folds=2, probes=["logreg"], tasks=["eval"])
+    res = probe_stage.run(RunDir(root / "A_on_B"), handle, cfg, log=_quiet)
+    e = cross_probe(root / "A_on_B", root / "B")
+    assert e["judge"] == models["A"] and e["answers_of"] == models["B"]
+    assert e["class_counts"] == {"correct": 4, "incorrect": 4}
+    assert e["per_layer"]["layers"] == [0, 1]
+    best = res["tasks"]["eval"]["best"]
+    assert e["per_layer"]["pools"][best["pool"]]["auc"][best["layer"]] == best["auc"]
+    assert e["judge_verbal_folds"] == res["judge"]["folds"]
+    src = RunDir(root / "B").read_records()
+    y = np.array([r["oracle_label"] for r in src])
+    folds = make_folds(y, 2, 0, groups=np.array(passage_groups(src)))
+    assert e["source_self_judge_folds"] == judge_metrics(src, folds)["folds"]
+    assert plot_cross_probe([e], root / "figs").exists()
+    with pytest.raises(RunDirError, match="not the source"):
+        cross_probe(root / "A_on_B", root / "A")
