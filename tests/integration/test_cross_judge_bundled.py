@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from interp.cross_judge import cross_probe, judge_matrix
+from interp.cross_judge import cross_probe, format_matrix, judge_matrix
 from interp.errors import ProbeError
 from interp.plots.cross import plot_cross_probe, plot_judge_matrix
 from interp.stages import attention as attention_stage
@@ -87,6 +87,7 @@ def test_two_by_two_matrix_with_paired_cis(grid):
             mx["cells"][j][j]["EA"] - mx["cells"][j][other]["EA"])
         assert d["EA_diff_ci"][0] <= d["EA_diff"] <= d["EA_diff_ci"][1]
     assert plot_judge_matrix(mx, root / "figures").exists()
+    print(format_matrix(mx))
 
 
 def test_cross_model_probes_next_to_both_verbal_judges(grid):
@@ -111,6 +112,10 @@ def test_cross_model_probes_next_to_both_verbal_judges(grid):
         ld = np.array([r["logit_diff"] for r in src])
         assert e["source_self_judge_overall"]["auc"] == pytest.approx(roc_auc(y, ld))
         entries.append(e)
+        best = e["best"]
+        print(f"{judge} on {source}'s answers: best probe AUC {best['auc']:.2f} (layer "
+              f"{best['layer']}, {best['pool']}); verbal AUC {e['judge_verbal_folds']['auc']}; "
+              f"{source} self-judge AUC {e['source_self_judge_folds']['auc']}")
     assert plot_cross_probe(entries, root / "figures").exists()
 
 
