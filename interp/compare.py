@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.stats import MIN_PASSAGES, passage_note
-from interp.store import write_json
+from interp.store.io import write_json
 
 __all__ = ["DEFINITIONS", "comparison_rows", "format_markdown", "probe_headline", "read_run",
            "write_comparison"]

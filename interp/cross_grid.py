@@ -27,10 +27,12 @@ from typing import Any
 
 from interp.cross_judge import cross_probe, format_matrix, judge_matrix
 from interp.errors import ConfigError
+from interp.inputs import config_from_table
 from interp.models import load_model
 from interp.plots.cross import plot_cross_probe, plot_judge_matrix
 from interp.stages import STAGES, asymmetry
-from interp.store import RunDir, atomic_write_text, config_from_table, write_json
+from interp.store import RunDir
+from interp.store.io import atomic_write_text, write_json
 
 __all__ = ["CrossJudgeConfig", "cross_dir", "run_cross"]
 

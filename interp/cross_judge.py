@@ -53,7 +53,8 @@ from interp.models import ModelHandle
 from interp.prefill import Capture
 from interp.prompts import Template
 from interp.stats import MIN_PASSAGES, ClusterBootstrap, passage_groups, passage_note
-from interp.store import Record, RunDir, record_key
+from interp.store import Record, RunDir
+from interp.store.records import record_key
 
 __all__ = ["MATRIX_DEFINITIONS", "SOURCE_KEYS", "AnswerSource", "GivenAnswer", "GivenOracle",
            "answer_source_of", "check_answer_source", "cross_probe", "format_matrix",
@@ -505,7 +506,8 @@ def cross_probe(cross_run: str | Path, source_run: str | Path, *,
     from interp.probing import judge_metrics
     from interp.stages.probe import ProbeConfig, load_probe_records
     from interp.stats import make_folds
-    from interp.store import limit_per_dataset, read_json
+    from interp.store.io import read_json
+    from interp.store.records import limit_per_dataset
 
     path = Path(cross_run) / "probes" / "results.json"
     if not path.exists():

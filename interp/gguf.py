@@ -354,7 +354,7 @@ def bundled_file(alias: str) -> tuple[Path, str, list[dict[str, str]]]:
     path = cache_dir() / "models" / "gguf" / b.filename
     if path.is_file() and path.stat().st_size == b.size and sha256_file(path) == b.sha256:
         return path, b.sha256, packages
-    from interp.store import atomic_path
+    from interp.store.io import atomic_path
 
     h = hashlib.sha256()
     with atomic_path(path) as tmp:

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from interp.errors import TransferError
 from interp.models import ModelHandle, end_of_turn_ids
 from interp.prompts import Template, render
-from interp.store import atomic_path, read_json, save_tensors, write_json
+from interp.store.io import atomic_path, read_json, save_tensors, write_json
 
 __all__ = [
     "LORA_FIELDS",

@@ -19,7 +19,7 @@ ONCE and takes from that one forward everything the studies read (issue 14, item
      ``[layer, pos, d_model]`` stack is kept): ``{pool: [n_layers, d_model]}``.
 
 3. Verdict score (on request): ``log P(reply | prompt)`` of each continuation from the prefill's
-   last logits and cache (:func:`interp.verdict.continuation_logprobs`: one forward of
+   last logits and cache (:func:`interp.kv_cache.continuation_logprobs`: one forward of
    ``reply[:-1]`` per multi-token reply, then the cache is cropped back).
 4. Greedy decode from the same cache (do_sample=False): each step feeds the argmax token of
    every sequence (a finished sequence is fed the pad token, as transformers' ``generate``
@@ -44,12 +44,18 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.generation import left_pad
 from interp.hooks.capture import hooked
 from interp.hooks.guard import inference_guard
 from interp.hooks.points import hook_name
+from interp.kv_cache import (
+    cache_kwarg,
+    continuation_logprobs,
+    left_pad,
+    output_cache,
+    pad_token_id,
+    position_ids,
+)
 from interp.models import ModelHandle, end_of_turn_ids
-from interp.verdict import cache_kwarg, continuation_logprobs, output_cache
 
 __all__ = ["Capture", "PromptPass", "eos_ids", "run_prompts"]
 
@@ -213,7 +219,7 @@ def run_prompts(
     from interp.hooks.recorder import batch_rows
 
     tok = handle.tokenizer
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    pad_id = pad_token_id(tok)
     eos = eos_ids(handle)
     spans = list(candidate_spans) if candidate_spans is not None else [None] * len(prompts)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -227,12 +233,12 @@ def run_prompts(
         for idx in batches:
             ids, mask = left_pad([prompts[i] for i in idx], pad_id, handle.device)
             width, lengths = ids.shape[1], [len(prompts[i]) for i in idx]
-            pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
             rec = batch_rows(handle) if rows else contextlib.nullcontext(None)
             with rec as get_rows, _pooling(handle, lengths, width, [spans[i] for i in idx],
                                            pools) as pooled:
-                res = handle.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                                   use_cache=True, logits_to_keep=1)
+                res = handle.model(input_ids=ids, attention_mask=mask,
+                                   position_ids=position_ids(mask), use_cache=True,
+                                   logits_to_keep=1)
                 got_rows = get_rows().float().cpu() if rows else None
             last, cache = res.logits[:, -1], output_cache(res)
             lp = None if continuations is None else continuation_logprobs(

@@ -11,7 +11,7 @@ Algorithm (the run-directory work, caches and ``results.json`` are
 
 1. Records: the ``ok`` records of an asymmetry run; each record's eval prompt (candidate = the
    record's extracted ``answer``) and gen prompt are rendered again and checked against the
-   record (:func:`interp.asymmetry.rerender`).
+   record (:func:`interp.prompts.rerender`).
 2. Residual stream (:func:`residual_stream`): one forward pass per prompt (or left-padded
    batches, position ids ``cumsum(mask) - 1``), hook point ``resid_post`` of every layer L
    (TransformerLens ``blocks.L.hook_resid_post``: the output of decoder layer L, before the
@@ -72,13 +72,14 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp.errors import ProbeError
-from interp.generation import left_pad
 from interp.hooks.capture import hooked
 from interp.hooks.points import hook_name
+from interp.kv_cache import left_pad, pad_token_id, position_ids
 from interp.models import ModelHandle
 from interp.prompts import RenderedPrompt
 from interp.stats import binary_metrics, fold_summary, make_folds, mcnemar
-from interp.store import Record, atomic_path, check_verdict_scores, read_json, write_json
+from interp.store.io import atomic_path, read_json, write_json
+from interp.store.records import Record, check_verdict_scores
 
 __all__ = ["HOOK_POINT", "HOOK_POINT_DOC", "METRICS", "POOLS", "PROBES", "TASKS", "FittedProbe",
            "balanced_weights", "best_row", "cross_dataset_transfer", "cross_validate",
@@ -134,11 +135,10 @@ def residual_stream(handle: ModelHandle, input_ids: Int[Tensor, "batch seq"],
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     attention_mask = attention_mask.to(dev)
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     names = [hook_name(layer, "hook_resid_post") for layer in range(handle.n_layers)]
     with hooked(handle.model, cache=names) as acts:
         handle.model(input_ids=input_ids, attention_mask=attention_mask,
-                     position_ids=position_ids, use_cache=False, logits_to_keep=1)
+                     position_ids=position_ids(attention_mask), use_cache=False, logits_to_keep=1)
     return torch.stack([acts[n] for n in names], dim=1).float().cpu()
 
 
@@ -202,8 +202,7 @@ def extract_features(handle: ModelHandle, prompts: Sequence[RenderedPrompt], *,
         is cut off before pooling, so a padded batch gives the same features as one prompt at a
         time (to float tolerance).
     """
-    tok = handle.tokenizer
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    pad_id = pad_token_id(handle.tokenizer)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     feats: dict[str, list[Tensor | None]] = {p: [None] * len(prompts) for p in pools}
     fell = [False] * len(prompts)

@@ -15,7 +15,7 @@ Algorithm, one record and a grid of ``alpha`` (all alphas at once, one batch row
    ``log(alpha)`` is added to the verdict position's pre-softmax scores on the context keys
    (all heads, or a head set). The recorded last rows give the context mass actually reached
    (mean over heads and the band). The replies' later tokens are scored from each row's cache
-   WITHOUT steering (:func:`interp.verdict.continuation_logprobs`): ``logit_diff`` (nats),
+   WITHOUT steering (:func:`interp.kv_cache.continuation_logprobs`): ``logit_diff`` (nats),
    ``p_correct``, ``verdict_coverage``, and the forced verdict ``logit_diff > 0``.
    ``transformer_lens``: the same on TransformerBridge (:func:`interp.hooks.steering.
    tl_steered_logits`), the replies appended (:func:`interp.hooks.backends.reply_extensions`),
@@ -39,8 +39,9 @@ from jaxtyping import Float
 from interp.errors import SteeringError
 from interp.hooks.backends import extend_prompts, reply_extensions, reply_logprobs
 from interp.hooks.steering import Steer, steering, tl_steered_logits
+from interp.kv_cache import cache_kwarg, continuation_logprobs, output_cache
 from interp.models import ModelHandle, end_of_turn_ids
-from interp.verdict import VerdictReplies, continuation_logprobs, output_cache, verdict_replies
+from interp.verdict import VerdictReplies, verdict_replies
 
 __all__ = ["ALPHAS", "parse_heads", "steer_generator", "steer_judge", "top_diff_k"]
 
@@ -122,8 +123,6 @@ def _last_forward(handle: ModelHandle, ids: Sequence[int], st: Steer) -> tuple[A
         pre = output_cache(model(input_ids=t[:, :-1], use_cache=True, logits_to_keep=1))
         if b > 1:
             pre.batch_repeat_interleave(b)
-        from interp.verdict import cache_kwarg
-
         kw[cache_kwarg(model)] = pre
     with steering(handle, st):
         out = model(input_ids=t[:, -1:].expand(b, -1), **kw)
@@ -204,8 +203,6 @@ def steer_generator(handle: ModelHandle, ids: Sequence[int], context: tuple[int,
         ``context_mass`` ``[n_alpha]`` (at the position predicting the first answer token) and
         ``generations``: the decoded continuation of each alpha (before answer extraction).
     """
-    from interp.verdict import cache_kwarg
-
     tok, model = handle.tokenizer, handle.model
     eos = set(end_of_turn_ids(tok, model))  # Llama 3: <|eot_id|> is not the EOS token
     st = Steer(units=units, keys=context, alphas=list(alphas), record=True)

@@ -4,7 +4,7 @@ Algorithm of :func:`write_view`:
 
 1. Find the record (``--id``, and ``--dataset`` when the id occurs in several datasets) among
    the run's ``ok`` records; re-render its gen and eval prompts and check them
-   (:func:`interp.asymmetry.record_prompts`); check the model is the run's.
+   (:func:`interp.prompts.record_prompts`); check the model is the run's.
 2. One forward per prompt with :func:`interp.hooks.recorder.record_rows`: the last-token
    attention row of every layer and query head ``[n_layers, n_heads, pos]`` (the answer
    position of the gen prompt, the verdict position of the eval prompt). No ``interp record``
@@ -36,14 +36,16 @@ from typing import Any
 import numpy as np
 from jaxtyping import Float
 
-from interp.asymmetry import record_prompts
 from interp.attention import TASKS
 from interp.errors import RunDirError
 from interp.hooks.recorder import record_rows
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
+from interp.prompts import record_prompts
 from interp.stages.common import check_run_model
-from interp.store import Record, RunDir, atomic_write_text, safe_name
+from interp.store.io import atomic_write_text, safe_name
+from interp.store.records import Record
+from interp.store.rundir import RunDir
 
 __all__ = ["find_record", "page_data", "render_page", "write_view"]
 

@@ -57,7 +57,7 @@ def tiny(request, tiny_tokenizer):
 @pytest.fixture(scope="session")
 def quick_run(bundled, tmp_path_factory):
     from interp.stages.asymmetry import AsymmetryConfig, run
-    from interp.store import RunDir
+    from interp.store.rundir import RunDir
 
     out = tmp_path_factory.mktemp("quick_run")
     cfg = AsymmetryConfig(datasets=["squad_v2", "hotpotqa"], limit=3, batch_size=3, n_boot=200)

@@ -21,7 +21,7 @@ Why not refuse a model in training mode: the caller may be in the middle of trai
 run) and only want a measurement; switching for the duration and restoring costs nothing.
 
 Hooks are not touched here: whoever registers a hook removes it in its own ``finally``
-(:func:`interp.hooks.capture.hooked`, :func:`interp.hooks.backends.attention_mass`). A guard
+(:func:`interp.hooks.capture.hooked`, :func:`interp.hooks.steering.steering`). A guard
 cannot tell a leftover hook from one a library installs for good (transformers installs its
 output-capturing hooks lazily, on the first ``output_attentions=True`` forward, and keeps
 them). :func:`hook_counts` is the check the tests use.

@@ -48,10 +48,10 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from interp.errors import AttentionError
-from interp.hooks.backends import attn_implementation, to_nnsight, to_tlens
 from interp.hooks.capture import hooked
 from interp.hooks.guard import inference_guard
 from interp.hooks.points import hook_name, hook_site, resolve
+from interp.hooks.wrappers import attn_implementation, to_nnsight, to_tlens
 from interp.layers import parse_layers
 from interp.models import ModelHandle
 

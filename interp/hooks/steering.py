@@ -47,8 +47,8 @@ from torch import Tensor
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from interp.errors import SteeringError
-from interp.hooks.backends import attn_implementation, to_tlens
 from interp.hooks.recorder import last_row, register_attention
+from interp.hooks.wrappers import attn_implementation, to_tlens
 from interp.models import ModelHandle
 
 __all__ = ["IMPLEMENTATION", "Steer", "register_steering", "steering", "tl_steered_logits"]

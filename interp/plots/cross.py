@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from interp.plots import _err, footnote, plt, save
+from interp.plots.common import error_bars, footnote, plt, save
 
 __all__ = ["plot_audit_roc", "plot_cross_probe", "plot_judge_matrix"]
 
@@ -61,7 +61,7 @@ def plot_judge_matrix(matrix: Mapping[str, Any], out_dir: str | Path,
             matrix["self_minus_other"].items() for s, d in row.items() if d.get("n")]
     for x, (label, d) in enumerate(bars):
         bx.bar(x, d["EA_diff"], color="#4C72B0",
-               yerr=np.array(_err(d["EA_diff"], d.get("EA_diff_ci")))[:, None], capsize=3)
+               yerr=np.array(error_bars(d["EA_diff"], d.get("EA_diff_ci")))[:, None], capsize=3)
     bx.axhline(0, color="grey", lw=0.8)
     bx.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=7)
     bx.set_ylabel("EA(own answers) - EA(other's answers)")

@@ -38,7 +38,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from interp.asymmetry import compute_metrics, evaluate_examples, format_metrics, make_oracle
+from interp.agreement import oracle_agreement as grade_agreement
+from interp.asymmetry import compute_metrics, evaluate_examples, format_metrics
 from interp.cross_judge import (
     check_answer_source,
     judge_from_source,
@@ -47,25 +48,19 @@ from interp.cross_judge import (
 )
 from interp.data import DATASETS, QAExample, load_examples
 from interp.errors import ConfigError, DataError, RunDirError
-from interp.grading import BaseOracle, RuleOracle
-from interp.grading import oracle_agreement as grade_agreement
-from interp.inputs import check_counts, new_run_dir
+from interp.grading import BaseOracle, RuleOracle, make_oracle, parse_oracle_spec
+from interp.inputs import check_counts, config_from_table, new_run_dir
 from interp.models import DEFAULT_MODEL, ModelHandle, load_model, result_facts, runtime_facts
-from interp.plots import plot_asymmetry
+from interp.plots.asymmetry import plot_asymmetry
 from interp.prefill import Capture
 from interp.probing import POOLS
 from interp.prompts import Template, get_template, render
 from interp.stages import attention as attention_stage
 from interp.stages import probe as probe_stage
 from interp.stages.common import stage_facts
-from interp.store import (
-    Record,
-    RunDir,
-    config_from_table,
-    limit_per_dataset,
-    record_key,
-    write_json,
-)
+from interp.store.io import write_json
+from interp.store.records import Record, limit_per_dataset, record_key
+from interp.store.rundir import RunDir
 
 __all__ = ["KEY_FIELDS", "NAME", "SUMMARIES", "AsymmetryConfig", "check_inputs",
            "format_oracle_agreement", "format_summary", "oracle_agreement", "run",
@@ -206,8 +201,8 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
 
     Raises:
         interp.errors.ConfigError: a count below 1, no dataset, an oracle spec that is
-            neither ``rule`` nor ``model:SPEC``, or an ``answers_from`` run made with another
-            template or oracle.
+            neither ``rule`` nor ``model:SPEC`` (:func:`interp.grading.parse_oracle_spec`), or
+            an ``answers_from`` run made with another template or oracle.
         interp.errors.RunDirError: an ``answers_from`` run that lacks a selected example or
             holds another version of it (:func:`interp.cross_judge.check_answer_source`).
         interp.errors.PromptError: an unknown template.
@@ -217,8 +212,7 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
     check_counts(config, NAME)
     if not config.datasets:
         raise ConfigError("no dataset given: pass --dataset squad_v2 (or a JSONL file)")
-    if config.oracle != "rule" and not config.oracle.startswith("model:"):
-        raise ConfigError(f"unknown oracle {config.oracle!r}: use 'rule' or 'model:SPEC'")
+    parse_oracle_spec(config.oracle)
     get_template(config.template, config.templates_path)
     loaded = {}
     for ds in config.datasets:
@@ -410,15 +404,16 @@ def oracle_agreement(run: RunDir, oracle: str | BaseOracle, *, limit: int | None
         device: where to load the oracle model.
 
     Returns:
-        The written dict: :func:`interp.grading.oracle_agreement`'s keys plus ``run``,
+        The written dict: :func:`interp.agreement.oracle_agreement`'s keys plus ``run``,
         ``stored_oracle`` (the run's own oracle) and ``oracle_b_counts`` (how often the LLM
         oracle's reply decided and how often its forced choice did, when it counts them).
 
     Raises:
-        ConfigError: ``oracle`` is not ``model:SPEC``.
+        ConfigError: ``oracle`` is ``rule`` or not an oracle spec
+            (:func:`interp.grading.parse_oracle_spec`).
         RunDirError: the run has no ok records (before any model is loaded).
     """
-    if isinstance(oracle, str) and not oracle.startswith("model:"):
+    if isinstance(oracle, str) and parse_oracle_spec(oracle).kind == "rule":
         raise ConfigError(f"--oracle must be model:SPEC (the rule oracle is the other side), "
                           f"not {oracle!r}")
     records = limit_per_dataset(run.read_records(), limit)

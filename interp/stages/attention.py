@@ -3,14 +3,14 @@
 Algorithm of :func:`run` (the method is :mod:`interp.attention`):
 
 1. Records: the run's ``ok`` records, the first ``limit`` of each dataset
-   (:func:`interp.store.limit_per_dataset`). The model must be the run's (sha256 check).
+   (:func:`interp.store.records.limit_per_dataset`). The model must be the run's (sha256 check).
 2. Record (:func:`record`): for each record, re-render both prompts
-   (:func:`interp.asymmetry.record_prompts`), and unless its recording is fresh, run
+   (:func:`interp.prompts.record_prompts`), and unless its recording is fresh, run
    :func:`interp.hooks.recorder.record_rows` once per prompt and save the span masses
    ``mass.{gen,eval}`` ``[n_layers, n_heads, n_spans]`` (and with ``save_rows`` the rows
    ``rows.{task}`` ``[n_layers, n_heads, pos]``) to ``DIR/attention/records/<dataset>/<id>
    .safetensors``. A recording is fresh when its stored signature
-   (:func:`interp.store.signature` of the model and its sha256, the prompts' token ids and the
+   (:func:`interp.store.io.signature` of the model and its sha256, the prompts' token ids and the
    result-relevant runtime facts, :func:`interp.stages.common.stage_facts`) equals the one of
    now: an interrupted run resumes, and a recording made by another model, from other prompts
    (``interp asymmetry --overwrite`` with another template keeps the record ids) or under
@@ -40,8 +40,6 @@ import torch
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
-from interp import plots
-from interp.asymmetry import record_prompts
 from interp.attention import (
     SPANS,
     TASKS,
@@ -54,15 +52,14 @@ from interp.attention import (
 )
 from interp.errors import AttentionError, RunDirError
 from interp.hooks.recorder import BACKENDS, record_rows
+from interp.inputs import config_from_table
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
+from interp.plots import attention as attention_plots
+from interp.prompts import record_prompts
 from interp.stages.common import ok_records, stage_facts
-from interp.store import (
-    Record,
-    RunDir,
-    config_from_table,
+from interp.store.io import (
     is_fresh,
-    limit_per_dataset,
     read_json,
     safe_name,
     save_tensors,
@@ -70,6 +67,8 @@ from interp.store import (
     write_json,
     write_table,
 )
+from interp.store.records import Record, limit_per_dataset
+from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SUMMARIES", "AttentionConfig", "Config", "activations_path",
            "format_summary", "load_masses", "read_summary", "record", "record_path",
@@ -348,9 +347,9 @@ def write_tables(run: RunDir, cfg: AttentionConfig | None = None, *,
     write_json(out / "heads.json", heads)
     if cfg.figures:
         figs = run.sub("figures")
-        plots.plot_span_mass_layerwise(summary, figs)
-        plots.plot_head_context_heatmaps(summary, figs)
-        plots.plot_context_ratio(summary, figs)
+        attention_plots.plot_span_mass_layerwise(summary, figs)
+        attention_plots.plot_head_context_heatmaps(summary, figs)
+        attention_plots.plot_context_ratio(summary, figs)
     return summary
 
 

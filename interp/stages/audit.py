@@ -39,6 +39,7 @@ from interp import audit as method
 from interp.cross_judge import GivenAnswer, judge_answers
 from interp.data import QAExample
 from interp.errors import ConfigError, DataError
+from interp.inputs import config_from_table
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle, result_facts, runtime_facts
 from interp.plots.cross import plot_audit_roc
@@ -48,15 +49,9 @@ from interp.prompts import get_template
 from interp.stages import attention as attention_stage
 from interp.stages.asymmetry import store_one_pass, write_metrics
 from interp.stages.common import stage_facts
-from interp.store import (
-    RunDir,
-    atomic_write_text,
-    config_from_table,
-    read_jsonl,
-    record_key,
-    write_json,
-    write_table,
-)
+from interp.store import RunDir
+from interp.store.io import atomic_write_text, read_jsonl, write_json, write_table
+from interp.store.records import record_key
 
 __all__ = ["NAME", "SUMMARIES", "AuditConfig", "Config", "format_summary", "judged_run",
            "read_judged", "run", "write_audit"]

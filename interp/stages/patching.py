@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.errors import PatchingError
-from interp.inputs import write_result
+from interp.inputs import config_from_table, write_result
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.pairs import PAIR_KINDS, PatchPair, build_pairs
@@ -46,16 +46,8 @@ from interp.patching import Patcher
 from interp.prompts import get_template
 from interp.stages.common import ok_records, stage_facts
 from interp.stages.patching_summary import format_summary, summarise
-from interp.store import (
-    RunDir,
-    config_from_table,
-    is_fresh,
-    read_json,
-    read_jsonl,
-    signature,
-    write_json,
-    write_jsonl,
-)
+from interp.store.io import is_fresh, read_json, read_jsonl, signature, write_json, write_jsonl
+from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SUMMARIES", "Config", "Miner", "PatchingConfig", "format_summary", "run",
            "run_pair"]
@@ -388,7 +380,7 @@ def _sweep_kind(handle: ModelHandle, cfg: PatchingConfig, pk: str, kind: str,
 
 
 def _oracle(cfg: PatchingConfig, mcfg: Mapping[str, Any], handle: ModelHandle) -> Any:
-    from interp.asymmetry import make_oracle
+    from interp.grading import make_oracle
 
     return make_oracle(cfg.oracle or mcfg.get("oracle") or "rule", device=str(handle.device),
                        dtype=mcfg.get("dtype"), run_model=handle)

@@ -32,7 +32,7 @@ import numpy as np
 
 from interp.patching import ratio_of_sums
 from interp.stats import cluster_bootstrap_ratio
-from interp.store import write_table
+from interp.store.io import write_table
 
 __all__ = ["UNIT_KEY", "format_summary", "summarise", "unit_table"]
 

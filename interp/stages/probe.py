@@ -4,8 +4,8 @@ Algorithm of :func:`run` (the methods are :mod:`interp.probing`, numbered there)
 
 1. Records: the run's ``ok`` records (checked: unique keys, an oracle label each, made by the
    loaded model, whose sha256 is the manifest's), the first ``limit`` of each dataset
-   (:func:`interp.store.limit_per_dataset`); labels y* and one group per passage; the CV folds
-   (:func:`interp.stats.make_folds`) shared by every probe and by the verbal judge.
+   (:func:`interp.store.records.limit_per_dataset`); labels y* and one group per passage; the CV
+   folds (:func:`interp.stats.make_folds`) shared by every probe and by the verbal judge.
 2. Features (:func:`cached_features`): pooled ``resid_post`` of every layer, cached in
    ``DIR/probes/features_{task}.safetensors`` (``[n_records, n_layers, d_model]`` per pool).
    The cache is fresh when its signature (model, sha256, hook point, layers, version and the
@@ -35,11 +35,11 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from interp.asymmetry import rerender
 from interp.errors import ProbeError
+from interp.inputs import config_from_table
 from interp.layers import parse_layers
 from interp.models import ModelHandle
-from interp.plots import plot_probes
+from interp.plots.probes import plot_probes
 from interp.probing import (
     HOOK_POINT,
     HOOK_POINT_DOC,
@@ -58,21 +58,12 @@ from interp.probing import (
     sweep,
     task_pools,
 )
+from interp.prompts import rerender
 from interp.stages.common import check_run_model, stage_facts
 from interp.stats import make_folds, passage_groups
-from interp.store import (
-    Record,
-    RunDir,
-    config_from_table,
-    is_fresh,
-    limit_per_dataset,
-    load_tensors,
-    read_json,
-    record_key,
-    save_tensors,
-    signature,
-    write_json,
-)
+from interp.store.io import is_fresh, load_tensors, read_json, save_tensors, signature, write_json
+from interp.store.records import Record, limit_per_dataset, record_key
+from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SUMMARIES", "Config", "ProbeConfig", "cached_features", "format_summary",
            "load_probe_records", "run", "store_features"]

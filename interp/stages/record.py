@@ -6,7 +6,7 @@ Algorithm of :func:`run` (the tensors come from :func:`interp.hooks.recorder.rec
    the run's (sha256 check). Settings are checked before any forward (``what``,
    ``positions``, ``dtype``, layers against the model).
 2. For each record, both prompts are re-rendered and checked against the record
-   (:func:`interp.asymmetry.record_prompts`). A record is fresh when its index part
+   (:func:`interp.prompts.record_prompts`). A record is fresh when its index part
    ``DIR/record/<dataset>/<id>/index.json`` carries the signature of now (model, prompt token
    ids, settings) and every shard it names exists with its size; fresh records are kept.
 3. Otherwise its folder is emptied (the part first, so no part ever names a deleted shard;
@@ -51,30 +51,21 @@ import torch
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
-from interp.asymmetry import record_prompts
 from interp.attention import TASKS, query_span_names, span_names, span_to_span
 from interp.attention import summarize_span_to_span as _summarize
 from interp.errors import ConfigError, RunDirError
 from interp.hooks.recorder import PATTERN_POINT, record_stream
+from interp.inputs import config_from_table
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.plots.record import plot_span_to_span
-from interp.prompts import RenderedPrompt
+from interp.prompts import RenderedPrompt, record_prompts
 from interp.shards import TensorStreamWriter, plan_shards
 from interp.stages.common import ok_records
-from interp.store import (
-    RECORD_DIR,
-    Record,
-    RunDir,
-    config_from_table,
-    limit_per_dataset,
-    read_json,
-    record_part_path,
-    save_tensors,
-    signature,
-    write_json,
-    write_table,
-)
+from interp.store.io import read_json, save_tensors, signature, write_json, write_table
+from interp.store.recordings import RECORD_DIR, record_part_path
+from interp.store.records import Record, limit_per_dataset
+from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SUMMARIES", "Config", "RecordConfig", "format_summary", "query_positions",
            "record", "record_prompt", "run", "write_tables"]

@@ -19,7 +19,8 @@ from interp.stages import attention as attention_stage
 from interp.stages import audit as audit_stage
 from interp.stages import probe as probe_stage
 from interp.stages.asymmetry import AsymmetryConfig, run
-from interp.store import RunDir, write_jsonl
+from interp.store import RunDir
+from interp.store.io import write_jsonl
 from interp.testing import rehearsal_datasets
 
 pytestmark = pytest.mark.integration

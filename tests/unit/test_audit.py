@@ -12,7 +12,8 @@ from interp.errors import ConfigError, DataError
 from interp.stages import attention as attention_stage
 from interp.stages import audit as audit_stage
 from interp.stats import ClusterBootstrap, cluster_bootstrap_auc, passage_groups
-from interp.store import RunDir, read_json, write_jsonl
+from interp.store import RunDir
+from interp.store.io import read_json, write_jsonl
 from interp.testing import synthetic_probe_run
 
 

@@ -11,7 +11,8 @@ from interp.asymmetry import group_metrics
 from interp.cross_judge import cross_probe, judge_matrix, load_answer_source, source_metrics
 from interp.errors import ConfigError, RunDirError
 from interp.stages.asymmetry import AsymmetryConfig, run
-from interp.store import RunDir, read_json, write_jsonl
+from interp.store import RunDir
+from interp.store.io import read_json, write_jsonl
 from interp.testing import rehearsal_datasets, tiny_checkpoint
 
 N = 8

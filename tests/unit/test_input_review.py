@@ -200,7 +200,7 @@ def test_run_config_checks_every_models_shape_before_the_first_model_runs(tiny, 
 
 def test_a_grid_folder_names_its_runs(tmp_path):
     from interp.errors import RunDirError
-    from interp.store import RunDir
+    from interp.store.rundir import RunDir
 
     grid = tmp_path / "demo"
     for name in ("b", "a"):
@@ -231,7 +231,7 @@ def test_messages_name_the_cli_option():
 
 def test_load_activations_says_a_record_lies_outside_the_limit(tmp_path):
     from interp.errors import RunDirError
-    from interp.store import load_activations
+    from interp.store.recordings import load_activations
 
     run = _manifest_run(tmp_path / "run")
     (run / "records.jsonl").write_text("\n".join(json.dumps(

@@ -23,7 +23,8 @@ from interp.hooks.points import decoder_layers
 from interp.pairs import align_positions
 from interp.patching import Patch, Patcher, patch, ratio_of_sums, valid_hooks
 from interp.stages.patching import PatchingConfig, run
-from interp.store import RunDir, write_json
+from interp.store.io import write_json
+from interp.store.rundir import RunDir
 from interp.testing import tiny_llama, tiny_tokenizer
 from interp.verdict import score_verdicts, verdict_replies
 
@@ -312,7 +313,7 @@ def test_patching_heatmap_tells_unmeasured_from_zero_and_says_when_empty():
     import matplotlib.colors as mcolors
     import pandas as pd
 
-    from interp.plots import plt
+    from interp.plots.common import plt
     from interp.plots.patching import NOT_MEASURED, _heat, nothing_to_show, span_notes
 
     assert nothing_to_show({"n_pairs_kept": 0, "n_pairs": 2, "min_gap": 1.0}) == (

@@ -14,7 +14,7 @@ from interp.probing import FittedProbe, best_row, fit_probe, permutation_null, p
 from interp.stages.probe import ProbeConfig, format_summary
 from interp.stages.probe import run as run_probes
 from interp.stats import make_folds
-from interp.store import RunDir
+from interp.store.rundir import RunDir
 from interp.testing import synthetic_probe_run
 
 
@@ -88,7 +88,7 @@ def test_run_probes_end_to_end_and_resume(tiny, tmp_path):
     assert pm["n"] + pm["skipped"] == 3 and pm["observed"] == pytest.approx(
         max(r["auc"] for r in res["tasks"]["eval"]["grid"] if r["probe"] == "logreg"))
     assert "permutation null" in format_summary(res)
-    from interp.plots import permutation_text  # the figure names the permuted cell
+    from interp.plots.probes import permutation_text  # the figure names the permuted cell
     assert permutation_text(pm) == (f"\npermutation p={pm['p_value']:.2f} (best logreg cell, "
                                     f"AUC {pm['observed']:.2f}, {pm['n']} permutations)")
     assert permutation_text(None) == "" and "1 permutation)" in permutation_text(
@@ -118,7 +118,7 @@ def test_run_probes_end_to_end_and_resume(tiny, tmp_path):
     # saved weights reproduce the refitted probe on the cached features
     w = res["weights"]["eval/logreg"]
     probe = FittedProbe.load(run.path / w["json"].removesuffix(".json"))
-    from interp.store import load_tensors
+    from interp.store.io import load_tensors
 
     feats = load_tensors(out / "features_eval.safetensors")
     b = res["tasks"]["eval"]["best_by_probe"]["logreg"]

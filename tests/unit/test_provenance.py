@@ -29,7 +29,8 @@ from interp.stages import transfer as transfer_stage
 from interp.stages.asymmetry import AsymmetryConfig
 from interp.stages.asymmetry import run as run_asymmetry
 from interp.stages.common import stage_facts
-from interp.store import RunDir, load_tensors
+from interp.store.io import load_tensors
+from interp.store.rundir import RunDir
 from interp.testing import synthetic_probe_run
 
 QUIET = {"log": lambda s: None}

@@ -15,7 +15,8 @@ from interp.hooks.recorder import record_stream
 from interp.prompts import get_template, render
 from interp.shards import TensorStreamWriter, nbytes, plan_shards
 from interp.stages import record as stage
-from interp.store import is_tmp_path, load_activations, load_cache, record_part_path
+from interp.store.io import is_tmp_path
+from interp.store.recordings import load_activations, load_cache, record_part_path
 from interp.testing import synthetic_probe_run, tiny_llama
 
 # -- the stream writer ------------------------------------------------------------------------

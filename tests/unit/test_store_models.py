@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from interp.errors import RunDirError
 from interp.models import ModelSpecError, load_model
-from interp.store import RunDir, RunDirError, read_json, write_json
+from interp.store.io import read_json, write_json
+from interp.store.rundir import RunDir
 
 
 def test_write_json_atomic_and_nan(tmp_path):
@@ -59,7 +61,7 @@ def test_config_from_table_names_section_and_keys():
     """One helper refuses unknown config keys for every stage, naming section and known keys."""
     from dataclasses import dataclass
 
-    from interp.store import config_from_table
+    from interp.inputs import config_from_table
 
     @dataclass
     class Cfg:

@@ -47,7 +47,7 @@ def test_page_is_self_contained_and_carries_exact_rows(tiny, view_run, tmp_path)
     for task in ("gen", "eval"):
         t = data["tasks"][task]
         rows = np.frombuffer(base64.b64decode(t["rows"]), dtype="<f4")
-        from interp.asymmetry import record_prompts
+        from interp.prompts import record_prompts
         p = record_prompts(rec, tiny.tokenizer)[task]
         want = record_rows(tiny, p.input_ids).rows.numpy()
         assert np.array_equal(rows.reshape(want.shape), want)
