@@ -153,7 +153,7 @@ def judge_answers(handle: ModelHandle, examples: Sequence[QAExample],
                              batch_size=batch_size, candidates=[g.answer for g in given],
                              capture=capture, progress=progress)
     for rec, g in zip(recs, given):
-        rec["answer_source"] = dict(g.source)  # type: ignore[typeddict-unknown-key]
+        rec["answer_source"] = dict(g.source)
         if rec.get("status") == "ok":
             rec["generation"] = g.generation
             rec["oracle"] = dict(g.oracle)  # type: ignore[typeddict-item]

@@ -358,8 +358,8 @@ def judged_run(path: str | Path, out: str | Path, handle: ModelHandle, *,
         for rec, (_, _, given) in zip(recs, part):
             rec["template"] = template
             if rec["status"] == "ok" and given is not None:
-                rec["judge_verdict"] = rec["verdict"]  # type: ignore[typeddict-unknown-key]
-                rec["verdict"], rec["verdict_source"] = given, "given"  # type: ignore[typeddict-item]
+                rec["judge_verdict"] = rec["verdict"]
+                rec["verdict"], rec["verdict_source"] = given, "given"
         store_one_pass(rd, handle, recs, cap, sfacts)
         rd.append_records(recs)
         done_n = s + len(part)
