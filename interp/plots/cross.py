@@ -139,7 +139,11 @@ def plot_audit_roc(curves: Mapping[str, Mapping[str, Any]], out_dir: str | Path,
     ax.set_xlabel("false-positive rate (right verdicts flagged)")
     ax.set_ylabel("true-positive rate (wrong verdicts flagged)")
     ax.set_title(title or "did the judge read? ROC of each signal", fontsize=8.5)
-    ax.legend(fontsize=6.5, loc="lower right")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6.5, loc="lower right")
+    else:
+        ax.text(0.5, 0.5, "no ROC: every verdict is wrong, or every one right", ha="center",
+                va="center", fontsize=8, transform=ax.transAxes)
     footnote(fig, ["a signal that predicts wrong verdicts is a correlation, not a cause; the "
                    "steering study is the causal test"], wrap=80)
     return save(fig, out_dir, name)

@@ -211,3 +211,26 @@ def test_cross_probe_scores_both_judges_on_the_probe_folds(grid):
     assert plot_cross_probe([e], root / "figs").exists()
     with pytest.raises(RunDirError, match="not the source"):
         cross_probe(root / "A_on_B", root / "A")
+
+
+def test_steering_record_and_audit_stages_run_on_a_cross_judged_run(grid, tmp_path):
+    """The eval prompt of a cross-judged record has the usual shape: the stages run unchanged."""
+    import shutil
+
+    from interp.models import load_model
+    from interp.stages import STAGES
+
+    root, models, _ = grid
+    d = tmp_path / "A_on_B"
+    shutil.copytree(root / "A_on_B", d)
+    handle = load_model(models["A"], device="cpu")
+    tables = {"steering": {"alphas": [0.5, 1.0], "layers": "0-1", "limit": 2, "tasks": ["eval"],
+                           "n_boot": 10},
+              "record": {"what": "attention", "layers": "all", "limit": 2, "band": "all"},
+              "audit": {"band": "all", "folds": 2, "n_boot": 20}}
+    for name, table in tables.items():
+        stage = STAGES[name]
+        summary = stage.run(RunDir(d), handle, stage.Config.from_mapping(table), log=_quiet)
+        assert stage.format_summary(summary)
+    assert (d / "steering" / "summary.json").exists() and (d / "record").is_dir()
+    assert read_json(d / "audit" / "summary.json")["n"] == N
