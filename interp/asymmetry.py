@@ -61,8 +61,10 @@ __all__ = ["METRIC_DEFINITIONS", "compute_metrics", "evaluate_examples", "format
 
 
 def _example_fields(ex: QAExample) -> dict[str, Any]:
+    """The example's fields of a record, with the data file's extra fields as ``extras``."""
     return {"id": ex.id, "dataset": ex.dataset, "split": ex.split, "question": ex.question,
-            "context": ex.context, "answers": list(ex.answers), "answerable": ex.answerable}
+            "context": ex.context, "answers": list(ex.answers), "answerable": ex.answerable,
+            **({"extras": dict(ex.extras)} if ex.extras else {})}
 
 
 def _skipped(ex: QAExample, reason: str) -> Record:
@@ -162,7 +164,8 @@ def evaluate_examples(
     lps = torch.stack([v.logprobs for v in evals]) if evals else torch.zeros(0, 2)
     scores = VerdictScores(logprob_correct=lps[:, 0], logprob_incorrect=lps[:, 1]).rows()
     for (k, ep), v, sc in zip(eval_prompts.items(), evals, scores):
-        records[k] = _ok_record(handle, examples[k], oracle, raw[k], answers[k], v.text, sc,
+        records[k] = _ok_record(handle, examples[k], oracle, raw[k], answers[k], v.text,
+                                {**sc, "verdict_reply_ids": replies.id_lists()},
                                 gen_prompts[k], ep)
         if capture is not None:
             capture.got[k] = {"gen": (gen_prompts[k], gen_pass[k]), "eval": (ep, v)}
@@ -186,7 +189,7 @@ def parse_record_verdict(text: str, candidate: str) -> tuple[bool | None, str]:
 
 
 def _ok_record(handle: ModelHandle, ex: QAExample, oracle: BaseOracle, raw: str, answer: str,
-               verdict_text: str, scores: Mapping[str, float], gp: RenderedPrompt,
+               verdict_text: str, scores: Mapping[str, Any], gp: RenderedPrompt,
                ep: RenderedPrompt) -> Record:
     """Step 2 (grade) and the record of one fully evaluated example."""
     graded = oracle.grade(answer, ex.answers, dataset=ex.dataset, answerable=ex.answerable,

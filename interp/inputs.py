@@ -1,6 +1,6 @@
 """User input checked before slow work, and results that a run with less work never replaces.
 
-One home for the rules every command follows (issue 17):
+One home for the rules every command follows (docs/cli.md, errors):
 
 * :func:`read_toml`: a config or template file that is missing, not UTF-8 or not TOML is a
   :class:`interp.errors.ConfigError` (one line naming the file and the line), never a traceback.
@@ -292,16 +292,21 @@ def kept_work(paths: Mapping[str, Path] | list[Path]) -> str:
     """What finished work lies in run directories, as text (``"12 records in runs/x"``).
 
     Counts the resumable units each stage keeps (records, recordings, parts, adapters);
-    ``"nothing"`` when there are none.
+    ``"nothing"`` when there are none. A grid folder (``interp run --out``: one run directory
+    per model, no manifest of its own) is counted in each of its model folders.
     """
     out = []
-    for root in paths.values() if isinstance(paths, Mapping) else paths:
-        root, before = Path(root), len(out)
+    roots = [Path(r) for r in (paths.values() if isinstance(paths, Mapping) else paths)]
+    runs = [run for r in roots for run in (
+        [r] if (r / "manifest.json").exists()
+        else sorted(p.parent for p in r.glob("*/manifest.json")) or [r])]
+    for root in runs:
+        before = len(out)
         for pattern, label, unit in _KEPT:
             files = [p for p in root.glob(pattern) if p.is_file()]
             if unit == "lines":
-                n = sum(sum(1 for line in p.read_text(encoding="utf-8").splitlines()
-                            if line.strip()) for p in files)
+                n = sum(sum(1 for line in p.read_bytes().split(b"\n") if line.strip())
+                        for p in files)  # bytes split on "\n": a torn tail cannot raise
             else:
                 n = len(files)
             if n:

@@ -2,7 +2,7 @@
 
 The eval prompt asks for exactly "Correct" or "Incorrect". The score of a prompt is how much
 more probable the model makes the whole reply "Correct" than the whole reply "Incorrect", with
-the tokens the chat template gives those replies (DESIGN.md, "Measuring honestly"). Comparing
+the tokens the chat template gives those replies (docs/measuring.md, the verdict score). Comparing
 first tokens instead is wrong: "Incorrect" is ``In`` + ``correct`` for many tokenizers, so a
 first-token score compares "Correct" with the sub-token "In".
 
@@ -79,6 +79,15 @@ class VerdictReplies:
     def ids(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """``(correct, incorrect)``."""
         return self.correct, self.incorrect
+
+    def id_lists(self) -> dict[str, list[int]]:
+        """``{"Correct": [ids], "Incorrect": [ids]}``: what a record names as its scored tokens."""
+        return {w: list(r) for w, r in zip(VERDICT_WORDS, self.ids)}
+
+    def to_record(self) -> dict[str, dict[str, list[Any]]]:
+        """JSON-safe ``{word: {"ids": [...], "tokens": [...]}}`` for a run's manifest."""
+        return {w: {"ids": ids, "tokens": list(self.tokens[w])}
+                for w, ids in self.id_lists().items()}
 
 
 def _reply_tokens(tokenizer: Any, word: str) -> list[int]:

@@ -46,6 +46,7 @@ from interp.stages.common import check_run_model
 from interp.store.io import atomic_write_text, safe_name
 from interp.store.records import Record
 from interp.store.rundir import RunDir
+from interp.tokens import token_strings
 
 __all__ = ["find_record", "page_data", "render_page", "write_view"]
 
@@ -116,6 +117,7 @@ word-break:break-all;border:1px solid #ccc;padding:6px;max-height:80vh;overflow:
 .seg{border:1px solid;border-radius:3px;padding:1px 0;margin:0 1px}
 .seg>sup{font-family:system-ui,sans-serif;font-size:9px;padding:0 2px;color:#fff}
 .tok{border-radius:2px}
+.tok.piece{display:inline-block;min-width:2px;border-left:1px dotted #888}
 .s-context{border-color:#4C72B0}.s-context>sup{background:#4C72B0}
 .s-question{border-color:#DD8452}.s-question>sup{background:#DD8452}
 .s-candidate{border-color:#55A868}.s-candidate>sup{background:#55A868}
@@ -164,6 +166,7 @@ function build(t) {
     }
     const s = document.createElement('span'); s.className = 'tok'; s.dataset.pos = p;
     s.textContent = tok.replace(/\n/g, '\u21b5\n');
+    if (tok === '') s.classList.add('piece');  // leading bytes of the next token's character
     if (p === toks.length - 1) s.classList.add('last');
     seg.appendChild(s);
   });
@@ -178,7 +181,8 @@ function render() {
     document.querySelectorAll('#text-' + t + ' .tok').forEach(s => {
       const p = Number(s.dataset.pos), a = Math.min(1, Math.pow(w[p] / (max || 1), gamma));
       s.style.backgroundColor = `rgba(214,39,40,${a.toFixed(3)})`;
-      s.title = `position ${p} (${labs[p]}): ${w[p].toFixed(5)}`;
+      const piece = s.classList.contains('piece') ? ', byte piece' : '';
+      s.title = `position ${p} (${labs[p]}${piece}): ${w[p].toFixed(5)}`;
     });
     labs.forEach((l, p) => { mass[l] = (mass[l] || 0) + w[p]; });
     const order = ['context', 'question', 'candidate', 'reference', 'template'];
@@ -259,7 +263,7 @@ def write_view(run: RunDir, handle: ModelHandle, record_id: str, out: str | Path
                              templates_path=manifest.get("config", {}).get("templates_path"))
     tok = handle.tokenizer
     data = page_data(
-        rec, {t: [tok.decode([i]) for i in p.input_ids] for t, p in prompts.items()},
+        rec, {t: token_strings(tok, p.input_ids) for t, p in prompts.items()},
         {t: p.labels for t, p in prompts.items()},
         {t: record_rows(handle, p.input_ids).rows.numpy() for t, p in prompts.items()},
         layers, model=handle.spec)

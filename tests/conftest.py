@@ -15,12 +15,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from interp.testing import tiny_llama
 from interp.testing import tiny_tokenizer as make_tiny_tokenizer
-
-torch.set_num_threads(max(1, torch.get_num_threads()))
 
 
 @pytest.fixture(scope="session")

@@ -29,8 +29,8 @@ Lifetimes: :func:`get_backend` builds a backend per call (cheap); only the Trans
 bridge, which wraps a COPY of the model, is cached (weakly, :mod:`interp.hooks.wrappers`), so
 it dies with the model. Nothing here keeps a model alive.
 
-Whole-reply verdict score of a patched forward (:meth:`Backend.score`; DESIGN.md, "Measuring
-honestly"): ``log P(reply | patched prompt)`` for the replies "Correct" and "Incorrect" with the
+Whole-reply verdict score of a patched forward (:meth:`Backend.score`; docs/measuring.md, the
+verdict score): ``log P(reply | patched prompt)`` for the replies "Correct" and "Incorrect" with the
 tokens the chat template gives them. The reply positions themselves are never patched: they
 read the patched prompt. Two exact ways, tested to agree:
 

@@ -6,7 +6,7 @@ forwards inside :func:`inference_guard`. It is entered inside :func:`interp.hook
 and every backend forward (:mod:`interp.hooks.backends`), so any hooked forward is covered,
 and again around the whole work of the public entry points (nesting is cheap and exact).
 
-Algorithm of :func:`inference_guard` (issue 12, items 3 and 7):
+Algorithm of :func:`inference_guard` (docs/measuring.md, eval mode):
 
 1. Check each model before anything changes (:func:`interp.hooks.points.check_heads`: query
    heads must be a multiple of key/value heads), so an unusable model is a one-line

@@ -27,7 +27,7 @@ def judge_notes(table: Mapping[str, Any], kinds: tuple[str, ...] = ("self",
     From each group's verdict split (``verdicts``: accept / reject / none over ``n``): a judge
     that accepts every answer has EA = GA by construction, one that rejects every answer has
     EA = 1 - GA (the share of wrong answers), and when a third or more of the verdicts are
-    unparseable, EA counts them as wrong ("Measuring honestly", DESIGN.md).
+    unparseable, EA counts them as wrong (docs/measuring.md).
 
     Args:
         table: ``transfer/table.json``.

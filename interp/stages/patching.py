@@ -241,10 +241,9 @@ def _context_mass(handle: ModelHandle, ids: Sequence[int], span: tuple[int, int]
     """The prompt's last-row attention mass on its context (mean over heads and band)."""
     if not span:
         return float("nan")
-    from interp.hooks.recorder import record_rows
+    from interp.hooks.recorder import context_mass, record_rows
 
-    rows = record_rows(handle, list(ids)).rows  # [layer, head, pos]
-    return float(rows[list(band), :, span[0]:span[1]].sum(-1).mean())
+    return float(context_mass(record_rows(handle, list(ids)).rows, band, span))
 
 
 def _pair_meta(pair: PatchPair, pt: Patcher, handle: ModelHandle, band: Sequence[int],
@@ -339,7 +338,7 @@ def part_signature(cfg: PatchingConfig, kind: str, layers: Sequence[int], band: 
 
 
 def _bar(total: int | None, desc: str, enabled: bool, **kw: Any) -> Any:
-    from tqdm.auto import tqdm
+    from interp.progress import tqdm
 
     return tqdm(total=total, desc=desc, disable=not enabled, leave=False, **kw)
 

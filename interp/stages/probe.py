@@ -41,28 +41,24 @@ from interp.layers import parse_layers
 from interp.models import ModelHandle
 from interp.plots.probes import plot_probes
 from interp.probing import (
-    HOOK_POINT,
-    HOOK_POINT_DOC,
     METRICS,
-    POOLS,
     PROBES,
     TASKS,
     best_row,
     cross_dataset_transfer,
     cross_validate,
-    extract_features,
     fit_probe,
     judge_metrics,
     permutation_null,
     probe_vs_judge,
     sweep,
-    task_pools,
 )
 from interp.prompts import rerender
+from interp.residual_features import HOOK_POINT, HOOK_POINT_DOC, POOLS, extract_features, task_pools
 from interp.stages.common import check_run_model, stage_facts
 from interp.stats import make_folds, passage_groups
 from interp.store.io import is_fresh, load_tensors, read_json, save_tensors, signature, write_json
-from interp.store.records import Record, limit_per_dataset, record_key
+from interp.store.records import Record, limit_per_dataset, qa_key
 from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SUMMARIES", "Config", "ProbeConfig", "cached_features", "format_summary",
@@ -166,7 +162,7 @@ Config = ProbeConfig
 
 
 def _key(rec: Record | Mapping[str, Any]) -> str:
-    return "/".join(record_key(rec))
+    return "/".join(qa_key(rec))
 
 
 def load_probe_records(run: RunDir, handle: ModelHandle | None = None) -> list[Record]:

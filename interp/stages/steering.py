@@ -151,7 +151,7 @@ def _units(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig
     return band, units
 
 
-def _record(handle: ModelHandle, rec: Mapping[str, Any], cfg: SteeringConfig, band: list[int],
+def _steer_one(handle: ModelHandle, rec: Mapping[str, Any], cfg: SteeringConfig, band: list[int],
             units: Mapping[int, Any], oracle: Any, prompts: Mapping[str, Any]) -> list[dict]:
     """Step 2 for one record: one row per (task, alpha)."""
     from interp.grading import extract_answer
@@ -260,9 +260,9 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
             an attention summary; a record whose prompts no longer render as stored.
     """
     import pandas as pd
-    from tqdm.auto import tqdm
 
     from interp.grading import make_oracle
+    from interp.progress import tqdm
     from interp.prompts import rerender
 
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
@@ -288,7 +288,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
         if is_fresh(f, sig):
             part = read_json(f)["rows"]
         else:
-            part = _record(handle, rec, cfg, band, units, oracle, prompts)
+            part = _steer_one(handle, rec, cfg, band, units, oracle, prompts)
             write_json(f, {"signature": sig, "rows": part})
         rows += [{**r, "passage": passage} for r in part]
     df = pd.DataFrame(rows)

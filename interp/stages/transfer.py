@@ -355,7 +355,7 @@ def _evaluate(tdir: Path, handle: ModelHandle, template: Template, oracle: BaseO
               verdict_max_new_tokens=config.verdict_max_new_tokens,
               batch_size=config.batch_size)
     base_answers: dict[str, list[str | None]] = {}
-    from tqdm.auto import tqdm
+    from interp.progress import tqdm
 
     # one bar over the models (base and each adapter), each evaluated on every dataset
     for mname in tqdm(MODELS, desc="transfer eval", unit="model", leave=False):

@@ -5,7 +5,8 @@ Layout (every command reads and writes one)::
     DIR/manifest.json     config, model provenance, package versions, seed, git commit
     DIR/records.jsonl     one line per (example): prompt spans, generation, oracle label, verdict
     DIR/metrics.json      GA, EA, Delta with CIs, acceptance rates, per dataset
-    DIR/attention/ DIR/record/ DIR/patching/ DIR/transfer/ DIR/probes/ DIR/figures/
+    DIR/attention/ DIR/activations/ (attention --save-resid) DIR/record/ DIR/patching/
+    DIR/steering/ DIR/transfer/ DIR/probes/ DIR/figures/
 
 JSON files are written to a temporary file and renamed (atomic). ``records.jsonl`` is appended
 line by line with a flush and fsync after each batch; a line cut by a crash is reported and

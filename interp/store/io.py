@@ -13,12 +13,16 @@ import json
 import os
 import re
 import secrets
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+
+from interp.errors import RunDirError
+from interp.jsonl import JsonlLineError, JsonlRead, json_lines, parse_jsonl
 
 
 @contextlib.contextmanager
@@ -81,14 +85,32 @@ def write_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
 
     :meth:`RunDir.append_records` is the append-as-you-go record log instead.
     """
-    return atomic_write_text(path, "".join(json.dumps(nan_to_none(r), ensure_ascii=False)
-                                           + "\n" for r in rows))
+    return atomic_write_text(path, json_lines(nan_to_none(r) for r in rows))
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Read a JSON-lines file written by :func:`write_jsonl` (blank lines skipped)."""
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()
-            if line.strip()]
+    """Read a JSON-lines file (:func:`interp.jsonl.parse_jsonl`; blank lines skipped).
+
+    A torn last line (a write cut by a kill) is left out with a warning naming it; every
+    whole line is returned.
+
+    Raises:
+        RunDirError: a line before the last is malformed (names the file and line).
+    """
+    got = _parse(Path(path))
+    return [row for _, row in got.rows]
+
+
+def _parse(path: Path) -> JsonlRead:
+    """:func:`interp.jsonl.parse_jsonl` of a file; a torn last line is warned about."""
+    try:
+        got = parse_jsonl(path.read_bytes())
+    except JsonlLineError as err:
+        raise RunDirError(f"{path}:{err.lineno}: {err.reason}") from err
+    if got.torn is not None:
+        warnings.warn(f"{path}:{got.torn}: incomplete last line dropped (an interrupted "
+                      f"write: {got.torn_reason}); it will be redone", stacklevel=3)
+    return got
 
 
 def write_table(df: Any, path: str | Path, *, csv: bool = True) -> Path:

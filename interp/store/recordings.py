@@ -19,14 +19,14 @@ from interp.errors import RunDirError
 from interp.store.io import read_json, safe_name
 from interp.store.rundir import RunDir
 
-RECORD_DIR = "record"
+RECORDINGS_DIR = "record"
 """Folder of ``interp record`` in a run directory (:mod:`interp.stages.record`)."""
 
 
-def record_part_path(run: RunDir | str | Path, dataset: str, record_id: str) -> Path:
+def recording_index_path(run: RunDir | str | Path, dataset: str, record_id: str) -> Path:
     """``DIR/record/<dataset>/<id>/index.json``: one record's index part (written last)."""
     root = run.path if isinstance(run, RunDir) else Path(run)
-    return root / RECORD_DIR / safe_name(dataset) / safe_name(record_id) / "index.json"
+    return root / RECORDINGS_DIR / safe_name(dataset) / safe_name(record_id) / "index.json"
 
 
 @dataclass
@@ -62,11 +62,12 @@ class Activations:
 def _find_part(root: Path, record_id: str, dataset: str | None) -> Path:
     """The index part of a record (step 1 of :func:`load_activations`)."""
     folder = safe_name(dataset) if dataset is not None else "*"  # safe names hold no glob
-    parts = sorted((root / RECORD_DIR).glob(f"{folder}/{safe_name(record_id)}/index.json"))
+    parts = sorted((root / RECORDINGS_DIR).glob(f"{folder}/{safe_name(record_id)}/index.json"))
     if not parts:
         of = "" if dataset is None else f" of {dataset}"
-        n = len(list((root / RECORD_DIR).glob("*/*/index.json")))
+        n = len(list((root / RECORDINGS_DIR).glob("*/*/index.json")))
         if not n:
+            RunDir(root).require_run()
             raise RunDirError(f"{root} has no recording of record {record_id!r}{of}: run "
                               f"`interp record --run {root}` first")
         rd = RunDir(root)

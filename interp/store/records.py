@@ -51,6 +51,8 @@ class Record(TypedDict, total=False):
 
     Attributes:
         id, dataset, split, question, context, answers, answerable: the example.
+        extras: the data file's other fields of the example (:attr:`interp.data.QAExample.extras`;
+            absent when it has none).
         status: ``ok`` or ``skipped``; reason: why it was skipped.
         model: the model spec that judged (and, without ``answer_source``, generated);
             template: the template variant.
@@ -69,6 +71,9 @@ class Record(TypedDict, total=False):
         logit_diff: ``logprob_correct - logprob_incorrect`` (nats).
         p_correct: ``sigmoid(logit_diff)``, the forced choice between the two replies.
         verdict_coverage: ``P(Correct) + P(Incorrect)`` in ``(0, 1]``.
+        verdict_reply_ids: the token ids of the two whole replies those scores compare,
+            ``{"Correct": [...], "Incorrect": [...]}`` (:func:`interp.verdict.verdict_replies`;
+            the manifest's ``model.verdict_replies`` also names their token strings).
         prompts: ``{"gen": PromptSummary, "eval": PromptSummary}``.
     """
 
@@ -80,6 +85,7 @@ class Record(TypedDict, total=False):
     context: str
     answers: list[str]
     answerable: bool
+    extras: dict[str, Any]
     reason: str
     model: str
     answer_source: dict[str, str]
@@ -97,6 +103,7 @@ class Record(TypedDict, total=False):
     logit_diff: float
     p_correct: float
     verdict_coverage: float
+    verdict_reply_ids: dict[str, list[int]]
     prompts: dict[str, PromptSummary]
 
 
@@ -124,7 +131,7 @@ def check_verdict_scores(records: Iterable[Mapping[str, Any]]) -> None:
                 f"--overwrite")
 
 
-def record_key(rec: Record | Mapping[str, Any]) -> tuple[str, str]:
+def qa_key(rec: Record | Mapping[str, Any]) -> tuple[str, str]:
     """The identity of a record: ``(dataset, id)``."""
     return (rec["dataset"], rec["id"])
 

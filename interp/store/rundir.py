@@ -6,21 +6,22 @@ cut by a crash is reported and dropped on the next read, so that record is simpl
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import platform
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from interp.errors import RunDirError
-from interp.store.io import nan_to_none, read_json, write_json, write_jsonl
-from interp.store.records import Record, record_key
+from interp.jsonl import json_line, parse_jsonl
+from interp.store.io import _parse, nan_to_none, read_json, write_json, write_jsonl
+from interp.store.records import Record, qa_key
 
 _PACKAGES = ("interp", "torch", "transformers", "transformer-lens", "nnsight", "peft",
              "datasets", "numpy", "scikit-learn")
@@ -48,6 +49,21 @@ def git_commit() -> str | None:
         return out + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+_LOCKS: dict[str, Any] = {}
+"""One ``FileLock`` per run directory in this process (so :meth:`RunDir.writer` nests)."""
+
+
+def _add_commit(manifest: dict[str, Any]) -> None:
+    """Add this checkout's commit to ``manifest["git_commits"]``: every commit that wrote.
+
+    ``git_commit`` stays the first one (the run's creation); a resumed or extended run, or a
+    later stage, made by another checkout appends its commit once, in order.
+    """
+    commits = manifest.setdefault("git_commits", [manifest.get("git_commit")])
+    if (now := git_commit()) not in commits:
+        commits.append(now)
 
 
 class RunDir:
@@ -78,13 +94,34 @@ class RunDir:
                 them).
         """
         if not self.manifest_path.exists():
-            runs = sorted(p.parent for p in self.path.glob("*/manifest.json"))
-            if runs:
-                raise RunDirError(f"{self.path} is a grid of runs: pass one of "
-                                  f"{', '.join(str(p) for p in runs)}")
-            raise RunDirError(f"{self.path} has no manifest.json: run `interp asymmetry --out "
-                              f"{self.path} ...` first")
+            self._missing("manifest.json")
         return read_json(self.manifest_path)
+
+    def require_run(self) -> None:
+        """Refuse a folder that is not a run (no manifest), before advising a command on it.
+
+        Raises:
+            RunDirError: as :meth:`manifest` (a grid of runs: its model folders named).
+        """
+        if not self.manifest_path.exists():
+            self._missing("manifest.json")
+
+    def _missing(self, name: str) -> None:
+        """Refuse a run directory without ``name``; a grid of runs is told to name a run.
+
+        A folder that ``interp run`` filled with one run directory per model is not a run:
+        advice to run ``interp asymmetry --out`` into it would write a run into the grid, so
+        the message names its model folders instead.
+
+        Raises:
+            RunDirError: always.
+        """
+        runs = sorted(p.parent for p in self.path.glob("*/manifest.json"))
+        if runs:
+            raise RunDirError(f"{self.path} is a grid of runs: pass one of "
+                              f"{', '.join(str(p) for p in runs)}")
+        raise RunDirError(f"{self.path} has no {name}: run `interp asymmetry --out "
+                          f"{self.path} ...` first")
 
     def init_manifest(self, config: Mapping[str, Any], *, model_info: Mapping[str, Any],
                       overwrite: bool = False, key_fields: Iterable[str] = (),
@@ -130,6 +167,7 @@ class RunDir:
                 old["config"].update({k: v for k, v in config.items() if k not in keys})
                 old["config"].update(merged)
                 old.setdefault("invocations", []).append(_now())
+                _add_commit(old)
                 write_json(self.manifest_path, old)
                 return old
         manifest = {
@@ -137,6 +175,7 @@ class RunDir:
             "versions": package_versions(), "git_commit": git_commit(),
             "platform": platform.platform(), "argv": sys.argv, "invocations": [_now()],
         }
+        _add_commit(manifest)
         if runtime is not None:
             manifest["runtime"] = dict(runtime)
         if result_facts is not None:
@@ -201,8 +240,48 @@ class RunDir:
         entry = {"runtime": dict(runtime), "result_facts": dict(result_facts),
                  "versions": package_versions(), "git_commit": git_commit(), "updated": _now()}
         manifest.setdefault("stages", {})[stage] = entry
+        _add_commit(manifest)
         write_json(self.manifest_path, manifest)
         return entry
+
+    # -- one writer at a time --------------------------------------------------------------
+    @contextlib.contextmanager
+    def writer(self) -> Iterator[None]:
+        """Hold the run directory's writer lock for the body (one writer at a time).
+
+        An OS file lock (``filelock.FileLock`` on ``DIR/.writer.lock``: ``fcntl``/``msvcrt``)
+        that the kernel releases when its process dies, so a lock left by a killed or
+        crashed writer is never stale; the holder's pid, host, command and start time are
+        written to ``DIR/.writer.json`` for the message a second writer gets. Re-entrant in
+        one process. See https://py-filelock.readthedocs.io/.
+
+        Raises:
+            RunDirError: another process holds the lock (one line naming it).
+        """
+        from filelock import FileLock, Timeout
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        lock = _LOCKS.setdefault(str(self.path.resolve()),
+                                 FileLock(str(self.path / ".writer.lock"), timeout=0))
+        owner = self.path / ".writer.json"
+        try:
+            lock.acquire()
+        except Timeout:
+            try:
+                who = read_json(owner)
+                held = (f"pid {who.get('pid')} on {who.get('host')} "
+                        f"({who.get('argv')!r}, since {who.get('since')})")
+            except (OSError, ValueError):
+                held = "another process"
+            raise RunDirError(f"{self.path} is being written by {held}: wait for it to "
+                              f"finish, or use another --out") from None
+        try:
+            if lock.lock_counter == 1:
+                write_json(owner, {"pid": os.getpid(), "host": platform.node(),
+                                   "argv": " ".join(sys.argv), "since": _now()})
+            yield
+        finally:
+            lock.release()
 
     # -- records --------------------------------------------------------------------------
     @property
@@ -211,33 +290,29 @@ class RunDir:
         return self.path / "records.jsonl"
 
     def read_records(self, *, status: str | None = "ok") -> list[Record]:
-        """Records of the run, optionally only those with a given ``status``.
+        r"""Records of the run, optionally only those with a given ``status``.
 
-        A last line cut by a crash is dropped with a warning (it will be redone).
+        Read with :func:`interp.jsonl.parse_jsonl` (split on ``\n`` only, so U+2028,
+        U+2029 and U+0085 inside a string are text). A last line cut by a crash (inside a
+        document or a UTF-8 character) is dropped with a warning (it will be redone); a
+        complete last line without its newline is kept.
 
         Raises:
             RunDirError: the run has no records.jsonl, or a line other than the last is
                 malformed (names the line).
         """
         if not self.records_path.exists():
-            raise RunDirError(f"{self.path} has no records.jsonl: run `interp asymmetry --out "
-                              f"{self.path} ...` first")
-        lines = self.records_path.read_text(encoding="utf-8").splitlines()
-        out = []
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as err:
-                if n == len(lines):
-                    warnings.warn(f"{self.records_path}:{n}: incomplete last line dropped "
-                                  f"(an interrupted write); it will be redone", stacklevel=2)
-                    continue
-                raise RunDirError(f"{self.records_path}:{n}: malformed JSON ({err})") from err
-            if status is None or rec.get("status") == status:
-                out.append(rec)
-        return out
+            self._missing("records.jsonl")
+        got = _parse(self.records_path)
+        latest: dict[tuple[str, str], Any] = {}
+        for _, rec in got.rows:  # never trust a repeated id: the last line of it wins
+            latest.pop(qa_key(rec), None)
+            latest[qa_key(rec)] = rec
+        if len(latest) < len(got.rows):
+            warnings.warn(f"{self.records_path}: {len(got.rows) - len(latest)} line(s) repeat "
+                          f"a record id (two writers?); each record is read once, its last "
+                          f"line", stacklevel=2)
+        return [rec for rec in latest.values() if status is None or rec.get("status") == status]
 
     def append_records(self, records: Iterable[Record] | Iterable[Mapping[str, Any]]) -> None:
         """Append records as JSON lines, then flush and fsync."""
@@ -245,7 +320,7 @@ class RunDir:
         self._repair_tail()
         with open(self.records_path, "a", encoding="utf-8") as f:
             for rec in records:
-                f.write(json.dumps(nan_to_none(rec), ensure_ascii=False) + "\n")
+                f.write(json_line(nan_to_none(rec)))
             f.flush()
             os.fsync(f.fileno())
 
@@ -257,12 +332,17 @@ class RunDir:
         """
         drop = set(keys)
         recs = self.read_records(status=None)
-        kept = [r for r in recs if record_key(r) not in drop]
+        kept = [r for r in recs if qa_key(r) not in drop]
         write_jsonl(self.records_path, kept)
         return len(recs) - len(kept)
 
     def _repair_tail(self) -> None:
-        """Cut a partial last line (no trailing newline) left by a killed writer."""
+        """Before appending: end a whole last line that lost its newline, cut a torn one.
+
+        A writer killed between a record and its newline leaves a complete record: it is kept
+        (the newline is added); one killed inside a record leaves a torn line: it is cut
+        (:meth:`read_records` already left it out and the record is redone).
+        """
         p = self.records_path
         if not p.exists() or p.stat().st_size == 0:
             return
@@ -270,8 +350,15 @@ class RunDir:
             f.seek(-1, os.SEEK_END)
             if f.read(1) == b"\n":
                 return
-            data = p.read_bytes()
-            f.truncate(data.rfind(b"\n") + 1)
+        got = parse_jsonl(p.read_bytes())
+        with open(p, "rb+") as f:
+            if got.torn_offset is not None:
+                f.truncate(got.torn_offset)
+            else:
+                f.seek(0, os.SEEK_END)
+                f.write(b"\n")
+            f.flush()
+            os.fsync(f.fileno())
 
     # -- sub-folders ----------------------------------------------------------------------
     def sub(self, name: str) -> Path:

@@ -57,7 +57,7 @@ UPDATE = bool(os.environ.get("INTERP_UPDATE_PINS"))
 pytestmark = pytest.mark.integration
 
 # --- API under test ------------------------------------------------------------------------
-from interp.probing import POOLS  # noqa: E402
+from interp.residual_features import POOLS  # noqa: E402
 from interp.stages import asymmetry as asymmetry_stage  # noqa: E402
 from interp.stages import attention as attention_stage  # noqa: E402
 from interp.stages import probe as probe_stage  # noqa: E402

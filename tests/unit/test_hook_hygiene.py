@@ -33,8 +33,8 @@ from interp.hooks.points import decoder_layers
 from interp.hooks.recorder import record_rows
 from interp.models import ModelHandle, load_model
 from interp.patching import Patch, Patcher, patch
-from interp.probing import extract_features, residual_stream
 from interp.prompts import get_template, render
+from interp.residual_features import extract_features, residual_stream
 from interp.steering import steer_judge
 from interp.testing import tiny_llama
 from interp.transfer import cross_model_patching

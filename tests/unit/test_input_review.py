@@ -246,3 +246,27 @@ def test_load_activations_says_a_record_lies_outside_the_limit(tmp_path):
         load_activations(run, "b", "eval", "hook_resid_post")
     with pytest.raises(RunDirError, match="has no ok record 'zz'"):
         load_activations(run, "zz", "eval", "hook_resid_post")
+
+
+@pytest.mark.parametrize("args", [["view", "--id", "q1"], ["heads"], ["metrics"]])
+def test_commands_on_a_grid_folder_name_its_runs_and_never_advise_writing_into_it(tmp_path,
+                                                                                   args):
+    grid = tmp_path / "demo"
+    for name in ("smollm2", "qwen"):
+        _manifest_run(grid / name)
+    res = CliRunner().invoke(cli.app, [args[0], "--run", str(grid), *args[1:]])
+    assert res.exit_code == 2, res.output
+    assert f"is a grid of runs: pass one of {grid / 'qwen'}, {grid / 'smollm2'}" in res.output
+    assert "--out" not in res.output and "interp asymmetry" not in res.output
+
+
+def test_kept_work_of_a_grid_counts_its_model_folders(tmp_path):
+    """Ctrl-C under ``interp run``: the work kept under out/<model>/ is reported, not nothing."""
+    from interp.inputs import kept_work
+
+    grid = tmp_path / "demo"
+    run = _manifest_run(grid / "smollm2")
+    (run / "records.jsonl").write_text("".join(f'{{"id": "q{i}"}}\n' for i in range(4)))
+    _manifest_run(grid / "qwen")
+    assert kept_work([grid]) == f"4 records in {grid / 'smollm2'}"
+    assert kept_work([tmp_path / "empty"]) == "nothing"

@@ -10,7 +10,8 @@ import torch
 
 from interp import probing
 from interp.errors import LayerSpecError, ProbeError
-from interp.probing import FittedProbe, best_row, fit_probe, permutation_null, pool_resid, sweep
+from interp.probing import FittedProbe, best_row, fit_probe, permutation_null, sweep
+from interp.residual_features import POOLS, pool_resid
 from interp.stages.probe import ProbeConfig, format_summary
 from interp.stages.probe import run as run_probes
 from interp.stats import make_folds
@@ -26,7 +27,7 @@ def _synthetic_run(tmp_path, handle, n_good=9, n_bad=15):
 def test_pool_resid_ground_truth():
     g = torch.Generator().manual_seed(0)
     r = torch.randn(3, 7, 5, generator=g)
-    out, fb = pool_resid(r, (2, 5), probing.POOLS)
+    out, fb = pool_resid(r, (2, 5), POOLS)
     a = r.numpy()
     assert not fb
     np.testing.assert_allclose(out["last"].numpy(), a[:, 6])
