@@ -54,7 +54,7 @@ from interp.prefill import Capture
 from interp.prompts import Template
 from interp.stats import MIN_PASSAGES, ClusterBootstrap, passage_groups, passage_note
 from interp.store import Record, RunDir
-from interp.store.records import record_key
+from interp.store.records import qa_key
 
 __all__ = ["MATRIX_DEFINITIONS", "SOURCE_KEYS", "AnswerSource", "GivenAnswer", "GivenOracle",
            "answer_source_of", "check_answer_source", "cross_probe", "format_matrix",
@@ -203,7 +203,7 @@ def load_answer_source(path: str | Path) -> AnswerSource:
         raise RunDirError(f"--answers-from {path}: not a finished run directory (no "
                           f"manifest.json / records.jsonl); run `interp asymmetry --out {path}`")
     manifest = rd.manifest()
-    records = {record_key(r): r for r in rd.read_records(status=None)}
+    records = {qa_key(r): r for r in rd.read_records(status=None)}
     if not any(r.get("status") == "ok" for r in records.values()):
         raise RunDirError(f"--answers-from {path}: the run has no ok record")
     model = manifest.get("model", {}).get("spec") or manifest.get("config", {}).get("model")
@@ -366,7 +366,7 @@ MATRIX_DEFINITIONS = {
 
 
 def _ok_by_key(run: RunDir) -> dict[Key, Mapping[str, Any]]:
-    return {record_key(r): r for r in run.read_records()}
+    return {qa_key(r): r for r in run.read_records()}
 
 
 def _paired(a: Mapping[Key, Mapping[str, Any]], b: Mapping[Key, Mapping[str, Any]],
@@ -521,10 +521,10 @@ def cross_probe(cross_run: str | Path, source_run: str | Path, *,
     src = _ok_by_key(RunDir(source_run))
     aligned = []
     for r in records:
-        s = src.get(record_key(r))
+        s = src.get(qa_key(r))
         if s is None or bool(s["oracle_label"]) != bool(r["oracle_label"]) or (
                 s.get("answer") != r.get("answer")):
-            raise RunDirError(f"{source_run} has no ok record {'/'.join(record_key(r))} with "
+            raise RunDirError(f"{source_run} has no ok record {'/'.join(qa_key(r))} with "
                               f"the judged answer and label: not the source of {cross_run}")
         aligned.append(s)
     theirs = judge_metrics(aligned, folds)

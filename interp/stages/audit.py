@@ -44,14 +44,14 @@ from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle, result_facts, runtime_facts
 from interp.plots.cross import plot_audit_roc
 from interp.prefill import Capture
-from interp.probing import POOLS
 from interp.prompts import get_template
+from interp.residual_features import POOLS
 from interp.stages import attention as attention_stage
 from interp.stages.asymmetry import store_one_pass, write_metrics
 from interp.stages.common import stage_facts
 from interp.store import RunDir
 from interp.store.io import atomic_write_text, read_jsonl, write_json, write_table
-from interp.store.records import record_key
+from interp.store.records import qa_key
 
 __all__ = ["NAME", "SUMMARIES", "AuditConfig", "Config", "format_summary", "judged_run",
            "read_judged", "run", "write_audit"]
@@ -344,7 +344,7 @@ def judged_run(path: str | Path, out: str | Path, handle: ModelHandle, *,
                      key_fields=tuple(config), runtime=facts, result_facts=result_facts(facts))
     sfacts = stage_facts(rd, handle, "attention", overwrite=overwrite)
     stage_facts(rd, handle, "probe", overwrite=overwrite)
-    done = {record_key(r) for r in rd.read_records(status=None)} if rd.records_path.exists() \
+    done = {qa_key(r) for r in rd.read_records(status=None)} if rd.records_path.exists() \
         else set()
     todo = [x for x in rows if (x[0].dataset, x[0].id) not in done]
     log(f"[audit] {path}: {len(rows)} judged lines, {len(rows) - len(todo)} already done")
