@@ -27,8 +27,8 @@ from typing import Any
 
 from interp.cross_judge import cross_probe, format_matrix, judge_matrix
 from interp.errors import ConfigError
-from interp.inputs import config_from_table
 from interp.models import load_model
+from interp.options import config_from_table
 from interp.plots.cross import plot_cross_probe, plot_judge_matrix
 from interp.stages import STAGES, asymmetry
 from interp.store import RunDir
@@ -117,8 +117,8 @@ def run_cross(acfgs: Mapping[str, asymmetry.AsymmetryConfig], stage_cfgs: Mappin
             runs[judge][source] = d
             log(f"== {judge} judges {source}'s answers -> {d}")
             t0 = time.perf_counter()
-            m = asymmetry.run(replace(acfg, answers_from=str(out / slug(source))), d,
-                              overwrite=overwrite, handle=handle, log=log)
+            m = asymmetry.run(d, handle, replace(acfg, answers_from=str(out / slug(source))),
+                              overwrite=overwrite, log=log)
             texts += [f"## {judge} judging {source}'s answers ({d}/metrics.json)",
                       asymmetry.format_summary(m)]
             log(f"{texts[-1]}\n== took {time.perf_counter() - t0:.0f} s")

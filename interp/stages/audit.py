@@ -39,26 +39,36 @@ from interp import audit as method
 from interp.cross_judge import GivenAnswer, judge_answers
 from interp.data import QAExample
 from interp.errors import ConfigError, DataError
-from interp.inputs import config_from_table
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle, result_facts, runtime_facts
+from interp.options import config_from_table, option
 from interp.plots.cross import plot_audit_roc
 from interp.prefill import Capture
 from interp.prompts import get_template
 from interp.residual_features import POOLS
-from interp.stages import attention as attention_stage
-from interp.stages.asymmetry import store_one_pass, write_metrics
 from interp.stages.common import stage_facts
+from interp.stages.contract import spec
 from interp.store import RunDir
 from interp.store.io import atomic_write_text, read_jsonl, write_json, write_table
 from interp.store.records import qa_key
 
-__all__ = ["NAME", "SUMMARIES", "AuditConfig", "Config", "format_summary", "judged_run",
-           "read_judged", "run", "write_audit"]
+__all__ = ["NAME", "SPEC", "SUMMARIES", "AuditConfig", "Config", "format_summary",
+           "judged_run", "read_judged", "run", "write_audit"]
 
-NAME = "audit"
-SUMMARIES = {"audit/summary.json": "audit_summary.json"}
-"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
+SPEC = spec("audit")
+"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+NAME = SPEC.name
+SUMMARIES = SPEC.summaries
+
+
+def _stage(name: str) -> Any:
+    """The module of the stage ``name``, loaded through its spec when used.
+
+    The audit reuses the attention stage's recording and the asymmetry stage's one-pass
+    storage; loading them through :data:`interp.stages.contract.SPECS` keeps the stage
+    modules free of imports of each other.
+    """
+    return spec(name).load()
 
 
 @dataclass
@@ -68,8 +78,8 @@ class AuditConfig:
     Attributes:
         band: layers of the band means (:func:`interp.layers.parse_layers`; paper: the last 8).
         detector_layers: layers whose heads feed the detector (``all`` by default).
-        detector_features: per-head features of the detector (:data:`interp.audit.
-            DETECTOR_FEATURES`; Lookback Lens uses the ratio alone).
+        detector_features: per-head features of the detector
+            (:data:`interp.audit.DETECTOR_FEATURES`; Lookback Lens uses the ratio alone).
         folds: k of the passage-grouped CV of the detector (fewer when a class has fewer
             passages; none below 2).
         fpr: the false-positive rate (share of RIGHT verdicts flagged) the flags are set at.
@@ -80,14 +90,14 @@ class AuditConfig:
         figures: draw ``DIR/figures/audit_roc.png``.
     """
 
-    band: str = DEFAULT_BAND
-    detector_layers: str = "all"
+    band: str = option(DEFAULT_BAND, kind="layers")
+    detector_layers: str = option("all", kind="layers")
     detector_features: list[str] = field(default_factory=lambda: ["lookback_ratio"])
     folds: int = 5
     fpr: float = 0.1
     C: float = 1.0
-    limit: int | None = None
-    n_boot: int = 1000
+    limit: int | None = option(None, kind="count")
+    n_boot: int = option(1000, kind="count")
     seed: int = 0
     figures: bool = True
 
@@ -126,7 +136,7 @@ class AuditConfig:
 Config = AuditConfig
 
 
-def run(run: RunDir, handle: ModelHandle, cfg: AuditConfig | None = None, *,
+def run(run_dir: RunDir, handle: ModelHandle, cfg: AuditConfig | None = None, *,
         overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Audit the verdicts of a judged run (module docstring); return ``audit/summary.json``.
 
@@ -136,9 +146,10 @@ def run(run: RunDir, handle: ModelHandle, cfg: AuditConfig | None = None, *,
         interp.errors.LayerSpecError: a band or detector layers outside the model.
     """
     cfg = cfg or AuditConfig()
-    attention_stage.record(run, handle, attention_stage.AttentionConfig(
+    attention = _stage("attention")
+    attention.record(run_dir, handle, attention.AttentionConfig(
         layers=cfg.band, limit=cfg.limit), overwrite=overwrite, log=log)
-    return write_audit(run, cfg, log=log)
+    return write_audit(run_dir, cfg, log=log)
 
 
 def write_audit(run: RunDir, cfg: AuditConfig | None = None, *,
@@ -149,7 +160,7 @@ def write_audit(run: RunDir, cfg: AuditConfig | None = None, *,
         interp.errors.RunDirError: no recordings (run ``interp attention``).
     """
     cfg = cfg or AuditConfig()
-    records, mass, spans, backends = attention_stage.load_masses(run, limit=cfg.limit)
+    records, mass, spans, backends = _stage("attention").load_masses(run, limit=cfg.limit)
     ev = mass["eval"]
     n_layers = ev.shape[1]
     band = parse_layers(cfg.band, n_layers)
@@ -360,12 +371,12 @@ def judged_run(path: str | Path, out: str | Path, handle: ModelHandle, *,
             if rec["status"] == "ok" and given is not None:
                 rec["judge_verdict"] = rec["verdict"]
                 rec["verdict"], rec["verdict_source"] = given, "given"
-        store_one_pass(rd, handle, recs, cap, sfacts)
+        _stage("asymmetry").store_one_pass(rd, handle, recs, cap, sfacts)
         rd.append_records(recs)
         done_n = s + len(part)
         rate = done_n / max(time.perf_counter() - t0, 1e-9)
         log(f"[audit] judged {done_n}/{len(todo)} (ETA {(len(todo) - done_n) / rate:.0f} s)")
-    write_metrics(rd)
+    _stage("asymmetry").write_metrics(rd)
     return rd
 
 

@@ -51,7 +51,7 @@ def grid(bundled, qwen, tmp_path_factory):
     dirs[(SMOL, QWEN)], dirs[(QWEN, SMOL)] = root / "smol_on_qwen", root / "qwen_on_smol"
     for (judge, source), d in sorted(dirs.items(), key=lambda kv: kv[0][0] != kv[0][1]):
         src = None if judge == source else str(dirs[(source, source)])
-        run(AsymmetryConfig(model=judge, answers_from=src, **base), d, handle=handles[judge],
+        run(d, handles[judge], AsymmetryConfig(model=judge, answers_from=src, **base),
             log=_quiet)
     return root, dirs, handles
 

@@ -44,11 +44,11 @@ def grid(tmp_path_factory):
     base = dict(datasets=[data], limit=N, batch_size=N, n_boot=200, max_new_tokens=6,
                 device="cpu")
     for m in models:
-        run(AsymmetryConfig(model=models[m], **base), root / m, log=_quiet)
+        run(root / m, None, AsymmetryConfig(model=models[m], **base), log=_quiet)
         _give_right_answers(root / m, every=2 if m == "B" else 3)
     for j, s in (("A", "B"), ("B", "A")):
-        run(AsymmetryConfig(model=models[j], answers_from=str(root / s), **base),
-            root / f"{j}_on_{s}", log=_quiet)
+        run(root / f"{j}_on_{s}", None,
+            AsymmetryConfig(model=models[j], answers_from=str(root / s), **base), log=_quiet)
     return root, models, base
 
 
@@ -76,11 +76,11 @@ def test_cross_run_refuses_another_template_oracle_or_records(grid):
     root, models, base = grid
     cfg = dict(base, model=models["A"], answers_from=str(root / "B"))
     with pytest.raises(ConfigError, match="template 'default', this run asks for 'reference'"):
-        run(AsymmetryConfig(**{**cfg, "template": "reference"}), root / "x1", log=_quiet)
+        run(root / "x1", None, AsymmetryConfig(**{**cfg, "template": "reference"}), log=_quiet)
     with pytest.raises(ConfigError, match="oracle 'rule'"):
-        run(AsymmetryConfig(**{**cfg, "oracle": "model:x"}), root / "x2", log=_quiet)
+        run(root / "x2", None, AsymmetryConfig(**{**cfg, "oracle": "model:x"}), log=_quiet)
     with pytest.raises(RunDirError, match="no manifest.json"):
-        run(AsymmetryConfig(**{**cfg, "answers_from": str(root / "nowhere")}), root / "x3",
+        run(root / "x3", None, AsymmetryConfig(**{**cfg, "answers_from": str(root / "nowhere")}),
             log=_quiet)
     assert not (root / "x1").exists() and not (root / "x3").exists()
     # a stored label the rule oracle does not give is refused (another oracle version)
@@ -92,7 +92,7 @@ def test_cross_run_refuses_another_template_oracle_or_records(grid):
     recs[1]["oracle_label"] = not recs[1]["oracle_label"]
     write_jsonl(RunDir(bad).records_path, recs)
     with pytest.raises(RunDirError, match=r"differs from 1 selected example.*oracle_label"):
-        run(AsymmetryConfig(**{**cfg, "answers_from": str(bad)}), root / "x4", log=_quiet)
+        run(root / "x4", None, AsymmetryConfig(**{**cfg, "answers_from": str(bad)}), log=_quiet)
 
 
 def test_source_metrics_group_by_answer_source(grid):
