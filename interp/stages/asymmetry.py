@@ -48,6 +48,7 @@ from interp.cross_judge import (
     source_metrics,
 )
 from interp.data import DATASETS, QAExample, load_examples
+from interp.endpoints import EndpointConfig, is_endpoint_spec, oracle_facts, run_served
 from interp.errors import ConfigError, DataError, RunDirError
 from interp.grading import BaseOracle, RuleOracle, make_oracle, parse_oracle_spec
 from interp.inputs import new_run_dir
@@ -92,7 +93,8 @@ class AsymmetryConfig:
             grid that keeps the ~3k-token MuSiQue prompts few).
         template: template variant name; ``templates_path`` a TOML file of variants.
         templates_path: a TOML file of template variants (None: the bundled ones).
-        oracle: ``"rule"`` or ``"model:SPEC"`` (an LLM oracle).
+        oracle: ``"rule"``, ``"model:SPEC"`` (an LLM oracle) or ``"openai:MODEL"`` (an LLM
+            oracle behind an OpenAI-compatible endpoint, docs/endpoints.md).
         include_unanswerable: keep SQuAD 2.0 unanswerable questions (abstaining is correct).
         split: dataset split.
         max_new_tokens: answer length cap (tokens).
@@ -121,6 +123,12 @@ class AsymmetryConfig:
             generating its own (cross-judging, :mod:`interp.cross_judge`): the same records,
             template and oracle as that run, its oracle labels, and every record names its
             ``answer_source``. None: self-evaluation.
+        model_endpoint: for ``model = "openai:MODEL"``: ``base_url``, ``api_key_env``,
+            ``concurrency``, ``timeout_s``, ``max_retries``, ``max_error_rate``, ``seed``
+            (:class:`interp.endpoints.EndpointConfig`; None: defaults and the environment).
+        oracle_endpoint: the same table for ``oracle = "openai:MODEL"`` (both tables are
+            config keys only; on the command line the base URL comes from
+            ``$INTERP_OPENAI_BASE_URL`` or ``$OPENAI_BASE_URL``).
     """
 
     model: str = DEFAULT_MODEL
@@ -141,6 +149,8 @@ class AsymmetryConfig:
     n_boot: int = option(2000, kind="count")
     one_pass: bool = True
     chunk_batches: int = 1
+    model_endpoint: dict[str, Any] | None = option(None, cli=False)
+    oracle_endpoint: dict[str, Any] | None = option(None, cli=False)
     answers_from: str | None = None
 
     def __post_init__(self) -> None:
@@ -199,6 +209,10 @@ def run(
     if not overwrite:  # another model, template, ... is refused before the model loads
         RunDir(out).check_same_config(asdict(config), KEY_FIELDS)
     with new_run_dir(out), RunDir(out).writer():  # a second writer is refused here, at once
+        if is_endpoint_spec(config.model):  # a served model: its replies, no internals
+            return run_served(config, RunDir(out), loaded, overwrite=overwrite, log=log,
+                              chunk=chunk, key_fields=KEY_FIELDS, stale=stale_records,
+                              finish=write_metrics)
         return _run(config, RunDir(out), loaded, overwrite=overwrite, handle=handle, log=log,
                     chunk=chunk)
 
@@ -211,9 +225,10 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
         limit and filter).
 
     Raises:
-        interp.errors.ConfigError: a count below 1, no dataset, an oracle spec that is
-            neither ``rule`` nor ``model:SPEC`` (:func:`interp.grading.parse_oracle_spec`), or
-            an ``answers_from`` run made with another template or oracle.
+        interp.errors.ConfigError: a count below 1, no dataset, an unknown oracle spec
+            (:func:`interp.grading.parse_oracle_spec`: ``rule``, ``model:SPEC``,
+            ``openai:MODEL``), a bad endpoint table, or an ``answers_from`` run made with
+            another template or oracle.
         interp.errors.RunDirError: an ``answers_from`` run that lacks a selected example or
             holds another version of it (:func:`interp.cross_judge.check_answer_source`).
         interp.errors.PromptError: an unknown template.
@@ -224,6 +239,10 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
     if not config.datasets:
         raise ConfigError("no dataset given: pass --dataset squad_v2 (or a JSONL file)")
     parse_oracle_spec(config.oracle)
+    for model_spec, table, where in ((config.model, config.model_endpoint, "model_endpoint"),
+                               (config.oracle, config.oracle_endpoint, "oracle_endpoint")):
+        if is_endpoint_spec(model_spec):
+            EndpointConfig.from_spec(model_spec, table, f"asymmetry.{where}")
     get_template(config.template, config.templates_path)
     loaded = {}
     for ds in config.datasets:
@@ -245,6 +264,10 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
          chunk: int | None) -> dict[str, Any]:
     """Steps 1-3 of :func:`run` (the module docstring) on checked inputs."""
     template = get_template(config.template, config.templates_path)
+    served = None  # an endpoint oracle is preflighted before the model loads
+    if is_endpoint_spec(config.oracle):
+        served = make_oracle(config.oracle, run=rd, endpoint=config.oracle_endpoint)
+        served.endpoint.preflight()  # type: ignore[attr-defined]
     handle = handle or load_model(config.model, device=config.device, dtype=config.dtype)
     facts = runtime_facts(handle)
     if not overwrite and rd.manifest_path.exists():  # resuming with another checkpoint: refuse
@@ -257,8 +280,9 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     manifest = rd.init_manifest(asdict(config), overwrite=overwrite,
                                 model_info={**handle.info, "verdict_replies": replies},
                                 key_fields=KEY_FIELDS, runtime=facts,
-                                result_facts=result_facts(facts))
-    oracle = None if config.answers_from else make_oracle(  # cross-judged: the source's labels
+                                result_facts={**result_facts(facts), **oracle_facts(served)})
+    # cross-judged: the source run's oracle labels, no oracle of its own
+    oracle = None if config.answers_from else served or make_oracle(
         config.oracle, device=config.device, dtype=config.dtype, run_model=handle)
     facts = None
     if config.one_pass:  # the stages' own checks: refuse their work made under other settings
@@ -366,7 +390,8 @@ def stale_records(finished: Mapping[tuple[str, str], Mapping[str, Any]],
 
     A record is keyed by (dataset, id); it is stale when the example now loaded under that key
     has another question, context or answers, or (``ok`` records) when its generation prompt
-    now renders to another length or other token spans (a new tokenizer or template text).
+    now renders to another length or other token spans (a new tokenizer or template text;
+    not checked with ``tokenizer=None``, a served model's run).
     """
     out = {}
     for ex in examples:
@@ -379,7 +404,8 @@ def stale_records(finished: Mapping[tuple[str, str], Mapping[str, Any]],
                 out[(ex.dataset, ex.id)] = f"its {k} changed"
                 break
         else:
-            if rec.get("status") == "ok" and (rec.get("prompts") or {}).get("gen") != render(
+            if tokenizer is not None and rec.get("status") == "ok" and (
+                    rec.get("prompts") or {}).get("gen") != render(
                     tokenizer, template, "gen", context=ex.context, question=ex.question,
                     reference=ex.answers[0] if ex.answers else "").to_record():
                 out[(ex.dataset, ex.id)] = "its generation prompt renders differently"
@@ -409,7 +435,8 @@ def write_metrics(run: RunDir, config: AsymmetryConfig | None = None) -> dict[st
 
 
 def oracle_agreement(run: RunDir, oracle: str | BaseOracle, *, limit: int | None = None,
-                     device: str | None = None) -> dict[str, Any]:
+                     device: str | None = None, endpoint: Mapping[str, Any] | None = None
+                     ) -> dict[str, Any]:
     """Agreement of the rule oracle and an LLM oracle on a run's records.
 
     Both oracles grade every ok record's extracted answer (:func:`interp.grading.
@@ -418,9 +445,12 @@ def oracle_agreement(run: RunDir, oracle: str | BaseOracle, *, limit: int | None
 
     Args:
         run: an asymmetry run directory.
-        oracle: ``"model:SPEC"`` or an oracle object (side ``b``; the rule oracle is ``a``).
+        oracle: ``"model:SPEC"``, ``"openai:MODEL"`` (its requests cached in the run
+            directory, so a rerun makes none) or an oracle object (side ``b``; the rule
+            oracle is ``a``).
         limit: the first N ok records per dataset (None: all).
         device: where to load the oracle model.
+        endpoint: an ``openai:`` oracle's table (:class:`interp.endpoints.EndpointConfig`).
 
     Returns:
         The written dict: :func:`interp.agreement.oracle_agreement`'s keys plus ``run``,
@@ -433,12 +463,13 @@ def oracle_agreement(run: RunDir, oracle: str | BaseOracle, *, limit: int | None
         RunDirError: the run has no ok records (before any model is loaded).
     """
     if isinstance(oracle, str) and parse_oracle_spec(oracle).kind == "rule":
-        raise ConfigError(f"--oracle must be model:SPEC (the rule oracle is the other side), "
-                          f"not {oracle!r}")
+        raise ConfigError(f"--oracle must be model:SPEC or openai:MODEL (the rule oracle is "
+                          f"the other side), not {oracle!r}")
     records = limit_per_dataset(run.read_records(), limit)
     if not records:
         raise RunDirError(f"{run.path} has no ok records to grade; run `interp asymmetry` first")
-    other = make_oracle(oracle, device=device) if isinstance(oracle, str) else oracle
+    other = make_oracle(oracle, device=device, run=run, endpoint=endpoint) \
+        if isinstance(oracle, str) else oracle
     res = grade_agreement(records, RuleOracle(), other, max_examples=len(records))
     res = {"run": str(run.path),
            "stored_oracle": run.manifest().get("config", {}).get("oracle"), **res,
