@@ -312,7 +312,10 @@ def _stage_params(s: StageSpec) -> list[inspect.Parameter]:
                 opt("model", str | None, None, help="with --judged: the judge model"),
                 opt("out", Path | None, None, help="with --judged: the run directory"),
                 opt("template", str, "default", help="with --judged: the eval template"),
-                opt("device", str | None, None, help="default: the run's device"), overwrite]
+                opt("device", str | None, None, help="default: the run's device"), overwrite,
+                opt("tables_only", bool, False, help=(
+                    "only rebuild the tables and figures from the stored recordings (no "
+                    "model)"))]
     if s.needs_run:
         params = [opt("run", Path, ..., help="finished asymmetry run directory"),
                   opt("device", str | None, None, help="default: the run's device"), overwrite]
