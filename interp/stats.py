@@ -25,7 +25,9 @@ ratios), the probes (cross-validated metrics) and patching (correlations).
 * McNemar's exact test of two classifiers on the same examples: ``b`` = only the first right,
   ``c`` = only the second right, p = two-sided exact binomial test of ``b`` in ``b + c`` at 1/2.
 * ROC AUC as the Mann-Whitney U statistic with average ranks for ties (equal to the area under
-  the ROC curve; ``sklearn.metrics.roc_auc_score`` computes the same number).
+  the ROC curve; ``sklearn.metrics.roc_auc_score`` computes the same number);
+  :func:`cluster_bootstrap_auc` gives it a passage-cluster CI (the weighted statistic on each
+  resample).
 * Stratified (group) k-fold splits (scikit-learn ``StratifiedKFold`` / ``StratifiedGroupKFold``)
   with one group per passage: questions that share a passage are not independent.
 """
@@ -47,6 +49,7 @@ __all__ = [
     "MIN_PASSAGES",
     "ClusterBootstrap",
     "binary_metrics",
+    "cluster_bootstrap_auc",
     "cluster_bootstrap_mean",
     "cluster_bootstrap_ratio",
     "correlations",
@@ -235,6 +238,45 @@ def cluster_bootstrap_mean(x: Float[Array, " n"], groups: Sequence[Any],
     x = np.asarray(x, dtype=np.float64)
     r = cluster_bootstrap_ratio(x, np.where(np.isfinite(x), 1.0, np.nan), groups, rng, n_boot)
     return {"mean": r["value"], "ci": r["ci"], "n": r["n"], "n_clusters": r["n_clusters"]}
+
+
+def cluster_bootstrap_auc(y: Bool[Array, " n"], score: Float[Array, " n"],
+                          groups: Sequence[Any], rng: np.random.Generator,
+                          n_boot: int) -> dict[str, Any]:
+    """ROC AUC of ``score`` against ``y`` with a passage-cluster percentile bootstrap 95% CI.
+
+    On each resample (:class:`ClusterBootstrap` weights ``w``) the AUC is the weighted
+    Mann-Whitney statistic ``sum_{i pos, j neg} w_i w_j [s_i > s_j] (+ 1/2 on ties) /
+    (sum_pos w * sum_neg w)``, which is the AUC of the resampled set (each example counted as
+    often as its passage was drawn); resamples without both classes are left out.
+
+    Args:
+        y: ``[n]`` bool labels (True = positive).
+        score: ``[n]`` scores (higher = positive).
+        groups: ``[n]`` cluster ids (:func:`passage_groups`).
+        rng: the generator (advances by one :func:`resample_indices` call).
+        n_boot: resamples of the clusters.
+
+    Returns:
+        ``{"auc", "ci", "n", "n_pos", "n_neg", "n_clusters"}``: ``auc`` None with one class,
+        ``ci`` None then or with fewer than two clusters.
+    """
+    y = np.asarray(y, bool)
+    score = np.asarray(score, np.float64)
+    auc = roc_auc(y, score)
+    bs = ClusterBootstrap([str(g) for g in groups], n_boot, rng)
+    out: dict[str, Any] = {"auc": auc, "ci": None, "n": int(len(y)), "n_pos": int(y.sum()),
+                           "n_neg": int((~y).sum()), "n_clusters": bs.n_clusters}
+    if auc is None or bs.weights is None:
+        return out
+    pos, neg = score[y], score[~y]
+    cmp = (pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])
+    wp, wn = bs.weights[:, y], bs.weights[:, ~y]
+    num = ((wp @ cmp) * wn).sum(1)
+    den = wp.sum(1) * wn.sum(1)
+    with np.errstate(all="ignore"):
+        out["ci"] = bs.interval(np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan))
+    return out
 
 
 def wilson_ci(k: int, n: int, level: float = 0.95) -> list[float] | None:

@@ -271,6 +271,15 @@ SPECS: tuple[StageSpec, ...] = (
         tables=("record/index.json", "record/index.parquet", "record/span_to_span.json"),
         summaries={"record/span_to_span.json": "record_span_to_span.json"},
         figures=("figures/record_span_to_span.png",), tables_only="write_tables"),
+    StageSpec(
+        name="audit", command="audit", module="interp.stages.audit", config="AuditConfig",
+        folder="audit", needs=(_RECORDS,),
+        help="Did the judge read? Attention on context/candidate per verdict, AUCs, flagged "
+             "verdicts.",
+        tables=("audit/summary.json", "audit/verdicts.parquet", "audit/verdicts.csv",
+                "audit/flagged.parquet", "audit/flagged.csv", "audit/flagged.md"),
+        summaries={"audit/summary.json": "audit_summary.json"},
+        figures=("figures/audit_roc.png",), tables_only="write_audit"),
 )
 """Every stage, in the order ``interp run`` runs them (``asymmetry`` first)."""
 

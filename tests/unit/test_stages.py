@@ -14,7 +14,7 @@ from interp.store.rundir import RunDir
 
 def test_stage_list_is_explicit_and_complete():
     assert list(stages.STAGES) == [
-        "attention", "probe", "transfer", "patching", "steering", "record"]
+        "attention", "probe", "transfer", "patching", "steering", "record", "audit"]
     for name, stage in pipeline.STAGES.items():
         assert stage.NAME == name
         assert callable(stage.run) and callable(stage.format_summary)
