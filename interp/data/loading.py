@@ -9,19 +9,12 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from pathlib import Path
 from typing import Any, TypeVar
 
+from interp.data import formats
 from interp.data.examples import (
     DATASETS,
     QAExample,
     _norm_split,
     _unknown_dataset,
-)
-from interp.data.formats import (
-    example_from_hotpotqa,
-    example_from_hub_row,
-    example_from_ircot,
-    example_from_musique,
-    examples_from_drop,
-    examples_from_squad_v2,
 )
 from interp.errors import DataError
 from interp.jsonl import json_line
@@ -82,7 +75,7 @@ def _load_hub(dataset: str, split: str) -> Iterator[QAExample]:
         ) from e
     for n, row in enumerate(rows):
         try:
-            yield example_from_hub_row(dataset, row, split=split)
+            yield formats.example_from_hub_row(dataset, row, split=split)
         except DataError as e:
             raise e.at(f"hub:{'/'.join(args)}[{split}][{n}]") from None
 
@@ -111,15 +104,15 @@ def _row_kind(rec: Any) -> str:
 
 def _convert_row(rec: Any, kind: str, split: str, dataset: str | None = None) -> QAExample:
     if kind == "ircot":
-        return example_from_ircot(rec, split=split)
+        return formats.example_from_ircot(rec, split=split)
     if kind == "musique":
-        return example_from_musique(rec, split=split)
+        return formats.example_from_musique(rec, split=split)
     if kind == "hotpotqa":
-        return example_from_hotpotqa(rec, split=split)
+        return formats.example_from_hotpotqa(rec, split=split)
     if kind == "hub_drop":
-        return example_from_hub_row("drop", rec, split=split)
+        return formats.example_from_hub_row("drop", rec, split=split)
     if kind == "hub_squad_v2":
-        return example_from_hub_row("squad_v2", rec, split=split)
+        return formats.example_from_hub_row("squad_v2", rec, split=split)
     return QAExample.from_dict(rec, split=split, dataset=dataset)
 
 
@@ -254,10 +247,10 @@ def _iter_file_at(p: Path, split: str) -> Iterator[tuple[str, QAExample]]:
         return
     kind = _classify_whole(obj)
     if kind == "squad_v2_json":
-        it = examples_from_squad_v2(obj, split=split, where=str(p))
+        it = formats.examples_from_squad_v2(obj, split=split, where=str(p))
         yield from ((f"question {n + 1}", ex) for n, ex in enumerate(it))
     elif kind == "drop_json":
-        it = examples_from_drop(obj, split=split, where=str(p))
+        it = formats.examples_from_drop(obj, split=split, where=str(p))
         yield from ((f"question {n + 1}", ex) for n, ex in enumerate(it))
     elif kind == "list":
         for n, rec in enumerate(obj):

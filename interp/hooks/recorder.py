@@ -61,6 +61,7 @@ from interp.models import ModelHandle
 
 __all__ = ["BACKENDS", "IMPLEMENTATION", "PATTERN_CHUNK_BYTES", "PATTERN_POINT", "Recording",
            "STREAM_POINTS", "Sink", "batch_rows", "context_mass", "full_pattern", "last_row",
+           "sdpa_forward",
            "record_rows",
            "record_stream", "register_attention", "register_recorder"]
 
@@ -162,17 +163,30 @@ def full_pattern(query: Float[Tensor, "batch head q d"], key: Float[Tensor, "bat
     return torch.softmax(scores, dim=-1)
 
 
+def sdpa_forward(module: Any, query: Tensor, key: Tensor, value: Tensor,
+                 attention_mask: Tensor | None, scaling: float | None, dropout: float,
+                 kwargs: dict[str, Any]) -> tuple[Tensor, int, float]:
+    """The model's own SDPA attention, run first by every attention function registered here.
+
+    Returns:
+        The attention output (as transformers' ``sdpa_attention_forward`` gives it), the
+        module's layer index and the softmax scale (``scaling``, else ``head_dim ** -0.5``).
+    """
+    kwargs.pop("output_attentions", None)
+    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                    scaling=scaling, **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return out, int(module.layer_idx), scale
+
+
 def _recording_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
                          attention_mask: Tensor | None, scaling: float | None = None,
                          dropout: float = 0.0, **kwargs: Any) -> tuple[Tensor, None]:
     """SDPA attention that also records the last-token row (registered as ``interp_last_row``)."""
-    kwargs.pop("output_attentions", None)
-    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                    scaling=scaling, **kwargs)
+    out, layer, scale = sdpa_forward(module, query, key, value, attention_mask, scaling, dropout,
+                                     kwargs)
     cap = _ACTIVE.get()
     if cap is not None:
-        layer = int(module.layer_idx)
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         cap.rows[layer] = last_row(query, key, attention_mask, scale)
         if layer in cap.pattern_layers and cap.sink is not None:
             _stream_pattern(cap.sink, layer, query, key, attention_mask, scale)

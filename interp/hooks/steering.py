@@ -44,10 +44,9 @@ from typing import Any
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from interp.errors import SteeringError
-from interp.hooks.recorder import last_row, register_attention
+from interp.hooks.recorder import last_row, register_attention, sdpa_forward
 from interp.hooks.wrappers import attn_implementation, to_tlens
 from interp.models import ModelHandle
 
@@ -114,19 +113,16 @@ def _steering_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
                         attention_mask: Tensor | None, scaling: float | None = None,
                         dropout: float = 0.0, **kwargs: Any) -> tuple[Tensor, None]:
     """SDPA, then the steered last query row (module docstring, step 2)."""
-    kwargs.pop("output_attentions", None)
-    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                    scaling=scaling, **kwargs)
+    out, layer, scale = sdpa_forward(module, query, key, value, attention_mask, scaling, dropout,
+                                     kwargs)
     st = _ACTIVE.get()
     if st is None:
         return out, None
-    layer = int(module.layer_idx)
-    b, n_heads, _, head_dim = query.shape
+    b, n_heads, _, _ = query.shape
     n_keys = key.shape[2]
     bias = st.bias(layer, b, n_heads, n_keys, query.device)
     if bias is None and not st.keep_rows:
         return out, None
-    scale = scaling if scaling is not None else head_dim ** -0.5
     add = _additive(attention_mask, n_keys)
     if bias is not None:
         add = add + bias[:, :, None, :]
