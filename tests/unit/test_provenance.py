@@ -207,7 +207,7 @@ def test_another_template_with_the_same_ids_redoes_recordings_and_features(tiny,
     recs = run.read_records()
     acfg = attention_stage.AttentionConfig(layers="all", n_boot=10, figures=False)
     assert attention_stage.record(run, tiny, acfg, **QUIET) == 3
-    before_mass = {r["id"]: load_tensors(attention_stage.record_path(run, r)) for r in recs}
+    before_mass = {r["id"]: load_tensors(attention_stage.rows_path(run, r)) for r in recs}
     feats, info = {}, {}
     for task in ("eval", "gen"):
         feats[task], info[task] = probe_stage.cached_features(run, tiny, recs, task, **QUIET)
@@ -225,15 +225,15 @@ def test_another_template_with_the_same_ids_redoes_recordings_and_features(tiny,
     # attention: every recording is redone; the gen prompt did not change, its masses are equal
     assert attention_stage.record(run, tiny, acfg, **QUIET) == 3
     for r in new:
-        after = load_tensors(attention_stage.record_path(run, r))
+        after = load_tensors(attention_stage.rows_path(run, r))
         gen, old_gen = after["mass.gen"], before_mass[r["id"]]["mass.gen"]
         n = old_gen.shape[-1]  # the new 'reference' span comes last; the gen prompt has none
         # (same rows; the span sums run over one more span column: float rounding only)
         assert torch.allclose(gen[..., :n], old_gen, rtol=0, atol=1e-6)
         assert float(gen[..., n:].abs().sum()) == 0.0
         assert not torch.equal(after["mass.eval"], before_mass[r["id"]]["mass.eval"])
-        with safe_open(str(attention_stage.record_path(run, r)), "pt") as f:
-            assert f.metadata()["record"] == attention_stage.record_signature(r)
+        with safe_open(str(attention_stage.rows_path(run, r)), "pt") as f:
+            assert f.metadata()["record"] == attention_stage.qa_record_signature(r)
     assert len(attention_stage.load_masses(run)[0]) == 3
     # probe features: the eval prompts changed and are extracted again; the gen ones are reused
     ev, ev_info = probe_stage.cached_features(run, tiny, new, "eval", **QUIET)
