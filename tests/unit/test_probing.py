@@ -89,6 +89,12 @@ def test_run_probes_end_to_end_and_resume(tiny, tmp_path):
     assert pm["n"] + pm["skipped"] == 3 and pm["observed"] == pytest.approx(
         max(r["auc"] for r in res["tasks"]["eval"]["grid"] if r["probe"] == "logreg"))
     assert "permutation null" in format_summary(res)
+    # 24 records, 9 of the rarer class: no flag; the same scores on 6 records are flagged
+    assert "fit on only" not in format_summary(res) and "*  F1" not in format_summary(res)
+    tiny_fit = format_summary({**res, "n_records": 6, "class_counts": {"correct": 3,
+                                                                        "incorrect": 3}})
+    assert "\n* fit on only 6 records, 3 of the rarer class" in tiny_fit
+    assert all("*  F1" in line for line in tiny_fit.splitlines() if "prompt best" in line)
     from interp.plots.probes import permutation_text  # the figure names the permuted cell
     assert permutation_text(pm) == (f"\npermutation p={pm['p_value']:.2f} (best logreg cell, "
                                     f"AUC {pm['observed']:.2f}, {pm['n']} permutations)")
