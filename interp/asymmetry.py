@@ -48,6 +48,9 @@ from interp.prompts import RenderedPrompt, Template, render
 from interp.stats import (
     MIN_PASSAGES,
     ClusterBootstrap,
+    ci_text,
+    degenerate_note,
+    is_degenerate,
     mcnemar,
     passage_groups,
     passage_note,
@@ -409,10 +412,12 @@ def format_metrics(metrics: Mapping[str, Any]) -> str:
             rows.append(f"{name:<10} {0:>4}")
             continue
         ci = m.get("delta_ci")
-        ci_s = "-" if not ci else f"[{ci[0]:+.2f},{ci[1]:+.2f}]"
+        ci_s = ci_text(ci, "+.2f")
         star = "*" if m.get("few_passages") else ""
         if star:
             notes.append(f"* {name}: {m['note']}")
+        if is_degenerate(ci):
+            notes.append(f"  {name}: {degenerate_note(m.get('n_passages'))}")
         if m.get("forced_choice_note"):
             notes.append(f"  {name}: {m['forced_choice_note']}")
         if m.get("EA_forced_unavailable"):

@@ -35,6 +35,7 @@ ratios), the probes (cross-validated metrics) and patching (correlations).
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,6 +47,9 @@ from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
 from interp.errors import ProbeError
 
 __all__ = [
+    "DEGENERATE_MARK",
+    "MIN_FIT_CLASS",
+    "MIN_FIT_RECORDS",
     "MIN_PASSAGES",
     "ClusterBootstrap",
     "binary_metrics",
@@ -57,6 +61,10 @@ __all__ = [
     "make_folds",
     "mcnemar",
     "passage_groups",
+    "ci_text",
+    "degenerate_note",
+    "fit_note",
+    "is_degenerate",
     "passage_note",
     "percentile_ci",
     "resample_indices",
@@ -102,6 +110,72 @@ def passage_note(n_passages: int) -> str | None:
         return None
     return (f"only {n_passages} passage{'s' * (n_passages != 1)} (< {MIN_PASSAGES}): questions "
             f"about one passage are not independent, so this group has few independent units")
+
+
+MIN_FIT_RECORDS = 20
+"""A classifier scored on fewer records than this (or on fewer than :data:`MIN_FIT_CLASS` of
+either class) is flagged (:func:`fit_note`): its fold scores can be 1.000 +/- 0.000 by chance."""
+MIN_FIT_CLASS = 5
+"""The fewest records of the rarer class for a fit that :func:`fit_note` leaves unflagged."""
+DEGENERATE_MARK = "(zero width)"
+"""Written after an interval whose bounds are equal (:func:`ci_text`)."""
+
+
+def is_degenerate(ci: Sequence[float] | None) -> bool:
+    """Whether a (lower, upper) interval has zero width: every resample gave one value.
+
+    On a handful of clusters the bootstrap can draw the same value every time
+    (``[1.00, 1.00]``); that is no evidence of precision, only of too few units.
+    """
+    return ci is not None and len(ci) == 2 and ci[0] is not None and ci[1] is not None \
+        and math.isclose(float(ci[0]), float(ci[1]), rel_tol=0.0, abs_tol=1e-12)
+
+
+def ci_text(ci: Sequence[float] | None, spec: str = ".2f", sep: str = ",") -> str:
+    """An interval as shown to a person: ``[lo,hi]``, marked when degenerate, ``-`` if None.
+
+    Args:
+        ci: ``[lower, upper]`` or None.
+        spec: The format spec of each bound (``"+.2f"``).
+        sep: Between the bounds.
+
+    Returns:
+        ``"[0.10,0.30]"``; ``"[1.00,1.00] (zero width)"`` (:data:`DEGENERATE_MARK`) when the
+        bounds are equal; ``"-"`` without an interval.
+    """
+    if not ci:
+        return "-"
+    text = f"[{ci[0]:{spec}}{sep}{ci[1]:{spec}}]"
+    return f"{text} {DEGENERATE_MARK}" if is_degenerate(ci) else text
+
+
+def degenerate_note(n_passages: int | None = None) -> str:
+    """The note under a table or figure that shows a :data:`DEGENERATE_MARK` interval."""
+    on = f" on {n_passages} passage{'s' * (n_passages != 1)}" if n_passages is not None else ""
+    return (f"{DEGENERATE_MARK}: every bootstrap resample{on} gave the same value; the interval "
+            f"says the group is too small, not that the value is exact")
+
+
+def fit_note(n_records: int, class_counts: Mapping[str, int] | None = None) -> str | None:
+    """The visible note of a classifier fit on too few records, else None.
+
+    A fit is flagged on fewer than :data:`MIN_FIT_RECORDS` records or fewer than
+    :data:`MIN_FIT_CLASS` records of either class: with a few test records per fold every
+    fold's AUC can be 1.000 and its spread 0.000 by chance.
+
+    Args:
+        n_records: Records the classifier was cross-validated on.
+        class_counts: ``{"correct": k, "incorrect": k}`` (optional).
+
+    Returns:
+        The note, or None for a fit on enough records.
+    """
+    rare = min(class_counts.values()) if class_counts else None
+    if n_records >= MIN_FIT_RECORDS and (rare is None or rare >= MIN_FIT_CLASS):
+        return None
+    classes = f", {rare} of the rarer class" if rare is not None else ""
+    return (f"fit on only {n_records} records{classes} (< {MIN_FIT_RECORDS} records or < "
+            f"{MIN_FIT_CLASS} per class): scores and their spread are not meaningful")
 
 
 class ClusterBootstrap:
