@@ -45,6 +45,7 @@ from interp.plots import plot_asymmetry
 from interp.prefill import Capture
 from interp.probing import POOLS
 from interp.prompts import Template, get_template, render
+from interp.reasoning import MAX_REASONING_TOKENS
 from interp.stages import attention as attention_stage
 from interp.stages import probe as probe_stage
 from interp.stages.common import stage_facts
@@ -86,6 +87,8 @@ class AsymmetryConfig:
         split: dataset split.
         max_new_tokens: answer length cap (tokens).
         verdict_max_new_tokens: verdict length cap (tokens).
+        max_reasoning_tokens: a reasoning judge's reply budget (tokens; only templates with
+            ``judge = "reasoning"`` use it, :mod:`interp.reasoning`).
         batch_size: prompts per forward pass.
         seed: seed of bootstrap resampling.
         device: where to run (default CUDA when available).
@@ -118,6 +121,7 @@ class AsymmetryConfig:
     split: str = "validation"
     max_new_tokens: int = 48
     verdict_max_new_tokens: int = 12
+    max_reasoning_tokens: int = MAX_REASONING_TOKENS
     batch_size: int = 8
     seed: int = 0
     device: str | None = None
@@ -226,7 +230,8 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     oracle = make_oracle(config.oracle, device=config.device, dtype=config.dtype,
                          run_model=handle)
     facts = None
-    if config.one_pass:  # the stages' own checks: refuse their work made under other settings
+    # the stages' own checks: refuse their work made under other settings
+    if config.one_pass and template.judge == "word":
         facts = stage_facts(rd, handle, "attention", overwrite=overwrite)
         stage_facts(rd, handle, "probe", overwrite=overwrite)
     finished = {record_key(r): r for r in (rd.read_records(status=None)
@@ -249,11 +254,14 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
         bar = tqdm(total=len(todo), desc=ds, unit="ex", disable=not todo)
         for s in range(0, len(todo), chunk):
             part = todo[s:s + chunk]
-            cap = Capture(rows=True, pools=POOLS) if config.one_pass else None
+            # a reasoning judge's verdict position lies after its reasoning: no one-pass
+            cap = Capture(rows=True, pools=POOLS) if config.one_pass and \
+                template.judge == "word" else None
             recs = evaluate_examples(
                 handle, part, template=template, oracle=oracle,
                 max_new_tokens=config.max_new_tokens,
                 verdict_max_new_tokens=config.verdict_max_new_tokens,
+                max_reasoning_tokens=config.max_reasoning_tokens,
                 batch_size=config.batch_size, capture=cap)
             for r in recs:
                 r["template"] = config.template
