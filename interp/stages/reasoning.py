@@ -163,7 +163,8 @@ def run(rd: RunDir, handle: ModelHandle, cfg: ReasoningConfig | None = None, *,
                 if j.reasoning_mass is not None:
                     tensors["mass.reasoning"] = j.reasoning_mass
                 save_tensors(_mass_path(rd, rec), tensors, {"spans": json.dumps(REASONING_SPANS)})
-        out.drop_records([record_key(r) for r in recs if record_key(r) in done])
+        if stale_keys := [record_key(r) for r in recs if record_key(r) in done]:
+            out.drop_records(stale_keys)
         out.append_records(recs)
         bar.update(len(part))
     bar.close()

@@ -218,3 +218,41 @@ def test_harness_refuses_one_pass_with_reasoning_judge(tiny):
     with pytest.raises(ConfigError, match="one_pass = false"):
         evaluate_examples(tiny, [ex], template=get_template("reasoning"), oracle=RuleOracle(),
                           capture=Capture())
+
+
+def test_stage_side_by_side_resumes(tiny, tmp_path):
+    """The stage on a tiny run: paired table, figure, stored masses, resume, bad template."""
+    import json
+
+    from interp.errors import ConfigError
+    from interp.stages.asymmetry import AsymmetryConfig
+    from interp.stages.asymmetry import run as run_asymmetry
+    from interp.stages.reasoning import ReasoningConfig
+    from interp.stages.reasoning import run as run_reasoning
+    from interp.store import RunDir
+
+    cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=4, batch_size=2,
+                          max_new_tokens=4, verdict_max_new_tokens=3, n_boot=20)
+    run_asymmetry(cfg, tmp_path, handle=tiny, log=lambda s: None)
+    rd = RunDir(tmp_path)
+    lines: list[str] = []
+    rc = ReasoningConfig(max_reasoning_tokens=5, batch_size=3, n_boot=20, layers="all")
+    res = run_reasoning(rd, tiny, rc, log=lines.append)
+    n_ok = len(rd.read_records())
+    g = res["overall"]
+    assert g["n"] == n_ok and res["unpaired"] == 0
+    assert g["reasoning_judge"]["n_hit_budget"] + sum(
+        r["reasoning_stop"] == "eos" for r in RunDir(tmp_path / "reasoning").read_records()
+    ) == n_ok
+    for k in ("EA", "EA_forced", "acceptance_rate_incorrect", "verdict_context_mass"):
+        s = g[k]
+        assert s["delta"] == pytest.approx(s["reasoning"] - s["word"])
+    stored = json.loads((tmp_path / "reasoning" / "side_by_side.json").read_text())
+    assert stored["overall"]["n"] == n_ok
+    assert (tmp_path / "figures" / "reasoning_side_by_side.png").exists()
+    assert "| EA |" in (tmp_path / "reasoning" / "side_by_side.md").read_text()
+    lines.clear()
+    run_reasoning(rd, tiny, rc, log=lines.append)
+    assert f"{n_ok} already judged" in lines[0]
+    with pytest.raises(ConfigError, match="not a reasoning judge"):
+        run_reasoning(rd, tiny, ReasoningConfig(template="default"))
