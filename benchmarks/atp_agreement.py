@@ -34,7 +34,8 @@ import torch
 from interp.patch_sweeps import agreement
 from interp.stages import load_run_model
 from interp.stages.patching import PatchingConfig, run
-from interp.store import RunDir, read_json
+from interp.store.io import read_json
+from interp.store.rundir import RunDir
 
 
 def report(run_dir: RunDir, pk: str, ks: list[int]) -> list[dict]:

@@ -57,8 +57,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from interp.hooks.backends import attn_implementation, to_tlens
     from interp.hooks.recorder import record_rows
+    from interp.hooks.wrappers import attn_implementation, to_tlens
     from interp.models import load_model
 
     handle = load_model(device="cpu", dtype="float32")

@@ -35,12 +35,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from interp.asymmetry import record_prompts  # noqa: E402
 from interp.attention import span_mass  # noqa: E402
 from interp.hooks.recorder import record_rows  # noqa: E402
 from interp.models import PAPER_MODEL, load_model, runtime_facts  # noqa: E402
 from interp.pipeline import run_config, swap_sources  # noqa: E402
-from interp.store import RunDir  # noqa: E402
+from interp.prompts import record_prompts  # noqa: E402
+from interp.store.rundir import RunDir  # noqa: E402
 from interp.testing import llama31_checkpoint, rehearsal_datasets  # noqa: E402
 from interp.verdict import score_verdicts  # noqa: E402
 

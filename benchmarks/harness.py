@@ -50,7 +50,7 @@ from interp.models import load_model
 from interp.stages import attention as attention_stage
 from interp.stages.asymmetry import AsymmetryConfig
 from interp.stages.asymmetry import run as run_asymmetry
-from interp.store import RunDir
+from interp.store.rundir import RunDir
 
 
 def matmul_flops(d_model: int, d_ffn: int, dtype: torch.dtype, tokens: int = 512,

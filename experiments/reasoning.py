@@ -20,7 +20,8 @@ from interp.reasoning import MAX_REASONING_TOKENS
 from interp.reasoning_compare import format_side_by_side
 from interp.stages import load_run_model
 from interp.stages.reasoning import ReasoningConfig, run
-from interp.store import RunDir, atomic_write_text, write_json
+from interp.store import RunDir
+from interp.store.io import atomic_write_text, write_json
 
 
 def main(out: str, runs: list[str]) -> None:

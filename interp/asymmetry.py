@@ -26,8 +26,8 @@ Algorithm, per example (c, q, a*):
 
 This module holds the method (examples and records in, records and numbers out); the run
 directory work (resume, manifest, ``metrics.json``) is :mod:`interp.stages.asymmetry`. Record
-fields: :class:`interp.store.Record`. :func:`rerender` renders a record's prompts again for the
-later studies and checks them against the stored spans.
+fields: :class:`interp.store.Record`; the later studies render a record's prompts again with
+:func:`interp.prompts.rerender`, which checks them against the stored spans.
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from typing import Any
 import numpy as np
 
 from interp.data import QAExample
-from interp.errors import ConfigError, PromptError, RunDirError
-from interp.grading import BaseOracle, ModelOracle, RuleOracle, extract_answer
+from interp.errors import ConfigError, PromptError
+from interp.grading import BaseOracle, extract_answer
 from interp.judging import eval_prompt, judge_prompts, judge_room, parse_record_verdict
-from interp.models import ModelHandle, load_model
+from interp.models import ModelHandle
 from interp.prefill import Capture, PromptPass, run_prompts
-from interp.prompts import RenderedPrompt, Template, get_template, render
+from interp.prompts import RenderedPrompt, Template, render
 from interp.reasoning import MAX_REASONING_TOKENS
 from interp.stats import (
     MIN_PASSAGES,
@@ -54,39 +54,10 @@ from interp.stats import (
     passage_note,
     roc_auc,
 )
-from interp.store import Record, check_verdict_scores
+from interp.store.records import Record, check_verdict_scores
 
 __all__ = ["METRIC_DEFINITIONS", "compute_metrics", "evaluate_examples", "format_metrics",
-           "group_metrics", "judge_records", "make_oracle", "parse_record_verdict",
-           "record_prompts", "rerender"]
-
-
-def make_oracle(spec: str, *, template: Template | None = None, device: str | None = None,
-                dtype: str | None = None, handle: ModelHandle | None = None,
-                run_model: ModelHandle | None = None) -> BaseOracle:
-    """The oracle named by ``spec``: ``"rule"`` or ``"model:SPEC"``.
-
-    Args:
-        spec: ``"rule"`` or ``"model:SPEC"`` (SPEC: any :func:`interp.models.load_model` spec).
-        template: unused (kept for callers that pass the Study 1 template).
-        device: where to load an LLM oracle.
-        dtype: its precision (default by device, :func:`interp.models.load_model`).
-        handle: an already loaded model to grade with instead of loading SPEC.
-        run_model: the run's model; used when SPEC names it (``model:<its spec>``), so the
-            oracle is not loaded a second time (every stage that grades passes it; the
-            transfer study does not, its base model takes adapters).
-
-    Raises:
-        ConfigError: any other spec.
-    """
-    if spec == "rule":
-        return RuleOracle()
-    if spec.startswith("model:"):
-        if handle is None and run_model is not None and spec == f"model:{run_model.spec}":
-            handle = run_model
-        return ModelOracle(handle or load_model(spec.removeprefix("model:"), device=device,
-                                                dtype=dtype))
-    raise ConfigError(f"unknown oracle {spec!r}: use 'rule' or 'model:SPEC'")
+           "group_metrics", "judge_records", "parse_record_verdict"]
 
 
 def _example_fields_names() -> tuple[str, ...]:
@@ -94,8 +65,10 @@ def _example_fields_names() -> tuple[str, ...]:
 
 
 def _example_fields(ex: QAExample) -> dict[str, Any]:
+    """The example's fields of a record, with the data file's extra fields as ``extras``."""
     return {"id": ex.id, "dataset": ex.dataset, "split": ex.split, "question": ex.question,
-            "context": ex.context, "answers": list(ex.answers), "answerable": ex.answerable}
+            "context": ex.context, "answers": list(ex.answers), "answerable": ex.answerable,
+            **({"extras": dict(ex.extras)} if ex.extras else {})}
 
 
 def _skipped(ex: QAExample, reason: str) -> Record:
@@ -189,8 +162,8 @@ def evaluate_examples(
             continue
         eval_prompts[k] = ep
     judged = judge_prompts(handle, template, eval_prompts, answers, rows=rows, pools=pools,
-                    batch_size=batch_size, verdict_max_new_tokens=verdict_max_new_tokens,
-                    max_reasoning_tokens=max_reasoning_tokens, progress=progress)
+                           batch_size=batch_size, verdict_max_new_tokens=verdict_max_new_tokens,
+                           max_reasoning_tokens=max_reasoning_tokens, progress=progress)
     for k, ep in eval_prompts.items():
         fields, v = judged[k]
         records[k] = _ok_record(handle, examples[k], oracle, raw[k], answers[k], fields,
@@ -273,69 +246,6 @@ def judge_records(handle: ModelHandle, records: Sequence[Record] | Sequence[Mapp
                   "prompts": {**(src.get("prompts") or {}), "eval": prompts[k].to_record()}}
         passes[k] = v
     return out, passes
-
-
-# ---------------------------------------------------------------------------------------------
-# Records -> prompts (for the studies that read a run)
-# ---------------------------------------------------------------------------------------------
-
-
-def rerender(record: Record | Mapping[str, Any], task: str, tokenizer: Any, *,
-             templates_path: str | None = None) -> RenderedPrompt:
-    """Render a record's ``task`` prompt again, exactly as the harness did, and check it.
-
-    The eval prompt's candidate is the record's extracted ``answer``; the reference (templates
-    with ``{reference}``) is the first gold answer, as in :func:`evaluate_examples`.
-
-    Args:
-        record: an ``ok`` record of ``records.jsonl``.
-        task: ``"gen"`` or ``"eval"``.
-        tokenizer: the model's tokenizer.
-        templates_path: the run's template file (manifest ``config.templates_path``; None for
-            the bundled templates).
-
-    Returns:
-        The :class:`interp.prompts.RenderedPrompt`.
-
-    Raises:
-        RunDirError: the record lacks a field or its ``prompts.{task}``, its prompt cannot be
-            rendered, or the token spans / length differ from the stored ones (the run was made
-            with another tokenizer, template or template file); the message names the record.
-    """
-    rid = f"{record.get('dataset')}/{record.get('id')}"
-    stored = (record.get("prompts") or {}).get(task)
-    if not stored:
-        raise RunDirError(f"record {rid} has no prompts.{task} (not an ok asymmetry record?); "
-                          f"re-run `interp asymmetry`")
-    try:
-        tpl = get_template(record.get("template") or "default", templates_path)
-        answers = record.get("answers") or []
-        rp = render(tokenizer, tpl, task, context=record["context"], question=record["question"],
-                    answer=record["answer"] if task == "eval" else None,
-                    reference=answers[0] if answers else "")
-    except KeyError as err:
-        raise RunDirError(f"record {rid} lacks the field {err}") from err
-    except PromptError as err:
-        raise RunDirError(f"record {rid}: cannot render its {task} prompt ({err})") from err
-    mine = {k: list(v) for k, v in rp.token_spans.items()}
-    theirs = {k: list(v) for k, v in stored["token_spans"].items()}
-    if mine != theirs or len(rp) != stored["n_tokens"]:
-        raise RunDirError(
-            f"record {rid}: the re-rendered {task} prompt ({len(rp)} tokens, spans {mine}) does "
-            f"not match the record ({stored['n_tokens']} tokens, spans {theirs}); the run was "
-            f"made with another tokenizer, template {record.get('template')!r} or template file")
-    return rp
-
-
-def record_prompts(record: Record | Mapping[str, Any], tokenizer: Any, *,
-                   templates_path: str | None = None) -> dict[str, RenderedPrompt]:
-    """Both prompts of a record, ``{"gen": ..., "eval": ...}`` (:func:`rerender` each).
-
-    Raises:
-        RunDirError: as :func:`rerender`.
-    """
-    return {t: rerender(record, t, tokenizer, templates_path=templates_path)
-            for t in ("gen", "eval")}
 
 
 # ---------------------------------------------------------------------------------------------

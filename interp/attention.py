@@ -5,7 +5,7 @@ Algorithm, per ok record of a finished asymmetry run (the run-directory work is
 
 1. Re-render the generation prompt and the evaluation prompt (the model's own extracted answer
    as candidate) with the record's template and check that the token spans equal the record's
-   stored ``prompts.{gen,eval}.token_spans`` (:func:`interp.asymmetry.record_prompts`; a
+   stored ``prompts.{gen,eval}.token_spans`` (:func:`interp.prompts.record_prompts`; a
    mismatch names the record: the tokenizer or template changed since the run).
 2. Run the model ONCE per prompt and record the last-token attention row ``A[l, h, :]`` of every
    layer ``l`` and query head ``h`` (:func:`interp.hooks.recorder.record_rows`): the
@@ -57,7 +57,7 @@ from torch import Tensor
 
 from interp.errors import AttentionError
 from interp.stats import MIN_PASSAGES, ClusterBootstrap, passage_groups, passage_note
-from interp.store import Record
+from interp.store.records import Record
 
 __all__ = ["CONTENT_SPANS", "LAST", "SPANS", "SUMMARY_DEFINITIONS", "TASKS", "format_heads",
            "format_summary", "query_span_names", "span_mass", "span_mass_table", "span_names",

@@ -32,7 +32,8 @@ from interp.stages import probe as probe_stage
 from interp.stages import record as record_stage
 from interp.stages import steering as steering_stage
 from interp.stages import transfer as transfer_stage
-from interp.store import RunDir, read_json
+from interp.store.io import read_json
+from interp.store.rundir import RunDir
 from interp.view import find_record, write_view
 
 __all__ = ["app", "main"]

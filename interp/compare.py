@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.stats import MIN_PASSAGES, passage_note
-from interp.store import write_json
+from interp.store.io import write_json
 
 __all__ = ["DEFINITIONS", "comparison_rows", "format_markdown", "probe_headline", "read_run",
            "write_comparison"]
@@ -210,16 +210,26 @@ def _md_cell(row: Mapping[str, Any], key: str) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
+def _md_escape(text: str) -> str:
+    r"""A table cell's text with its pipes escaped (GFM tables: ``\|`` inside a cell).
+
+    See https://github.github.com/gfm/#tables-extension-: an unescaped ``|`` splits a cell.
+    """
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
 def format_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     """The main columns of :func:`comparison_rows` as a Markdown table (3 decimals, '-').
 
     Rows on fewer than :data:`interp.stats.MIN_PASSAGES` passages get a ``*`` on their passage
     count, explained under the table with the per-model summaries' wording
     (:func:`interp.stats.passage_note`); the probe columns say what the best-of-N AUC is.
+    Every cell's ``|`` is escaped (``acc|y*=I``), so each row has one cell per column.
     """
-    head = "| " + " | ".join(name for _, name in _MD_COLUMNS) + " |"
+    head = "| " + " | ".join(_md_escape(name) for _, name in _MD_COLUMNS) + " |"
     rule = "|" + "|".join("---" for _ in _MD_COLUMNS) + "|"
-    body = ["| " + " | ".join(_md_cell(r, k) for k, _ in _MD_COLUMNS) + " |" for r in rows]
+    body = ["| " + " | ".join(_md_escape(_md_cell(r, k)) for k, _ in _MD_COLUMNS) + " |"
+            for r in rows]
     notes = [f"\\* {r['model']} {r['dataset']}: {passage_note(r['n_passages'])}"
              for r in rows if r.get("few_passages")]
     if any(r.get("probe_auc") is not None for r in rows):

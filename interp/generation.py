@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from interp.models import ModelHandle
+from interp.prefill import run_prompts
 
 
 @dataclass
@@ -43,22 +44,6 @@ class Generation:
     token_ids: list[int]
     first_logits: torch.Tensor | None
     stop: str
-
-
-def left_pad(batch: Sequence[Sequence[int]], pad_id: int,
-             device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad token id lists.
-
-    Returns:
-        ``input_ids [batch, max_len]`` and ``attention_mask [batch, max_len]`` (1 = real token).
-    """
-    width = max(len(x) for x in batch)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for i, x in enumerate(batch):
-        ids[i, width - len(x):] = torch.tensor(list(x), dtype=torch.long)
-        mask[i, width - len(x):] = 1
-    return ids.to(device), mask.to(device)
 
 
 def generate(
@@ -93,8 +78,6 @@ def generate(
     Raises:
         ValueError: an empty prompt, or ``batch_size < 1``.
     """
-    from interp.prefill import run_prompts
-
     got = run_prompts(handle, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
                       stop_strings=stop_strings, keep_first_logits=keep_first_logits,
                       progress="generate" if progress else None)

@@ -51,7 +51,6 @@ tokenizer gets the pre-tokenizer its GGUF declares)."""
 
 # --- pre-tokenizers --------------------------------------------------------------------------
 
-_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
@@ -354,7 +353,7 @@ def bundled_file(alias: str) -> tuple[Path, str, list[dict[str, str]]]:
     path = cache_dir() / "models" / "gguf" / b.filename
     if path.is_file() and path.stat().st_size == b.size and sha256_file(path) == b.sha256:
         return path, b.sha256, packages
-    from interp.store import atomic_path
+    from interp.store.io import atomic_path
 
     h = hashlib.sha256()
     with atomic_path(path) as tmp:

@@ -12,20 +12,22 @@ the text parsers so that ``from interp.grading import X`` is the one import for 
   (ground-truth correctness of a generated answer; the paper used an LLM oracle,
   :class:`RuleOracle` is the deterministic one, its rule stated in its docstring and its steps
   in :mod:`interp.oracle_rules`, with :func:`oracle_tokens`, the normalisation that parses
-  numbers first) and :func:`oracle_agreement` / :func:`label_agreement` (Cohen's kappa and the
-  confusion table between two oracles).
+  numbers first). Their agreement (Cohen's kappa, the confusion table) is
+  :mod:`interp.agreement`.
+* The oracle spec (``rule``, ``model:SPEC``), parsed here and nowhere else:
+  :func:`parse_oracle_spec` checks one without loading anything, :func:`make_oracle` builds
+  the oracle, and :data:`ORACLE_KINDS` maps each kind to its builder (register one more kind
+  there, and every command and config accepts it).
 """
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
-from interp.errors import GradingError
+from interp.errors import ConfigError, GradingError
 from interp.oracle_rules import (
     FUNCTION_WORDS,
     HEDGE_TOKENS,
@@ -66,18 +68,20 @@ __all__ = [
     "HEDGE_TOKENS",
     "MAX_CANDIDATE_TOKENS",
     "SQUAD_F1_THRESHOLD",
+    "ORACLE_KINDS",
     "BaseOracle",
     "ModelOracle",
     "OracleResult",
+    "OracleSpec",
     "RuleOracle",
     "drop_em_f1",
     "extract_answer",
     "is_abstention",
-    "label_agreement",
+    "make_oracle",
     "negated_at",
     "normalize_answer",
-    "oracle_agreement",
     "oracle_tokens",
+    "parse_oracle_spec",
     "parse_verdict",
     "split_spans",
     "squad_em",
@@ -332,111 +336,6 @@ class RuleOracle(BaseOracle):
 
 
 # --------------------------------------------------------------------------------------------
-# Agreement between two oracles
-# --------------------------------------------------------------------------------------------
-
-
-def label_agreement(labels_a: Sequence[bool], labels_b: Sequence[bool],
-                    items: Sequence[Mapping[str, Any]] | None = None,
-                    max_examples: int = 5) -> dict[str, Any]:
-    """Cohen's kappa, raw agreement and the confusion table of two binary labelings.
-
-    Args:
-        labels_a: First rater's labels (True = correct), one per item.
-        labels_b: Second rater's labels, same length.
-        items: Optional description of each item (a dict), copied into ``disagreements``.
-        max_examples: How many disagreements to list (in item order).
-
-    Returns:
-        ``{"n", "agreement" (share of equal labels), "kappa" (Cohen's kappa,
-        ``sklearn.metrics.cohen_kappa_score``; NaN when both raters give one and the same
-        label to every item, where kappa is 0/0), "kappa_note" (why it is NaN, else None),
-        "confusion" ({"a_correct_b_correct", "a_correct_b_incorrect", "a_incorrect_b_correct",
-        "a_incorrect_b_incorrect"}: counts), "n_disagreements", "disagreements" (up to
-        ``max_examples`` entries: ``{"index", "a", "b", **item}``)}``.
-
-    Raises:
-        GradingError: If the lists are empty or of different lengths.
-
-    Source:
-        J. Cohen, "A coefficient of agreement for nominal scales", Educational and
-        Psychological Measurement 20(1), 1960: kappa = (p_o - p_e) / (1 - p_e).
-    """
-    from sklearn.metrics import cohen_kappa_score
-
-    a, b = [bool(x) for x in labels_a], [bool(x) for x in labels_b]
-    if not a or len(a) != len(b):
-        raise GradingError(f"need two equally long, non-empty label lists, got {len(a)} and "
-                           f"{len(b)}")
-    conf = Counter((x, y) for x, y in zip(a, b))
-    word = {True: "correct", False: "incorrect"}
-    confusion = {f"a_{word[x]}_b_{word[y]}": conf[(x, y)]
-                 for x in (True, False) for y in (True, False)}
-    degenerate = len(set(a)) == 1 and set(a) == set(b)
-    kappa = math.nan if degenerate else float(cohen_kappa_score(a, b))
-    diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
-    return {
-        "n": len(a),
-        "agreement": (len(a) - len(diff)) / len(a),
-        "kappa": kappa,
-        "kappa_note": ("undefined: both raters give every item the same label"
-                       if degenerate else None),
-        "confusion": confusion,
-        "n_disagreements": len(diff),
-        "disagreements": [{"index": i, "a": a[i], "b": b[i], **(dict(items[i]) if items else {})}
-                          for i in diff[:max_examples]],
-    }
-
-
-def oracle_agreement(records: Iterable[Mapping[str, Any]], oracle_a: BaseOracle,
-                     oracle_b: BaseOracle, *, max_examples: int = 5) -> dict[str, Any]:
-    """Agreement of two oracles on a run's records (Cohen's kappa and the confusion table).
-
-    Each record with ``status`` "ok" (or no status) is graded by both oracles from its fields:
-    ``answer`` (the extracted answer), ``answers``, ``dataset``, ``answerable`` (default
-    True), and as extras the record's ``extras`` (if any) plus ``question`` and ``context``.
-
-    Args:
-        records: Run records (``records.jsonl`` rows) or dicts with the fields above.
-        oracle_a: First oracle (e.g. :class:`RuleOracle`).
-        oracle_b: Second oracle (e.g. a :class:`ModelOracle`).
-        max_examples: How many disagreements to list.
-
-    Returns:
-        :func:`label_agreement`'s dict, plus ``"oracle_a"`` / ``"oracle_b"`` (their names);
-        each disagreement carries ``id``, ``dataset``, ``question``, ``answers``, ``answer``,
-        ``rule_a`` and ``rule_b``.
-
-    Raises:
-        GradingError: If no record is gradable, or a record lacks ``answer``, ``answers`` or
-            ``dataset`` (the message names the record and field).
-    """
-    la, lb, items = [], [], []
-    for n, rec in enumerate(records):
-        if rec.get("status", "ok") != "ok":
-            continue
-        for key in ("answer", "answers", "dataset"):
-            if key not in rec:
-                raise GradingError(f"record {rec.get('id', n)!r} has no {key!r} field; "
-                                   "oracle agreement needs graded run records")
-        extras = {**(rec.get("extras") or {}), "question": rec.get("question", ""),
-                  "context": rec.get("context", "")}
-        kw = {"dataset": rec["dataset"], "answerable": rec.get("answerable", True),
-              "extras": extras}
-        ga = oracle_a.grade(rec["answer"], rec["answers"], **kw)
-        gb = oracle_b.grade(rec["answer"], rec["answers"], **kw)
-        la.append(ga.label)
-        lb.append(gb.label)
-        items.append({"id": rec.get("id", n), "dataset": rec["dataset"],
-                      "question": rec.get("question", ""), "answers": list(rec["answers"]),
-                      "answer": rec["answer"], "rule_a": ga.rule, "rule_b": gb.rule})
-    if not la:
-        raise GradingError("no gradable records (status 'ok') to compare the oracles on")
-    out = label_agreement(la, lb, items, max_examples=max_examples)
-    return {"oracle_a": oracle_a.name, "oracle_b": oracle_b.name, **out}
-
-
-# --------------------------------------------------------------------------------------------
 # LLM oracle
 # --------------------------------------------------------------------------------------------
 
@@ -516,3 +415,95 @@ class ModelOracle(BaseOracle):
         self.counts[how.split("(")[0]] += 1
         return OracleResult(label=bool(verdict), em=ruled.em, f1=ruled.f1,
                             rule=f"model:{how}:{g.text.strip()[:40]}")
+
+
+# --------------------------------------------------------------------------------------------
+# The oracle spec: ``rule`` | ``model:SPEC`` | any kind registered in ORACLE_KINDS
+# --------------------------------------------------------------------------------------------
+
+
+class OracleSpec(NamedTuple):
+    """A parsed oracle spec: ``kind`` (``rule``, ``model``) and its argument (``""`` for rule).
+
+    ``str()`` gives the spec back (``model:SPEC``).
+    """
+
+    kind: str
+    arg: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.arg}" if self.arg else self.kind
+
+
+class OracleBuilder(Protocol):
+    """Builds the oracle of one kind from the spec's argument (:data:`ORACLE_KINDS`)."""
+
+    def __call__(self, arg: str, *, device: str | None, dtype: str | None,
+                 handle: Any | None, run_model: Any | None) -> BaseOracle:
+        """The oracle (arguments as :func:`make_oracle`)."""
+
+
+def _rule_oracle(arg: str, **_: Any) -> BaseOracle:
+    return RuleOracle()
+
+
+def _model_oracle(arg: str, *, device: str | None, dtype: str | None, handle: Any | None,
+                  run_model: Any | None) -> BaseOracle:
+    if handle is None and run_model is not None and arg == run_model.spec:
+        handle = run_model
+    if handle is None:
+        from interp.models import load_model
+
+        handle = load_model(arg, device=device, dtype=dtype)
+    return ModelOracle(handle)
+
+
+ORACLE_KINDS: dict[str, tuple[bool, OracleBuilder]] = {"rule": (False, _rule_oracle),
+                                                       "model": (True, _model_oracle)}
+"""Oracle kind -> (whether it takes ``:ARG``, its builder). One entry per accepted kind."""
+
+
+def parse_oracle_spec(spec: str, *, kinds: Sequence[str] | None = None,
+                      what: str = "oracle") -> OracleSpec:
+    """Parse and check an oracle spec (``rule`` or ``model:SPEC``) without loading anything.
+
+    Args:
+        spec: the spec as written on the command line or in a config.
+        kinds: the kinds allowed here (default: every kind of :data:`ORACLE_KINDS`).
+        what: the option's name, for the message.
+
+    Returns:
+        The :class:`OracleSpec`.
+
+    Raises:
+        ConfigError: an unknown kind, a kind not allowed here, or a missing or extra argument
+            (the message lists the accepted forms).
+    """
+    allowed = list(kinds) if kinds is not None else list(ORACLE_KINDS)
+    kind, sep, arg = str(spec).partition(":")
+    takes_arg = ORACLE_KINDS.get(kind, (None,))[0]
+    if kind not in allowed or takes_arg is None or bool(arg) != takes_arg or (sep and not arg):
+        forms = " or ".join(f"'{k}:SPEC'" if ORACLE_KINDS[k][0] else f"'{k}'" for k in allowed)
+        raise ConfigError(f"unknown {what} {spec!r}: use {forms}")
+    return OracleSpec(kind, arg)
+
+
+def make_oracle(spec: str, *, device: str | None = None, dtype: str | None = None,
+                handle: Any | None = None, run_model: Any | None = None) -> BaseOracle:
+    """The oracle named by ``spec`` (:func:`parse_oracle_spec`).
+
+    Args:
+        spec: ``"rule"`` or ``"model:SPEC"`` (SPEC: any :func:`interp.models.load_model` spec).
+        device: where to load an LLM oracle.
+        dtype: its precision (default by device, :func:`interp.models.load_model`).
+        handle: an already loaded model to grade with instead of loading SPEC.
+        run_model: the run's model; used when SPEC names it (``model:<its spec>``), so the
+            oracle is not loaded a second time (every stage that grades passes it; the
+            transfer study does not, its base model takes adapters).
+
+    Raises:
+        ConfigError: an unknown spec (:func:`parse_oracle_spec`).
+    """
+    kind, arg = parse_oracle_spec(spec)
+    return ORACLE_KINDS[kind][1](arg, device=device, dtype=dtype, handle=handle,
+                                 run_model=run_model)

@@ -1,12 +1,14 @@
 """User input checked before slow work, and results that a run with less work never replaces.
 
-One home for the rules every command follows (issue 17):
+One home for the rules every command follows (docs/cli.md, errors):
 
 * :func:`read_toml`: a config or template file that is missing, not UTF-8 or not TOML is a
   :class:`interp.errors.ConfigError` (one line naming the file and the line), never a traceback.
+* :func:`config_from_table`: a stage config built from a ``[section]`` table: unknown keys,
+  counts, numbers, device and dtype checked (below).
 * :func:`check_counts`: counts such as ``limit``, ``batch_size`` and ``max_new_tokens`` are whole
   numbers >= 1 (``None`` where the field allows it means "all"); every stage config built by
-  :func:`interp.store.config_from_table` is checked, so ``--limit 0`` is refused by every
+  :func:`config_from_table` is checked, so ``--limit 0`` is refused by every
   command before a model loads.
 * :func:`check_numbers`: a config field annotated as a number (``float``, ``int``) or a list
   of numbers (``list[float]``) holds numbers; strings of a ``list[float]`` (a CLI comma list)
@@ -32,7 +34,8 @@ from typing import Any
 from interp.errors import ConfigError
 
 __all__ = ["COUNT_FIELDS", "MODEL_DTYPES", "check_counts", "check_device", "check_dtype",
-           "check_numbers", "kept_work", "new_run_dir", "read_toml", "write_result"]
+           "check_numbers", "config_from_table", "kept_work", "new_run_dir", "read_toml",
+           "write_result"]
 
 MODEL_DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 """The precisions a model loads in (``auto``: bfloat16 on CUDA, float32 elsewhere)."""
@@ -42,6 +45,34 @@ COUNT_FIELDS = ("limit", "eval_limit", "batch_size", "max_new_tokens", "verdict_
                 "layer_stride", "max_tokens", "top_k", "top", "n_boot", "mlp_hidden",
                 "hard_negative_attempts", "hard_negative_max_new_tokens", "checkpoint_every")
 """Config fields that count something: each must be an int >= 1 (or None where allowed)."""
+
+
+def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
+                      error: type[Exception] = ConfigError) -> Any:
+    """Build the dataclass ``cls`` from a config table (``[section]`` of a TOML file).
+
+    Raises:
+        error: ``table`` has keys that are not fields of ``cls``; the message names the section,
+            the unknown keys and the known ones, so a typo is fixed in one look; or a count
+            (``limit``, ``batch_size``, ... :data:`COUNT_FIELDS`) below 1; a
+            numeric field that holds no number (:func:`check_numbers`); with a
+            ``device`` field, a device or dtype this machine cannot load a model on
+            (:func:`check_device`, :func:`check_dtype`).
+    """
+    known = set(cls.__dataclass_fields__)
+    if unknown := set(table) - known:
+        raise error(f"[{section}]: unknown config keys {sorted(unknown)}; known: "
+                    f"{sorted(known)}")
+    table = check_numbers(cls, table, section, error)
+    if "device" in known:  # a config that loads a model: its device and precision
+        check_device(table.get("device"), error)
+        check_dtype(table.get("dtype"), error)
+    try:
+        cfg = cls(**dict(table))
+    except TypeError as err:  # a value of the wrong type, found by __post_init__
+        raise error(f"[{section}]: {err}") from None
+    check_counts(cfg, section, error)
+    return cfg
 
 
 def read_toml(path: str | Path, what: str = "config") -> dict[str, Any]:
@@ -224,7 +255,7 @@ def new_run_dir(path: str | Path) -> Iterator[Path]:
 
 def write_result(path: str | Path, obj: Any, *, n: int,
                  log: Callable[[str], None] | None = None) -> bool:
-    """Write a summary (:func:`interp.store.write_json`) unless it covers nothing.
+    """Write a summary (:func:`interp.store.io.write_json`) unless it covers nothing.
 
     Args:
         path: the summary file.
@@ -236,7 +267,7 @@ def write_result(path: str | Path, obj: Any, *, n: int,
         Whether the file was written: False when ``n == 0`` and the file already exists (a run
         that had nothing to do never replaces a result).
     """
-    from interp.store import write_json
+    from interp.store.io import write_json
 
     path = Path(path)
     if n == 0 and path.exists():
@@ -269,8 +300,8 @@ def kept_work(paths: Mapping[str, Path] | list[Path]) -> str:
         for pattern, label, unit in _KEPT:
             files = [p for p in root.glob(pattern) if p.is_file()]
             if unit == "lines":
-                n = sum(sum(1 for line in p.read_text(encoding="utf-8").splitlines()
-                            if line.strip()) for p in files)
+                n = sum(sum(1 for line in p.read_bytes().split(b"\n") if line.strip())
+                        for p in files)  # bytes split on "\n": a torn tail cannot raise
             else:
                 n = len(files)
             if n:

@@ -96,7 +96,8 @@ def judge_prompts(handle: ModelHandle, template: Template,
     out = {}
     for k, v, sc in zip(keys, evals, scores):
         verdict, source = parse_record_verdict(v.text, candidates[k])
-        out[k] = ({"verdict": verdict, "verdict_source": source, "verdict_text": v.text, **sc}, v)
+        out[k] = ({"verdict": verdict, "verdict_source": source, "verdict_text": v.text, **sc,
+                   "verdict_reply_ids": replies.id_lists()}, v)
     return out
 
 

@@ -33,17 +33,18 @@ from typing import Any, Protocol
 import torch
 from jaxtyping import Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from interp.errors import TransferError
 from interp.models import ModelHandle, end_of_turn_ids
+from interp.progress import tqdm
 from interp.prompts import Template, render
-from interp.store import atomic_path, read_json, save_tensors, write_json
+from interp.store.io import atomic_path, read_json, save_tensors, write_json
 
 __all__ = [
     "LORA_FIELDS",
     "LoraSettings",
     "encode_example",
+    "check_adapter_state",
     "load_adapter",
     "model_fingerprint",
     "train_adapter",
@@ -160,12 +161,47 @@ def _save_checkpoint(ck: Path, model: Any, opt: Any, state: Mapping[str, Any]) -
     write_json(ck / "state.json", state)
 
 
+def check_adapter_state(model: Any, path: Path) -> None:
+    """Refuse an adapter file whose tensors are not exactly the model's adapter tensors.
+
+    peft loads an adapter whose keys are missing or carry another prefix with only a warning
+    and leaves those LoRA matrices at their initialisation (``lora_B`` = 0: the adapter does
+    nothing). Every adapter tensor of ``model`` must be in the file under its key, no file key
+    may be left over, and after loading each must equal the file's.
+    See https://huggingface.co/docs/peft/developer_guides/checkpoint.
+
+    Args:
+        model: a peft model after its adapter was loaded from ``path``.
+        path: the adapter's safetensors file.
+
+    Raises:
+        TransferError: one line naming the file and the missing, unexpected or unloaded keys.
+    """
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    have, got = get_peft_model_state_dict(model), load_file(str(path))
+    missing, extra = sorted(set(have) - set(got)), sorted(set(got) - set(have))
+    unloaded = sorted(k for k in set(have) & set(got)
+                      if not torch.equal(have[k].detach().cpu().float(), got[k].float()))
+
+    def few(keys: list[str]) -> str:
+        return ", ".join(keys[:3]) + (f" (+{len(keys) - 3} more)" if len(keys) > 3 else "")
+
+    parts = [f"{what} {len(keys)} key(s): {few(keys)}" for what, keys in
+             (("lacks", missing), ("has unexpected", extra), ("did not load", unloaded)) if keys]
+    if parts:
+        raise TransferError(f"adapter file {path} {'; '.join(parts)}; it would leave the model "
+                            f"(partly) equal to its base: retrain it or fix its keys")
+
+
 def _load_checkpoint(ck: Path, model: Any, opt: Any) -> dict[str, Any]:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
     state = read_json(ck / "state.json")
     set_peft_model_state_dict(model, load_file(str(ck / "lora.safetensors")))
+    check_adapter_state(model, ck / "lora.safetensors")
     opt.load_state_dict(torch.load(ck / "optimizer.pt", weights_only=False))
     torch.set_rng_state(torch.load(ck / "rng.pt", weights_only=False))
     return state
@@ -318,8 +354,9 @@ def load_adapter(handle: ModelHandle, adapter_dir: str | Path, *, name: str | No
         ``spec`` is ``"<base spec>+<name>"``.
 
     Raises:
-        TransferError: the folder is not an adapter, or it was trained on another base model
-            (the message shows both fingerprints).
+        TransferError: the folder is not an adapter, it was trained on another base model
+            (the message shows both fingerprints), or its weight file's keys do not load
+            exactly (:func:`check_adapter_state`).
     """
     from peft import PeftModel
 
@@ -336,6 +373,7 @@ def load_adapter(handle: ModelHandle, adapter_dir: str | Path, *, name: str | No
         raise TransferError(f"adapter {adapter_dir} was trained on another base model ({lines})")
     name = name or adapter_dir.name
     model = PeftModel.from_pretrained(copy.deepcopy(handle.model), str(adapter_dir)).eval()
+    check_adapter_state(model, adapter_dir / "adapter_model.safetensors")
     model.requires_grad_(False)
     info = {**handle.info, "spec": f"{handle.spec}+{name}", "adapter": str(adapter_dir)}
     return ModelHandle(model=model, tokenizer=handle.tokenizer, spec=f"{handle.spec}+{name}",

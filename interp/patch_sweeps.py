@@ -42,12 +42,14 @@ import numpy as np
 
 from interp.errors import PatchingError
 from interp.hooks.points import hook_name
+from interp.hooks.recorder import context_mass
 from interp.hooks.steering import Steer, steering
 from interp.pairs import PatchPair
 from interp.patching import Patch, Patcher
 from interp.stats import correlations
+from interp.tokens import token_strings
 
-__all__ = ["EXACT_MODES", "Unit", "agreement", "context_mass", "head_units", "resid_units",
+__all__ = ["EXACT_MODES", "Unit", "agreement", "head_units", "resid_units",
            "sweep"]
 
 EXACT_MODES = ("topk", "all")
@@ -112,13 +114,6 @@ def head_units(pair: PatchPair, layers: Sequence[int], n_heads: int) -> list[Uni
     return [Unit(layer, "head", pos, head=h) for layer in layers for h in range(n_heads)]
 
 
-def context_mass(rows: dict[int, Any], band: Sequence[int], span: tuple[int, int]
-                 ) -> np.ndarray:
-    """Mean over heads and ``band`` of the rows' mass on ``span``: ``[batch]``."""
-    m = [rows[layer][:, :, span[0]:span[1]].sum(-1).mean(-1) for layer in band]
-    return np.mean([x.double().cpu().numpy() for x in m], axis=0)
-
-
 def _recorder(pt: Patcher, band: Sequence[int], span: tuple[int, int],
               out: list[np.ndarray]) -> Callable[[int], Any]:
     """``extra_hooks`` of :meth:`Patcher.run` that appends each batch's context masses."""
@@ -126,7 +121,7 @@ def _recorder(pt: Patcher, band: Sequence[int], span: tuple[int, int],
 
     @contextlib.contextmanager
     def cm(batch: int) -> Any:
-        st = Steer(units={}, keys=span, alphas=[1.0] * batch, record=True)
+        st = Steer(units={}, keys=span, alphas=[1.0] * batch, keep_rows=True)
         with steering(pt.handle, st):
             yield
         out.append(context_mass(st.rows, band, span))
@@ -191,13 +186,14 @@ def _rows(pt: Patcher, pair: PatchPair, units: Sequence[Unit], est: np.ndarray,
     tok = pt.handle.tokenizer
     nan = float("nan")
     exact = {i: j for j, i in enumerate(chosen)}
+    shown = token_strings(tok, pair.corrupt.input_ids)
     rows = []
     for k, u in enumerate(units):
         j = exact.get(k)
         r = {"layer": u.layer, "unit": u.kind, "position": u.position,
              "rel_position": u.position - n if u.position >= 0 else 0, "span": u.span,
              "head": u.head,
-             "token": tok.decode([pair.corrupt.input_ids[u.position]]) if u.position >= 0
+             "token": shown[u.position] if u.position >= 0
              else "", "attr_ld": float(est[k]), "verified": j is not None}
         if j is None:
             r.update(ld=nan, d_ld=nan, p_correct=nan, coverage=nan, effect=nan,

@@ -6,8 +6,8 @@ are built in :mod:`interp.pairs`; the unit sweeps and the AtP* ranking are in
 :mod:`interp.patch_sweeps`; the stage that runs them over a run directory is
 :mod:`interp.stages.patching`.
 
-Metric: the judge's whole-reply verdict score (:mod:`interp.verdict`; DESIGN.md, "Measuring
-honestly"): ``LD = log P("Correct") - log P("Incorrect")`` with the tokens the chat template
+Metric: the judge's whole-reply verdict score (:mod:`interp.verdict`; docs/measuring.md,
+the verdict score): ``LD = log P("Correct") - log P("Incorrect")`` with the tokens the chat template
 gives each reply, in nats, read from the patched forward; ``p_correct = sigmoid(LD)`` (the
 forced choice) and ``coverage = P(Correct) + P(Incorrect)``. A reply of several tokens is
 scored from the patched prompt's key/value cache; the reply positions themselves are not
@@ -23,7 +23,7 @@ Algorithm (:class:`Patcher`):
    corresponds, never patched). The shared prefix (:func:`shared_prefix`: the common tokens
    from the start, one model) has identical activations in both runs, so a position there that
    maps to itself is a no-op (:func:`patchable_positions`).
-2. Refusal (issue 12, item 6): a patch request that would touch no activation (a position in
+2. Refusal (docs/stages.md, patch): a patch request that would touch no activation (a position in
    the shared prefix, a position mapped to -1, a row with no position) raises
    :class:`~interp.errors.PatchingError` naming the position, before any forward.
 3. Caching: one clean forward (on the ``donor`` model when there is one) stores the activations
@@ -86,18 +86,12 @@ __all__ = [
     "ratio_of_sums",
     "patchable_positions",
     "shared_prefix",
-    "valid_hooks",
 ]
 
 PATCH_POINTS = ("hook_resid_pre", "attn.hook_z", "hook_resid_post")
 """Patchable hook points per block, in execution order."""
 TokenIds = Int[Tensor, " seq"] | Int[Tensor, "1 seq"] | Sequence[int]
 """One prompt's token ids: ``[seq]`` or ``[1, seq]``."""
-
-
-def valid_hooks(n_layers: int) -> list[str]:
-    """All patchable hook-point names of a model with ``n_layers`` blocks."""
-    return [hook_name(layer, p) for layer in range(n_layers) for p in PATCH_POINTS]
 
 
 def _parse(name: str, n_layers: int) -> tuple[int, str]:
@@ -147,7 +141,7 @@ def ratio_of_sums(patched: Float[np.ndarray, " pairs"], clean: Float[np.ndarray,
     ``s = sign(clean - corrupt)`` aligns pairs whose judge prefers the corrupt prompt; when
     every gap has the same sign this is ``sum(patched - corrupt) / sum(clean - corrupt)``.
     A ratio of sums, not a mean of per-pair ratios: pairs with small gaps weigh little instead
-    of exploding (DESIGN.md, "Measuring honestly").
+    of exploding (docs/measuring.md).
 
     Returns:
         The ratio, or None when there is no pair or every gap is 0.
@@ -233,11 +227,6 @@ class PatchResult:
     def coverage(self) -> Float[np.ndarray, " n_rows"]:
         """``P(Correct) + P(Incorrect)`` of each patched run."""
         return np.exp(self.logprob_correct) + np.exp(self.logprob_incorrect)
-
-    @property
-    def cost_ratio(self) -> float:
-        """Patched-forward wall time as a multiple of one clean forward pass."""
-        return self.wall_s / self.clean_forward_s if self.clean_forward_s else float("nan")
 
 
 class Patcher:

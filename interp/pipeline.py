@@ -49,7 +49,8 @@ from interp.inputs import new_run_dir, read_toml
 from interp.models import DEFAULT_MODEL, load_model, model_shape
 from interp.stages import asymmetry
 from interp.stages.common import Stage, check_config
-from interp.store import RunDir, atomic_write_text, write_json
+from interp.store.io import atomic_write_text, write_json
+from interp.store.rundir import RunDir
 
 __all__ = ["STAGES", "load_config", "model_slug", "out_dir", "run_config", "swap_sources"]
 

@@ -1,7 +1,7 @@
 """One prefill per prompt: greedy decode, verdict scores, attention rows and pooled residuals.
 
 The harness (:func:`interp.asymmetry.evaluate_examples`) runs every prompt through the model
-ONCE and takes from that one forward everything the studies read (issue 14, item 1-2):
+ONCE and takes from that one forward everything the studies read (docs/architecture.md, one pass):
 
 1. Batches are formed by length: the prompts are sorted by token count and cut into batches
    of ``batch_size``, so a batch pads little. Each batch is left-padded; the attention mask
@@ -14,12 +14,12 @@ ONCE and takes from that one forward everything the studies read (issue 14, item
    * the exact last-row attention of every layer and query head
      (:func:`interp.hooks.recorder.batch_rows`: the recording attention function, about the
      cost of a plain SDPA forward), each prompt's padding cut off: ``[n_layers, n_heads, n]``;
-   * the pooled ``resid_post`` of every layer (:func:`interp.probing.pool_resid` applied inside
-     a forward hook on each decoder layer, over the prompt's real positions, so no
-     ``[layer, pos, d_model]`` stack is kept): ``{pool: [n_layers, d_model]}``.
+   * the pooled ``resid_post`` of every layer (:func:`interp.residual_features.pool_resid`
+     applied inside a forward hook on each decoder layer, over the prompt's real positions,
+     so no ``[layer, pos, d_model]`` stack is kept): ``{pool: [n_layers, d_model]}``.
 
 3. Verdict score (on request): ``log P(reply | prompt)`` of each continuation from the prefill's
-   last logits and cache (:func:`interp.verdict.continuation_logprobs`: one forward of
+   last logits and cache (:func:`interp.kv_cache.continuation_logprobs`: one forward of
    ``reply[:-1]`` per multi-token reply, then the cache is cropped back).
 4. Greedy decode from the same cache (do_sample=False): each step feeds the argmax token of
    every sequence (a finished sequence is fed the pad token, as transformers' ``generate``
@@ -44,12 +44,18 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.generation import left_pad
 from interp.hooks.capture import hooked
 from interp.hooks.guard import inference_guard
 from interp.hooks.points import hook_name
-from interp.models import ModelHandle, end_of_turn_ids
-from interp.verdict import cache_kwarg, continuation_logprobs, output_cache
+from interp.kv_cache import (
+    cache_kwarg,
+    continuation_logprobs,
+    left_pad,
+    output_cache,
+    pad_token_id,
+    position_ids,
+)
+from interp.models import ModelHandle, stop_ids
 
 __all__ = ["Capture", "PromptPass", "eos_ids", "run_prompts"]
 
@@ -100,13 +106,13 @@ class Capture:
 
 
 def eos_ids(handle: ModelHandle) -> set[int]:
-    """The ids that end a reply: :func:`interp.models.end_of_turn_ids`.
+    """The ids that end a reply: :func:`interp.models.stop_ids`.
 
     The token the chat template puts after an assistant reply (``<|im_end|>``, Llama 3's
-    ``<|eot_id|>``, which is not the EOS of every Llama 3 checkpoint), the tokenizer's EOS and
-    the generation config's EOS ids.
+    ``<|eot_id|>``, which is not the EOS of every Llama 3 checkpoint), the tokenizer's EOS,
+    the generation config's EOS ids and every other special token (the next turn's header).
     """
-    return set(end_of_turn_ids(handle.tokenizer, handle.model))
+    return set(stop_ids(handle.tokenizer, handle.model))
 
 
 @contextlib.contextmanager
@@ -114,7 +120,7 @@ def _pooling(handle: ModelHandle, lengths: Sequence[int], width: int,
              spans: Sequence[tuple[int, int] | None], pools: Sequence[str]
              ) -> Iterator[list[dict[int, tuple[dict[str, Tensor], bool]]]]:
     """Forward hooks that pool each row's ``resid_post`` per layer (module docstring, step 2)."""
-    from interp.probing import pool_resid
+    from interp.residual_features import pool_resid
 
     got: list[dict[int, tuple[dict[str, Tensor], bool]]] = [{} for _ in lengths]
     if not pools:
@@ -196,7 +202,7 @@ def run_prompts(
             contains one of these.
         continuations: token id lists to score after every prompt (step 3), each non-empty.
         rows: record the last-token attention rows (step 2).
-        pools: pools of ``resid_post`` to keep (:data:`interp.probing.POOLS`; step 2).
+        pools: pools of ``resid_post`` to keep (:data:`interp.residual_features.POOLS`; step 2).
         candidate_spans: per prompt the ``(start, end)`` candidate span for the ``candidate``
             pool (None: that prompt has none and falls back to ``last``).
         keep_first_logits: keep the logits at each prompt's last position.
@@ -222,13 +228,13 @@ def run_prompts(
     from interp.hooks.recorder import batch_rows
 
     tok = handle.tokenizer
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    pad_id = pad_token_id(tok)
     eos = eos_ids(handle)
     spans = list(candidate_spans) if candidate_spans is not None else [None] * len(prompts)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     if progress:
-        from tqdm.auto import tqdm
+        from interp.progress import tqdm
 
         batches = tqdm(batches, desc=progress, unit="batch", leave=False)
     out: list[PromptPass] = [PromptPass() for _ in prompts]
@@ -236,12 +242,12 @@ def run_prompts(
         for idx in batches:
             ids, mask = left_pad([prompts[i] for i in idx], pad_id, handle.device)
             width, lengths = ids.shape[1], [len(prompts[i]) for i in idx]
-            pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
             rec = batch_rows(handle) if rows else contextlib.nullcontext(None)
             with rec as get_rows, _pooling(handle, lengths, width, [spans[i] for i in idx],
                                            pools) as pooled:
-                res = handle.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                                   use_cache=True, logits_to_keep=tail + 1)
+                res = handle.model(input_ids=ids, attention_mask=mask,
+                                   position_ids=position_ids(mask), use_cache=True,
+                                   logits_to_keep=tail + 1)
                 got_rows = get_rows().float().cpu() if rows else None
             last, cache = res.logits[:, -1], output_cache(res)
             tails = None if not tail else torch.log_softmax(

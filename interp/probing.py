@@ -11,18 +11,11 @@ Algorithm (the run-directory work, caches and ``results.json`` are
 
 1. Records: the ``ok`` records of an asymmetry run; each record's eval prompt (candidate = the
    record's extracted ``answer``) and gen prompt are rendered again and checked against the
-   record (:func:`interp.asymmetry.rerender`).
-2. Residual stream (:func:`residual_stream`): one forward pass per prompt (or left-padded
-   batches, position ids ``cumsum(mask) - 1``), hook point ``resid_post`` of every layer L
-   (TransformerLens ``blocks.L.hook_resid_post``: the output of decoder layer L, before the
-   final norm), read with forward hooks (:func:`interp.hooks.capture.hooked`). Not
-   transformers' ``hidden_states``: its LAST entry is after the final RMSNorm, not
-   ``resid_post`` of the last layer (``capture_outputs`` with ``tie_last_hidden_states``).
-3. Pools per layer over the prompt's real positions only (padding never enters a pool):
-   ``last`` (the last position: the verdict position of the eval prompt), ``candidate`` (mean
-   over the candidate span; eval prompt only; an empty candidate falls back to ``last`` and is
-   counted), ``mean`` (mean over the whole prompt), ``max`` and ``min`` (per dimension over the
-   whole prompt); :func:`pool_resid`, :func:`extract_features`.
+   record (:func:`interp.prompts.rerender`).
+2-3. Residual stream and pools (:mod:`interp.residual_features`): ``resid_post`` of every
+   layer L (TransformerLens ``blocks.L.hook_resid_post``, before the final norm), pooled per
+   layer over the prompt's real positions: ``last`` (the verdict position of the eval prompt),
+   ``candidate`` (mean over the candidate span; eval prompt only), ``mean``, ``max``, ``min``.
 4. Probes (scikit-learn, :func:`fit_probe`): ``StandardScaler`` fitted on the training fold,
    then a class-balanced ``LogisticRegression`` (``logreg``, the first probe), a
    class-balanced ``LinearSVC`` (``svm``) and a small ``MLPClassifier`` (``mlp``, balanced
@@ -61,167 +54,29 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Bool, Float
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.neural_network import MLPClassifier
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import LinearSVC
-from torch import Tensor
-from tqdm.auto import tqdm
 
 from interp.errors import ProbeError
-from interp.generation import left_pad
-from interp.hooks.capture import hooked
-from interp.hooks.points import hook_name
-from interp.models import ModelHandle
-from interp.prompts import RenderedPrompt
+from interp.progress import tqdm
 from interp.stats import binary_metrics, fold_summary, make_folds, mcnemar
-from interp.store import Record, atomic_path, check_verdict_scores, read_json, write_json
+from interp.store.io import atomic_path, read_json, write_json
+from interp.store.records import Record, check_verdict_scores
 
-__all__ = ["HOOK_POINT", "HOOK_POINT_DOC", "METRICS", "POOLS", "PROBES", "TASKS", "FittedProbe",
-           "balanced_weights", "best_row", "cross_dataset_transfer", "cross_validate",
-           "extract_features", "fit_probe", "judge_metrics", "permutation_null", "pool_resid",
-           "probe_vs_judge", "residual_stream", "sweep", "task_pools"]
+__all__ = ["METRICS", "PROBES", "TASKS", "FittedProbe", "balanced_weights", "best_row",
+           "cross_dataset_transfer", "cross_validate", "fit_probe", "judge_metrics",
+           "permutation_null", "probe_vs_judge", "sweep"]
 
-HOOK_POINT = "resid_post"
-HOOK_POINT_DOC = ("resid_post (TransformerLens blocks.L.hook_resid_post): output of decoder "
-                  "layer L before the final norm, read with a forward hook on every decoder "
-                  "layer (transformers' hidden_states[-1] is after the final norm)")
-POOLS = ("last", "candidate", "mean", "max", "min")
 PROBES = ("logreg", "svm", "mlp")
 TASKS = ("eval", "gen")
 METRICS = ("accuracy", "balanced_accuracy", "f1", "f1_macro", "auc")
 
 Features = Float[np.ndarray, "n layer d_model"]
 """One pool's features of ``n`` prompts: ``[n, n_layers, d_model]``."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Steps 2-3: residual stream and pools
-# ---------------------------------------------------------------------------------------------
-
-
-@torch.inference_mode()
-def residual_stream(handle: ModelHandle, input_ids: Int[Tensor, "batch seq"],
-                    attention_mask: Int[Tensor, "batch seq"] | None = None
-                    ) -> Float[Tensor, "batch layer seq d_model"]:
-    """``resid_post`` of every layer for a (left-padded) batch.
-
-    Args:
-        handle: the model.
-        input_ids: ``[batch, seq]`` token ids (left padding).
-        attention_mask: ``[batch, seq]``, 1 for real tokens (None: all real).
-
-    Returns:
-        ``[batch, n_layers, seq, d_model]`` float32 on CPU; entry ``[:, L]`` is the output of
-        decoder layer L (module docstring, step 2). Padded positions hold garbage. The forward
-        runs in eval mode (:func:`interp.hooks.guard.inference_guard`, inside
-        :func:`interp.hooks.capture.hooked`); the caller's training flags come back after.
-
-    Raises:
-        ProbeError: ids that are not ``[batch, seq]`` or a mask of another shape (before any
-            hook is registered).
-    """
-    dev = handle.device
-    if input_ids.dim() != 2 or (attention_mask is not None
-                                and tuple(attention_mask.shape) != tuple(input_ids.shape)):
-        raise ProbeError(f"input_ids must be [batch, seq] and attention_mask the same shape, got "
-                         f"{list(input_ids.shape)} and "
-                         f"{None if attention_mask is None else list(attention_mask.shape)}")
-    input_ids = input_ids.to(dev)
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
-    attention_mask = attention_mask.to(dev)
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    names = [hook_name(layer, "hook_resid_post") for layer in range(handle.n_layers)]
-    with hooked(handle.model, cache=names) as acts:
-        handle.model(input_ids=input_ids, attention_mask=attention_mask,
-                     position_ids=position_ids, use_cache=False, logits_to_keep=1)
-    return torch.stack([acts[n] for n in names], dim=1).float().cpu()
-
-
-def pool_resid(resid: Float[Tensor, "layer seq d_model"], candidate: Sequence[int] | None,
-               pools: Sequence[str]) -> tuple[dict[str, Float[Tensor, "layer d_model"]], bool]:
-    """Pool one prompt's residual stream (real positions only).
-
-    Args:
-        resid: ``[n_layers, seq, d_model]`` of ONE prompt without padding.
-        candidate: ``(start, end)`` token span of the candidate (end exclusive), or None.
-        pools: names from :data:`POOLS`.
-
-    Returns:
-        ``({pool: [n_layers, d_model]}, fell_back)``; ``fell_back`` is True when the candidate
-        pool was asked for without a candidate span and the last position was used.
-
-    Raises:
-        ProbeError: an unknown pool.
-    """
-    out: dict[str, Tensor] = {}
-    fell_back = False
-    for p in pools:
-        if p == "last":
-            out[p] = resid[:, -1]
-        elif p == "mean":
-            out[p] = resid.mean(1)
-        elif p == "max":
-            out[p] = resid.amax(1)
-        elif p == "min":
-            out[p] = resid.amin(1)
-        elif p == "candidate":
-            if candidate is None or candidate[1] <= candidate[0]:
-                out[p] = resid[:, -1]
-                fell_back = True
-            else:
-                out[p] = resid[:, candidate[0]:candidate[1]].mean(1)
-        else:
-            raise ProbeError(f"unknown pool {p!r}; known: {list(POOLS)}")
-    return out, fell_back
-
-
-def task_pools(task: str, pools: Sequence[str]) -> list[str]:
-    """The pools that apply to a task (the gen prompt has no candidate)."""
-    return [p for p in pools if not (task == "gen" and p == "candidate")]
-
-
-def extract_features(handle: ModelHandle, prompts: Sequence[RenderedPrompt], *,
-                     pools: Sequence[str] = POOLS, batch_size: int = 4, progress: bool = False
-                     ) -> tuple[dict[str, Float[Tensor, "n layer d_model"]], list[bool]]:
-    """Pooled ``resid_post`` features of rendered prompts (left-padded batches).
-
-    Args:
-        handle: the model.
-        prompts: rendered prompts (``token_spans`` give the candidate span).
-        pools: pool names.
-        batch_size: prompts per forward; 1 runs one prompt at a time.
-        progress: show a tqdm bar.
-
-    Returns:
-        ``({pool: [n_prompts, n_layers, d_model] float32}, fell_back per prompt)``. Left padding
-        is cut off before pooling, so a padded batch gives the same features as one prompt at a
-        time (to float tolerance).
-    """
-    tok = handle.tokenizer
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    feats: dict[str, list[Tensor | None]] = {p: [None] * len(prompts) for p in pools}
-    fell = [False] * len(prompts)
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    if progress:
-        batches = tqdm(batches, desc="residual stream", unit="batch")
-    for idx in batches:
-        ids, mask = left_pad([prompts[i].input_ids for i in idx], pad_id)
-        resid = residual_stream(handle, ids, mask)
-        width = ids.shape[1]
-        for row, i in enumerate(idx):
-            n = len(prompts[i])
-            pooled, fb = pool_resid(resid[row, :, width - n:], prompts[i].token_spans.get(
-                "candidate"), pools)
-            fell[i] = fb
-            for p, v in pooled.items():
-                feats[p][i] = v.clone()
-    return {p: torch.stack(v) for p, v in feats.items()}, fell  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------------

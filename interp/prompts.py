@@ -23,18 +23,23 @@ Algorithm (one prompt):
 
 The last position of the prompt is where the model predicts the first output token: for the eval
 prompt it is the *verdict position* (paper section 3.2 reads its attention row).
+
+A stored QA record's prompts are rendered again, for the studies that read a run, only through
+:func:`rerender` / :func:`record_prompts`, which check the result against the token spans and
+length the record stored (another tokenizer, template or template file is refused).
 """
 
 from __future__ import annotations
 
 import string
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from interp.errors import PromptError
+from interp.errors import PromptError, RunDirError
 from interp.inputs import read_toml
 
 SPANS = ("context", "question", "candidate", "template")
@@ -284,17 +289,60 @@ def render(
                           token_spans=token_spans, labels=labels)
 
 
-def verdict_token_ids(tokenizer: Any) -> tuple[int, int]:
-    """First token ids of "Correct" and "Incorrect" as the first words of the reply.
+def rerender(record: Mapping[str, Any], task: str, tokenizer: Any, *,
+             templates_path: str | None = None) -> RenderedPrompt:
+    """Render a record's ``task`` prompt again, exactly as the harness did, and check it.
 
-    The logit difference ``logit(Correct) - logit(Incorrect)`` at the verdict position and
-    ``p_correct = softmax([l_C, l_I])[0]`` use these ids.
+    The eval prompt's candidate is the record's extracted ``answer``; the reference (templates
+    with ``{reference}``) is the first gold answer, as in
+    :func:`interp.asymmetry.evaluate_examples`.
+
+    Args:
+        record: an ``ok`` record of ``records.jsonl``.
+        task: ``"gen"`` or ``"eval"``.
+        tokenizer: the model's tokenizer.
+        templates_path: the run's template file (manifest ``config.templates_path``; None for
+            the bundled templates).
+
+    Returns:
+        The :class:`RenderedPrompt`.
 
     Raises:
-        PromptError: the two words share their first token (the metric would be 0).
+        RunDirError: the record lacks a field or its ``prompts.{task}``, its prompt cannot be
+            rendered, or the token spans / length differ from the stored ones (the run was made
+            with another tokenizer, template or template file); the message names the record.
     """
-    c = tokenizer("Correct", add_special_tokens=False)["input_ids"][0]
-    i = tokenizer("Incorrect", add_special_tokens=False)["input_ids"][0]
-    if c == i:
-        raise PromptError("'Correct' and 'Incorrect' share their first token for this tokenizer")
-    return c, i
+    rid = f"{record.get('dataset')}/{record.get('id')}"
+    stored = (record.get("prompts") or {}).get(task)
+    if not stored:
+        raise RunDirError(f"record {rid} has no prompts.{task} (not an ok asymmetry record?); "
+                          f"re-run `interp asymmetry`")
+    try:
+        tpl = get_template(record.get("template") or "default", templates_path)
+        answers = record.get("answers") or []
+        rp = render(tokenizer, tpl, task, context=record["context"], question=record["question"],
+                    answer=record["answer"] if task == "eval" else None,
+                    reference=answers[0] if answers else "")
+    except KeyError as err:
+        raise RunDirError(f"record {rid} lacks the field {err}") from err
+    except PromptError as err:
+        raise RunDirError(f"record {rid}: cannot render its {task} prompt ({err})") from err
+    mine = {k: list(v) for k, v in rp.token_spans.items()}
+    theirs = {k: list(v) for k, v in stored["token_spans"].items()}
+    if mine != theirs or len(rp) != stored["n_tokens"]:
+        raise RunDirError(
+            f"record {rid}: the re-rendered {task} prompt ({len(rp)} tokens, spans {mine}) does "
+            f"not match the record ({stored['n_tokens']} tokens, spans {theirs}); the run was "
+            f"made with another tokenizer, template {record.get('template')!r} or template file")
+    return rp
+
+
+def record_prompts(record: Mapping[str, Any], tokenizer: Any, *,
+                   templates_path: str | None = None) -> dict[str, RenderedPrompt]:
+    """Both prompts of a record, ``{"gen": ..., "eval": ...}`` (:func:`rerender` each).
+
+    Raises:
+        RunDirError: as :func:`rerender`.
+    """
+    return {t: rerender(record, t, tokenizer, templates_path=templates_path)
+            for t in ("gen", "eval")}

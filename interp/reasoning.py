@@ -210,6 +210,7 @@ class ReasoningJudgement:
             n_spans]`` in :data:`REASONING_SPANS` order (None when not recorded).
         reasoning_mass: mean span masses over the positions that emit reasoning tokens
             ``[n_layers, n_heads, n_spans]`` (None when not recorded).
+        endings: the token ids of the two whole endings scored (``{"Correct": [...], ...}``).
     """
 
     text: str
@@ -221,6 +222,7 @@ class ReasoningJudgement:
     labels: list[str] = field(repr=False)
     verdict_position_own: bool
     scores: dict[str, float]
+    endings: dict[str, list[int]] = field(default_factory=dict)
     verdict_mass: Float[Tensor, "layer head span"] | None = None
     reasoning_mass: Float[Tensor, "layer head span"] | None = None
 
@@ -233,7 +235,7 @@ class ReasoningJudgement:
         """The record fields of the judgement (JSON-safe; the masses are stored apart)."""
         reasoning = self.text[:self.verdict.start] if self.verdict.start is not None \
             else self.text
-        return {"verdict": self.verdict.verdict,
+        return {"verdict": self.verdict.verdict, "verdict_reply_ids": self.endings,
                 "verdict_source": "verdict_line" if self.verdict.line else "none",
                 "verdict_text": self.text, "reasoning": reasoning,
                 "verdict_line": self.verdict.line, "reasoning_tokens": self.n_reasoning,
@@ -322,7 +324,9 @@ def judge_reasoning(
         labels = sequence_labels(p, k, len(seq) - len(p) - k)
         j = ReasoningJudgement(text=r.text, token_ids=list(r.token_ids), stop=r.stop,
                                verdict=fv, n_reasoning=k, sequence=seq, labels=labels,
-                               verdict_position_own=own, scores=sc)
+                               verdict_position_own=own, scores=sc,
+                               endings={w: [*ends.shared, *x]
+                                        for w, x in zip(VERDICT_WORDS, ends.words)})
         if v.rows is not None:
             j.verdict_mass = span_mass(v.rows, labels, REASONING_SPANS)
         if reasoning_attention and k:

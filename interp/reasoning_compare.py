@@ -38,7 +38,7 @@ from interp.stats import (
     passage_groups,
     passage_note,
 )
-from interp.store import record_key
+from interp.store.records import qa_key as record_key
 
 __all__ = ["COMPARED", "SIDE_BY_SIDE_DEFINITIONS", "format_side_by_side", "side_by_side"]
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from interp.errors import RunDirError
-from interp.store import tmp_path_for
+from interp.store.io import tmp_path_for
 
 __all__ = ["TensorStreamWriter", "nbytes", "plan_shards"]
 
@@ -41,9 +41,9 @@ class TensorStreamWriter:
        first axis) at its byte offset (``os.pwrite``); nothing is kept in memory.
     3. :meth:`close` checks that every index of every tensor's first axis was written once,
        fsyncs and renames the temporary file onto ``path`` (atomic, like
-       :func:`interp.store.atomic_path`). :meth:`abort`, or leaving the ``with`` block by an
+       :func:`interp.store.io.atomic_path`). :meth:`abort`, or leaving the ``with`` block by an
        exception, removes the temporary file; a killed process leaves only a temporary file
-       (:func:`interp.store.is_tmp_path`), never a partial ``path``.
+       (:func:`interp.store.io.is_tmp_path`), never a partial ``path``.
 
     Args:
         path: the file to create.

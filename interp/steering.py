@@ -3,7 +3,7 @@
 Paper section 3.2 reports that the judge's verdict position reads the context 3-5x less than
 the generator's answer position. If that is WHY the judge misses wrong answers, raising the
 verdict position's context attention should make the judge reject wrong answers more often,
-and lowering the generator's should lower its accuracy (issue 15, item 4). The intervention is
+and lowering the generator's should lower its accuracy (docs/stages.md, steer). The intervention is
 :mod:`interp.hooks.steering`; the stage is :mod:`interp.stages.steering`.
 
 Algorithm, one record and a grid of ``alpha`` (all alphas at once, one batch row each):
@@ -15,7 +15,7 @@ Algorithm, one record and a grid of ``alpha`` (all alphas at once, one batch row
    ``log(alpha)`` is added to the verdict position's pre-softmax scores on the context keys
    (all heads, or a head set). The recorded last rows give the context mass actually reached
    (mean over heads and the band). The replies' later tokens are scored from each row's cache
-   WITHOUT steering (:func:`interp.verdict.continuation_logprobs`): ``logit_diff`` (nats),
+   WITHOUT steering (:func:`interp.kv_cache.continuation_logprobs`): ``logit_diff`` (nats),
    ``p_correct``, ``verdict_coverage``, and the forced verdict ``logit_diff > 0``.
    ``transformer_lens``: the same on TransformerBridge (:func:`interp.hooks.steering.
    tl_steered_logits`), the replies appended (:func:`interp.hooks.backends.reply_extensions`),
@@ -38,14 +38,16 @@ from jaxtyping import Float
 
 from interp.errors import SteeringError
 from interp.hooks.backends import extend_prompts, reply_extensions, reply_logprobs
+from interp.hooks.recorder import context_mass
 from interp.hooks.steering import Steer, steering, tl_steered_logits
-from interp.models import ModelHandle, end_of_turn_ids
-from interp.verdict import VerdictReplies, continuation_logprobs, output_cache, verdict_replies
+from interp.kv_cache import cache_kwarg, continuation_logprobs, output_cache
+from interp.models import ModelHandle, stop_ids
+from interp.verdict import VerdictReplies, verdict_replies
 
 __all__ = ["ALPHAS", "parse_heads", "steer_generator", "steer_judge", "top_diff_k"]
 
 ALPHAS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
-"""The default grid of attention factors (issue 15, item 4)."""
+"""The default grid of attention factors (docs/stages.md, steer)."""
 
 Units = Mapping[int, Sequence[int] | None]
 
@@ -105,12 +107,6 @@ def parse_heads(spec: str | Sequence[str], band: Sequence[int], n_heads: int, *,
     return out
 
 
-def _mass(rows: Mapping[int, torch.Tensor], band: Sequence[int], span: tuple[int, int]
-          ) -> np.ndarray:
-    m = torch.stack([rows[layer][:, :, span[0]:span[1]].sum(-1).mean(-1) for layer in band])
-    return m.mean(0).double().cpu().numpy()
-
-
 @torch.no_grad()
 def _last_forward(handle: ModelHandle, ids: Sequence[int], st: Steer) -> tuple[Any, Any, int]:
     """Step 1 (``hf``): the unsteered prefix once, the last position for every alpha."""
@@ -122,8 +118,6 @@ def _last_forward(handle: ModelHandle, ids: Sequence[int], st: Steer) -> tuple[A
         pre = output_cache(model(input_ids=t[:, :-1], use_cache=True, logits_to_keep=1))
         if b > 1:
             pre.batch_repeat_interleave(b)
-        from interp.verdict import cache_kwarg
-
         kw[cache_kwarg(model)] = pre
     with steering(handle, st):
         out = model(input_ids=t[:, -1:].expand(b, -1), **kw)
@@ -156,18 +150,18 @@ def steer_judge(handle: ModelHandle, ids: Sequence[int], context: tuple[int, int
     """
     replies = replies or verdict_replies(handle.tokenizer)
     if backend == "hf":
-        st = Steer(units=units, keys=context, alphas=list(alphas), record=True)
+        st = Steer(units=units, keys=context, alphas=list(alphas), keep_rows=True)
         last, kv, n = _last_forward(handle, ids, st)
         mask = torch.ones(len(alphas), n, dtype=torch.long, device=handle.device)
         lp = continuation_logprobs(handle.model, last, kv, mask, replies.ids)
-        mass = _mass(st.rows, band, context)
+        mass = context_mass(st.rows, band, context)
     elif backend == "transformer_lens":
         exts = reply_extensions(replies.ids)
         width = max(len(e) for e in exts)
         tok = handle.tokenizer
         t = torch.tensor([list(ids)] * len(alphas), device=handle.device)
         ext = extend_prompts(t, exts, tok.pad_token_id or 0)
-        st = Steer(units=units, keys=context, alphas=list(alphas) * len(exts), record=False)
+        st = Steer(units=units, keys=context, alphas=list(alphas) * len(exts), keep_rows=False)
         logits = tl_steered_logits(handle, ext, st, query=len(ids) - 1,
                                    logits_to_keep=width + 1)
         lp = reply_logprobs(logits, replies.ids, exts, len(alphas))
@@ -204,14 +198,12 @@ def steer_generator(handle: ModelHandle, ids: Sequence[int], context: tuple[int,
         ``context_mass`` ``[n_alpha]`` (at the position predicting the first answer token) and
         ``generations``: the decoded continuation of each alpha (before answer extraction).
     """
-    from interp.verdict import cache_kwarg
-
     tok, model = handle.tokenizer, handle.model
-    eos = set(end_of_turn_ids(tok, model))  # Llama 3: <|eot_id|> is not the EOS token
-    st = Steer(units=units, keys=context, alphas=list(alphas), record=True)
+    eos = set(stop_ids(tok, model))  # Llama 3: <|eot_id|> is not the EOS token
+    st = Steer(units=units, keys=context, alphas=list(alphas), keep_rows=True)
     logits, kv, n = _last_forward(handle, ids, st)
-    mass = _mass(st.rows, band, context)
-    st.record = False
+    mass = context_mass(st.rows, band, context)
+    st.keep_rows = False
     b = len(alphas)
     new: list[list[int]] = [[] for _ in range(b)]
     done = [False] * b

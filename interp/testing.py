@@ -52,7 +52,7 @@ from transformers import (
 
 from interp.models import ModelHandle
 from interp.prompts import get_template, render
-from interp.store import RunDir
+from interp.store.rundir import RunDir
 
 __all__ = ["CHAT_TEMPLATE", "CORPUS", "FAMILIES", "LLAMA3_CHAT_TEMPLATE", "LLAMA31_ROPE_SCALING",
            "llama31_checkpoint", "rehearsal_datasets", "synthetic_probe_run", "tiny_checkpoint",

@@ -53,12 +53,12 @@ import torch
 
 from interp.data import DataError, QAExample, load_examples
 from interp.errors import TransferError
-from interp.generation import left_pad
 from interp.grading import BaseOracle, extract_answer, is_abstention, normalize_answer
 from interp.hooks.guard import inference_guard
 from interp.hooks.points import hook_name
+from interp.kv_cache import left_pad, pad_token_id
 from interp.lora import encode_example
-from interp.models import ModelHandle, end_of_turn_ids
+from interp.models import ModelHandle, end_of_turn_ids, stop_ids
 from interp.patching import Patch, Patcher
 from interp.prompts import Template, get_template, render
 
@@ -160,11 +160,11 @@ def sample_answers(handle: ModelHandle, prompts: Sequence[Sequence[int]], *, see
 
     Returns:
         The decoded continuations up to the first end-of-turn token
-        (:func:`interp.models.end_of_turn_ids`; special tokens removed), in input order.
+        (:func:`interp.models.stop_ids`: the end of turn or any special token), in input order.
     """
     tok = handle.tokenizer
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    stop = end_of_turn_ids(tok, handle.model)
+    pad_id = pad_token_id(tok)
+    stop = stop_ids(tok, handle.model)
     out: list[str] = []
     for b, s in enumerate(range(0, len(prompts), batch_size)):
         ids, mask = left_pad(prompts[s:s + batch_size], pad_id, handle.device)

@@ -2,7 +2,7 @@
 
 The eval prompt asks for exactly "Correct" or "Incorrect". The score of a prompt is how much
 more probable the model makes the whole reply "Correct" than the whole reply "Incorrect", with
-the tokens the chat template gives those replies (DESIGN.md, "Measuring honestly"). Comparing
+the tokens the chat template gives those replies (docs/measuring.md, the verdict score). Comparing
 first tokens instead is wrong: "Incorrect" is ``In`` + ``correct`` for many tokenizers, so a
 first-token score compares "Correct" with the sub-token "In".
 
@@ -37,19 +37,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
 from interp.errors import PromptError
+from interp.kv_cache import (
+    continuation_logprobs,
+    left_pad,
+    output_cache,
+    pad_token_id,
+    position_ids,
+)
 
 __all__ = [
     "VERDICT_WORDS",
     "VerdictReplies",
     "VerdictScores",
-    "cache_kwarg",
-    "continuation_logprobs",
-    "crop_cache",
-    "output_cache",
     "score_verdicts",
     "verdict_replies",
 ]
@@ -76,6 +79,15 @@ class VerdictReplies:
     def ids(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """``(correct, incorrect)``."""
         return self.correct, self.incorrect
+
+    def id_lists(self) -> dict[str, list[int]]:
+        """``{"Correct": [ids], "Incorrect": [ids]}``: what a record names as its scored tokens."""
+        return {w: list(r) for w, r in zip(VERDICT_WORDS, self.ids)}
+
+    def to_record(self) -> dict[str, dict[str, list[Any]]]:
+        """JSON-safe ``{word: {"ids": [...], "tokens": [...]}}`` for a run's manifest."""
+        return {w: {"ids": ids, "tokens": list(self.tokens[w])}
+                for w, ids in self.id_lists().items()}
 
 
 def _reply_tokens(tokenizer: Any, word: str) -> list[int]:
@@ -164,83 +176,6 @@ class VerdictScores:
         return [{k: v[b] for k, v in cols.items()} for b in range(len(self.logprob_correct))]
 
 
-def cache_kwarg(model: Any) -> str:
-    """The keyword under which ``model.forward`` takes a key/value cache.
-
-    transformers 5.x renamed ``past_key_values`` to ``cache``; both are supported so that the
-    same code runs on the versions a GPU machine may have.
-    """
-    import inspect
-
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def output_cache(out: Any) -> Any:
-    """The key/value cache of a model output (``cache`` or ``past_key_values``)."""
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
-
-
-def crop_cache(cache: Any, n_remove: int) -> None:
-    """Remove the last ``n_remove`` positions from a transformers cache, in place.
-
-    Handles both the current API (``crop(-n)``: remove ``n`` tokens) and the older one
-    (``crop(max_length)``).
-    """
-    if n_remove <= 0:
-        return
-    try:
-        cache.crop(-n_remove)
-    except ValueError:  # older transformers: crop(max_length)
-        cache.crop(cache.get_seq_length() - n_remove)
-
-
-@torch.no_grad()
-def continuation_logprobs(
-    model: Any,
-    last_logits: Float[Tensor, "batch vocab"],
-    cache: Any,
-    attention_mask: Int[Tensor, "batch pos"],
-    continuations: Sequence[Sequence[int]],
-) -> Float[Tensor, "batch n_cont"]:
-    """``log P(continuation | prompt)`` for each prompt of a prefilled batch (steps 2-3).
-
-    Args:
-        model: the causal LM that produced ``cache``.
-        last_logits: logits at the last prompt position (float32 recommended).
-        cache: the prompt batch's key/value cache (a transformers ``Cache``); it is cropped
-            back to the prompt length after each continuation, so the caller can keep using it.
-        attention_mask: the prompt batch's mask (left padding: 1 = real token).
-        continuations: token-id lists, the same for every prompt, each non-empty.
-
-    Returns:
-        Summed token log-probabilities ``[batch, len(continuations)]``, float32 (float64 for
-        a float64 model).
-    """
-    lp0 = torch.log_softmax(last_logits.to(torch.promote_types(last_logits.dtype,
-                                                             torch.float32)), dim=-1)
-    b = attention_mask.shape[0]
-    out = torch.zeros(b, len(continuations), dtype=lp0.dtype, device=lp0.device)
-    for j, cont in enumerate(continuations):
-        cont = list(cont)
-        total = lp0[:, cont[0]].clone()
-        if len(cont) > 1:
-            k = len(cont) - 1
-            ids = torch.tensor([cont[:-1]] * b, device=attention_mask.device)
-            mask = torch.cat([attention_mask, attention_mask.new_ones(b, k)], dim=1)
-            pos = attention_mask.long().sum(-1, keepdim=True) + torch.arange(
-                k, device=attention_mask.device)
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                           use_cache=True, **{cache_kwarg(model): cache}).logits
-            crop_cache(cache, k)
-            lp = torch.log_softmax(logits.to(lp0.dtype), dim=-1)
-            nxt = torch.tensor(cont[1:], device=lp.device)
-            total = total + lp.gather(-1, nxt.expand(b, -1)[..., None])[..., 0].sum(-1)
-        out[:, j] = total
-    return out
-
-
 @torch.no_grad()
 def score_verdicts(handle: Any, prompts: Sequence[Sequence[int]], *, batch_size: int = 8,
                    replies: VerdictReplies | None = None) -> VerdictScores:
@@ -259,22 +194,18 @@ def score_verdicts(handle: Any, prompts: Sequence[Sequence[int]], *, batch_size:
         PromptError: the replies cannot be rendered (:func:`verdict_replies`).
         ValueError: an empty prompt or ``batch_size < 1``.
     """
-    from interp.generation import left_pad
-
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("empty prompt")
     replies = replies or verdict_replies(handle.tokenizer)
-    tok = handle.tokenizer
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    pad = pad_token_id(handle.tokenizer)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     out = torch.zeros(len(prompts), 2, dtype=torch.float64)
     for s in range(0, len(order), batch_size):
         idx = order[s:s + batch_size]
         ids, mask = left_pad([prompts[i] for i in idx], pad, handle.device)
-        pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        res = handle.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+        res = handle.model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
                            use_cache=True, logits_to_keep=1)
         lp = continuation_logprobs(handle.model, res.logits[:, -1], output_cache(res), mask,
                                    replies.ids)

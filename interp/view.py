@@ -4,7 +4,7 @@ Algorithm of :func:`write_view`:
 
 1. Find the record (``--id``, and ``--dataset`` when the id occurs in several datasets) among
    the run's ``ok`` records; re-render its gen and eval prompts and check them
-   (:func:`interp.asymmetry.record_prompts`); check the model is the run's.
+   (:func:`interp.prompts.record_prompts`); check the model is the run's.
 2. One forward per prompt with :func:`interp.hooks.recorder.record_rows`: the last-token
    attention row of every layer and query head ``[n_layers, n_heads, pos]`` (the answer
    position of the gen prompt, the verdict position of the eval prompt). No ``interp record``
@@ -36,14 +36,17 @@ from typing import Any
 import numpy as np
 from jaxtyping import Float
 
-from interp.asymmetry import record_prompts
 from interp.attention import TASKS
 from interp.errors import RunDirError
 from interp.hooks.recorder import record_rows
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
+from interp.prompts import record_prompts
 from interp.stages.common import check_run_model
-from interp.store import Record, RunDir, atomic_write_text, safe_name
+from interp.store.io import atomic_write_text, safe_name
+from interp.store.records import Record
+from interp.store.rundir import RunDir
+from interp.tokens import token_strings
 
 __all__ = ["find_record", "page_data", "render_page", "write_view"]
 
@@ -114,6 +117,7 @@ word-break:break-all;border:1px solid #ccc;padding:6px;max-height:80vh;overflow:
 .seg{border:1px solid;border-radius:3px;padding:1px 0;margin:0 1px}
 .seg>sup{font-family:system-ui,sans-serif;font-size:9px;padding:0 2px;color:#fff}
 .tok{border-radius:2px}
+.tok.piece{display:inline-block;min-width:2px;border-left:1px dotted #888}
 .s-context{border-color:#4C72B0}.s-context>sup{background:#4C72B0}
 .s-question{border-color:#DD8452}.s-question>sup{background:#DD8452}
 .s-candidate{border-color:#55A868}.s-candidate>sup{background:#55A868}
@@ -162,6 +166,7 @@ function build(t) {
     }
     const s = document.createElement('span'); s.className = 'tok'; s.dataset.pos = p;
     s.textContent = tok.replace(/\n/g, '\u21b5\n');
+    if (tok === '') s.classList.add('piece');  // leading bytes of the next token's character
     if (p === toks.length - 1) s.classList.add('last');
     seg.appendChild(s);
   });
@@ -176,7 +181,8 @@ function render() {
     document.querySelectorAll('#text-' + t + ' .tok').forEach(s => {
       const p = Number(s.dataset.pos), a = Math.min(1, Math.pow(w[p] / (max || 1), gamma));
       s.style.backgroundColor = `rgba(214,39,40,${a.toFixed(3)})`;
-      s.title = `position ${p} (${labs[p]}): ${w[p].toFixed(5)}`;
+      const piece = s.classList.contains('piece') ? ', byte piece' : '';
+      s.title = `position ${p} (${labs[p]}${piece}): ${w[p].toFixed(5)}`;
     });
     labs.forEach((l, p) => { mass[l] = (mass[l] || 0) + w[p]; });
     const order = ['context', 'question', 'candidate', 'reference', 'template'];
@@ -257,7 +263,7 @@ def write_view(run: RunDir, handle: ModelHandle, record_id: str, out: str | Path
                              templates_path=manifest.get("config", {}).get("templates_path"))
     tok = handle.tokenizer
     data = page_data(
-        rec, {t: [tok.decode([i]) for i in p.input_ids] for t, p in prompts.items()},
+        rec, {t: token_strings(tok, p.input_ids) for t, p in prompts.items()},
         {t: p.labels for t, p in prompts.items()},
         {t: record_rows(handle, p.input_ids).rows.numpy() for t, p in prompts.items()},
         layers, model=handle.spec)

@@ -15,12 +15,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from interp.testing import tiny_llama
 from interp.testing import tiny_tokenizer as make_tiny_tokenizer
-
-torch.set_num_threads(max(1, torch.get_num_threads()))
 
 
 @pytest.fixture(scope="session")
@@ -57,7 +54,7 @@ def tiny(request, tiny_tokenizer):
 @pytest.fixture(scope="session")
 def quick_run(bundled, tmp_path_factory):
     from interp.stages.asymmetry import AsymmetryConfig, run
-    from interp.store import RunDir
+    from interp.store.rundir import RunDir
 
     out = tmp_path_factory.mktemp("quick_run")
     cfg = AsymmetryConfig(datasets=["squad_v2", "hotpotqa"], limit=3, batch_size=3, n_boot=200)

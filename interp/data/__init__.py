@@ -73,47 +73,10 @@ Hub, :func:`load_examples`).
 
 from __future__ import annotations
 
+from interp.data import formats, loading
 from interp.data.examples import DATASETS, QAExample
-from interp.data.formats import (
-    drop_answer_text,
-    example_from_hotpotqa,
-    example_from_hub_row,
-    example_from_ircot,
-    example_from_musique,
-    examples_from_drop,
-    examples_from_squad_v2,
-)
-from interp.data.loading import (
-    BUNDLED_DIR,
-    HUB_IDS,
-    bundled_path,
-    bundled_splits,
-    detect_format,
-    load_examples,
-    passage_key,
-    round_robin,
-    save_examples,
-)
+from interp.data.formats import *  # noqa: F403 - the package's API is its modules' __all__
+from interp.data.loading import *  # noqa: F403
 from interp.errors import DataError
 
-__all__ = [
-    "BUNDLED_DIR",
-    "DATASETS",
-    "DataError",
-    "HUB_IDS",
-    "QAExample",
-    "bundled_path",
-    "bundled_splits",
-    "detect_format",
-    "drop_answer_text",
-    "example_from_hotpotqa",
-    "example_from_hub_row",
-    "example_from_ircot",
-    "example_from_musique",
-    "examples_from_drop",
-    "examples_from_squad_v2",
-    "load_examples",
-    "passage_key",
-    "round_robin",
-    "save_examples",
-]
+__all__ = ["DATASETS", "DataError", "QAExample", *formats.__all__, *loading.__all__]

@@ -9,21 +9,15 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from pathlib import Path
 from typing import Any, TypeVar
 
+from interp.data import formats
 from interp.data.examples import (
     DATASETS,
     QAExample,
     _norm_split,
     _unknown_dataset,
 )
-from interp.data.formats import (
-    example_from_hotpotqa,
-    example_from_hub_row,
-    example_from_ircot,
-    example_from_musique,
-    examples_from_drop,
-    examples_from_squad_v2,
-)
 from interp.errors import DataError
+from interp.jsonl import json_line
 
 __all__ = [
     "BUNDLED_DIR",
@@ -81,7 +75,7 @@ def _load_hub(dataset: str, split: str) -> Iterator[QAExample]:
         ) from e
     for n, row in enumerate(rows):
         try:
-            yield example_from_hub_row(dataset, row, split=split)
+            yield formats.example_from_hub_row(dataset, row, split=split)
         except DataError as e:
             raise e.at(f"hub:{'/'.join(args)}[{split}][{n}]") from None
 
@@ -91,7 +85,7 @@ def _load_hub(dataset: str, split: str) -> Iterator[QAExample]:
 # --------------------------------------------------------------------------------------------
 
 
-def _record_kind(rec: Any) -> str:
+def _row_kind(rec: Any) -> str:
     """Classify one JSON record (a line of a JSONL file or an item of a JSON list)."""
     if not isinstance(rec, Mapping):
         return "unknown"
@@ -108,21 +102,18 @@ def _record_kind(rec: Any) -> str:
     return "jsonl"
 
 
-def _convert_record(rec: Any, kind: str, split: str, dataset: str | None = None) -> QAExample:
+def _convert_row(rec: Any, kind: str, split: str, dataset: str | None = None) -> QAExample:
     if kind == "ircot":
-        return example_from_ircot(rec, split=split)
+        return formats.example_from_ircot(rec, split=split)
     if kind == "musique":
-        return example_from_musique(rec, split=split)
+        return formats.example_from_musique(rec, split=split)
     if kind == "hotpotqa":
-        return example_from_hotpotqa(rec, split=split)
+        return formats.example_from_hotpotqa(rec, split=split)
     if kind == "hub_drop":
-        return example_from_hub_row("drop", rec, split=split)
+        return formats.example_from_hub_row("drop", rec, split=split)
     if kind == "hub_squad_v2":
-        return example_from_hub_row("squad_v2", rec, split=split)
+        return formats.example_from_hub_row("squad_v2", rec, split=split)
     return QAExample.from_dict(rec, split=split, dataset=dataset)
-
-
-_WHOLE_KINDS = {"squad_v2_json", "drop_json"}
 
 
 def _classify_whole(obj: Any) -> str:
@@ -156,27 +147,28 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     obj, lines = _parse_file(p)
     if lines is not None:
         for _lineno, rec in lines:
-            kind = _record_kind(rec)
+            kind = _row_kind(rec)
             return {"musique": "musique_jsonl", "ircot": "ircot_jsonl"}.get(kind, "jsonl")
         raise DataError(f"{p}: file has no records")
     kind = _classify_whole(obj)
     if kind == "list":
-        first = _record_kind(obj[0]) if obj else "jsonl"
+        first = _row_kind(obj[0]) if obj else "jsonl"
         return {"hotpotqa": "hotpotqa_json", "musique": "musique_json", "ircot": "ircot_json"}.get(
             first, "json_list"
         )
     if kind == "record":
-        return _record_format(obj)
+        return _row_format(obj)
     return kind
 
 
-def _record_format(rec: Mapping[str, Any]) -> str:
-    kind = _record_kind(rec)
+def _row_format(rec: Mapping[str, Any]) -> str:
+    kind = _row_kind(rec)
     return {"musique": "musique_jsonl", "ircot": "ircot_jsonl"}.get(kind, "jsonl")
 
 
 def _iter_jsonl(p: Path, text: str) -> Iterator[tuple[int, Any]]:
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # "\n" only: str.splitlines also splits on U+2028/U+2029/U+0085, legal inside strings
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -248,28 +240,28 @@ def _iter_file_at(p: Path, split: str) -> Iterator[tuple[str, QAExample]]:
     if lines is not None:
         for lineno, rec in lines:
             try:
-                ex = _convert_record(rec, _record_kind(rec), split, p.stem)
+                ex = _convert_row(rec, _row_kind(rec), split, p.stem)
             except DataError as e:
                 raise e.at(f"{p}:{lineno}") from None
             yield f"line {lineno}", ex
         return
     kind = _classify_whole(obj)
     if kind == "squad_v2_json":
-        it = examples_from_squad_v2(obj, split=split, where=str(p))
+        it = formats.examples_from_squad_v2(obj, split=split, where=str(p))
         yield from ((f"question {n + 1}", ex) for n, ex in enumerate(it))
     elif kind == "drop_json":
-        it = examples_from_drop(obj, split=split, where=str(p))
+        it = formats.examples_from_drop(obj, split=split, where=str(p))
         yield from ((f"question {n + 1}", ex) for n, ex in enumerate(it))
     elif kind == "list":
         for n, rec in enumerate(obj):
             try:
-                ex = _convert_record(rec, _record_kind(rec), split, p.stem)
+                ex = _convert_row(rec, _row_kind(rec), split, p.stem)
             except DataError as e:
                 raise e.at(f"{p}: [{n}]") from None
             yield f"record [{n}]", ex
     elif kind == "record":
         try:
-            ex = _convert_record(obj, _record_kind(obj), split, p.stem)
+            ex = _convert_row(obj, _row_kind(obj), split, p.stem)
         except DataError as e:
             raise e.at(f"{p}:1") from None
         yield "line 1", ex
@@ -460,8 +452,8 @@ def save_examples(examples: Iterable[QAExample], path: str | os.PathLike[str]) -
     lines = []
     for ex in examples:
         try:
-            lines.append(json.dumps(ex.to_dict(), ensure_ascii=False))
+            lines.append(json_line(ex.to_dict()))
         except (TypeError, ValueError) as e:
             raise DataError(f"example {ex.id!r} is not JSON-serialisable: {e}") from None
-    p.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    p.write_text("".join(lines), encoding="utf-8")
     return p

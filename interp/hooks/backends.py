@@ -14,28 +14,28 @@ over the batch: the patched activation is ``where(mask, source, activation)``.
    read and edited through :func:`interp.hooks.capture.hooked` (each mask becomes an edit),
    optionally after a shared key/value prefix (:meth:`HFBackend.prefix_cache`), with
    gradients (``keep_graph``, ``inputs_embeds``) for attribution patching.
-2. ``transformer_lens`` (:class:`TLBackend`): :func:`to_tlens` boots
+2. ``transformer_lens`` (:class:`TLBackend`): :func:`interp.hooks.wrappers.to_tlens` boots
    ``TransformerBridge.boot_transformers(path, hf_model=model, tokenizer=tok)`` offline on a
    deep copy of the model (booting replaces the wrapped model's submodules with bridge
    components and forces eager attention) and runs ``run_with_hooks`` on the same names. The
    bridge prepends BOS only when given a STRING; it is fed token ids, so it runs exactly the
    prompt interp rendered.
-3. ``nnsight`` (:class:`NNsightBackend`): :func:`to_nnsight` wraps the model in nnsight's
-   ``TransformersModel`` (``LanguageModel`` on older nnsight), sharing its weights; inside a
-   trace, module inputs/outputs are read and assigned in execution order. Module paths come
-   from :func:`interp.hooks.points.hook_site`.
+3. ``nnsight`` (:class:`NNsightBackend`): :func:`interp.hooks.wrappers.to_nnsight` wraps the
+   model in nnsight's ``TransformersModel`` (``LanguageModel`` on older nnsight), sharing its
+   weights; inside a trace, module inputs/outputs are read and assigned in execution order.
+   Module paths come from :func:`interp.hooks.points.hook_site`.
 
 Lifetimes: :func:`get_backend` builds a backend per call (cheap); only the TransformerLens
-bridge, which wraps a COPY of the model, is cached, in a :class:`weakref.WeakKeyDictionary`
-keyed on the model, so it dies with the model. Nothing here keeps a model alive.
+bridge, which wraps a COPY of the model, is cached (weakly, :mod:`interp.hooks.wrappers`), so
+it dies with the model. Nothing here keeps a model alive.
 
-Whole-reply verdict score of a patched forward (:meth:`Backend.score`; DESIGN.md, "Measuring
-honestly"): ``log P(reply | patched prompt)`` for the replies "Correct" and "Incorrect" with the
+Whole-reply verdict score of a patched forward (:meth:`Backend.score`; docs/measuring.md, the
+verdict score): ``log P(reply | patched prompt)`` for the replies "Correct" and "Incorrect" with the
 tokens the chat template gives them. The reply positions themselves are never patched: they
 read the patched prompt. Two exact ways, tested to agree:
 
 * ``hf``: the patched forward returns its key/value cache, and the replies' later tokens are
-  scored from that cache by :func:`interp.verdict.continuation_logprobs` (outside the hooks).
+  scored from that cache by :func:`interp.kv_cache.continuation_logprobs` (outside the hooks).
 * full prompts (TransformerLens, nnsight, and attribution patching, which needs gradients):
   each prompt is extended by ``reply[:-1]`` of every multi-token reply (right-padded rows, so
   one forward holds every reply; causal attention makes the padding invisible), the masks are
@@ -49,9 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import warnings
-import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -65,14 +63,12 @@ from interp.hooks.points import (
     HOOK_POINTS,
     HookSite,
     base_model,
-    check_architecture,
-    hook_name,
     hook_site,
     parse_hook,
-    resolve,
 )
+from interp.hooks.wrappers import attn_implementation, to_nnsight, to_tlens
+from interp.kv_cache import cache_kwarg, continuation_logprobs, output_cache
 from interp.models import ModelHandle
-from interp.verdict import cache_kwarg, continuation_logprobs, output_cache
 
 __all__ = [
     "BACKENDS",
@@ -81,8 +77,6 @@ __all__ = [
     "HFBackend",
     "NNsightBackend",
     "TLBackend",
-    "attention_mass",
-    "attn_implementation",
     "check_masks",
     "get_backend",
     "hook_order",
@@ -90,14 +84,10 @@ __all__ = [
     "masked_edit",
     "reply_extensions",
     "reply_logprobs",
-    "to_nnsight",
-    "to_tlens",
 ]
 
 BACKENDS = ("hf", "transformer_lens", "nnsight")
 """The backend names, one per backend, used by every command and API."""
-
-_TLENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 Logits = Float[Tensor, "batch keep vocab"]
 Masks = Mapping[str, Bool[Tensor, "batch pos *heads"]]
@@ -117,119 +107,6 @@ class Forward(NamedTuple):
     logits: Logits
     acts: Cache
     kv: Any = None
-
-
-# ---------------------------------------------------------------------------------------------
-# Attention kernel and wrappers
-# ---------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def attn_implementation(handle: ModelHandle, name: str) -> Iterator[None]:
-    """Temporarily run ``handle.model`` with another attention kernel (``eager``, ``sdpa``, ...).
-
-    The previous implementation is restored on exit, also after an exception.
-    """
-    model = handle.model
-    old = model.config._attn_implementation
-    if old != name:
-        _set_attn(model, name)
-    try:
-        yield
-    finally:
-        if model.config._attn_implementation != old:
-            _set_attn(model, old)
-
-
-def _set_attn(model: Any, name: str) -> None:
-    try:
-        model.set_attn_implementation(name)
-    except (ValueError, KeyError, AttributeError):
-        # custom names registered in AttentionInterface that set_attn_implementation refuses
-        for mod in model.modules():
-            cfg = getattr(mod, "config", None)
-            if cfg is not None and hasattr(cfg, "_attn_implementation"):
-                cfg._attn_implementation = name
-    if model.config._attn_implementation != name:  # pragma: no cover - defensive
-        model.config._attn_implementation = name
-
-
-def to_tlens(handle: ModelHandle, *, copy: bool = True) -> Any:
-    """Wrap the handle's model in a TransformerLens ``TransformerBridge`` (offline).
-
-    Booting a bridge REPLACES submodules of the model it wraps with bridge components (and
-    forces eager attention), so by default it wraps a deep copy: the handle's model keeps its
-    own modules, kernel and ``AttentionInterface`` dispatch (twice the weight memory while
-    the bridge lives). The bridge of a copy is cached per model (weakly: it dies with the
-    model). ``copy=False`` wraps the handle's model itself (not cached); afterwards use the
-    bridge, not ``handle.model``, for hooked forwards.
-
-    Args:
-        handle: the loaded model.
-        copy: wrap a deep copy (default) instead of the model itself.
-
-    Returns:
-        ``transformer_lens.model_bridge.TransformerBridge``; run it on token ids
-        (``bridge.run_with_cache(ids[None])``) so no BOS is prepended.
-
-    Raises:
-        BackendError: transformer-lens is missing or the architecture is unsupported.
-    """
-    model = handle.model
-    check_architecture(model, "the transformer_lens backend", BackendError)
-    if copy and model in _TLENS:
-        return _TLENS[model]
-    try:
-        from transformer_lens.model_bridge import TransformerBridge
-    except ImportError as err:  # pragma: no cover
-        raise BackendError("the transformer_lens backend needs transformer-lens>=4.3") from err
-    target = _deepcopy(model) if copy else model
-    name = (handle.info.get("cached_checkpoint") or handle.info.get("path")
-            or getattr(model.config, "_name_or_path", None) or handle.spec)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            bridge = TransformerBridge.boot_transformers(
-                str(name), hf_model=target, tokenizer=handle.tokenizer, device=str(handle.device),
-                dtype=next(model.parameters()).dtype)
-    except Exception as err:  # noqa: BLE001 - report any boot failure the same way
-        raise BackendError(f"TransformerBridge could not wrap {handle.spec!r}: {err}") from err
-    if copy:
-        _TLENS[model] = bridge
-    return bridge
-
-
-def _deepcopy(model: Any) -> Any:
-    return copy.deepcopy(model)
-
-
-def to_nnsight(handle: ModelHandle) -> Any:
-    """Wrap the handle's model for nnsight tracing (offline, shares the weights).
-
-    Not cached: the wrapper holds the model, so a cache keyed on the model would keep every
-    wrapped model alive; wrapping costs milliseconds.
-
-    Returns:
-        ``nnsight.modeling.transformers.TransformersModel`` (task ``text-generation``), or a
-        ``nnsight.LanguageModel`` on nnsight versions without it. Inside ``with lm.trace(ids):``
-        read and assign module inputs/outputs in execution order; the envoy of a hook point
-        is at its module path (:func:`interp.hooks.points.hook_site`).
-
-    Raises:
-        BackendError: nnsight is missing, or an architecture interp has no module paths for
-            (the message names :data:`interp.hooks.points.ARCHITECTURES`).
-    """
-    check_architecture(handle.model, "the nnsight backend", BackendError)
-    try:
-        from nnsight.modeling.transformers import TransformersModel
-
-        return TransformersModel(handle.model, task="text-generation", tokenizer=handle.tokenizer)
-    except ImportError:
-        try:
-            from nnsight import LanguageModel
-        except ImportError as err:  # pragma: no cover
-            raise BackendError("the nnsight backend needs nnsight>=0.8") from err
-        return LanguageModel(handle.model, tokenizer=handle.tokenizer)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -465,7 +342,7 @@ class HFBackend:
               ) -> tuple[Float[Tensor, "batch n_reply"], Float[Tensor, "batch vocab"], Cache]:
         """:meth:`Backend.score` from the patched forward's key/value cache.
 
-        The replies' later tokens are scored by :func:`interp.verdict.continuation_logprobs`,
+        The replies' later tokens are scored by :func:`interp.kv_cache.continuation_logprobs`,
         run outside the hooks, so the reply positions are not patched.
         """
         out = self.forward(ids, masks=masks, sources=sources, cache_hooks=cache_hooks,
@@ -618,38 +495,3 @@ def get_backend(handle: ModelHandle, backend: str = "hf") -> Backend:
     if backend not in classes:
         raise BackendError(f"unknown backend {backend!r}; valid: {list(BACKENDS)}")
     return classes[backend](handle)
-
-
-# ---------------------------------------------------------------------------------------------
-# Attention mass of the last position (task-swap sweeps)
-# ---------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def attention_mass(model: Any, layers: Sequence[int], span: tuple[int, int],
-                   store: dict[int, Float[Tensor, " batch"]]) -> Iterator[None]:
-    """Record the last position's attention mass on ``span``, mean over heads, per layer.
-
-    Reads the attention weights the attention module returns as its second output, so the
-    model must run with eager attention (:func:`attn_implementation`); ``store[layer]`` gets
-    ``sum_{k in span} A[b, h, -1, k]`` averaged over heads ``h``, ``[batch]`` (CPU).
-    The attention module of block ``L`` is the module of ``blocks.L.hook_attn_out``.
-    Hooks are removed on exit, whatever raises.
-    """
-    mods = [(layer, resolve(model, hook_name(layer, "hook_attn_out"))[0]) for layer in layers]
-    handles = []
-
-    def mk(layer: int) -> Callable:
-        def fn(mod: Any, args: Any, out: Any) -> None:
-            w = out[1]
-            if w is not None:
-                store[layer] = w[:, :, -1, span[0]:span[1]].sum(-1).mean(1).detach().cpu()
-        return fn
-
-    try:
-        for layer, mod in mods:
-            handles.append(mod.register_forward_hook(mk(layer)))
-        yield
-    finally:
-        for h in handles:
-            h.remove()

@@ -6,7 +6,7 @@ forwards inside :func:`inference_guard`. It is entered inside :func:`interp.hook
 and every backend forward (:mod:`interp.hooks.backends`), so any hooked forward is covered,
 and again around the whole work of the public entry points (nesting is cheap and exact).
 
-Algorithm of :func:`inference_guard` (issue 12, items 3 and 7):
+Algorithm of :func:`inference_guard` (docs/measuring.md, eval mode):
 
 1. Check each model before anything changes (:func:`interp.hooks.points.check_heads`: query
    heads must be a multiple of key/value heads), so an unusable model is a one-line
@@ -21,7 +21,7 @@ Why not refuse a model in training mode: the caller may be in the middle of trai
 run) and only want a measurement; switching for the duration and restoring costs nothing.
 
 Hooks are not touched here: whoever registers a hook removes it in its own ``finally``
-(:func:`interp.hooks.capture.hooked`, :func:`interp.hooks.backends.attention_mass`). A guard
+(:func:`interp.hooks.capture.hooked`, :func:`interp.hooks.steering.steering`). A guard
 cannot tell a leftover hook from one a library installs for good (transformers installs its
 output-capturing hooks lazily, on the first ``output_attentions=True`` forward, and keeps
 them). :func:`hook_counts` is the check the tests use.

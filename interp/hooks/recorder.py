@@ -28,6 +28,9 @@ position that predicts the first output token):
    scores per chunk), the residual streams and ``attn.hook_z`` through
    :func:`interp.hooks.capture.hooked` with ``stream``. Peak memory is one chunk plus the
    forward's own, whatever the number of layers recorded.
+6. Context mass (:func:`context_mass`): of recorded last rows, the attention mass on a span
+   (the context), mean over query heads and over a band of layers; the one definition that
+   patching, steering and the task-swap sweeps report.
 
 Module paths come from :mod:`interp.hooks.points` only.
 """
@@ -36,10 +39,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
@@ -48,15 +52,17 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from interp.errors import AttentionError
-from interp.hooks.backends import attn_implementation, to_nnsight, to_tlens
 from interp.hooks.capture import hooked
 from interp.hooks.guard import inference_guard
 from interp.hooks.points import hook_name, hook_site, resolve
+from interp.hooks.wrappers import attn_implementation, to_nnsight, to_tlens
 from interp.layers import parse_layers
 from interp.models import ModelHandle
 
 __all__ = ["BACKENDS", "IMPLEMENTATION", "PATTERN_CHUNK_BYTES", "PATTERN_POINT", "Recording",
-           "STREAM_POINTS", "Sink", "batch_rows", "full_pattern", "last_row", "record_rows",
+           "STREAM_POINTS", "Sink", "batch_rows", "context_mass", "full_pattern", "last_row",
+           "sdpa_forward",
+           "record_rows",
            "record_stream", "register_attention", "register_recorder"]
 
 BACKENDS = ("hf", "eager", "transformer_lens", "nnsight")
@@ -157,17 +163,30 @@ def full_pattern(query: Float[Tensor, "batch head q d"], key: Float[Tensor, "bat
     return torch.softmax(scores, dim=-1)
 
 
+def sdpa_forward(module: Any, query: Tensor, key: Tensor, value: Tensor,
+                 attention_mask: Tensor | None, scaling: float | None, dropout: float,
+                 kwargs: dict[str, Any]) -> tuple[Tensor, int, float]:
+    """The model's own SDPA attention, run first by every attention function registered here.
+
+    Returns:
+        The attention output (as transformers' ``sdpa_attention_forward`` gives it), the
+        module's layer index and the softmax scale (``scaling``, else ``head_dim ** -0.5``).
+    """
+    kwargs.pop("output_attentions", None)
+    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                    scaling=scaling, **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return out, int(module.layer_idx), scale
+
+
 def _recording_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
                          attention_mask: Tensor | None, scaling: float | None = None,
                          dropout: float = 0.0, **kwargs: Any) -> tuple[Tensor, None]:
     """SDPA attention that also records the last-token row (registered as ``interp_last_row``)."""
-    kwargs.pop("output_attentions", None)
-    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                    scaling=scaling, **kwargs)
+    out, layer, scale = sdpa_forward(module, query, key, value, attention_mask, scaling, dropout,
+                                     kwargs)
     cap = _ACTIVE.get()
     if cap is not None:
-        layer = int(module.layer_idx)
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         cap.rows[layer] = last_row(query, key, attention_mask, scale)
         if layer in cap.pattern_layers and cap.sink is not None:
             _stream_pattern(cap.sink, layer, query, key, attention_mask, scale)
@@ -334,6 +353,29 @@ def _record_check(handle: ModelHandle, ids: Tensor, backend: str) -> Tensor:
 
 
 @torch.no_grad()
+def context_mass(rows: Mapping[int, Tensor] | Tensor, band: Sequence[int],
+                 span: tuple[int, int]) -> np.ndarray:
+    """Last-row attention mass on ``span``, mean over query heads and the layers of ``band``.
+
+    ``mean_{L in band} mean_h sum_{k in [start, end)} A_L[..., h, k]`` (paper section 3.2: the
+    context mass of the verdict position), each layer's mean over heads taken in the rows'
+    dtype, the mean over layers in float64.
+
+    Args:
+        rows: layer -> last rows ``[..., n_heads, pos]``: a mapping such as
+            :attr:`interp.hooks.steering.Steer.rows` (``[batch, n_heads, pos]``) or a tensor
+            ``[n_layers, n_heads, pos]`` of :func:`record_rows`.
+        band: the layers averaged.
+        span: ``(start, end)`` key positions, end exclusive.
+
+    Returns:
+        float64 array of the leading shape ``[...]`` (``[batch]``; 0-d for one prompt).
+    """
+    per_layer = [rows[layer][..., span[0]:span[1]].sum(-1).mean(-1).double().cpu()
+                 for layer in band]
+    return torch.stack(per_layer).mean(0).numpy()
+
+
 def record_rows(handle: ModelHandle, input_ids: Sequence[int] | Int[Tensor, " pos"], *,
                 backend: str = "hf", act_layers: Sequence[int] = (),
                 patterns: bool = False) -> Recording:

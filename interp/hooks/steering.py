@@ -1,6 +1,6 @@
 """Attention steering: scale the attention the last query position pays to a span of keys.
 
-The causal test of the mechanism of paper section 3.2 (issue 15, item 4): the judge's verdict
+The causal test of the mechanism of paper section 3.2 (docs/stages.md, steer): the judge's verdict
 position reads the context less than the generator's answer position does; multiply that
 reading by ``alpha`` and see what the verdict does.
 
@@ -20,7 +20,7 @@ Algorithm (:func:`steering`, :func:`tl_steered_logits`):
    becomes ``alpha m / (alpha m + 1 - m)`` from ``m``. The output of that position is
    ``row @ V`` (float32, cast back) for the (row, head) pairs whose bias is not zero; every
    other output is SDPA's, bit for bit, so ``alpha = 1`` reproduces the unsteered forward
-   exactly. With ``record``, the (steered) last row of EVERY layer is kept
+   exactly. With ``keep_rows``, the (steered) last row of EVERY layer is kept
    (:attr:`Steer.rows`): the attention actually reached.
 3. ``transformer_lens`` (the check): TransformerBridge runs its own eager attention; a hook on
    ``blocks.L.attn.hook_attn_scores`` (pre-softmax scores ``[batch, head, query, key]``) adds
@@ -44,11 +44,10 @@ from typing import Any
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from interp.errors import SteeringError
-from interp.hooks.backends import attn_implementation, to_tlens
-from interp.hooks.recorder import last_row, register_attention
+from interp.hooks.recorder import last_row, register_attention, sdpa_forward
+from interp.hooks.wrappers import attn_implementation, to_tlens
 from interp.models import ModelHandle
 
 __all__ = ["IMPLEMENTATION", "Steer", "register_steering", "steering", "tl_steered_logits"]
@@ -65,14 +64,14 @@ class Steer:
         units: steered layer -> query heads (None: every head of that layer).
         keys: key positions ``[start, end)`` whose scores get ``log(alpha)``.
         alphas: one factor per batch row, ``[batch]``, each > 0.
-        record: keep the (steered) last row of every layer in :attr:`rows`.
+        keep_rows: keep the (steered) last row of every layer in :attr:`rows`.
         rows: filled during a forward: layer -> ``[batch, n_heads, n_keys]`` float32.
     """
 
     units: Mapping[int, Sequence[int] | None]
     keys: tuple[int, int]
     alphas: Sequence[float]
-    record: bool = True
+    keep_rows: bool = True
     rows: dict[int, Tensor] = field(default_factory=dict)
 
     def log_alpha(self, device: torch.device) -> Float[Tensor, " batch"]:
@@ -114,24 +113,21 @@ def _steering_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
                         attention_mask: Tensor | None, scaling: float | None = None,
                         dropout: float = 0.0, **kwargs: Any) -> tuple[Tensor, None]:
     """SDPA, then the steered last query row (module docstring, step 2)."""
-    kwargs.pop("output_attentions", None)
-    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                    scaling=scaling, **kwargs)
+    out, layer, scale = sdpa_forward(module, query, key, value, attention_mask, scaling, dropout,
+                                     kwargs)
     st = _ACTIVE.get()
     if st is None:
         return out, None
-    layer = int(module.layer_idx)
-    b, n_heads, _, head_dim = query.shape
+    b, n_heads, _, _ = query.shape
     n_keys = key.shape[2]
     bias = st.bias(layer, b, n_heads, n_keys, query.device)
-    if bias is None and not st.record:
+    if bias is None and not st.keep_rows:
         return out, None
-    scale = scaling if scaling is not None else head_dim ** -0.5
     add = _additive(attention_mask, n_keys)
     if bias is not None:
         add = add + bias[:, :, None, :]
     row = last_row(query, key, add if torch.is_tensor(add) else None, scale)  # [b, h, k]
-    if st.record:
+    if st.keep_rows:
         st.rows[layer] = row.detach()
     if bias is not None:
         apply = (bias != 0).any(-1)  # [b, h]
@@ -202,7 +198,7 @@ def tl_steered_logits(handle: ModelHandle, ids: Int[Tensor, "batch pos"], st: St
     Args:
         handle: the model (wrapped in a cached TransformerBridge copy).
         ids: token ids, one row per alpha of ``st``.
-        st: the intervention (``record`` is ignored here).
+        st: the intervention (``keep_rows`` is ignored here).
         query: the steered query position (the verdict position, ``n - 1`` of the prompt).
         logits_to_keep: how many last positions get logits.
 

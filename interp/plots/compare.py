@@ -4,7 +4,7 @@ Drawn from stored tables only (each model's ``metrics.json``, ``attention/summar
 ``probes/results.json``). Models of different depths share an axis of RELATIVE depth,
 ``layer / (n_layers - 1)``, so layer 24 of 32 and layer 18 of 24 sit at the same place. Each
 function writes ``NAME.png`` and ``NAME.pdf`` and returns the PNG path
-(:func:`interp.plots.save`).
+(:func:`interp.plots.common.save`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from matplotlib.patches import Patch
 
-from interp.plots import _err, footnote, plt, save
+from interp.plots.common import error_bars, footnote, plt, save
 from interp.stats import MIN_PASSAGES, passage_note
 
 __all__ = ["dataset_labels", "model_colors", "plot_models_asymmetry", "plot_models_attention",
@@ -55,10 +55,10 @@ def dataset_labels(tables: Mapping[str, Mapping[str, Any]], datasets: list[str]
                    ) -> tuple[list[str], list[str]]:
     r"""X tick labels ``dataset\nn=N\nP passages`` (``*`` under 10 passages) and their notes.
 
-    The same label as one model's figures (:func:`interp.plots.dataset_groups`); where the
+    The same label as one model's figures (:func:`interp.plots.common.dataset_groups`); where the
     models' groups differ in size the values are joined with ``,`` in the models' order. The
     notes (one per starred dataset, :func:`interp.stats.passage_note` of its smallest group)
-    go under the figure (:func:`interp.plots.footnote`).
+    go under the figure (:func:`interp.plots.common.footnote`).
 
     Args:
         tables: model spec -> a table with ``per_dataset`` and ``overall`` groups.
@@ -97,7 +97,7 @@ def _grouped_bars(ax: Any, tables: Mapping[str, Mapping[str, Any]], datasets: li
             g = _group(t, ds)
             v, ci = get(g) if g else (None, None)
             vals.append(np.nan if v is None else v)
-            errs.append(_err(v, ci) if v is not None else [0.0, 0.0])
+            errs.append(error_bars(v, ci) if v is not None else [0.0, 0.0])
         xs = x + (j - (len(tables) - 1) / 2) * w
         bars = ax.bar(xs, vals, w, yerr=np.array(errs).T, capsize=2, color=colors[spec],
                       label=_short(spec))

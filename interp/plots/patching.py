@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from matplotlib.patches import Patch
 
-from interp.plots import COLORS, footnote, plt, save
+from interp.plots.common import COLORS, footnote, plt, save
 
 __all__ = ["NOT_MEASURED", "nothing_to_show", "plot_patching"]
 

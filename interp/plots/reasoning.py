@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from interp.plots import _err, footnote, plt, save
+from interp.plots.common import error_bars as _err
+from interp.plots.common import footnote, plt, save
 from interp.reasoning import REASONING_SPANS
 
 __all__ = ["plot_reasoning_side_by_side"]

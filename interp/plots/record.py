@@ -2,7 +2,7 @@
 
 Kept apart from :mod:`interp.plots` (near 600 lines); the same conventions: a ``plot_*``
 function takes the parsed table and an output folder, writes ``NAME.png`` and ``NAME.pdf``
-(:func:`interp.plots.save`) and returns the PNG path.
+(:func:`interp.plots.common.save`) and returns the PNG path.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from interp.plots import plt, save
+from interp.plots.common import plt, save
 
 __all__ = ["plot_span_to_span"]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from interp.plots import COLORS, footnote, plt, save
+from interp.plots.common import COLORS, footnote, plt, save
 from interp.stats import passage_note
 
 __all__ = ["JUDGE_SERIES", "judge_panel", "plot_steering"]

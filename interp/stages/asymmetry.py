@@ -10,8 +10,11 @@ Algorithm of :func:`run`:
    with the same :data:`KEY_FIELDS` and the same result-relevant runtime facts
    (:func:`interp.models.result_facts`: attention kernel, device, dtype, torch/transformers
    versions, TF32 and determinism flags; another model, template, oracle, decoding or any of
-   these is refused unless ``overwrite``); list datasets accumulate over invocations. The
-   manifest stores the full :func:`interp.models.runtime_facts` as ``runtime``.
+   these is refused unless ``overwrite``), and that the model's fingerprint (``sha256``:
+   weights, config and tokenizer files, :func:`interp.stages.common.check_run_model`) is the
+   run's; list datasets accumulate over invocations. The manifest stores the full
+   :func:`interp.models.runtime_facts` as ``runtime`` and the token ids and strings of the
+   two whole verdict replies every score compares (``model.verdict_replies``).
 2. For each dataset: load the examples (first ``limit`` after filtering), skip those already
    in ``records.jsonl`` (resume; a larger ``limit`` only adds the new ones) unless the record
    is stale (:func:`stale_records`: its example's question, context or answers, or its
@@ -32,31 +35,26 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
-from interp.asymmetry import compute_metrics, evaluate_examples, format_metrics, make_oracle
+from interp.agreement import oracle_agreement as grade_agreement
+from interp.asymmetry import compute_metrics, evaluate_examples, format_metrics
 from interp.data import DATASETS, QAExample, load_examples
 from interp.errors import ConfigError, DataError, RunDirError
-from interp.grading import BaseOracle, RuleOracle
-from interp.grading import oracle_agreement as grade_agreement
-from interp.inputs import check_counts, new_run_dir
+from interp.grading import BaseOracle, RuleOracle, make_oracle, parse_oracle_spec
+from interp.inputs import check_counts, config_from_table, new_run_dir
 from interp.models import DEFAULT_MODEL, ModelHandle, load_model, result_facts, runtime_facts
-from interp.plots import plot_asymmetry
+from interp.plots.asymmetry import plot_asymmetry
 from interp.prefill import Capture
-from interp.probing import POOLS
+from interp.progress import tqdm
 from interp.prompts import Template, get_template, render
 from interp.reasoning import MAX_REASONING_TOKENS
+from interp.residual_features import POOLS
 from interp.stages import attention as attention_stage
 from interp.stages import probe as probe_stage
-from interp.stages.common import stage_facts
-from interp.store import (
-    Record,
-    RunDir,
-    config_from_table,
-    limit_per_dataset,
-    record_key,
-    write_json,
-)
+from interp.stages.common import check_run_model, stage_facts
+from interp.store.io import write_json
+from interp.store.records import Record, limit_per_dataset, qa_key
+from interp.store.rundir import RunDir
+from interp.verdict import verdict_replies
 
 __all__ = ["KEY_FIELDS", "NAME", "SUMMARIES", "AsymmetryConfig", "check_inputs",
            "format_oracle_agreement", "format_summary", "oracle_agreement", "run",
@@ -175,13 +173,14 @@ def run(
         interp.errors.ConfigError: a count below 1 or an unknown oracle spec (before any
             model loads, as every error of :func:`check_inputs`).
         interp.errors.RunDirError: ``out`` holds a run with another config or other result
-            facts, or stale records (:func:`stale_records`), and not overwrite.
+            facts, or stale records (:func:`stale_records`), and not overwrite; or another
+            process is writing ``out`` (:meth:`interp.store.rundir.RunDir.writer`).
         interp.errors.DataError: unknown dataset, malformed file.
     """
     loaded = check_inputs(config)
     if not overwrite:  # another model, template, ... is refused before the model loads
         RunDir(out).check_config(asdict(config), KEY_FIELDS)
-    with new_run_dir(out):
+    with new_run_dir(out), RunDir(out).writer():  # a second writer is refused here, at once
         return _run(config, RunDir(out), loaded, overwrite=overwrite, handle=handle, log=log,
                     chunk=chunk)
 
@@ -195,7 +194,7 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
 
     Raises:
         interp.errors.ConfigError: a count below 1, no dataset, or an oracle spec that is
-            neither ``rule`` nor ``model:SPEC``.
+            neither ``rule`` nor ``model:SPEC`` (:func:`interp.grading.parse_oracle_spec`).
         interp.errors.PromptError: an unknown template.
         interp.errors.DataError: an unknown dataset, a missing or malformed file, a missing
             field, or a dataset with no examples left after filtering.
@@ -203,8 +202,7 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
     check_counts(config, NAME)
     if not config.datasets:
         raise ConfigError("no dataset given: pass --dataset squad_v2 (or a JSONL file)")
-    if config.oracle != "rule" and not config.oracle.startswith("model:"):
-        raise ConfigError(f"unknown oracle {config.oracle!r}: use 'rule' or 'model:SPEC'")
+    parse_oracle_spec(config.oracle)
     get_template(config.template, config.templates_path)
     loaded = {}
     for ds in config.datasets:
@@ -224,7 +222,15 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     template = get_template(config.template, config.templates_path)
     handle = handle or load_model(config.model, device=config.device, dtype=config.dtype)
     facts = runtime_facts(handle)
-    manifest = rd.init_manifest(asdict(config), model_info=handle.info, overwrite=overwrite,
+    if not overwrite and rd.manifest_path.exists():  # resuming with another checkpoint: refuse
+        check_run_model(rd, handle)
+    replies = verdict_replies(handle.tokenizer).to_record()  # the scored tokens, by name
+    before = rd.manifest()["config"].get("datasets", []) if rd.manifest_path.exists() else []
+    if added := [d for d in config.datasets if before and d not in before]:
+        log(f"{rd.path} holds a run on {', '.join(before)}: adding {', '.join(added)} to it "
+            f"(metrics.json will cover all of them; use another --out for a separate run)")
+    manifest = rd.init_manifest(asdict(config), overwrite=overwrite,
+                                model_info={**handle.info, "verdict_replies": replies},
                                 key_fields=KEY_FIELDS, runtime=facts,
                                 result_facts=result_facts(facts))
     oracle = make_oracle(config.oracle, device=config.device, dtype=config.dtype,
@@ -234,7 +240,7 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     if config.one_pass and template.judge == "word":
         facts = stage_facts(rd, handle, "attention", overwrite=overwrite)
         stage_facts(rd, handle, "probe", overwrite=overwrite)
-    finished = {record_key(r): r for r in (rd.read_records(status=None)
+    finished = {qa_key(r): r for r in (rd.read_records(status=None)
                                            if rd.records_path.exists() else [])}
     done = set(finished)
     chunk = chunk or config.chunk_batches * config.batch_size
@@ -269,7 +275,7 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
             if cap is not None:  # before the records: a kill in between redoes the records,
                 store_one_pass(rd, handle, recs, cap, facts)  # whose outputs are then replaced
             rd.append_records(recs)
-            done.update(record_key(r) for r in recs)
+            done.update(qa_key(r) for r in recs)
             bar.update(len(part))
             for r in recs:
                 if r["status"] != "ok":
@@ -319,7 +325,7 @@ def store_one_pass(run: RunDir, handle: ModelHandle, records: Sequence[Record],
                                        {t: ps.rows for t, (_, ps) in got.items()},
                                        backend="hf", sig=sig)
         for t, (rp, ps) in got.items():
-            feats[t].append(("/".join(record_key(rec)), rp.input_ids, ps.pooled, ps.fell_back))
+            feats[t].append(("/".join(qa_key(rec)), rp.input_ids, ps.pooled, ps.fell_back))
     for t, items in feats.items():
         probe_stage.store_features(run, handle, t, items, facts=facts)
     return len(capture.got)
@@ -387,15 +393,16 @@ def oracle_agreement(run: RunDir, oracle: str | BaseOracle, *, limit: int | None
         device: where to load the oracle model.
 
     Returns:
-        The written dict: :func:`interp.grading.oracle_agreement`'s keys plus ``run``,
+        The written dict: :func:`interp.agreement.oracle_agreement`'s keys plus ``run``,
         ``stored_oracle`` (the run's own oracle) and ``oracle_b_counts`` (how often the LLM
         oracle's reply decided and how often its forced choice did, when it counts them).
 
     Raises:
-        ConfigError: ``oracle`` is not ``model:SPEC``.
+        ConfigError: ``oracle`` is ``rule`` or not an oracle spec
+            (:func:`interp.grading.parse_oracle_spec`).
         RunDirError: the run has no ok records (before any model is loaded).
     """
-    if isinstance(oracle, str) and not oracle.startswith("model:"):
+    if isinstance(oracle, str) and parse_oracle_spec(oracle).kind == "rule":
         raise ConfigError(f"--oracle must be model:SPEC (the rule oracle is the other side), "
                           f"not {oracle!r}")
     records = limit_per_dataset(run.read_records(), limit)

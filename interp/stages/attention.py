@@ -3,14 +3,14 @@
 Algorithm of :func:`run` (the method is :mod:`interp.attention`):
 
 1. Records: the run's ``ok`` records, the first ``limit`` of each dataset
-   (:func:`interp.store.limit_per_dataset`). The model must be the run's (sha256 check).
+   (:func:`interp.store.records.limit_per_dataset`). The model must be the run's (sha256 check).
 2. Record (:func:`record`): for each record, re-render both prompts
-   (:func:`interp.asymmetry.record_prompts`), and unless its recording is fresh, run
+   (:func:`interp.prompts.record_prompts`), and unless its recording is fresh, run
    :func:`interp.hooks.recorder.record_rows` once per prompt and save the span masses
    ``mass.{gen,eval}`` ``[n_layers, n_heads, n_spans]`` (and with ``save_rows`` the rows
    ``rows.{task}`` ``[n_layers, n_heads, pos]``) to ``DIR/attention/records/<dataset>/<id>
    .safetensors``. A recording is fresh when its stored signature
-   (:func:`interp.store.signature` of the model and its sha256, the prompts' token ids and the
+   (:func:`interp.store.io.signature` of the model and its sha256, the prompts' token ids and the
    result-relevant runtime facts, :func:`interp.stages.common.stage_facts`) equals the one of
    now: an interrupted run resumes, and a recording made by another model, from other prompts
    (``interp asymmetry --overwrite`` with another template keeps the record ids) or under
@@ -38,10 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import safe_open
-from tqdm.auto import tqdm
 
-from interp import plots
-from interp.asymmetry import record_prompts
 from interp.attention import (
     SPANS,
     TASKS,
@@ -54,15 +51,15 @@ from interp.attention import (
 )
 from interp.errors import AttentionError, RunDirError
 from interp.hooks.recorder import BACKENDS, record_rows
+from interp.inputs import config_from_table
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
+from interp.plots import attention as attention_plots
+from interp.progress import tqdm
+from interp.prompts import record_prompts
 from interp.stages.common import ok_records, stage_facts
-from interp.store import (
-    Record,
-    RunDir,
-    config_from_table,
+from interp.store.io import (
     is_fresh,
-    limit_per_dataset,
     read_json,
     safe_name,
     save_tensors,
@@ -70,10 +67,12 @@ from interp.store import (
     write_json,
     write_table,
 )
+from interp.store.records import Record, limit_per_dataset
+from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SUMMARIES", "AttentionConfig", "Config", "activations_path",
-           "format_summary", "load_masses", "read_summary", "record", "record_path",
-           "record_signature", "recording_signature", "run", "save_recording",
+           "format_summary", "load_masses", "read_summary", "record", "rows_path",
+           "qa_record_signature", "recording_signature", "run", "save_recording",
            "write_tables"]
 
 NAME = "attention"
@@ -134,7 +133,7 @@ class AttentionConfig:
 Config = AttentionConfig
 
 
-def record_path(run: RunDir, rec: Record | Mapping[str, Any]) -> Path:
+def rows_path(run: RunDir, rec: Record | Mapping[str, Any]) -> Path:
     """``DIR/attention/records/<dataset>/<id>.safetensors`` of a record."""
     folder = run.path / "attention" / "records" / safe_name(rec["dataset"])
     return folder / f"{safe_name(rec['id'])}.safetensors"
@@ -146,7 +145,7 @@ def activations_path(run: RunDir, rec: Record | Mapping[str, Any]) -> Path:
     return folder / f"{safe_name(rec['id'])}.safetensors"
 
 
-def record_signature(rec: Record | Mapping[str, Any]) -> str:
+def qa_record_signature(rec: Record | Mapping[str, Any]) -> str:
     """Signature of what a record's prompts are made from (no model needed to compute it).
 
     Stored with each recording, so that tables built from recordings without a model
@@ -173,7 +172,7 @@ def recording_signature(handle: ModelHandle, facts: Mapping[str, Any],
 def save_recording(run: RunDir, handle: ModelHandle, rec: Record | Mapping[str, Any],
                    prompts: Mapping[str, Any], rows: Mapping[str, torch.Tensor], *,
                    backend: str, sig: str, save_rows: bool = False) -> Path:
-    """Save one record's span masses (and rows) to :func:`record_path` (step 2).
+    """Save one record's span masses (and rows) to :func:`rows_path` (step 2).
 
     The one writer of recordings: the stage (:func:`record`) and the harness's one-pass
     prefill (:mod:`interp.stages.asymmetry`) both call it, so a recording is the same file
@@ -182,7 +181,7 @@ def save_recording(run: RunDir, handle: ModelHandle, rec: Record | Mapping[str, 
     Args:
         run: the run directory.
         handle: the model (its layer and head counts go into the metadata).
-        rec: the record (its :func:`record_signature` is stored).
+        rec: the record (its :func:`qa_record_signature` is stored).
         prompts: ``{"gen": RenderedPrompt, "eval": RenderedPrompt}``.
         rows: ``{task: [n_layers, n_heads, n_tokens]}`` last-token attention rows.
         backend: which backend recorded them.
@@ -198,14 +197,14 @@ def save_recording(run: RunDir, handle: ModelHandle, rec: Record | Mapping[str, 
         tensors[f"mass.{task}"] = span_mass(rows[task], p.labels, spans)
         if save_rows:
             tensors[f"rows.{task}"] = rows[task]
-    return save_tensors(record_path(run, rec), tensors,
+    return save_tensors(rows_path(run, rec), tensors,
                         {**_meta(handle, rec, prompts, spans, backend), "signature": sig})
 
 
 def _meta(handle: ModelHandle, rec: Record | Mapping[str, Any], prompts: Mapping[str, Any],
           spans: Sequence[str], backend: str) -> dict[str, str]:
     return {"id": str(rec["id"]), "dataset": rec["dataset"], "spans": json.dumps(spans),
-            "record": record_signature(rec), "backend": backend,
+            "record": qa_record_signature(rec), "backend": backend,
             "n_layers": str(handle.n_layers), "n_heads": str(handle.n_heads),
             "n_tokens": json.dumps({t: len(p) for t, p in prompts.items()})}
 
@@ -267,7 +266,7 @@ def record(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None,
         prompts = record_prompts(rec, handle.tokenizer, templates_path=tpath)
         sig = recording_signature(handle, facts, {t: p.input_ids for t, p in prompts.items()})
         act_sig = signature({"record": sig, "layers": act_layers, "patterns": cfg.save_patterns})
-        path = record_path(run, rec)
+        path = rows_path(run, rec)
         fresh = not cfg.recompute and is_fresh(path, sig) and (
             _recorded_by(path) == cfg.backend) and (not cfg.save_rows or _has_rows(path)) and (
             not act_layers or is_fresh(activations_path(run, rec), act_sig))
@@ -297,12 +296,12 @@ def load_masses(run: RunDir, *, limit: int | None = None
     records = limit_per_dataset(run.read_records(), limit)
     have, per, spans, backends = [], [], list(SPANS), set()
     for r in records:
-        p = record_path(run, r)
+        p = rows_path(run, r)
         if not p.exists():
             continue
         with safe_open(str(p), "pt") as f:
             meta = f.metadata() or {}
-            if meta.get("record", record_signature(r)) != record_signature(r):
+            if meta.get("record", qa_record_signature(r)) != qa_record_signature(r):
                 raise RunDirError(f"{p} was recorded from another version of record "
                                   f"{r['dataset']}/{r['id']} (its prompts changed): run "
                                   f"`interp attention --run {run.path}` to redo it")
@@ -312,6 +311,7 @@ def load_masses(run: RunDir, *, limit: int | None = None
         spans += [x for x in s if x not in spans]
         have.append(r)
     if not have:
+        run.require_run()
         raise RunDirError(f"{run.path} has no attention recordings: run `interp attention --run "
                           f"{run.path}` first")
     mass = {}
@@ -348,9 +348,9 @@ def write_tables(run: RunDir, cfg: AttentionConfig | None = None, *,
     write_json(out / "heads.json", heads)
     if cfg.figures:
         figs = run.sub("figures")
-        plots.plot_span_mass_layerwise(summary, figs)
-        plots.plot_head_context_heatmaps(summary, figs)
-        plots.plot_context_ratio(summary, figs)
+        attention_plots.plot_span_mass_layerwise(summary, figs)
+        attention_plots.plot_head_context_heatmaps(summary, figs)
+        attention_plots.plot_context_ratio(summary, figs)
     return summary
 
 
@@ -362,6 +362,7 @@ def read_summary(run: RunDir) -> dict[str, Any]:
     """
     path = run.path / "attention" / "summary.json"
     if not path.exists():
+        run.require_run()  # a grid folder: name its runs, never advise writing into it
         raise RunDirError(f"{path} does not exist: run `interp attention --run {run.path}` first")
     return read_json(path)
 

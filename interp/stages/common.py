@@ -5,9 +5,9 @@ A stage module (``interp.stages.attention``, ``interp.stages.probe``, ...) provi
 * ``NAME``: its config table name (``[attention]`` in an experiment TOML);
 * ``SUMMARIES``: run-dir tables that ``interp run`` copies next to the figures (source -> name);
 * ``Config``: a dataclass with ``from_mapping(table)`` that refuses unknown keys
-  (:func:`interp.store.config_from_table`);
+  (:func:`interp.inputs.config_from_table`);
 * ``run(run_dir, handle, cfg, *, overwrite=False, log=print) -> summary``: the study on a
-  finished asymmetry run (resumable; fresh parts are reused, :func:`interp.store.is_fresh`);
+  finished asymmetry run (resumable; fresh parts are reused, :func:`interp.store.io.is_fresh`);
   it first calls :func:`stage_facts`, which refuses to reuse work computed under other
   result-relevant runtime facts unless ``overwrite``, and puts those facts into every part's
   signature;
@@ -25,7 +25,8 @@ from typing import Any, Protocol
 from interp.errors import InterpError, LayerSpecError, RunDirError
 from interp.layers import parse_layers
 from interp.models import ModelHandle, load_model, result_facts, runtime_facts
-from interp.store import RunDir, limit_per_dataset
+from interp.store.records import limit_per_dataset
+from interp.store.rundir import RunDir
 
 __all__ = ["LAYER_FIELDS", "Stage", "check_config", "check_run_model", "load_run_model",
            "ok_records", "stage_facts"]

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.errors import PatchingError
-from interp.inputs import write_result
+from interp.inputs import config_from_table, write_result
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.pairs import PAIR_KINDS, PatchPair, build_pairs
@@ -46,16 +46,8 @@ from interp.patching import Patcher
 from interp.prompts import get_template
 from interp.stages.common import ok_records, stage_facts
 from interp.stages.patching_summary import format_summary, summarise
-from interp.store import (
-    RunDir,
-    config_from_table,
-    is_fresh,
-    read_json,
-    read_jsonl,
-    signature,
-    write_json,
-    write_jsonl,
-)
+from interp.store.io import is_fresh, read_json, read_jsonl, signature, write_json, write_jsonl
+from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SUMMARIES", "Config", "Miner", "PatchingConfig", "format_summary", "run",
            "run_pair"]
@@ -249,10 +241,9 @@ def _context_mass(handle: ModelHandle, ids: Sequence[int], span: tuple[int, int]
     """The prompt's last-row attention mass on its context (mean over heads and band)."""
     if not span:
         return float("nan")
-    from interp.hooks.recorder import record_rows
+    from interp.hooks.recorder import context_mass, record_rows
 
-    rows = record_rows(handle, list(ids)).rows  # [layer, head, pos]
-    return float(rows[list(band), :, span[0]:span[1]].sum(-1).mean())
+    return float(context_mass(record_rows(handle, list(ids)).rows, band, span))
 
 
 def _pair_meta(pair: PatchPair, pt: Patcher, handle: ModelHandle, band: Sequence[int],
@@ -347,7 +338,7 @@ def part_signature(cfg: PatchingConfig, kind: str, layers: Sequence[int], band: 
 
 
 def _bar(total: int | None, desc: str, enabled: bool, **kw: Any) -> Any:
-    from tqdm.auto import tqdm
+    from interp.progress import tqdm
 
     return tqdm(total=total, desc=desc, disable=not enabled, leave=False, **kw)
 
@@ -388,7 +379,7 @@ def _sweep_kind(handle: ModelHandle, cfg: PatchingConfig, pk: str, kind: str,
 
 
 def _oracle(cfg: PatchingConfig, mcfg: Mapping[str, Any], handle: ModelHandle) -> Any:
-    from interp.asymmetry import make_oracle
+    from interp.grading import make_oracle
 
     return make_oracle(cfg.oracle or mcfg.get("oracle") or "rule", device=str(handle.device),
                        dtype=mcfg.get("dtype"), run_model=handle)

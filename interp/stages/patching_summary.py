@@ -1,6 +1,6 @@
 """Tables and summary of one (pair kind, sweep kind) of the patching stage.
 
-Aggregation (DESIGN.md, "Measuring honestly"; issue 15, item 2):
+Aggregation (docs/measuring.md; docs/stages.md, patch):
 
 1. Per pair: ``gap = LD_clean - LD_corrupt`` (the judge's whole-reply verdict score, nats). A
    pair is KEPT for the headline when ``|gap| >= min_gap`` (default 1 nat); every pair's gap
@@ -32,7 +32,7 @@ import numpy as np
 
 from interp.patching import ratio_of_sums
 from interp.stats import cluster_bootstrap_ratio
-from interp.store import write_table
+from interp.store.io import write_table
 
 __all__ = ["UNIT_KEY", "format_summary", "summarise", "unit_table"]
 

@@ -4,8 +4,8 @@ Algorithm of :func:`run` (the methods are :mod:`interp.probing`, numbered there)
 
 1. Records: the run's ``ok`` records (checked: unique keys, an oracle label each, made by the
    loaded model, whose sha256 is the manifest's), the first ``limit`` of each dataset
-   (:func:`interp.store.limit_per_dataset`); labels y* and one group per passage; the CV folds
-   (:func:`interp.stats.make_folds`) shared by every probe and by the verbal judge.
+   (:func:`interp.store.records.limit_per_dataset`); labels y* and one group per passage; the CV
+   folds (:func:`interp.stats.make_folds`) shared by every probe and by the verbal judge.
 2. Features (:func:`cached_features`): pooled ``resid_post`` of every layer, cached in
    ``DIR/probes/features_{task}.safetensors`` (``[n_records, n_layers, d_model]`` per pool).
    The cache is fresh when its signature (model, sha256, hook point, layers, version and the
@@ -35,44 +35,31 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from interp.asymmetry import rerender
 from interp.errors import ProbeError
+from interp.inputs import config_from_table
 from interp.layers import parse_layers
 from interp.models import ModelHandle
-from interp.plots import plot_probes
+from interp.plots.probes import plot_probes
 from interp.probing import (
-    HOOK_POINT,
-    HOOK_POINT_DOC,
     METRICS,
-    POOLS,
     PROBES,
     TASKS,
     best_row,
     cross_dataset_transfer,
     cross_validate,
-    extract_features,
     fit_probe,
     judge_metrics,
     permutation_null,
     probe_vs_judge,
     sweep,
-    task_pools,
 )
+from interp.prompts import rerender
+from interp.residual_features import HOOK_POINT, HOOK_POINT_DOC, POOLS, extract_features, task_pools
 from interp.stages.common import check_run_model, stage_facts
 from interp.stats import make_folds, passage_groups
-from interp.store import (
-    Record,
-    RunDir,
-    config_from_table,
-    is_fresh,
-    limit_per_dataset,
-    load_tensors,
-    read_json,
-    record_key,
-    save_tensors,
-    signature,
-    write_json,
-)
+from interp.store.io import is_fresh, load_tensors, read_json, save_tensors, signature, write_json
+from interp.store.records import Record, limit_per_dataset, qa_key
+from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SUMMARIES", "Config", "ProbeConfig", "cached_features", "format_summary",
            "load_probe_records", "run", "store_features"]
@@ -175,7 +162,7 @@ Config = ProbeConfig
 
 
 def _key(rec: Record | Mapping[str, Any]) -> str:
-    return "/".join(record_key(rec))
+    return "/".join(qa_key(rec))
 
 
 def load_probe_records(run: RunDir, handle: ModelHandle | None = None) -> list[Record]:

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from interp.asymmetry import judge_records
 from interp.errors import ConfigError
+from interp.inputs import config_from_table
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.prompts import get_template
@@ -38,16 +39,9 @@ from interp.reasoning import MAX_REASONING_TOKENS, REASONING_SPANS
 from interp.reasoning_compare import format_side_by_side, side_by_side
 from interp.stages.attention import load_masses
 from interp.stages.common import ok_records
-from interp.store import (
-    RunDir,
-    atomic_write_text,
-    config_from_table,
-    record_key,
-    safe_name,
-    save_tensors,
-    signature,
-    write_json,
-)
+from interp.store import RunDir
+from interp.store.io import atomic_write_text, safe_name, save_tensors, signature, write_json
+from interp.store.records import qa_key as record_key
 
 __all__ = ["NAME", "ReasoningConfig", "run"]
 

@@ -6,7 +6,7 @@ Algorithm of :func:`run` (the tensors come from :func:`interp.hooks.recorder.rec
    the run's (sha256 check). Settings are checked before any forward (``what``,
    ``positions``, ``dtype``, layers against the model).
 2. For each record, both prompts are re-rendered and checked against the record
-   (:func:`interp.asymmetry.record_prompts`). A record is fresh when its index part
+   (:func:`interp.prompts.record_prompts`). A record is fresh when its index part
    ``DIR/record/<dataset>/<id>/index.json`` carries the signature of now (model, prompt token
    ids, settings) and every shard it names exists with its size; fresh records are kept.
 3. Otherwise its folder is emptied (the part first, so no part ever names a deleted shard;
@@ -49,32 +49,24 @@ import numpy as np
 import pandas as pd
 import torch
 from safetensors.torch import load_file
-from tqdm.auto import tqdm
 
-from interp.asymmetry import record_prompts
 from interp.attention import TASKS, query_span_names, span_names, span_to_span
 from interp.attention import summarize_span_to_span as _summarize
 from interp.errors import ConfigError, RunDirError
 from interp.hooks.recorder import PATTERN_POINT, record_stream
+from interp.inputs import config_from_table
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.plots.record import plot_span_to_span
-from interp.prompts import RenderedPrompt
+from interp.progress import tqdm
+from interp.prompts import RenderedPrompt, record_prompts
 from interp.shards import TensorStreamWriter, plan_shards
 from interp.stages.common import ok_records
-from interp.store import (
-    RECORD_DIR,
-    Record,
-    RunDir,
-    config_from_table,
-    limit_per_dataset,
-    read_json,
-    record_part_path,
-    save_tensors,
-    signature,
-    write_json,
-    write_table,
-)
+from interp.store.io import read_json, save_tensors, signature, write_json, write_table
+from interp.store.recordings import RECORDINGS_DIR, recording_index_path
+from interp.store.records import Record, limit_per_dataset
+from interp.store.rundir import RunDir
+from interp.tokens import token_strings
 
 __all__ = ["NAME", "SUMMARIES", "Config", "RecordConfig", "format_summary", "query_positions",
            "record", "record_prompt", "run", "write_tables"]
@@ -270,11 +262,6 @@ def record_prompt(handle: ModelHandle, p: RenderedPrompt, cfg: RecordConfig,
     return table, sizes, sink.s2s
 
 
-def _tokens(tokenizer: Any, ids: Sequence[int]) -> list[str]:
-    """Token strings, each id decoded alone (TransformerLens ``to_str_tokens``)."""
-    return [tokenizer.decode([int(i)]) for i in ids]
-
-
 def _clear(folder: Path) -> None:
     """Step 3: the part first, then every other file (old shards, temporary files)."""
     (folder / "index.json").unlink(missing_ok=True)
@@ -301,7 +288,7 @@ def _record_one(run: RunDir, handle: ModelHandle, rec: Record,
                 prompts: Mapping[str, RenderedPrompt], cfg: RecordConfig, layers: list[int],
                 sig: str) -> None:
     """Steps 3-4 for one record."""
-    part_path = record_part_path(run, rec["dataset"], rec["id"])
+    part_path = recording_index_path(run, rec["dataset"], rec["id"])
     folder = part_path.parent
     _clear(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -319,7 +306,7 @@ def _record_one(run: RunDir, handle: ModelHandle, rec: Record,
         part["shards"].update(sizes)
         part["tasks"][task] = {
             "n_tokens": len(p), "token_ids": list(map(int, p.input_ids)),
-            "tokens": _tokens(handle.tokenizer, p.input_ids), "labels": list(p.labels),
+            "tokens": token_strings(handle.tokenizer, p.input_ids), "labels": list(p.labels),
             "token_spans": {k: list(v) for k, v in p.token_spans.items()},
             "positions": query_positions(p.labels, cfg.positions)}
     if "attention" in cfg.what:
@@ -359,7 +346,7 @@ def record(run: RunDir, handle: ModelHandle, cfg: RecordConfig | None = None, *,
         prompts = record_prompts(rec, handle.tokenizer, templates_path=tpath)
         sig = signature({**model_id, "settings": cfg.settings(layers),
                          "ids": {t: p.input_ids for t, p in prompts.items()}})
-        if not _is_done(record_part_path(run, rec["dataset"], rec["id"]), sig):
+        if not _is_done(recording_index_path(run, rec["dataset"], rec["id"]), sig):
             todo.append((rec, prompts, sig))
     log(f"[record] {len(records)} records, {len(records) - len(todo)} already recorded; "
         f"{','.join(cfg.what)} at {len(layers)} layers, positions {cfg.positions}, {cfg.dtype}")
@@ -372,10 +359,11 @@ def _parts(run: RunDir, cfg: RecordConfig) -> list[tuple[Record, dict[str, Any]]
     """The selected records that have a part, with their parts."""
     out = []
     for rec in limit_per_dataset(run.read_records(), cfg.limit):
-        path = record_part_path(run, rec["dataset"], rec["id"])
+        path = recording_index_path(run, rec["dataset"], rec["id"])
         if path.exists():
             out.append((rec, read_json(path)))
     if not out:
+        run.require_run()
         raise RunDirError(f"{run.path} has no recordings: run `interp record --run {run.path}` "
                           f"first")
     return out
@@ -413,11 +401,11 @@ def write_tables(run: RunDir, cfg: RecordConfig | None = None, *,
     """
     cfg = cfg or RecordConfig()
     parts = _parts(run, cfg)
-    out = run.sub(RECORD_DIR)
+    out = run.sub(RECORDINGS_DIR)
     rows, frames, s2s_recs, s2s = [], [], [], {t: [] for t in TASKS}
     total = 0
     for rec, part in parts:
-        folder = record_part_path(run, rec["dataset"], rec["id"]).parent
+        folder = recording_index_path(run, rec["dataset"], rec["id"]).parent
         rel = folder.relative_to(out).as_posix()
         rows += _index_rows(part, rel)
         total += sum(part["shards"].values()) + (folder / "index.json").stat().st_size
@@ -430,7 +418,7 @@ def write_tables(run: RunDir, cfg: RecordConfig | None = None, *,
     write_json(out / "index.json", {
         "settings": parts[-1][1]["settings"], "n_records": len(parts),
         "records": [{"id": p["id"], "dataset": p["dataset"],
-                     "part": record_part_path(run, p["dataset"], p["id"]).relative_to(out)
+                     "part": recording_index_path(run, p["dataset"], p["id"]).relative_to(out)
                      .as_posix()} for _, p in parts]})
     write_table(pd.DataFrame(rows), out / "index.parquet", csv=False)
     summary: dict[str, Any] = {"n_records": len(parts), "bytes": total,
@@ -446,7 +434,7 @@ def _s2s_summary(run: RunDir, cfg: RecordConfig, recs: list[tuple[Record, dict[s
                  s2s: Mapping[str, list[np.ndarray]], frames: list[pd.DataFrame],
                  n_layers: int | None) -> dict[str, Any]:
     """Step 5: span_to_span.parquet, .json and the figure."""
-    out = run.sub(RECORD_DIR)
+    out = run.sub(RECORDINGS_DIR)
     write_table(pd.concat(frames, ignore_index=True), out / "span_to_span.parquet", csv=False)
     first = recs[0][1]["span_to_span"]
     layers, spans = first["layers"], first["key_spans"]

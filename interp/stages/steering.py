@@ -5,8 +5,9 @@ Algorithm of :func:`run` (methods: :mod:`interp.steering`, intervention:
 
 1. Validate the config (alphas > 0, the band, the head set) before any model work; the head
    set ``top-diff:K`` reads ``DIR/attention/summary.json`` (``interp attention``).
-2. For the first ``limit`` ok records of each dataset (:func:`interp.store.limit_per_dataset`),
-   render the run's prompts again (:func:`interp.asymmetry.rerender`, checked against the
+2. For the first ``limit`` ok records of each dataset
+   (:func:`interp.store.records.limit_per_dataset`),
+   render the run's prompts again (:func:`interp.prompts.rerender`, checked against the
    stored spans) and, per record, reuse ``DIR/steering/parts/{dataset}__{id}.json`` when fresh
    (its signature covers the model, alphas, steered units, band, tasks, answer length and the
    prompts' token ids); else steer the judge (eval prompt with the record's own answer,
@@ -34,21 +35,14 @@ from typing import Any
 import numpy as np
 
 from interp.errors import SteeringError
-from interp.inputs import write_result
+from interp.inputs import config_from_table, write_result
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.stages.common import ok_records, stage_facts
 from interp.stats import MIN_PASSAGES, cluster_bootstrap_mean, passage_groups, passage_note
 from interp.steering import ALPHAS, parse_heads, steer_generator, steer_judge, top_diff_k
-from interp.store import (
-    RunDir,
-    config_from_table,
-    is_fresh,
-    read_json,
-    signature,
-    write_json,
-    write_table,
-)
+from interp.store.io import is_fresh, read_json, signature, write_json, write_table
+from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SUMMARIES", "Config", "SteeringConfig", "format_summary", "run",
            "summarise"]
@@ -157,7 +151,7 @@ def _units(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig
     return band, units
 
 
-def _record(handle: ModelHandle, rec: Mapping[str, Any], cfg: SteeringConfig, band: list[int],
+def _steer_one(handle: ModelHandle, rec: Mapping[str, Any], cfg: SteeringConfig, band: list[int],
             units: Mapping[int, Any], oracle: Any, prompts: Mapping[str, Any]) -> list[dict]:
     """Step 2 for one record: one row per (task, alpha)."""
     from interp.grading import extract_answer
@@ -266,9 +260,10 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
             an attention summary; a record whose prompts no longer render as stored.
     """
     import pandas as pd
-    from tqdm.auto import tqdm
 
-    from interp.asymmetry import make_oracle, rerender
+    from interp.grading import make_oracle
+    from interp.progress import tqdm
+    from interp.prompts import rerender
 
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     cfg.validate()
@@ -293,7 +288,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
         if is_fresh(f, sig):
             part = read_json(f)["rows"]
         else:
-            part = _record(handle, rec, cfg, band, units, oracle, prompts)
+            part = _steer_one(handle, rec, cfg, band, units, oracle, prompts)
             write_json(f, {"signature": sig, "rows": part})
         rows += [{**r, "passage": passage} for r in part]
     df = pd.DataFrame(rows)

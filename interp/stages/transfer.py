@@ -38,25 +38,18 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from interp.asymmetry import evaluate_examples, group_metrics, make_oracle
+from interp.asymmetry import evaluate_examples, group_metrics
 from interp.data import QAExample, load_examples
 from interp.errors import TransferError
-from interp.grading import BaseOracle
+from interp.grading import BaseOracle, make_oracle
+from interp.inputs import config_from_table
 from interp.layers import parse_layers
 from interp.lora import encode_example, load_adapter, train_adapter
 from interp.models import ModelHandle, end_of_turn_ids, result_facts, runtime_facts
 from interp.prompts import Template, get_template, render
 from interp.stages.common import stage_facts
-from interp.store import (
-    RunDir,
-    config_from_table,
-    read_json,
-    read_jsonl,
-    safe_name,
-    signature,
-    write_json,
-    write_jsonl,
-)
+from interp.store.io import read_json, read_jsonl, safe_name, signature, write_json, write_jsonl
+from interp.store.rundir import RunDir
 from interp.transfer import (
     build_training_sets,
     cross_model_patching,
@@ -101,7 +94,7 @@ class TransferConfig:
         template: Study 1 template variant (training prompts AND evaluation).
         templates_path: TOML file of template variants (None: the bundled ``paper.toml``).
         hard_negative_template: variant whose gen prompt has no context (``closed_book``).
-        oracle: ``"rule"`` or ``"model:SPEC"`` (:func:`interp.asymmetry.make_oracle`).
+        oracle: ``"rule"`` or ``"model:SPEC"`` (:func:`interp.grading.make_oracle`).
         max_train_examples: training items per adapter (= pool records; default 80).
         max_length: longest training sequence in tokens (prompt + target); records whose eval
             item would be longer are left out of the pool (default 512).
@@ -362,7 +355,7 @@ def _evaluate(tdir: Path, handle: ModelHandle, template: Template, oracle: BaseO
               verdict_max_new_tokens=config.verdict_max_new_tokens,
               batch_size=config.batch_size)
     base_answers: dict[str, list[str | None]] = {}
-    from tqdm.auto import tqdm
+    from interp.progress import tqdm
 
     # one bar over the models (base and each adapter), each evaluated on every dataset
     for mname in tqdm(MODELS, desc="transfer eval", unit="model", leave=False):
@@ -420,7 +413,11 @@ def _cross_model(tdir: Path, handle: ModelHandle, template: Template,
 def _figures(run_dir: RunDir, table: Mapping[str, Any], patch_path: Path,
              model: str | None = None) -> list[Path]:
     """Step 8 (``model``: the base model's name, for the titles)."""
-    from interp.plots import plot_transfer_acceptance, plot_transfer_matrix, plot_transfer_patching
+    from interp.plots.transfer import (
+        plot_transfer_acceptance,
+        plot_transfer_matrix,
+        plot_transfer_patching,
+    )
 
     figs = run_dir.sub("figures")
     paths = [plot_transfer_matrix(table, figs, model=model),

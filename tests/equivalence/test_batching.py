@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from interp.generation import generate
-from interp.probing import POOLS, extract_features, residual_stream
 from interp.prompts import get_template, render
+from interp.residual_features import POOLS, extract_features, residual_stream
 from tests.unit.test_generation import prompts_of
 
 GOOD = ["Paris", "Rome", "Berlin", "Madrid", "banana", "seven", "blue sky", "a dog"]

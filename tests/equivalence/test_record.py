@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import torch
 
-from interp.asymmetry import record_prompts
-from interp.hooks.backends import attn_implementation
 from interp.hooks.capture import hooked
 from interp.hooks.recorder import record_rows
+from interp.hooks.wrappers import attn_implementation
+from interp.prompts import record_prompts
 from interp.stages import record as stage
-from interp.store import load_activations
+from interp.store.recordings import load_activations
 from interp.testing import synthetic_probe_run
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.asymmetry import record_prompts
 from interp.attention import span_mass
 from interp.hooks.recorder import record_rows
-from interp.prompts import get_template, render
+from interp.prompts import get_template, record_prompts, render
 
 
 def _prompt(tokenizer):

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from interp.errors import BackendError, HookError
-from interp.hooks.backends import get_backend, to_tlens
+from interp.hooks.backends import get_backend
 from interp.hooks.guard import hook_counts
 from interp.hooks.recorder import record_rows
+from interp.hooks.wrappers import to_tlens
 from interp.models import load_model
 from interp.patching import Patch, Patcher, patch
 from interp.testing import tiny_llama

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from interp import cli
 from interp.errors import LayerSpecError, RunDirError
 from interp.stages import attention as stage
-from interp.store import RunDir
+from interp.store.rundir import RunDir
 
 pytestmark = pytest.mark.integration
 

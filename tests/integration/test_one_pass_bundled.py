@@ -21,7 +21,7 @@ from interp.stages import attention as attention_stage
 from interp.stages import probe as probe_stage
 from interp.stages.asymmetry import AsymmetryConfig
 from interp.stages.asymmetry import run as run_asymmetry
-from interp.store import RunDir
+from interp.store.rundir import RunDir
 
 pytestmark = pytest.mark.integration
 QUIET = {"log": lambda s: None}

@@ -9,7 +9,7 @@ import pytest
 
 from interp.grading import RuleOracle
 from interp.stages.patching import PatchingConfig, run
-from interp.store import RunDir
+from interp.store.rundir import RunDir
 
 
 @pytest.mark.integration

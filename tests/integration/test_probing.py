@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from interp.asymmetry import rerender
 from interp.errors import ProbeError
+from interp.prompts import rerender
 from interp.stages.probe import ProbeConfig
 from interp.stages.probe import run as run_probes
 from interp.stats import passage_groups
-from interp.store import RunDir
+from interp.store.rundir import RunDir
 from tests.equivalence.test_batching import hook_outputs
 
 pytestmark = pytest.mark.integration

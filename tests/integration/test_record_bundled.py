@@ -11,10 +11,11 @@ import torch
 from typer.testing import CliRunner
 
 from interp import cli
-from interp.asymmetry import record_prompts
 from interp.hooks.recorder import record_rows
+from interp.prompts import record_prompts
 from interp.stages import record as stage
-from interp.store import RunDir, load_activations
+from interp.store.recordings import load_activations
+from interp.store.rundir import RunDir
 from interp.view import write_view
 
 pytestmark = pytest.mark.integration

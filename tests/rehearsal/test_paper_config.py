@@ -29,7 +29,7 @@ from interp import prefill
 from interp.models import PAPER_MODEL
 from interp.pipeline import load_config, run_config, swap_sources
 from interp.stages import steering as steering_stage
-from interp.store import RunDir
+from interp.store.rundir import RunDir
 from interp.testing import llama31_checkpoint, rehearsal_datasets
 
 pytestmark = pytest.mark.rehearsal

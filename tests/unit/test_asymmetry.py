@@ -7,14 +7,14 @@ import json
 import numpy as np
 import pytest
 
-from interp.asymmetry import compute_metrics, evaluate_examples, group_metrics, rerender
+from interp.asymmetry import compute_metrics, evaluate_examples, group_metrics
 from interp.data import load_examples
-from interp.errors import ConfigError
+from interp.errors import ConfigError, RunDirError
 from interp.grading import RuleOracle
-from interp.prompts import get_template
+from interp.prompts import get_template, rerender
 from interp.stages.asymmetry import AsymmetryConfig
 from interp.stages.asymmetry import run as run_asymmetry
-from interp.store import RunDir, RunDirError
+from interp.store.rundir import RunDir
 from interp.verdict import score_verdicts
 
 

@@ -12,7 +12,7 @@ from interp.errors import AttentionError, ConfigError, LayerSpecError
 from interp.hooks.recorder import record_rows
 from interp.prompts import get_template, render
 from interp.stages import attention as stage
-from interp.store import RunDir
+from interp.store.rundir import RunDir
 from interp.testing import synthetic_probe_run
 
 

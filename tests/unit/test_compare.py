@@ -141,3 +141,48 @@ def test_dataset_labels_star_small_groups():
     assert labels == ["d\nn=3\n2,3 passages*", "overall\nn=30\n12 passages"]
     assert notes == ["* d: only 2 passages (< 10): questions about one passage are not "
                      "independent, so this group has few independent units"]
+
+
+def _gfm_tables(text):
+    """(header cells, body rows of cells) of each table, as a GFM parser reads them."""
+    from markdown_it import MarkdownIt
+
+    tokens = MarkdownIt("commonmark").enable("table").parse(text)
+    tables, cur, row, cell = [], None, None, None
+    for t in tokens:
+        if t.type == "table_open":
+            cur = []
+        elif t.type == "tr_open":
+            row = []
+        elif t.type in ("th_open", "td_open"):
+            cell = ""
+        elif t.type == "inline" and cell is not None:
+            cell = t.content
+        elif t.type in ("th_close", "td_close"):
+            row.append(cell)
+            cell = None
+        elif t.type == "tr_close":
+            cur.append(row)
+        elif t.type == "table_close":
+            tables.append(cur)
+    return tables
+
+
+@pytest.mark.parametrize("source", ["format_markdown", "committed"])
+def test_comparison_md_is_one_markdown_table_with_a_cell_per_column(source):
+    """A pipe inside a header or cell (``acc|y*=I``) must not split it into two cells."""
+    from pathlib import Path
+
+    from interp.compare import _MD_COLUMNS
+
+    if source == "committed":
+        text = (Path(__file__).parents[2] / "figures" / "comparison.md").read_text()
+    else:
+        row = {"model": "a|b", "dataset": "overall", "n": 3, "n_passages": 2,
+               "few_passages": True, "GA": 0.5, "acceptance_rate_incorrect": 0.25}
+        text = format_markdown([row, {**row, "model": "c"}])
+    (table,) = _gfm_tables(text)
+    names = [name for _, name in _MD_COLUMNS]
+    assert table[0] == [n.replace("|", "\\|") for n in names] or table[0] == names
+    assert "acc|y*=I" in names and len(table[0]) == len(names)
+    assert all(len(r) == len(names) for r in table[1:]) and len(table) >= 3

@@ -9,15 +9,8 @@ import pytest
 from interp.errors import ConfigError, HookError, InterpError, LayerSpecError
 from interp.hooks.points import HOOK_POINTS, decoder_layers, hook_name, parse_hook, resolve
 from interp.layers import parse_layers
-from interp.store import (
-    atomic_path,
-    is_fresh,
-    limit_per_dataset,
-    read_jsonl,
-    signature,
-    write_json,
-    write_jsonl,
-)
+from interp.store.io import atomic_path, is_fresh, read_jsonl, signature, write_json, write_jsonl
+from interp.store.records import limit_per_dataset
 
 
 @pytest.mark.parametrize("spec,n,want", [

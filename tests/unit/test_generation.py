@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from interp.generation import generate, left_pad
+from interp.generation import generate
+from interp.kv_cache import left_pad
 from interp.prompts import get_template, render
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from interp.agreement import label_agreement, oracle_agreement
 from interp.errors import GradingError
 from interp.grading import (
     BaseOracle,
@@ -16,10 +17,8 @@ from interp.grading import (
     drop_em_f1,
     extract_answer,
     is_abstention,
-    label_agreement,
     negated_at,
     normalize_answer,
-    oracle_agreement,
     oracle_tokens,
     parse_verdict,
     split_spans,
@@ -755,3 +754,32 @@ def test_parse_verdict_restated_answer(reply, candidate, expected):
 def test_rule_oracle_yes_no_choice_and_plurals(pred, gold, question, expected):
     """Steps 3e (choice questions), 3f (yes/no) and the plural folding of oracle_tokens."""
     assert _grade(pred, [gold], "hotpotqa", question=question) == expected
+
+
+def test_oracle_spec_is_parsed_in_one_place(tiny, monkeypatch):
+    """Rule | model:SPEC, checked without loading; a registered kind is accepted everywhere."""
+    from interp.errors import ConfigError
+    from interp.grading import (
+        ORACLE_KINDS,
+        ModelOracle,
+        OracleSpec,
+        RuleOracle,
+        make_oracle,
+        parse_oracle_spec,
+    )
+
+    assert parse_oracle_spec("rule") == OracleSpec("rule", "")
+    assert parse_oracle_spec("model:org/x") == OracleSpec("model", "org/x")
+    assert str(parse_oracle_spec("model:org/x")) == "model:org/x"
+    for bad in ("llm", "model:", "model", "rule:x", ""):
+        with pytest.raises(ConfigError, match="use 'rule' or 'model:SPEC'"):
+            parse_oracle_spec(bad)
+    with pytest.raises(ConfigError, match="unknown oracle 'rule': use 'model:SPEC'"):
+        parse_oracle_spec("rule", kinds=["model"])
+    assert isinstance(make_oracle("rule"), RuleOracle)
+    own = make_oracle(f"model:{tiny.spec}", run_model=tiny)  # the run's model, not reloaded
+    assert isinstance(own, ModelOracle) and own.handle is tiny
+    monkeypatch.setitem(ORACLE_KINDS, "fixed", (False, lambda arg, **kw: RuleOracle()))
+    assert isinstance(make_oracle("fixed"), RuleOracle)
+    with pytest.raises(ConfigError, match="'rule' or 'model:SPEC' or 'fixed'"):
+        parse_oracle_spec("nope")

@@ -26,15 +26,15 @@ from interp.errors import (
     ProbeError,
     TransferError,
 )
-from interp.hooks.backends import attention_mass, get_backend
+from interp.hooks.backends import get_backend
 from interp.hooks.capture import hooked
 from interp.hooks.guard import hook_counts, inference_guard
 from interp.hooks.points import decoder_layers
 from interp.hooks.recorder import record_rows
 from interp.models import ModelHandle, load_model
 from interp.patching import Patch, Patcher, patch
-from interp.probing import extract_features, residual_stream
 from interp.prompts import get_template, render
+from interp.residual_features import extract_features, residual_stream
 from interp.steering import steer_judge
 from interp.testing import tiny_llama
 from interp.transfer import cross_model_patching
@@ -91,13 +91,6 @@ def _hooked_forward(h, ids):
         h.model(input_ids=torch.tensor([ids]))
 
 
-def _attention_mass(h, ids, layers):
-    be = get_backend(h, "hf")
-    store = {}
-    be.forward(torch.tensor([ids]), extra_hooks=lambda: attention_mass(h.model, layers, (0, 3),
-                                                                       store))
-
-
 def _steer(h, corrupt):
     steer_judge(h, corrupt.input_ids, corrupt.token_spans["context"], {1: None}, [1.0, 4.0],
                 band=[1])
@@ -142,8 +135,6 @@ BAD_INPUT = [
             1, len(k), 4, dtype=torch.bool)}, sources={"blocks.1.attn.hook_z": torch.zeros(
                 len(k), 64)}), BackendError, r"must be \[\d+, 4, 16\] \(pos of the ids, heads, "
                                              r"head_dim\)"),
-    ("attention_mass: bad layer", lambda h, d, c, k: _attention_mass(h, k.input_ids, [1, 5]),
-     HookError, r"layer 5 .* valid layers: 0..1"),
     ("patch: bad layer", lambda h, d, c, k: patch(h, c.input_ids, k.input_ids,
                                                   hook="blocks.9.hook_resid_post"),
      HookError, r"layer 9 .* valid layers: 0..1"),
@@ -169,7 +160,6 @@ MID_FORWARD = [
     ("hf prefix cache", lambda h, d, c, k: _prefix(h, k)),
     ("nnsight forward", lambda h, d, c, k: get_backend(h, "nnsight").forward(
         torch.tensor([k.input_ids]), cache_hooks=["blocks.0.hook_resid_post"])),
-    ("attention_mass", lambda h, d, c, k: _attention_mass(h, k.input_ids, [0, 1])),
     ("patch hf", lambda h, d, c, k: patch(h, c.input_ids, k.input_ids,
                                           hook="blocks.0.hook_resid_post")),
     ("patch nnsight", lambda h, d, c, k: patch(h, c.input_ids, k.input_ids,

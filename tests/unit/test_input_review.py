@@ -200,7 +200,7 @@ def test_run_config_checks_every_models_shape_before_the_first_model_runs(tiny, 
 
 def test_a_grid_folder_names_its_runs(tmp_path):
     from interp.errors import RunDirError
-    from interp.store import RunDir
+    from interp.store.rundir import RunDir
 
     grid = tmp_path / "demo"
     for name in ("b", "a"):
@@ -231,7 +231,7 @@ def test_messages_name_the_cli_option():
 
 def test_load_activations_says_a_record_lies_outside_the_limit(tmp_path):
     from interp.errors import RunDirError
-    from interp.store import load_activations
+    from interp.store.recordings import load_activations
 
     run = _manifest_run(tmp_path / "run")
     (run / "records.jsonl").write_text("\n".join(json.dumps(
@@ -246,3 +246,15 @@ def test_load_activations_says_a_record_lies_outside_the_limit(tmp_path):
         load_activations(run, "b", "eval", "hook_resid_post")
     with pytest.raises(RunDirError, match="has no ok record 'zz'"):
         load_activations(run, "zz", "eval", "hook_resid_post")
+
+
+@pytest.mark.parametrize("args", [["view", "--id", "q1"], ["heads"], ["metrics"]])
+def test_commands_on_a_grid_folder_name_its_runs_and_never_advise_writing_into_it(tmp_path,
+                                                                                   args):
+    grid = tmp_path / "demo"
+    for name in ("smollm2", "qwen"):
+        _manifest_run(grid / name)
+    res = CliRunner().invoke(cli.app, [args[0], "--run", str(grid), *args[1:]])
+    assert res.exit_code == 2, res.output
+    assert f"is a grid of runs: pass one of {grid / 'qwen'}, {grid / 'smollm2'}" in res.output
+    assert "--out" not in res.output and "interp asymmetry" not in res.output

@@ -90,3 +90,54 @@ def test_llama31_checkpoint_round_trips(tmp_path):
     assert h.info["eot_tokens"] == ["<|eot_id|>", "<|end_of_text|>"]
     assert h.tokenizer("x")["input_ids"][0] == h.tokenizer.bos_token_id  # post-processor saved
     assert h.info["source"] == "local" and len(h.info["sha256"]) == 64
+
+
+class _Script(torch.nn.Module):
+    """An output layer that emits a fixed token sequence, one token per forward call."""
+
+    def __init__(self, vocab: int, script: list[int]):
+        super().__init__()
+        self.vocab, self.script, self.calls = vocab, script, 0
+
+    def forward(self, x):
+        out = torch.full((*x.shape[:-1], self.vocab), -10.0)
+        out[..., self.script[min(self.calls, len(self.script) - 1)]] = 10.0
+        self.calls += 1
+        return out
+
+
+def _llama3_release_tokenizer():
+    """Llama-3-Instruct as first released: EOS and pad ``<|end_of_text|>``.
+
+    ``<|eot_id|>`` is only an added token of tokenizer.json, not a named special token.
+    """
+    tok = tiny_tokenizer(template="llama3")
+    tok.pad_token = tok.eos_token
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    assert eot not in tok.all_special_ids                  # the case: not a named special
+    return tok, eot
+
+
+@pytest.mark.parametrize("follow", ["<|eot_id|>", "<|start_header_id|>"])
+def test_reply_stops_at_template_turn_end_even_if_not_a_named_special(follow):
+    """"Paris" then the end of turn (or, missed, the next header): the answer is "Paris"."""
+    from interp.models import stop_ids
+
+    tok, eot = _llama3_release_tokenizer()
+    assert end_of_turn_ids(tok) == [eot, tok.eos_token_id]
+    assert tok.convert_tokens_to_ids("<|start_header_id|>") in stop_ids(tok)
+    paris = tok("Paris", add_special_tokens=False)["input_ids"]
+    after = tok("assistant<|end_header_id|>\n\nParis", add_special_tokens=False)["input_ids"]
+    script = paris + tok.convert_tokens_to_ids([follow]) + after
+    p = render(tok, get_template(), "gen", context="Paris is in France.",
+               question="Where is it?")
+    h = tiny_llama(tok, n_layers=2, seed=0)
+    h.model.lm_head = _Script(len(tok), script)
+    (g,) = generate(h, [p.input_ids], max_new_tokens=12, stop_strings=())
+    assert (g.text, g.token_ids, g.stop) == ("Paris", paris, "eos")
+    h.model.lm_head = _Script(len(tok), script)
+    assert sample_answers(h, [p.input_ids], seed=0, max_new_tokens=12) == ["Paris"]
+    h.model.lm_head = _Script(len(tok), [script[0]] + script)   # one call per alpha batch
+    steered = steer_generator(h, p.input_ids, p.token_spans["context"], {1: None}, [1.0],
+                              band=[1], max_new_tokens=12)
+    assert steered["generations"] == ["Paris"]

@@ -126,3 +126,28 @@ def test_adapter_of_another_base_model_is_refused(tiny, tokenizer, tmp_path, qa_
         load_adapter(tiny, tmp_path)
     meta = json.loads((tmp_path / "adapters" / "x" / "interp_adapter.json").read_text())
     assert meta["base"] == model_fingerprint(tiny)
+
+
+@pytest.mark.parametrize("fault", ["missing", "mis_prefixed"])
+def test_adapter_file_with_missing_or_misprefixed_keys_is_refused(tiny, tokenizer, tmp_path,
+                                                                  qa_example, lora_cfg, fault):
+    """The peft library would load it with a warning and leave the model equal to its base."""
+    from safetensors.torch import load_file, save_file
+
+    enc = _encoded(tokenizer, qa_example, n=2)
+    ad = tmp_path / "adapters" / "x"
+    train_adapter(tiny, enc, lora_cfg(epochs=1), ad, name="x", log=lambda s: None)
+    probe = enc[0]["input_ids"]
+    assert not torch.allclose(_logits(load_adapter(tiny, ad).model, probe),
+                              _logits(tiny.model, probe))     # the intact adapter acts
+    w = load_file(str(ad / "adapter_model.safetensors"))
+    gone = sorted(k for k in w if "lora_B" in k)
+    if fault == "missing":
+        w = {k: v for k, v in w.items() if k not in gone}
+    else:
+        w = {k.replace("base_model.model.", "base_model.model.decoder.", 1): v
+             for k, v in w.items()}
+    save_file(w, str(ad / "adapter_model.safetensors"), metadata={"format": "pt"})
+    word = "lacks" if fault == "missing" else "unexpected"
+    with pytest.raises(TransferError, match=f"adapter_model.safetensors.*{word}.*lora_"):
+        load_adapter(tiny, ad)

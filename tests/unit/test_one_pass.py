@@ -23,14 +23,16 @@ import numpy as np
 import torch
 
 from interp.data import load_examples
-from interp.generation import generate, left_pad
+from interp.generation import generate
+from interp.kv_cache import left_pad
 from interp.models import result_facts, runtime_facts
 from interp.prefill import eos_ids, run_prompts
 from interp.stages import attention as attention_stage
 from interp.stages import probe as probe_stage
 from interp.stages.asymmetry import AsymmetryConfig
 from interp.stages.asymmetry import run as run_asymmetry
-from interp.store import RunDir, read_jsonl
+from interp.store.io import read_jsonl
+from interp.store.rundir import RunDir
 from interp.verdict import score_verdicts, verdict_replies
 
 QUIET = {"log": lambda s: None}

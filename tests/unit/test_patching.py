@@ -21,9 +21,10 @@ from interp.errors import BackendError, HookError, LayerSpecError, PatchingError
 from interp.hooks.backends import BACKENDS, get_backend
 from interp.hooks.points import decoder_layers
 from interp.pairs import align_positions
-from interp.patching import Patch, Patcher, patch, ratio_of_sums, valid_hooks
+from interp.patching import Patch, Patcher, patch, ratio_of_sums
 from interp.stages.patching import PatchingConfig, run
-from interp.store import RunDir, write_json
+from interp.store.io import write_json
+from interp.store.rundir import RunDir
 from interp.testing import tiny_llama, tiny_tokenizer
 from interp.verdict import score_verdicts, verdict_replies
 
@@ -177,7 +178,6 @@ def test_bad_hooks_layers_and_config(tiny, patch_prompts):
     with pytest.raises(LayerSpecError, match="0-1"):
         PatchingConfig(layers="0-5").layer_list(tiny.n_layers)
     assert PatchingConfig(layers="last1").layer_list(tiny.n_layers) == [1]
-    assert len(valid_hooks(tiny.n_layers)) == 3 * tiny.n_layers
     r = patch(tiny, clean.input_ids, corrupt.input_ids, hook="blocks.1.hook_resid_post",
               positions=[-1], **kw)
     assert r.patched.shape == (1,) and np.isfinite(r.effect[0])
@@ -312,7 +312,7 @@ def test_patching_heatmap_tells_unmeasured_from_zero_and_says_when_empty():
     import matplotlib.colors as mcolors
     import pandas as pd
 
-    from interp.plots import plt
+    from interp.plots.common import plt
     from interp.plots.patching import NOT_MEASURED, _heat, nothing_to_show, span_notes
 
     assert nothing_to_show({"n_pairs_kept": 0, "n_pairs": 2, "min_gap": 1.0}) == (

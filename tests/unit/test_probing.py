@@ -10,11 +10,12 @@ import torch
 
 from interp import probing
 from interp.errors import LayerSpecError, ProbeError
-from interp.probing import FittedProbe, best_row, fit_probe, permutation_null, pool_resid, sweep
+from interp.probing import FittedProbe, best_row, fit_probe, permutation_null, sweep
+from interp.residual_features import POOLS, pool_resid
 from interp.stages.probe import ProbeConfig, format_summary
 from interp.stages.probe import run as run_probes
 from interp.stats import make_folds
-from interp.store import RunDir
+from interp.store.rundir import RunDir
 from interp.testing import synthetic_probe_run
 
 
@@ -26,7 +27,7 @@ def _synthetic_run(tmp_path, handle, n_good=9, n_bad=15):
 def test_pool_resid_ground_truth():
     g = torch.Generator().manual_seed(0)
     r = torch.randn(3, 7, 5, generator=g)
-    out, fb = pool_resid(r, (2, 5), probing.POOLS)
+    out, fb = pool_resid(r, (2, 5), POOLS)
     a = r.numpy()
     assert not fb
     np.testing.assert_allclose(out["last"].numpy(), a[:, 6])
@@ -88,7 +89,7 @@ def test_run_probes_end_to_end_and_resume(tiny, tmp_path):
     assert pm["n"] + pm["skipped"] == 3 and pm["observed"] == pytest.approx(
         max(r["auc"] for r in res["tasks"]["eval"]["grid"] if r["probe"] == "logreg"))
     assert "permutation null" in format_summary(res)
-    from interp.plots import permutation_text  # the figure names the permuted cell
+    from interp.plots.probes import permutation_text  # the figure names the permuted cell
     assert permutation_text(pm) == (f"\npermutation p={pm['p_value']:.2f} (best logreg cell, "
                                     f"AUC {pm['observed']:.2f}, {pm['n']} permutations)")
     assert permutation_text(None) == "" and "1 permutation)" in permutation_text(
@@ -118,7 +119,7 @@ def test_run_probes_end_to_end_and_resume(tiny, tmp_path):
     # saved weights reproduce the refitted probe on the cached features
     w = res["weights"]["eval/logreg"]
     probe = FittedProbe.load(run.path / w["json"].removesuffix(".json"))
-    from interp.store import load_tensors
+    from interp.store.io import load_tensors
 
     feats = load_tensors(out / "features_eval.safetensors")
     b = res["tasks"]["eval"]["best_by_probe"]["logreg"]

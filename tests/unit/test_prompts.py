@@ -14,7 +14,6 @@ from interp.prompts import (
     get_template,
     load_templates,
     render,
-    verdict_token_ids,
 )
 
 CTX = "The Normans were a people in Normandy. In 911 Rollo founded the duchy; it cost 3.5 million."
@@ -82,11 +81,3 @@ def test_template_errors(tmp_path):
         Template(name="x", gen_user="{context}", eval_user="{question}{answer}")
     with pytest.raises(PromptError, match="known"):
         get_template("nope")
-
-
-def test_verdict_tokens_differ(tok):
-    """The first tokens of Correct and Incorrect differ and decode to prefixes of the words."""
-    c, i = verdict_token_ids(tok)
-    assert c != i
-    assert "Correct".startswith(tok.decode([c]))
-    assert "Incorrect".startswith(tok.decode([i]))

@@ -29,7 +29,8 @@ from interp.stages import transfer as transfer_stage
 from interp.stages.asymmetry import AsymmetryConfig
 from interp.stages.asymmetry import run as run_asymmetry
 from interp.stages.common import stage_facts
-from interp.store import RunDir, load_tensors
+from interp.store.io import load_tensors
+from interp.store.rundir import RunDir
 from interp.testing import synthetic_probe_run
 
 QUIET = {"log": lambda s: None}
@@ -296,3 +297,91 @@ def test_asymmetry_redoes_records_whose_example_or_prompt_changed(tiny, tmp_path
         assert new["context"] == r["context"] and new["prompts"] == r["prompts"]
         assert new["answer"] == r["answer"]  # greedy: the same model gives the same record
     assert run_asymmetry(cfg, tmp_path, handle=tiny, **QUIET)["overall"]["n"] == 3
+
+
+@pytest.fixture()
+def local_ck(tmp_path):
+    from interp.testing import tiny_checkpoint
+
+    return tiny_checkpoint(tmp_path / "ck", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2)
+
+
+def _small_cfg(ck, limit=1):
+    return AsymmetryConfig(model=str(ck), device="cpu", datasets=["squad_v2"], limit=limit,
+                           batch_size=1, max_new_tokens=3, verdict_max_new_tokens=2, n_boot=20)
+
+
+def test_records_and_manifest_name_the_scored_reply_tokens(local_ck, tmp_path):
+    """Each record names the token ids of the two whole replies its score compares.
+
+    The manifest names them with their strings; scoring those ids again gives the score.
+    """
+    from interp.models import load_model
+    from interp.prompts import rerender
+    from interp.verdict import VerdictReplies, score_verdicts, verdict_replies
+
+    out = tmp_path / "run"
+    run_asymmetry(_small_cfg(local_ck, limit=2), out, **QUIET)
+    h = load_model(str(local_ck), device="cpu")
+    want = verdict_replies(h.tokenizer)
+    manifest = RunDir(out).manifest()["model"]["verdict_replies"]
+    assert {w: v["ids"] for w, v in manifest.items()} == want.id_lists()
+    for word, v in manifest.items():
+        assert h.tokenizer.convert_tokens_to_ids(v["tokens"]) == v["ids"]
+        assert h.tokenizer.decode(v["ids"]).strip() == word
+    recs = RunDir(out).read_records()
+    assert len(recs) == 2
+    for r in recs:
+        ids = r["verdict_reply_ids"]
+        assert ids == want.id_lists()
+        replies = VerdictReplies(correct=tuple(ids["Correct"]),
+                                 incorrect=tuple(ids["Incorrect"]), tokens=want.tokens)
+        (row,) = score_verdicts(h, [rerender(r, "eval", h.tokenizer).input_ids],
+                                replies=replies).rows()
+        assert row["logprob_correct"] == pytest.approx(r["logprob_correct"], abs=1e-6)
+
+
+@pytest.mark.parametrize("edit", ["config", "template", "weights"])
+def test_resume_refuses_a_checkpoint_whose_config_or_template_changed(local_ck, tmp_path, edit):
+    """The fingerprint covers config.json and the chat template, not only the weights."""
+    import json
+
+    out = tmp_path / "run"
+    run_asymmetry(_small_cfg(local_ck), out, **QUIET)
+    before = RunDir(out).manifest()["model"]["sha256"]
+    if edit == "config":
+        cfg = json.loads((local_ck / "config.json").read_text())
+        cfg["rope_theta"] = 12345.0
+        (local_ck / "config.json").write_text(json.dumps(cfg))
+    elif edit == "template":
+        jinja = local_ck / "chat_template.jinja"
+        jinja.write_text(jinja.read_text().replace("<|im_end|>", "<|im_end|> "))
+    else:
+        from safetensors.torch import load_file, save_file
+
+        w = load_file(local_ck / "model.safetensors")
+        w["model.norm.weight"] = w["model.norm.weight"] * 2
+        save_file(w, local_ck / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(RunDirError, match="sha256"):
+        run_asymmetry(_small_cfg(local_ck, limit=2), out, **QUIET)
+    assert RunDir(out).manifest()["model"]["sha256"] == before
+    assert len(RunDir(out).read_records()) == 1                     # nothing lost
+    # a README is not a result file: adding one changes nothing
+    from interp.models import checkpoint_sha256
+
+    fp = checkpoint_sha256(local_ck)
+    (local_ck / "README.md").write_text("notes")
+    assert checkpoint_sha256(local_ck) == fp != before
+
+
+def test_resumed_run_records_every_commit_that_wrote(local_ck, tmp_path, monkeypatch):
+    import interp.store.rundir
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(interp.store.rundir, "git_commit", lambda: "aaa111")
+    run_asymmetry(_small_cfg(local_ck), out, **QUIET)
+    monkeypatch.setattr(interp.store.rundir, "git_commit", lambda: "bbb222")
+    run_asymmetry(_small_cfg(local_ck, limit=2), out, **QUIET)
+    run_asymmetry(_small_cfg(local_ck, limit=2), out, **QUIET)      # same commit: once
+    m = RunDir(out).manifest()
+    assert m["git_commit"] == "aaa111" and m["git_commits"] == ["aaa111", "bbb222"]

@@ -15,7 +15,8 @@ from interp.hooks.recorder import record_stream
 from interp.prompts import get_template, render
 from interp.shards import TensorStreamWriter, nbytes, plan_shards
 from interp.stages import record as stage
-from interp.store import is_tmp_path, load_activations, load_cache, record_part_path
+from interp.store.io import is_tmp_path
+from interp.store.recordings import load_activations, load_cache, recording_index_path
 from interp.testing import synthetic_probe_run, tiny_llama
 
 # -- the stream writer ------------------------------------------------------------------------
@@ -155,7 +156,7 @@ def test_record_stream_sends_layer_after_layer(tiny3, tiny_tokenizer):
 def test_stage_writes_shards_index_and_loads_by_hook_name(tiny3, run3):
     summary = stage.run(run3, tiny3, _cfg(shard_mb=0.02), log=lambda s: None)
     rec = run3.read_records()[0]
-    part_path = record_part_path(run3, rec["dataset"], rec["id"])
+    part_path = recording_index_path(run3, rec["dataset"], rec["id"])
     folder = part_path.parent
     shards = sorted(p.name for p in folder.glob("eval-*.safetensors"))
     assert len(shards) > 1 and shards[-1].endswith(f"-of-{len(shards):05d}.safetensors")
@@ -216,7 +217,7 @@ def test_resume_keeps_fresh_records_and_redo_leaves_no_stale_shards(tiny3, run3)
     assert stage.record(run3, tiny3, cfg, log=lambda s: None) == 3
     assert stage.record(run3, tiny3, cfg, log=lambda s: None) == 0
     rec = run3.read_records()[0]
-    folder = record_part_path(run3, rec["dataset"], rec["id"]).parent
+    folder = recording_index_path(run3, rec["dataset"], rec["id"]).parent
     before = len(list(folder.glob("*.safetensors")))
     (folder / "stray.safetensors.1.ab.tmp.safetensors").write_bytes(b"x")
     assert stage.record(run3, tiny3, _cfg(shard_mb=10), log=lambda s: None) == 3

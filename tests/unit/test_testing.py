@@ -6,9 +6,10 @@ import pytest
 
 from interp.errors import ModelSpecError
 from interp.models import load_model
-from interp.prompts import get_template, render, verdict_token_ids
+from interp.prompts import get_template, render
 from interp.testing import tiny_llama
 from interp.testing import tiny_tokenizer as make_tokenizer
+from interp.verdict import verdict_replies
 
 
 def test_bundled_model_is_out_of_reach():
@@ -29,9 +30,9 @@ def test_tiny_tokenizer_is_deterministic_and_chat_ready(tiny_tokenizer):
     assert p.text.startswith("<|im_start|>system\n") and p.text.endswith("assistant\n")
     s, e = p.token_spans["candidate"]
     assert tiny_tokenizer.decode(p.input_ids[s:e]).strip() == "Rollo"
-    c, i = verdict_token_ids(tiny_tokenizer)
-    assert tiny_tokenizer.decode([c]).strip() == "Correct"
-    assert tiny_tokenizer.decode([i]).strip() == "Incorrect"
+    replies = verdict_replies(tiny_tokenizer)  # each verdict word is one token
+    assert [tiny_tokenizer.decode(list(r)).strip() for r in replies.ids] == ["Correct", "Incorrect"]
+    assert [len(r) for r in replies.ids] == [1, 1]
     assert tiny_tokenizer.eos_token == tiny_tokenizer.pad_token == "<|im_end|>"
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from interp.plots import judge_notes, plot_transfer_acceptance, plot_transfer_matrix
+from interp.plots.transfer import judge_notes, plot_transfer_acceptance, plot_transfer_matrix
 
 
 def _group(ga: float, accept: int, reject: int, none: int) -> dict:

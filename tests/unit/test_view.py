@@ -15,6 +15,7 @@ import pytest
 
 from interp.errors import LayerSpecError, RunDirError
 from interp.hooks.recorder import record_rows
+from interp.prompts import get_template, render
 from interp.stages import record as record_stage
 from interp.testing import synthetic_probe_run
 from interp.view import find_record, page_data, render_page, write_view
@@ -47,7 +48,7 @@ def test_page_is_self_contained_and_carries_exact_rows(tiny, view_run, tmp_path)
     for task in ("gen", "eval"):
         t = data["tasks"][task]
         rows = np.frombuffer(base64.b64decode(t["rows"]), dtype="<f4")
-        from interp.asymmetry import record_prompts
+        from interp.prompts import record_prompts
         p = record_prompts(rec, tiny.tokenizer)[task]
         want = record_rows(tiny, p.input_ids).rows.numpy()
         assert np.array_equal(rows.reshape(want.shape), want)
@@ -128,3 +129,38 @@ def test_chromium_helper_reports_console_errors_and_exceptions(tmp_path):
         assert c.evaluate("1 + 1") == 2
     assert any(e.startswith("console: broken") for e in c.errors), c.errors
     assert any(e.startswith("exception: TypeError") for e in c.errors), c.errors
+
+
+EMOJI_CJK = "The tower 🗼 stands in 東京 (Tōkyō) 👩‍👩‍👧; café ☕ opens at 9."
+
+
+def test_token_strings_show_each_multibyte_character_once(tiny):
+    """Byte-level BPE splits emoji and CJK characters over several tokens."""
+    from interp.tokens import PIECE, token_strings
+
+    tok = tiny.tokenizer
+    ids = tok(EMOJI_CJK, add_special_tokens=False)["input_ids"]
+    alone = [tok.decode([i]) for i in ids]
+    assert sum("\ufffd" in s for s in alone) >= 10               # the fault: U+FFFD pieces
+    shown = token_strings(tok, ids)
+    assert len(shown) == len(ids) and "".join(shown) == EMOJI_CJK == tok.decode(ids)
+    assert not any("\ufffd" in s for s in shown)
+    assert shown.count(PIECE) >= 10
+    for ch in ("🗼", "東", "京", "☕", "👩"):                       # each once, where it completes
+        assert sum(ch in s for s in shown) == EMOJI_CJK.count(ch)
+
+
+def test_viewer_shows_emoji_context_without_replacement_characters(tiny, view_run, tmp_path):
+    recs = view_run.read_records()
+    r = recs[0]
+    tpl = get_template("default")
+    r["context"] = EMOJI_CJK
+    r["prompts"] = {t: render(tiny.tokenizer, tpl, t, context=EMOJI_CJK, question=r["question"],
+                              answer=r["answer"], reference=r["answer"]).to_record()
+                    for t in ("gen", "eval")}
+    view_run.records_path.write_text("".join(json.dumps(x) + "\n" for x in recs))
+    data = _data(write_view(view_run, tiny, "ex0", tmp_path / "e.html", band="all").read_text())
+    for task in ("gen", "eval"):
+        toks = data["tasks"][task]["tokens"]
+        assert not any("\ufffd" in s for s in toks) and EMOJI_CJK in "".join(toks)
+        assert "" in toks                                         # the marked byte pieces

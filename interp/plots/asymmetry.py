@@ -1,0 +1,92 @@
+"""The Study 1 figure (GA, EA, Delta and the verdict split), drawn from ``metrics.json``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from interp.plots.common import COLORS, dataset_groups, error_bars, passage_footnote, plt, save
+
+_VERDICT_COLORS = {"accept": "#55A868", "reject": "#C44E52", "none": "0.75"}
+
+
+def _verdict_split_panel(ax: Any, groups: list[tuple[str, Any]], labels: list[str]) -> None:
+    """Stacked shares accept / reject / none of generated verdicts per group and y*."""
+    x, w = np.arange(len(groups)), 0.38
+    for j, (lab, short) in enumerate((("correct", "y*=C"), ("incorrect", "y*=I"))):
+        counts = [m["verdicts_by_label"][lab] for _, m in groups]
+        tot = np.array([sum(c.values()) for c in counts], float)
+        bottom = np.zeros(len(groups))
+        for cls in ("accept", "reject", "none"):
+            share = np.array([c[cls] for c in counts]) / np.maximum(tot, 1)
+            ax.bar(x + (j - 0.5) * w, share, w, bottom=bottom, color=_VERDICT_COLORS[cls],
+                   edgecolor="white", label=f"generated: {cls}" if j == 0 else None)
+            bottom += share
+        forced = [m.get(f"acceptance_rate_{lab}_forced") for _, m in groups]
+        ax.plot(x + (j - 0.5) * w, [np.nan if f is None else f for f in forced], "kD", ms=5,
+                label="forced choice: accept" if j == 0 else None)
+        for xi, t in zip(x + (j - 0.5) * w, tot):
+            ax.text(xi, 1.02, f"{short}\n{int(t)}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(x, labels)
+    ax.set_ylim(0, 1.25)
+    ax.set_yticks(np.linspace(0, 1, 6))
+    ax.set_ylabel("share of answers")
+    ax.set_title("Generated verdicts by oracle label", fontsize=10)
+    ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25),
+              ncol=2)
+
+
+def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
+                   name: str = "asymmetry") -> Path:
+    """GA, EA, EA_forced; Delta and Delta_forced; the 3-way split of generated verdicts.
+
+    Panel 1: GA, EA (generated verdict, no verdict = wrong) and EA_forced (p_correct > 0.5)
+    with 95% CIs (bootstrap over passages). Panel 2: Delta = EA - GA and Delta_forced, on an
+    axis fitted to the values and CIs. Panel 3: per group, answers with y* Correct and y*
+    Incorrect, stacked shares of generated verdicts accept / reject / none, and the
+    forced-choice acceptance as a diamond. Tick labels give n and the passages; groups on
+    fewer than 10 passages are starred and explained under the figure.
+
+    Args:
+        metrics: the content of ``metrics.json`` (:func:`interp.asymmetry.compute_metrics`).
+        out_dir: output folder.
+        name: file stem.
+    """
+    groups, labels = dataset_groups(metrics)
+    x = np.arange(len(groups))
+    fig, axes = plt.subplots(1, 3, figsize=(max(12, 3.6 * len(groups) + 5), 4.4),
+                             gridspec_kw={"width_ratios": [1.3, 1, 1.3]})
+    for ax, keys, w in ((axes[0], ("GA", "EA", "EA_forced"), 0.27),
+                        (axes[1], ("delta", "delta_forced"), 0.38)):
+        for j, key in enumerate(keys):
+            vals = [m[key] for _, m in groups]
+            errs = np.array([error_bars(m[key], m.get(f"{key}_ci")) for _, m in groups]).T
+            ax.bar(x + (j - (len(keys) - 1) / 2) * w, vals, w, yerr=errs, capsize=3,
+                   color=COLORS.get(key, "#8172B3" if "forced" in key else None),
+                   label=_ASYM_LABELS[key], alpha=0.6 if key == "delta_forced" else 1.0)
+        ax.set_xticks(x, labels)
+        ax.legend(frameon=False, fontsize=8)
+    axes[0].set_ylim(0, 1.05)
+    axes[0].set_ylabel("accuracy")
+    axes[0].set_title("Generation (GA) vs self-evaluation (EA)", fontsize=10)
+    ends = [abs(v) for _, m in groups for k in ("delta", "delta_forced")
+            for v in [m[k], *(m.get(f"{k}_ci") or [])]]
+    lim = max(0.1, 1.15 * max(ends))
+    axes[1].set_ylim(-lim, lim)
+    axes[1].axhline(0, color="black", lw=0.8)
+    axes[1].set_ylabel("EA − GA")
+    axes[1].set_title("Asymmetry Δ", fontsize=10)
+    _verdict_split_panel(axes[2], groups, labels)
+    fig.suptitle(f"Task asymmetry — {', '.join(metrics.get('models', []))} (CIs: bootstrap "
+                 f"over passages)", fontsize=10)
+    fig.tight_layout()
+    passage_footnote(fig, groups)
+    return save(fig, out_dir, name)
+
+
+_ASYM_LABELS = {"GA": "GA", "EA": "EA (generated verdict)", "EA_forced": "EA forced choice",
+                "delta": "Δ = EA − GA", "delta_forced": "Δ forced = EA_forced − GA"}
+

@@ -1,0 +1,121 @@
+"""Progress a person can read: a tqdm bar on a terminal, whole lines in a log.
+
+A tqdm bar redraws itself with carriage returns; written into a redirected stderr (CI logs,
+``nohup``, SLURM output files) that becomes one enormous line of frames. :func:`tqdm` is the
+one factory every long loop of the package uses: when stderr is a terminal it returns
+``tqdm.auto.tqdm`` unchanged; otherwise a :class:`LineProgress`, which writes one plain line
+(description, count, elapsed time, ETA and rate) when the loop starts, at most every
+:data:`LINE_INTERVAL_S` seconds while it runs, and when it ends. The same call also silences
+the download and weight-loading bars of transformers and huggingface_hub in a log
+(:func:`quiet_library_bars`). ``INTERP_PROGRESS=lines`` or ``=bar`` forces either form.
+
+See https://tqdm.github.io/docs/tqdm/ (``mininterval``, ``bar_format``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from tqdm import tqdm as _std_tqdm
+
+__all__ = ["LINE_INTERVAL_S", "LineProgress", "is_terminal", "quiet_library_bars", "tqdm"]
+
+LINE_INTERVAL_S = 30.0
+"""Least seconds between two progress lines of one loop in a log."""
+
+LINE_FORMAT = "{desc}: {n_fmt}/{total_fmt} {unit} [{elapsed} elapsed, ETA {remaining}, {rate_fmt}]"
+
+
+def is_terminal() -> bool:
+    """Whether progress is drawn as a bar: stderr is a terminal (``INTERP_PROGRESS`` wins)."""
+    forced = os.environ.get("INTERP_PROGRESS", "").lower()
+    if forced in ("lines", "bar"):
+        return forced == "bar"
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        return False
+
+
+class LineProgress(_std_tqdm):
+    """A tqdm that writes whole lines, never carriage returns (module docstring).
+
+    Accepts every tqdm argument; ``mininterval`` defaults to :data:`LINE_INTERVAL_S`, the
+    format to :data:`LINE_FORMAT` (no bar). The last line is written when the loop closes,
+    also for ``leave=False`` bars, with the count reached.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("mininterval", LINE_INTERVAL_S)
+        kwargs.setdefault("maxinterval", max(LINE_INTERVAL_S, 60.0))
+        kwargs.setdefault("bar_format", LINE_FORMAT)
+        kwargs["dynamic_ncols"] = False
+        kwargs.setdefault("file", sys.stderr)
+        self._last_line: str | None = None
+        super().__init__(*args, **kwargs)
+
+    def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+        """Write the current state as one line, unless it is the line written last."""
+        if self.disable:
+            return True
+        line = self.format_meter(**self.format_dict)
+        if line != self._last_line:
+            self.fp.write(line + "\n")
+            self.fp.flush()
+            self._last_line = line
+        return True
+
+    def close(self) -> None:
+        """Write the last line (the count reached), then release the bar without a redraw."""
+        if getattr(self, "disable", True):
+            return
+        self._ema_dt = lambda: None  # the overall rate, as tqdm's own final line
+        self.display()
+        self.disable = True
+        self._decr_instances(self)
+
+    def clear(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to clear: lines are never redrawn."""
+
+    def refresh(self, *args: Any, **kwargs: Any) -> None:
+        """Write a line only through :meth:`display` (rate-limited by ``mininterval``)."""
+        if not self.disable:
+            self.display()
+
+
+def quiet_library_bars() -> None:
+    """Turn off transformers' and huggingface_hub's own bars when stderr is not a terminal."""
+    if is_terminal():
+        return
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def tqdm(*args: Any, **kwargs: Any) -> Any:
+    """``tqdm.auto.tqdm(*args, **kwargs)`` on a terminal, else :class:`LineProgress`.
+
+    Args:
+        *args: as tqdm (an iterable).
+        **kwargs: as tqdm (``total``, ``desc``, ``unit``, ``leave``, ``disable``, ...).
+
+    Returns:
+        A tqdm instance (iterate it, or call ``update`` and ``close``).
+    """
+    if is_terminal():
+        from tqdm.auto import tqdm as auto
+
+        return auto(*args, **kwargs)
+    quiet_library_bars()
+    return LineProgress(*args, **kwargs)

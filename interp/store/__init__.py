@@ -1,0 +1,25 @@
+"""The run directory: manifest, records, tables and tensors, written atomically, resumable.
+
+Layout (every command reads and writes one)::
+
+    DIR/manifest.json     config, model provenance, package versions, seed, git commit
+    DIR/records.jsonl     one line per (example): prompt spans, generation, oracle label, verdict
+    DIR/metrics.json      GA, EA, Delta with CIs, acceptance rates, per dataset
+    DIR/attention/ DIR/activations/ (attention --save-resid) DIR/record/ DIR/patching/
+    DIR/steering/ DIR/transfer/ DIR/probes/ DIR/figures/
+
+JSON files are written to a temporary file and renamed (atomic). ``records.jsonl`` is appended
+line by line with a flush and fsync after each batch; a line cut by a crash is reported and
+dropped on the next read, so that record is simply redone.
+
+One concern a module: :mod:`interp.store.io` (atomic writers, readers, signatures of stored
+parts), :mod:`interp.store.records` (the QA record schema), :mod:`interp.store.rundir`
+(:class:`RunDir`: the manifest and the record log) and :mod:`interp.store.recordings` (loading
+what ``interp record`` wrote). The names below are the public API of the run directory.
+"""
+
+from interp.store.recordings import Activations, load_activations, load_cache
+from interp.store.records import Record
+from interp.store.rundir import RunDir
+
+__all__ = ["Activations", "Record", "RunDir", "load_activations", "load_cache"]

@@ -1,0 +1,66 @@
+"""Progress in a log file: whole lines with an ETA, never carriage-return frames."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from interp import progress
+from interp.stages.asymmetry import AsymmetryConfig
+from interp.stages.asymmetry import run as run_asymmetry
+
+
+def test_lines_not_frames_when_stderr_is_not_a_terminal(tiny, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("INTERP_PROGRESS", raising=False)
+    cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=3, batch_size=1,
+                          chunk_batches=1, max_new_tokens=3, verdict_max_new_tokens=2,
+                          n_boot=20)
+    run_asymmetry(cfg, tmp_path / "run", handle=tiny, log=lambda s: None)
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = [x for x in err.splitlines() if x.startswith("squad_v2:")]
+    assert lines[0].startswith("squad_v2: 0/3 ex [00:00 elapsed, ETA ?")
+    assert re.match(r"squad_v2: 3/3 ex \[\d\d:\d\d elapsed, ETA 00:00, .*ex/s\]", lines[-1])
+    assert len(lines) <= 3                    # start, end, at most one line per 30 s between
+
+
+def test_line_interval_and_forced_forms(capsys, monkeypatch):
+    monkeypatch.delenv("INTERP_PROGRESS", raising=False)
+    import tqdm.std
+
+    clock = iter(range(0, 10000, 10))          # every reading of the clock is 10 s later
+    monkeypatch.setattr(tqdm.std, "time", lambda: next(clock))
+    bar = progress.tqdm(total=12, desc="steps", unit="step", leave=False)
+    assert isinstance(bar, progress.LineProgress)
+    for _ in range(12):
+        bar.update(1)
+    bar.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("steps: 0/12") and lines[-1].startswith("steps: 12/12")
+    assert 3 <= len(lines) <= 8                # ~ one line per 30 s, not one per step
+    monkeypatch.setenv("INTERP_PROGRESS", "bar")
+    assert not isinstance(progress.tqdm(total=1, disable=True), progress.LineProgress)
+    monkeypatch.setenv("INTERP_PROGRESS", "lines")
+    assert isinstance(progress.tqdm(total=1, disable=True), progress.LineProgress)
+
+
+def test_model_loading_writes_no_library_bar_into_a_log(tmp_path, capsys, monkeypatch):
+    from interp.models import load_model
+    from interp.testing import tiny_checkpoint
+
+    monkeypatch.delenv("INTERP_PROGRESS", raising=False)
+    ck = tiny_checkpoint(tmp_path / "ck", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2)
+    capsys.readouterr()
+    load_model(str(ck), device="cpu")
+    assert "\r" not in capsys.readouterr().err
+
+
+@pytest.fixture(autouse=True)
+def _bars_back_on():
+    yield
+    from huggingface_hub.utils import enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    enable_progress_bars()
+    hf_logging.enable_progress_bar()
