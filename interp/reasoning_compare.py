@@ -191,10 +191,10 @@ def side_by_side(word: Sequence[Mapping[str, Any]], reason: Sequence[Mapping[str
 
 
 _LABELS = {"EA": "EA", "EA_forced": "EA_forced", "acceptance_rate": "acceptance (all)",
-           "acceptance_rate_correct": "acceptance | y* Correct",
-           "acceptance_rate_incorrect": "acceptance | y* Incorrect",
-           "acceptance_rate_correct_forced": "forced acceptance | y* Correct",
-           "acceptance_rate_incorrect_forced": "forced acceptance | y* Incorrect",
+           "acceptance_rate_correct": "acceptance, y* Correct",
+           "acceptance_rate_incorrect": "acceptance, y* Incorrect",
+           "acceptance_rate_correct_forced": "forced acceptance, y* Correct",
+           "acceptance_rate_incorrect_forced": "forced acceptance, y* Incorrect",
            "no_verdict_share": "no verdict (share)",
            "mean_verdict_coverage": "verdict coverage (mean)",
            "verdict_context_mass": "verdict-position context mass",

@@ -24,7 +24,7 @@ _COLORS = {"word": "#4C72B0", "reasoning": "#DD8452"}
 
 
 def _paired_bars(ax: Any, g: Mapping[str, Any], stats: tuple[tuple[str, str], ...],
-                 title: str) -> None:
+                 title: str, top: float = 1.0) -> None:
     x, w = np.arange(len(stats)), 0.38
     for j, judge in enumerate(("word", "reasoning")):
         vals = [g[k][judge] if g[k][judge] is not None else np.nan for k, _ in stats]
@@ -36,9 +36,9 @@ def _paired_bars(ax: Any, g: Mapping[str, Any], stats: tuple[tuple[str, str], ..
         d, ci = g[k]["delta"], g[k]["delta_ci"]
         if d is not None:
             ax.annotate(f"Δ {d:+.2f}" + (f"\n[{ci[0]:+.2f},{ci[1]:+.2f}]" if ci else ""),
-                        (i, 1.0), ha="center", va="bottom", fontsize=6.5)
+                        (i, top), ha="center", va="bottom", fontsize=6.5)
     ax.set_xticks(x, [lab for _, lab in stats], fontsize=7.5)
-    ax.set_ylim(0, 1.18)
+    ax.set_ylim(0, top * 1.18)
     ax.set_title(title, fontsize=9)
 
 
@@ -68,10 +68,12 @@ def plot_reasoning_side_by_side(results: Mapping[str, Mapping[str, Any]] | Mappi
         rj = g["reasoning_judge"]
         _paired_bars(row[0], g, _JUDGE_STATS, f"{model}: judge on the same answers "
                                               f"(GA {g['GA']:.2f})")
-        row[0].legend(fontsize=7, loc="upper left")
+        row[0].legend(fontsize=7, loc="center left")
+        hi = max((g[k][f"{j}_ci"] or [0, g[k][j] or 0])[1] for k, _ in _MASS_STATS
+                 for j in ("word", "reasoning"))
         _paired_bars(row[1], g, _MASS_STATS, "attention mass at the verdict position "
-                                             f"(band {res['band'][0]}-{res['band'][-1]})")
-        row[1].set_ylim(0, 1.18)
+                                             f"(band {res['band'][0]}-{res['band'][-1]})",
+                     top=max(0.05, 1.3 * hi))
         x, w = np.arange(len(REASONING_SPANS)), 0.38
         for j, (key, lab, col) in enumerate((("reasoning_mass", "while reasoning", "#8172B3"),
                                              ("verdict_mass", "at its verdict", "#DD8452"))):
