@@ -292,11 +292,16 @@ def kept_work(paths: Mapping[str, Path] | list[Path]) -> str:
     """What finished work lies in run directories, as text (``"12 records in runs/x"``).
 
     Counts the resumable units each stage keeps (records, recordings, parts, adapters);
-    ``"nothing"`` when there are none.
+    ``"nothing"`` when there are none. A grid folder (``interp run --out``: one run directory
+    per model, no manifest of its own) is counted in each of its model folders.
     """
     out = []
-    for root in paths.values() if isinstance(paths, Mapping) else paths:
-        root, before = Path(root), len(out)
+    roots = [Path(r) for r in (paths.values() if isinstance(paths, Mapping) else paths)]
+    runs = [run for r in roots for run in (
+        [r] if (r / "manifest.json").exists()
+        else sorted(p.parent for p in r.glob("*/manifest.json")) or [r])]
+    for root in runs:
+        before = len(out)
         for pattern, label, unit in _KEPT:
             files = [p for p in root.glob(pattern) if p.is_file()]
             if unit == "lines":

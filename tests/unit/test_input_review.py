@@ -258,3 +258,15 @@ def test_commands_on_a_grid_folder_name_its_runs_and_never_advise_writing_into_i
     assert res.exit_code == 2, res.output
     assert f"is a grid of runs: pass one of {grid / 'qwen'}, {grid / 'smollm2'}" in res.output
     assert "--out" not in res.output and "interp asymmetry" not in res.output
+
+
+def test_kept_work_of_a_grid_counts_its_model_folders(tmp_path):
+    """Ctrl-C under ``interp run``: the work kept under out/<model>/ is reported, not nothing."""
+    from interp.inputs import kept_work
+
+    grid = tmp_path / "demo"
+    run = _manifest_run(grid / "smollm2")
+    (run / "records.jsonl").write_text("".join(f'{{"id": "q{i}"}}\n' for i in range(4)))
+    _manifest_run(grid / "qwen")
+    assert kept_work([grid]) == f"4 records in {grid / 'smollm2'}"
+    assert kept_work([tmp_path / "empty"]) == "nothing"
