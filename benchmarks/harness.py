@@ -108,7 +108,7 @@ def measure(args: argparse.Namespace, dtype: str, out: Path) -> dict[str, Any]:
                           batch_size=args.batch_size, dtype=dtype, one_pass=not args.no_one_pass,
                           chunk_batches=args.chunk_batches, n_boot=200)
     t, c = time.perf_counter(), time.process_time()
-    run_asymmetry(cfg, out, handle=handle, log=lambda s: None)
+    run_asymmetry(out, handle, cfg, log=lambda s: None)
     wall, cpu = time.perf_counter() - t, time.process_time() - c
     roof_after = matmul_flops(shape["d_model"], shape["d_ffn"], tdtype)
     recs = RunDir(out).read_records()
@@ -141,7 +141,7 @@ def profile(handle: Any, args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory() as d, prof(activities=[ProfilerActivity.CPU]) as p:
         cfg = AsymmetryConfig(model=args.model, datasets=[args.dataset], limit=8,
                               batch_size=args.batch_size, one_pass=not args.no_one_pass)
-        run_asymmetry(cfg, d, handle=handle, log=lambda s: None)
+        run_asymmetry(d, handle, cfg, log=lambda s: None)
     return p.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
 
 

@@ -4,22 +4,18 @@ One home for the rules every command follows (docs/cli.md, errors):
 
 * :func:`read_toml`: a config or template file that is missing, not UTF-8 or not TOML is a
   :class:`interp.errors.ConfigError` (one line naming the file and the line), never a traceback.
-* :func:`config_from_table`: a stage config built from a ``[section]`` table: unknown keys,
-  counts, numbers, device and dtype checked (below).
-* :func:`check_counts`: counts such as ``limit``, ``batch_size`` and ``max_new_tokens`` are whole
-  numbers >= 1 (``None`` where the field allows it means "all"); every stage config built by
-  :func:`config_from_table` is checked, so ``--limit 0`` is refused by every
-  command before a model loads.
-* :func:`check_numbers`: a config field annotated as a number (``float``, ``int``) or a list
-  of numbers (``list[float]``) holds numbers; strings of a ``list[float]`` (a CLI comma list)
-  are parsed, anything else is refused naming the option and the value.
+* counts (``limit``, ``batch_size``, ...) and numbers of every stage config are checked where
+  the options are declared (:func:`interp.options.check_counts`,
+  :func:`interp.options.check_numbers`), so ``--limit 0`` is refused by every command before a
+  model loads.
 * :func:`check_device` and :func:`check_dtype`: a device torch can parse and this machine has,
   and a model dtype among :data:`MODEL_DTYPES`; checked by every config with a ``device`` field
   and by :func:`interp.models.load_model` before it reads anything.
 * :func:`new_run_dir`: a command that creates a run directory and fails (or is interrupted)
   before it has kept any result removes the directory again, so a corrected rerun starts clean.
 * :func:`write_result`: a summary computed over zero items does not replace an existing one.
-* :func:`kept_work`: what an interrupted command leaves behind, for the one-line Ctrl-C message.
+* :func:`kept_work`: what an interrupted command leaves behind, for the one-line Ctrl-C message
+  (every stage's declared parts, :func:`interp.stages.contract.kept_work`).
 """
 
 from __future__ import annotations
@@ -27,53 +23,18 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tomllib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from interp.errors import ConfigError
+from interp.stages.contract import kept_work
 
-__all__ = ["COUNT_FIELDS", "MODEL_DTYPES", "check_counts", "check_device", "check_dtype",
-           "check_numbers", "config_from_table", "kept_work", "new_run_dir", "read_toml",
-           "write_result"]
+__all__ = ["MODEL_DTYPES", "check_device", "check_dtype",
+           "kept_work", "new_run_dir", "read_toml", "write_result"]
 
 MODEL_DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 """The precisions a model loads in (``auto``: bfloat16 on CUDA, float32 elsewhere)."""
-
-COUNT_FIELDS = ("limit", "eval_limit", "batch_size", "max_new_tokens", "verdict_max_new_tokens",
-                "max_train_examples", "max_length", "epochs", "rank", "train_batch_size",
-                "layer_stride", "max_tokens", "top_k", "top", "n_boot", "mlp_hidden",
-                "hard_negative_attempts", "hard_negative_max_new_tokens", "checkpoint_every")
-"""Config fields that count something: each must be an int >= 1 (or None where allowed)."""
-
-
-def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
-                      error: type[Exception] = ConfigError) -> Any:
-    """Build the dataclass ``cls`` from a config table (``[section]`` of a TOML file).
-
-    Raises:
-        error: ``table`` has keys that are not fields of ``cls``; the message names the section,
-            the unknown keys and the known ones, so a typo is fixed in one look; or a count
-            (``limit``, ``batch_size``, ... :data:`COUNT_FIELDS`) below 1; a
-            numeric field that holds no number (:func:`check_numbers`); with a
-            ``device`` field, a device or dtype this machine cannot load a model on
-            (:func:`check_device`, :func:`check_dtype`).
-    """
-    known = set(cls.__dataclass_fields__)
-    if unknown := set(table) - known:
-        raise error(f"[{section}]: unknown config keys {sorted(unknown)}; known: "
-                    f"{sorted(known)}")
-    table = check_numbers(cls, table, section, error)
-    if "device" in known:  # a config that loads a model: its device and precision
-        check_device(table.get("device"), error)
-        check_dtype(table.get("dtype"), error)
-    try:
-        cfg = cls(**dict(table))
-    except TypeError as err:  # a value of the wrong type, found by __post_init__
-        raise error(f"[{section}]: {err}") from None
-    check_counts(cfg, section, error)
-    return cfg
-
 
 def read_toml(path: str | Path, what: str = "config") -> dict[str, Any]:
     """Read a TOML file.
@@ -99,86 +60,6 @@ def read_toml(path: str | Path, what: str = "config") -> dict[str, Any]:
         raise ConfigError(f"{what} file {p} is not UTF-8 text ({err.reason})") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{what} file {p} is not valid TOML: {err}") from None
-
-
-def check_counts(cfg: Any, section: str, error: type[Exception] = ConfigError) -> None:
-    """Refuse a count field (:data:`COUNT_FIELDS`) that is not a whole number >= 1.
-
-    Args:
-        cfg: a config dataclass instance.
-        section: its config table name, for the message.
-        error: the error class to raise.
-
-    Raises:
-        error: names the option (``--limit``) and the table key (``[section] limit``); for
-            ``limit`` it adds that leaving it out means every record.
-    """
-    for name in COUNT_FIELDS:
-        if name not in getattr(cfg, "__dataclass_fields__", {}):
-            continue
-        value = getattr(cfg, name)
-        if value is None and cfg.__dataclass_fields__[name].default is None:
-            continue
-        # a table of counts ({dataset: N}, the harness's limit) is checked entry by entry
-        for v in (value.values() if isinstance(value, Mapping) else [value]):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                hint = " (leave it out to use every record)" if name.endswith("limit") else ""
-                raise error(f"--{name.replace('_', '-')} ([{section}] {name}) must be a whole "
-                            f"number >= 1{hint}, not {value!r}")
-
-
-_NUMBER_TYPES = {"int": (int,), "float": (int, float)}
-
-
-def check_numbers(cls: Any, table: Mapping[str, Any], section: str,
-                  error: type[Exception] = ConfigError) -> dict[str, Any]:
-    """Check (and parse) the numeric fields of a config table before the dataclass is built.
-
-    A field annotated ``int``, ``float``, ``list[int]`` or ``list[float]`` (optionally
-    ``| None``) must hold numbers of that kind (``True`` is not a number; an int is a float);
-    a string in a ``list[float]``/``list[int]`` (a comma list from the command line) is parsed.
-    Fields with other annotations (``str | list[int]`` layer specs, ...) are left alone.
-
-    Args:
-        cls: the config dataclass (its annotations are strings or types).
-        table: the config table.
-        section: its table name, for the message.
-        error: the error class to raise.
-
-    Returns:
-        A copy of ``table`` with parsed lists.
-
-    Raises:
-        error: names the option (``--alphas``), the table key, the bad entry and the kind of
-            number expected.
-    """
-    out = dict(table)
-    for name, f in getattr(cls, "__dataclass_fields__", {}).items():
-        if name not in out or out[name] is None:
-            continue
-        ann = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
-        ann = ann.replace(" | None", "").strip()
-        is_list = ann.startswith("list[") and ann.endswith("]")
-        kind = ann[5:-1] if is_list else ann
-        if kind not in _NUMBER_TYPES:
-            continue
-        value = out[name]
-        what = "whole number" if kind == "int" else "number"
-        if is_list and not isinstance(value, list | tuple):
-            raise error(f"--{name.replace('_', '-')} ([{section}] {name}) must be a list of "
-                        f"{what}s, not {value!r}")
-        parsed = []
-        for v in value if is_list else [value]:
-            if is_list and isinstance(v, str):
-                with contextlib.suppress(ValueError):
-                    v = int(v) if kind == "int" else float(v)
-            if isinstance(v, bool) or not isinstance(v, _NUMBER_TYPES[kind]):
-                shape = f"a list of {what}s" if is_list else f"a {what}"
-                raise error(f"--{name.replace('_', '-')} ([{section}] {name}) must be {shape}, "
-                            f"not {value!r} ({v!r} is not a {what})")
-            parsed.append(float(v) if kind == "float" else v)  # 1 -> 1.0: one key per value
-        out[name] = parsed if is_list else parsed[0]
-    return out
 
 
 def check_dtype(dtype: Any, error: type[Exception] = ConfigError) -> None:
@@ -276,41 +157,3 @@ def write_result(path: str | Path, obj: Any, *, n: int,
         return False
     write_json(path, obj)
     return True
-
-
-_KEPT = (("records.jsonl", "records", "lines"),
-         ("attention/records/*/*.safetensors", "attention recordings", "files"),
-         ("record/*/*/index.json", "recorded prompts", "files"),
-         ("probes/features_*.safetensors", "probe feature caches", "files"),
-         ("patching/*/*/parts/*.json", "patching parts", "files"),
-         ("steering/parts/*.json", "steering parts", "files"),
-         ("transfer/adapters/*/adapter_config.json", "trained adapters", "files"),
-         ("transfer/eval/*.jsonl", "transfer evaluations", "files"))
-
-
-def kept_work(paths: Mapping[str, Path] | list[Path]) -> str:
-    """What finished work lies in run directories, as text (``"12 records in runs/x"``).
-
-    Counts the resumable units each stage keeps (records, recordings, parts, adapters);
-    ``"nothing"`` when there are none. A grid folder (``interp run --out``: one run directory
-    per model, no manifest of its own) is counted in each of its model folders.
-    """
-    out = []
-    roots = [Path(r) for r in (paths.values() if isinstance(paths, Mapping) else paths)]
-    runs = [run for r in roots for run in (
-        [r] if (r / "manifest.json").exists()
-        else sorted(p.parent for p in r.glob("*/manifest.json")) or [r])]
-    for root in runs:
-        before = len(out)
-        for pattern, label, unit in _KEPT:
-            files = [p for p in root.glob(pattern) if p.is_file()]
-            if unit == "lines":
-                n = sum(sum(1 for line in p.read_bytes().split(b"\n") if line.strip())
-                        for p in files)  # bytes split on "\n": a torn tail cannot raise
-            else:
-                n = len(files)
-            if n:
-                out.append(f"{n} {label}")
-        if len(out) > before:
-            out[-1] += f" in {root}"
-    return ", ".join(out) or "nothing"

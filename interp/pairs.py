@@ -51,6 +51,7 @@ from typing import Any
 from interp.errors import PairError, PatchingError
 from interp.patching import patchable_positions, shared_prefix
 from interp.prompts import RenderedPrompt, Template, render
+from interp.stages.contract import flat_key
 from interp.stats import passage_groups
 
 __all__ = [
@@ -109,7 +110,7 @@ class PatchPair:
     @property
     def key(self) -> str:
         """File-safe identity ``dataset__id``."""
-        return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{self.dataset}__{self.record_id}")
+        return flat_key(self.dataset, self.record_id)
 
     def patchable(self) -> list[int]:
         """Every corrupt position a patch can change."""

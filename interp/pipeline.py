@@ -9,8 +9,12 @@ Algorithm of :func:`run_config`:
    1) and the asymmetry inputs of every model (:func:`interp.stages.asymmetry.check_inputs`:
    datasets, fields, limit).
    Then every stage config to run is checked against every model's shape, read from its
-   config alone (:func:`interp.models.model_shape`, :func:`interp.stages.common.check_config`:
-   layer selections, heads), so no model runs before a later one would fail.
+   config alone (:func:`interp.models.model_shape`,
+   :func:`interp.stages.common.check_against_shape`:
+   layer selections, heads), and every stage's declared needs against what runs before it
+   or lies in the model's run directory (:func:`interp.stages.contract.check_needs`: steering
+   with ``heads = "top-diff:K"`` needs the attention summary), so no model runs before a later
+   one would fail. ``--only`` takes a stage's name or its command's (``steer``).
 2. For each model of ``[asymmetry] models``: load it once, run Study 1 into
    ``out/<model-slug>/`` (:mod:`interp.stages.asymmetry`; with ``--only`` excluding it, only
    ``metrics.json`` is recomputed), then each configured stage in the order of :data:`STAGES`
@@ -47,8 +51,8 @@ from interp.compare import write_comparison
 from interp.errors import ConfigError
 from interp.inputs import new_run_dir, read_toml
 from interp.models import DEFAULT_MODEL, load_model, model_shape
-from interp.stages import asymmetry
-from interp.stages.common import Stage, check_config
+from interp.stages import asymmetry, contract
+from interp.stages.common import Stage, check_against_shape
 from interp.store.io import atomic_write_text, write_json
 from interp.store.rundir import RunDir
 
@@ -158,6 +162,17 @@ def swap_sources(config: str | Path | Mapping[str, Any], *, models: Mapping[str,
     return cfg
 
 
+def canonical(names: Sequence[str] | None) -> list[str] | None:
+    """Stage names with each command name (``steer``) replaced by the stage's (``steering``).
+
+    Unknown names are kept as given (for the caller's message).
+    """
+    if not names:
+        return None
+    by = {n: s.name for s in contract.SPECS for n in s.names}
+    return [by.get(n, n) for n in names]
+
+
 def _check(cfg: Mapping[str, Any], path: str | Path, only: Sequence[str] | None
            ) -> dict[str, Any]:
     """Step 1: refuse unknown keys, stages and ``--only`` names; the stage configs."""
@@ -166,6 +181,7 @@ def _check(cfg: Mapping[str, Any], path: str | Path, only: Sequence[str] | None
         raise ConfigError(f"{path}: unknown keys or stages {sorted(unknown)}; known: "
                           f"{sorted(known)}")
     configured = ["asymmetry", *(name for name in STAGES if name in cfg)]
+    only = canonical(only)
     if only and (bad := [name for name in only if name not in configured]):
         what = "not configured in this file" if set(bad) <= set(STAGES) else "unknown"
         raise ConfigError(f"--only: {what}: {', '.join(bad)}; valid stages here: "
@@ -189,7 +205,7 @@ def _copy_figures(run_dir: Path, dest: Path, names: Sequence[str], prefix: str) 
 
 
 def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
-               only: Sequence[str] | None = None,
+               only: Sequence[str] | None = None, out: str | Path | None = None,
                log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run every stage of a TOML config (module docstring; see ``experiments/quickstart.toml``).
 
@@ -198,7 +214,9 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
             :func:`swap_sources` returns).
         overwrite: discard run directories made with another asymmetry config, and let
             every stage redo work computed under other runtime settings.
-        only: run only these stages (``asymmetry`` and/or names of :data:`STAGES`).
+        only: run only these stages (``asymmetry`` and/or names of :data:`STAGES`, or their
+            command names: ``steer`` is ``steering``).
+        out: the folder of the run directories instead of the config's ``out``.
         log: progress lines.
 
     Returns:
@@ -206,14 +224,19 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
 
     Raises:
         ConfigError: a missing or malformed file, an unknown top-level key or stage, an
-            ``--only`` name that is not a configured stage, or a bad stage config value.
+            ``--only`` name that is not a configured stage, a bad stage config value, or a
+            stage whose declared needs (:func:`interp.stages.contract.check_needs`) neither an
+            earlier stage of this call nor the run directory provides.
         interp.errors.DataError: a dataset or file of ``[asymmetry]`` that cannot be loaded.
         interp.errors.RunDirError: ``--only`` without ``asymmetry`` on a run that has none.
     """
     cfg = load_config(path)
     if isinstance(path, Mapping):
         path = str(cfg.get("name", "config"))
+    if out is not None:
+        cfg["out"] = str(out)
     stage_cfgs = _check(cfg, path, only)
+    only = canonical(only)
     out = out_dir(cfg, path)
     asym = dict(cfg.get("asymmetry", {}))
     models = asym.pop("models", [asym.pop("model", DEFAULT_MODEL)])
@@ -222,14 +245,17 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
     for spec, acfg in acfgs.items():
         asymmetry.check_inputs(acfg)
         if not overwrite and (not only or "asymmetry" in only):  # before any model loads
-            RunDir(out / model_slug(spec)).check_config(asdict(acfg), asymmetry.KEY_FIELDS)
+            RunDir(out / model_slug(spec)).check_same_config(asdict(acfg), asymmetry.KEY_FIELDS)
         if only and "asymmetry" not in only:  # the stages need a finished asymmetry run
             RunDir(out / model_slug(spec)).read_records()
-    for spec in acfgs:  # every model's shape against every stage, before the first one runs
+    runs = [(name, scfg) for name, scfg in stage_cfgs.items() if not only or name in only]
+    for spec in acfgs:  # every model's shape and needs against every stage, before any runs
         n_layers, n_heads = model_shape(spec)
-        for name, scfg in stage_cfgs.items():
-            if not only or name in only:
-                check_config(name, scfg, n_layers, n_heads, model=spec)
+        for name, scfg in runs:
+            check_against_shape(name, scfg, n_layers, n_heads, model=spec)
+        contract.check_needs(out / model_slug(spec), runs,
+                             before=["asymmetry"] if not only or "asymmetry" in only else [],
+                             in_config=True)
     if cfg.get("description"):
         log(f"== {cfg.get('name', Path(path).stem)}: {cfg['description']}")
     texts: list[str] = []
@@ -280,7 +306,7 @@ def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Pa
         log(f"== {spec} -> {run_dir}")
         t0 = time.perf_counter()
         if not only or "asymmetry" in only:
-            m = asymmetry.run(acfg, run_dir, overwrite=overwrite, handle=handle, log=log)
+            m = asymmetry.run(run_dir, handle, acfg, overwrite=overwrite, log=log)
         else:
             m = asymmetry.write_metrics(RunDir(run_dir), acfg)
         texts += [f"## {spec}: asymmetry ({run_dir}/metrics.json)", asymmetry.format_summary(m)]

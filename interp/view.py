@@ -41,9 +41,10 @@ from interp.errors import RunDirError
 from interp.hooks.recorder import record_rows
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
+from interp.names import safe_name
 from interp.prompts import record_prompts
 from interp.stages.common import check_run_model
-from interp.store.io import atomic_write_text, safe_name
+from interp.store.io import atomic_write_text
 from interp.store.records import Record
 from interp.store.rundir import RunDir
 from interp.tokens import token_strings

@@ -58,7 +58,7 @@ def quick_run(bundled, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("quick_run")
     cfg = AsymmetryConfig(datasets=["squad_v2", "hotpotqa"], limit=3, batch_size=3, n_boot=200)
-    run(cfg, out, handle=bundled, log=lambda s: None)
+    run(out, bundled, cfg, log=lambda s: None)
     return RunDir(out)
 
 

@@ -1,29 +1,40 @@
-"""The studies as run-directory stages: one module per study, listed explicitly.
+"""The studies as run-directory stages: one module per study, declared in one contract.
+
+:data:`interp.stages.contract.SPECS` declares every stage (name, command, config, the files it
+writes, what it needs and keeps, how its parts are keyed); each stage module provides
+``run(run_dir, handle, cfg, *, overwrite, log)`` and ``format_summary(summary)``.
 
 * :mod:`interp.stages.asymmetry` creates a run (Study 1) and writes ``metrics.json``;
-* every stage in :data:`STAGES` reads a finished run and follows the :class:`Stage` protocol
-  (:mod:`interp.stages.common`): ``NAME``, ``SUMMARIES``, ``Config``, ``run(run_dir, handle,
-  cfg)`` and ``format_summary(summary)``.
+* every stage in :data:`STAGES` (the specs after ``asymmetry``, as modules) reads a finished
+  run, or (``transfer``) may start in an empty folder.
 
 :func:`load_run_model` is the one way to load a run's model (it checks the manifest's sha256).
 :mod:`interp.pipeline` runs an experiment config through these stages, :mod:`interp.cli` has
-one thin command per stage.
+one command per stage, built from its config. Importing this package imports no stage: the
+modules and :data:`STAGES` load when first used (so the command line starts without torch).
 """
 
 from __future__ import annotations
 
-from interp.stages import asymmetry, attention, patching, probe, record, steering, transfer
-from interp.stages.common import Stage, check_run_model, load_run_model
+import importlib
+from typing import Any
+
+from interp.stages.contract import SPECS
 
 __all__ = ["STAGES", "Stage", "asymmetry", "attention", "check_run_model", "load_run_model",
-           "patching", "probe", "record", "steering", "transfer"]
+           "patching", "probe", "reasoning", "record", "steering", "transfer"]
 
-STAGES: dict[str, Stage] = {
-    attention.NAME: attention,  # type: ignore[dict-item]
-    probe.NAME: probe,  # type: ignore[dict-item]
-    transfer.NAME: transfer,  # type: ignore[dict-item]
-    patching.NAME: patching,  # type: ignore[dict-item]
-    steering.NAME: steering,  # type: ignore[dict-item]
-    record.NAME: record,  # type: ignore[dict-item]
-}
-"""Stages that read a finished asymmetry run, by config-table name, in the order they run."""
+_COMMON = ("Stage", "check_run_model", "load_run_model")
+
+
+def __getattr__(name: str) -> Any:
+    """``STAGES``, the stage modules and :mod:`interp.stages.common`'s names, loaded on use."""
+    if name == "STAGES":
+        stages = {s.name: s.load() for s in SPECS if s.name != "asymmetry"}
+        globals()["STAGES"] = stages
+        return stages
+    if name in _COMMON:
+        return getattr(importlib.import_module("interp.stages.common"), name)
+    if name in {s.name for s in SPECS}:
+        return importlib.import_module(f"interp.stages.{name}")
+    raise AttributeError(f"module 'interp.stages' has no attribute {name!r}")

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,17 +40,18 @@ from interp.asymmetry import compute_metrics, evaluate_examples, format_metrics
 from interp.data import DATASETS, QAExample, load_examples
 from interp.errors import ConfigError, DataError, RunDirError
 from interp.grading import BaseOracle, RuleOracle, make_oracle, parse_oracle_spec
-from interp.inputs import check_counts, config_from_table, new_run_dir
+from interp.inputs import new_run_dir
 from interp.models import DEFAULT_MODEL, ModelHandle, load_model, result_facts, runtime_facts
+from interp.options import check_counts, config_from_table, option
 from interp.plots.asymmetry import plot_asymmetry
 from interp.prefill import Capture
 from interp.progress import tqdm
 from interp.prompts import Template, get_template, render
 from interp.reasoning import MAX_REASONING_TOKENS
 from interp.residual_features import POOLS
-from interp.stages import attention as attention_stage
-from interp.stages import probe as probe_stage
 from interp.stages.common import check_run_model, stage_facts
+from interp.stages.contract import spec
+from interp.stages.stored import recording_signature, save_recording, store_features
 from interp.store.io import write_json
 from interp.store.records import Record, limit_per_dataset, qa_key
 from interp.store.rundir import RunDir
@@ -60,8 +61,10 @@ __all__ = ["KEY_FIELDS", "NAME", "SUMMARIES", "AsymmetryConfig", "check_inputs",
            "format_oracle_agreement", "format_summary", "oracle_agreement", "run",
            "stale_records", "store_one_pass", "write_metrics"]
 
-NAME = "asymmetry"
-SUMMARIES = {"metrics.json": "asymmetry_metrics.json"}
+SPEC = spec("asymmetry")
+"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+NAME = SPEC.name
+SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 KEY_FIELDS = ("model", "template", "templates_path", "oracle", "include_unanswerable", "split",
               "max_new_tokens", "verdict_max_new_tokens", "dtype", "from_hub")
@@ -75,7 +78,7 @@ class AsymmetryConfig:
     Attributes:
         model: model spec (:func:`interp.models.load_model`).
         datasets: dataset names (``squad_v2``, ``drop``, ``hotpotqa``, ``musique``) or paths.
-        limit: examples per dataset (first N after filtering; None for all), or a table
+        limit: examples per dataset (first N after filtering; all or None: every one), or a table
             ``{dataset: N}`` (a dataset it does not name gets all its examples; e.g. a small
             grid that keeps the ~3k-token MuSiQue prompts few).
         template: template variant name; ``templates_path`` a TOML file of variants.
@@ -110,22 +113,22 @@ class AsymmetryConfig:
     """
 
     model: str = DEFAULT_MODEL
-    datasets: list[str] = field(default_factory=lambda: ["squad_v2"])
-    limit: int | dict[str, int] | None = 50
+    datasets: list[str] = option(["squad_v2"], flag="dataset", short="d")
+    limit: int | dict[str, int] | None = option(None, kind="count")
     template: str = "default"
     templates_path: str | None = None
     oracle: str = "rule"
     include_unanswerable: bool = False
     split: str = "validation"
-    max_new_tokens: int = 48
-    verdict_max_new_tokens: int = 12
-    max_reasoning_tokens: int = MAX_REASONING_TOKENS
-    batch_size: int = 8
+    max_new_tokens: int = option(48, kind="count")
+    verdict_max_new_tokens: int = option(12, kind="count")
+    max_reasoning_tokens: int = option(MAX_REASONING_TOKENS, kind="count")
+    batch_size: int = option(8, kind="count")
     seed: int = 0
     device: str | None = None
     dtype: str | None = None
     from_hub: bool = False
-    n_boot: int = 2000
+    n_boot: int = option(2000, kind="count")
     one_pass: bool = True
     chunk_batches: int = 1
 
@@ -150,21 +153,23 @@ class AsymmetryConfig:
 
 
 def run(
-    config: AsymmetryConfig,
-    out: str | Path,
+    run_dir: RunDir | str | Path,
+    handle: ModelHandle | None = None,
+    cfg: AsymmetryConfig | None = None,
     *,
     overwrite: bool = False,
-    handle: ModelHandle | None = None,
     log: Callable[[str], None] = print,
     chunk: int | None = None,
 ) -> dict[str, Any]:
     """Run Study 1 into a run directory, resuming finished work; return metrics.json's content.
 
+    The stage contract's signature (:mod:`interp.stages.contract`).
+
     Args:
-        config: the run's configuration.
-        out: run directory.
+        run_dir: run directory (created when missing).
+        handle: an already loaded model (None: ``cfg.model`` is loaded, after the checks).
+        cfg: the run's configuration (None: the defaults).
         overwrite: discard a run directory made with another config.
-        handle: an already loaded model (else ``config.model`` is loaded).
         log: where progress lines go.
         chunk: examples per appended chunk of records (default ``chunk_batches *
             batch_size``; the examples of a chunk are sorted by prompt length into batches).
@@ -172,14 +177,16 @@ def run(
     Raises:
         interp.errors.ConfigError: a count below 1 or an unknown oracle spec (before any
             model loads, as every error of :func:`check_inputs`).
-        interp.errors.RunDirError: ``out`` holds a run with another config or other result
-            facts, or stale records (:func:`stale_records`), and not overwrite; or another
-            process is writing ``out`` (:meth:`interp.store.rundir.RunDir.writer`).
+        interp.errors.RunDirError: ``run_dir`` holds a run with another config or other
+            result facts, or stale records (:func:`stale_records`), and not overwrite; or
+            another process is writing it (:meth:`interp.store.rundir.RunDir.writer`).
         interp.errors.DataError: unknown dataset, malformed file.
     """
+    config = cfg or AsymmetryConfig()
+    out = run_dir.path if isinstance(run_dir, RunDir) else Path(run_dir)
     loaded = check_inputs(config)
     if not overwrite:  # another model, template, ... is refused before the model loads
-        RunDir(out).check_config(asdict(config), KEY_FIELDS)
+        RunDir(out).check_same_config(asdict(config), KEY_FIELDS)
     with new_run_dir(out), RunDir(out).writer():  # a second writer is refused here, at once
         return _run(config, RunDir(out), loaded, overwrite=overwrite, handle=handle, log=log,
                     chunk=chunk)
@@ -301,8 +308,8 @@ def store_one_pass(run: RunDir, handle: ModelHandle, records: Sequence[Record],
                    capture: Capture, facts: Mapping[str, Any] | None) -> int:
     """Write what the harness recorded in its one pass where the stages read it.
 
-    The writers are the stages' own (:func:`interp.stages.attention.save_recording` and
-    :func:`interp.stages.probe.store_features`), under their signatures.
+    The writers are the stages' own (:func:`interp.stages.stored.save_recording` and
+    :func:`interp.stages.stored.store_features`), under the stages' signatures.
 
     Args:
         run: the run directory.
@@ -319,15 +326,15 @@ def store_one_pass(run: RunDir, handle: ModelHandle, records: Sequence[Record],
     for k, got in sorted(capture.got.items()):
         rec = records[k]
         prompts = {t: rp for t, (rp, _) in got.items()}
-        sig = attention_stage.recording_signature(
+        sig = recording_signature(
             handle, facts or {}, {t: p.input_ids for t, p in prompts.items()})
-        attention_stage.save_recording(run, handle, rec, prompts,
+        save_recording(run, handle, rec, prompts,
                                        {t: ps.rows for t, (_, ps) in got.items()},
                                        backend="hf", sig=sig)
         for t, (rp, ps) in got.items():
             feats[t].append(("/".join(qa_key(rec)), rp.input_ids, ps.pooled, ps.fell_back))
     for t, items in feats.items():
-        probe_stage.store_features(run, handle, t, items, facts=facts)
+        store_features(run, handle, t, items, facts=facts)
     return len(capture.got)
 
 

@@ -30,56 +30,61 @@ Algorithm of :func:`run` (the method is :mod:`interp.attention`):
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors import safe_open
 
 from interp.attention import (
-    SPANS,
-    TASKS,
     format_summary,
-    span_mass,
     span_mass_table,
     span_names,
     summarize,
     top_heads,
 )
-from interp.errors import AttentionError, RunDirError
+from interp.errors import AttentionError
 from interp.hooks.recorder import BACKENDS, record_rows
-from interp.inputs import config_from_table
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
+from interp.options import config_from_table, option
 from interp.plots import attention as attention_plots
 from interp.progress import tqdm
 from interp.prompts import record_prompts
-from interp.stages.common import ok_records, stage_facts
+from interp.stages.common import ok_records, refuse_reasoning_judge, stage_facts
+from interp.stages.contract import spec
+from interp.stages.stored import (
+    activations_path,
+    load_masses,
+    qa_record_signature,
+    recording_meta,
+    recording_signature,
+    rows_path,
+    save_recording,
+)
+from interp.stages.stored import read_attention_summary as read_summary
 from interp.store.io import (
     is_fresh,
-    read_json,
-    safe_name,
     save_tensors,
     signature,
     write_json,
     write_table,
 )
-from interp.store.records import Record, limit_per_dataset
+from interp.store.records import Record
 from interp.store.rundir import RunDir
 
-__all__ = ["NAME", "SUMMARIES", "AttentionConfig", "Config", "activations_path",
+__all__ = ["NAME", "SPEC", "SUMMARIES", "AttentionConfig", "Config", "activations_path",
            "format_summary", "load_masses", "read_summary", "record", "rows_path",
            "qa_record_signature", "recording_signature", "run", "save_recording",
            "write_tables"]
 
-NAME = "attention"
-SUMMARIES = {"attention/summary.json": "attention_summary.json"}
+SPEC = spec("attention")
+"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+NAME = SPEC.name
+SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
-RECORDING_VERSION = "1"
-"""Part of every recording's signature: bump it when what a recording holds changes."""
 
 
 @dataclass
@@ -90,7 +95,7 @@ class AttentionConfig:
         backend: one of :data:`interp.hooks.recorder.BACKENDS` (``hf`` default).
         layers: band for the summary and head ranking (:func:`interp.layers.parse_layers`:
             ``last8``, ``24-31``, ``all``).
-        limit: records per dataset (first N ok records; None for all).
+        limit: records per dataset (first N ok records; all or None: every one).
         save_rows: keep every record's rows ``[n_layers, n_heads, pos]``.
         save_resid: layer spec whose residual streams / head outputs to save (None: none).
         save_patterns: with ``save_resid``, also save full patterns of those layers.
@@ -100,19 +105,21 @@ class AttentionConfig:
         top: heads listed per ranking in ``DIR/attention/heads.json``.
         recompute: record every selected record again, even when a fresh recording exists
             (e.g. the one the harness made in its one pass).
+        progress: show a progress bar while recording.
     """
 
     backend: str = "hf"
-    layers: str = DEFAULT_BAND
-    limit: int | None = None
+    layers: str = option(DEFAULT_BAND, kind="layers")
+    limit: int | None = option(None, kind="count")
     save_rows: bool = False
-    save_resid: str | None = None
+    save_resid: str | None = option(None, kind="layers")
     save_patterns: bool = False
-    n_boot: int = 1000
+    n_boot: int = option(1000, kind="count")
     seed: int = 0
     figures: bool = True
-    top: int = 10
+    top: int = option(10, kind="count")
     recompute: bool = False
+    progress: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -133,80 +140,9 @@ class AttentionConfig:
 Config = AttentionConfig
 
 
-def rows_path(run: RunDir, rec: Record | Mapping[str, Any]) -> Path:
-    """``DIR/attention/records/<dataset>/<id>.safetensors`` of a record."""
-    folder = run.path / "attention" / "records" / safe_name(rec["dataset"])
-    return folder / f"{safe_name(rec['id'])}.safetensors"
-
-
-def activations_path(run: RunDir, rec: Record | Mapping[str, Any]) -> Path:
-    """``DIR/activations/<dataset>/<id>.safetensors`` of a record."""
-    folder = run.path / "activations" / safe_name(rec["dataset"])
-    return folder / f"{safe_name(rec['id'])}.safetensors"
-
-
-def qa_record_signature(rec: Record | Mapping[str, Any]) -> str:
-    """Signature of what a record's prompts are made from (no model needed to compute it).
-
-    Stored with each recording, so that tables built from recordings without a model
-    (:func:`load_masses`) refuse a recording of an older version of the record (same id, other
-    template or answer, e.g. after ``interp asymmetry --overwrite`` with another template).
-    """
-    return signature({k: rec.get(k) for k in ("template", "question", "context", "answer",
-                                              "answers", "prompts")})
-
-
 def _has_rows(path: Path) -> bool:
     with safe_open(str(path), "pt") as f:
         return "rows.gen" in f.keys()
-
-
-def recording_signature(handle: ModelHandle, facts: Mapping[str, Any],
-                        ids: Mapping[str, Sequence[int]]) -> str:
-    """Signature of a recording: model, sha256, version, runtime facts, both prompts' ids."""
-    return signature({"spec": handle.spec, "sha256": handle.info.get("sha256"),
-                      "v": RECORDING_VERSION, "runtime": facts,
-                      "ids": {t: list(v) for t, v in ids.items()}})
-
-
-def save_recording(run: RunDir, handle: ModelHandle, rec: Record | Mapping[str, Any],
-                   prompts: Mapping[str, Any], rows: Mapping[str, torch.Tensor], *,
-                   backend: str, sig: str, save_rows: bool = False) -> Path:
-    """Save one record's span masses (and rows) to :func:`rows_path` (step 2).
-
-    The one writer of recordings: the stage (:func:`record`) and the harness's one-pass
-    prefill (:mod:`interp.stages.asymmetry`) both call it, so a recording is the same file
-    whoever made it.
-
-    Args:
-        run: the run directory.
-        handle: the model (its layer and head counts go into the metadata).
-        rec: the record (its :func:`qa_record_signature` is stored).
-        prompts: ``{"gen": RenderedPrompt, "eval": RenderedPrompt}``.
-        rows: ``{task: [n_layers, n_heads, n_tokens]}`` last-token attention rows.
-        backend: which backend recorded them.
-        sig: :func:`recording_signature`.
-        save_rows: keep the rows too.
-
-    Returns:
-        The path written.
-    """
-    spans = span_names([lab for p in prompts.values() for lab in p.labels])
-    tensors: dict[str, torch.Tensor] = {}
-    for task, p in prompts.items():
-        tensors[f"mass.{task}"] = span_mass(rows[task], p.labels, spans)
-        if save_rows:
-            tensors[f"rows.{task}"] = rows[task]
-    return save_tensors(rows_path(run, rec), tensors,
-                        {**_meta(handle, rec, prompts, spans, backend), "signature": sig})
-
-
-def _meta(handle: ModelHandle, rec: Record | Mapping[str, Any], prompts: Mapping[str, Any],
-          spans: Sequence[str], backend: str) -> dict[str, str]:
-    return {"id": str(rec["id"]), "dataset": rec["dataset"], "spans": json.dumps(spans),
-            "record": qa_record_signature(rec), "backend": backend,
-            "n_layers": str(handle.n_layers), "n_heads": str(handle.n_heads),
-            "n_tokens": json.dumps({t: len(p) for t, p in prompts.items()})}
 
 
 def _record_one(run: RunDir, handle: ModelHandle, rec: Record, prompts: Mapping[str, Any],
@@ -222,7 +158,7 @@ def _record_one(run: RunDir, handle: ModelHandle, rec: Record, prompts: Mapping[
     if acts:
         spans = span_names([lab for p in prompts.values() for lab in p.labels])
         save_tensors(activations_path(run, rec), acts,
-                     {**_meta(handle, rec, prompts, spans, cfg.backend),
+                     {**recording_meta(handle, rec, prompts, spans, cfg.backend),
                       "layers": json.dumps(act_layers), "signature": sigs[1]})
     save_recording(run, handle, rec, prompts, rows, backend=cfg.backend, sig=sigs[0],
                    save_rows=cfg.save_rows)
@@ -254,9 +190,12 @@ def record(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None,
             record whose prompts do not match it (names the record), or recordings computed
             under other runtime facts and not ``overwrite``.
         interp.errors.LayerSpecError: ``layers`` or ``save_resid`` outside the model.
+        interp.errors.ConfigError: the run was judged by a reasoning template
+            (:func:`interp.stages.common.refuse_reasoning_judge`).
     """
     cfg = cfg or AttentionConfig()
     manifest, records = ok_records(run, handle, cfg.limit)
+    refuse_reasoning_judge(run, manifest, NAME)
     parse_layers(cfg.layers, handle.n_layers)
     act_layers = parse_layers(cfg.save_resid, handle.n_layers) if cfg.save_resid else []
     tpath = manifest.get("config", {}).get("templates_path")
@@ -275,54 +214,10 @@ def record(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None,
     log(f"[attention] {len(records)} records, {len(records) - len(todo)} already recorded "
         f"(by this backend, e.g. in the harness's one pass), {len(todo)} to record with "
         f"backend {cfg.backend}")
-    for rec, prompts, sigs in tqdm(todo, desc="attention", unit="rec", disable=not todo):
+    bar = tqdm(todo, desc="attention", unit="rec", disable=not todo or not cfg.progress)
+    for rec, prompts, sigs in bar:
         _record_one(run, handle, rec, prompts, cfg, act_layers, sigs)
     return len(todo)
-
-
-def load_masses(run: RunDir, *, limit: int | None = None
-                ) -> tuple[list[Record], dict[str, np.ndarray], list[str], list[str]]:
-    """Load the recorded span masses of a run's ok records (no model).
-
-    Returns:
-        ``(records, mass, spans, backends)``: the ok records that have a recording, ``mass`` =
-        ``{"gen": [n_rec, n_layers, n_heads, n_spans], "eval": ...}`` (spans aligned to the
-        union ``spans``), and the backends that recorded them.
-
-    Raises:
-        RunDirError: no records, none recorded yet, or a recording made from another version
-            of its record (run ``interp attention``).
-    """
-    records = limit_per_dataset(run.read_records(), limit)
-    have, per, spans, backends = [], [], list(SPANS), set()
-    for r in records:
-        p = rows_path(run, r)
-        if not p.exists():
-            continue
-        with safe_open(str(p), "pt") as f:
-            meta = f.metadata() or {}
-            if meta.get("record", qa_record_signature(r)) != qa_record_signature(r):
-                raise RunDirError(f"{p} was recorded from another version of record "
-                                  f"{r['dataset']}/{r['id']} (its prompts changed): run "
-                                  f"`interp attention --run {run.path}` to redo it")
-            s = json.loads(meta.get("spans", json.dumps(list(SPANS))))
-            backends.add(meta.get("backend", "?"))
-            per.append((s, {t: f.get_tensor(f"mass.{t}").numpy() for t in TASKS}))
-        spans += [x for x in s if x not in spans]
-        have.append(r)
-    if not have:
-        run.require_run()
-        raise RunDirError(f"{run.path} has no attention recordings: run `interp attention --run "
-                          f"{run.path}` first")
-    mass = {}
-    for t in TASKS:
-        n_l, n_h = per[0][1][t].shape[:2]
-        arr = np.zeros((len(per), n_l, n_h, len(spans)), dtype=np.float32)
-        for i, (s, m) in enumerate(per):
-            for j, name in enumerate(s):
-                arr[i, :, :, spans.index(name)] = m[t][:, :, j]
-        mass[t] = arr
-    return have, mass, spans, sorted(backends)
 
 
 def write_tables(run: RunDir, cfg: AttentionConfig | None = None, *,
@@ -354,25 +249,12 @@ def write_tables(run: RunDir, cfg: AttentionConfig | None = None, *,
     return summary
 
 
-def read_summary(run: RunDir) -> dict[str, Any]:
-    """``DIR/attention/summary.json``.
-
-    Raises:
-        RunDirError: it does not exist (names the command that writes it).
-    """
-    path = run.path / "attention" / "summary.json"
-    if not path.exists():
-        run.require_run()  # a grid folder: name its runs, never advise writing into it
-        raise RunDirError(f"{path} does not exist: run `interp attention --run {run.path}` first")
-    return read_json(path)
-
-
-def run(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None, *,
+def run(run_dir: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None, *,
         overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Record every selected record of a run (resuming), then write the tables and figures.
 
     Args:
-        run: asymmetry run directory.
+        run_dir: asymmetry run directory.
         handle: the run's model (:func:`interp.stages.load_run_model`).
         cfg: settings.
         overwrite: redo recordings made under other result-relevant runtime facts.
@@ -381,6 +263,6 @@ def run(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None, *,
     Returns:
         ``summary.json``'s content.
     """
-    record(run, handle, cfg, overwrite=overwrite, log=log)
-    return write_tables(run, cfg, n_layers=handle.n_layers)
+    record(run_dir, handle, cfg, overwrite=overwrite, log=log)
+    return write_tables(run_dir, cfg, n_layers=handle.n_layers)
 

@@ -5,7 +5,7 @@ A stage module (``interp.stages.attention``, ``interp.stages.probe``, ...) provi
 * ``NAME``: its config table name (``[attention]`` in an experiment TOML);
 * ``SUMMARIES``: run-dir tables that ``interp run`` copies next to the figures (source -> name);
 * ``Config``: a dataclass with ``from_mapping(table)`` that refuses unknown keys
-  (:func:`interp.inputs.config_from_table`);
+  (:func:`interp.options.config_from_table`);
 * ``run(run_dir, handle, cfg, *, overwrite=False, log=print) -> summary``: the study on a
   finished asymmetry run (resumable; fresh parts are reused, :func:`interp.store.io.is_fresh`);
   it first calls :func:`stage_facts`, which refuses to reuse work computed under other
@@ -22,17 +22,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from interp.errors import InterpError, LayerSpecError, RunDirError
+from interp.errors import ConfigError, InterpError, LayerSpecError, RunDirError
 from interp.layers import parse_layers
 from interp.models import ModelHandle, load_model, result_facts, runtime_facts
+from interp.options import fields_of_kind
+from interp.prompts import get_template
+from interp.stages.contract import check_needs
 from interp.store.records import limit_per_dataset
 from interp.store.rundir import RunDir
 
-__all__ = ["LAYER_FIELDS", "Stage", "check_config", "check_run_model", "load_run_model",
-           "ok_records", "stage_facts"]
+__all__ = ["Stage", "check_against_shape", "check_run_model", "load_run_model",
+           "ok_records", "refuse_reasoning_judge", "run_judge", "stage_facts"]
 
-LAYER_FIELDS = ("layers", "band", "save_resid", "patch_layers", "lora_layers")
-"""Stage config fields that hold a layer selection (:func:`interp.layers.parse_layers`)."""
 
 
 class Stage(Protocol):
@@ -68,11 +69,12 @@ def check_run_model(run: RunDir, handle: ModelHandle,
                           f"model")
 
 
-def check_config(name: str, cfg: Any, n_layers: int, n_heads: int | None = None, *,
+def check_against_shape(name: str, cfg: Any, n_layers: int, n_heads: int | None = None, *,
                  model: str | None = None) -> None:
     """Check a stage config against a model's shape, before the model runs (or loads).
 
-    Every :data:`LAYER_FIELDS` entry that is set is parsed with ``n_layers``; then the config's
+    Every field declared ``kind="layers"`` (:func:`interp.options.option`) that is set is parsed
+    with ``n_layers``; then the config's
     own ``check(n_layers, n_heads)``, where it has one (steering's head spec). Used by
     ``interp run`` for every configured stage and every model before the first model loads
     (so a typo in a later stage's table, or a band one of the models lacks, fails before any
@@ -92,8 +94,8 @@ def check_config(name: str, cfg: Any, n_layers: int, n_heads: int | None = None,
         interp.errors.InterpError: what the config's own ``check`` raises.
     """
     on = f" for {model}" if model else ""
-    for f in LAYER_FIELDS:
-        if f in getattr(cfg, "__dataclass_fields__", {}) and (v := getattr(cfg, f)) is not None:
+    for f in fields_of_kind(type(cfg), "layers") if hasattr(cfg, "__dataclass_fields__") else []:
+        if (v := getattr(cfg, f)) is not None:
             try:
                 parse_layers(v, n_layers, default="all")
             except LayerSpecError as err:
@@ -120,6 +122,31 @@ def ok_records(run: RunDir, handle: ModelHandle, limit: int | None
     if not records:
         raise RunDirError(f"{run.path}/records.jsonl holds no ok record: nothing to do")
     return manifest, records
+
+
+def run_judge(manifest: Mapping[str, Any]) -> str:
+    """The judge kind of a run's template (``word`` or ``reasoning``, :mod:`interp.reasoning`).
+
+    Raises:
+        interp.errors.PromptError: the run's template is unknown.
+    """
+    cfg = manifest.get("config", {})
+    return get_template(cfg.get("template") or "default", cfg.get("templates_path")).judge
+
+
+def refuse_reasoning_judge(run: RunDir, manifest: Mapping[str, Any], stage: str) -> None:
+    """Refuse a stage that reads the one-word judge's verdict position on a reasoning run.
+
+    A reasoning judge's verdict position lies after its own reasoning (:mod:`interp.reasoning`),
+    which the stage's re-rendered prompts do not hold.
+
+    Raises:
+        ConfigError: the run was judged with a ``judge = "reasoning"`` template.
+    """
+    if run_judge(manifest) != "word":
+        raise ConfigError(f"[{stage}] {run.path} was judged by a reasoning template, whose "
+                          f"verdict position follows its reasoning: run the {stage} stage on a "
+                          f"one-word judge's run (the reasoning stage compares the two)")
 
 
 def stage_facts(run: RunDir, handle: ModelHandle, stage: str, *,
@@ -152,8 +179,10 @@ def load_run_model(run: RunDir, device: str | None = None,
         run: a run directory with ``manifest.json``.
         device: where to load it (default: the run's ``config.device``, else CUDA if available).
         dtype: precision (default: the run's ``config.dtype``, else by device).
-        stage: with ``config``: the stage whose config is checked (:func:`check_config`)
-            against the model shape the manifest records, before the model loads.
+        stage: the stage about to run: its declared needs are checked
+            (:func:`interp.stages.contract.check_needs`) and, with ``config``, its config
+            against the model shape the manifest records (:func:`check_against_shape`), before
+            the model loads.
         config: that stage's config.
 
     Returns:
@@ -163,7 +192,8 @@ def load_run_model(run: RunDir, device: str | None = None,
         RunDirError: no manifest, a manifest without a model, or weights whose sha256 differs
             from the manifest's.
         interp.errors.ModelSpecError: the spec cannot be loaded here.
-        LayerSpecError: ``config`` selects layers outside the model (:func:`check_config`).
+        LayerSpecError: ``config`` selects layers outside the model (:func:`check_against_shape`).
+        RunDirError: a file the stage needs is missing (:func:`interp.stages.contract.check_needs`).
     """
     manifest = run.manifest()
     cfg = manifest.get("config", {})
@@ -172,8 +202,10 @@ def load_run_model(run: RunDir, device: str | None = None,
         raise RunDirError(f"{run.manifest_path} names no model (neither model.spec nor "
                           f"config.model)")
     if config is not None and (n_layers := manifest.get("model", {}).get("n_layers")):
-        check_config(stage or "stage", config, int(n_layers),
-                     manifest["model"].get("n_heads"))
+        check_against_shape(stage or "stage", config, int(n_layers),
+                            manifest["model"].get("n_heads"))
+    if stage is not None:
+        check_needs(run.path, [(stage, config)])
     handle = load_model(spec, device=device or cfg.get("device"), dtype=dtype or cfg.get("dtype"))
     check_run_model(run, handle, manifest)
     return handle

@@ -37,14 +37,16 @@ from pathlib import Path
 from typing import Any
 
 from interp.errors import PatchingError
-from interp.inputs import config_from_table, write_result
+from interp.inputs import write_result
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
+from interp.options import config_from_table, option
 from interp.pairs import PAIR_KINDS, PatchPair, build_pairs
 from interp.patch_sweeps import EXACT_MODES, agreement, head_units, resid_units, sweep
 from interp.patching import Patcher
 from interp.prompts import get_template
 from interp.stages.common import ok_records, stage_facts
+from interp.stages.contract import spec
 from interp.stages.patching_summary import format_summary, summarise
 from interp.store.io import is_fresh, read_json, read_jsonl, signature, write_json, write_jsonl
 from interp.store.rundir import RunDir
@@ -52,8 +54,10 @@ from interp.store.rundir import RunDir
 __all__ = ["NAME", "SUMMARIES", "Config", "Miner", "PatchingConfig", "format_summary", "run",
            "run_pair"]
 
-NAME = "patching"
-SUMMARIES = {"patching/summary.json": "patching_summary.json"}
+SPEC = spec("patching")
+"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+NAME = SPEC.name
+SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 SWEEP_KINDS = ("resid", "heads", "attribution")
 
@@ -66,7 +70,7 @@ class PatchingConfig:
         pairs: pair kinds to run (:data:`interp.pairs.PAIR_KINDS`).
         kinds: sweeps: ``resid``, ``heads``, ``attribution`` (AtP* against the full exact
             sweep of both, with agreement and cost).
-        limit: built pairs per dataset (None: all).
+        limit: built pairs per dataset (all or None: every one; each pair costs many forwards).
         layers: layers to sweep, a spec of :func:`interp.layers.parse_layers` (None: all).
         layer_stride: sweep every k-th layer (after ``layers``).
         hook: residual hook point (``hook_resid_pre`` or ``hook_resid_post``).
@@ -92,28 +96,28 @@ class PatchingConfig:
     """
 
     pairs: list[str] = field(default_factory=lambda: ["candidate-swap"])
-    kinds: list[str] = field(default_factory=lambda: ["resid"])
-    limit: int | None = 5
-    layers: str | list[int] | None = None
-    layer_stride: int = 1
+    kinds: list[str] = option(["resid"], flag="kind")
+    limit: int | None = option(5, kind="count")
+    layers: str | list[int] | None = option(None, kind="layers")
+    layer_stride: int = option(1, kind="count")
     hook: str = "hook_resid_pre"
     per_position: bool = True
     exact: str = "topk"
-    top_k: int = 16
+    top_k: int = option(16, kind="count")
     min_gap: float = 1.0
-    band: str | list[int] = DEFAULT_BAND
+    band: str | list[int] = option(DEFAULT_BAND, kind="layers")
     oracle: str | None = None
     mine: bool = True
     hard_negative_template: str = "closed_book"
-    hard_negative_attempts: int = 5
+    hard_negative_attempts: int = option(5, kind="count")
     hard_negative_temperature: float = 0.7
     hard_negative_top_p: float = 0.9
-    hard_negative_max_new_tokens: int = 16
+    hard_negative_max_new_tokens: int = option(16, kind="count")
     hard_negative_max_words: int = 12
     seed: int = 0
-    n_boot: int = 1000
-    max_tokens: int | None = 1024
-    batch_size: int = 16
+    n_boot: int = option(1000, kind="count")
+    max_tokens: int | None = option(1024, kind="count")
+    batch_size: int = option(16, kind="count")
     backend: str = "hf"
     prefix_cache: bool = True
     figures: bool = True
@@ -127,10 +131,6 @@ class PatchingConfig:
             ConfigError: unknown keys (the message lists the known ones).
             PatchingError: unknown pair kinds, sweep kinds, hooks, modes or backends.
         """
-        d = dict(d)
-        for k in ("pairs", "kinds"):
-            if isinstance(d.get(k), str):
-                d[k] = [x.strip() for x in d[k].split(",")]
         cfg = config_from_table(cls, d, NAME)
         cfg.validate()
         return cfg
@@ -344,14 +344,17 @@ def _bar(total: int | None, desc: str, enabled: bool, **kw: Any) -> Any:
 
 
 def _sweep_kind(handle: ModelHandle, cfg: PatchingConfig, pk: str, kind: str,
-                pairs: list[PatchPair], layers: list[int], band: list[int], parts: Path,
+                pairs: list[PatchPair], layers: list[int], band: list[int], run_root: Path,
                 masses: dict[str, dict[str, float]], log: Callable[[str], None],
                 facts: Mapping[str, Any] | None = None) -> list[dict]:
-    """Every pair's sweep of one kind: fresh parts read back, the others run and written."""
+    """Every pair's sweep of one kind: fresh parts read back, the others run and written.
+
+    A pair's part is the stage contract's (:data:`SPEC`), under ``run_root``.
+    """
     results = []
     with _bar(len(pairs), f"{pk}/{kind} pairs", cfg.progress, unit="pair") as bar:
         for pair in pairs:
-            f = parts / f"{pair.key}.json"
+            f = SPEC.parts[0].path(run_root, pair.dataset, pair.record_id, pairs=pk, kind=kind)
             sig = part_signature(cfg, kind, layers, band, handle, pair, facts)
             if is_fresh(f, sig):
                 res = read_json(f)
@@ -410,7 +413,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, 
     facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
     mcfg = manifest.get("config", {})
     template = get_template(mcfg.get("template", "default"), mcfg.get("templates_path"))
-    root = run_dir.sub("patching")
+    root = run_dir.sub(SPEC.folder)
     oracle = _oracle(cfg, mcfg, handle) if "candidate-swap" in cfg.pairs else None
     miner = Miner(handle, oracle, cfg, root / "hard_negatives.jsonl",
                   mcfg.get("templates_path"), log) if cfg.mine and oracle else None
@@ -423,7 +426,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, 
         for kind in cfg.kinds:
             d = root / pk / kind
             t0 = time.perf_counter()
-            results = _sweep_kind(handle, cfg, pk, kind, pairs, layers, band, d / "parts",
+            results = _sweep_kind(handle, cfg, pk, kind, pairs, layers, band, run_dir.path,
                                   masses, log, facts)
             s = summarise(d, pk, kind, results, skipped, layers, band, handle.spec, cfg)
             s["elapsed_s"] = time.perf_counter() - t0

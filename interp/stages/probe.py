@@ -24,21 +24,18 @@ Algorithm of :func:`run` (the methods are :mod:`interp.probing`, numbered there)
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
 
 from interp.errors import ProbeError
-from interp.inputs import config_from_table
 from interp.layers import parse_layers
 from interp.models import ModelHandle
+from interp.options import config_from_table, option, split_list
 from interp.plots.probes import plot_probes
 from interp.probing import (
     METRICS,
@@ -56,25 +53,29 @@ from interp.probing import (
 from interp.prompts import rerender
 from interp.residual_features import HOOK_POINT, HOOK_POINT_DOC, POOLS, extract_features, task_pools
 from interp.stages.common import check_run_model, stage_facts
+from interp.stages.contract import spec
+from interp.stages.stored import (
+    FEATURES_VERSION,
+    drop_stale_features,
+    features_ident,
+    features_path,
+    read_features,
+    store_features,
+    write_features,
+)
 from interp.stats import make_folds, passage_groups
-from interp.store.io import is_fresh, load_tensors, read_json, save_tensors, signature, write_json
+from interp.store.io import is_fresh, read_json, signature, write_json
 from interp.store.records import Record, limit_per_dataset, qa_key
 from interp.store.rundir import RunDir
 
-__all__ = ["NAME", "SUMMARIES", "Config", "ProbeConfig", "cached_features", "format_summary",
-           "load_probe_records", "run", "store_features"]
+__all__ = ["NAME", "SPEC", "SUMMARIES", "Config", "ProbeConfig", "cached_features",
+           "format_summary", "load_probe_records", "run", "store_features"]
 
-NAME = "probe"
-SUMMARIES = {"probes/results.json": "probes_results.json"}
+SPEC = spec("probe")
+"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+NAME = SPEC.name
+SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
-FEATURES_VERSION = "2"
-"""Part of the features and sweep signatures; 2: rows keyed on their prompt's token ids."""
-
-
-def _split(value: Any) -> Any:
-    if isinstance(value, str):
-        return [p.strip() for p in value.split(",") if p.strip()]
-    return value
 
 
 @dataclass
@@ -98,8 +99,8 @@ class ProbeConfig:
         mlp_alpha: L2 penalty of the MLP.
         transfer_min_per_class: fewest examples of each class a dataset needs to take part in
             the cross-dataset transfer table.
-        limit: use only the first N ok records of each dataset (None: all); the cost is about
-            two forward passes per record (eval + gen prompt).
+        limit: use only the first N ok records of each dataset (all or None: every one); the
+            cost is about two forward passes per record (eval + gen prompt).
         permutations: label permutations for the selection-aware null of the best cell
             (:func:`interp.probing.permutation_null`; 0 = off); each costs one sweep of the
             first probe.
@@ -108,26 +109,26 @@ class ProbeConfig:
     """
 
     folds: int = 5
-    layers: str | list[int] | None = None
+    layers: str | list[int] | None = option(None, kind="layers")
     probes: list[str] = field(default_factory=lambda: list(PROBES))
     pools: list[str] = field(default_factory=lambda: list(POOLS))
     tasks: list[str] = field(default_factory=lambda: list(TASKS))
-    batch_size: int = 4
+    batch_size: int = option(4, kind="count")
     seed: int = 0
     select_by: str = "auc"
-    top_k: int = 5
+    top_k: int = option(5, kind="count")
     sweep_all: bool = False
     C: float = 1.0
-    mlp_hidden: int = 64
+    mlp_hidden: int = option(64, kind="count")
     mlp_alpha: float = 1e-2
     transfer_min_per_class: int = 2
-    limit: int | None = None
+    limit: int | None = option(None, kind="count")
     permutations: int = 0
     recompute: bool = False
 
     def __post_init__(self) -> None:
-        self.probes, self.pools, self.tasks = (_split(self.probes), _split(self.pools),
-                                               _split(self.tasks))
+        self.probes, self.pools, self.tasks = (split_list(self.probes), split_list(self.pools),
+                                               split_list(self.tasks))
         for name, vals, known in (("probe", self.probes, PROBES), ("pool", self.pools, POOLS),
                                   ("task", self.tasks, TASKS)):
             if not vals:
@@ -191,94 +192,6 @@ def load_probe_records(run: RunDir, handle: ModelHandle | None = None) -> list[R
     return records
 
 
-def _read_cache(path: Path, sig: str, pools: Sequence[str], log: Callable[[str], None]
-                ) -> tuple[dict[str, torch.Tensor], list[str], list[str], list[str]]:
-    """(tensors, keys, prompt signatures, candidate fallbacks) of a fresh cache, else empty."""
-    if not path.exists():
-        return {}, [], [], []
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata() or {}
-    if is_fresh(path, sig) and set(pools) <= set(json.loads(meta.get("pools", "[]"))):
-        return (load_tensors(path), json.loads(meta["keys"]), json.loads(meta["prompt_sigs"]),
-                json.loads(meta.get("candidate_fallback", "[]")))
-    log(f"[probe] {path.name} was made with another model, hook point, pools or runtime "
-        f"settings: recomputing it")
-    return {}, [], [], []
-
-
-def _drop_stale(have: dict[str, torch.Tensor], keys: list[str], sigs: list[str],
-                fallback: list[str], now: Mapping[str, str]) -> tuple[dict, list, list, list]:
-    """Rows whose record's prompt changed since they were cached are removed."""
-    keep = [i for i, (k, s) in enumerate(zip(keys, sigs)) if now.get(k, s) == s]
-    if len(keep) == len(keys):
-        return have, keys, sigs, fallback
-    kept = {keys[i] for i in keep}
-    idx = torch.tensor(keep, dtype=torch.long)
-    return ({p: t[idx] for p, t in have.items()}, [keys[i] for i in keep],
-            [sigs[i] for i in keep], [k for k in fallback if k in kept])
-
-
-def _ident(handle: ModelHandle, facts: Mapping[str, Any] | None) -> dict[str, str]:
-    """What a features cache is made by (its signature is of this)."""
-    return {"model_sha256": str(handle.info.get("sha256")), "model": handle.spec,
-            "hook_point": HOOK_POINT, "n_layers": str(handle.n_layers),
-            "version": FEATURES_VERSION, "runtime": json.dumps(facts, sort_keys=True)}
-
-
-def _write_cache(path: Path, have: Mapping[str, torch.Tensor], ident: Mapping[str, str],
-                 keys: list[str], sigs: list[str], pools: Sequence[str],
-                 fallback: list[str]) -> None:
-    save_tensors(path, have, {**ident, "signature": signature(ident), "keys": json.dumps(keys),
-                              "prompt_sigs": json.dumps(sigs), "pools": json.dumps(list(pools)),
-                              "candidate_fallback": json.dumps(fallback)})
-
-
-def store_features(run: RunDir, handle: ModelHandle, task: str,
-                   items: Sequence[tuple[str, Sequence[int], Mapping[str, torch.Tensor], bool]],
-                   *, facts: Mapping[str, Any] | None) -> Path:
-    """Add features computed elsewhere (the harness's one pass) to the task's cache.
-
-    The rows go where :func:`cached_features` reads them, under the same signature, so the
-    probe stage finds them fresh and runs no forward for them. A row already cached under the
-    same record key is replaced (a record redone after a kill is stored once); a cache made
-    under another signature or without these pools is started anew.
-
-    Args:
-        run: the run directory.
-        handle: the model that computed them.
-        task: ``eval`` or ``gen``.
-        items: per record ``(key "dataset/id", prompt token ids, {pool: [n_layers, d_model]},
-            candidate fell back)``; every item has the same pools.
-        facts: :func:`interp.models.result_facts` (the probe stage's, :func:`stage_facts`).
-
-    Returns:
-        The cache's path.
-    """
-    path = run.sub("probes") / f"features_{task}.safetensors"
-    if not items:
-        return path
-    pools = sorted(items[0][2])
-    ident = _ident(handle, facts)
-    have, keys, sigs, fallback = _read_cache(path, signature(ident), pools, lambda s: None)
-    new = {k for k, *_ in items}
-    if have and set(have) != set(pools):  # a cache with other pools: keep only these
-        have = {p: have[p] for p in pools}
-    keep = [i for i, k in enumerate(keys) if k not in new]
-    if have and len(keep) < len(keys):
-        idx = torch.tensor(keep, dtype=torch.long)
-        have = {p: t[idx] for p, t in have.items()}
-        keys, sigs = [keys[i] for i in keep], [sigs[i] for i in keep]
-        fallback = [k for k in fallback if k not in new]
-    for p in pools:
-        rows = torch.stack([f[p] for _, _, f, _ in items]).float()
-        have[p] = torch.cat([have[p], rows]) if p in have and keys else rows
-    keys += [k for k, *_ in items]
-    sigs += [signature(list(ids)) for _, ids, _, _ in items]
-    fallback += [k for k, _, _, fb in items if fb]
-    _write_cache(path, have, ident, keys, sigs, pools, fallback)
-    return path
-
-
 def cached_features(run: RunDir, handle: ModelHandle, records: Sequence[Record], task: str, *,
                     pools: Sequence[str] = POOLS, batch_size: int = 4,
                     templates_path: str | None = None, chunk: int = 32,
@@ -314,14 +227,14 @@ def cached_features(run: RunDir, handle: ModelHandle, records: Sequence[Record],
         interp.errors.RunDirError: a record whose re-rendered prompt does not match it.
     """
     pools = task_pools(task, pools)
-    path = run.sub("probes") / f"features_{task}.safetensors"
-    ident = _ident(handle, facts)
+    path = features_path(run, task)
+    ident = features_ident(handle, facts)
     sig = signature(ident)
     prompts = {_key(r): rerender(r, task, handle.tokenizer, templates_path=templates_path)
                for r in records}
     now = {k: signature(p.input_ids) for k, p in prompts.items()}
-    cache = ({}, [], [], []) if recompute else _read_cache(path, sig, pools, log)
-    have, keys, sigs, fallback = _drop_stale(*cache, now=now)
+    cache = ({}, [], [], []) if recompute else read_features(path, sig, pools, log)
+    have, keys, sigs, fallback = drop_stale_features(*cache, now=now)
     known = set(keys)
     todo = [r for r in records if _key(r) not in known]
     if todo:
@@ -338,7 +251,7 @@ def cached_features(run: RunDir, handle: ModelHandle, records: Sequence[Record],
         keys += [_key(r) for r in part]
         sigs += [now[_key(r)] for r in part]
         fallback += [_key(r) for r, fb in zip(part, fell) if fb]
-        _write_cache(path, have, ident, keys, sigs, all_pools, fallback)
+        write_features(path, have, ident, keys, sigs, all_pools, fallback)
         log(f"[probe] {task}: {len(keys)} / {len(records)} records "
             f"({time.perf_counter() - t0:.0f} s)")
     pos = {k: i for i, k in enumerate(keys)}
@@ -442,12 +355,12 @@ def _run_task(run: RunDir, handle: ModelHandle, cfg: ProbeConfig, data: _Data, t
     return tres, weights
 
 
-def run(run: RunDir, handle: ModelHandle, cfg: ProbeConfig | None = None, *,
+def run(run_dir: RunDir, handle: ModelHandle, cfg: ProbeConfig | None = None, *,
         overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the whole probe study on a run directory (module docstring); return results.json.
 
     Args:
-        run: an asymmetry run directory.
+        run_dir: an asymmetry run directory.
         handle: the model that made the records (:func:`interp.stages.load_run_model`).
         cfg: probe settings (default :class:`ProbeConfig`).
         overwrite: recompute features made under other result-relevant runtime facts (else
@@ -466,19 +379,19 @@ def run(run: RunDir, handle: ModelHandle, cfg: ProbeConfig | None = None, *,
             another model.
     """
     cfg = cfg or ProbeConfig()
-    manifest = run.manifest()
-    check_run_model(run, handle, manifest)
-    records = limit_per_dataset(load_probe_records(run, handle), cfg.limit)
+    manifest = run_dir.manifest()
+    check_run_model(run_dir, handle, manifest)
+    records = limit_per_dataset(load_probe_records(run_dir, handle), cfg.limit)
     layers = parse_layers(cfg.layers, handle.n_layers, default="all")
     y = np.array([bool(r["oracle_label"]) for r in records])
     groups = np.array(passage_groups(records))
     folds = make_folds(y, cfg.folds, cfg.seed, groups=groups)
-    facts = stage_facts(run, handle, NAME, overwrite=overwrite)
+    facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
     data = _Data(records, layers, y, np.array([r["dataset"] for r in records]), groups, folds,
                  judge_metrics(records, folds), facts)
     results = _header(cfg, handle, data)
     for task in cfg.tasks:
-        tres, weights = _run_task(run, handle, cfg, data, task,
+        tres, weights = _run_task(run_dir, handle, cfg, data, task,
                                   manifest.get("config", {}).get("templates_path"), log)
         results["weights"].update(weights)
         results["tasks"][task] = tres
@@ -492,9 +405,9 @@ def run(run: RunDir, handle: ModelHandle, cfg: ProbeConfig | None = None, *,
             "best": g["best"], "vs_judge": g["vs_judge"]}
     if "eval" in results["tasks"]:
         results["transfer"] = results["tasks"]["eval"]["transfer"]
-    write_json(run.sub("probes") / "results.json", results)
-    png = plot_probes(results, run.sub("figures"))
-    log(f"[probe] wrote {run.path / 'probes' / 'results.json'} and {png}")
+    write_json(run_dir.path / SPEC.table("results.json"), results)
+    png = plot_probes(results, run_dir.sub("figures"))
+    log(f"[probe] wrote {run_dir.path / SPEC.table('results.json')} and {png}")
     return results
 
 

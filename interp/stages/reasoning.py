@@ -4,15 +4,16 @@ Algorithm of :func:`run` (the method: :mod:`interp.reasoning`, :mod:`interp.reas
 
 1. Records: the run's ``ok`` records (first ``limit`` per dataset), made by a one-word judge
    (the run's template has ``judge = "word"``), and their verdict-position span masses from
-   the run's attention recordings (:func:`interp.stages.attention.load_masses`: the harness
+   the run's attention recordings (:func:`interp.stages.stored.load_masses`: the harness
    writes them in its one pass, or ``interp attention``).
 2. Judge-only rerun (:func:`interp.asymmetry.judge_records`): the run's model judges the SAME
    candidate answers with the reasoning template, in chunks of ``batch_size``; each chunk's
    records go to ``DIR/reasoning/records.jsonl`` (with ``judge_signature``: model, sha256,
    template, budget, the record's answer and prompt) and their span masses (``mass.verdict``
    and ``mass.reasoning``, ``[n_layers, n_heads, n_spans]``, spans in the metadata) to
-   ``DIR/reasoning/attention/<dataset>/<id>.safetensors``. A record whose signature matches
-   is kept (resume); others are judged again.
+   ``DIR/reasoning/attention/<dataset>/<id>.safetensors`` (the parts the stage contract
+   declares, :data:`interp.stages.contract.SPECS`). A record whose signature matches is kept
+   (resume); others are judged again.
 3. Side by side (:func:`interp.reasoning_compare.side_by_side` over the band ``layers``):
    ``DIR/reasoning/side_by_side.json`` and ``.md``, and the figure
    ``DIR/figures/reasoning_side_by_side.png``.
@@ -31,21 +32,26 @@ from tqdm.auto import tqdm
 
 from interp.asymmetry import judge_records
 from interp.errors import ConfigError
-from interp.inputs import config_from_table
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
+from interp.options import config_from_table, option
 from interp.prompts import get_template
 from interp.reasoning import MAX_REASONING_TOKENS, REASONING_SPANS
 from interp.reasoning_compare import format_side_by_side, side_by_side
-from interp.stages.attention import load_masses
-from interp.stages.common import ok_records
+from interp.stages.common import ok_records, run_judge
+from interp.stages.contract import spec
+from interp.stages.stored import load_masses
 from interp.store import RunDir
-from interp.store.io import atomic_write_text, safe_name, save_tensors, signature, write_json
+from interp.store.io import atomic_write_text, save_tensors, signature, write_json
 from interp.store.records import qa_key as record_key
 
-__all__ = ["NAME", "ReasoningConfig", "run"]
+__all__ = ["NAME", "SPEC", "SUMMARIES", "Config", "ReasoningConfig", "format_summary", "run"]
 
-NAME = "reasoning"
+SPEC = spec("reasoning")
+"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+NAME = SPEC.name
+SUMMARIES = SPEC.summaries
+"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 
 
 @dataclass
@@ -68,12 +74,12 @@ class ReasoningConfig:
 
     template: str = "reasoning"
     templates_path: str | None = None
-    limit: int | None = None
-    max_reasoning_tokens: int = MAX_REASONING_TOKENS
-    batch_size: int = 8
-    layers: str = DEFAULT_BAND
+    limit: int | None = option(None, kind="count")
+    max_reasoning_tokens: int = option(MAX_REASONING_TOKENS, kind="count")
+    batch_size: int = option(8, kind="count")
+    layers: str = option(DEFAULT_BAND, kind="layers")
     reasoning_attention: bool = True
-    n_boot: int = 1000
+    n_boot: int = option(1000, kind="count")
     seed: int = 0
     figures: bool = True
 
@@ -87,9 +93,12 @@ class ReasoningConfig:
         return config_from_table(cls, d, NAME)
 
 
+Config = ReasoningConfig
+
+
 def _mass_path(rd: RunDir, rec: Mapping[str, Any]) -> Any:
-    return (rd.path / "reasoning" / "attention" / safe_name(rec["dataset"])
-            / f"{safe_name(rec['id'])}.safetensors")
+    """``DIR/reasoning/attention/<dataset>/<id>.safetensors`` (the contract's part)."""
+    return SPEC.parts[1].path(rd.path, rec["dataset"], rec["id"])
 
 
 def _signature(handle: ModelHandle, cfg: ReasoningConfig, rec: Mapping[str, Any]) -> str:
@@ -100,14 +109,18 @@ def _signature(handle: ModelHandle, cfg: ReasoningConfig, rec: Mapping[str, Any]
                       "reasoning_attention": cfg.reasoning_attention})
 
 
-def run(rd: RunDir, handle: ModelHandle, cfg: ReasoningConfig | None = None, *,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(run_dir: RunDir, handle: ModelHandle, cfg: ReasoningConfig | None = None, *,
+        overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Judge a run's answers with the reasoning judge and compare (module docstring).
 
+    The stage contract's signature (:mod:`interp.stages.contract`).
+
     Args:
-        rd: a finished asymmetry run of a one-word judge, with attention recordings.
+        run_dir: a finished asymmetry run of a one-word judge, with attention recordings.
         handle: the run's model.
         cfg: settings.
+        overwrite: accepted for the contract: a judgment whose signature is not the one of
+            now is always judged again, nothing else is stored.
         log: progress lines.
 
     Returns:
@@ -119,20 +132,19 @@ def run(rd: RunDir, handle: ModelHandle, cfg: ReasoningConfig | None = None, *,
         interp.errors.RunDirError: no ok record, another model than the run's, or no
             attention recordings (:func:`interp.stages.attention.load_masses`).
     """
-    cfg = cfg or ReasoningConfig()
+    del overwrite
+    rd, cfg = run_dir, cfg or ReasoningConfig()
     template = get_template(cfg.template, cfg.templates_path)
     if template.judge != "reasoning":
         raise ConfigError(f"[reasoning] template {cfg.template!r} is not a reasoning judge "
                           f"(judge = {template.judge!r}); use template = \"reasoning\"")
     manifest, records = ok_records(rd, handle, cfg.limit)
-    run_cfg = manifest.get("config", {})
-    if get_template(run_cfg.get("template") or "default",
-                    run_cfg.get("templates_path")).judge != "word":
+    if run_judge(manifest) != "word":
         raise ConfigError(f"{rd.path} was judged by a reasoning template; the side by side "
                           f"needs a one-word judge's run")
     band = parse_layers(cfg.layers, handle.n_layers)
     recorded, mass, spans, _ = load_masses(rd, limit=cfg.limit)
-    out = RunDir(rd.sub("reasoning"))
+    out = RunDir(rd.sub(SPEC.folder))
     done = {record_key(r): r for r in out.read_records(status=None)} \
         if out.records_path.exists() else {}
 
@@ -185,3 +197,8 @@ def run(rd: RunDir, handle: ModelHandle, cfg: ReasoningConfig | None = None, *,
 
         plot_reasoning_side_by_side(res, rd.sub("figures"))
     return res
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    """The side by side as the markdown table of ``side_by_side.md``."""
+    return format_side_by_side(summary, summary.get("model", ""))

@@ -54,14 +54,15 @@ from interp.attention import TASKS, query_span_names, span_names, span_to_span
 from interp.attention import summarize_span_to_span as _summarize
 from interp.errors import ConfigError, RunDirError
 from interp.hooks.recorder import PATTERN_POINT, record_stream
-from interp.inputs import config_from_table
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
+from interp.options import config_from_table, option, split_list
 from interp.plots.record import plot_span_to_span
 from interp.progress import tqdm
 from interp.prompts import RenderedPrompt, record_prompts
 from interp.shards import TensorStreamWriter, plan_shards
 from interp.stages.common import ok_records
+from interp.stages.contract import spec
 from interp.store.io import read_json, save_tensors, signature, write_json, write_table
 from interp.store.recordings import RECORDINGS_DIR, recording_index_path
 from interp.store.records import Record, limit_per_dataset
@@ -71,8 +72,10 @@ from interp.tokens import token_strings
 __all__ = ["NAME", "SUMMARIES", "Config", "RecordConfig", "format_summary", "query_positions",
            "record", "record_prompt", "run", "write_tables"]
 
-NAME = "record"
-SUMMARIES = {"record/span_to_span.json": "record_span_to_span.json"}
+SPEC = spec("record")
+"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+NAME = SPEC.name
+SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 RECORD_VERSION = "1"
 """Part of every record's signature: bump it when what a recording holds changes."""
@@ -93,7 +96,7 @@ class RecordConfig:
         positions: query rows / positions kept: ``all``, ``last`` or ``spans`` (module
             docstring, step 3). Span-to-span masses always use every query row.
         dtype: ``float16``, ``bfloat16`` or ``float32`` on disk.
-        limit: records per dataset (first N ok records; None for all).
+        limit: records per dataset (first N ok records; all or None: every one).
         shard_mb: largest shard in MiB (a bigger tensor gets a shard of its own).
         band: layers of the span-to-span summary and figure (default the last eight; only
             recorded layers count, and all recorded layers when none of the band is).
@@ -101,18 +104,16 @@ class RecordConfig:
     """
 
     what: list[str] = field(default_factory=lambda: list(WHAT))
-    layers: str = "all"
+    layers: str = option("all", kind="layers")
     positions: str = "all"
     dtype: str = "float16"
-    limit: int | None = None
+    limit: int | None = option(None, kind="count")
     shard_mb: float = 512.0
-    band: str = DEFAULT_BAND
+    band: str = option(DEFAULT_BAND, kind="layers")
     figures: bool = True
 
     def __post_init__(self) -> None:
-        if isinstance(self.what, str):
-            self.what = [w.strip() for w in self.what.split(",") if w.strip()]
-        self.what = list(self.what)
+        self.what = split_list(self.what)
         if not self.what or set(self.what) - set(WHAT):
             raise ConfigError(f"record: what must be a non-empty subset of {list(WHAT)}, not "
                               f"{self.what}")
@@ -472,12 +473,12 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(run: RunDir, handle: ModelHandle, cfg: RecordConfig | None = None, *,
+def run(run_dir: RunDir, handle: ModelHandle, cfg: RecordConfig | None = None, *,
         overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Record every selected record of a run (resuming), then write the index and tables.
 
     Args:
-        run: asymmetry run directory.
+        run_dir: asymmetry run directory.
         handle: the run's model (:func:`interp.stages.load_run_model`).
         cfg: settings.
         overwrite: accepted for the Stage protocol (``interp run --overwrite``); a recorded
@@ -489,5 +490,5 @@ def run(run: RunDir, handle: ModelHandle, cfg: RecordConfig | None = None, *,
         ``settings`` and ``span_to_span`` (``span_to_span.json``, or None without attention).
     """
     cfg = cfg or RecordConfig()
-    record(run, handle, cfg, log=log)
-    return write_tables(run, cfg, n_layers=handle.n_layers)
+    record(run_dir, handle, cfg, log=log)
+    return write_tables(run_dir, cfg, n_layers=handle.n_layers)

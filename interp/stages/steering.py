@@ -35,10 +35,12 @@ from typing import Any
 import numpy as np
 
 from interp.errors import SteeringError
-from interp.inputs import config_from_table, write_result
+from interp.inputs import write_result
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
+from interp.options import config_from_table, option
 from interp.stages.common import ok_records, stage_facts
+from interp.stages.contract import spec
 from interp.stats import MIN_PASSAGES, cluster_bootstrap_mean, passage_groups, passage_note
 from interp.steering import ALPHAS, parse_heads, steer_generator, steer_judge, top_diff_k
 from interp.store.io import is_fresh, read_json, signature, write_json, write_table
@@ -47,8 +49,10 @@ from interp.store.rundir import RunDir
 __all__ = ["NAME", "SUMMARIES", "Config", "SteeringConfig", "format_summary", "run",
            "summarise"]
 
-NAME = "steering"
-SUMMARIES = {"steering/summary.json": "steering_summary.json"}
+SPEC = spec("steering")
+"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+NAME = SPEC.name
+SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 TASKS = ("eval", "gen")
 
@@ -64,7 +68,7 @@ class SteeringConfig:
         heads: ``all``, ``top-diff:K`` (top gen-minus-eval heads of ``interp heads``) or
             ``L.H,L.H`` (:func:`interp.steering.parse_heads`).
         tasks: ``eval`` (the judge) and/or ``gen`` (the generator).
-        limit: records per dataset (None: all ok records).
+        limit: records per dataset (all or None: every ok record; each costs a forward per alpha).
         max_new_tokens: length cap of the steered answers.
         oracle: grades the steered answers (None: the run's oracle).
         n_boot: passage-cluster bootstrap resamples.
@@ -74,13 +78,13 @@ class SteeringConfig:
     """
 
     alphas: list[float] = field(default_factory=lambda: list(ALPHAS))
-    layers: str | list[int] = DEFAULT_BAND
+    layers: str | list[int] = option(DEFAULT_BAND, kind="layers")
     heads: str = "all"
     tasks: list[str] = field(default_factory=lambda: ["eval", "gen"])
-    limit: int | None = 10
-    max_new_tokens: int = 32
+    limit: int | None = option(10, kind="count")
+    max_new_tokens: int = option(32, kind="count")
     oracle: str | None = None
-    n_boot: int = 1000
+    n_boot: int = option(1000, kind="count")
     seed: int = 0
     figures: bool = True
     progress: bool = True
@@ -93,10 +97,6 @@ class SteeringConfig:
             ConfigError: unknown keys (lists the known ones).
             SteeringError: bad alphas or tasks.
         """
-        d = dict(d)
-        for k in ("alphas", "tasks"):
-            if isinstance(d.get(k), str):
-                d[k] = [x.strip() for x in d[k].split(",") if x.strip()]
         cfg = config_from_table(cls, d, NAME)
         cfg.validate()
         return cfg
@@ -141,9 +141,9 @@ def _units(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig
     ranked = None
     if cfg.heads.strip().lower().startswith("top-diff:"):
         from interp.attention import top_heads
-        from interp.stages.attention import read_summary
+        from interp.stages.stored import read_attention_summary
 
-        ranked = top_heads(read_summary(run_dir), top=handle.n_layers * handle.n_heads,
+        ranked = top_heads(read_attention_summary(run_dir), top=handle.n_layers * handle.n_heads,
                            layers=band)["diff"]
     units = parse_heads(cfg.heads, band, handle.n_heads, ranked=ranked)
     if bad := [x for x in units if not 0 <= x < handle.n_layers]:
@@ -273,7 +273,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
     mcfg = manifest.get("config", {})
     oracle = make_oracle(cfg.oracle or mcfg.get("oracle") or "rule", device=str(handle.device),
                          dtype=mcfg.get("dtype"), run_model=handle)
-    root = run_dir.sub("steering")
+    root = run_dir.sub(SPEC.folder)
     rows = []
     for rec, passage in tqdm(list(zip(records, passage_groups(records))), desc="steer",
                              unit="record", disable=not cfg.progress):
@@ -284,7 +284,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
                          "band": band, "tasks": cfg.tasks, "max_new_tokens": cfg.max_new_tokens,
                          "oracle": getattr(oracle, "name", "?"),
                          "ids": {t: p.input_ids for t, p in prompts.items()}})
-        f = root / "parts" / f"{rec['dataset']}__{rec['id']}.json".replace("/", "_")
+        f = SPEC.parts[0].path(run_dir.path, rec["dataset"], rec["id"])
         if is_fresh(f, sig):
             part = read_json(f)["rows"]
         else:

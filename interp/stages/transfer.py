@@ -1,7 +1,7 @@
 """Study 3 (paper section 3.3): LoRA transfer between generation and self-evaluation, the stage.
 
 Algorithm (:func:`run`; every step writes under ``DIR/transfer/`` and is skipped when its
-output already exists, so an interrupted run resumes; :func:`check_config` first discards the
+output already exists, so an interrupted run resumes; :func:`reconcile_config` first discards the
 outputs a changed setting invalidates, or refuses a changed training setting; the settings
 include the :func:`provenance` of the outputs: model sha256, result-relevant runtime facts,
 template texts and the token ids of the training and evaluation prompts):
@@ -42,13 +42,15 @@ from interp.asymmetry import evaluate_examples, group_metrics
 from interp.data import QAExample, load_examples
 from interp.errors import TransferError
 from interp.grading import BaseOracle, make_oracle
-from interp.inputs import config_from_table
 from interp.layers import parse_layers
 from interp.lora import encode_example, load_adapter, train_adapter
 from interp.models import ModelHandle, end_of_turn_ids, result_facts, runtime_facts
+from interp.names import safe_name
+from interp.options import config_from_table, option, split_list
 from interp.prompts import Template, get_template, render
 from interp.stages.common import stage_facts
-from interp.store.io import read_json, read_jsonl, safe_name, signature, write_json, write_jsonl
+from interp.stages.contract import spec
+from interp.store.io import read_json, read_jsonl, signature, write_json, write_jsonl
 from interp.store.rundir import RunDir
 from interp.transfer import (
     build_training_sets,
@@ -60,8 +62,11 @@ from interp.transfer import (
 ADAPTERS = ("lora_gen", "lora_eval", "lora_both")
 """The three adapters of the paper (section 3.3)."""
 MODELS = ("base",) + ADAPTERS
-NAME = "transfer"
-SUMMARIES = {"transfer/table.json": "transfer_table.json"}
+SPEC = spec("transfer")
+"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+NAME = SPEC.name
+SUMMARIES = SPEC.summaries
+"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 """The table ``interp run`` copies next to the figures (run-dir path -> name)."""
 
 KEY_FIELDS = ("model", "datasets", "template", "hard_negative_template", "oracle",
@@ -90,7 +95,8 @@ class TransferConfig:
         from_hub: read the dataset names' train and validation splits from the Hugging Face
             hub (:func:`interp.data.load_examples`) instead of the bundled files; the paper's
             setting (DROP has no bundled train split).
-        eval_limit: validation records per dataset for the evaluation (first N answerable).
+        eval_limit: validation records per dataset for the evaluation (first N answerable;
+            all or None: every one).
         template: Study 1 template variant (training prompts AND evaluation).
         templates_path: TOML file of template variants (None: the bundled ``paper.toml``).
         hard_negative_template: variant whose gen prompt has no context (``closed_book``).
@@ -130,47 +136,46 @@ class TransferConfig:
     """
 
     model: str = "smollm2-135m-instruct"
-    datasets: list[str] = field(default_factory=lambda: ["squad_v2"])
+    datasets: list[str] = option(["squad_v2"], flag="dataset", short="d")
     from_hub: bool = False
-    eval_limit: int = 50
+    eval_limit: int | None = option(50, kind="count")
     template: str = "default"
     templates_path: str | None = None
     hard_negative_template: str = "closed_book"
     oracle: str = "rule"
-    max_train_examples: int = 80
-    max_length: int = 512
-    hard_negative_attempts: int = 5
+    max_train_examples: int = option(80, kind="count")
+    max_length: int = option(512, kind="count")
+    hard_negative_attempts: int = option(5, kind="count")
     hard_negative_temperature: float = 0.7
     hard_negative_top_p: float = 0.9
-    hard_negative_max_new_tokens: int = 16
+    hard_negative_max_new_tokens: int = option(16, kind="count")
     hard_negative_max_words: int = 12
-    rank: int = 8
+    rank: int = option(8, kind="count")
     alpha: int = 16
     dropout: float = 0.05
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    lora_layers: list[int] | None = None
+    lora_layers: list[int] | None = option(None, kind="layers")
     lr: float = 5e-4
-    epochs: int = 1
-    train_batch_size: int = 4
+    epochs: int = option(1, kind="count")
+    train_batch_size: int = option(4, kind="count")
     warmup_steps: int = 2
     weight_decay: float = 0.0
     seed: int = 0
-    checkpoint_every: int = 10
-    max_new_tokens: int = 32
-    verdict_max_new_tokens: int = 8
-    batch_size: int = 8
+    checkpoint_every: int = option(10, kind="count")
+    max_new_tokens: int = option(32, kind="count")
+    verdict_max_new_tokens: int = option(8, kind="count")
+    batch_size: int = option(8, kind="count")
     judge_base_answers: bool = True
     patch_examples: int = 4
     patch_positions: str = "all"
-    patch_layers: str | list[int] | None = None
-    n_boot: int = 1000
+    patch_layers: str | list[int] | None = option(None, kind="layers")
+    n_boot: int = option(1000, kind="count")
     device: str | None = None
     dtype: str | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.datasets, str):
-            self.datasets = [self.datasets]
+        self.datasets = split_list(self.datasets)
         if self.patch_positions not in ("all", "last"):
             raise TransferError(f"patch_positions must be 'all' or 'last', not "
                                 f"{self.patch_positions!r}")
@@ -233,7 +238,7 @@ EVAL_PROVENANCE = ("eval_prompts",)
 setting (refused unless ``overwrite``)."""
 
 
-def check_config(tdir: Path, config: TransferConfig, overwrite: bool,
+def reconcile_config(tdir: Path, config: TransferConfig, overwrite: bool,
                  prov: Mapping[str, Any] | None = None) -> None:
     """Compare ``config`` (and ``prov``) with those stored in ``tdir/config.json``, then store.
 
@@ -481,7 +486,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig, 
     pool = training_pool(cfg, handle.tokenizer, template, log=log)
     val = {ds: load_examples(ds, split="validation", limit=cfg.eval_limit,
                              from_hub=cfg.from_hub) for ds in cfg.datasets}
-    check_config(tdir, cfg, overwrite, provenance(handle, cfg, template, pool, val))
+    reconcile_config(tdir, cfg, overwrite, provenance(handle, cfg, template, pool, val))
     if run_dir.manifest_path.exists():  # the full runtime facts, per stage (checked above)
         stage_facts(run_dir, handle, NAME, overwrite=True)
     oracle = make_oracle(cfg.oracle, device=cfg.device, dtype=cfg.dtype)

@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import secrets
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
@@ -185,9 +184,3 @@ def load_tensors(path: str | Path) -> dict[str, Any]:
     return load_file(str(path))
 
 
-def safe_name(name: str) -> str:
-    """A file name for a dataset or record id (``_`` for unsafe characters, + sha1 if changed)."""
-    s = re.sub(r"[^A-Za-z0-9_.-]", "_", str(name))
-    if s != str(name) or not s:
-        s = f"{s[:60]}-{hashlib.sha1(str(name).encode()).hexdigest()[:8]}"
-    return s

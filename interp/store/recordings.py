@@ -16,17 +16,19 @@ import torch
 from safetensors import safe_open
 
 from interp.errors import RunDirError
-from interp.store.io import read_json, safe_name
+from interp.names import safe_name
+from interp.stages.contract import spec
+from interp.store.io import read_json
 from interp.store.rundir import RunDir
 
-RECORDINGS_DIR = "record"
+RECORDINGS_DIR = spec("record").folder
 """Folder of ``interp record`` in a run directory (:mod:`interp.stages.record`)."""
 
 
 def recording_index_path(run: RunDir | str | Path, dataset: str, record_id: str) -> Path:
-    """``DIR/record/<dataset>/<id>/index.json``: one record's index part (written last)."""
+    """``DIR/record/<dataset>/<id>/index.json``: one record's index part (the contract's)."""
     root = run.path if isinstance(run, RunDir) else Path(run)
-    return root / RECORDINGS_DIR / safe_name(dataset) / safe_name(record_id) / "index.json"
+    return spec("record").parts[0].path(root, dataset, record_id)
 
 
 @dataclass

@@ -183,7 +183,7 @@ class RunDir:
         write_json(self.manifest_path, manifest)
         return manifest
 
-    def check_config(self, config: Mapping[str, Any], key_fields: Iterable[str]) -> None:
+    def check_same_config(self, config: Mapping[str, Any], key_fields: Iterable[str]) -> None:
         """Refuse, before a model loads, a config whose key fields differ from the manifest's.
 
         The part of :meth:`init_manifest`'s check that needs no model (the model spec,

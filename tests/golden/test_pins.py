@@ -70,7 +70,7 @@ def run_harness(handle: Any, out: Path) -> RunDir:
     cfg = asymmetry_stage.AsymmetryConfig(datasets=["squad_v2", "drop"], limit=2, batch_size=4,
                                           max_new_tokens=16, verdict_max_new_tokens=4,
                                           n_boot=200)
-    asymmetry_stage.run(cfg, out, handle=handle, log=lambda s: None)
+    asymmetry_stage.run(out, handle, cfg, log=lambda s: None)
     return RunDir(out)
 
 

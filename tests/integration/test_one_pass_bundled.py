@@ -58,5 +58,5 @@ def test_quick_run_one_pass_equals_the_stages(bundled, quick_run, tmp_path):
 def test_one_prompt_per_forward_is_exact(bundled, tmp_path):
     cfg = AsymmetryConfig(datasets=["squad_v2"], limit=2, batch_size=1, max_new_tokens=8,
                           verdict_max_new_tokens=3, n_boot=20)
-    run_asymmetry(cfg, tmp_path, handle=bundled, **QUIET)
+    run_asymmetry(tmp_path, bundled, cfg, **QUIET)
     assert _compare(RunDir(tmp_path), bundled, mass_tol=1e-6, feat_tol=1e-6) == 2

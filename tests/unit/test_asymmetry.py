@@ -155,24 +155,24 @@ def test_run_resumes_and_refuses_other_config(tiny, tmp_path):
     """A larger limit adds only new records; a different key config is refused."""
     cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=2, batch_size=2,
                           max_new_tokens=4, verdict_max_new_tokens=3, n_boot=50)
-    m = run_asymmetry(cfg, tmp_path, handle=tiny, log=lambda s: None)
+    m = run_asymmetry(tmp_path, tiny, cfg, log=lambda s: None)
     assert m["overall"]["n"] == 2
     lines = (tmp_path / "records.jsonl").read_text().splitlines()
     # simulate a crash mid-write: a cut last line is repaired and redone
     with open(tmp_path / "records.jsonl", "a") as f:
         f.write('{"id": "cut')
     cfg.limit = 3
-    m = run_asymmetry(cfg, tmp_path, handle=tiny, log=lambda s: None)
+    m = run_asymmetry(tmp_path, tiny, cfg, log=lambda s: None)
     recs = RunDir(tmp_path).read_records()
     assert m["overall"]["n"] == 3 and len(recs) == 3
     assert [json.loads(x)["id"] for x in lines] == [r["id"] for r in recs[:2]]
     assert (tmp_path / "figures" / "asymmetry.png").exists()
     bad = AsymmetryConfig(**{**cfg.__dict__, "template": "reference"})
     with pytest.raises(RunDirError, match="template"):
-        run_asymmetry(bad, tmp_path, handle=tiny, log=lambda s: None)
+        run_asymmetry(tmp_path, tiny, bad, log=lambda s: None)
     # extending the run with another dataset: metrics (and the manifest) cover both
     more = AsymmetryConfig(**{**cfg.__dict__, "datasets": ["drop"], "limit": 1})
-    m = run_asymmetry(more, tmp_path, handle=tiny, log=lambda s: None)
+    m = run_asymmetry(tmp_path, tiny, more, log=lambda s: None)
     assert set(m["per_dataset"]) == {"squad_v2", "drop"} and m["overall"]["n"] == 4
     assert RunDir(tmp_path).manifest()["config"]["datasets"] == ["squad_v2", "drop"]
     # metrics.json recomputed by hand from records.jsonl
@@ -272,7 +272,7 @@ def test_rerender_checks_the_stored_spans(tiny, tmp_path):
     """A record re-renders to its stored spans; a changed span names the record."""
     cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=1, max_new_tokens=4,
                           verdict_max_new_tokens=3, n_boot=10)
-    run_asymmetry(cfg, tmp_path, handle=tiny, log=lambda s: None)
+    run_asymmetry(tmp_path, tiny, cfg, log=lambda s: None)
     (rec,) = RunDir(tmp_path).read_records()
     for task in ("gen", "eval"):
         assert rerender(rec, task, tiny.tokenizer).to_record() == rec["prompts"][task]

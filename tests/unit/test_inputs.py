@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from interp import cli
 from interp.errors import ConfigError, InterpError
-from interp.inputs import check_counts, kept_work, new_run_dir, read_toml, write_result
+from interp.inputs import kept_work, new_run_dir, read_toml, write_result
+from interp.options import check_counts
 from interp.stages import STAGES
 from interp.stages.asymmetry import AsymmetryConfig
 

@@ -118,7 +118,7 @@ def test_two_processes_one_run_dir_second_writer_refused_then_lock_freed_by_deat
     out = tmp_path / "run"
     cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=2, batch_size=2,
                           max_new_tokens=3, verdict_max_new_tokens=2, n_boot=20)
-    run_asymmetry(cfg, out, handle=tiny, log=lambda s: None)
+    run_asymmetry(out, tiny, cfg, log=lambda s: None)
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], env=env,
                               stdout=subprocess.PIPE, text=True)
@@ -128,12 +128,12 @@ def test_two_processes_one_run_dir_second_writer_refused_then_lock_freed_by_deat
         cfg.limit = 3
         with pytest.raises(RunDirError, match=rf"^{out} is being written by pid {holder.pid} "
                                               rf"on .*: wait for it to finish, or use another"):
-            run_asymmetry(cfg, out, handle=tiny, log=lambda s: None)
+            run_asymmetry(out, tiny, cfg, log=lambda s: None)
         assert (out / "records.jsonl").read_bytes() == before          # nothing written
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    run_asymmetry(cfg, out, handle=tiny, log=lambda s: None)           # the dead holder's lock
+    run_asymmetry(out, tiny, cfg, log=lambda s: None)           # the dead holder's lock
     ids = [r["id"] for r in RunDir(out).read_records()]
     assert len(ids) == len(set(ids)) == 3
 
@@ -158,13 +158,13 @@ def test_second_dataset_into_one_out_is_said_and_user_fields_are_kept(tiny, tmp_
     out, said = tmp_path / "run", []
     kw = dict(model="tiny-llama", limit=2, batch_size=2, max_new_tokens=3,
               verdict_max_new_tokens=2, n_boot=20)
-    run_asymmetry(AsymmetryConfig(datasets=[str(data)], **kw), out, handle=tiny, log=said.append)
+    run_asymmetry(out, tiny, AsymmetryConfig(datasets=[str(data)], **kw), log=said.append)
     recs = RunDir(out).read_records()
     assert [r["extras"]["source_url"] for r in recs] == ["https://example.org/0",
                                                          "https://example.org/1"]
     assert {r["extras"]["grader"] for r in recs} == {"ann"}
     assert not any("adding" in s for s in said)
-    run_asymmetry(AsymmetryConfig(datasets=["squad_v2"], **kw), out, handle=tiny,
+    run_asymmetry(out, tiny, AsymmetryConfig(datasets=["squad_v2"], **kw),
                   log=said.append)
     assert any(f"{out} holds a run on {data}: adding squad_v2 to it" in s for s in said)
     assert {r["dataset"] for r in RunDir(out).read_records()} == {"my_qa", "squad_v2"}

@@ -61,7 +61,7 @@ class _Forwards:
 
 def _one_pass_vs_stages(tiny, path: Path, batch_size: int):
     """(harness masses, stage masses, harness features, stage features) of one run."""
-    run_asymmetry(_cfg(batch_size), path, handle=tiny, **QUIET)
+    run_asymmetry(path, tiny, _cfg(batch_size), **QUIET)
     run = RunDir(path)
     recs = run.read_records()
     facts = result_facts(runtime_facts(tiny))
@@ -107,12 +107,12 @@ def test_one_pass_in_padded_batches_equals_the_stages_to_rounding(tiny, tmp_path
 
 
 def test_one_pass_off_writes_nothing_for_the_stages(tiny, tmp_path):
-    run_asymmetry(_cfg(2, one_pass=False), tmp_path, handle=tiny, **QUIET)
+    run_asymmetry(tmp_path, tiny, _cfg(2, one_pass=False), **QUIET)
     assert not (tmp_path / "attention").exists() and not (tmp_path / "probes").exists()
 
 
 def test_another_backend_records_again(tiny, tmp_path):
-    run_asymmetry(_cfg(2), tmp_path, handle=tiny, **QUIET)
+    run_asymmetry(tmp_path, tiny, _cfg(2), **QUIET)
     cfg = attention_stage.AttentionConfig(layers="all", backend="eager", figures=False)
     assert attention_stage.record(RunDir(tmp_path), tiny, cfg, **QUIET) == 6
     assert attention_stage.record(RunDir(tmp_path), tiny, cfg, **QUIET) == 0
@@ -209,7 +209,7 @@ _KILLED = textwrap.dedent("""
     cfg = stage.AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=8,
                                 batch_size=1, max_new_tokens=3, verdict_max_new_tokens=2,
                                 n_boot=10)
-    stage.run(cfg, sys.argv[1], handle=handle, chunk=2, log=lambda s: None)
+    stage.run(sys.argv[1], handle, cfg, chunk=2, log=lambda s: None)
 """)
 
 

@@ -16,7 +16,7 @@ def test_lines_not_frames_when_stderr_is_not_a_terminal(tiny, tmp_path, capsys, 
     cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=3, batch_size=1,
                           chunk_batches=1, max_new_tokens=3, verdict_max_new_tokens=2,
                           n_boot=20)
-    run_asymmetry(cfg, tmp_path / "run", handle=tiny, log=lambda s: None)
+    run_asymmetry(tmp_path / "run", tiny, cfg, log=lambda s: None)
     err = capsys.readouterr().err
     assert "\r" not in err
     lines = [x for x in err.splitlines() if x.startswith("squad_v2:")]

@@ -96,22 +96,22 @@ def test_fp32_precision_fact_is_the_override_in_effect(tiny):
 def test_asymmetry_manifest_records_runtime_and_refuses_other_settings(tiny, tmp_path):
     cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=2, batch_size=2,
                           max_new_tokens=3, verdict_max_new_tokens=2, n_boot=20)
-    run_asymmetry(cfg, tmp_path, handle=tiny, **QUIET)
+    run_asymmetry(tmp_path, tiny, cfg, **QUIET)
     m = RunDir(tmp_path).manifest()
     assert m["runtime"] == {**runtime_facts(tiny)}
     assert m["runtime"]["attn_implementation"] == "sdpa"
     assert m["runtime"]["num_threads"] == torch.get_num_threads()
     assert m["result_facts"] == result_facts(runtime_facts(tiny))
     with threads(torch.get_num_threads() + 1):  # threads alone: the run is reused
-        run_asymmetry(cfg, tmp_path, handle=tiny, **QUIET)
+        run_asymmetry(tmp_path, tiny, cfg, **QUIET)
     assert len(RunDir(tmp_path).manifest()["invocations"]) == 2
     old = torch.get_float32_matmul_precision()
     with precision("medium"):
         with pytest.raises(RunDirError, match=rf"another config \(runtime.float32_matmul_"
                                               rf"precision: '{old}' -> 'medium'[;)].*"
                                               rf"--overwrite"):
-            run_asymmetry(cfg, tmp_path, handle=tiny, **QUIET)
-        run_asymmetry(cfg, tmp_path, handle=tiny, overwrite=True, **QUIET)
+            run_asymmetry(tmp_path, tiny, cfg, **QUIET)
+        run_asymmetry(tmp_path, tiny, cfg, overwrite=True, **QUIET)
         m = RunDir(tmp_path).manifest()
     assert m["result_facts"]["float32_matmul_precision"] == "medium"
     assert m["runtime"]["float32_matmul_precision"] == "medium"
@@ -175,19 +175,19 @@ def test_transfer_refuses_other_provenance_and_redoes_eval_for_new_eval_prompts(
     cfg = transfer_stage.TransferConfig()
     prov = {"model_sha256": "a" * 64, "runtime.dtype": "float32", "templates": "t1",
             "train_prompts": "p1", "eval_prompts": "e1"}
-    transfer_stage.check_config(tmp_path, cfg, False, prov)
+    transfer_stage.reconcile_config(tmp_path, cfg, False, prov)
     for sub in ("eval/base__squad_v2.jsonl", "table.json", "patching.json",
                 "hard_negatives.jsonl"):
         (tmp_path / sub).parent.mkdir(exist_ok=True)
         (tmp_path / sub).write_text("{}\n")
-    transfer_stage.check_config(tmp_path, cfg, False, {**prov, "eval_prompts": "e2"})
+    transfer_stage.reconcile_config(tmp_path, cfg, False, {**prov, "eval_prompts": "e2"})
     assert not (tmp_path / "table.json").exists() and not (tmp_path / "eval").exists()
     assert (tmp_path / "hard_negatives.jsonl").exists()
     with pytest.raises(TransferError, match=r"provenance.runtime.dtype: 'float32' -> "
                                             r"'bfloat16'.*--overwrite"):
-        transfer_stage.check_config(tmp_path, cfg, False, {**prov, "eval_prompts": "e2",
-                                                           "runtime.dtype": "bfloat16"})
-    transfer_stage.check_config(tmp_path, cfg, True, {**prov, "runtime.dtype": "bfloat16"})
+        transfer_stage.reconcile_config(tmp_path, cfg, False, {**prov, "eval_prompts": "e2",
+                                                               "runtime.dtype": "bfloat16"})
+    transfer_stage.reconcile_config(tmp_path, cfg, True, {**prov, "runtime.dtype": "bfloat16"})
     assert not (tmp_path / "hard_negatives.jsonl").exists()
 
 
@@ -202,12 +202,12 @@ def test_another_template_with_the_same_ids_redoes_recordings_and_features(tiny,
     cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=3, batch_size=3,
                           max_new_tokens=3, verdict_max_new_tokens=2, n_boot=20,
                           one_pass=False)
-    run_asymmetry(cfg, tmp_path, handle=tiny, **QUIET)
+    run_asymmetry(tmp_path, tiny, cfg, **QUIET)
     run = RunDir(tmp_path)
     recs = run.read_records()
     acfg = attention_stage.AttentionConfig(layers="all", n_boot=10, figures=False)
     assert attention_stage.record(run, tiny, acfg, **QUIET) == 3
-    before_mass = {r["id"]: load_tensors(attention_stage.record_path(run, r)) for r in recs}
+    before_mass = {r["id"]: load_tensors(attention_stage.rows_path(run, r)) for r in recs}
     feats, info = {}, {}
     for task in ("eval", "gen"):
         feats[task], info[task] = probe_stage.cached_features(run, tiny, recs, task, **QUIET)
@@ -215,7 +215,7 @@ def test_another_template_with_the_same_ids_redoes_recordings_and_features(tiny,
 
     # the case: same record ids, another template, --overwrite
     ref = AsymmetryConfig(**{**cfg.__dict__, "template": "reference"})
-    run_asymmetry(ref, tmp_path, handle=tiny, overwrite=True, **QUIET)
+    run_asymmetry(tmp_path, tiny, ref, overwrite=True, **QUIET)
     new = run.read_records()
     assert [r["id"] for r in new] == [r["id"] for r in recs]
     assert all(r["template"] == "reference" for r in new)
@@ -225,15 +225,15 @@ def test_another_template_with_the_same_ids_redoes_recordings_and_features(tiny,
     # attention: every recording is redone; the gen prompt did not change, its masses are equal
     assert attention_stage.record(run, tiny, acfg, **QUIET) == 3
     for r in new:
-        after = load_tensors(attention_stage.record_path(run, r))
+        after = load_tensors(attention_stage.rows_path(run, r))
         gen, old_gen = after["mass.gen"], before_mass[r["id"]]["mass.gen"]
         n = old_gen.shape[-1]  # the new 'reference' span comes last; the gen prompt has none
         # (same rows; the span sums run over one more span column: float rounding only)
         assert torch.allclose(gen[..., :n], old_gen, rtol=0, atol=1e-6)
         assert float(gen[..., n:].abs().sum()) == 0.0
         assert not torch.equal(after["mass.eval"], before_mass[r["id"]]["mass.eval"])
-        with safe_open(str(attention_stage.record_path(run, r)), "pt") as f:
-            assert f.metadata()["record"] == attention_stage.record_signature(r)
+        with safe_open(str(attention_stage.rows_path(run, r)), "pt") as f:
+            assert f.metadata()["record"] == attention_stage.qa_record_signature(r)
     assert len(attention_stage.load_masses(run)[0]) == 3
     # probe features: the eval prompts changed and are extracted again; the gen ones are reused
     ev, ev_info = probe_stage.cached_features(run, tiny, new, "eval", **QUIET)
@@ -275,10 +275,10 @@ def test_asymmetry_redoes_records_whose_example_or_prompt_changed(tiny, tmp_path
 
     cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=3, batch_size=3,
                           max_new_tokens=3, verdict_max_new_tokens=2, n_boot=20)
-    run_asymmetry(cfg, tmp_path, handle=tiny, **QUIET)
+    run_asymmetry(tmp_path, tiny, cfg, **QUIET)
     run = RunDir(tmp_path)
     recs = run.read_records(status=None)
-    assert run_asymmetry(cfg, tmp_path, handle=tiny, **QUIET)["overall"]["n"] == 3  # reused
+    assert run_asymmetry(tmp_path, tiny, cfg, **QUIET)["overall"]["n"] == 3  # reused
     # as if the data file now had another context for record 0, and record 2 had been
     # tokenized by another tokenizer (its stored generation prompt has another length)
     edited = [dict(recs[0], context="An older context."), recs[1],
@@ -288,15 +288,15 @@ def test_asymmetry_redoes_records_whose_example_or_prompt_changed(tiny, tmp_path
     with pytest.raises(RunDirError, match=rf"2 finished record\(s\) of squad_v2 were made from "
                                           rf"another version .*first: squad_v2/{recs[0]['id']}: "
                                           rf"its context changed\); use --overwrite"):
-        run_asymmetry(cfg, tmp_path, handle=tiny, **QUIET)
-    run_asymmetry(cfg, tmp_path, handle=tiny, overwrite=True, **QUIET)
+        run_asymmetry(tmp_path, tiny, cfg, **QUIET)
+    run_asymmetry(tmp_path, tiny, cfg, overwrite=True, **QUIET)
     redone = {r["id"]: r for r in run.read_records(status=None)}
     assert len(redone) == 3
     for r in recs:
         new = redone[r["id"]]
         assert new["context"] == r["context"] and new["prompts"] == r["prompts"]
         assert new["answer"] == r["answer"]  # greedy: the same model gives the same record
-    assert run_asymmetry(cfg, tmp_path, handle=tiny, **QUIET)["overall"]["n"] == 3
+    assert run_asymmetry(tmp_path, tiny, cfg, **QUIET)["overall"]["n"] == 3
 
 
 @pytest.fixture()
@@ -321,7 +321,7 @@ def test_records_and_manifest_name_the_scored_reply_tokens(local_ck, tmp_path):
     from interp.verdict import VerdictReplies, score_verdicts, verdict_replies
 
     out = tmp_path / "run"
-    run_asymmetry(_small_cfg(local_ck, limit=2), out, **QUIET)
+    run_asymmetry(out, None, _small_cfg(local_ck, limit=2), **QUIET)
     h = load_model(str(local_ck), device="cpu")
     want = verdict_replies(h.tokenizer)
     manifest = RunDir(out).manifest()["model"]["verdict_replies"]
@@ -347,7 +347,7 @@ def test_resume_refuses_a_checkpoint_whose_config_or_template_changed(local_ck, 
     import json
 
     out = tmp_path / "run"
-    run_asymmetry(_small_cfg(local_ck), out, **QUIET)
+    run_asymmetry(out, None, _small_cfg(local_ck), **QUIET)
     before = RunDir(out).manifest()["model"]["sha256"]
     if edit == "config":
         cfg = json.loads((local_ck / "config.json").read_text())
@@ -363,7 +363,7 @@ def test_resume_refuses_a_checkpoint_whose_config_or_template_changed(local_ck, 
         w["model.norm.weight"] = w["model.norm.weight"] * 2
         save_file(w, local_ck / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(RunDirError, match="sha256"):
-        run_asymmetry(_small_cfg(local_ck, limit=2), out, **QUIET)
+        run_asymmetry(out, None, _small_cfg(local_ck, limit=2), **QUIET)
     assert RunDir(out).manifest()["model"]["sha256"] == before
     assert len(RunDir(out).read_records()) == 1                     # nothing lost
     # a README is not a result file: adding one changes nothing
@@ -379,9 +379,9 @@ def test_resumed_run_records_every_commit_that_wrote(local_ck, tmp_path, monkeyp
 
     out = tmp_path / "run"
     monkeypatch.setattr(interp.store.rundir, "git_commit", lambda: "aaa111")
-    run_asymmetry(_small_cfg(local_ck), out, **QUIET)
+    run_asymmetry(out, None, _small_cfg(local_ck), **QUIET)
     monkeypatch.setattr(interp.store.rundir, "git_commit", lambda: "bbb222")
-    run_asymmetry(_small_cfg(local_ck, limit=2), out, **QUIET)
-    run_asymmetry(_small_cfg(local_ck, limit=2), out, **QUIET)      # same commit: once
+    run_asymmetry(out, None, _small_cfg(local_ck, limit=2), **QUIET)
+    run_asymmetry(out, None, _small_cfg(local_ck, limit=2), **QUIET)      # same commit: once
     m = RunDir(out).manifest()
     assert m["git_commit"] == "aaa111" and m["git_commits"] == ["aaa111", "bbb222"]

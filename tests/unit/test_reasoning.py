@@ -233,7 +233,7 @@ def test_stage_side_by_side_resumes(tiny, tmp_path):
 
     cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=4, batch_size=2,
                           max_new_tokens=4, verdict_max_new_tokens=3, n_boot=20)
-    run_asymmetry(cfg, tmp_path, handle=tiny, log=lambda s: None)
+    run_asymmetry(tmp_path, tiny, cfg, log=lambda s: None)
     rd = RunDir(tmp_path)
     lines: list[str] = []
     rc = ReasoningConfig(max_reasoning_tokens=5, batch_size=3, n_boot=20, layers="all")
@@ -256,3 +256,37 @@ def test_stage_side_by_side_resumes(tiny, tmp_path):
     assert f"{n_ok} already judged" in lines[0]
     with pytest.raises(ConfigError, match="not a reasoning judge"):
         run_reasoning(rd, tiny, ReasoningConfig(template="default"))
+
+
+def test_reasoning_run_is_refused_by_attention_and_the_stage_is_a_command(tiny, tmp_path):
+    """A reasoning-judged run is refused by attention and the reasoning stage, in one line.
+
+    The stage's command and its ``[reasoning]`` table come from the contract.
+    """
+    from typer.testing import CliRunner
+
+    from interp import cli, pipeline
+    from interp.errors import ConfigError
+    from interp.stages import attention
+    from interp.stages.asymmetry import AsymmetryConfig
+    from interp.stages.asymmetry import run as run_asymmetry
+    from interp.stages.reasoning import ReasoningConfig
+    from interp.stages.reasoning import run as run_reasoning
+    from interp.store import RunDir
+
+    cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=2, batch_size=2,
+                          max_new_tokens=3, max_reasoning_tokens=3, n_boot=10,
+                          template="reasoning")
+    run_asymmetry(tmp_path, tiny, cfg, log=lambda s: None)
+    rd = RunDir(tmp_path)
+    assert rd.read_records(status=None)
+    with pytest.raises(ConfigError, match=r"^\[attention\] .* judged by a reasoning template"):
+        attention.run(rd, tiny, attention.AttentionConfig(layers="all"), log=lambda s: None)
+    assert not (tmp_path / "attention" / "records").exists()
+    with pytest.raises(ConfigError, match="needs a one-word judge's run"):
+        run_reasoning(rd, tiny, ReasoningConfig(layers="all"))
+    res = CliRunner().invoke(cli.app, ["reasoning", "--help"])
+    assert res.exit_code == 0 and "--max-reasoning-tokens" in res.output
+    assert "reasoning" in pipeline.STAGES
+    got = ReasoningConfig.from_mapping({"limit": "all", "batch_size": 2})
+    assert got.limit is None and got.batch_size == 2

@@ -62,7 +62,7 @@ def test_config_from_table_names_section_and_keys():
     """One helper refuses unknown config keys for every stage, naming section and known keys."""
     from dataclasses import dataclass
 
-    from interp.inputs import config_from_table
+    from interp.options import config_from_table
 
     @dataclass
     class Cfg:

@@ -1,0 +1,25 @@
+"""File-safe names for datasets and record ids: the one rule every stored path follows.
+
+A leaf module (it imports nothing from ``interp``), so the run-directory store and the stage
+contract (:mod:`interp.stages.contract`) name the same files without importing each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+__all__ = ["flat_key", "safe_name"]
+
+
+def safe_name(name: str) -> str:
+    """A file name for a dataset or record id (``_`` for unsafe characters, + sha1 if changed)."""
+    s = re.sub(r"[^A-Za-z0-9_.-]", "_", str(name))
+    if s != str(name) or not s:
+        s = f"{s[:60]}-{hashlib.sha1(str(name).encode()).hexdigest()[:8]}"
+    return s
+
+
+def flat_key(dataset: str, record_id: str) -> str:
+    """A record's file-safe key ``dataset__id`` (characters outside ``[A-Za-z0-9_.-]`` -> ``_``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{dataset}__{record_id}")

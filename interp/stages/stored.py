@@ -1,0 +1,262 @@
+"""Stored parts that more than one stage writes: attention recordings and probe feature caches.
+
+The attention stage (:mod:`interp.stages.attention`) and the probe stage
+(:mod:`interp.stages.probe`) read these parts; the asymmetry harness writes them too, in its one
+pass (:mod:`interp.stages.asymmetry`, ``one_pass``), under the same signatures, so that the
+stages find them fresh and run no forward. Their paths are the ones the stage contract declares
+(:data:`interp.stages.contract.SPECS`: the attention stage's and the probe stage's ``parts``);
+no stage module imports another.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from interp.attention import SPANS, TASKS, span_mass, span_names
+from interp.errors import RunDirError
+from interp.models import ModelHandle
+from interp.residual_features import HOOK_POINT
+from interp.stages.contract import spec
+from interp.store.io import is_fresh, load_tensors, read_json, save_tensors, signature
+from interp.store.records import Record, limit_per_dataset
+from interp.store.rundir import RunDir
+
+__all__ = ["FEATURES_VERSION", "RECORDING_VERSION", "activations_path", "features_path",
+           "load_masses", "read_attention_summary", "rows_path", "qa_record_signature",
+           "recording_signature", "save_recording", "store_features"]
+
+RECORDING_VERSION = "1"
+"""Part of every recording's signature: bump it when what a recording holds changes."""
+FEATURES_VERSION = "2"
+"""Part of the features and sweep signatures; 2: rows keyed on their prompt's token ids."""
+
+_ATTENTION = spec("attention")
+_PROBE = spec("probe")
+
+
+def rows_path(run: RunDir, rec: Record | Mapping[str, Any]) -> Path:
+    """``DIR/attention/records/<dataset>/<id>.safetensors`` of a record (the contract's part)."""
+    return _ATTENTION.parts[0].path(run.path, rec["dataset"], rec["id"])
+
+
+def activations_path(run: RunDir, rec: Record | Mapping[str, Any]) -> Path:
+    """``DIR/activations/<dataset>/<id>.safetensors`` of a record (the contract's part)."""
+    return _ATTENTION.parts[1].path(run.path, rec["dataset"], rec["id"])
+
+
+def features_path(run: RunDir, task: str) -> Path:
+    """``DIR/probes/features_<task>.safetensors`` (the contract's part of the probe stage)."""
+    return _PROBE.parts[0].path(run.path, task=task)
+
+
+def read_attention_summary(run: RunDir) -> dict[str, Any]:
+    """``DIR/attention/summary.json`` (the attention stage's declared table).
+
+    Raises:
+        RunDirError: it does not exist (names the command that writes it).
+    """
+    path = run.path / _ATTENTION.table("summary.json")
+    if not path.exists():
+        if any(run.path.glob("*/manifest.json")):  # a grid folder: name its runs instead
+            run.require_run()
+        raise RunDirError(f"{path} does not exist: run `interp attention --run {run.path}` first")
+    return read_json(path)
+
+
+def load_masses(run: RunDir, *, limit: int | None = None
+                ) -> tuple[list[Record], dict[str, np.ndarray], list[str], list[str]]:
+    """Load the recorded span masses of a run's ok records (no model).
+
+    Returns:
+        ``(records, mass, spans, backends)``: the ok records that have a recording, ``mass`` =
+        ``{"gen": [n_rec, n_layers, n_heads, n_spans], "eval": ...}`` (spans aligned to the
+        union ``spans``), and the backends that recorded them.
+
+    Raises:
+        RunDirError: no records, none recorded yet, or a recording made from another version
+            of its record (run ``interp attention``).
+    """
+    records = limit_per_dataset(run.read_records(), limit)
+    have, per, spans, backends = [], [], list(SPANS), set()
+    for r in records:
+        p = rows_path(run, r)
+        if not p.exists():
+            continue
+        with safe_open(str(p), "pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("record", qa_record_signature(r)) != qa_record_signature(r):
+                raise RunDirError(f"{p} was recorded from another version of record "
+                                  f"{r['dataset']}/{r['id']} (its prompts changed): run "
+                                  f"`interp attention --run {run.path}` to redo it")
+            s = json.loads(meta.get("spans", json.dumps(list(SPANS))))
+            backends.add(meta.get("backend", "?"))
+            per.append((s, {t: f.get_tensor(f"mass.{t}").numpy() for t in TASKS}))
+        spans += [x for x in s if x not in spans]
+        have.append(r)
+    if not have:
+        run.require_run()
+        raise RunDirError(f"{run.path} has no attention recordings: run `interp attention --run "
+                          f"{run.path}` first")
+    mass = {}
+    for t in TASKS:
+        n_l, n_h = per[0][1][t].shape[:2]
+        arr = np.zeros((len(per), n_l, n_h, len(spans)), dtype=np.float32)
+        for i, (s, m) in enumerate(per):
+            for j, name in enumerate(s):
+                arr[i, :, :, spans.index(name)] = m[t][:, :, j]
+        mass[t] = arr
+    return have, mass, spans, sorted(backends)
+
+
+def qa_record_signature(rec: Record | Mapping[str, Any]) -> str:
+    """Signature of what a record's prompts are made from (no model needed to compute it).
+
+    Stored with each recording, so that tables built from recordings without a model
+    (:func:`load_masses`) refuse a recording of an older version of the record (same id, other
+    template or answer, e.g. after ``interp asymmetry --overwrite`` with another template).
+    """
+    return signature({k: rec.get(k) for k in ("template", "question", "context", "answer",
+                                              "answers", "prompts")})
+
+
+def recording_signature(handle: ModelHandle, facts: Mapping[str, Any],
+                        ids: Mapping[str, Sequence[int]]) -> str:
+    """Signature of a recording: model, sha256, version, runtime facts, both prompts' ids."""
+    return signature({"spec": handle.spec, "sha256": handle.info.get("sha256"),
+                      "v": RECORDING_VERSION, "runtime": facts,
+                      "ids": {t: list(v) for t, v in ids.items()}})
+
+
+def save_recording(run: RunDir, handle: ModelHandle, rec: Record | Mapping[str, Any],
+                   prompts: Mapping[str, Any], rows: Mapping[str, torch.Tensor], *,
+                   backend: str, sig: str, save_rows: bool = False) -> Path:
+    """Save one record's span masses (and rows) to :func:`rows_path` (step 2).
+
+    The one writer of recordings: the stage (:func:`record`) and the harness's one-pass
+    prefill (:mod:`interp.stages.asymmetry`) both call it, so a recording is the same file
+    whoever made it.
+
+    Args:
+        run: the run directory.
+        handle: the model (its layer and head counts go into the metadata).
+        rec: the record (its :func:`qa_record_signature` is stored).
+        prompts: ``{"gen": RenderedPrompt, "eval": RenderedPrompt}``.
+        rows: ``{task: [n_layers, n_heads, n_tokens]}`` last-token attention rows.
+        backend: which backend recorded them.
+        sig: :func:`recording_signature`.
+        save_rows: keep the rows too.
+
+    Returns:
+        The path written.
+    """
+    spans = span_names([lab for p in prompts.values() for lab in p.labels])
+    tensors: dict[str, torch.Tensor] = {}
+    for task, p in prompts.items():
+        tensors[f"mass.{task}"] = span_mass(rows[task], p.labels, spans)
+        if save_rows:
+            tensors[f"rows.{task}"] = rows[task]
+    return save_tensors(rows_path(run, rec), tensors,
+                        {**recording_meta(handle, rec, prompts, spans, backend), "signature": sig})
+
+
+def recording_meta(handle: ModelHandle, rec: Record | Mapping[str, Any], prompts: Mapping[str, Any],
+          spans: Sequence[str], backend: str) -> dict[str, str]:
+    return {"id": str(rec["id"]), "dataset": rec["dataset"], "spans": json.dumps(spans),
+            "record": qa_record_signature(rec), "backend": backend,
+            "n_layers": str(handle.n_layers), "n_heads": str(handle.n_heads),
+            "n_tokens": json.dumps({t: len(p) for t, p in prompts.items()})}
+
+
+def read_features(path: Path, sig: str, pools: Sequence[str], log: Callable[[str], None]
+                ) -> tuple[dict[str, torch.Tensor], list[str], list[str], list[str]]:
+    """(tensors, keys, prompt signatures, candidate fallbacks) of a fresh cache, else empty."""
+    if not path.exists():
+        return {}, [], [], []
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata() or {}
+    if is_fresh(path, sig) and set(pools) <= set(json.loads(meta.get("pools", "[]"))):
+        return (load_tensors(path), json.loads(meta["keys"]), json.loads(meta["prompt_sigs"]),
+                json.loads(meta.get("candidate_fallback", "[]")))
+    log(f"[probe] {path.name} was made with another model, hook point, pools or runtime "
+        f"settings: recomputing it")
+    return {}, [], [], []
+
+
+def drop_stale_features(have: dict[str, torch.Tensor], keys: list[str], sigs: list[str],
+                fallback: list[str], now: Mapping[str, str]) -> tuple[dict, list, list, list]:
+    """Rows whose record's prompt changed since they were cached are removed."""
+    keep = [i for i, (k, s) in enumerate(zip(keys, sigs)) if now.get(k, s) == s]
+    if len(keep) == len(keys):
+        return have, keys, sigs, fallback
+    kept = {keys[i] for i in keep}
+    idx = torch.tensor(keep, dtype=torch.long)
+    return ({p: t[idx] for p, t in have.items()}, [keys[i] for i in keep],
+            [sigs[i] for i in keep], [k for k in fallback if k in kept])
+
+
+def features_ident(handle: ModelHandle, facts: Mapping[str, Any] | None) -> dict[str, str]:
+    """What a features cache is made by (its signature is of this)."""
+    return {"model_sha256": str(handle.info.get("sha256")), "model": handle.spec,
+            "hook_point": HOOK_POINT, "n_layers": str(handle.n_layers),
+            "version": FEATURES_VERSION, "runtime": json.dumps(facts, sort_keys=True)}
+
+
+def write_features(path: Path, have: Mapping[str, torch.Tensor], ident: Mapping[str, str],
+                 keys: list[str], sigs: list[str], pools: Sequence[str],
+                 fallback: list[str]) -> None:
+    save_tensors(path, have, {**ident, "signature": signature(ident), "keys": json.dumps(keys),
+                              "prompt_sigs": json.dumps(sigs), "pools": json.dumps(list(pools)),
+                              "candidate_fallback": json.dumps(fallback)})
+
+
+def store_features(run: RunDir, handle: ModelHandle, task: str,
+                   items: Sequence[tuple[str, Sequence[int], Mapping[str, torch.Tensor], bool]],
+                   *, facts: Mapping[str, Any] | None) -> Path:
+    """Add features computed elsewhere (the harness's one pass) to the task's cache.
+
+    The rows go where :func:`cached_features` reads them, under the same signature, so the
+    probe stage finds them fresh and runs no forward for them. A row already cached under the
+    same record key is replaced (a record redone after a kill is stored once); a cache made
+    under another signature or without these pools is started anew.
+
+    Args:
+        run: the run directory.
+        handle: the model that computed them.
+        task: ``eval`` or ``gen``.
+        items: per record ``(key "dataset/id", prompt token ids, {pool: [n_layers, d_model]},
+            candidate fell back)``; every item has the same pools.
+        facts: :func:`interp.models.result_facts` (the probe stage's, :func:`stage_facts`).
+
+    Returns:
+        The cache's path.
+    """
+    path = features_path(run, task)
+    if not items:
+        return path
+    pools = sorted(items[0][2])
+    ident = features_ident(handle, facts)
+    have, keys, sigs, fallback = read_features(path, signature(ident), pools, lambda s: None)
+    new = {k for k, *_ in items}
+    if have and set(have) != set(pools):  # a cache with other pools: keep only these
+        have = {p: have[p] for p in pools}
+    keep = [i for i, k in enumerate(keys) if k not in new]
+    if have and len(keep) < len(keys):
+        idx = torch.tensor(keep, dtype=torch.long)
+        have = {p: t[idx] for p, t in have.items()}
+        keys, sigs = [keys[i] for i in keep], [sigs[i] for i in keep]
+        fallback = [k for k in fallback if k not in new]
+    for p in pools:
+        rows = torch.stack([f[p] for _, _, f, _ in items]).float()
+        have[p] = torch.cat([have[p], rows]) if p in have and keys else rows
+    keys += [k for k, *_ in items]
+    sigs += [signature(list(ids)) for _, ids, _, _ in items]
+    fallback += [k for k, _, _, fb in items if fb]
+    write_features(path, have, ident, keys, sigs, pools, fallback)
+    return path

@@ -1,0 +1,152 @@
+"""The stage contract (interp.stages.contract): one declared spec per stage, and its uses."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from interp import cli, pipeline, stages
+from interp.errors import ConfigError, RunDirError
+from interp.stages import contract
+from interp.stages.contract import SPECS, check_needs, kept_work, spec
+from interp.store import RunDir
+from interp.store.recordings import recording_index_path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_stage_has_the_same_run_signature():
+    for s in SPECS:
+        contract.check_module(s)  # raises on a stage that differs
+        params = inspect.signature(s.load().run).parameters
+        assert list(params)[:5] == ["run_dir", "handle", "cfg", "overwrite", "log"], s.name
+        assert params["overwrite"].kind is inspect.Parameter.KEYWORD_ONLY
+        assert s.load().NAME == s.name and s.load().SPEC is s
+        assert s.config_class is getattr(s.load(), "Config", s.config_class)
+
+
+def test_the_specs_are_the_stage_list():
+    assert [s.name for s in SPECS] == ["asymmetry", *stages.STAGES]
+    assert {n: spec(n).name for n in ("steer", "steering", "patch", "patching")} == {
+        "steer": "steering", "steering": "steering", "patch": "patching",
+        "patching": "patching"}
+    with pytest.raises(ConfigError, match=r"^unknown stage 'steerin'; stages: asymmetry, "):
+        spec("steerin")
+    assert pipeline.canonical(["steer", "asymmetry", "nope"]) == ["steering", "asymmetry",
+                                                                    "nope"]
+
+
+def test_no_stage_module_imports_another_stage():
+    names = {s.module for s in SPECS}
+    for s in SPECS:
+        tree = ast.parse((ROOT / (s.module.replace(".", "/") + ".py")).read_text())
+        imported = set()
+        for node in ast.walk(tree):  # imports inside functions count too
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names}
+        assert not (imported & names) - {s.module}, s.name
+
+
+def test_every_need_is_a_file_the_needed_stage_declares():
+    for s in SPECS:
+        for need in s.needs:
+            assert spec(need.stage).table(Path(need.path).name) == need.path
+    assert spec("steering").needs[1].when == ("heads", "top-diff:")
+
+
+def test_the_layout_derives_from_the_parts(tmp_path):
+    from interp.stages import attention, patching, probe, steering
+
+    run = RunDir(tmp_path)
+    rec = {"dataset": "squad_v2", "id": "a/b c"}
+    assert attention.rows_path(run, rec) == tmp_path / "attention/records/squad_v2" / (
+        contract.safe_name("a/b c") + ".safetensors")
+    assert probe.features_path(run, "eval") == tmp_path / "probes/features_eval.safetensors"
+    assert recording_index_path(run, "squad_v2", "a/b c") == (
+        tmp_path / "record/squad_v2" / contract.safe_name("a/b c") / "index.json")
+    assert steering.SPEC.parts[0].path(tmp_path, "squad_v2", "a/b c") == (
+        tmp_path / "steering/parts/squad_v2__a_b_c.json")
+    assert patching.SPEC.parts[0].path(tmp_path, "d", "1", pairs="gen-to-eval",
+                                       kind="heads") == (
+        tmp_path / "patching/gen-to-eval/heads/parts/d__1.json")
+    assert patching.SPEC.parts[0].glob == "patching/*/*/parts/*.json"
+    for s in SPECS:  # every published table is one the stage declares
+        assert set(s.summaries) <= set(s.tables), s.name
+
+
+def test_kept_work_counts_every_declared_part(tmp_path):
+    for s in SPECS:
+        for p in s.parts:
+            coords = {k: "x" for k in ("pairs", "kind", "task", "adapter", "model")}
+            f = p.path(tmp_path, "d", "1", **coords) if "{id}" in p.pattern else p.path(
+                tmp_path, **{**coords, "dataset": "d"})
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text('{"id": "1"}\n{"id": "2"}\n')
+    said = kept_work([tmp_path])
+    assert said.startswith("2 records, 1 attention recordings, 1 saved activations, 1 probe "
+                           "feature caches, 1 trained adapters")
+    assert said.endswith(f"1 steering parts, 1 recorded prompts, 2 reasoning judgments, 1 "
+                         f"reasoning span masses in {tmp_path}")
+
+
+def _steer_run(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({
+        "config": {"model": "no-such-model"},
+        "model": {"spec": "no-such-model", "n_layers": 2, "n_heads": 4}}))
+    (run / "records.jsonl").write_text(json.dumps(
+        {"id": "a", "dataset": "squad_v2", "status": "ok"}) + "\n")
+    return run
+
+
+def test_a_missing_need_is_refused_in_one_line_before_the_model_loads(tmp_path):
+    run = _steer_run(tmp_path)
+    cfg = spec("steering").config_class.from_mapping({"heads": "top-diff:4", "layers": "all"})
+    with pytest.raises(RunDirError, match=r"^\[steering\] heads = 'top-diff:4' needs .*attention"
+                                          r"/summary.json, which the attention stage writes: "
+                                          r"run `interp attention --run .*` first$"):
+        check_needs(run, [("steering", cfg)])
+    check_needs(run, [("attention", None), ("steering", cfg)])  # attention runs first: met
+    check_needs(run, [("steering", spec("steering").config_class())])  # heads = all: none
+    with pytest.raises(RunDirError, match=r"^\[attention\] needs .*records.jsonl, which the "
+                                          r"asymmetry stage writes"):
+        check_needs(tmp_path / "empty", [("attention", None)])
+    check_needs(tmp_path / "empty", [("attention", None)], before=["asymmetry"])
+    res = CliRunner().invoke(cli.app, ["steer", "--run", str(run), "--heads", "top-diff:4",
+                                       "--layers", "all"])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert "attention/summary.json, which the attention stage writes" in res.output
+    assert "no-such-model" not in res.output  # refused before the model was looked up
+    (run / "attention").mkdir()
+    (run / "attention/summary.json").write_text("{}")
+    check_needs(run, [("steering", cfg)])
+
+
+def test_run_config_refuses_a_missing_need_before_any_model_runs(tiny, tmp_path):
+    model_dir = tmp_path / "tiny-model"
+    tiny.model.save_pretrained(model_dir)
+    tiny.tokenizer.save_pretrained(model_dir)
+    cfg = {"out": str(tmp_path / "runs"),
+           "asymmetry": {"models": [str(model_dir)], "datasets": ["squad_v2"], "limit": 1},
+           "steering": {"heads": "top-diff:4", "layers": "all"}}
+    with pytest.raises(RunDirError, match=r"^\[steering\] heads = 'top-diff:4' needs .*"
+                                          r"tiny-model/attention/summary.json, which the "
+                                          r"attention stage writes: run `interp attention "
+                                          r"--run .*` first or add an \[attention\] table$"):
+        pipeline.run_config(cfg, log=lambda s: None)
+    assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+def test_a_stage_answers_to_its_name_and_its_command():
+    runner = CliRunner()
+    for name in ("steering", "steer", "patching", "patch"):
+        res = runner.invoke(cli.app, [name, "--help"])
+        assert res.exit_code == 0 and "--run" in res.output, (name, res.output)
