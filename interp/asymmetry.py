@@ -267,6 +267,8 @@ METRIC_DEFINITIONS = {
     "acceptance_rate": "sum(accepted) / n (a ratio of sums); _valid: among parseable "
                        "verdicts; _correct / _incorrect: among answers with y* Correct / "
                        "Incorrect; _forced: p_correct > 0.5 instead of the generated verdict",
+    "EA_forced_unavailable": "set (and every forced-choice and score key None) when the "
+                             "model's server cannot score the two whole replies",
     "forced_choice_note": "set when the forced choice is the same for every record, so "
                           "EA_forced is GA or 1 - GA by construction (a control, no finding)",
     "mean_verdict_coverage": "mean over records of P(Correct) + P(Incorrect), the judge's "
@@ -336,6 +338,10 @@ def group_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]], *, n_
         ``{"n": 0, "n_passages": 0}`` for no records; otherwise every key of
         :data:`METRIC_DEFINITIONS` (with ``*_ci`` = ``[lo, hi]`` or None).
 
+        A group with a record marked ``verdict_score: "unavailable"`` (a served model whose
+        server cannot score whole replies) has every forced-choice and score key None and
+        ``EA_forced_unavailable`` saying why.
+
     Raises:
         RunDirError: a record without the whole-reply verdict score (made before it existed).
     """
@@ -347,15 +353,16 @@ def group_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]], *, n_
     v = [r["verdict"] for r in records]
     accepted, valid = np.array([x is True for x in v]), np.array([x is not None for x in v])
     right = valid & (accepted == y)
-    p = np.array([float(r["p_correct"]) for r in records])
+    scored = all(r.get("verdict_score") != "unavailable" for r in records)
+    p = np.array([float(r["p_correct"]) if scored else 0.0 for r in records])
     forced = p > 0.5
     right_f = forced == y
     bs = ClusterBootstrap(passage_groups(records), n_boot, np.random.default_rng(seed))
     ga_b, ea_b, ef_b = bs.means(y), bs.means(right), bs.means(right_f)
     classes = [_verdict_class(x) for x in v]
     split = _split(classes)
-    cov = np.array([float(r["verdict_coverage"]) for r in records])
-    return {
+    cov = np.array([float(r["verdict_coverage"]) if scored else 0.0 for r in records])
+    out = {
         "n": n, "n_passages": bs.n_clusters, "few_passages": bs.n_clusters < MIN_PASSAGES,
         "note": passage_note(bs.n_clusters),
         "GA": float(y.mean()), "EA": float(right.mean()), "EA_forced": float(right_f.mean()),
@@ -377,9 +384,21 @@ def group_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]], *, n_
         "mean_verdict_coverage": float(cov.mean()),
         "mean_verdict_coverage_ci": bs.interval(bs.means(cov)),
         "mean_p_correct": float(p.mean()),
-        "auc_logit_diff": roc_auc(y, np.array([float(r["logit_diff"]) for r in records])),
+        "auc_logit_diff": roc_auc(y, np.array([float(r["logit_diff"]) if scored else 0.0
+                                               for r in records])),
         "mcnemar": mcnemar(y, right),
     }
+    if not scored:  # never a 0 standing for "not measured"
+        out.update({k: None for k in out if "forced" in k or k in _SCORE_KEYS},
+                   EA_forced_unavailable=FORCED_UNAVAILABLE)
+    return out
+
+
+_SCORE_KEYS = ("mean_verdict_coverage", "mean_verdict_coverage_ci", "mean_p_correct",
+               "auc_logit_diff")
+FORCED_UNAVAILABLE = ("unavailable: the server cannot score the two whole verdict replies "
+                      "(docs/endpoints.md)")
+"""``EA_forced_unavailable`` of a group whose records have no verdict score."""
 
 
 def compute_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]], *,
@@ -424,6 +443,9 @@ def format_metrics(metrics: Mapping[str, Any]) -> str:
     def f(x: float | None) -> str:
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
 
+    def fs(x: float | None) -> str:
+        return "-" if x is None else f"{x:+.2f}"
+
     for name, m in groups:
         if not m.get("n"):
             rows.append(f"{name:<10} {0:>4}")
@@ -435,10 +457,12 @@ def format_metrics(metrics: Mapping[str, Any]) -> str:
             notes.append(f"* {name}: {m['note']}")
         if m.get("forced_choice_note"):
             notes.append(f"  {name}: {m['forced_choice_note']}")
+        if m.get("EA_forced_unavailable"):
+            notes.append(f"  {name}: EA_forced {m['EA_forced_unavailable']}")
         rows.append(
             f"{name:<10} {m['n']:>4} {str(m['n_passages']) + star:>5} {m['GA']:>5.2f} "
-            f"{m['EA']:>5.2f} {m['EA_forced']:>5.2f} {m['delta']:>+6.2f} {ci_s:>15} "
-            f"{m['delta_forced']:>+6.2f} {f(m['acceptance_rate_correct']):>5} "
+            f"{m['EA']:>5.2f} {f(m['EA_forced']):>5} {m['delta']:>+6.2f} {ci_s:>15} "
+            f"{fs(m['delta_forced']):>6} {f(m['acceptance_rate_correct']):>5} "
             f"{f(m['acceptance_rate_incorrect']):>5} {f(m['verdict_shares']['none']):>5} "
             f"{f(m['acceptance_rate_correct_forced']):>5} "
             f"{f(m['acceptance_rate_incorrect_forced']):>5} "

@@ -210,16 +210,20 @@ def metrics(run: Annotated[Path, typer.Option(help="run directory")]) -> None:
 @app.command("oracle-agreement")
 def oracle_agreement_cmd(
     run: Annotated[Path, typer.Option(help="asymmetry run directory")],
-    oracle: Annotated[str, typer.Option(help="the LLM oracle, model:SPEC")],
+    oracle: Annotated[str, typer.Option(help="the LLM oracle, model:SPEC or openai:MODEL")],
     limit: Annotated[int | None, typer.Option(
         help="first N ok records per dataset (>= 1; default: every record)")] = None,
     device: Annotated[str | None, typer.Option(help="where the LLM oracle runs")] = None,
+    base_url: Annotated[str | None, typer.Option(
+        help="an openai:MODEL oracle's base URL (default: $INTERP_OPENAI_BASE_URL, "
+             "$OPENAI_BASE_URL)")] = None,
 ) -> None:
     """Cohen's kappa and the confusion table of the rule oracle vs an LLM oracle on a run."""
     from interp.stages import asymmetry as stage
     from interp.store.rundir import RunDir
 
-    res = stage.oracle_agreement(RunDir(run), oracle, limit=limit, device=device)
+    res = stage.oracle_agreement(RunDir(run), oracle, limit=limit, device=device,
+                                 endpoint={"base_url": base_url} if base_url else None)
     typer.echo(stage.format_oracle_agreement(res))
     typer.echo(f"wrote {run}/oracle_agreement.json")
 

@@ -121,3 +121,10 @@ class TransferError(InterpError):
 
 class SteeringError(InterpError):
     """Bad steering input (unknown span, alpha <= 0, layers outside the model)."""
+
+
+class EndpointError(InterpError):
+    """A model endpoint that cannot be used: unreachable, wrong model or key, too many failures.
+
+    The message never holds the API key (docs/endpoints.md).
+    """

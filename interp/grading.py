@@ -439,8 +439,8 @@ class OracleBuilder(Protocol):
     """Builds the oracle of one kind from the spec's argument (:data:`ORACLE_KINDS`)."""
 
     def __call__(self, arg: str, *, device: str | None, dtype: str | None,
-                 handle: Any | None, run_model: Any | None) -> BaseOracle:
-        """The oracle (arguments as :func:`make_oracle`)."""
+                 handle: Any | None, run_model: Any | None, **context: Any) -> BaseOracle:
+        """The oracle (arguments as :func:`make_oracle`; ``context`` for kinds that use it)."""
 
 
 def _rule_oracle(arg: str, **_: Any) -> BaseOracle:
@@ -448,7 +448,7 @@ def _rule_oracle(arg: str, **_: Any) -> BaseOracle:
 
 
 def _model_oracle(arg: str, *, device: str | None, dtype: str | None, handle: Any | None,
-                  run_model: Any | None) -> BaseOracle:
+                  run_model: Any | None, **_: Any) -> BaseOracle:
     if handle is None and run_model is not None and arg == run_model.spec:
         handle = run_model
     if handle is None:
@@ -460,7 +460,9 @@ def _model_oracle(arg: str, *, device: str | None, dtype: str | None, handle: An
 
 ORACLE_KINDS: dict[str, tuple[bool, OracleBuilder]] = {"rule": (False, _rule_oracle),
                                                        "model": (True, _model_oracle)}
-"""Oracle kind -> (whether it takes ``:ARG``, its builder). One entry per accepted kind."""
+"""Oracle kind -> (whether it takes ``:ARG``, its builder). One entry per accepted kind;
+:mod:`interp.endpoints.oracle` adds ``openai`` (``openai:MODEL``, a served model) when
+imported (every command imports it)."""
 
 
 def parse_oracle_spec(spec: str, *, kinds: Sequence[str] | None = None,
@@ -489,7 +491,8 @@ def parse_oracle_spec(spec: str, *, kinds: Sequence[str] | None = None,
 
 
 def make_oracle(spec: str, *, device: str | None = None, dtype: str | None = None,
-                handle: Any | None = None, run_model: Any | None = None) -> BaseOracle:
+                handle: Any | None = None, run_model: Any | None = None,
+                **context: Any) -> BaseOracle:
     """The oracle named by ``spec`` (:func:`parse_oracle_spec`).
 
     Args:
@@ -500,10 +503,13 @@ def make_oracle(spec: str, *, device: str | None = None, dtype: str | None = Non
         run_model: the run's model; used when SPEC names it (``model:<its spec>``), so the
             oracle is not loaded a second time (every stage that grades passes it; the
             transfer study does not, its base model takes adapters).
+        **context: what a kind's builder may use besides (``openai``: ``run``, the run
+            directory whose request cache it uses; ``endpoint``, its table; ``served``,
+            endpoints already open by spec).
 
     Raises:
         ConfigError: an unknown spec (:func:`parse_oracle_spec`).
     """
     kind, arg = parse_oracle_spec(spec)
     return ORACLE_KINDS[kind][1](arg, device=device, dtype=dtype, handle=handle,
-                                 run_model=run_model)
+                                 run_model=run_model, **context)

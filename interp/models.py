@@ -160,6 +160,10 @@ def _resolve(spec: str, revision: str | None) -> tuple[Path | str, dict[str, Any
     """
     spec = canonical_spec(spec)
     info: dict[str, Any] = {"spec": spec}
+    if spec.startswith("openai:"):
+        raise ModelSpecError(f"{spec} is a model served behind an endpoint: it has no weights "
+                             f"to load here; only Study 1 (interp asymmetry) and the oracle "
+                             f"run on it (docs/endpoints.md)")
     if spec in BUNDLED:
         b = BUNDLED[spec]
         gguf, digest, packages = bundled_file(spec)

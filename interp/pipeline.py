@@ -52,7 +52,7 @@ from interp.errors import ConfigError
 from interp.inputs import new_run_dir, read_toml
 from interp.models import DEFAULT_MODEL, load_model, model_shape
 from interp.stages import asymmetry, contract
-from interp.stages.common import Stage, check_against_shape
+from interp.stages.common import Stage, check_against_shape, refuse_served
 from interp.store.io import atomic_write_text, write_json
 from interp.store.rundir import RunDir
 
@@ -250,6 +250,10 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
             RunDir(out / model_slug(spec)).read_records()
     runs = [(name, scfg) for name, scfg in stage_cfgs.items() if not only or name in only]
     for spec in acfgs:  # every model's shape and needs against every stage, before any runs
+        for name, _ in runs:
+            refuse_served(f"[{name}]", spec)
+        if spec.startswith("openai:"):
+            continue
         n_layers, n_heads = model_shape(spec)
         for name, scfg in runs:
             check_against_shape(name, scfg, n_layers, n_heads, model=spec)
@@ -302,7 +306,8 @@ def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Pa
     summary: dict[str, Any] = {}
     for spec, acfg in acfgs.items():
         run_dir = out / model_slug(spec)
-        handle = load_model(spec, device=acfg.device, dtype=acfg.dtype)
+        handle = None if spec.startswith("openai:") else load_model(  # served: no weights
+            spec, device=acfg.device, dtype=acfg.dtype)
         log(f"== {spec} -> {run_dir}")
         t0 = time.perf_counter()
         if not only or "asymmetry" in only:

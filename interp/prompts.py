@@ -213,6 +213,38 @@ def label_positions(text: str, offsets: list[tuple[int, int]],
     return labels
 
 
+def _messages(template: Template, task: str, *, context: str, question: str,
+              answer: str | None, reference: str | None
+              ) -> tuple[list[dict[str, str]], dict[str, str], dict[str, tuple[int, int]]]:
+    """The chat messages of a task, the field values and the fields' ranges in the user turn."""
+    if task not in ("gen", "eval"):
+        raise PromptError(f"task must be 'gen' or 'eval', not {task!r}")
+    fmt = template.gen_user if task == "gen" else template.eval_user
+    system = template.gen_system if task == "gen" else template.eval_system
+    if task == "eval" and answer is None:
+        raise PromptError("the eval prompt needs a candidate answer")
+    values = {"context": context, "question": question, "answer": answer or "",
+              "reference": reference or ""}
+    user, user_spans = _fill(fmt, values)
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": user}]
+    return messages, values, user_spans
+
+
+def chat_messages(template: Template, task: str, *, context: str, question: str,
+                  answer: str | None = None, reference: str | None = None
+                  ) -> list[dict[str, str]]:
+    """The chat messages :func:`render` renders (system turn if the variant has one, user turn).
+
+    What a model behind a chat endpoint is sent: the server applies its own chat template.
+
+    Raises:
+        PromptError: unknown task, or an eval prompt without a candidate.
+    """
+    return _messages(template, task, context=context, question=question, answer=answer,
+                     reference=reference)[0]
+
+
 def render(
     tokenizer: Any,
     template: Template,
@@ -241,17 +273,10 @@ def render(
         PromptError: unknown task, a missing candidate, or a field that cannot be found at its
             recorded place in the rendered text (a chat template that rewrites content).
     """
-    if task not in ("gen", "eval"):
-        raise PromptError(f"task must be 'gen' or 'eval', not {task!r}")
-    fmt = template.gen_user if task == "gen" else template.eval_user
-    system = template.gen_system if task == "gen" else template.eval_system
-    if task == "eval" and answer is None:
-        raise PromptError("the eval prompt needs a candidate answer")
-    values = {"context": context, "question": question, "answer": answer or "",
-              "reference": reference or ""}
-    user, user_spans = _fill(fmt, values)
-    messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": user}]
+    messages, values, user_spans = _messages(template, task, context=context,
+                                             question=question, answer=answer,
+                                             reference=reference)
+    user = messages[-1]["content"]
     templated = bool(getattr(tokenizer, "chat_template", None))
     if templated:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

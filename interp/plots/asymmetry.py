@@ -62,7 +62,7 @@ def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
     for ax, keys, w in ((axes[0], ("GA", "EA", "EA_forced"), 0.27),
                         (axes[1], ("delta", "delta_forced"), 0.38)):
         for j, key in enumerate(keys):
-            vals = [m[key] for _, m in groups]
+            vals = [np.nan if m[key] is None else m[key] for _, m in groups]  # None: n/a
             errs = np.array([error_bars(m[key], m.get(f"{key}_ci")) for _, m in groups]).T
             ax.bar(x + (j - (len(keys) - 1) / 2) * w, vals, w, yerr=errs, capsize=3,
                    color=COLORS.get(key, "#8172B3" if "forced" in key else None),
@@ -73,7 +73,7 @@ def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
     axes[0].set_ylabel("accuracy")
     axes[0].set_title("Generation (GA) vs self-evaluation (EA)", fontsize=10)
     ends = [abs(v) for _, m in groups for k in ("delta", "delta_forced")
-            for v in [m[k], *(m.get(f"{k}_ci") or [])]]
+            for v in [m[k], *(m.get(f"{k}_ci") or [])] if v is not None]
     lim = max(0.1, 1.15 * max(ends))
     axes[1].set_ylim(-lim, lim)
     axes[1].axhline(0, color="black", lw=0.8)

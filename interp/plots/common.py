@@ -31,12 +31,13 @@ def save(fig: plt.Figure, out_dir: str | Path, name: str) -> Path:
     return png
 
 
-def error_bars(value: float, ci: list[float] | None) -> list[float]:
+def error_bars(value: float | None, ci: list[float] | None) -> list[float]:
     """``[below, above]``: the distances from ``value`` to the ends of its interval ``ci``.
 
-    For matplotlib's ``yerr`` (each clipped at 0; ``[0, 0]`` without an interval).
+    For matplotlib's ``yerr`` (each clipped at 0; ``[0, 0]`` without an interval or without
+    a value, a metric that was not measured).
     """
-    if not ci:
+    if not ci or value is None:
         return [0.0, 0.0]
     return [max(value - ci[0], 0.0), max(ci[1] - value, 0.0)]
 

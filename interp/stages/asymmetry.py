@@ -38,6 +38,7 @@ from typing import Any
 from interp.agreement import oracle_agreement as grade_agreement
 from interp.asymmetry import compute_metrics, evaluate_examples, format_metrics
 from interp.data import DATASETS, QAExample, load_examples
+from interp.endpoints import EndpointConfig, is_endpoint_spec, oracle_facts, run_served
 from interp.errors import ConfigError, DataError, RunDirError
 from interp.grading import BaseOracle, RuleOracle, make_oracle, parse_oracle_spec
 from interp.inputs import new_run_dir
@@ -83,7 +84,8 @@ class AsymmetryConfig:
             grid that keeps the ~3k-token MuSiQue prompts few).
         template: template variant name; ``templates_path`` a TOML file of variants.
         templates_path: a TOML file of template variants (None: the bundled ones).
-        oracle: ``"rule"`` or ``"model:SPEC"`` (an LLM oracle).
+        oracle: ``"rule"``, ``"model:SPEC"`` (an LLM oracle) or ``"openai:MODEL"`` (an LLM
+            oracle behind an OpenAI-compatible endpoint, docs/endpoints.md).
         include_unanswerable: keep SQuAD 2.0 unanswerable questions (abstaining is correct).
         split: dataset split.
         max_new_tokens: answer length cap (tokens).
@@ -110,6 +112,12 @@ class AsymmetryConfig:
             after every batch, but the sort only orders one batch; 4: less padding (SmolLM2,
             32 SQuAD records: 19.4 instead of 15.8 examples per CPU-minute), and a kill loses
             up to 4 batches.
+        model_endpoint: for ``model = "openai:MODEL"``: ``base_url``, ``api_key_env``,
+            ``concurrency``, ``timeout_s``, ``max_retries``, ``max_error_rate``, ``seed``
+            (:class:`interp.endpoints.EndpointConfig`; None: defaults and the environment).
+        oracle_endpoint: the same table for ``oracle = "openai:MODEL"`` (both tables are
+            config keys only; on the command line the base URL comes from
+            ``$INTERP_OPENAI_BASE_URL`` or ``$OPENAI_BASE_URL``).
     """
 
     model: str = DEFAULT_MODEL
@@ -131,6 +139,8 @@ class AsymmetryConfig:
     n_boot: int = option(2000, kind="count")
     one_pass: bool = True
     chunk_batches: int = 1
+    model_endpoint: dict[str, Any] | None = option(None, cli=False)
+    oracle_endpoint: dict[str, Any] | None = option(None, cli=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.chunk_batches, bool) or not isinstance(self.chunk_batches, int) or \
@@ -188,6 +198,10 @@ def run(
     if not overwrite:  # another model, template, ... is refused before the model loads
         RunDir(out).check_same_config(asdict(config), KEY_FIELDS)
     with new_run_dir(out), RunDir(out).writer():  # a second writer is refused here, at once
+        if is_endpoint_spec(config.model):  # a served model: its replies, no internals
+            return run_served(config, RunDir(out), loaded, overwrite=overwrite, log=log,
+                              chunk=chunk, key_fields=KEY_FIELDS, stale=stale_records,
+                              finish=write_metrics)
         return _run(config, RunDir(out), loaded, overwrite=overwrite, handle=handle, log=log,
                     chunk=chunk)
 
@@ -200,8 +214,9 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
         limit and filter).
 
     Raises:
-        interp.errors.ConfigError: a count below 1, no dataset, or an oracle spec that is
-            neither ``rule`` nor ``model:SPEC`` (:func:`interp.grading.parse_oracle_spec`).
+        interp.errors.ConfigError: a count below 1, no dataset, an unknown oracle spec
+            (:func:`interp.grading.parse_oracle_spec`: ``rule``, ``model:SPEC``,
+            ``openai:MODEL``) or a bad endpoint table.
         interp.errors.PromptError: an unknown template.
         interp.errors.DataError: an unknown dataset, a missing or malformed file, a missing
             field, or a dataset with no examples left after filtering.
@@ -210,6 +225,10 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
     if not config.datasets:
         raise ConfigError("no dataset given: pass --dataset squad_v2 (or a JSONL file)")
     parse_oracle_spec(config.oracle)
+    for model_spec, table, where in ((config.model, config.model_endpoint, "model_endpoint"),
+                               (config.oracle, config.oracle_endpoint, "oracle_endpoint")):
+        if is_endpoint_spec(model_spec):
+            EndpointConfig.from_spec(model_spec, table, f"asymmetry.{where}")
     get_template(config.template, config.templates_path)
     loaded = {}
     for ds in config.datasets:
@@ -227,6 +246,10 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
          chunk: int | None) -> dict[str, Any]:
     """Steps 1-3 of :func:`run` (the module docstring) on checked inputs."""
     template = get_template(config.template, config.templates_path)
+    served = None  # an endpoint oracle is preflighted before the model loads
+    if is_endpoint_spec(config.oracle):
+        served = make_oracle(config.oracle, run=rd, endpoint=config.oracle_endpoint)
+        served.endpoint.preflight()  # type: ignore[attr-defined]
     handle = handle or load_model(config.model, device=config.device, dtype=config.dtype)
     facts = runtime_facts(handle)
     if not overwrite and rd.manifest_path.exists():  # resuming with another checkpoint: refuse
@@ -239,9 +262,9 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     manifest = rd.init_manifest(asdict(config), overwrite=overwrite,
                                 model_info={**handle.info, "verdict_replies": replies},
                                 key_fields=KEY_FIELDS, runtime=facts,
-                                result_facts=result_facts(facts))
-    oracle = make_oracle(config.oracle, device=config.device, dtype=config.dtype,
-                         run_model=handle)
+                                result_facts={**result_facts(facts), **oracle_facts(served)})
+    oracle = served or make_oracle(config.oracle, device=config.device, dtype=config.dtype,
+                                   run_model=handle)
     facts = None
     # the stages' own checks: refuse their work made under other settings
     if config.one_pass and template.judge == "word":
@@ -345,7 +368,8 @@ def stale_records(finished: Mapping[tuple[str, str], Mapping[str, Any]],
 
     A record is keyed by (dataset, id); it is stale when the example now loaded under that key
     has another question, context or answers, or (``ok`` records) when its generation prompt
-    now renders to another length or other token spans (a new tokenizer or template text).
+    now renders to another length or other token spans (a new tokenizer or template text;
+    not checked with ``tokenizer=None``, a served model's run).
     """
     out = {}
     for ex in examples:
@@ -358,7 +382,8 @@ def stale_records(finished: Mapping[tuple[str, str], Mapping[str, Any]],
                 out[(ex.dataset, ex.id)] = f"its {k} changed"
                 break
         else:
-            if rec.get("status") == "ok" and (rec.get("prompts") or {}).get("gen") != render(
+            if tokenizer is not None and rec.get("status") == "ok" and (
+                    rec.get("prompts") or {}).get("gen") != render(
                     tokenizer, template, "gen", context=ex.context, question=ex.question,
                     reference=ex.answers[0] if ex.answers else "").to_record():
                 out[(ex.dataset, ex.id)] = "its generation prompt renders differently"
@@ -386,7 +411,8 @@ def write_metrics(run: RunDir, config: AsymmetryConfig | None = None) -> dict[st
 
 
 def oracle_agreement(run: RunDir, oracle: str | BaseOracle, *, limit: int | None = None,
-                     device: str | None = None) -> dict[str, Any]:
+                     device: str | None = None, endpoint: Mapping[str, Any] | None = None
+                     ) -> dict[str, Any]:
     """Agreement of the rule oracle and an LLM oracle on a run's records.
 
     Both oracles grade every ok record's extracted answer (:func:`interp.grading.
@@ -395,9 +421,12 @@ def oracle_agreement(run: RunDir, oracle: str | BaseOracle, *, limit: int | None
 
     Args:
         run: an asymmetry run directory.
-        oracle: ``"model:SPEC"`` or an oracle object (side ``b``; the rule oracle is ``a``).
+        oracle: ``"model:SPEC"``, ``"openai:MODEL"`` (its requests cached in the run
+            directory, so a rerun makes none) or an oracle object (side ``b``; the rule
+            oracle is ``a``).
         limit: the first N ok records per dataset (None: all).
         device: where to load the oracle model.
+        endpoint: an ``openai:`` oracle's table (:class:`interp.endpoints.EndpointConfig`).
 
     Returns:
         The written dict: :func:`interp.agreement.oracle_agreement`'s keys plus ``run``,
@@ -410,12 +439,13 @@ def oracle_agreement(run: RunDir, oracle: str | BaseOracle, *, limit: int | None
         RunDirError: the run has no ok records (before any model is loaded).
     """
     if isinstance(oracle, str) and parse_oracle_spec(oracle).kind == "rule":
-        raise ConfigError(f"--oracle must be model:SPEC (the rule oracle is the other side), "
-                          f"not {oracle!r}")
+        raise ConfigError(f"--oracle must be model:SPEC or openai:MODEL (the rule oracle is "
+                          f"the other side), not {oracle!r}")
     records = limit_per_dataset(run.read_records(), limit)
     if not records:
         raise RunDirError(f"{run.path} has no ok records to grade; run `interp asymmetry` first")
-    other = make_oracle(oracle, device=device) if isinstance(oracle, str) else oracle
+    other = make_oracle(oracle, device=device, run=run, endpoint=endpoint) \
+        if isinstance(oracle, str) else oracle
     res = grade_agreement(records, RuleOracle(), other, max_examples=len(records))
     res = {"run": str(run.path),
            "stored_oracle": run.manifest().get("config", {}).get("oracle"), **res,

@@ -32,7 +32,8 @@ from interp.store.records import limit_per_dataset
 from interp.store.rundir import RunDir
 
 __all__ = ["Stage", "check_against_shape", "check_run_model", "load_run_model",
-           "ok_records", "refuse_reasoning_judge", "run_judge", "stage_facts"]
+           "ok_records", "refuse_reasoning_judge", "refuse_served", "run_judge",
+           "stage_facts"]
 
 
 
@@ -170,6 +171,22 @@ def stage_facts(run: RunDir, handle: ModelHandle, stage: str, *,
     return rf
 
 
+def refuse_served(stage: str | None, spec: str) -> None:
+    """Refuse a stage that reads a model's internals on a model served behind an endpoint.
+
+    Every stage but Study 1 reads attention, activations or weights; a served model
+    (``openai:MODEL``, :mod:`interp.endpoints`) gives only its replies and log-probs.
+
+    Raises:
+        ConfigError: ``spec`` is an ``openai:`` spec (one line naming the stage and why).
+    """
+    if spec.startswith("openai:"):
+        raise ConfigError(f"{stage or 'this command'} needs the model's internals (attention, "
+                          f"activations or weights); {spec} is served behind an endpoint, "
+                          f"which gives only replies and log-probs: only Study 1 (interp "
+                          f"asymmetry) runs on it (docs/endpoints.md)")
+
+
 def load_run_model(run: RunDir, device: str | None = None,
                    dtype: str | None = None, *, stage: str | None = None,
                    config: Any = None) -> ModelHandle:
@@ -191,6 +208,7 @@ def load_run_model(run: RunDir, device: str | None = None,
     Raises:
         RunDirError: no manifest, a manifest without a model, or weights whose sha256 differs
             from the manifest's.
+        ConfigError: the run's model is served behind an endpoint (:func:`refuse_served`).
         interp.errors.ModelSpecError: the spec cannot be loaded here.
         LayerSpecError: ``config`` selects layers outside the model (:func:`check_against_shape`).
         RunDirError: a file the stage needs is missing (:func:`interp.stages.contract.check_needs`).
@@ -201,6 +219,7 @@ def load_run_model(run: RunDir, device: str | None = None,
     if not spec:
         raise RunDirError(f"{run.manifest_path} names no model (neither model.spec nor "
                           f"config.model)")
+    refuse_served(stage, spec)
     if config is not None and (n_layers := manifest.get("model", {}).get("n_layers")):
         check_against_shape(stage or "stage", config, int(n_layers),
                             manifest["model"].get("n_heads"))

@@ -109,12 +109,17 @@ def check_verdict_scores(records: Iterable[Mapping[str, Any]]) -> None:
     """Refuse records without the whole-reply verdict score.
 
     Runs made before :mod:`interp.verdict` stored ``p_correct`` from the first sub-token of
-    each verdict word ("Correct" vs "In"), a different number under the same name.
+    each verdict word ("Correct" vs "In"), a different number under the same name. A record
+    marked ``verdict_score: "unavailable"`` (a served model whose server cannot score whole
+    replies, docs/endpoints.md) passes: its group reports the forced-choice metrics as
+    unavailable.
 
     Raises:
         RunDirError: names the first such record and how to redo the run.
     """
     for r in records:
+        if r.get("verdict_score") == "unavailable":  # a served model that cannot score them
+            continue
         if any(k not in r for k in VERDICT_SCORE_FIELDS):
             raise RunDirError(
                 f"record {r.get('dataset')}/{r.get('id')} has no whole-reply verdict score "

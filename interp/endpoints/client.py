@@ -1,0 +1,432 @@
+"""A model behind an OpenAI-compatible chat endpoint: configuration, preflight, cached requests.
+
+A spec ``openai:MODEL`` names the model ``MODEL`` of a chat-completions server
+(docs/endpoints.md). Where the server is and how to reach it:
+
+* base URL: the config's ``base_url``, else ``$INTERP_OPENAI_BASE_URL``, else
+  ``$OPENAI_BASE_URL``, else the ``openai`` library's default (api.openai.com);
+* API key: the variable the config's ``api_key_env`` names, else ``$OPENAI_API_KEY``; a
+  key-less local server needs none. The key is handed to the ``openai`` client only: it is
+  never put in a request's cache identity, a manifest, a log line or an error message.
+
+Algorithm of :class:`Endpoint`:
+
+1. **Preflight** (:meth:`Endpoint.preflight`, once, before the first record and before any
+   local model loads): ``GET /v1/models`` (a wrong URL or key fails here, in seconds, with one
+   line), a check that ``MODEL`` is among the served ids (or llama.cpp's aliases), one chat
+   request of one token (a wrong model name or a server that cannot chat fails here), and a
+   probe of the forced choice (:mod:`interp.endpoints.scoring`). The answers become
+   :attr:`Endpoint.facts`: the ``/v1/models`` entry of the model (volatile ``created`` dropped),
+   the ``system_fingerprint`` and the forced-choice method, stored in the manifest and compared
+   like any result fact.
+2. **Requests** (:meth:`Endpoint.chat`): ``temperature = 0`` and the config's ``seed``; the
+   request's identity goes through the run directory's cache
+   (:class:`interp.endpoints.cache.RequestCache`) first. A miss is sent with the ``openai``
+   client, which retries connection errors, timeouts, 408, 409, 429 (after ``Retry-After``) and
+   5xx with exponential backoff, ``max_retries`` times, each try bounded by ``timeout_s``; a
+   200 reply with a malformed body or no choices is retried the same number of times here. A
+   401/403 (key) or 404 (model) stops the run at once; any other failure after the retries
+   counts against ``max_error_rate``: once ``failed > max_error_rate * max(requests, 20)``
+   the run stops with one line (the caller keeps every record finished before).
+3. **Concurrency** (:meth:`Endpoint.map`): at most ``concurrency`` requests in flight.
+
+Reference: the OpenAI chat-completions API as served by llama.cpp's ``llama-server`` and vLLM
+(docs/endpoints.md lists what each gives).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import httpx
+
+from interp.endpoints.cache import RequestCache, request_key
+from interp.errors import ConfigError, EndpointError
+from interp.verdict import VERDICT_WORDS
+
+__all__ = ["FORCED_METHOD", "PREFIX", "Endpoint", "EndpointConfig", "RequestFailed", "grammar",
+           "is_endpoint_spec", "probe_forced_choice"]
+
+PREFIX = "openai:"
+"""The spec prefix of a served model: ``openai:MODEL``."""
+FORCED_METHOD = "llama.cpp token grammar, cache_prompt false"
+"""The ``forced_choice.method`` of a server that scores whole replies
+(:mod:`interp.endpoints.scoring`)."""
+MIN_REQUESTS_FOR_RATE = 20
+"""The error rate's denominator is at least this many requests (one early failure of a
+long run does not stop it)."""
+
+
+def is_endpoint_spec(spec: Any) -> bool:
+    """Whether ``spec`` names a served model (``openai:MODEL``)."""
+    return isinstance(spec, str) and spec.startswith(PREFIX)
+
+
+class RequestFailed(Exception):  # noqa: N818 - a request outcome, not an interp input error
+    """One request failed after its retries (counted; the caller leaves its record undone)."""
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """How to reach one served model (module docstring; a config table's keys).
+
+    Attributes:
+        model: the served model's name (``MODEL`` of ``openai:MODEL``).
+        base_url: the server's OpenAI base URL (e.g. ``http://127.0.0.1:8080/v1``); None: from
+            the environment.
+        api_key_env: the environment variable holding the key (None: ``OPENAI_API_KEY``).
+        concurrency: requests in flight at once (>= 1).
+        timeout_s: seconds one try of a request may take.
+        max_retries: retries of a failed try (connection errors, timeouts, 408/409/429/5xx,
+            malformed replies).
+        max_error_rate: share of failed requests that stops the run (0 to 1).
+        seed: sent with every request (servers that take one sample reproducibly); None: none.
+    """
+
+    model: str
+    base_url: str | None = None
+    api_key_env: str | None = None
+    concurrency: int = 4
+    timeout_s: float = 60.0
+    max_retries: int = 4
+    max_error_rate: float = 0.05
+    seed: int | None = 0
+
+    @classmethod
+    def from_spec(cls, spec: str, table: Mapping[str, Any] | None = None,
+                  where: str = "endpoint") -> EndpointConfig:
+        """Build from ``openai:MODEL`` and an optional table of the other fields.
+
+        Raises:
+            ConfigError: not an ``openai:`` spec, an empty model name, an unknown key, or a
+                value out of range (named with ``where``).
+        """
+        if not is_endpoint_spec(spec) or not spec.removeprefix(PREFIX).strip():
+            raise ConfigError(f"{where}: {spec!r} is not openai:MODEL")
+        table = dict(table or {})
+        known = {f.name for f in fields(cls)} - {"model"}
+        if unknown := set(table) - known:
+            raise ConfigError(f"[{where}]: unknown keys {sorted(unknown)}; known: "
+                              f"{sorted(known)}")
+        cfg = cls(model=spec.removeprefix(PREFIX), **table)
+        for name, ok in (("concurrency", isinstance(cfg.concurrency, int) and
+                          cfg.concurrency >= 1),
+                         ("timeout_s", isinstance(cfg.timeout_s, int | float) and
+                          cfg.timeout_s > 0),
+                         ("max_retries", isinstance(cfg.max_retries, int) and
+                          cfg.max_retries >= 0),
+                         ("max_error_rate", isinstance(cfg.max_error_rate, int | float) and
+                          0 <= cfg.max_error_rate <= 1)):
+            if not ok:
+                raise ConfigError(f"[{where}] {name} = {getattr(cfg, name)!r} is out of range")
+        return cfg
+
+    def resolved_base_url(self) -> str:
+        """The base URL (module docstring), without a trailing slash."""
+        url = (self.base_url or os.environ.get("INTERP_OPENAI_BASE_URL")
+               or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1")
+        return url.rstrip("/")
+
+    def key_variable(self) -> str:
+        """The name of the environment variable the key is read from."""
+        return self.api_key_env or "OPENAI_API_KEY"
+
+    def public(self) -> dict[str, Any]:
+        """The config as stored in a manifest: the resolved base URL, no key."""
+        return {**asdict(self), "base_url": self.resolved_base_url()}
+
+
+def _api_key(cfg: EndpointConfig) -> str:
+    var = cfg.key_variable()
+    key = os.environ.get(var)
+    if cfg.api_key_env and not key:
+        raise EndpointError(f"api_key_env names {var}, which is not set: export it or drop "
+                            f"api_key_env for a key-less server")
+    return key or "no-key"  # the openai client insists on a string; local servers ignore it
+
+
+class Endpoint:
+    """A served model: preflight, cached chat requests, error accounting (module docstring).
+
+    Args:
+        config: where and how to reach it.
+        cache: the run directory's request cache (default: in memory only).
+
+    Attributes:
+        facts: what the preflight learnt (None before it ran).
+        requests: requests sent (cache misses); failed: those that failed after retries.
+    """
+
+    def __init__(self, config: EndpointConfig, cache: RequestCache | None = None):
+        import openai
+
+        self.config = config
+        self.base_url = config.resolved_base_url()
+        self.cache = cache if cache is not None else RequestCache(None)
+        self._key = _api_key(config)
+        self._client = openai.OpenAI(base_url=self.base_url, api_key=self._key,
+                                     max_retries=config.max_retries, timeout=config.timeout_s)
+        self._lock = threading.Lock()
+        self.requests = self.failed = 0
+        self.facts: dict[str, Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.config.model!r} at {self.base_url!r})"
+
+    @property
+    def spec(self) -> str:
+        """``openai:MODEL``."""
+        return PREFIX + self.config.model
+
+    # -- preflight ------------------------------------------------------------------------
+    def preflight(self) -> dict[str, Any]:
+        """Step 1 of the module algorithm; returns (and keeps) :attr:`facts`.
+
+        Raises:
+            EndpointError: the server cannot be reached, refuses the key, does not serve the
+                model or cannot answer a chat request (one line, no key in it).
+        """
+        if self.facts is not None:
+            return self.facts
+        quick = self._client.with_options(max_retries=1, timeout=min(self.config.timeout_s,
+                                                                     15.0))
+        try:
+            listed = quick.models.list()
+            served = [m.model_dump() for m in listed.data]
+        except Exception as err:  # noqa: BLE001 - every failure becomes one line
+            raise self._fatal(err, "GET /models") from None
+        names = {m.get("id") for m in served} | {a for m in served for a in
+                                                 (m.get("aliases") or [])}
+        if served and self.config.model not in names:
+            raise EndpointError(f"{self.base_url} does not serve model {self.config.model!r}; "
+                                f"it serves {sorted(n for n in names if n)}")
+        try:
+            r = quick.chat.completions.create(
+                model=self.config.model, messages=[{"role": "user", "content": "Say OK."}],
+                max_tokens=1, temperature=0)
+        except Exception as err:  # noqa: BLE001
+            raise self._fatal(err, "a one-token chat request") from None
+        if not r.choices:
+            raise EndpointError(f"{self.base_url}: a chat request to {self.config.model!r} "
+                                f"came back with no choices; is it a chat model?")
+        entry = [{k: v for k, v in m.items() if k != "created"} for m in served
+                 if self.config.model in {m.get("id"), *(m.get("aliases") or [])}]
+        self.facts = {"base_url": self.base_url, "model": self.config.model,
+                      "models": entry or served, "system_fingerprint": r.system_fingerprint}
+        self.facts["forced_choice"] = probe_forced_choice(self)
+        self.cache.put(self._facts_key, {"preflight": self.base_url,
+                                         "model": self.config.model}, self.facts, replace=True)
+        return self.facts
+
+    @property
+    def _facts_key(self) -> str:
+        return request_key({"preflight": self.base_url, "model": self.config.model})
+
+    def known_facts(self) -> dict[str, Any]:
+        """The preflight's facts: this object's, else the run's last (cached), else a preflight.
+
+        A rerun answered from the cache learns from it whether the server scores whole
+        replies, with no request.
+        """
+        if self.facts is not None:
+            return self.facts
+        return self.cache.peek(self._facts_key) or self.preflight()
+
+    def result_facts(self) -> dict[str, Any]:
+        """The facts a changed server changes (stored work under other ones is refused)."""
+        f = self.preflight()
+        return {"endpoint_model": f["model"], "endpoint_models": f["models"],
+                "system_fingerprint": f["system_fingerprint"],
+                "forced_choice": (f["forced_choice"] or {}).get("method")}
+
+    def _fatal(self, err: Exception, what: str) -> EndpointError:
+        """One line for a failed preflight step (never the key or the server's body)."""
+        import openai
+
+        var = self.config.key_variable()
+        if isinstance(err, openai.AuthenticationError | openai.PermissionDeniedError):
+            return EndpointError(f"{self.base_url} refused the API key ({err.status_code}) on "
+                                 f"{what}: set the right key in ${var}")
+        if isinstance(err, openai.NotFoundError):
+            return EndpointError(f"{self.base_url}: 404 on {what}: check the base URL (it "
+                                 f"usually ends in /v1) and the model name "
+                                 f"{self.config.model!r}")
+        if isinstance(err, openai.APIStatusError):
+            return EndpointError(f"{self.base_url} answered {err.status_code} on {what} for "
+                                 f"model {self.config.model!r}")
+        return EndpointError(f"cannot reach {self.base_url} ({type(err).__name__}) on {what}: "
+                             f"check base_url, $INTERP_OPENAI_BASE_URL or $OPENAI_BASE_URL")
+
+    # -- requests -------------------------------------------------------------------------
+    def chat(self, messages: list[dict[str, str]], *, prompt_version: str,
+             max_tokens: int, **params: Any) -> dict[str, Any]:
+        """One chat completion at temperature 0, from the cache when it holds it.
+
+        Args:
+            messages: the chat messages.
+            prompt_version: the version of the prompt that made the messages (cache identity).
+            max_tokens: reply cap (tokens).
+            **params: further request fields (``stop``, ``logprobs``, ``response_format``;
+                server options such as llama.cpp's ``grammar`` and ``cache_prompt`` go in the
+                body as given).
+
+        Returns:
+            ``{"content", "finish_reason", "logprobs" ([[token id or None, token, logprob],
+            ...] or None), "system_fingerprint"}``.
+
+        Raises:
+            RequestFailed: the request failed after its retries (counted).
+            EndpointError: a 401/403/404, or the failures passed ``max_error_rate``.
+        """
+        body = {"temperature": 0, "max_tokens": max_tokens, **params}
+        if self.config.seed is not None:
+            body["seed"] = self.config.seed
+        ident = {"base_url": self.base_url, "model": self.config.model, "messages": messages,
+                 "params": body, "prompt_version": prompt_version}
+        key = request_key(ident)
+        if (hit := self.cache.get(key)) is not None:
+            return hit
+        self.preflight()
+        with self._lock:
+            self.requests += 1
+        try:
+            out = self._send(messages, body)
+        except RequestFailed:
+            self._count_failure()
+            raise
+        self.cache.put(key, ident, out)
+        return out
+
+    def _send(self, messages: list[dict[str, str]], body: dict[str, Any]) -> dict[str, Any]:
+        import openai
+
+        std = {"temperature", "max_tokens", "seed", "stop", "logprobs", "top_logprobs",
+               "response_format"}
+        kwargs = {k: v for k, v in body.items() if k in std}
+        extra = {k: v for k, v in body.items() if k not in std}
+        last: Exception | None = None
+        for attempt in range(self.config.max_retries + 1):
+            try:
+                r = self._client.chat.completions.create(
+                    model=self.config.model, messages=messages, extra_body=extra or None,
+                    **kwargs)
+                if not getattr(r, "choices", None):
+                    raise ValueError("a reply with no choices")
+                return _reply(r)
+            except (openai.AuthenticationError, openai.PermissionDeniedError,
+                    openai.NotFoundError) as err:
+                raise self._fatal(err, "a chat request") from None
+            except openai.APIError as err:  # already retried by the client (or a 4xx)
+                last = err
+                break
+            except (ValueError, TypeError, AttributeError) as err:  # malformed body: retry
+                last = err
+                time.sleep(min(0.5 * 2 ** attempt, 8.0))
+        raise RequestFailed(f"{type(last).__name__}: {_status(last)}")
+
+    def _count_failure(self) -> None:
+        with self._lock:
+            self.failed += 1
+            failed, n = self.failed, self.requests
+        if failed > self.config.max_error_rate * max(n, MIN_REQUESTS_FOR_RATE):
+            raise EndpointError(f"{failed} of {n} requests to {self.base_url} failed (more "
+                                f"than max_error_rate {self.config.max_error_rate}); finished "
+                                f"records are kept: fix the server and run again to resume")
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
+        """``fn`` over ``items`` with at most ``concurrency`` in flight, in order.
+
+        Each result is ``fn(item)``, or the :class:`RequestFailed` or
+        :class:`interp.errors.EndpointError` it raised (that item is left undone), so the
+        caller keeps every finished item before it stops.
+        """
+        def one(item: Any) -> Any:
+            try:
+                return fn(item)
+            except (RequestFailed, EndpointError) as err:
+                return err
+
+        with ThreadPoolExecutor(max_workers=self.config.concurrency) as pool:
+            return list(pool.map(one, items))
+
+
+def _status(err: Exception | None) -> str:
+    code = getattr(err, "status_code", None)
+    return f"status {code}" if code else (str(err).splitlines()[0][:120] if err else "?")
+
+
+def _reply(r: Any) -> dict[str, Any]:
+    """The parts of a chat completion a study keeps (JSON-safe)."""
+    ch = r.choices[0]
+    lps = None
+    content = getattr(ch.logprobs, "content", None) if ch.logprobs is not None else None
+    if content:
+        lps = [[getattr(t, "id", None) if getattr(t, "id", None) is not None
+                else (t.model_extra or {}).get("id"), t.token, float(t.logprob)]
+               for t in content]
+    return {"content": ch.message.content or "", "finish_reason": ch.finish_reason,
+            "logprobs": lps, "system_fingerprint": r.system_fingerprint}
+
+
+def _root(endpoint: Endpoint) -> str:
+    url = endpoint.base_url
+    return url[:-3] if url.endswith("/v1") else url
+
+
+def _server_reply_ids(endpoint: Endpoint, client: httpx.Client, word: str) -> list[int]:
+    """The reply's token ids under the server's template (module docstring)."""
+    msgs = [{"role": "user", "content": "X"}]
+    head = client.post("/apply-template", json={"messages": msgs}).json()["prompt"]
+    full = client.post("/apply-template", json={
+        "messages": [*msgs, {"role": "assistant", "content": word}]}).json()["prompt"]
+    if not full.startswith(head) or not full[len(head):].startswith(word):
+        raise ValueError(f"the server's template does not continue with {word!r}")
+
+    def tok(text: str) -> list[dict[str, Any]]:
+        return client.post("/tokenize", json={"content": text, "with_pieces": True,
+                                              "add_special": False,
+                                              "parse_special": True}).json()["tokens"]
+
+    h, f = tok(head), tok(full[:len(head) + len(word)])
+    if [t["id"] for t in f[:len(h)]] != [t["id"] for t in h]:
+        raise ValueError(f"the reply {word!r} merges with the generation prompt")
+    reply = f[len(h):]
+    if "".join(t["piece"] for t in reply).strip() != word:
+        raise ValueError(f"the reply {word!r} does not tokenize on its own")
+    return [int(t["id"]) for t in reply]
+
+
+def probe_forced_choice(endpoint: Endpoint) -> dict[str, Any] | None:
+    """Whether the server scores whole replies; the method and reply tokens, or None.
+
+    Called by :meth:`Endpoint.preflight` (its requests are not cached and not counted);
+    the method: :mod:`interp.endpoints.scoring`.
+    """
+    headers = {"Authorization": f"Bearer {endpoint._key}"}
+    try:
+        with httpx.Client(base_url=_root(endpoint), headers=headers,
+                          timeout=endpoint.config.timeout_s) as client:
+            ids = {w: _server_reply_ids(endpoint, client, w) for w in VERDICT_WORDS}
+            body = {"model": endpoint.config.model, "temperature": 0, "max_tokens": 8,
+                    "logprobs": True, "cache_prompt": False,
+                    "grammar": grammar(ids["Incorrect"]),
+                    "messages": [{"role": "user", "content": "Is 2 + 2 = 5?"}]}
+            r = client.post("/v1/chat/completions", json=body).json()
+            got = r["choices"][0]["logprobs"]["content"][:len(ids["Incorrect"])]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    if [t.get("id") for t in got] != ids["Incorrect"] or \
+            not all(isinstance(t.get("logprob"), float) for t in got):
+        return None
+    return {"method": FORCED_METHOD, "reply_ids": ids}
+
+
+def grammar(ids: list[int]) -> str:
+    """A llama.cpp GBNF grammar that allows exactly the token ids ``ids``, in order."""
+    return "root ::= " + " ".join(f"<[{i}]>" for i in ids)

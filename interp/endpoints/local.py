@@ -1,0 +1,135 @@
+"""A llama.cpp server for a GGUF file on the loopback address (``xllamacpp``), for tests and demos.
+
+``xllamacpp`` (PyPI, a prebuilt wheel embedding llama.cpp's OpenAI-compatible server) serves a
+GGUF in a child process on ``127.0.0.1``: :class:`LocalServer` starts it on a free port (or a
+given one, so a stopped server can be started again at the same base URL and the request
+cache's keys still match), waits until ``/v1/models`` answers, and stops it. The child runs
+``python -m interp.endpoints.local GGUF --port N --alias NAME --threads T``.
+
+Not for production serving: one slot (requests are answered one at a time), the prompt cache
+left at the server's default (the forced choice turns it off per request).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+__all__ = ["LocalServer", "free_port"]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalServer:
+    """A child process serving one GGUF file (module docstring).
+
+    Args:
+        gguf: the model file.
+        alias: the model name the server answers to (``openai:ALIAS``).
+        port: the port (None: a free one).
+        threads: CPU threads of the server.
+        n_ctx: context length (tokens).
+        api_key: a key the server demands (None: none).
+
+    Attributes:
+        base_url: ``http://127.0.0.1:PORT/v1``.
+    """
+
+    def __init__(self, gguf: str | Path, alias: str, *, port: int | None = None,
+                 threads: int = 1, n_ctx: int = 4096, api_key: str | None = None):
+        self.gguf, self.alias, self.threads, self.n_ctx = Path(gguf), alias, threads, n_ctx
+        self.port = port or free_port()
+        self.api_key = api_key
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 300.0) -> LocalServer:
+        """Start the child and wait until it answers.
+
+        Raises:
+            RuntimeError: it exited or did not answer within ``timeout_s``.
+        """
+        cmd = [sys.executable, "-m", "interp.endpoints.local", str(self.gguf), "--port",
+               str(self.port), "--alias", self.alias, "--threads", str(self.threads),
+               "--n-ctx", str(self.n_ctx)]
+        env = {**os.environ, "OMP_NUM_THREADS": str(self.threads)}
+        if self.api_key:
+            env["INTERP_LOCAL_SERVER_KEY"] = self.api_key  # not on the command line
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the llama.cpp server for {self.gguf} exited "
+                                   f"({self.proc.returncode})")
+            try:
+                if httpx.get(self.base_url + "/models", headers=headers,
+                             timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"the llama.cpp server for {self.gguf} did not answer in "
+                           f"{timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        """Stop the child (SIGTERM, then SIGKILL after 10 s)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def __enter__(self) -> LocalServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _serve(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="serve a GGUF with llama.cpp (xllamacpp)")
+    p.add_argument("gguf")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--alias", required=True)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--n-ctx", type=int, default=4096)
+    a = p.parse_args(argv)
+    import xllamacpp
+
+    params = xllamacpp.CommonParams()
+    params.model.path = a.gguf
+    params.hostnames = ["127.0.0.1"]
+    params.port = a.port
+    params.model_alias = {a.alias}
+    params.cpuparams.n_threads = a.threads
+    params.cpuparams_batch.n_threads = a.threads
+    params.n_parallel = 1
+    params.n_ctx = a.n_ctx
+    if key := os.environ.get("INTERP_LOCAL_SERVER_KEY"):
+        params.api_keys = [key]
+    server = xllamacpp.Server(params)  # serves until the process ends
+    print(server.listening_address, flush=True)
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    _serve()

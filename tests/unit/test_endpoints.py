@@ -1,0 +1,346 @@
+"""Endpoint oracle and served Study 1 against a fake OpenAI server (pytest-httpserver).
+
+Faults: 429 with Retry-After, 500, a timeout, a malformed JSON body, no choices, 401; each
+retried or refused as docs/endpoints.md says, with nothing lost. No model is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from werkzeug import Response
+
+from interp.asymmetry import format_metrics
+from interp.endpoints import CACHE_FILE, Endpoint, EndpointConfig, RequestCache, RequestFailed
+from interp.errors import ConfigError, EndpointError, ModelSpecError, RunDirError
+from interp.grading import make_oracle
+from interp.models import load_model
+from interp.stages.asymmetry import AsymmetryConfig, oracle_agreement, run
+from interp.stages.common import load_run_model
+from interp.store import RunDir
+
+KEY = "sk-test-Zq8FAKEKEY0123456789"
+
+EXAMPLES = [
+    {"id": f"q{i}", "question": q, "context": c, "answers": [a]}
+    for i, (q, c, a) in enumerate([
+        ("What is the capital of France?", "Paris is the capital of France.", "Paris"),
+        ("Who wrote Hamlet?", "Hamlet was written by Shakespeare.", "Shakespeare"),
+        ("What colour is the sky?", "The sky is blue on a clear day.", "blue"),
+    ])]
+
+
+def completion(content: str | None = "OK", choices: bool = True) -> dict:
+    return {"id": "c1", "object": "chat.completion", "created": 0, "model": "fake",
+            "system_fingerprint": "fp_test",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": content}}]
+            if choices else []}
+
+
+def reply_for(body: dict) -> str:
+    """The fake model: answers with the gold of its example, accepts every answer."""
+    system = body["messages"][0]["content"]
+    user = body["messages"][-1]["content"]
+    if "response_format" in body:
+        return json.dumps({"verdict": "Incorrect"})
+    if system.startswith("You answer questions"):
+        return next((e["answers"][0] for e in EXAMPLES if e["question"] in user), "?")
+    if "grader" in system:
+        return "Hmm" if "Shakespeare" in user and "strict" in system else "Correct"
+    return "OK"
+
+
+MODELS = {"object": "list", "data": [{"id": "fake", "object": "model", "created": 1,
+                                      "owned_by": "test"}]}
+
+
+def fake_server(httpserver, key: str | None = None):
+    seen = {"auth": set(), "chat": 0}
+
+    def chat(request):
+        seen["auth"].add(request.headers.get("Authorization"))
+        seen["chat"] += 1
+        return Response(json.dumps(completion(reply_for(request.get_json()))),
+                        content_type="application/json")
+
+    httpserver.expect_request("/v1/models").respond_with_json(MODELS)
+    httpserver.expect_request("/v1/chat/completions", method="POST").respond_with_handler(chat)
+    return seen
+
+
+def endpoint(httpserver, tmp_path=None, **kw) -> Endpoint:
+    cfg = EndpointConfig.from_spec("openai:fake", {"base_url": httpserver.url_for("/v1"),
+                                                   "max_retries": 2, "timeout_s": 5, **kw})
+    return Endpoint(cfg, RequestCache(tmp_path / CACHE_FILE if tmp_path else None))
+
+
+MSGS = [{"role": "user", "content": "Say OK."}]
+
+
+def chat_posts(httpserver) -> int:
+    return sum(r.path == "/v1/chat/completions" for r, _ in httpserver.log)
+
+
+def chat_lines(run_dir) -> list[dict]:
+    """The cached chat requests of a run (not the preflight's facts)."""
+    rows = [json.loads(line) for line in (run_dir / CACHE_FILE).read_text().splitlines()]
+    return [r for r in rows if "messages" in r["request"]]
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    p = tmp_path / "tiny.jsonl"
+    p.write_text("".join(json.dumps(e) + "\n" for e in EXAMPLES))
+    return str(p)
+
+
+def test_429_waits_for_retry_after_then_succeeds(httpserver):
+    fake_server(httpserver)
+    ep = endpoint(httpserver)
+    ep.preflight()
+    httpserver.expect_oneshot_request("/v1/chat/completions").respond_with_response(
+        Response("slow down", status=429, headers={"Retry-After": "1"}))
+    before, t0 = chat_posts(httpserver), time.monotonic()
+    out = ep.chat([{"role": "user", "content": "again"}], prompt_version="t", max_tokens=4)
+    assert out["content"] == "OK" and out["system_fingerprint"] == "fp_test"
+    assert time.monotonic() - t0 >= 0.95  # the server's Retry-After was honoured
+    assert chat_posts(httpserver) - before == 2
+    assert (ep.requests, ep.failed) == (1, 0)
+
+
+def test_500_is_retried_and_the_answer_cached(httpserver, tmp_path):
+    fake_server(httpserver)
+    ep = endpoint(httpserver, tmp_path)
+    ep.preflight()
+    httpserver.expect_oneshot_request("/v1/chat/completions").respond_with_data(
+        "boom", status=500)
+    before = chat_posts(httpserver)
+    assert ep.chat(MSGS, prompt_version="t", max_tokens=4)["content"] == "OK"
+    assert chat_posts(httpserver) - before == 2
+    # the same request again, from a new object on the same run dir: no request
+    again = endpoint(httpserver, tmp_path)
+    assert again.chat(MSGS, prompt_version="t", max_tokens=4)["content"] == "OK"
+    assert chat_posts(httpserver) - before == 2 and again.cache.hits == 1
+    assert len(chat_lines(tmp_path)) == 1
+
+
+def test_malformed_body_and_no_choices_are_retried(httpserver):
+    fake_server(httpserver)
+    ep = endpoint(httpserver)
+    ep.preflight()
+    httpserver.expect_oneshot_request("/v1/chat/completions").respond_with_data(
+        '{"choices": [', content_type="application/json")
+    httpserver.expect_oneshot_request("/v1/chat/completions").respond_with_json(
+        completion(choices=False))
+    before = chat_posts(httpserver)
+    assert ep.chat(MSGS, prompt_version="t", max_tokens=4)["content"] == "OK"
+    assert chat_posts(httpserver) - before == 3
+    assert ep.failed == 0
+
+
+def test_timeout_fails_the_request_after_retries_and_caches_nothing(httpserver, tmp_path):
+    fake_server(httpserver)
+    ep = endpoint(httpserver, tmp_path, timeout_s=0.3, max_retries=1, max_error_rate=1.0)
+    ep.preflight()
+
+    def slow(request):
+        time.sleep(0.8)
+        return Response(json.dumps(completion()), content_type="application/json")
+
+    for _ in range(2):
+        httpserver.expect_oneshot_request("/v1/chat/completions").respond_with_handler(slow)
+    t0 = time.monotonic()
+    with pytest.raises(RequestFailed, match="Timeout"):
+        ep.chat([{"role": "user", "content": "slow"}], prompt_version="t", max_tokens=4)
+    assert time.monotonic() - t0 < 5
+    assert (ep.requests, ep.failed) == (1, 1)
+    assert chat_lines(tmp_path) == []  # the preflight's facts only
+
+
+def test_error_rate_stops_with_one_line(httpserver):
+    fake_server(httpserver)
+    ep = endpoint(httpserver, max_retries=0, max_error_rate=0.05)
+    ep.preflight()
+    for _ in range(2):
+        httpserver.expect_oneshot_request("/v1/chat/completions").respond_with_data(
+            "x", status=503)
+    # 0.05 * max(n, 20) = 1: the first failure is tolerated, the second stops the run
+    with pytest.raises(RequestFailed):
+        ep.chat([{"role": "user", "content": "a"}], prompt_version="t", max_tokens=4)
+    with pytest.raises(EndpointError, match=r"2 of 2 requests .* failed .*max_error_rate"):
+        ep.chat([{"role": "user", "content": "b"}], prompt_version="t", max_tokens=4)
+
+
+def test_401_refused_in_preflight_without_the_key(httpserver, monkeypatch):
+    monkeypatch.setenv("MY_KEY", KEY)
+    httpserver.expect_request("/v1/models").respond_with_json(
+        {"error": {"message": f"Incorrect API key provided: {KEY}"}}, status=401)
+    ep = endpoint(httpserver, api_key_env="MY_KEY")
+    t0 = time.monotonic()
+    with pytest.raises(EndpointError) as err:
+        ep.preflight()
+    msg = str(err.value)
+    assert "refused the API key (401)" in msg and "$MY_KEY" in msg
+    assert KEY not in msg and KEY[-6:] not in msg and "\n" not in msg
+    assert time.monotonic() - t0 < 5
+    assert KEY not in repr(ep)
+
+
+def test_unset_key_variable_wrong_model_and_unreachable_server(httpserver, monkeypatch):
+    monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
+    with pytest.raises(EndpointError, match="NO_SUCH_KEY_VAR, which is not set"):
+        endpoint(httpserver, api_key_env="NO_SUCH_KEY_VAR")
+    fake_server(httpserver)
+    cfg = EndpointConfig.from_spec("openai:other", {"base_url": httpserver.url_for("/v1")})
+    with pytest.raises(EndpointError, match=r"does not serve model 'other'; it serves \['fake'\]"):
+        Endpoint(cfg).preflight()
+    from interp.endpoints.local import free_port
+
+    dead = EndpointConfig.from_spec("openai:fake", {
+        "base_url": f"http://127.0.0.1:{free_port()}/v1", "timeout_s": 2})
+    t0 = time.monotonic()
+    with pytest.raises(EndpointError, match="cannot reach http://127.0.0.1"):
+        Endpoint(dead).preflight()
+    assert time.monotonic() - t0 < 10
+
+
+def test_config_rules(monkeypatch):
+    with pytest.raises(ConfigError, match=r"unknown keys \['base'\]"):
+        EndpointConfig.from_spec("openai:m", {"base": "x"})
+    with pytest.raises(ConfigError, match="concurrency = 0 is out of range"):
+        EndpointConfig.from_spec("openai:m", {"concurrency": 0})
+    with pytest.raises(ConfigError, match="is not openai:MODEL"):
+        EndpointConfig.from_spec("openai:", None)
+    cfg = EndpointConfig.from_spec("openai:m")
+    monkeypatch.delenv("INTERP_OPENAI_BASE_URL", raising=False)
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://b/v1/")
+    assert cfg.resolved_base_url() == "http://b/v1"
+    monkeypatch.setenv("INTERP_OPENAI_BASE_URL", "http://a/v1")
+    assert cfg.resolved_base_url() == "http://a/v1"
+    assert EndpointConfig.from_spec("openai:m", {"base_url": "http://c/v1"}
+                                    ).resolved_base_url() == "http://c/v1"
+    with pytest.raises(ModelSpecError, match="served behind an endpoint"):
+        load_model("openai:m")
+
+
+def test_oracle_fallback_order_without_log_probs(httpserver):
+    fake_server(httpserver)
+    oracle = make_oracle("openai:fake", endpoint={"base_url": httpserver.url_for("/v1")})
+    kw = {"dataset": "squad", "extras": {"context": "c", "question": "q"}}
+    assert oracle.grade("Paris", ["Paris"], **kw).rule == "openai:reply:Correct"
+    # "Hmm" holds no verdict; the server has no /apply-template (no forced choice), so the
+    # JSON-schema constrained choice decides
+    g = oracle.grade("Shakespeare", ["Shakespeare"], **kw)
+    assert (g.label, g.rule) == (False, "openai:constrained:Incorrect")
+    assert oracle.grade("x", [], dataset="squad", answerable=False).rule.startswith(
+        "unanswerable")
+    assert oracle.counts == {"reply": 1, "forced_choice": 0, "constrained": 1, "none": 0,
+                             "rule": 1}
+    assert oracle.endpoint.facts["forced_choice"] is None
+
+
+def test_served_study_without_scores_caches_and_never_writes_the_key(
+        httpserver, tmp_path, data_file, monkeypatch, capsys):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    seen = fake_server(httpserver)
+    out = tmp_path / "run"
+    cfg = AsymmetryConfig(model="openai:fake", datasets=[data_file], limit=3, n_boot=50,
+                          model_endpoint={"base_url": httpserver.url_for("/v1"),
+                                          "concurrency": 2})
+    m = run(out, None, cfg)
+    assert seen["auth"] == {f"Bearer {KEY}"}  # the key is sent ...
+    recs = RunDir(out).read_records()
+    assert [r["answer"] for r in recs] == ["Paris", "Shakespeare", "blue"]
+    assert all(r["verdict"] is True and r["verdict_score"] == "unavailable" for r in recs)
+    assert all("logit_diff" not in r for r in recs)
+    o = m["overall"]
+    assert (o["GA"], o["EA"]) == (1.0, 1.0)
+    assert o["EA_forced"] is None and o["delta_forced"] is None and o["auc_logit_diff"] is None
+    assert o["EA_forced_unavailable"].startswith("unavailable")
+    table = format_metrics(m)
+    assert "EA_forced unavailable" in table
+    manifest = RunDir(out).manifest()
+    assert manifest["model"]["server"]["system_fingerprint"] == "fp_test"
+    assert manifest["result_facts"]["endpoint_models"][0]["id"] == "fake"
+    assert manifest["result_facts"]["forced_choice"] is None
+    assert len(chat_lines(out)) == 6  # gen + eval per example; no forced-choice requests
+    # ... and never written: not in any file of the run dir, nor in what was printed
+    for p in out.rglob("*"):
+        if p.is_file():
+            assert KEY not in p.read_bytes().decode("utf-8", "replace"), p
+    cap = capsys.readouterr()
+    assert KEY not in cap.out + cap.err
+    # a rerun with the server gone makes no request and gives the same numbers
+    httpserver.clear()
+    posts = seen["chat"]
+    again = run(out, None, AsymmetryConfig(**{**cfg.__dict__, "limit": 3}))
+    assert seen["chat"] == posts and again["overall"]["EA"] == 1.0
+    # the stages that read internals refuse the run in one line
+    with pytest.raises(ConfigError, match="attention needs the model's internals"):
+        load_run_model(RunDir(out), stage="attention")
+
+
+def test_run_stops_past_max_error_rate_keeping_finished_records(httpserver, tmp_path,
+                                                                data_file):
+    seen = fake_server(httpserver)
+    base = httpserver.url_for("/v1")
+    out = tmp_path / "run"
+    cfg = AsymmetryConfig(model="openai:fake", datasets=[data_file], limit=3, n_boot=50,
+                          model_endpoint={"base_url": base, "concurrency": 1,
+                                          "max_retries": 0, "max_error_rate": 0.0})
+    # preflight (1 chat) + the first example (gen, eval) answer; then every chat fails
+    calls = {"n": 0}
+
+    def flaky(request):
+        calls["n"] += 1
+        if calls["n"] > 3:
+            return Response("down", status=500)
+        return Response(json.dumps(completion(reply_for(request.get_json()))),
+                        content_type="application/json")
+
+    httpserver.clear()
+    httpserver.expect_request("/v1/models").respond_with_json(MODELS)
+    httpserver.expect_request("/v1/chat/completions").respond_with_handler(flaky)
+    with pytest.raises(EndpointError, match="max_error_rate 0.0"):
+        run(out, None, cfg)
+    kept = RunDir(out).read_records()
+    assert [r["id"] for r in kept] == ["q0"]
+    # the server is back: the rerun does the other two, nothing twice
+    httpserver.clear()
+    seen = fake_server(httpserver)
+    m = run(out, None, cfg)
+    ids = [r["id"] for r in RunDir(out).read_records()]
+    assert sorted(ids) == ["q0", "q1", "q2"] and len(ids) == 3
+    keys = [row["key"] for row in chat_lines(out)]
+    assert len(keys) == len(set(keys)) == 6
+    assert seen["chat"] == 1 + 4  # preflight + gen/eval of q1, q2
+    assert m["overall"]["n"] == 3
+    # another server behind the same URL (its /v1/models answer changed) is refused
+    httpserver.clear()
+    httpserver.expect_request("/v1/models").respond_with_json(
+        {"object": "list", "data": [{"id": "fake", "object": "model", "owned_by": "else"}]})
+    httpserver.expect_request("/v1/chat/completions").respond_with_json(completion())
+    extra = {"id": "q3", "question": "Q?", "context": "C.", "answers": ["C"]}
+    with open(data_file, "a") as f:
+        f.write(json.dumps(extra) + "\n")
+    with pytest.raises(RunDirError, match="runtime.endpoint_models"):
+        run(out, None, AsymmetryConfig(**{**cfg.__dict__, "limit": 4}))
+
+
+def test_oracle_agreement_served_from_the_cache(httpserver, tmp_path, data_file):
+    fake_server(httpserver)
+    out = tmp_path / "run"
+    run(out, None, AsymmetryConfig(model="openai:fake", datasets=[data_file], limit=3, n_boot=50,
+                        model_endpoint={"base_url": httpserver.url_for("/v1")}))
+    first = oracle_agreement(RunDir(out), "openai:fake",
+                             endpoint={"base_url": httpserver.url_for("/v1")})
+    assert first["oracle_b"] == "openai:fake" and first["n"] == 3
+    assert first["confusion"]["a_correct_b_incorrect"] == 1  # Shakespeare: constrained
+    httpserver.clear()  # gone: every grade comes from DIR/requests.jsonl
+    again = oracle_agreement(RunDir(out), "openai:fake",
+                             endpoint={"base_url": httpserver.url_for("/v1")})
+    assert again["confusion"] == first["confusion"] and again["kappa"] == first["kappa"]
+    assert again["oracle_b_counts"] == first["oracle_b_counts"]
