@@ -58,6 +58,7 @@ from interp.plots.asymmetry import plot_asymmetry
 from interp.prefill import Capture
 from interp.progress import tqdm
 from interp.prompts import Template, get_template, render
+from interp.reasoning import MAX_REASONING_TOKENS
 from interp.residual_features import POOLS
 from interp.stages.common import check_run_model, stage_facts
 from interp.stages.contract import spec
@@ -99,6 +100,8 @@ class AsymmetryConfig:
         split: dataset split.
         max_new_tokens: answer length cap (tokens).
         verdict_max_new_tokens: verdict length cap (tokens).
+        max_reasoning_tokens: a reasoning judge's reply budget (tokens; only templates with
+            ``judge = "reasoning"`` use it, :mod:`interp.reasoning`).
         batch_size: prompts per forward pass.
         seed: seed of bootstrap resampling.
         device: where to run (default CUDA when available).
@@ -141,6 +144,7 @@ class AsymmetryConfig:
     split: str = "validation"
     max_new_tokens: int = option(48, kind="count")
     verdict_max_new_tokens: int = option(12, kind="count")
+    max_reasoning_tokens: int = option(MAX_REASONING_TOKENS, kind="count")
     batch_size: int = option(8, kind="count")
     seed: int = 0
     device: str | None = None
@@ -285,7 +289,8 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     oracle = None if config.answers_from else served or make_oracle(
         config.oracle, device=config.device, dtype=config.dtype, run_model=handle)
     facts = None
-    if config.one_pass:  # the stages' own checks: refuse their work made under other settings
+    # the stages' own checks: refuse their work made under other settings
+    if config.one_pass and template.judge == "word":
         facts = stage_facts(rd, handle, "attention", overwrite=overwrite)
         stage_facts(rd, handle, "probe", overwrite=overwrite)
     finished = {qa_key(r): r for r in (rd.read_records(status=None)
@@ -315,12 +320,15 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
         bar = tqdm(total=len(todo), desc=ds, unit="ex", disable=not todo)
         for s in range(0, len(todo), chunk):
             part = todo[s:s + chunk]
-            cap = Capture(rows=True, pools=POOLS) if config.one_pass else None
+            # a reasoning judge's verdict position lies after its reasoning: no one-pass
+            cap = Capture(rows=True, pools=POOLS) if config.one_pass and \
+                template.judge == "word" else None
             kw = dict(template=template, max_new_tokens=config.max_new_tokens,
                       verdict_max_new_tokens=config.verdict_max_new_tokens,
                       batch_size=config.batch_size, capture=cap)
             recs = (judge_from_source(handle, part, source, **kw) if source is not None else
-                    evaluate_examples(handle, part, oracle=oracle, **kw))
+                    evaluate_examples(handle, part, oracle=oracle,
+                                      max_reasoning_tokens=config.max_reasoning_tokens, **kw))
             for r in recs:
                 r["template"] = config.template
                 r.setdefault("model", handle.spec)
