@@ -306,14 +306,7 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
                           if k not in stale and r.get("status") == "ok"
                           and k in source.records and r.get("answer") != (
                               source.records[k].get("answer"))})
-        if stale:
-            if not overwrite:
-                (key, why), n = next(iter(stale.items())), len(stale)
-                raise RunDirError(f"{rd.path}: {n} finished record(s) of {ds} were made from "
-                                  f"another version of their example or prompt (first: "
-                                  f"{'/'.join(key)}: {why}); use --overwrite to redo them")
-            rd.drop_records(stale)
-            done -= set(stale)
+        done -= rd.redo_stale(stale, ds, overwrite=overwrite)
         todo = [ex for ex in examples if (ex.dataset, ex.id) not in done]
         log(f"[{ds}] {len(examples)} examples, {len(examples) - len(todo)} already done")
         t0 = time.perf_counter()
