@@ -37,27 +37,34 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from interp.data import QAExample
-from interp.errors import PromptError
-from interp.grading import BaseOracle, extract_answer, parse_verdict
+from interp.errors import ConfigError, PromptError
+from interp.grading import BaseOracle, extract_answer
+from interp.judging import eval_prompt, judge_prompts, judge_room, parse_record_verdict
 from interp.models import ModelHandle
 from interp.prefill import Capture, PromptPass, run_prompts
 from interp.prompts import RenderedPrompt, Template, render
+from interp.reasoning import MAX_REASONING_TOKENS
 from interp.stats import (
     MIN_PASSAGES,
     ClusterBootstrap,
+    ci_text,
+    degenerate_note,
+    is_degenerate,
     mcnemar,
     passage_groups,
     passage_note,
     roc_auc,
 )
 from interp.store.records import Record, check_verdict_scores
-from interp.verdict import VerdictScores, verdict_replies
 
 __all__ = ["METRIC_DEFINITIONS", "compute_metrics", "evaluate_examples", "format_metrics",
-           "group_metrics", "parse_record_verdict"]
+           "group_metrics", "judge_records", "parse_record_verdict"]
+
+
+def _example_fields_names() -> tuple[str, ...]:
+    return ("id", "dataset", "split", "question", "context", "answers", "answerable")
 
 
 def _example_fields(ex: QAExample) -> dict[str, Any]:
@@ -85,6 +92,7 @@ def evaluate_examples(
     oracle: BaseOracle,
     max_new_tokens: int = 48,
     verdict_max_new_tokens: int = 12,
+    max_reasoning_tokens: int = MAX_REASONING_TOKENS,
     batch_size: int = 8,
     candidates: Sequence[str] | None = None,
     capture: Capture | None = None,
@@ -99,6 +107,8 @@ def evaluate_examples(
         oracle: grades generated answers (step 2).
         max_new_tokens: answer length cap (tokens).
         verdict_max_new_tokens: verdict length cap (tokens).
+        max_reasoning_tokens: a reasoning judge's reply budget (tokens; templates with
+            ``judge = "reasoning"``, :mod:`interp.reasoning`).
         batch_size: prompts per forward.
         candidates: when given, judge these answers instead of the model's own (used by the
             transfer and patching studies; GA then describes the candidates).
@@ -111,8 +121,12 @@ def evaluate_examples(
         One :class:`interp.store.Record` per example (``status`` ``"ok"``, or ``"skipped"``
         with a ``reason`` when a prompt does not fit the model's context).
     """
-    # refuses a chat template whose two verdict replies cannot be scored, before any generation
-    replies = verdict_replies(handle.tokenizer)
+    # refuses a template whose replies cannot be scored, before any generation
+    judge_room(handle, template, verdict_max_new_tokens, max_reasoning_tokens)
+    if capture is not None and template.judge != "word":
+        raise ConfigError(f"template {template.name!r} judges with reasoning: its verdict "
+                          f"position lies after the reasoning, so the one-pass capture of the "
+                          f"eval prompt does not apply (one_pass = false)")
     room = handle.max_positions
     records: list[Record | None] = [None] * len(examples)
     gen_prompts: dict[int, RenderedPrompt] = {}
@@ -144,66 +158,97 @@ def evaluate_examples(
         raw = answers = {k: candidates[k] for k in gen_prompts}
     eval_prompts: dict[int, RenderedPrompt] = {}
     for k in gen_prompts:
-        try:
-            ep = _render(handle, template, "eval", examples[k], answers[k])
-        except PromptError as err:
-            records[k] = _skipped(examples[k], str(err))
-            continue
-        if len(ep) + max(verdict_max_new_tokens, *map(len, replies.ids)) > room:
-            records[k] = _skipped(examples[k], f"evaluation prompt has {len(ep)} tokens; it "
-                                               f"exceeds the model's {room} positions")
+        ep = eval_prompt(handle, template, examples[k], answers[k], verdict_max_new_tokens,
+                         max_reasoning_tokens)
+        if isinstance(ep, str):
+            records[k] = _skipped(examples[k], ep)
             continue
         eval_prompts[k] = ep
-    # one prefill per eval prompt: the verdict score, the verdict reply and the recordings
-    evals = run_prompts(handle, [ep.input_ids for ep in eval_prompts.values()],
-                        batch_size=batch_size, max_new_tokens=verdict_max_new_tokens,
-                        continuations=replies.ids, rows=rows, pools=pools,
-                        candidate_spans=[ep.token_spans.get("candidate")
-                                         for ep in eval_prompts.values()],
-                        progress=progress and f"{progress} eval")
-    lps = torch.stack([v.logprobs for v in evals]) if evals else torch.zeros(0, 2)
-    scores = VerdictScores(logprob_correct=lps[:, 0], logprob_incorrect=lps[:, 1]).rows()
-    for (k, ep), v, sc in zip(eval_prompts.items(), evals, scores):
-        records[k] = _ok_record(handle, examples[k], oracle, raw[k], answers[k], v.text,
-                                {**sc, "verdict_reply_ids": replies.id_lists()},
+    judged = judge_prompts(handle, template, eval_prompts, answers, rows=rows, pools=pools,
+                           batch_size=batch_size, verdict_max_new_tokens=verdict_max_new_tokens,
+                           max_reasoning_tokens=max_reasoning_tokens, progress=progress)
+    for k, ep in eval_prompts.items():
+        fields, v = judged[k]
+        records[k] = _ok_record(handle, examples[k], oracle, raw[k], answers[k], fields,
                                 gen_prompts[k], ep)
         if capture is not None:
             capture.got[k] = {"gen": (gen_prompts[k], gen_pass[k]), "eval": (ep, v)}
     return records  # type: ignore[return-value]
 
 
-def parse_record_verdict(text: str, candidate: str) -> tuple[bool | None, str]:
-    """The verdict of a judge reply and what decided it.
-
-    Returns:
-        ``(verdict, source)``: ``source`` is ``"word"`` (a verdict word decided,
-        :func:`interp.grading.parse_verdict` steps 1-5), ``"restated_answer"`` (no verdict
-        word; "The correct answer is X" compared with the candidate, step 6) or ``"none"``
-        (verdict None).
-    """
-    v = parse_verdict(text)
-    if v is not None:
-        return v, "word"
-    v = parse_verdict(text, candidate)
-    return v, "none" if v is None else "restated_answer"
-
-
 def _ok_record(handle: ModelHandle, ex: QAExample, oracle: BaseOracle, raw: str, answer: str,
-               verdict_text: str, scores: Mapping[str, Any], gp: RenderedPrompt,
-               ep: RenderedPrompt) -> Record:
+               judged: Mapping[str, Any], gp: RenderedPrompt, ep: RenderedPrompt) -> Record:
     """Step 2 (grade) and the record of one fully evaluated example."""
     graded = oracle.grade(answer, ex.answers, dataset=ex.dataset, answerable=ex.answerable,
                           extras={**ex.extras, "context": ex.context, "question": ex.question})
-    verdict, source = parse_record_verdict(verdict_text, answer)
     return {  # type: ignore[typeddict-item]
         **_example_fields(ex), "status": "ok", "model": handle.spec,
         "generation": raw, "answer": answer,
         "oracle_label": bool(graded.label),
         "oracle": {"name": oracle.name, "em": graded.em, "f1": graded.f1, "rule": graded.rule},
-        "verdict": verdict, "verdict_source": source, "verdict_text": verdict_text,
-        **scores,
+        **judged,
         "prompts": {"gen": gp.to_record(), "eval": ep.to_record()},
     }
+
+
+def judge_records(handle: ModelHandle, records: Sequence[Record] | Sequence[Mapping[str, Any]],
+                  *, template: Template, verdict_max_new_tokens: int = 12,
+                  max_reasoning_tokens: int = MAX_REASONING_TOKENS, batch_size: int = 8,
+                  rows: bool = False, reasoning_attention: bool = False,
+                  progress: str | None = None) -> tuple[list[Record], list[Any]]:
+    """A judge-only rerun: ``handle`` judges the given records' candidate answers.
+
+    Nothing is generated or graded again: each record's example, ``generation``, ``answer``
+    (the candidate), ``oracle_label`` and ``oracle`` are kept, so the new judge is compared
+    with the old one on the same records and the same answers (paired). The judge step is
+    the harness's own (step 3 of the module algorithm, any template's ``judge``).
+
+    Args:
+        handle: the judge (the records' model, or another one).
+        records: ``ok`` records of a run (``answer``, ``oracle_label`` and the example).
+        template: the judge's template variant.
+        verdict_max_new_tokens: one-word verdict length cap (tokens).
+        max_reasoning_tokens: a reasoning judge's budget (:mod:`interp.reasoning`).
+        batch_size: prompts per forward.
+        rows: record the verdict position's attention (reasoning judge: in its judgement).
+        reasoning_attention: a reasoning judge's attention while reasoning, too.
+        progress: a tqdm description (None: no bar).
+
+    Returns:
+        ``(records, passes)``: one new record per given record (``status`` ``"skipped"`` when
+        its eval prompt does not fit), with ``model`` = the judge, ``answers_from`` = the
+        records' model, ``template`` = the judge's template and the new verdict fields; and
+        per record the :class:`interp.prefill.PromptPass` or
+        :class:`interp.reasoning.ReasoningJudgement` (None when skipped).
+    """
+    judge_room(handle, template, verdict_max_new_tokens, max_reasoning_tokens)
+    out: list[Any] = [None] * len(records)
+    prompts: dict[int, RenderedPrompt] = {}
+    for k, rec in enumerate(records):
+        ex = QAExample(id=rec["id"], dataset=rec["dataset"], context=rec["context"],
+                       question=rec["question"], answers=tuple(rec.get("answers") or ()),
+                       answerable=rec.get("answerable", True), split=rec.get("split", ""))
+        ep = eval_prompt(handle, template, ex, rec["answer"], verdict_max_new_tokens,
+                          max_reasoning_tokens)
+        if isinstance(ep, str):
+            out[k] = _skipped(ex, ep)
+        else:
+            prompts[k] = ep
+    judged = judge_prompts(handle, template, prompts, {k: records[k]["answer"] for k in prompts},
+                    rows=rows, batch_size=batch_size,
+                    verdict_max_new_tokens=verdict_max_new_tokens,
+                    max_reasoning_tokens=max_reasoning_tokens,
+                    reasoning_attention=reasoning_attention, progress=progress)
+    passes: list[Any] = [None] * len(records)
+    for k, (fields, v) in judged.items():
+        src = records[k]
+        kept = {f: src[f] for f in (*_example_fields_names(), "generation", "answer",
+                                    "oracle_label", "oracle") if f in src}
+        out[k] = {**kept, "status": "ok", "model": handle.spec, "answers_from": src.get("model"),
+                  "template": template.name, **fields,
+                  "prompts": {**(src.get("prompts") or {}), "eval": prompts[k].to_record()}}
+        passes[k] = v
+    return out, passes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -409,10 +454,12 @@ def format_metrics(metrics: Mapping[str, Any]) -> str:
             rows.append(f"{name:<10} {0:>4}")
             continue
         ci = m.get("delta_ci")
-        ci_s = "-" if not ci else f"[{ci[0]:+.2f},{ci[1]:+.2f}]"
+        ci_s = ci_text(ci, "+.2f")
         star = "*" if m.get("few_passages") else ""
         if star:
             notes.append(f"* {name}: {m['note']}")
+        if is_degenerate(ci):
+            notes.append(f"  {name}: {degenerate_note(m.get('n_passages'))}")
         if m.get("forced_choice_note"):
             notes.append(f"  {name}: {m['forced_choice_note']}")
         if m.get("EA_forced_unavailable"):

@@ -329,6 +329,19 @@ def _stage_params(s: StageSpec) -> list[inspect.Parameter]:
 
     overwrite = opt("overwrite", bool, False, help=(
         _OVERWRITE_STAGE if s.needs_run else "discard work made with another config"))
+    if s.name == "audit":  # a run directory, or a judge dataset judged into a new one
+        return [opt("run", Path | None, None, help="a judged run directory (self- or "
+                                                   "cross-judged)"),
+                opt("judged", Path | None, None, help=(
+                    "instead: a JSONL judge dataset (context, question, candidate, label, "
+                    "optional verdict per line), judged by --model into --out")),
+                opt("model", str | None, None, help="with --judged: the judge model"),
+                opt("out", Path | None, None, help="with --judged: the run directory"),
+                opt("template", str, "default", help="with --judged: the eval template"),
+                opt("device", str | None, None, help="default: the run's device"), overwrite,
+                opt("tables_only", bool, False, help=(
+                    "only rebuild the tables and figures from the stored recordings (no "
+                    "model)"))]
     if s.needs_run:
         params = [opt("run", Path, ..., help="finished asymmetry run directory"),
                   opt("device", str | None, None, help="default: the run's device"), overwrite]
@@ -388,9 +401,15 @@ def _run_stage(s: StageSpec, cls: Any, kw: dict[str, Any]) -> None:
     if kw.get("config"):
         values = {**s.load().load_config_file(kw["config"]), **values}
     cfg = cls.from_mapping(values)  # every bad value is refused before any file is read
-    mod, where = s.load(), Path(kw.get("run") or kw["out"])
+    mod = s.load()
+    if s.name == "audit":
+        _audit_dir(mod, kw)
+    where = Path(kw.get("run") or kw["out"])
     rd = RunDir(_watch(where))
-    if kw.get("tables_only"):
+    if kw.get("judged"):
+        summary = mod.run(rd, kw["judged_handle"], cfg, overwrite=kw["overwrite"],
+                          log=typer.echo)
+    elif kw.get("tables_only"):
         summary = getattr(mod, s.tables_only)(rd, cfg)  # type: ignore[arg-type]
     else:
         run, handle = mod.run, None
@@ -423,6 +442,28 @@ def _run_asymmetry(rd: Any, handle: Any, cfg: Any, *, overwrite: bool,
                              overwrite=overwrite, log=log)
     finally:
         finish()
+
+
+def _audit_dir(mod: Any, kw: dict[str, Any]) -> None:
+    """``interp audit``: a run given by ``--run``, or ``--judged`` judged into ``--out``.
+
+    Raises:
+        ConfigError: neither or both of ``--run`` and ``--judged``; ``--judged`` without
+            ``--model`` and ``--out``.
+    """
+    from interp.errors import ConfigError
+    from interp.models import load_model
+
+    if (kw["run"] is None) == (kw["judged"] is None):
+        raise ConfigError("give either --run DIR or --judged FILE.jsonl (with --model, --out)")
+    if kw["judged"] is None:
+        return
+    if not kw["model"] or kw["out"] is None:
+        raise ConfigError("--judged needs --model (the judge) and --out (its run directory)")
+    mod.read_judged(kw["judged"])  # a malformed file fails before the model loads
+    kw["judged_handle"] = handle = load_model(kw["model"], device=kw["device"])
+    mod.judged_run(kw["judged"], _watch(kw["out"]), handle, template=kw["template"],
+                   overwrite=kw["overwrite"], log=typer.echo)
 
 
 def main() -> None:

@@ -26,7 +26,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from interp.stats import MIN_PASSAGES, passage_note
+from interp.stats import (
+    MIN_PASSAGES,
+    ci_text,
+    degenerate_note,
+    fit_note,
+    is_degenerate,
+    passage_note,
+)
 from interp.store.io import write_json
 
 __all__ = ["DEFINITIONS", "comparison_rows", "format_markdown", "probe_headline", "read_run",
@@ -57,6 +64,8 @@ DEFINITIONS: dict[str, str] = {
         "cells by that same AUC, so optimistic by the selection (overall rows; "
         "probes/results.json)",
     "probe_cells": "N, the (probe, layer, pool) cells the best probe was selected from",
+    "probe_fit_note": "set when the probe was fit on too few records to read its AUC "
+                      "(interp.stats.fit_note); the AUC cell then has a *",
     "probe_perm_p / probe_perm_n / probe_perm_probe / probe_perm_auc": "label-permutation p of "
         "the best cell of probe kind probe_perm_probe (observed AUC probe_perm_auc), re-selected "
         "over every layer and pool under each of probe_perm_n permutations; None when not run",
@@ -115,7 +124,7 @@ def _transfer_cols(table: Mapping[str, Any] | None, ds: str) -> dict[str, Any]:
 
 _PROBE_KEYS = ("probe_auc", "probe_probe", "probe_layer", "probe_pool", "probe_cells",
                "probe_perm_p", "probe_perm_n", "probe_perm_probe", "probe_perm_auc",
-               "judge_auc", "judge_auc_pooled")
+               "judge_auc", "judge_auc_pooled", "probe_fit_note")
 
 
 def probe_headline(results: Mapping[str, Any], task: str = "eval") -> dict[str, Any]:
@@ -142,7 +151,9 @@ def probe_headline(results: Mapping[str, Any], task: str = "eval") -> dict[str, 
             "probe_perm_p": pm.get("p_value"), "probe_perm_n": pm.get("n"),
             "probe_perm_probe": pm.get("probe"), "probe_perm_auc": pm.get("observed"),
             "judge_auc": (judge.get("folds") or {}).get("auc"),
-            "judge_auc_pooled": (judge.get("overall") or {}).get("auc")}
+            "judge_auc_pooled": (judge.get("overall") or {}).get("auc"),
+            "probe_fit_note": fit_note(results["n_records"], results.get("class_counts"))
+            if "n_records" in results else None}
 
 
 def comparison_rows(runs: Mapping[str, str | Path]) -> list[dict[str, Any]]:
@@ -198,7 +209,8 @@ def _md_cell(row: Mapping[str, Any], key: str) -> str:
     if key == "n_passages" and v is not None:
         return f"{v}{'*' * bool(row.get('few_passages'))}"
     if key == "probe_auc" and v is not None:
-        return f"{v:.3f} (best of {row.get('probe_cells')}: {row.get('probe_probe')} " \
+        star = "*" * bool(row.get("probe_fit_note"))
+        return f"{v:.3f}{star} (best of {row.get('probe_cells')}: {row.get('probe_probe')} " \
                f"L{row.get('probe_layer')} {row.get('probe_pool')})"
     if key == "probe_perm_p" and v is not None:
         return f"{v:.2f} ({row.get('probe_perm_n')} perms, best {row.get('probe_perm_probe')} " \
@@ -206,7 +218,8 @@ def _md_cell(row: Mapping[str, Any], key: str) -> str:
     if v is None:
         return "-"
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(f"{x:.3f}" for x in v) + "]"
+        return ci_text(v, ".3f", ", ") if len(v) == 2 else \
+            "[" + ", ".join(f"{x:.3f}" for x in v) + "]"
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
@@ -232,6 +245,10 @@ def format_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
             for r in rows]
     notes = [f"\\* {r['model']} {r['dataset']}: {passage_note(r['n_passages'])}"
              for r in rows if r.get("few_passages")]
+    notes += [f"\\* {r['model']} probe: {r['probe_fit_note']}" for r in rows
+              if r.get("probe_fit_note") and r.get("probe_auc") is not None]
+    if any(is_degenerate(v) for r in rows for v in r.values() if isinstance(v, (list, tuple))):
+        notes.append(degenerate_note())
     if any(r.get("probe_auc") is not None for r in rows):
         notes.append("probe best-of-N CV AUC: mean test-fold AUC of the best of N (probe, "
                      "layer, pool) cells, selected by that same AUC (optimistic); perm. p: "

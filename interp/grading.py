@@ -33,6 +33,7 @@ from interp.oracle_rules import (
     HEDGE_TOKENS,
     MAX_CANDIDATE_TOKENS,
     Context,
+    arithmetic_results,
     best_window_f1,
     competing,
     contains_at,
@@ -40,6 +41,7 @@ from interp.oracle_rules import (
     hedges,
     oracle_tokens,
     other_option_first,
+    restates_question,
     token_f1,
     tokenize,
     yes_no,
@@ -161,7 +163,9 @@ class RuleOracle(BaseOracle):
     2. **Normalisation** (:func:`oracle_tokens`): numbers are parsed before punctuation is
        stripped, so "1.0" vs "10", "3.14" vs "314" and "0,1" vs "01" differ, "1.0" equals "1"
        and only true thousands groups lose their commas ("1,000" = "1000"). Everything below
-       compares these tokens. The reported ``em``/``f1`` stay the official SQuAD / DROP values.
+       compares these tokens. A worked sum that holds counts as its result
+       (:func:`interp.oracle_rules.arithmetic_results`: "14,506 + 6,000 = 20,506" is "20,506").
+       The reported ``em``/``f1`` stay the official SQuAD / DROP values.
     3. Per gold answer (the label is True if any gold passes, reported with the first passing
        rule; else the first failing rule):
 
@@ -173,7 +177,8 @@ class RuleOracle(BaseOracle):
           alternative ("the Central Secretariat (or Zhongshu Sheng)" passes).
        c. **Negation**: a gold mention in the scope of a negation (:func:`negated_at`: "not",
           "n't", "never", ... earlier in its clause) -> incorrect ("negated"): "Not Paris",
-          "It is not 1850". "Paris, not Lyon" is not negated.
+          "It is not 1850". "Paris, not Lyon" is not negated, nor is "32.9%" in "voters who
+          did not vote was 32.9%" (a relative clause's negation ends at its main verb).
        d. **Numbers**: if the gold has numbers, the prediction's set of numbers must equal
           the gold's ("numbers"): "March 1944" vs "March 1943", "3.14" vs "314".
        e. **Competing candidates** ("list"): the prediction is split into list items
@@ -207,7 +212,10 @@ class RuleOracle(BaseOracle):
           offers a choice ("..., Todd Heap or Derrick Mason?"); otherwise only by F1 on the
           whole answer ("communication complexity is an example of a computational measure"
           does not match gold "complexity" for "Communication complexity is an example of
-          what type of measure?", while "... represented Texas Tech University" matches for
+          what type of measure?", and neither does the shorter echo "communication
+          complexity": a gold mention inside a run of question words is no evidence for any
+          answer, :func:`interp.oracle_rules.restates_question`), while "... represented
+          Texas Tech University" matches for
           "The 1974 Texas Tech Raiders ... represented what university ...?").
        h. **Match**: token F1 >= :data:`SQUAD_F1_THRESHOLD` (0.6; DROP: DROP F1 >=
           :data:`DROP_F1_THRESHOLD`, 0.8) -> correct ("f1"); for single-span golds also the
@@ -294,6 +302,7 @@ class RuleOracle(BaseOracle):
     @staticmethod
     def _rule(pred: str, gold: list[str], drop: bool, ctx: Context) -> str:
         """One gold answer (a list of spans): the rule's steps 3a-3h, first decision wins."""
+        pred = arithmetic_results(pred)
         p = tokenize(pred)
         p_toks = [t.text for t in p]
         g_toks = [t.text for s in gold for t in tokenize(s)]
@@ -322,12 +331,14 @@ class RuleOracle(BaseOracle):
         telling = set(g_toks) - set(ctx.q_toks) - FUNCTION_WORDS
         if telling and not choice and not telling & set(p_toks):
             return "question_words" if set(g_toks) & set(p_toks) else "no_match"
-        if f1 >= thr:
-            return "f1"
         # a gold phrase the question itself contains is evidence only when the question offers
         # it as a choice ("Todd Heap or Derrick Mason?"), not when the answer echoes it
         echo = not telling and bool(contains_at(ctx.q_toks, g_toks))
         mention_counts = not echo or choice
+        if not mention_counts and restates_question(p_toks, g_toks, ctx.q_toks):
+            return "question_words"
+        if f1 >= thr:
+            return "f1"
         if not multi and mention_counts and contains_at(p_toks, g_toks):
             return "contained"
         if not multi and mention_counts and best_window_f1(p_toks, g_toks) >= thr:

@@ -192,7 +192,11 @@ def _resolve(spec: str, revision: str | None) -> tuple[Path | str, dict[str, Any
         check_folder(path)
         return path, {**info, "source": "local", "path": str(path),
                       "sha256": checkpoint_sha256(path), "revision": None}
-    elif "/" in spec and not Path(spec).exists():
+    elif (spec.startswith(("/", "./", "../", "~")) or spec.count("/") > 1) and \
+            not Path(spec).exists():
+        raise ModelSpecError(f"{spec} does not exist: a model path must be a .gguf file or a "
+                             f"checkpoint directory (a hub id is owner/name)")
+    elif "/" in spec:
         repo, _, rev = spec.partition("@")
         return repo, hub_info(repo, revision or rev or None, info)
     else:

@@ -1,11 +1,13 @@
 """The rule oracle's steps, one function each (composed by :class:`interp.grading.RuleOracle`).
 
 The rule itself, numbered, is in :class:`interp.grading.RuleOracle`'s docstring; this module
-holds its normalisation (:func:`oracle_tokens`: numbers parsed before punctuation is stripped)
-and one function per step that needs more than a line: the hedge check (:func:`hedges`, step
-3b), negated gold mentions (:func:`gold_negated`, 3c), competing candidates (:func:`competing`
-and :func:`other_option_first`, 3e), yes/no answers (:func:`yes_no`, 3f) and the span match
-(:func:`best_window_f1`, 3h). Tokens are lists of strings from :func:`oracle_tokens`.
+holds its normalisation (:func:`oracle_tokens`: numbers parsed before punctuation is stripped;
+:func:`arithmetic_results`: a worked sum read as its result), the question-echo check
+(:func:`restates_question`, 3g) and one function per step that needs more than a line: the
+hedge check (:func:`hedges`, step 3b), negated gold mentions (:func:`gold_negated`, 3c),
+competing candidates (:func:`competing` and :func:`other_option_first`, 3e), yes/no answers
+(:func:`yes_no`, 3f) and the span match (:func:`best_window_f1`, 3h). Tokens are lists of
+strings from :func:`oracle_tokens`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ __all__ = [
     "MAX_CANDIDATE_TOKENS",
     "Context",
     "Tok",
+    "arithmetic_results",
     "best_window_f1",
     "choice_options",
     "competing",
@@ -36,6 +39,7 @@ __all__ = [
     "hedges",
     "oracle_tokens",
     "other_option_first",
+    "restates_question",
     "token_f1",
     "tokenize",
     "yes_no",
@@ -110,6 +114,59 @@ def tokenize(text: str) -> list[Tok]:
     return out
 
 
+_OPERAND = r"(?<![\w.])\(?-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?\)?"
+_OPS = "-+*/x\u00d7\u2212\u00f7"
+_ARITHMETIC = re.compile(
+    rf"({_OPERAND}(?:\s*[{_OPS}]\s*{_OPERAND})+)\s*=\s*({_OPERAND})")
+
+
+def _number(s: str) -> Decimal:
+    return Decimal(s.strip("()").replace(",", ""))
+
+
+def _evaluate(expr: str) -> Decimal | None:
+    """The value of ``a op b op ...`` (``* /`` before ``+ -``); None if not computable."""
+    parts = re.split(rf"\s*([{_OPS}])\s*(?=\(?-?\d)", expr.strip())
+    try:
+        nums, ops = [_number(parts[0])], parts[1::2]
+        terms: list[Decimal] = []
+        for op, num in zip(ops, parts[2::2]):
+            v = _number(num)
+            if op in "*x\u00d7":
+                nums[-1] *= v
+            elif op in "/\u00f7":
+                nums[-1] /= v
+            else:
+                terms.append(nums.pop())
+                nums.append(-v if op in "-\u2212" else v)
+        return sum(terms + nums, Decimal(0))
+    except (InvalidOperation, ZeroDivisionError, ArithmeticError):
+        return None
+
+
+def arithmetic_results(text: str) -> str:
+    """The text with each worked sum replaced by its result ("14,506 + 6,000 = 20,506" -> "20,506").
+
+    An answer that shows its arithmetic states one number, the result after the last "=";
+    the operands are working, not competing answers (DROP's counting and difference questions).
+    Only a chain of numbers joined by ``+ - * / x`` and closed by ``=`` and a number is
+    rewritten, and only when the sum holds (``*`` and ``/`` before ``+`` and ``-``): a wrong
+    sum ("6 / 3 = 20506") keeps its operands, which then compete with the result. Prose
+    numbers ("1,000 in 1990") are left alone.
+
+    Args:
+        text: An answer.
+
+    Returns:
+        The answer with each ``a op b ... = r`` replaced by ``r``.
+    """
+    def result(m: re.Match[str]) -> str:
+        value = _evaluate(m.group(1))
+        return m.group(2) if value is not None and value == _number(m.group(2)) else m.group()
+
+    return _ARITHMETIC.sub(result, text)
+
+
 def oracle_tokens(text: str) -> list[str]:
     r"""The rule oracle's normalisation: numbers are parsed BEFORE punctuation is stripped.
 
@@ -143,6 +200,36 @@ def contains_at(pred: Sequence[str], gold: Sequence[str]) -> list[int]:
 
 FUNCTION_WORDS = frozenset({"of", "in", "on", "at", "to", "for", "and", "by", "with", "from",
                              "as", "is", "was", "s"})
+
+
+def restates_question(pred: Sequence[str], gold: Sequence[str], q_toks: Sequence[str]) -> bool:
+    """Whether every mention of a gold token in the prediction restates the question.
+
+    A mention restates the question when it lies inside a run of two or more prediction
+    tokens that the question holds contiguously: for "Communication complexity is an example
+    of what type of measure?" (gold "complexity"), both "communication complexity" and
+    "communication complexity is an example of a computational measure" only echo the
+    question, while "a complexity measure" names the gold.
+
+    Args:
+        pred: The prediction's oracle tokens.
+        gold: The gold's oracle tokens.
+        q_toks: The question's oracle tokens.
+
+    Returns:
+        True iff the prediction mentions a gold token and every mention is such an echo.
+    """
+    gold_set, n = set(gold), len(pred)
+    echoed = [False] * n
+    for i in range(n - 1):
+        j = i + 2
+        if not contains_at(q_toks, pred[i:j]):
+            continue
+        while j < n and contains_at(q_toks, pred[i:j + 1]):
+            j += 1
+        echoed[i:j] = [True] * (j - i)
+    mentions = [i for i, t in enumerate(pred) if t in gold_set]
+    return bool(mentions) and all(echoed[i] for i in mentions)
 
 
 def best_window_f1(pred: Sequence[str], gold: Sequence[str]) -> float:

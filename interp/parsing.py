@@ -24,11 +24,15 @@ Negation scope (:func:`negated_at`), in numbered steps:
    it follows an auxiliary verb ("is", "does", ...) or is a contraction ("isn't"), and nothing
    but adverbs (:data:`FILLER_WORDS`) follows it in its segment: "The answer is not, in fact,
    correct". "Not really, incorrect" does not dangle (no auxiliary before "Not").
+   A negator inside a relative clause (after "who", "which", "whom" or "whose" in its comma
+   segment) ends at the main clause's linking verb (:data:`COPULAS`, at least one word after
+   the negator): in "The 40% of voters who did not vote was 32.9%" the "32.9%" is not
+   negated, nor "correct" in "The answer which does not appear verbatim is correct".
 5. The position is negated when at least one negator applies. Negations do not cancel in
    pairs, except that a negated verdict word flips once: "not incorrect" reads as correct.
 
-Known limits (all would need a parser): negation inside an embedded relative clause without
-commas ("The answer which does not appear verbatim is correct" reads as negated), and
+Known limits (all would need a parser): a relative clause opened by "that" ("The answer that
+does not appear verbatim is correct" reads as negated: "that" also opens complement clauses), and
 doubt ("It is not clear whether the answer is correct" reads as negated).
 """
 
@@ -43,6 +47,7 @@ __all__ = [
     "CLAUSE_CONJUNCTIONS",
     "FILLER_WORDS",
     "NEGATORS",
+    "RELATIVE_PRONOUNS",
     "extract_answer",
     "is_abstention",
     "negated_at",
@@ -170,11 +175,23 @@ def _dangles(tokens: tuple[tuple[str, int], ...], j: int, seg_end: int) -> bool:
     return attached and all(tokens[k][0] in FILLER_WORDS for k in range(j + 1, seg_end))
 
 
+RELATIVE_PRONOUNS = frozenset({"who", "which", "whom", "whose"})
+"""Words that open a relative clause: a negation inside one ends at the main clause's verb."""
+
+
+def _relative_closed(tokens: tuple[tuple[str, int], ...], seg: int, j: int, i: int) -> bool:
+    """Whether the negator at ``j`` sits in a relative clause that ends before ``i`` (step 4)."""
+    if not any(tokens[r][0] in RELATIVE_PRONOUNS for r in range(seg, j)):
+        return False
+    return any(tokens[k][0] in COPULAS for k in range(j + 2, i))
+
+
 def _negated_index(tokens: tuple[tuple[str, int], ...], i: int) -> bool:
     start = _clause_start(tokens, i)
     commas = [k for k in range(start, i) if tokens[k][0] == ","]
     last_seg = commas[-1] + 1 if commas else start
-    if any(_is_negator(tokens, j) for j in range(last_seg, i)):
+    if any(_is_negator(tokens, j) and not _relative_closed(tokens, last_seg, j, i)
+           for j in range(last_seg, i)):
         return True
     bounds = [start, *[c + 1 for c in commas]]
     for seg_start, seg_end in zip(bounds, commas):

@@ -30,6 +30,8 @@ Algorithm of :func:`run_config`:
    (:func:`interp.compare.write_comparison`: ``out/comparison.json`` and ``comparison.md``,
    one row per model and dataset; ``out/figures/models_*.png``, one colour per model), also
    published into ``figures`` under the conditions of step 3.
+5. With ``cross_judge = true`` (two or more models): every model judges every other's answers
+   and the judge x answer-source matrix is drawn (:mod:`interp.cross_grid`).
 
 :func:`swap_sources` turns a config into its rehearsal: the same config with only the model
 and dataset sources replaced (``tests/rehearsal`` runs ``experiments/paper.toml`` that way on a
@@ -48,6 +50,7 @@ from typing import Any
 
 from interp import stages
 from interp.compare import write_comparison
+from interp.cross_grid import CrossJudgeConfig, run_cross
 from interp.errors import ConfigError
 from interp.inputs import new_run_dir, read_toml
 from interp.launch import Shard, current_shard
@@ -60,7 +63,7 @@ from interp.store.rundir import RunDir
 
 __all__ = ["STAGES", "load_config", "model_slug", "out_dir", "run_config", "swap_sources"]
 
-TOP_LEVEL = ("name", "out", "figures", "publish", "description", "asymmetry")
+TOP_LEVEL = ("name", "out", "figures", "publish", "description", "asymmetry", "cross_judge")
 """Top-level keys of an experiment config besides the stage tables."""
 
 
@@ -259,6 +262,7 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
              for spec in models}
     if shard is None and asym.get("shard"):  # [asymmetry] shard = "I/N"
         shard = current_shard(asym["shard"])
+    cross = CrossJudgeConfig.from_value(cfg.get("cross_judge"), models)
     for spec, acfg in acfgs.items():
         asymmetry.check_inputs(acfg)
         if not overwrite and (not only or "asymmetry" in only):  # before any model loads
@@ -283,8 +287,11 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
     with new_run_dir(out):
         summary = _run_models(acfgs, stage_cfgs, out, overwrite=overwrite, only=only, log=log,
                               texts=texts, shard=shard)
-    if shard is not None and not (shard.joined and shard.index == 0):
-        return summary  # this process wrote its shards; rank 0 or `interp merge` goes on
+        if shard is not None and not (shard.joined and shard.index == 0):
+            return summary  # this process wrote its shards; rank 0 or `interp merge` goes on
+        if cross is not None and not only:
+            run_cross(acfgs, stage_cfgs, cross, out, model_slug, overwrite=overwrite, log=log,
+                      texts=texts)
     write_json(out / "summary.json", summary)
     atomic_write_text(out / "summary.txt", "\n\n".join(texts) + "\n")
     comp = None

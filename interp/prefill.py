@@ -70,6 +70,8 @@ class PromptPass:
         stop: ``"eos"``, ``"stop_string"`` or ``"max_new_tokens"``.
         first_logits: raw logits at the prompt's last position ``[vocab]`` float32 on CPU.
         logprobs: ``log P(continuation | prompt)`` ``[n_continuations]`` float64 on CPU (nats).
+        tail_logprob: ``log P(prompt[-tail:] | prompt[:-tail])`` of the prompt's own last
+            ``tail`` tokens (nats; :func:`run_prompts` with ``tail``).
         rows: last-token attention rows ``[n_layers, n_heads, n_tokens]`` float32 on CPU.
         pooled: ``{pool: [n_layers, d_model]}`` float32 on CPU.
         fell_back: the candidate pool fell back to the last position (no candidate span).
@@ -80,6 +82,7 @@ class PromptPass:
     stop: str = "max_new_tokens"
     first_logits: Tensor | None = None
     logprobs: Tensor | None = None
+    tail_logprob: float | None = None
     rows: Float[Tensor, "layer head pos"] | None = None
     pooled: dict[str, Float[Tensor, "layer d_model"]] | None = None
     fell_back: bool = False
@@ -185,6 +188,7 @@ def run_prompts(
     pools: Sequence[str] = (),
     candidate_spans: Sequence[tuple[int, int] | None] | None = None,
     keep_first_logits: bool = False,
+    tail: int = 0,
     progress: str | None = None,
 ) -> list[PromptPass]:
     """Prefill each prompt once and take everything asked for from it (module docstring).
@@ -202,6 +206,9 @@ def run_prompts(
         candidate_spans: per prompt the ``(start, end)`` candidate span for the ``candidate``
             pool (None: that prompt has none and falls back to ``last``).
         keep_first_logits: keep the logits at each prompt's last position.
+        tail: also score each prompt's own last ``tail`` tokens from the same prefill (logits
+            at its last ``tail + 1`` positions): ``PromptPass.tail_logprob``. Each prompt
+            must be longer than ``tail``.
         progress: a tqdm description (None: no bar).
 
     Returns:
@@ -216,6 +223,8 @@ def run_prompts(
         raise ValueError("empty prompt")
     if continuations is not None and any(len(c) == 0 for c in continuations):
         raise ValueError("empty continuation")
+    if tail and any(len(p) <= tail for p in prompts):
+        raise ValueError(f"a prompt of at most tail={tail} tokens")
     from interp.hooks.recorder import batch_rows
 
     tok = handle.tokenizer
@@ -238,9 +247,12 @@ def run_prompts(
                                            pools) as pooled:
                 res = handle.model(input_ids=ids, attention_mask=mask,
                                    position_ids=position_ids(mask), use_cache=True,
-                                   logits_to_keep=1)
+                                   logits_to_keep=tail + 1)
                 got_rows = get_rows().float().cpu() if rows else None
             last, cache = res.logits[:, -1], output_cache(res)
+            tails = None if not tail else torch.log_softmax(
+                res.logits[:, :-1].float(), dim=-1).gather(
+                -1, ids[:, -tail:, None])[..., 0].double().sum(-1).cpu()
             lp = None if continuations is None else continuation_logprobs(
                 handle.model, last, cache, mask, continuations).double().cpu()
             dec = _decode(handle, last, cache, mask, max_new_tokens=max_new_tokens,
@@ -254,6 +266,8 @@ def run_prompts(
                     p.first_logits = last[row].float().cpu()
                 if lp is not None:
                     p.logprobs = lp[row]
+                if tails is not None:
+                    p.tail_logprob = float(tails[row])
                 if got_rows is not None:
                     p.rows = got_rows[row, :, :, width - lengths[row]:].clone()
                 if pools:

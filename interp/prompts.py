@@ -46,13 +46,20 @@ SPANS = ("context", "question", "candidate", "template")
 """Span labels; every prompt position has exactly one. ``reference`` counts as its own field
 when a template uses it, and is reported under that name."""
 
+JUDGES = ("word", "reasoning")
+"""How a template's judge replies (:attr:`Template.judge`)."""
+
 _FIELD_TO_SPAN = {"context": "context", "question": "question", "answer": "candidate",
                   "reference": "reference"}
 
 
 @dataclass(frozen=True)
 class Template:
-    """One template variant: system and user message formats for T_gen and T_eval."""
+    """One template variant: system and user message formats for T_gen and T_eval.
+
+    ``judge`` is how the judge replies: ``"word"`` (the paper's one-word verdict) or
+    ``"reasoning"`` (it reasons first and ends with a verdict line, :mod:`interp.reasoning`).
+    """
 
     name: str
     gen_user: str
@@ -60,8 +67,12 @@ class Template:
     gen_system: str = ""
     eval_system: str = ""
     description: str = ""
+    judge: str = "word"
 
     def __post_init__(self) -> None:
+        if self.judge not in JUDGES:
+            raise PromptError(f"template {self.name!r}: judge must be one of {list(JUDGES)}, "
+                              f"not {self.judge!r}")
         for task, fmt, need in (("gen", self.gen_user, {"question"}),
                                 ("eval", self.eval_user, {"question", "answer"})):
             names = [f for _, f, _, _ in string.Formatter().parse(fmt) if f is not None]

@@ -25,7 +25,9 @@ ratios), the probes (cross-validated metrics) and patching (correlations).
 * McNemar's exact test of two classifiers on the same examples: ``b`` = only the first right,
   ``c`` = only the second right, p = two-sided exact binomial test of ``b`` in ``b + c`` at 1/2.
 * ROC AUC as the Mann-Whitney U statistic with average ranks for ties (equal to the area under
-  the ROC curve; ``sklearn.metrics.roc_auc_score`` computes the same number).
+  the ROC curve; ``sklearn.metrics.roc_auc_score`` computes the same number);
+  :func:`cluster_bootstrap_auc` gives it a passage-cluster CI (the weighted statistic on each
+  resample).
 * Stratified (group) k-fold splits (scikit-learn ``StratifiedKFold`` / ``StratifiedGroupKFold``)
   with one group per passage: questions that share a passage are not independent.
 """
@@ -33,6 +35,7 @@ ratios), the probes (cross-validated metrics) and patching (correlations).
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -44,9 +47,13 @@ from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
 from interp.errors import ProbeError
 
 __all__ = [
+    "DEGENERATE_MARK",
+    "MIN_FIT_CLASS",
+    "MIN_FIT_RECORDS",
     "MIN_PASSAGES",
     "ClusterBootstrap",
     "binary_metrics",
+    "cluster_bootstrap_auc",
     "cluster_bootstrap_mean",
     "cluster_bootstrap_ratio",
     "correlations",
@@ -54,6 +61,10 @@ __all__ = [
     "make_folds",
     "mcnemar",
     "passage_groups",
+    "ci_text",
+    "degenerate_note",
+    "fit_note",
+    "is_degenerate",
     "passage_note",
     "percentile_ci",
     "resample_indices",
@@ -99,6 +110,72 @@ def passage_note(n_passages: int) -> str | None:
         return None
     return (f"only {n_passages} passage{'s' * (n_passages != 1)} (< {MIN_PASSAGES}): questions "
             f"about one passage are not independent, so this group has few independent units")
+
+
+MIN_FIT_RECORDS = 20
+"""A classifier scored on fewer records than this (or on fewer than :data:`MIN_FIT_CLASS` of
+either class) is flagged (:func:`fit_note`): its fold scores can be 1.000 +/- 0.000 by chance."""
+MIN_FIT_CLASS = 5
+"""The fewest records of the rarer class for a fit that :func:`fit_note` leaves unflagged."""
+DEGENERATE_MARK = "(zero width)"
+"""Written after an interval whose bounds are equal (:func:`ci_text`)."""
+
+
+def is_degenerate(ci: Sequence[float] | None) -> bool:
+    """Whether a (lower, upper) interval has zero width: every resample gave one value.
+
+    On a handful of clusters the bootstrap can draw the same value every time
+    (``[1.00, 1.00]``); that is no evidence of precision, only of too few units.
+    """
+    return ci is not None and len(ci) == 2 and ci[0] is not None and ci[1] is not None \
+        and math.isclose(float(ci[0]), float(ci[1]), rel_tol=0.0, abs_tol=1e-12)
+
+
+def ci_text(ci: Sequence[float] | None, spec: str = ".2f", sep: str = ",") -> str:
+    """An interval as shown to a person: ``[lo,hi]``, marked when degenerate, ``-`` if None.
+
+    Args:
+        ci: ``[lower, upper]`` or None.
+        spec: The format spec of each bound (``"+.2f"``).
+        sep: Between the bounds.
+
+    Returns:
+        ``"[0.10,0.30]"``; ``"[1.00,1.00] (zero width)"`` (:data:`DEGENERATE_MARK`) when the
+        bounds are equal; ``"-"`` without an interval.
+    """
+    if not ci:
+        return "-"
+    text = f"[{ci[0]:{spec}}{sep}{ci[1]:{spec}}]"
+    return f"{text} {DEGENERATE_MARK}" if is_degenerate(ci) else text
+
+
+def degenerate_note(n_passages: int | None = None) -> str:
+    """The note under a table or figure that shows a :data:`DEGENERATE_MARK` interval."""
+    on = f" on {n_passages} passage{'s' * (n_passages != 1)}" if n_passages is not None else ""
+    return (f"{DEGENERATE_MARK}: every bootstrap resample{on} gave the same value; the interval "
+            f"says the group is too small, not that the value is exact")
+
+
+def fit_note(n_records: int, class_counts: Mapping[str, int] | None = None) -> str | None:
+    """The visible note of a classifier fit on too few records, else None.
+
+    A fit is flagged on fewer than :data:`MIN_FIT_RECORDS` records or fewer than
+    :data:`MIN_FIT_CLASS` records of either class: with a few test records per fold every
+    fold's AUC can be 1.000 and its spread 0.000 by chance.
+
+    Args:
+        n_records: Records the classifier was cross-validated on.
+        class_counts: ``{"correct": k, "incorrect": k}`` (optional).
+
+    Returns:
+        The note, or None for a fit on enough records.
+    """
+    rare = min(class_counts.values()) if class_counts else None
+    if n_records >= MIN_FIT_RECORDS and (rare is None or rare >= MIN_FIT_CLASS):
+        return None
+    classes = f", {rare} of the rarer class" if rare is not None else ""
+    return (f"fit on only {n_records} records{classes} (< {MIN_FIT_RECORDS} records or < "
+            f"{MIN_FIT_CLASS} per class): scores and their spread are not meaningful")
 
 
 class ClusterBootstrap:
@@ -235,6 +312,45 @@ def cluster_bootstrap_mean(x: Float[Array, " n"], groups: Sequence[Any],
     x = np.asarray(x, dtype=np.float64)
     r = cluster_bootstrap_ratio(x, np.where(np.isfinite(x), 1.0, np.nan), groups, rng, n_boot)
     return {"mean": r["value"], "ci": r["ci"], "n": r["n"], "n_clusters": r["n_clusters"]}
+
+
+def cluster_bootstrap_auc(y: Bool[Array, " n"], score: Float[Array, " n"],
+                          groups: Sequence[Any], rng: np.random.Generator,
+                          n_boot: int) -> dict[str, Any]:
+    """ROC AUC of ``score`` against ``y`` with a passage-cluster percentile bootstrap 95% CI.
+
+    On each resample (:class:`ClusterBootstrap` weights ``w``) the AUC is the weighted
+    Mann-Whitney statistic ``sum_{i pos, j neg} w_i w_j [s_i > s_j] (+ 1/2 on ties) /
+    (sum_pos w * sum_neg w)``, which is the AUC of the resampled set (each example counted as
+    often as its passage was drawn); resamples without both classes are left out.
+
+    Args:
+        y: ``[n]`` bool labels (True = positive).
+        score: ``[n]`` scores (higher = positive).
+        groups: ``[n]`` cluster ids (:func:`passage_groups`).
+        rng: the generator (advances by one :func:`resample_indices` call).
+        n_boot: resamples of the clusters.
+
+    Returns:
+        ``{"auc", "ci", "n", "n_pos", "n_neg", "n_clusters"}``: ``auc`` None with one class,
+        ``ci`` None then or with fewer than two clusters.
+    """
+    y = np.asarray(y, bool)
+    score = np.asarray(score, np.float64)
+    auc = roc_auc(y, score)
+    bs = ClusterBootstrap([str(g) for g in groups], n_boot, rng)
+    out: dict[str, Any] = {"auc": auc, "ci": None, "n": int(len(y)), "n_pos": int(y.sum()),
+                           "n_neg": int((~y).sum()), "n_clusters": bs.n_clusters}
+    if auc is None or bs.weights is None:
+        return out
+    pos, neg = score[y], score[~y]
+    cmp = (pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])
+    wp, wn = bs.weights[:, y], bs.weights[:, ~y]
+    num = ((wp @ cmp) * wn).sum(1)
+    den = wp.sum(1) * wn.sum(1)
+    with np.errstate(all="ignore"):
+        out["ci"] = bs.interval(np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan))
+    return out
 
 
 def wilson_ci(k: int, n: int, level: float = 0.95) -> list[float] | None:

@@ -150,16 +150,8 @@ def run_served(config: Any, rd: RunDir, loaded: Mapping[str, list[QAExample]], *
     chunk = chunk or config.chunk_batches * config.batch_size
     for ds in config.datasets:
         examples = loaded[ds]
-        if bad := stale(finished, examples, None, template):
-            if not overwrite:
-                from interp.errors import RunDirError
-
-                (key, why), n = next(iter(bad.items())), len(bad)
-                raise RunDirError(f"{rd.path}: {n} finished record(s) of {ds} were made from "
-                                  f"another version of their example (first: "
-                                  f"{'/'.join(key)}: {why}); use --overwrite to redo them")
-            rd.drop_records(bad)
-            done -= set(bad)
+        done -= rd.redo_stale(stale(finished, examples, None, template), ds,
+                              overwrite=overwrite)
         todo = [ex for ex in examples if (ex.dataset, ex.id) not in done]
         log(f"[{ds}] {len(examples)} examples, {len(examples) - len(todo)} already done")
         t0, failed = time.perf_counter(), 0

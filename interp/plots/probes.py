@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from interp.plots.common import plt, save
+from interp.stats import MIN_FIT_RECORDS, fit_note
 
 _PROBE_METRICS = [("auc", "ROC AUC", "auc"), ("f1", "F1 (Correct)", "f1"),
                   ("accuracy", "accuracy", "accuracy"),
@@ -64,8 +66,12 @@ def _probe_panel(ax: Any, results: Mapping[str, Any], task: str, key: str, label
     if first_column:
         b = t["best"]
         ax.set_ylabel(f"CV mean over {results['folds']} folds")
+        # one clause a line, so the box stays inside a narrow panel
+        perm = permutation_text(pm).replace(" (best", "\n(best", 1)
+        few = fit_note(results.get("n_records", MIN_FIT_RECORDS), results.get("class_counts"))
         ax.text(0.02, 0.03, f"best: {b['probe']} L{b['layer']} {b['pool']}\n"
-                f"AUC {b['auc']:.2f}, F1 {b['f1']:.2f}{permutation_text(pm)}",
+                f"AUC {b['auc']:.2f}{'*' * bool(few)}, F1 {b['f1']:.2f}{perm}"
+                + (f"\n* {textwrap.fill(few, 48)}" if few else ""),
                 transform=ax.transAxes,
                 fontsize=8, va="bottom", bbox={"fc": "white", "ec": "0.7", "alpha": 0.85})
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from interp.stages.contract import SPECS
 
-__all__ = ["STAGES", "Stage", "asymmetry", "attention", "check_run_model", "load_run_model",
-           "patching", "probe", "record", "steering", "transfer"]
+__all__ = ["STAGES", "Stage", "asymmetry", "attention", "audit", "check_run_model",
+           "load_run_model", "patching", "probe", "reasoning", "record", "steering", "transfer"]
 
 _COMMON = ("Stage", "check_run_model", "load_run_model")
 

@@ -23,8 +23,12 @@ Algorithm of :func:`run`:
    :func:`interp.asymmetry.evaluate_examples` on the rest in chunks of ``batch_size``,
    appending each chunk's records (flushed and fsynced) before the next, so an interrupt
    loses at most one batch.
+   With ``answers_from`` (cross-judging, :mod:`interp.cross_judge`) the model judges the
+   source run's answers instead (:func:`interp.cross_judge.judge_from_source`): the source
+   is checked in step 0, and a finished record whose source answer changed is stale too.
 3. ``metrics.json`` (:func:`interp.asymmetry.compute_metrics`) over every dataset run into the
-   directory so far, and the asymmetry figure.
+   directory so far, and the asymmetry figure; a cross-judged run adds ``answer_sources``
+   (:func:`interp.cross_judge.source_metrics`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,12 @@ from typing import Any
 
 from interp.agreement import oracle_agreement as grade_agreement
 from interp.asymmetry import compute_metrics, evaluate_examples, format_metrics
+from interp.cross_judge import (
+    check_answer_source,
+    judge_from_source,
+    load_answer_source,
+    source_metrics,
+)
 from interp.data import DATASETS, QAExample, load_examples
 from interp.endpoints import EndpointConfig, is_endpoint_spec, oracle_facts, run_served
 from interp.errors import ConfigError, DataError, InterpError, RunDirError, ShardError
@@ -58,6 +68,7 @@ from interp.plots.asymmetry import plot_asymmetry
 from interp.prefill import Capture
 from interp.progress import tqdm
 from interp.prompts import Template, get_template, render
+from interp.reasoning import MAX_REASONING_TOKENS
 from interp.residual_features import POOLS
 from interp.stages.common import check_run_model, stage_facts
 from interp.stages.contract import spec
@@ -77,7 +88,7 @@ NAME = SPEC.name
 SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 KEY_FIELDS = ("model", "template", "templates_path", "oracle", "include_unanswerable", "split",
-              "max_new_tokens", "verdict_max_new_tokens", "dtype", "from_hub")
+              "max_new_tokens", "verdict_max_new_tokens", "dtype", "from_hub", "answers_from")
 """Config fields that must match to reuse a run directory (others may change freely)."""
 
 
@@ -99,6 +110,8 @@ class AsymmetryConfig:
         split: dataset split.
         max_new_tokens: answer length cap (tokens).
         verdict_max_new_tokens: verdict length cap (tokens).
+        max_reasoning_tokens: a reasoning judge's reply budget (tokens; only templates with
+            ``judge = "reasoning"`` use it, :mod:`interp.reasoning`).
         batch_size: prompts per forward pass.
         seed: seed of bootstrap resampling.
         device: where to run (default CUDA when available).
@@ -130,6 +143,10 @@ class AsymmetryConfig:
             after every batch, but the sort only orders one batch; 4: less padding (SmolLM2,
             32 SQuAD records: 19.4 instead of 15.8 examples per CPU-minute), and a kill loses
             up to 4 batches.
+        answers_from: a finished run directory whose answers this model judges instead of
+            generating its own (cross-judging, :mod:`interp.cross_judge`): the same records,
+            template and oracle as that run, its oracle labels, and every record names its
+            ``answer_source``. None: self-evaluation.
         model_endpoint: for ``model = "openai:MODEL"``: ``base_url``, ``api_key_env``,
             ``concurrency``, ``timeout_s``, ``max_retries``, ``max_error_rate``, ``seed``
             (:class:`interp.endpoints.EndpointConfig`; None: defaults and the environment).
@@ -148,6 +165,7 @@ class AsymmetryConfig:
     split: str = "validation"
     max_new_tokens: int = option(48, kind="count")
     verdict_max_new_tokens: int = option(12, kind="count")
+    max_reasoning_tokens: int = option(MAX_REASONING_TOKENS, kind="count")
     batch_size: int = option(8, kind="count")
     seed: int = 0
     device: str | None = None
@@ -162,6 +180,7 @@ class AsymmetryConfig:
     chunk_batches: int = 1
     model_endpoint: dict[str, Any] | None = option(None, cli=False)
     oracle_endpoint: dict[str, Any] | None = option(None, cli=False)
+    answers_from: str | None = None
 
     def __post_init__(self) -> None:
         self.device_map, self.max_memory = _placement_text(self.device_map, self.max_memory)
@@ -285,7 +304,10 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
     Raises:
         interp.errors.ConfigError: a count below 1, no dataset, an unknown oracle spec
             (:func:`interp.grading.parse_oracle_spec`: ``rule``, ``model:SPEC``,
-            ``openai:MODEL``) or a bad endpoint table.
+            ``openai:MODEL``), a bad endpoint table, or an ``answers_from`` run made with
+            another template or oracle.
+        interp.errors.RunDirError: an ``answers_from`` run that lacks a selected example or
+            holds another version of it (:func:`interp.cross_judge.check_answer_source`).
         interp.errors.PromptError: an unknown template.
         interp.errors.DataError: an unknown dataset, a missing or malformed file, a missing
             field, or a dataset with no examples left after filtering.
@@ -307,6 +329,10 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
         if not loaded[ds]:
             raise DataError(f"{ds}: no examples to run (every example is unanswerable? pass "
                             f"--include-unanswerable to keep them)")
+    if config.answers_from:
+        check_answer_source(load_answer_source(config.answers_from), loaded,
+                            template=config.template, templates_path=config.templates_path,
+                            oracle=config.oracle)
     return loaded
 
 
@@ -342,38 +368,43 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
         write_json(rd.manifest_path, manifest)
         rd.path.mkdir(parents=True, exist_ok=True)
         rd.records_path.touch()  # a shard that owns no record is finished too
-    oracle = served or make_oracle(config.oracle, device=config.device, dtype=config.dtype,
-                                   run_model=handle)
+    # cross-judged: the source run's oracle labels, no oracle of its own
+    oracle = None if config.answers_from else served or make_oracle(
+        config.oracle, device=config.device, dtype=config.dtype, run_model=handle)
     facts = None
-    if config.one_pass:  # the stages' own checks: refuse their work made under other settings
+    # the stages' own checks: refuse their work made under other settings
+    if config.one_pass and template.judge == "word":
         facts = stage_facts(rd, handle, "attention", overwrite=overwrite)
         stage_facts(rd, handle, "probe", overwrite=overwrite)
     finished = {qa_key(r): r for r in (rd.read_records(status=None)
                                            if rd.records_path.exists() else [])}
+    source = load_answer_source(config.answers_from) if config.answers_from else None
     done = set(finished)
     chunk = chunk or config.chunk_batches * config.batch_size
     for ds in config.datasets:
         examples = loaded[ds]
-        if stale := stale_records(finished, examples, handle.tokenizer, template):
-            if not overwrite:
-                (key, why), n = next(iter(stale.items())), len(stale)
-                raise RunDirError(f"{rd.path}: {n} finished record(s) of {ds} were made from "
-                                  f"another version of their example or prompt (first: "
-                                  f"{'/'.join(key)}: {why}); use --overwrite to redo them")
-            rd.drop_records(stale)
-            done -= set(stale)
+        stale = stale_records(finished, examples, handle.tokenizer, template)
+        if source is not None:  # a judged answer the source has since replaced
+            stale.update({k: "its source answer changed" for k, r in finished.items()
+                          if k not in stale and r.get("status") == "ok"
+                          and k in source.records and r.get("answer") != (
+                              source.records[k].get("answer"))})
+        done -= rd.redo_stale(stale, ds, overwrite=overwrite)
         todo = [ex for ex in examples if (ex.dataset, ex.id) not in done]
         log(f"[{ds}] {len(examples)} examples, {len(examples) - len(todo)} already done")
         t0 = time.perf_counter()
         bar = tqdm(total=len(todo), desc=ds, unit="ex", disable=not todo)
         for s in range(0, len(todo), chunk):
             part = todo[s:s + chunk]
-            cap = Capture(rows=True, pools=POOLS) if config.one_pass else None
-            recs = evaluate_examples(
-                handle, part, template=template, oracle=oracle,
-                max_new_tokens=config.max_new_tokens,
-                verdict_max_new_tokens=config.verdict_max_new_tokens,
-                batch_size=config.batch_size, capture=cap)
+            # a reasoning judge's verdict position lies after its reasoning: no one-pass
+            cap = Capture(rows=True, pools=POOLS) if config.one_pass and \
+                template.judge == "word" else None
+            kw = dict(template=template, max_new_tokens=config.max_new_tokens,
+                      verdict_max_new_tokens=config.verdict_max_new_tokens,
+                      batch_size=config.batch_size, capture=cap)
+            recs = (judge_from_source(handle, part, source, **kw) if source is not None else
+                    evaluate_examples(handle, part, oracle=oracle,
+                                      max_reasoning_tokens=config.max_reasoning_tokens, **kw))
             for r in recs:
                 r["template"] = config.template
                 r.setdefault("model", handle.spec)
@@ -482,6 +513,8 @@ def write_metrics(run: RunDir, config: AsymmetryConfig | None = None) -> dict[st
     seed = config.seed if config else 0
     n_boot = config.n_boot if config else 2000
     metrics = compute_metrics(records, n_boot=n_boot, seed=seed)
+    if any(r.get("answer_source") for r in records):  # cross-judged: metrics per source
+        metrics["answer_sources"] = source_metrics(records, n_boot=n_boot, seed=seed)
     write_json(run.path / "metrics.json", metrics)
     plot_asymmetry(metrics, run.sub("figures"))
     return metrics

@@ -35,20 +35,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors import safe_open
 
 from interp.attention import (
-    SPANS,
-    TASKS,
     format_summary,
     span_mass_table,
     span_names,
     summarize,
     top_heads,
 )
-from interp.errors import AttentionError, RunDirError
+from interp.errors import AttentionError
 from interp.hooks.recorder import BACKENDS, record_rows
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
@@ -56,10 +53,11 @@ from interp.options import config_from_table, option
 from interp.plots import attention as attention_plots
 from interp.progress import tqdm
 from interp.prompts import record_prompts
-from interp.stages.common import ok_records, stage_facts
+from interp.stages.common import ok_records, refuse_reasoning_judge, stage_facts
 from interp.stages.contract import spec
 from interp.stages.stored import (
     activations_path,
+    load_masses,
     qa_record_signature,
     recording_meta,
     recording_signature,
@@ -74,7 +72,7 @@ from interp.store.io import (
     write_json,
     write_table,
 )
-from interp.store.records import Record, limit_per_dataset
+from interp.store.records import Record
 from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SPEC", "SUMMARIES", "AttentionConfig", "Config", "activations_path",
@@ -192,9 +190,12 @@ def record(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None,
             record whose prompts do not match it (names the record), or recordings computed
             under other runtime facts and not ``overwrite``.
         interp.errors.LayerSpecError: ``layers`` or ``save_resid`` outside the model.
+        interp.errors.ConfigError: the run was judged by a reasoning template
+            (:func:`interp.stages.common.refuse_reasoning_judge`).
     """
     cfg = cfg or AttentionConfig()
     manifest, records = ok_records(run, handle, cfg.limit)
+    refuse_reasoning_judge(run, manifest, NAME)
     parse_layers(cfg.layers, handle.n_layers)
     act_layers = parse_layers(cfg.save_resid, handle.n_layers) if cfg.save_resid else []
     tpath = manifest.get("config", {}).get("templates_path")
@@ -217,51 +218,6 @@ def record(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None,
     for rec, prompts, sigs in bar:
         _record_one(run, handle, rec, prompts, cfg, act_layers, sigs)
     return len(todo)
-
-
-def load_masses(run: RunDir, *, limit: int | None = None
-                ) -> tuple[list[Record], dict[str, np.ndarray], list[str], list[str]]:
-    """Load the recorded span masses of a run's ok records (no model).
-
-    Returns:
-        ``(records, mass, spans, backends)``: the ok records that have a recording, ``mass`` =
-        ``{"gen": [n_rec, n_layers, n_heads, n_spans], "eval": ...}`` (spans aligned to the
-        union ``spans``), and the backends that recorded them.
-
-    Raises:
-        RunDirError: no records, none recorded yet, or a recording made from another version
-            of its record (run ``interp attention``).
-    """
-    records = limit_per_dataset(run.read_records(), limit)
-    have, per, spans, backends = [], [], list(SPANS), set()
-    for r in records:
-        p = rows_path(run, r)
-        if not p.exists():
-            continue
-        with safe_open(str(p), "pt") as f:
-            meta = f.metadata() or {}
-            if meta.get("record", qa_record_signature(r)) != qa_record_signature(r):
-                raise RunDirError(f"{p} was recorded from another version of record "
-                                  f"{r['dataset']}/{r['id']} (its prompts changed): run "
-                                  f"`interp attention --run {run.path}` to redo it")
-            s = json.loads(meta.get("spans", json.dumps(list(SPANS))))
-            backends.add(meta.get("backend", "?"))
-            per.append((s, {t: f.get_tensor(f"mass.{t}").numpy() for t in TASKS}))
-        spans += [x for x in s if x not in spans]
-        have.append(r)
-    if not have:
-        run.require_run()
-        raise RunDirError(f"{run.path} has no attention recordings: run `interp attention --run "
-                          f"{run.path}` first")
-    mass = {}
-    for t in TASKS:
-        n_l, n_h = per[0][1][t].shape[:2]
-        arr = np.zeros((len(per), n_l, n_h, len(spans)), dtype=np.float32)
-        for i, (s, m) in enumerate(per):
-            for j, name in enumerate(s):
-                arr[i, :, :, spans.index(name)] = m[t][:, :, j]
-        mass[t] = arr
-    return have, mass, spans, sorted(backends)
 
 
 def write_tables(run: RunDir, cfg: AttentionConfig | None = None, *,

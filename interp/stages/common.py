@@ -26,12 +26,14 @@ from interp.errors import ConfigError, InterpError, LayerSpecError, RunDirError
 from interp.layers import parse_layers
 from interp.models import ModelHandle, load_model, placement, result_facts, runtime_facts
 from interp.options import fields_of_kind
+from interp.prompts import get_template
 from interp.stages.contract import check_needs
 from interp.store.records import limit_per_dataset
 from interp.store.rundir import RunDir
 
 __all__ = ["Stage", "check_against_shape", "check_run_model", "load_run_model",
-           "ok_records", "refuse_served", "stage_facts"]
+           "ok_records", "refuse_reasoning_judge", "refuse_served", "run_judge",
+           "stage_facts"]
 
 
 
@@ -121,6 +123,31 @@ def ok_records(run: RunDir, handle: ModelHandle, limit: int | None
     if not records:
         raise RunDirError(f"{run.path}/records.jsonl holds no ok record: nothing to do")
     return manifest, records
+
+
+def run_judge(manifest: Mapping[str, Any]) -> str:
+    """The judge kind of a run's template (``word`` or ``reasoning``, :mod:`interp.reasoning`).
+
+    Raises:
+        interp.errors.PromptError: the run's template is unknown.
+    """
+    cfg = manifest.get("config", {})
+    return get_template(cfg.get("template") or "default", cfg.get("templates_path")).judge
+
+
+def refuse_reasoning_judge(run: RunDir, manifest: Mapping[str, Any], stage: str) -> None:
+    """Refuse a stage that reads the one-word judge's verdict position on a reasoning run.
+
+    A reasoning judge's verdict position lies after its own reasoning (:mod:`interp.reasoning`),
+    which the stage's re-rendered prompts do not hold.
+
+    Raises:
+        ConfigError: the run was judged with a ``judge = "reasoning"`` template.
+    """
+    if run_judge(manifest) != "word":
+        raise ConfigError(f"[{stage}] {run.path} was judged by a reasoning template, whose "
+                          f"verdict position follows its reasoning: run the {stage} stage on a "
+                          f"one-word judge's run (the reasoning stage compares the two)")
 
 
 def stage_facts(run: RunDir, handle: ModelHandle, stage: str, *,

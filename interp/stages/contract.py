@@ -9,7 +9,9 @@ run`` runs them). A spec declares:
   only when used, so the command line starts without torch);
 * ``needs``: what must exist in the run directory before it runs (:class:`Need`): every stage
   but ``asymmetry`` and ``transfer`` reads a finished asymmetry run's ``records.jsonl``;
-  steering with ``heads = "top-diff:K"`` reads ``attention/summary.json``.
+  steering with ``heads = "top-diff:K"`` reads ``attention/summary.json`` (``reasoning``
+  also reads the attention recordings of a one-word judge's run, which the harness's one
+  pass writes, and refuses their absence itself);
   :func:`check_needs` refuses a missing one in one line before any model loads;
 * ``parts``: what it keeps when interrupted (:class:`Part`): the resumable units, each with
   its path pattern, how it is keyed (one file per record ``dataset``/``id``, rows of many
@@ -271,6 +273,27 @@ SPECS: tuple[StageSpec, ...] = (
         tables=("record/index.json", "record/index.parquet", "record/span_to_span.json"),
         summaries={"record/span_to_span.json": "record_span_to_span.json"},
         figures=("figures/record_span_to_span.png",), tables_only="write_tables"),
+    StageSpec(
+        name="audit", command="audit", module="interp.stages.audit", config="AuditConfig",
+        folder="audit", needs=(_RECORDS,),
+        help="Did the judge read? Attention on context/candidate per verdict, AUCs, flagged "
+             "verdicts.",
+        tables=("audit/summary.json", "audit/verdicts.parquet", "audit/verdicts.csv",
+                "audit/flagged.parquet", "audit/flagged.csv", "audit/flagged.md"),
+        summaries={"audit/summary.json": "audit_summary.json"},
+        figures=("figures/audit_roc.png",), tables_only="write_audit"),
+    StageSpec(
+        name="reasoning", command="reasoning", module="interp.stages.reasoning",
+        config="ReasoningConfig", folder="reasoning", needs=(_RECORDS,),
+        help="A reasoning judge on the run's answers, side by side with its one-word judge.",
+        parts=(Part("reasoning/records.jsonl", "reasoning judgments", "lines",
+                    "each line's 'judge_signature' (model, sha256, template, budget, the "
+                    "record's answer and prompt)", unit="lines"),
+               Part("reasoning/attention/{dataset}/{id}.safetensors", "reasoning span masses",
+                    "record", "its record's 'judge_signature' in reasoning/records.jsonl")),
+        tables=("reasoning/side_by_side.json", "reasoning/side_by_side.md"),
+        summaries={"reasoning/side_by_side.json": "reasoning_side_by_side.json"},
+        figures=("figures/reasoning_side_by_side.png",)),
 )
 """Every stage, in the order ``interp run`` runs them (``asymmetry`` first)."""
 

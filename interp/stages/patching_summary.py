@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from interp.patching import ratio_of_sums
-from interp.stats import cluster_bootstrap_ratio
+from interp.stats import ci_text, cluster_bootstrap_ratio, degenerate_note, is_degenerate
 from interp.store.io import write_table
 
 __all__ = ["UNIT_KEY", "format_summary", "summarise", "unit_table"]
@@ -193,6 +193,7 @@ def summarise(d: Path, pk: str, kind: str, results: list[dict], skipped: list[di
 def format_summary(summary: Mapping[str, Any]) -> str:
     """Plain-text lines of the stage's summary: pairs, skips, gaps, cost, top units."""
     lines = []
+    degenerate = False
     for key, s in summary.items():
         tag = " (CONTROL)" if s.get("control") else ""
         lines.append(f"== {key}{tag}: {s.get('n_pairs')} pairs ({s.get('n_pairs_kept')} with "
@@ -203,15 +204,18 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         lines.append(f"   gaps (nats): {gaps}")
         for u in s.get("top_units", [])[:5]:
             ci = u.get("ci")
+            degenerate |= is_degenerate(ci)
             lines.append(f"   L{u['layer']} {u['unit']} {u['span'] or ''}"
                          f"{u['rel_position'] if u['unit'] == 'position' else ''}"
                          f"{'h' + str(u['head']) if u['unit'] == 'head' else ''}: ratio "
                          f"{u['ratio']:+.2f}"
-                         + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
+                         + (f" {ci_text(ci, '+.2f', ', ')}" if ci else "")
                          + f" over {u['n_pairs']} pairs, mean d_ld {u['mean_d_ld']:+.2f}")
         for sub, a in (s.get("agreement") or {}).items():
             lines.append(f"   AtP* {sub}: overlap@{a['k']} {a['overlap_at_k_mean']}, top-1 "
                          f"verified {a['top1_verified_rate']}, spearman {a['spearman_mean']}; "
                          f"cost {a['attr_cost_clean_forwards']} vs full "
                          f"{a['exact_all_cost_clean_forwards']} clean forwards")
+    if degenerate:
+        lines.append(degenerate_note())
     return "\n".join(lines)

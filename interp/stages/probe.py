@@ -63,7 +63,7 @@ from interp.stages.stored import (
     store_features,
     write_features,
 )
-from interp.stats import make_folds, passage_groups
+from interp.stats import fit_note, make_folds, passage_groups
 from interp.store.io import is_fresh, read_json, signature, write_json
 from interp.store.records import Record, limit_per_dataset, qa_key
 from interp.store.rundir import RunDir
@@ -434,10 +434,17 @@ def _header(cfg: ProbeConfig, handle: ModelHandle, data: _Data) -> dict[str, Any
 
 
 def format_summary(results: Mapping[str, Any]) -> str:
-    """A short plain-text summary of results.json."""
+    """A short plain-text summary of results.json.
+
+    A fit on too few records (:func:`interp.stats.fit_note`) gets a ``*`` on its best cells
+    and the note under the first line.
+    """
     j = results["judge"]["overall"]
+    note = fit_note(results["n_records"], results.get("class_counts"))
+    star = "*" if note else ""
     lines = [f"records: {results['n_records']} {results['datasets']}; y*: "
-             f"{results['class_counts']}; selection by CV {results['select_by'].upper()}",
+             f"{results['class_counts']}; selection by CV {results['select_by'].upper()}"
+             + (f"\n* {note}" if note else ""),
              f"verbal judge: EA {j['EA']:.3f}  F1 {j['f1']:.3f}  balanced acc "
              f"{j['balanced_accuracy'] or float('nan'):.3f}  AUC(logit_diff) "
              f"{j['auc'] if j['auc'] is not None else float('nan'):.3f}"]
@@ -445,7 +452,7 @@ def format_summary(results: Mapping[str, Any]) -> str:
         b = t["best"]
         lines.append(
             f"{task} prompt best: {b['probe']} layer {b['layer']} pool {b['pool']}: "
-            f"AUC {b['auc']:.3f}±{b['auc_std']:.3f}  F1 {b['f1']:.3f}±{b['f1_std']:.3f}  "
+            f"AUC {b['auc']:.3f}±{b['auc_std']:.3f}{star}  F1 {b['f1']:.3f}±{b['f1_std']:.3f}  "
             f"acc {b['accuracy']:.3f}  balanced acc {b['balanced_accuracy']:.3f}")
         for k, r in t["best_by_probe"].items():
             lines.append(f"   {k:<6} layer {r['layer']:>2} {r['pool']:<9} AUC {r['auc']:.3f} "

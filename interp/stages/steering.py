@@ -41,7 +41,15 @@ from interp.models import ModelHandle
 from interp.options import config_from_table, option
 from interp.stages.common import ok_records, stage_facts
 from interp.stages.contract import spec
-from interp.stats import MIN_PASSAGES, cluster_bootstrap_mean, passage_groups, passage_note
+from interp.stats import (
+    MIN_PASSAGES,
+    ci_text,
+    cluster_bootstrap_mean,
+    degenerate_note,
+    is_degenerate,
+    passage_groups,
+    passage_note,
+)
 from interp.steering import ALPHAS, parse_heads, steer_generator, steer_judge, top_diff_k
 from interp.store.io import is_fresh, read_json, signature, write_json, write_table
 from interp.store.rundir import RunDir
@@ -316,7 +324,10 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         if not x or x.get("mean") is None:
             return "-"
         ci = x.get("ci")
-        return f"{x['mean']:{p}}" + (f" [{ci[0]:{p}},{ci[1]:{p}}]" if ci else "")
+        degenerate.append(is_degenerate(ci))
+        return f"{x['mean']:{p}}" + (f" {ci_text(ci, p)}" if ci else "")
+
+    degenerate: list[bool | None] = []
 
     star = "*" if summary.get("few_passages") else ""
     lines = [f"steering {summary.get('heads')} heads, band {summary.get('band')}: "
@@ -334,4 +345,6 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     if star:
         lines.append(f"* {summary.get('note') or passage_note(summary['n_passages'])}; the "
                      "CIs above rest on these few passages")
+    if any(degenerate):
+        lines.append(degenerate_note(summary.get("n_passages")))
     return "\n".join(lines)

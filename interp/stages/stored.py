@@ -15,21 +15,22 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import safe_open
 
-from interp.attention import span_mass, span_names
+from interp.attention import SPANS, TASKS, span_mass, span_names
 from interp.errors import RunDirError
 from interp.models import ModelHandle
 from interp.residual_features import HOOK_POINT
 from interp.stages.contract import spec
 from interp.store.io import is_fresh, load_tensors, read_json, save_tensors, signature
-from interp.store.records import Record
+from interp.store.records import Record, limit_per_dataset
 from interp.store.rundir import RunDir
 
 __all__ = ["FEATURES_VERSION", "RECORDING_VERSION", "activations_path", "features_path",
-           "read_attention_summary", "rows_path", "qa_record_signature", "recording_signature",
-           "save_recording", "store_features"]
+           "load_masses", "read_attention_summary", "rows_path", "qa_record_signature",
+           "recording_signature", "save_recording", "store_features"]
 
 RECORDING_VERSION = "1"
 """Part of every recording's signature: bump it when what a recording holds changes."""
@@ -67,6 +68,51 @@ def read_attention_summary(run: RunDir) -> dict[str, Any]:
             run.require_run()
         raise RunDirError(f"{path} does not exist: run `interp attention --run {run.path}` first")
     return read_json(path)
+
+
+def load_masses(run: RunDir, *, limit: int | None = None
+                ) -> tuple[list[Record], dict[str, np.ndarray], list[str], list[str]]:
+    """Load the recorded span masses of a run's ok records (no model).
+
+    Returns:
+        ``(records, mass, spans, backends)``: the ok records that have a recording, ``mass`` =
+        ``{"gen": [n_rec, n_layers, n_heads, n_spans], "eval": ...}`` (spans aligned to the
+        union ``spans``), and the backends that recorded them.
+
+    Raises:
+        RunDirError: no records, none recorded yet, or a recording made from another version
+            of its record (run ``interp attention``).
+    """
+    records = limit_per_dataset(run.read_records(), limit)
+    have, per, spans, backends = [], [], list(SPANS), set()
+    for r in records:
+        p = rows_path(run, r)
+        if not p.exists():
+            continue
+        with safe_open(str(p), "pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("record", qa_record_signature(r)) != qa_record_signature(r):
+                raise RunDirError(f"{p} was recorded from another version of record "
+                                  f"{r['dataset']}/{r['id']} (its prompts changed): run "
+                                  f"`interp attention --run {run.path}` to redo it")
+            s = json.loads(meta.get("spans", json.dumps(list(SPANS))))
+            backends.add(meta.get("backend", "?"))
+            per.append((s, {t: f.get_tensor(f"mass.{t}").numpy() for t in TASKS}))
+        spans += [x for x in s if x not in spans]
+        have.append(r)
+    if not have:
+        run.require_run()
+        raise RunDirError(f"{run.path} has no attention recordings: run `interp attention --run "
+                          f"{run.path}` first")
+    mass = {}
+    for t in TASKS:
+        n_l, n_h = per[0][1][t].shape[:2]
+        arr = np.zeros((len(per), n_l, n_h, len(spans)), dtype=np.float32)
+        for i, (s, m) in enumerate(per):
+            for j, name in enumerate(s):
+                arr[i, :, :, spans.index(name)] = m[t][:, :, j]
+        mass[t] = arr
+    return have, mass, spans, sorted(backends)
 
 
 def qa_record_signature(rec: Record | Mapping[str, Any]) -> str:

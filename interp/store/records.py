@@ -54,13 +54,18 @@ class Record(TypedDict, total=False):
         extras: the data file's other fields of the example (:attr:`interp.data.QAExample.extras`;
             absent when it has none).
         status: ``ok`` or ``skipped``; reason: why it was skipped.
-        model: the model spec that generated and judged; template: the template variant.
+        model: the model spec that judged (and, without ``answer_source``, generated);
+            template: the template variant.
+        answer_source: ``{"model", "run"}`` that generated the answer, when the model judged
+            another run's answers (:mod:`interp.cross_judge`); absent: its own.
         generation: the raw generated text; answer: the extracted answer (the candidate the
             judge saw).
         oracle_label: y* (True = Correct); oracle: how it was graded.
         verdict: the parsed verdict (True = "Correct", False = "Incorrect", None = neither);
             verdict_source: what decided it (``word``, ``restated_answer`` or ``none``,
-            :func:`interp.asymmetry.parse_record_verdict`); verdict_text: the judge's raw reply.
+            :func:`interp.asymmetry.parse_record_verdict`, or ``given`` for a verdict read
+            from a judged file, :func:`interp.stages.audit.judged_run`, whose model's own
+            verdict is then ``judge_verdict``); verdict_text: the judge's raw reply.
         logprob_correct, logprob_incorrect: ``log P(reply | eval prompt)`` of the whole
             replies "Correct" and "Incorrect" (nats, :mod:`interp.verdict`).
         logit_diff: ``logprob_correct - logprob_incorrect`` (nats).
@@ -83,13 +88,15 @@ class Record(TypedDict, total=False):
     extras: dict[str, Any]
     reason: str
     model: str
+    answer_source: dict[str, str]
     template: str
     generation: str
     answer: str
     oracle_label: bool
     oracle: OracleResult
     verdict: bool | None
-    verdict_source: Literal["word", "restated_answer", "none"]
+    verdict_source: Literal["word", "restated_answer", "none", "given"]
+    judge_verdict: bool | None
     verdict_text: str
     logprob_correct: float
     logprob_incorrect: float

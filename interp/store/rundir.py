@@ -336,6 +336,33 @@ class RunDir:
         write_jsonl(self.records_path, kept)
         return len(recs) - len(kept)
 
+    def redo_stale(self, stale: Mapping[tuple[str, str], str], dataset: str, *,
+                   overwrite: bool) -> set[tuple[str, str]]:
+        """Drop the stale finished records of ``dataset`` to redo them, or refuse to.
+
+        Args:
+            stale: ``{(dataset, id): why}`` of finished records made from another version of
+                their example or prompt (:func:`interp.stages.asymmetry.stale_records`).
+            dataset: their dataset, for the message.
+            overwrite: drop them; else refuse.
+
+        Returns:
+            The keys dropped (to be done again).
+
+        Raises:
+            RunDirError: ``stale`` is not empty and not ``overwrite`` (one line naming the
+                first and ``--overwrite``); nothing is changed then.
+        """
+        if not stale:
+            return set()
+        if not overwrite:
+            (key, why), n = next(iter(stale.items())), len(stale)
+            raise RunDirError(f"{self.path}: {n} finished record(s) of {dataset} were made from "
+                              f"another version of their example or prompt (first: "
+                              f"{'/'.join(key)}: {why}); use --overwrite to redo them")
+        self.drop_records(stale)
+        return set(stale)
+
     def _repair_tail(self) -> None:
         """Before appending: end a whole last line that lost its newline, cut a torn one.
 

@@ -129,6 +129,15 @@ def test_probe_headline_names_the_permuted_cell():
     md = format_markdown([row])
     assert "| 12 |" in md and "12*" not in md
     assert "0.33 (2 perms, best logreg cell, AUC 0.830)" in md
+    # res has no n_records: nothing to judge the fit by, no flag
+    assert h["probe_fit_note"] is None and "0.850 (best" in md
+    # a probe fit on 6 records and a zero-width interval are marked in the cell and below
+    small = probe_headline({**res, "n_records": 6, "class_counts": {"correct": 3,
+                                                                     "incorrect": 3}})
+    md = format_markdown([{**row, **small, "delta_ci": [0.5, 0.5]}])
+    assert "0.850* (best of 2" in md and "\\* m probe: fit on only 6 records" in md
+    assert "[0.500, 0.500] (zero width)" in md
+    assert "(zero width): every bootstrap resample gave the same value" in md
 
 
 def test_dataset_labels_star_small_groups():

@@ -89,6 +89,12 @@ def test_run_probes_end_to_end_and_resume(tiny, tmp_path):
     assert pm["n"] + pm["skipped"] == 3 and pm["observed"] == pytest.approx(
         max(r["auc"] for r in res["tasks"]["eval"]["grid"] if r["probe"] == "logreg"))
     assert "permutation null" in format_summary(res)
+    # 24 records, 9 of the rarer class: no flag; the same scores on 6 records are flagged
+    assert "fit on only" not in format_summary(res) and "*  F1" not in format_summary(res)
+    tiny_fit = format_summary({**res, "n_records": 6, "class_counts": {"correct": 3,
+                                                                        "incorrect": 3}})
+    assert "\n* fit on only 6 records, 3 of the rarer class" in tiny_fit
+    assert all("*  F1" in line for line in tiny_fit.splitlines() if "prompt best" in line)
     from interp.plots.probes import permutation_text  # the figure names the permuted cell
     assert permutation_text(pm) == (f"\npermutation p={pm['p_value']:.2f} (best logreg cell, "
                                     f"AUC {pm['observed']:.2f}, {pm['n']} permutations)")
@@ -192,3 +198,40 @@ def test_probe_layers_use_the_one_layer_grammar(tiny, tmp_path):
     with pytest.raises(LayerSpecError, match="valid layers are 0-1"):
         run_probes(run, tiny, ProbeConfig(folds=3, layers="5"), log=lambda s: None)
 
+
+
+def test_probe_figure_best_box_stays_inside_its_axes_and_flags_a_small_fit(tmp_path):
+    """The 'best' box of the probe figure, drawn from the stored results, fits its panel."""
+    from pathlib import Path
+
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    from interp.plots import probes as probe_plots
+
+    results = json.loads((Path(__file__).resolve().parents[2] / "figures"
+                          / "smollm2-135m-instruct__probes_results.json").read_text())
+    small = {**results, "n_records": 6, "class_counts": {"correct": 3, "incorrect": 3}}
+    seen: list[tuple[str, bool]] = []
+    save = Figure.savefig
+
+    def check(fig, *args, **kwargs):
+        if not str(args[0]).endswith(".png"):
+            return save(fig, *args, **kwargs)
+        fig.canvas.draw()
+        r = fig.canvas.get_renderer()
+        for ax in fig.axes:
+            box = ax.get_window_extent(r)
+            for t in ax.texts:
+                if t.get_text().startswith("best:"):
+                    e = t.get_bbox_patch().get_window_extent(r)
+                    seen.append((t.get_text(), box.x0 <= e.x0 and e.x1 <= box.x1))
+        return save(fig, *args, **kwargs)
+
+    matplotlib.figure.Figure.savefig = check
+    try:
+        probe_plots.plot_probes(small, tmp_path, "probes")
+    finally:
+        matplotlib.figure.Figure.savefig = save
+    assert len(seen) == 2 and all(inside for _, inside in seen), seen
+    assert all("AUC " in s and "* fit on only 6 records" in s for s, _ in seen)

@@ -14,7 +14,8 @@ from interp.store.rundir import RunDir
 
 def test_stage_list_is_explicit_and_complete():
     assert list(stages.STAGES) == [
-        "attention", "probe", "transfer", "patching", "steering", "record"]
+        "attention", "probe", "transfer", "patching", "steering", "record", "audit",
+        "reasoning"]
     for name, stage in pipeline.STAGES.items():
         assert stage.NAME == name
         assert callable(stage.run) and callable(stage.format_summary)
@@ -53,7 +54,8 @@ def test_load_run_model_reloads_and_checks_the_sha256(tiny_run):
         load_run_model(run)
 
 
-@pytest.mark.parametrize("name", ["attention", "probe", "patching", "steering", "record"])
+@pytest.mark.parametrize("name", ["attention", "probe", "patching", "steering", "record",
+                                  "reasoning"])
 def test_every_stage_refuses_another_models_run(tiny_run, name):
     """A stage run with a model other than the run's is refused before any work."""
     run, handle = tiny_run

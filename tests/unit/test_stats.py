@@ -151,3 +151,27 @@ def test_wilson_mcnemar_correlations_fold_summary():
     assert correlations(np.ones(5), np.arange(5.0))["pearson"] is None
     s = fold_summary([{"auc": 0.5, "f1": 1.0}, {"auc": None, "f1": 0.0}], ["auc", "f1"])
     assert s == {"auc": 0.5, "auc_std": 0.0, "f1": 0.5, "f1_std": 0.5}
+
+
+# ---------------------------------------------------------------- tiny groups are marked
+
+
+def test_degenerate_interval_is_marked_wherever_formatted():
+    from interp.stats import DEGENERATE_MARK, ci_text, degenerate_note, is_degenerate
+
+    assert is_degenerate([1.0, 1.0]) and is_degenerate((0.25, 0.25))
+    assert not is_degenerate([0.9, 1.0]) and not is_degenerate(None)
+    assert ci_text([1.0, 1.0]) == "[1.00,1.00] (zero width)"
+    assert ci_text([0.1, 0.3], "+.2f", ", ") == "[+0.10, +0.30]"
+    assert ci_text(None) == "-"
+    assert DEGENERATE_MARK in degenerate_note(3) and "on 3 passages" in degenerate_note(3)
+
+
+def test_fit_note_flags_a_fit_on_too_few_records():
+    from interp.stats import MIN_FIT_RECORDS, fit_note
+
+    assert "only 6 records, 3 of the rarer class" in fit_note(6, {"correct": 3, "incorrect": 3})
+    assert fit_note(MIN_FIT_RECORDS - 1) is not None
+    assert fit_note(200, {"correct": 198, "incorrect": 2}) is not None  # one class too rare
+    assert fit_note(200, {"correct": 100, "incorrect": 100}) is None
+    assert fit_note(MIN_FIT_RECORDS) is None

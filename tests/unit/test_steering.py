@@ -168,6 +168,9 @@ def test_summary_flags_few_passages_and_the_figure_says_what_is_missing():
     assert few["eval"]["0.5"]["overall"]["few_passages"] is True
     text = format_summary(few)
     assert "4 records, 4 passages*" in text and "* only 4 passages (< 10)" in text
+    # every resample of 4 identical rows gives one value: the interval says so
+    assert "acc|I 1.00 [1.00,1.00] (zero width)" in text
+    assert "(zero width): every bootstrap resample on 4 passages gave the same value" in text
     many = summarise(_eval_rows(10, [True] * 5 + [False] * 5), cfg, [0], {}, "m")
     assert (many["few_passages"], many["note"]) == (False, None)
     assert "passages*" not in format_summary(many) and "\n* " not in format_summary(many)

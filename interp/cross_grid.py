@@ -1,0 +1,144 @@
+"""``cross_judge = true`` in an ``interp run`` config: every model judges every other's answers.
+
+Algorithm of :func:`run_cross` (after every model's own study, :mod:`interp.pipeline`):
+
+1. For each judge J and each other model G of ``[asymmetry] models``: the asymmetry stage with
+   ``answers_from = out/<G>`` into ``out/<J>__judges__<G>/`` (J's config, so J's device and
+   dtype; the source's template and oracle, checked, :mod:`interp.cross_judge`), then the
+   configured stages among ``stages`` (default attention, probe, audit) on that run with J.
+2. ``out/cross_judge.json`` (:func:`interp.cross_judge.judge_matrix`: the judge x
+   answer-source matrix with self on the diagonal, and the paired passage-bootstrap "self
+   minus other" per judge), its text in ``out/cross_judge.txt`` and
+   ``out/figures/cross_judge.png``.
+3. When the probe stage ran on the cross-judged runs: ``out/cross_probe.json`` (one
+   :func:`interp.cross_judge.cross_probe` entry per (J, G)) and
+   ``out/figures/cross_probe_layers.png``.
+
+Source: ``docs/cross_judging.md``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from interp.cross_judge import cross_probe, format_matrix, judge_matrix
+from interp.errors import ConfigError
+from interp.models import load_model
+from interp.options import config_from_table
+from interp.plots.cross import plot_cross_probe, plot_judge_matrix
+from interp.stages import STAGES, asymmetry
+from interp.store import RunDir
+from interp.store.io import atomic_write_text, write_json
+
+__all__ = ["CrossJudgeConfig", "cross_dir", "run_cross"]
+
+CROSS_STAGES = ("attention", "probe", "audit")
+"""The stages that may run on the cross-judged runs (the rest are per-model studies)."""
+
+
+@dataclass
+class CrossJudgeConfig:
+    """The ``cross_judge`` entry of an experiment config (``true`` or a table).
+
+    Attributes:
+        stages: the stages run on every cross-judged run, among :data:`CROSS_STAGES` and only
+            those the config has a table for.
+        n_boot: bootstrap resamples of the matrix CIs.
+        seed: seed of those resamples.
+    """
+
+    stages: list[str] = field(default_factory=lambda: list(CROSS_STAGES))
+    n_boot: int = 2000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if bad := [s for s in self.stages if s not in CROSS_STAGES]:
+            raise ConfigError(f"[cross_judge] stages {bad} cannot run on cross-judged runs "
+                              f"here; choose from {list(CROSS_STAGES)}")
+
+    @classmethod
+    def from_value(cls, value: Any, models: Sequence[str]) -> CrossJudgeConfig | None:
+        """``true`` / a table -> a config; ``false`` / absent -> None.
+
+        Raises:
+            ConfigError: another value, an unknown key, or fewer than two models.
+        """
+        if value is None or value is False:
+            return None
+        if value is True:
+            cfg = cls()
+        elif isinstance(value, Mapping):
+            cfg = config_from_table(cls, value, "cross_judge")
+        else:
+            raise ConfigError(f"cross_judge must be true, false or a table, not {value!r}")
+        if len(models) < 2:
+            raise ConfigError(f"cross_judge needs two or more [asymmetry] models, not "
+                              f"{list(models)}")
+        return cfg
+
+
+def cross_dir(out: Path, judge_slug: str, source_slug: str) -> Path:
+    """``out/<judge>__judges__<source>``: the run of one judge on one other model's answers."""
+    return out / f"{judge_slug}__judges__{source_slug}"
+
+
+def run_cross(acfgs: Mapping[str, asymmetry.AsymmetryConfig], stage_cfgs: Mapping[str, Any],
+              cfg: CrossJudgeConfig, out: Path, slug: Callable[[str], str], *,
+              overwrite: bool = False, log: Callable[[str], None] = print,
+              texts: list[str] | None = None) -> dict[str, Any]:
+    """Steps 1-3 of the module docstring; return the matrix.
+
+    Args:
+        acfgs: ``{model spec: its asymmetry config}`` (each model's own run is ``out/<slug>``).
+        stage_cfgs: the configured stages' configs.
+        cfg: the cross-judging settings.
+        out: the grid folder.
+        slug: model spec -> run folder name (:func:`interp.pipeline.model_slug`).
+        overwrite: as ``interp run --overwrite``.
+        log: progress lines.
+        texts: summary texts are appended here.
+
+    Returns:
+        The content of ``out/cross_judge.json``.
+    """
+    texts = texts if texts is not None else []
+    runs: dict[str, dict[str, Path]] = {j: {j: out / slug(j)} for j in acfgs}
+    stages = [s for s in cfg.stages if s in stage_cfgs]
+    for judge, acfg in acfgs.items():
+        handle = load_model(judge, device=acfg.device, dtype=acfg.dtype)
+        for source in acfgs:
+            if source == judge:
+                continue
+            d = cross_dir(out, slug(judge), slug(source))
+            runs[judge][source] = d
+            log(f"== {judge} judges {source}'s answers -> {d}")
+            t0 = time.perf_counter()
+            m = asymmetry.run(d, handle, replace(acfg, answers_from=str(out / slug(source))),
+                              overwrite=overwrite, log=log)
+            texts += [f"## {judge} judging {source}'s answers ({d}/metrics.json)",
+                      asymmetry.format_summary(m)]
+            log(f"{texts[-1]}\n== took {time.perf_counter() - t0:.0f} s")
+            for name in stages:
+                result = STAGES[name].run(RunDir(d), handle, stage_cfgs[name],
+                                          overwrite=overwrite, log=log)
+                if text := STAGES[name].format_summary(result):
+                    texts += [f"## {judge} judging {source}'s answers: {name}", text]
+    matrix = judge_matrix({j: {s: str(p) for s, p in row.items()} for j, row in runs.items()},
+                          n_boot=cfg.n_boot, seed=cfg.seed)
+    write_json(out / "cross_judge.json", matrix)
+    text = format_matrix(matrix)
+    atomic_write_text(out / "cross_judge.txt", text + "\n")
+    texts += ["## cross-judging", text]
+    png = plot_judge_matrix(matrix, out / "figures")
+    log(f"{text}\n== cross-judging matrix: {out / 'cross_judge.json'}, {png}")
+    if "probe" in stages:
+        entries = [cross_probe(runs[j][s], runs[s][s], self_run=runs[j][j])
+                   for j in runs for s in runs[j] if s != j]
+        write_json(out / "cross_probe.json", {"entries": entries})
+        log(f"== cross-model probes: {out / 'cross_probe.json'}, "
+            f"{plot_cross_probe(entries, out / 'figures')}")
+    return matrix

@@ -1,0 +1,204 @@
+"""Reasoning-judge stage: a judge-only rerun of a run's answers, side by side with its judge.
+
+Algorithm of :func:`run` (the method: :mod:`interp.reasoning`, :mod:`interp.reasoning_compare`):
+
+1. Records: the run's ``ok`` records (first ``limit`` per dataset), made by a one-word judge
+   (the run's template has ``judge = "word"``), and their verdict-position span masses from
+   the run's attention recordings (:func:`interp.stages.stored.load_masses`: the harness
+   writes them in its one pass, or ``interp attention``).
+2. Judge-only rerun (:func:`interp.asymmetry.judge_records`): the run's model judges the SAME
+   candidate answers with the reasoning template, in chunks of ``batch_size``; each chunk's
+   records go to ``DIR/reasoning/records.jsonl`` (with ``judge_signature``: model, sha256,
+   template, budget, the record's answer and prompt) and their span masses (``mass.verdict``
+   and ``mass.reasoning``, ``[n_layers, n_heads, n_spans]``, spans in the metadata) to
+   ``DIR/reasoning/attention/<dataset>/<id>.safetensors`` (the parts the stage contract
+   declares, :data:`interp.stages.contract.SPECS`). A record whose signature matches is kept
+   (resume); others are judged again.
+3. Side by side (:func:`interp.reasoning_compare.side_by_side` over the band ``layers``):
+   ``DIR/reasoning/side_by_side.json`` and ``.md``, and the figure
+   ``DIR/figures/reasoning_side_by_side.png``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from safetensors import safe_open
+from tqdm.auto import tqdm
+
+from interp.asymmetry import judge_records
+from interp.errors import ConfigError
+from interp.layers import DEFAULT_BAND, parse_layers
+from interp.models import ModelHandle
+from interp.options import config_from_table, option
+from interp.prompts import get_template
+from interp.reasoning import MAX_REASONING_TOKENS, REASONING_SPANS
+from interp.reasoning_compare import format_side_by_side, side_by_side
+from interp.stages.common import ok_records, run_judge
+from interp.stages.contract import spec
+from interp.stages.stored import load_masses
+from interp.store import RunDir
+from interp.store.io import atomic_write_text, save_tensors, signature, write_json
+from interp.store.records import qa_key as record_key
+
+__all__ = ["NAME", "SPEC", "SUMMARIES", "Config", "ReasoningConfig", "format_summary", "run"]
+
+SPEC = spec("reasoning")
+"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+NAME = SPEC.name
+SUMMARIES = SPEC.summaries
+"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
+
+
+@dataclass
+class ReasoningConfig:
+    """Settings of the reasoning-judge stage (``[reasoning]`` table of a config).
+
+    Attributes:
+        template: the reasoning judge's template variant (``judge = "reasoning"``).
+        templates_path: a TOML file of variants (None: the bundled ones).
+        limit: records per dataset (first N ok records; None for all).
+        max_reasoning_tokens: token budget of a reasoning reply (:mod:`interp.reasoning`).
+        batch_size: prompts per forward (and records per saved chunk).
+        layers: band of the span-mass means (:func:`interp.layers.parse_layers`).
+        reasoning_attention: also record the attention while reasoning (one more forward
+            per record with full patterns).
+        n_boot: bootstrap resamples for CIs.
+        seed: bootstrap seed.
+        figures: draw the figure into ``DIR/figures``.
+    """
+
+    template: str = "reasoning"
+    templates_path: str | None = None
+    limit: int | None = option(None, kind="count")
+    max_reasoning_tokens: int = option(MAX_REASONING_TOKENS, kind="count")
+    batch_size: int = option(8, kind="count")
+    layers: str = option(DEFAULT_BAND, kind="layers")
+    reasoning_attention: bool = True
+    n_boot: int = option(1000, kind="count")
+    seed: int = 0
+    figures: bool = True
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any]) -> ReasoningConfig:
+        """Build from a config table.
+
+        Raises:
+            interp.errors.ConfigError: unknown keys (the message lists the known ones).
+        """
+        return config_from_table(cls, d, NAME)
+
+
+Config = ReasoningConfig
+
+
+def _mass_path(rd: RunDir, rec: Mapping[str, Any]) -> Any:
+    """``DIR/reasoning/attention/<dataset>/<id>.safetensors`` (the contract's part)."""
+    return SPEC.parts[1].path(rd.path, rec["dataset"], rec["id"])
+
+
+def _signature(handle: ModelHandle, cfg: ReasoningConfig, rec: Mapping[str, Any]) -> str:
+    return signature({"model": handle.spec, "sha256": handle.info.get("sha256"),
+                      "template": cfg.template, "templates_path": cfg.templates_path,
+                      "budget": cfg.max_reasoning_tokens, "answer": rec.get("answer"),
+                      "question": rec.get("question"), "context": rec.get("context"),
+                      "reasoning_attention": cfg.reasoning_attention})
+
+
+def run(run_dir: RunDir, handle: ModelHandle, cfg: ReasoningConfig | None = None, *,
+        overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Judge a run's answers with the reasoning judge and compare (module docstring).
+
+    The stage contract's signature (:mod:`interp.stages.contract`).
+
+    Args:
+        run_dir: a finished asymmetry run of a one-word judge, with attention recordings.
+        handle: the run's model.
+        cfg: settings.
+        overwrite: accepted for the contract: a judgment whose signature is not the one of
+            now is always judged again, nothing else is stored.
+        log: progress lines.
+
+    Returns:
+        ``side_by_side.json``'s content (plus ``model`` and ``band``).
+
+    Raises:
+        interp.errors.ConfigError: the template is not a reasoning judge, or the run's is not
+            a one-word judge (before any model forward).
+        interp.errors.RunDirError: no ok record, another model than the run's, or no
+            attention recordings (:func:`interp.stages.attention.load_masses`).
+    """
+    del overwrite
+    rd, cfg = run_dir, cfg or ReasoningConfig()
+    template = get_template(cfg.template, cfg.templates_path)
+    if template.judge != "reasoning":
+        raise ConfigError(f"[reasoning] template {cfg.template!r} is not a reasoning judge "
+                          f"(judge = {template.judge!r}); use template = \"reasoning\"")
+    manifest, records = ok_records(rd, handle, cfg.limit)
+    if run_judge(manifest) != "word":
+        raise ConfigError(f"{rd.path} was judged by a reasoning template; the side by side "
+                          f"needs a one-word judge's run")
+    band = parse_layers(cfg.layers, handle.n_layers)
+    recorded, mass, spans, _ = load_masses(rd, limit=cfg.limit)
+    out = RunDir(rd.sub(SPEC.folder))
+    done = {record_key(r): r for r in out.read_records(status=None)} \
+        if out.records_path.exists() else {}
+
+    def stale(r: Mapping[str, Any]) -> bool:
+        d = done.get(record_key(r))
+        return d is None or d.get("judge_signature") != _signature(handle, cfg, r) or (
+            d.get("status") == "ok" and not _mass_path(rd, r).exists())
+
+    todo = [r for r in records if stale(r)]
+    log(f"[reasoning] {len(records)} records, {len(records) - len(todo)} already judged")
+    bar = tqdm(total=len(todo), desc="reasoning judge", unit="rec", disable=not todo)
+    for s in range(0, len(todo), cfg.batch_size):
+        part = todo[s:s + cfg.batch_size]
+        recs, passes = judge_records(handle, part, template=template, rows=True,
+                                     max_reasoning_tokens=cfg.max_reasoning_tokens,
+                                     batch_size=cfg.batch_size,
+                                     reasoning_attention=cfg.reasoning_attention)
+        for src, rec, j in zip(part, recs, passes):
+            rec["judge_signature"] = _signature(handle, cfg, src)
+            if j is not None:
+                tensors = {"mass.verdict": j.verdict_mass}
+                if j.reasoning_mass is not None:
+                    tensors["mass.reasoning"] = j.reasoning_mass
+                save_tensors(_mass_path(rd, rec), tensors, {"spans": json.dumps(REASONING_SPANS)})
+        if stale_keys := [record_key(r) for r in recs if record_key(r) in done]:
+            out.drop_records(stale_keys)
+        out.append_records(recs)
+        bar.update(len(part))
+    bar.close()
+    reason = out.read_records(status=None)
+    masses: dict[str, dict[tuple[str, str], np.ndarray]] = {"word": {}, "verdict": {},
+                                                            "reasoning": {}}
+    for r, m in zip(recorded, mass["eval"]):
+        masses["word"][record_key(r)] = m[band].mean(axis=(0, 1))
+    for r in reason:
+        p = _mass_path(rd, r)
+        if r.get("status") != "ok" or not p.exists():
+            continue
+        with safe_open(str(p), "pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                masses[name.split(".")[1]][record_key(r)] = \
+                    f.get_tensor(name).numpy()[band].mean(axis=(0, 1))
+    res = side_by_side(records, reason, masses, spans, n_boot=cfg.n_boot, seed=cfg.seed)
+    res.update(model=handle.spec, band=band, max_reasoning_tokens=cfg.max_reasoning_tokens,
+               template=cfg.template)
+    write_json(out.path / "side_by_side.json", res)
+    atomic_write_text(out.path / "side_by_side.md", format_side_by_side(res, handle.spec) + "\n")
+    if cfg.figures:
+        from interp.plots.reasoning import plot_reasoning_side_by_side
+
+        plot_reasoning_side_by_side(res, rd.sub("figures"))
+    return res
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    """The side by side as the markdown table of ``side_by_side.md``."""
+    return format_side_by_side(summary, summary.get("model", ""))
