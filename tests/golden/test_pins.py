@@ -1,4 +1,4 @@
-"""Golden pins: today's outputs, stored as JSON and compared to 1e-6 (strings, ints, bools exact).
+"""Golden pins: today's outputs, stored as JSON and compared to 1e-4 (strings, ints, bools exact).
 
 What is pinned (bundled SmolLM2-135M-Instruct, float32, CPU; first 2 bundled validation records
 of squad_v2 and drop):
@@ -26,7 +26,7 @@ Regenerate the pins (only after a change of behaviour on purpose, e.g. a new ver
 
 then read ``git diff tests/golden/pins`` and commit the new pins with the reason in the message.
 The pins were made on a 2-core x86 CPU with torch 2.13.0+cpu and transformers 5.24.0; another
-BLAS or torch version may move floats by more than 1e-6 (regenerate there and compare the diff).
+BLAS or torch version may move floats by more than 1e-4 (regenerate there and compare the diff).
 """
 
 from __future__ import annotations
@@ -44,13 +44,16 @@ import torch
 
 PINS = Path(__file__).parent / "pins"
 # Floats from float32 forward passes move in their last bits with the CPU's BLAS kernels; CI's
-# machine moved the patching pins by 3.3e-6 relative (test_golden_patching_transfer.py).
-# Real changes move these numbers by 1e-3 or more.
-TOL = 1e-5
+# machine moved the patching pins by 3.3e-6 relative (test_golden_patching_transfer.py), and
+# an AMD EPYC CI machine moved these pins (made on another CPU) by up to 2.2e-5 relative: sums
+# over hundreds of activations (z, result_last, pooled features) and logit_diff. Real changes
+# move these numbers by 1e-3 or more, so 1e-4 keeps the pins sharp without tying them to a CPU.
+TOL = 1e-4
 # A whole-reply log-probability sums float32 log-softmax terms of logits ~20 in size, so its
 # last bits (eps 1.2e-7 x 20 per term) move with the reduction order of the BLAS kernels
-# (thread count, batch shape); seen: 1.4e-6 nats between 1 and 2 threads.
-LOGPROB_TOL = 1e-5
+# (thread count, batch shape, CPU); seen: 1.4e-6 nats between 1 and 2 threads, 1.9e-5 nats
+# in logit_diff between two CPUs.
+LOGPROB_TOL = 1e-4
 LOGPROB_KEYS = ("logprob_correct", "logprob_incorrect", "logit_diff", "p_correct")
 UPDATE = bool(os.environ.get("INTERP_UPDATE_PINS"))
 
