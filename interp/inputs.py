@@ -109,12 +109,13 @@ def check_device(device: Any, error: type[Exception] = ConfigError) -> None:
 
 
 def _holds_results(path: Path) -> bool:
-    """Whether a folder holds any file besides ``manifest.json`` and temporary files."""
-    for p in path.rglob("*"):
-        if p.is_file() and p.name != "manifest.json" and not (
-                p.name.startswith(".") and ".tmp" in p.name):
-            return True
-    return False
+    """Whether a folder holds any file besides ``manifest.json`` and hidden bookkeeping files.
+
+    Hidden files (``.name``) are never results: temporary files of atomic writes and the
+    writer lock (``.writer.lock``, ``.writer.json``, :meth:`interp.store.rundir.RunDir.writer`).
+    """
+    return any(p.is_file() and p.name != "manifest.json" and not p.name.startswith(".")
+               for p in path.rglob("*"))
 
 
 @contextlib.contextmanager
