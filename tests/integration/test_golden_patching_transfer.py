@@ -59,7 +59,8 @@ REGEN = os.environ.get("INTERP_REGEN_GOLDEN") == "1"
 # effects, fractions of them), whose last bits move with the CPU's BLAS kernels (instruction set,
 # thread count): CI's machine drifted by up to 3.3e-6 relative (patching effect 0.85334043 vs
 # 0.85333828 here). A real change (another position or layer patched, another pair) moves these
-# by 1e-3 or more, so 1e-4 (as tests/golden: this AMD EPYC machine moved an attribution effect by 6e-5) keeps the pins sharp without tying them to one CPU.
+# by 1e-3 or more, so 1e-4 (as tests/golden; an AMD EPYC machine moved an attribution effect
+# by 6e-5) keeps the pins sharp without tying them to one CPU.
 TOL = 1e-4
 LAYERS = [0, 15, 29]
 RECORDS = [115, 2]
