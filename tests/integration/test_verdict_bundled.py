@@ -22,7 +22,9 @@ def test_score_equals_teacher_forcing_bundled(bundled):
     """The cached two-step score equals one full forward of prompt + reply.
 
     On a float64 copy of the bundled model to 1e-7 (the algorithm is exact); in float32 to
-    1e-5 relative (summation order only).
+    1e-4 relative (summation order only: CI's CPU moved a log-probability of -4.4284 by 4.8e-5,
+    1.1e-5 relative, between the padded batch and the single forward; a wrong position or
+    token moves it by whole nats).
     """
     import copy
 
@@ -37,7 +39,7 @@ def test_score_equals_teacher_forcing_bundled(bundled):
     r = verdict_replies(bundled.tokenizer)
     h64 = ModelHandle(copy.deepcopy(bundled.model).double(), bundled.tokenizer, bundled.spec,
                       dict(bundled.info))
-    for handle, bs, tol in ((h64, 4, dict(abs=1e-7)), (bundled, 4, dict(rel=1e-5))):
+    for handle, bs, tol in ((h64, 4, dict(abs=1e-7)), (bundled, 4, dict(rel=1e-4))):
         sc = score_verdicts(handle, prompts, batch_size=bs)
         for k, p in enumerate(prompts):
             assert float(sc.logprob_correct[k]) == pytest.approx(
