@@ -109,19 +109,25 @@ def check_against_shape(name: str, cfg: Any, n_layers: int, n_heads: int | None 
             raise type(err)(f"[{name}]{on}: {err}" if model else f"[{name}] {err}") from None
 
 
-def ok_records(run: RunDir, handle: ModelHandle, limit: int | None
+def ok_records(run: RunDir, handle: ModelHandle, limit: int | None, *,
+               per_label: bool = False, max_tokens: int | None = None
                ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The run's manifest and its ok records (first ``limit`` per dataset), for ``handle``.
 
+    ``per_label`` and ``max_tokens``: :func:`interp.store.records.limit_per_dataset`.
+
     Raises:
-        RunDirError: no manifest, no ok record, or another model than the run's
-            (:func:`check_run_model`).
+        RunDirError: no manifest, no ok record (or none within ``max_tokens``), or another
+            model than the run's (:func:`check_run_model`).
     """
     manifest = run.manifest()
     check_run_model(run, handle, manifest)
-    records = limit_per_dataset(run.read_records(), limit)
+    records = limit_per_dataset(run.read_records(), limit, per_label=per_label,
+                                max_tokens=max_tokens)
     if not records:
-        raise RunDirError(f"{run.path}/records.jsonl holds no ok record: nothing to do")
+        within = f" with prompts of at most max_tokens = {max_tokens} tokens" \
+            if max_tokens is not None else ""
+        raise RunDirError(f"{run.path}/records.jsonl holds no ok record{within}: nothing to do")
     return manifest, records
 
 

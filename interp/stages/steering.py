@@ -5,8 +5,9 @@ Algorithm of :func:`run` (methods: :mod:`interp.steering`, intervention:
 
 1. Validate the config (alphas > 0, the band, the head set) before any model work; the head
    set ``top-diff:K`` reads ``DIR/attention/summary.json`` (``interp attention``).
-2. For the first ``limit`` ok records of each dataset
-   (:func:`interp.store.records.limit_per_dataset`),
+2. For the first ``limit`` ok records of each dataset (of each dataset and oracle label with
+   ``per_label``; records with prompts over ``max_tokens`` left out first,
+   :func:`interp.store.records.limit_per_dataset`),
    render the run's prompts again (:func:`interp.prompts.rerender`, checked against the
    stored spans) and, per record, reuse ``DIR/steering/parts/{dataset}__{id}.json`` when fresh
    (its signature covers the model, alphas, steered units, band, tasks, answer length and the
@@ -77,6 +78,11 @@ class SteeringConfig:
             ``L.H,L.H`` (:func:`interp.steering.parse_heads`).
         tasks: ``eval`` (the judge) and/or ``gen`` (the generator).
         limit: records per dataset (all or None: every ok record; each costs a forward per alpha).
+        per_label: ``limit`` records per dataset and oracle label y*, so that acceptance of
+            oracle-correct and of oracle-incorrect answers are both measured where a dataset
+            has both (:func:`interp.store.records.limit_per_dataset`).
+        max_tokens: leave out records whose longer prompt has more tokens (CPU time; None:
+            every length), before ``limit`` counts.
         max_new_tokens: length cap of the steered answers.
         oracle: grades the steered answers (None: the run's oracle).
         n_boot: passage-cluster bootstrap resamples.
@@ -90,6 +96,8 @@ class SteeringConfig:
     heads: str = "all"
     tasks: list[str] = field(default_factory=lambda: ["eval", "gen"])
     limit: int | None = option(10, kind="count")
+    per_label: bool = False
+    max_tokens: int | None = option(None, kind="count")
     max_new_tokens: int = option(32, kind="count")
     oracle: str | None = None
     n_boot: int = option(1000, kind="count")
@@ -275,7 +283,8 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
 
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     cfg.validate()
-    manifest, records = ok_records(run_dir, handle, cfg.limit)
+    manifest, records = ok_records(run_dir, handle, cfg.limit, per_label=cfg.per_label,
+                                   max_tokens=cfg.max_tokens)
     facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
     band, units = _units(run_dir, handle, cfg)
     mcfg = manifest.get("config", {})

@@ -141,25 +141,43 @@ def qa_key(rec: Record | Mapping[str, Any]) -> tuple[str, str]:
     return (rec["dataset"], rec["id"])
 
 
-def limit_per_dataset(records: Sequence[Mapping[str, Any]], limit: int | None) -> list[Any]:
+def prompt_tokens(rec: Mapping[str, Any]) -> int:
+    """The length in tokens of a record's longest stored prompt (gen or eval), 0 if none."""
+    return max((int(p.get("n_tokens") or 0) for p in (rec.get("prompts") or {}).values()),
+               default=0)
+
+
+def limit_per_dataset(records: Sequence[Mapping[str, Any]], limit: int | None, *,
+                      per_label: bool = False, max_tokens: int | None = None) -> list[Any]:
     """The first ``limit`` records of each dataset, in their order (None: all).
 
     The one meaning of ``limit`` for stages that read a run's records: *per dataset*. (Which
     examples enter a run in the first place is decided when they are loaded,
     :func:`interp.data.load_examples`.)
 
+    Args:
+        records: the run's records, in their order.
+        limit: records per dataset (None: all).
+        per_label: count ``limit`` per (dataset, oracle label y*) instead, so a dataset with
+            answers of both labels gives records of both (up to ``2 * limit``): a statistic
+            conditioned on y* (acceptance of right and of wrong answers) is then defined.
+        max_tokens: leave out records whose longest stored prompt is longer
+            (:func:`prompt_tokens`) before counting (None: no bound).
+
     Raises:
-        ConfigError: ``limit`` below 1.
+        ConfigError: ``limit`` or ``max_tokens`` below 1.
     """
-    if limit is None:
-        return list(records)
-    if limit < 1:
+    if limit is not None and limit < 1:
         raise ConfigError(f"limit must be >= 1 (or left out for all records), not {limit}")
-    seen: dict[str, int] = {}
+    if max_tokens is not None and max_tokens < 1:
+        raise ConfigError(f"max_tokens must be >= 1 (or left out for no bound), not {max_tokens}")
+    seen: dict[tuple[str, Any], int] = {}
     out = []
     for r in records:
-        k = r["dataset"]
-        if seen.get(k, 0) < limit:
+        if max_tokens is not None and prompt_tokens(r) > max_tokens:
+            continue
+        k = (r["dataset"], bool(r.get("oracle_label")) if per_label else None)
+        if limit is None or seen.get(k, 0) < limit:
             out.append(r)
             seen[k] = seen.get(k, 0) + 1
     return out

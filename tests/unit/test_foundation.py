@@ -111,3 +111,20 @@ def test_hooked_reads_edits_and_always_removes_hooks(tiny):
     assert [len(mod._forward_hooks) + len(mod._forward_pre_hooks) for mod in m.modules()] \
         == counts
     assert torch.equal(m(input_ids=ids).logits, base)
+
+
+def test_limit_per_dataset_per_label_and_max_tokens():
+    """``per_label`` counts per (dataset, y*); ``max_tokens`` drops long records before counting."""
+    def rec(i, d, lab, n):
+        return {"id": i, "dataset": d, "oracle_label": lab,
+                "prompts": {"gen": {"n_tokens": n - 5}, "eval": {"n_tokens": n}}}
+
+    recs = [rec(0, "a", False, 100), rec(1, "a", False, 100), rec(2, "a", True, 900),
+            rec(3, "a", True, 200), rec(4, "b", False, 50)]
+    assert [r["id"] for r in limit_per_dataset(recs, 1)] == [0, 4]
+    assert [r["id"] for r in limit_per_dataset(recs, 1, per_label=True)] == [0, 2, 4]
+    assert [r["id"] for r in limit_per_dataset(recs, 1, per_label=True, max_tokens=500)
+            ] == [0, 3, 4]
+    assert [r["id"] for r in limit_per_dataset(recs, None, max_tokens=100)] == [0, 1, 4]
+    with pytest.raises(ConfigError, match="max_tokens"):
+        limit_per_dataset(recs, 1, max_tokens=0)
