@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from interp.plots.common import COLORS, dataset_groups, error_bars, passage_footnote, plt, save
+from interp.plots.common import COLORS, ci_bars, dataset_groups, passage_footnote, plt, save
+from interp.stats import degenerate_note
 
 _VERDICT_COLORS = {"accept": "#55A868", "reject": "#C44E52", "none": "0.75"}
 
@@ -35,7 +36,7 @@ def _verdict_split_panel(ax: Any, groups: list[tuple[str, Any]], labels: list[st
     ax.set_yticks(np.linspace(0, 1, 6))
     ax.set_ylabel("share of answers")
     ax.set_title("Generated verdicts by oracle label", fontsize=10)
-    ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25),
+    ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.17),
               ncol=2)
 
 
@@ -47,8 +48,11 @@ def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
     with 95% CIs (bootstrap over passages). Panel 2: Delta = EA - GA and Delta_forced, on an
     axis fitted to the values and CIs. Panel 3: per group, answers with y* Correct and y*
     Incorrect, stacked shares of generated verdicts accept / reject / none, and the
-    forced-choice acceptance as a diamond. Tick labels give n and the passages; groups on
-    fewer than 10 passages are starred and explained under the figure.
+    forced-choice acceptance as a diamond. Panel 1 spans the top row, panels 2 and 3 share
+    the bottom one. Each bar is marked at its value and labelled beside its whisker
+    (:func:`interp.plots.common.ci_bars`; a zero-width interval is marked and explained under
+    the figure). Tick labels give n and the passages; groups on fewer than 10 passages are
+    starred and explained under the figure.
 
     Args:
         metrics: the content of ``metrics.json`` (:func:`interp.asymmetry.compute_metrics`).
@@ -57,33 +61,39 @@ def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
     """
     groups, labels = dataset_groups(metrics)
     x = np.arange(len(groups))
-    fig, axes = plt.subplots(1, 3, figsize=(max(12, 3.6 * len(groups) + 5), 4.4),
-                             gridspec_kw={"width_ratios": [1.3, 1, 1.3]})
+    fig = plt.figure(figsize=(max(9.0, 1.7 * len(groups) + 3.5), 8.4))
+    grid = fig.add_gridspec(2, 2, height_ratios=[1, 1.1])
+    axes = [fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]),
+            fig.add_subplot(grid[1, 1])]
+    degenerate = False
     for ax, keys, w in ((axes[0], ("GA", "EA", "EA_forced"), 0.27),
                         (axes[1], ("delta", "delta_forced"), 0.38)):
         for j, key in enumerate(keys):
-            vals = [np.nan if m[key] is None else m[key] for _, m in groups]  # None: n/a
-            errs = np.array([error_bars(m[key], m.get(f"{key}_ci")) for _, m in groups]).T
-            ax.bar(x + (j - (len(keys) - 1) / 2) * w, vals, w, yerr=errs, capsize=3,
-                   color=COLORS.get(key, "#8172B3" if "forced" in key else None),
-                   label=_ASYM_LABELS[key], alpha=0.6 if key == "delta_forced" else 1.0)
-        ax.set_xticks(x, labels)
-        ax.legend(frameon=False, fontsize=8)
-    axes[0].set_ylim(0, 1.05)
+            degenerate |= ci_bars(
+                ax, x + (j - (len(keys) - 1) / 2) * w, [m[key] for _, m in groups],
+                [m.get(f"{key}_ci") for _, m in groups], w,
+                color=COLORS.get(key, "#8172B3" if "forced" in key else None),
+                label=_ASYM_LABELS[key], alpha=0.6 if key == "delta_forced" else 1.0)
+        ax.set_xticks(x, labels, fontsize=8)
+    axes[0].legend(frameon=False, fontsize=8, ncol=3, loc="upper center")
+    axes[1].legend(frameon=False, fontsize=7)
+    axes[0].set_ylim(-0.03, 1.15)
     axes[0].set_ylabel("accuracy")
-    axes[0].set_title("Generation (GA) vs self-evaluation (EA)", fontsize=10)
+    axes[0].set_title("Generation (GA) vs self-evaluation (EA); number: the bar's value",
+                      fontsize=10)
     ends = [abs(v) for _, m in groups for k in ("delta", "delta_forced")
             for v in [m[k], *(m.get(f"{k}_ci") or [])] if v is not None]
-    lim = max(0.1, 1.15 * max(ends))
-    axes[1].set_ylim(-lim, lim)
+    lim = max(0.1, 1.15 * max(ends, default=0.0))
+    axes[1].set_ylim(-lim, 1.25 * lim)
     axes[1].axhline(0, color="black", lw=0.8)
     axes[1].set_ylabel("EA − GA")
     axes[1].set_title("Asymmetry Δ", fontsize=10)
     _verdict_split_panel(axes[2], groups, labels)
+    axes[2].tick_params(axis="x", labelsize=7)
     fig.suptitle(f"Task asymmetry — {', '.join(metrics.get('models', []))} (CIs: bootstrap "
                  f"over passages)", fontsize=10)
     fig.tight_layout()
-    passage_footnote(fig, groups)
+    passage_footnote(fig, groups, [degenerate_note()] if degenerate else [])
     return save(fig, out_dir, name)
 
 

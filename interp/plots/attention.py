@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from interp.plots.common import COLORS, dataset_groups, error_bars, passage_footnote, plt, save
+from interp.plots.common import COLORS, ci_bars, dataset_groups, passage_footnote, plt, save
+from interp.stats import degenerate_note
 
 _SPAN_TITLES = {"context": "context c", "question": "question q", "candidate": "candidate a",
                 "template": "template (rest)", "reference": "reference"}
@@ -125,11 +126,11 @@ def plot_context_ratio(summary: Mapping[str, Any], out_dir: str | Path,
     w = 0.27
     bars = (("gen", "context", "context, gen"), ("eval", "context", "context, eval"),
             ("eval", "candidate", "candidate, eval"))
+    degenerate = False
     for j, (t, s, lab) in enumerate(bars):
-        vals = [g[t][s]["mean"] or 0.0 for _, g in groups]
-        errs = np.array([error_bars(g[t][s]["mean"] or 0.0, g[t][s]["ci"]) for _, g in groups]).T
-        color = COLORS[t] if s == "context" else "#8172B3"
-        ax1.bar(x + (j - 1) * w, vals, w, yerr=errs, capsize=3, color=color, label=lab)
+        degenerate |= ci_bars(ax1, x + (j - 1) * w, [g[t][s]["mean"] for _, g in groups],
+                              [g[t][s]["ci"] for _, g in groups], w, label=lab,
+                              color=COLORS[t] if s == "context" else "#8172B3")
     ax1.set_xticks(x, labels)
     ax1.set_ylabel("band-mean attention mass")
     band = summary["band"]
@@ -140,16 +141,14 @@ def plot_context_ratio(summary: Mapping[str, Any], out_dir: str | Path,
                                     ("context_ratio_geometric", "geometric mean of ratios"),
                                     ("content_context_share_ratio",
                                      "context share of content spans"))):
-        vals = [np.nan if g.get(key) is None else g[key] for _, g in groups]
-        errs = np.array([error_bars(v if v == v else 0.0, g.get(f"{key}_ci"))
-                         for v, (_, g) in zip(vals, groups)]).T
-        ax2.bar(x + (j - 1) * w, vals, w, yerr=errs, capsize=3, label=lab,
-                color=("#55A868", "#8172B3", "#937860")[j])
+        degenerate |= ci_bars(ax2, x + (j - 1) * w, [g.get(key) for _, g in groups],
+                              [g.get(f"{key}_ci") for _, g in groups], w, label=lab,
+                              color=("#55A868", "#8172B3", "#937860")[j])
     ax2.axhline(1, color="black", lw=0.8)
     ax2.set_xticks(x, labels)
     ax2.set_ylabel("gen / eval")
     ax2.set_title("Context ratio gen/eval (paper: 3-5x)", fontsize=10)
     ax2.legend(frameon=False, fontsize=7)
     fig.tight_layout()
-    passage_footnote(fig, groups)
+    passage_footnote(fig, groups, [degenerate_note()] if degenerate else [])
     return save(fig, out_dir, name)

@@ -7,14 +7,17 @@ writes ``NAME.png`` and ``NAME.pdf`` there (:func:`save`) and returns the PNG pa
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from interp.stats import DEGENERATE_MARK, is_degenerate  # noqa: E402
 
 COLORS = {"GA": "#4C72B0", "EA": "#DD8452", "delta": "#55A868", "gen": "#4C72B0",
           "eval": "#DD8452", "correct": "#55A868", "incorrect": "#C44E52"}
@@ -61,25 +64,76 @@ def dataset_groups(table: Mapping[str, Any]) -> tuple[list[tuple[str, Any]], lis
     return groups, [label(d, g) for d, g in groups]
 
 
+def ci_bars(ax: Any, xs: Sequence[float], vals: Sequence[float | None],
+            cis: Sequence[Sequence[float] | None], width: float, *, color: Any,
+            label: str | None = None, alpha: float = 1.0, capsize: float = 3,
+            fmt: str = ".2f") -> bool:
+    """Bars with their 95% intervals, each value marked and written beside its whisker.
+
+    Every drawn bar gets a black line at its value (a bar of height 0 stays visible, and
+    differs from a group that was not measured, ``None``, which gets nothing) and its value as
+    text to the right of the whisker, at the value's height, so it is not read as a bound of
+    the interval. An interval of zero width (:func:`interp.stats.is_degenerate`) has no
+    whisker to show; its label then says :data:`interp.stats.DEGENERATE_MARK`, and the caller
+    writes :func:`interp.stats.degenerate_note` under the figure.
+
+    Args:
+        ax: the axes.
+        xs: bar centres (data units), ``[n]``.
+        vals: the values, ``[n]`` (None: not measured).
+        cis: ``[lower, upper]`` per bar, or None without an interval.
+        width: bar width (data units).
+        color: bar colour.
+        label: legend label.
+        alpha: bar opacity.
+        capsize: whisker cap half-width (points); the label starts right of it.
+        fmt: format spec of the value labels.
+
+    Returns:
+        Whether any drawn interval has zero width.
+    """
+    vals = [np.nan if v is None else float(v) for v in vals]
+    errs = np.array([error_bars(None if np.isnan(v) else v, ci)
+                     for v, ci in zip(vals, cis)]).reshape(-1, 2).T
+    ax.bar(xs, vals, width, yerr=errs, capsize=capsize, color=color, label=label, alpha=alpha)
+    degenerate = False
+    for x, v, ci in zip(xs, vals, cis):
+        if np.isnan(v):
+            continue
+        ax.hlines(v, x - width / 2, x + width / 2, colors="black", lw=1.0)
+        zero = is_degenerate(ci)
+        degenerate |= zero
+        ax.annotate(f"{v:{fmt}}" + (f"\n{DEGENERATE_MARK}" if zero else ""), (x, v),
+                    xytext=(capsize + 2.5, 0), textcoords="offset points", ha="left",
+                    va="center", fontsize=6.5, gid="value_label",
+                    bbox={"fc": "white", "ec": "none", "alpha": 0.7, "pad": 0.2})
+    return degenerate
+
+
 def footnote(fig: plt.Figure, notes: list[str], wrap: int | None = None) -> None:
     """Write ``notes`` (one per line, red, small) under the figure; nothing when empty.
 
-    The text hangs below the axes; :func:`save` keeps it (``bbox_inches="tight"``). ``wrap``:
-    fill each note to that many characters.
+    The text starts just under the lowest thing drawn (tick labels, legends below the axes),
+    so no empty band separates it from the figure; :func:`save` keeps it
+    (``bbox_inches="tight"``). ``wrap``: fill each note to that many characters.
     """
     if notes:
         lines = [textwrap.fill(n, wrap) for n in notes] if wrap else notes
-        fig.text(0.01, -0.01, "\n".join(lines), ha="left", va="top", fontsize=7.5,
-                 color="#C44E52")
+        box = fig.get_tightbbox(fig.canvas.get_renderer())   # inches
+        top = box.y0 / fig.get_figheight() - 0.01
+        fig.text(0.01, top, "\n".join(lines), ha="left", va="top", fontsize=7.5,
+                 color="#C44E52", gid="footnote")
 
 
-def passage_footnote(fig: plt.Figure, groups: list[tuple[str, Any]]) -> None:
+def passage_footnote(fig: plt.Figure, groups: list[tuple[str, Any]],
+                     extra: list[str] | None = None) -> None:
     """Write, visibly under the figure, the notes of groups on fewer than 10 passages.
 
-    Also a group's ``forced_choice_note`` (the forced choice is the same for every record).
+    Also a group's ``forced_choice_note`` (the forced choice is the same for every record),
+    then ``extra`` (e.g. :func:`interp.stats.degenerate_note`).
     """
     notes = [f"* {d}: {g['note']}" for d, g in groups if g.get("few_passages")]
     notes += [f"{d}: {g['forced_choice_note']}" for d, g in groups
               if g.get("forced_choice_note")]
-    footnote(fig, notes)
+    footnote(fig, notes + (extra or []))
 

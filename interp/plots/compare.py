@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from matplotlib.patches import Patch
 
-from interp.plots.common import error_bars, footnote, plt, save
-from interp.stats import MIN_PASSAGES, passage_note
+from interp.plots.common import ci_bars, footnote, plt, save
+from interp.stats import MIN_PASSAGES, degenerate_note, passage_note
 
 __all__ = ["dataset_labels", "model_colors", "plot_models_asymmetry", "plot_models_attention",
            "plot_models_probes"]
@@ -83,29 +83,29 @@ def dataset_labels(tables: Mapping[str, Mapping[str, Any]], datasets: list[str]
 
 
 def _grouped_bars(ax: Any, tables: Mapping[str, Mapping[str, Any]], datasets: list[str],
-                  get: Any, colors: Mapping[str, str]) -> list[str]:
+                  get: Any, colors: Mapping[str, str], notes: list[str] | None = None
+                  ) -> list[str]:
     """Bars per dataset, one per model (``get(group) -> (value, ci)``); missing groups blank.
 
-    Every drawn bar carries a line at its value and the value as text, so a bar of height 0
-    is visible (and told apart from a missing group, which has neither). The x ticks are
-    :func:`dataset_labels`; returns their notes.
+    Drawn by :func:`interp.plots.common.ci_bars`: every drawn bar carries a line at its value
+    and the value as text beside its whisker, so a bar of height 0 is visible (and told apart
+    from a missing group, which has neither). The x ticks are :func:`dataset_labels`; returns
+    their notes (appended to ``notes``, once each), and :func:`interp.stats.degenerate_note`
+    when an interval has zero width.
     """
     x, w = np.arange(len(datasets)), 0.8 / len(tables)
+    degenerate = False
     for j, (spec, t) in enumerate(tables.items()):
-        vals, errs = [], []
-        for ds in datasets:
-            g = _group(t, ds)
-            v, ci = get(g) if g else (None, None)
-            vals.append(np.nan if v is None else v)
-            errs.append(error_bars(v, ci) if v is not None else [0.0, 0.0])
-        xs = x + (j - (len(tables) - 1) / 2) * w
-        bars = ax.bar(xs, vals, w, yerr=np.array(errs).T, capsize=2, color=colors[spec],
-                      label=_short(spec))
-        ax.hlines(vals, xs - w / 2, xs + w / 2, colors="black", lw=1.2)
-        ax.bar_label(bars, labels=["" if np.isnan(v) else f"{v:.2f}" for v in vals],
-                     fontsize=6, padding=1)
-    labels, notes = dataset_labels(tables, datasets)
+        got = [get(g) if (g := _group(t, ds)) else (None, None) for ds in datasets]
+        degenerate |= ci_bars(ax, x + (j - (len(tables) - 1) / 2) * w, [v for v, _ in got],
+                              [ci for _, ci in got], w, color=colors[spec], label=_short(spec),
+                              capsize=2)
+    labels, new = dataset_labels(tables, datasets)
     ax.set_xticks(x, labels, fontsize=7)
+    notes = [] if notes is None else notes
+    for n in new + ([degenerate_note()] if degenerate else []):
+        if n not in notes:
+            notes.append(n)
     return notes
 
 
@@ -120,21 +120,23 @@ def plot_models_asymmetry(metrics: Mapping[str, Mapping[str, Any]], out_dir: str
     """
     colors = model_colors(list(metrics))
     datasets = _datasets(metrics)
-    fig, axes = plt.subplots(1, 3, figsize=(max(12, 1.6 * len(datasets) * 3), 4.4))
+    fig, axes = plt.subplots(3, 1, figsize=(max(7.5, 1.5 * len(datasets) + 2.5), 9.6),
+                             sharex=True)
+    notes: list[str] = []
     for ax, key, title, ylabel in (
             (axes[0], "GA", "generation accuracy GA", "GA (share of answers right)"),
             (axes[1], "EA", "self-evaluation accuracy EA", "EA (share of verdicts right)"),
             (axes[2], "delta", "asymmetry Δ = EA − GA", "Δ = EA − GA")):
-        notes = _grouped_bars(ax, metrics, datasets,
-                              lambda g, k=key: (g[k], g.get(f"{k}_ci")), colors)
+        _grouped_bars(ax, metrics, datasets, lambda g, k=key: (g[k], g.get(f"{k}_ci")),
+                      colors, notes)
         ax.set_title(title, fontsize=10)
-        ax.set_ylabel(ylabel)
-    axes[0].set_ylim(0, 1.1)
-    axes[1].set_ylim(0, 1.1)
+        ax.set_ylabel(ylabel, fontsize=8)
+    axes[0].set_ylim(-0.03, 1.1)
+    axes[1].set_ylim(-0.03, 1.1)
     axes[2].axhline(0, color="black", lw=0.8)
-    axes[0].legend(frameon=False, fontsize=8)
-    fig.suptitle("Models side by side (CIs: bootstrap over passages; black line and number: "
-                 "the bar's value)", fontsize=10)
+    axes[0].legend(frameon=False, fontsize=8, ncol=len(metrics), loc="upper left")
+    fig.suptitle("Models side by side (CIs: bootstrap over passages; black line and number "
+                 "beside the whisker: the bar's value)", fontsize=10)
     fig.tight_layout()
     footnote(fig, notes)
     return save(fig, out_dir, name)

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from interp.plots.common import error_bars, footnote, plt, save
+from interp.plots.common import ci_bars, footnote, plt, save
+from interp.stats import degenerate_note
 
 __all__ = ["plot_audit_roc", "plot_cross_probe", "plot_judge_matrix"]
 
@@ -65,9 +66,8 @@ def plot_judge_matrix(matrix: Mapping[str, Any], out_dir: str | Path,
                  fontsize=9)
     bars = [(f"judge {_wrap(j)}\nvs answers of\n{_wrap(s)}", d) for j, row in
             matrix["self_minus_other"].items() for s, d in row.items() if d.get("n")]
-    for x, (label, d) in enumerate(bars):
-        bx.bar(x, d["EA_diff"], color="#4C72B0",
-               yerr=np.array(error_bars(d["EA_diff"], d.get("EA_diff_ci")))[:, None], capsize=3)
+    degenerate = ci_bars(bx, list(range(len(bars))), [d["EA_diff"] for _, d in bars],
+                         [d.get("EA_diff_ci") for _, d in bars], 0.8, color="#4C72B0")
     bx.axhline(0, color="grey", lw=0.8)
     bx.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=7)
     bx.set_ylabel("EA(own answers) - EA(other's answers)")
@@ -76,6 +76,7 @@ def plot_judge_matrix(matrix: Mapping[str, Any], out_dir: str | Path,
         c.get("few_passages") for row in matrix["cells"].values() for c in row.values()) else []
     notes.append("self and other judge different answers (another GA): read the bars with "
                  "both cells' GA")
+    notes += [degenerate_note()] if degenerate else []
     fig.subplots_adjust(bottom=0.22, wspace=0.45)
     footnote(fig, notes)
     return save(fig, out_dir, name)

@@ -12,15 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.colors import to_rgba
 from matplotlib.patches import Patch
 
 from interp.plots.common import COLORS, footnote, plt, save
 
-__all__ = ["NOT_MEASURED", "nothing_to_show", "plot_patching"]
+__all__ = ["LEFT_OUT", "NOT_EXACT", "NOT_MEASURED", "nothing_to_show", "plot_patching"]
 
 NOT_MEASURED = "0.7"
-"""Colour of a heatmap cell that was never measured (NaN), told apart from a zero effect
-(white in the diverging colour map)."""
+"""Colour of a heatmap cell that was never measured (no such unit in any pair), told apart
+from a zero effect (white in the diverging colour map)."""
+NOT_EXACT = "0.9"
+"""Colour of an exact-panel cell measured by attribution only (AtP*: outside the top k)."""
+LEFT_OUT = "#E3D3B0"
+"""Colour of a cell measured only in pairs left out of the headline (``|gap| < min_gap``)."""
 
 _SPAN_ORDER = ("context", "question", "candidate", "template", "verdict", "all")
 
@@ -38,10 +43,11 @@ def nothing_to_show(s: dict[str, Any]) -> str | None:
 
 
 def _heat(ax: Any, mat: Any, xlabels: list[str], ylabels: list[str], title: str,
-          cbar_label: str, empty: str | None = None) -> None:
-    """One diverging heatmap; NaN cells (never measured) in :data:`NOT_MEASURED` grey.
+          cbar_label: str, empty: str | None = None, kinds: Any = None) -> None:
+    """One diverging heatmap; NaN cells in :data:`NOT_MEASURED` grey, or coloured by ``kinds``.
 
-    ``empty``: written across the panel (no kept pair, :func:`nothing_to_show`).
+    ``empty``: written across the panel (no kept pair, :func:`nothing_to_show`). ``kinds``:
+    per cell why it has no value (:func:`_cells`); None: every NaN cell is not measured.
     """
     vals = np.asarray(mat, dtype=float)
     lim = np.nanmax(np.abs(vals)) if np.isfinite(vals).any() else 1.0
@@ -49,6 +55,11 @@ def _heat(ax: Any, mat: Any, xlabels: list[str], ylabels: list[str], title: str,
     cmap = plt.get_cmap("RdBu_r").with_extremes(bad=NOT_MEASURED)
     im = ax.imshow(np.ma.masked_invalid(vals), aspect="auto", cmap=cmap, vmin=-lim, vmax=lim,
                    interpolation="nearest", origin="lower")
+    if kinds is not None:
+        rgba = np.zeros((*vals.shape, 4))
+        for kind, color in ((_NOT_EXACT, NOT_EXACT), (_LEFT_OUT, LEFT_OUT)):
+            rgba[np.asarray(kinds) == kind] = to_rgba(color)
+        ax.imshow(rgba, aspect="auto", interpolation="nearest", origin="lower")
     if empty:
         ax.text(0.5, 0.5, empty.replace(": ", ":\n", 1), transform=ax.transAxes,
                 ha="center", va="center", fontsize=9, bbox={"fc": "white", "ec": "0.5"})
@@ -59,28 +70,73 @@ def _heat(ax: Any, mat: Any, xlabels: list[str], ylabels: list[str], title: str,
     plt.colorbar(im, ax=ax, fraction=0.03, label=cbar_label)
 
 
+_VALUE, _NOT_MEASURED, _NOT_EXACT, _LEFT_OUT = range(4)
+
+
+def _cells(units: Any, col_key: str, cols: list, col: str) -> tuple[Any, Any, list]:
+    """The ``layer x col_key`` matrix of ``col`` and, per cell, why it has no value.
+
+    A cell is a value, or NOT MEASURED (no pair has the unit: a span that is empty, a position
+    past the shorter prompt), or, in the exact panel (``col == "ratio"``), measured by the
+    attribution estimate only (AtP*: not among the top k patched exactly), or LEFT OUT: the
+    unit was measured only in pairs left out of the headline (``|gap| < min_gap``).
+
+    Returns:
+        ``(values [layers, cols], kinds [layers, cols], layers)``.
+    """
+    def pivot(c: str) -> Any:
+        return units.pivot_table(index="layer", columns=col_key, values=c, aggfunc="first",
+                                 dropna=False).reindex(columns=cols)
+
+    vals = pivot(col)
+    layers = list(vals.index)
+    present = pivot("_present").reindex(index=layers).to_numpy(dtype=float)
+    vals = vals.to_numpy(dtype=float)
+    kinds = np.where(np.isfinite(vals), _VALUE, _NOT_MEASURED)
+    missing = ~np.isfinite(vals) & (present == 1)
+    if col == "ratio" and "n_exact" in units:
+        exact = pivot("n_exact").reindex(index=layers).to_numpy(dtype=float)
+        kinds[missing & (exact == 0)] = _NOT_EXACT
+        kinds[missing & (exact > 0)] = _LEFT_OUT
+    else:
+        kinds[missing] = _LEFT_OUT
+    return vals, kinds, layers
+
+
+def _legend(kinds: set[int], s: dict[str, Any]) -> list[Patch]:
+    """Legend entries of the kinds of empty cells the figure shows (none: no legend)."""
+    text = {_NOT_MEASURED: (NOT_MEASURED, "grey: not measured (no such unit in any pair)"),
+            _NOT_EXACT: (NOT_EXACT, f"light grey: not patched exactly (outside the top "
+                                    f"{s.get('top_k')} by attribution; attribution estimate only)"),
+            _LEFT_OUT: (LEFT_OUT, f"beige: left out, measured only in pairs with |gap| < "
+                                  f"{s.get('min_gap')} nats")}
+    return [Patch(color=text[k][0], label=text[k][1]) for k in sorted(kinds) if k in text]
+
+
 def _pair_heat(units: Any, col_key: str, cols: list, xl: list[str], stem: str, title: str,
-               out_dir: Path, xlabel: str, *, empty: str | None = None,
-               notes: list[str] | None = None) -> Path:
+               out_dir: Path, xlabel: str, summary: dict[str, Any], *,
+               empty: str | None = None, notes: list[str] | None = None) -> Path:
     """Two heatmaps: the exact ratio of sums and the attribution estimate's.
 
-    Cells never measured (no kept pair had the unit patched exactly, or the unit does not
-    exist in any kept pair) are NaN, drawn grey with a legend entry saying so; ``empty``
-    (:func:`nothing_to_show`) is written on both panels; ``notes`` go under the figure.
+    Cells without a value are coloured by why (:func:`_cells`: not measured, not patched
+    exactly, left out), each kind shown named in the legend only where such cells exist;
+    ``empty`` (:func:`nothing_to_show`) is written on both panels; ``notes`` go under the
+    figure.
     """
     fig, axes = plt.subplots(1, 2, figsize=(max(8, 0.5 * len(xl) + 5), 5))
+    units = units.assign(_present=1.0)
+    shown: set[int] = set()
     for ax, col, lab in zip(axes, ("ratio", "ratio_attr"),
                             ("exact (ratio of sums)", "attribution estimate (ratio of sums)")):
-        m = units.pivot_table(index="layer", columns=col_key, values=col, aggfunc="first",
-                              dropna=False).reindex(columns=cols)
-        _heat(ax, m.to_numpy(dtype=float), xl, [str(i) for i in m.index], lab,
-              "normalised effect", empty)
+        vals, kinds, layers = _cells(units, col_key, cols, col)
+        shown |= set(np.unique(kinds).tolist())
+        _heat(ax, vals, xl, [str(i) for i in layers], lab, "normalised effect", empty, kinds)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("layer")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.legend(handles=[Patch(color=NOT_MEASURED, label="grey: not measured")],
-               loc="lower right", fontsize=8, frameon=False)
+    if handles := _legend(shown, summary):
+        fig.legend(handles=handles, loc="lower right", fontsize=8, frameon=False)
     footnote(fig, notes, wrap=max(60, int(12 * fig.get_figwidth())))
     return save(fig, out_dir, stem)
 
@@ -196,8 +252,10 @@ def plot_patching(table_dir: str | Path, out_dir: str | Path) -> list[Path]:
       ``resid``: per patched layer the normalised effect, the raw change, the forced-verdict
       flip rate and the judge's context mass;
     * ``heads``: layer x head (exact and attribution);
-    * heatmap cells never measured are grey (legend ``grey: not measured``), a zero effect
-      white; without a kept pair the panels say ``nothing to show: 0 of N pairs ...``; a
+    * heatmap cells without a value are coloured by why: never measured (grey), measured by
+      attribution only (light grey, the exact panel of AtP*), or measured only in pairs left
+      out (``|gap| < min_gap``, beige), each named in the legend only where it occurs; a zero
+      effect is white; without a kept pair the panels say ``nothing to show: 0 of N pairs ...``; a
       candidate-swap span column no kept pair patched (``candidate`` when the answers differ
       in length) stays, grey, with a note under the figure (:func:`span_notes`);
     * ``attribution``: attribution estimate vs exact change, heads and residual units, with
@@ -228,7 +286,7 @@ def plot_patching(table_dir: str | Path, out_dir: str | Path) -> list[Path]:
             xl = _position_labels(pd.read_parquet(table_dir / "effects.parquet"), cols)
             out.append(_pair_heat(pos, "rel_position", cols, xl, f"{stem}_position", head,
                                   out_dir, "position, offset from the end (its token when every "
-                                           "pair has the same one there; [n pairs])",
+                                           "pair has the same one there; [n pairs])", s,
                                   empty=empty))
         sp = units[units.unit == "span"]
         order = [c for c in _SPAN_ORDER if c in set(sp.span) or c == "candidate"] + sorted(
@@ -237,7 +295,7 @@ def plot_patching(table_dir: str | Path, out_dir: str | Path) -> list[Path]:
         notes = span_notes(pd.read_parquet(table_dir / "effects.parquet"), order,
                            pd.read_parquet(pairs_path) if pairs_path.exists() else None)
         out.append(_pair_heat(sp, "span", order, order, f"{stem}_span", head, out_dir, "span",
-                              empty=empty, notes=notes))
+                              s, empty=empty, notes=notes))
     elif kind == "resid":
         span = "verdict" if pk in ("gen-to-eval", "eval-to-gen") else "context"
         out.append(_layer_lines(units, span, s, stem, head, out_dir))
@@ -245,7 +303,7 @@ def plot_patching(table_dir: str | Path, out_dir: str | Path) -> list[Path]:
         hs = units[units.unit == "head"]
         cols = sorted(hs["head"].unique())
         out.append(_pair_heat(hs, "head", cols, [str(c) for c in cols], stem, head, out_dir,
-                              "head", empty=empty))
+                              "head", s, empty=empty))
     else:
         df = pd.read_parquet(table_dir / "effects.parquet")
         out.append(_attribution(df, s, stem, head, out_dir))

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from interp.plots.common import error_bars as _err
-from interp.plots.common import footnote, plt, save
+from interp.plots.common import ci_bars, footnote, plt, save
 from interp.reasoning import REASONING_SPANS
+from interp.stats import degenerate_note
 
 __all__ = ["plot_reasoning_side_by_side"]
 
@@ -24,14 +24,14 @@ _COLORS = {"word": "#4C72B0", "reasoning": "#DD8452"}
 
 
 def _paired_bars(ax: Any, g: Mapping[str, Any], stats: tuple[tuple[str, str], ...],
-                 title: str, top: float = 1.0) -> None:
+                 title: str, top: float = 1.0) -> bool:
+    """Word vs reasoning judge bars per statistic, Δ above them; whether a CI has zero width."""
     x, w = np.arange(len(stats)), 0.38
+    degenerate = False
     for j, judge in enumerate(("word", "reasoning")):
-        vals = [g[k][judge] if g[k][judge] is not None else np.nan for k, _ in stats]
-        errs = np.array([_err(v, g[k][f"{judge}_ci"]) if np.isfinite(v) else [0, 0]
-                         for v, (k, _) in zip(vals, stats)]).T
-        ax.bar(x + (j - 0.5) * w, vals, w, yerr=errs, capsize=2, color=_COLORS[judge],
-               label="one-word judge" if judge == "word" else "reasoning judge")
+        degenerate |= ci_bars(ax, x + (j - 0.5) * w, [g[k][judge] for k, _ in stats],
+                [g[k][f"{judge}_ci"] for k, _ in stats], w, color=_COLORS[judge], capsize=2,
+                label="one-word judge" if judge == "word" else "reasoning judge")
     for i, (k, _) in enumerate(stats):
         d, ci = g[k]["delta"], g[k]["delta_ci"]
         if d is not None:
@@ -40,6 +40,7 @@ def _paired_bars(ax: Any, g: Mapping[str, Any], stats: tuple[tuple[str, str], ..
     ax.set_xticks(x, [lab for _, lab in stats], fontsize=7.5)
     ax.set_ylim(0, top * 1.18)
     ax.set_title(title, fontsize=9)
+    return degenerate
 
 
 def plot_reasoning_side_by_side(results: Mapping[str, Mapping[str, Any]] | Mapping[str, Any],
@@ -66,22 +67,21 @@ def plot_reasoning_side_by_side(results: Mapping[str, Mapping[str, Any]] | Mappi
             row[0].set_title(f"{model}: no paired records")
             continue
         rj = g["reasoning_judge"]
-        _paired_bars(row[0], g, _JUDGE_STATS, f"{model}: judge on the same answers "
+        degenerate = _paired_bars(row[0], g, _JUDGE_STATS, f"{model}: judge on the same answers "
                                               f"(GA {g['GA']:.2f})")
         row[0].legend(fontsize=7, loc="center left")
         hi = max((g[k][f"{j}_ci"] or [0, g[k][j] or 0])[1] for k, _ in _MASS_STATS
                  for j in ("word", "reasoning"))
-        _paired_bars(row[1], g, _MASS_STATS, "attention mass at the verdict position "
+        degenerate |= _paired_bars(row[1], g, _MASS_STATS, "attention mass at the verdict position "
                                              f"(band {res['band'][0]}-{res['band'][-1]})",
                      top=max(0.05, 1.3 * hi))
         x, w = np.arange(len(REASONING_SPANS)), 0.38
         for j, (key, lab, col) in enumerate((("reasoning_mass", "while reasoning", "#8172B3"),
                                              ("verdict_mass", "at its verdict", "#DD8452"))):
-            vals = [rj[key][s]["mean"] if rj[key][s]["mean"] is not None else np.nan
-                    for s in REASONING_SPANS]
-            errs = np.array([_err(v, rj[key][s]["ci"]) if np.isfinite(v) else [0, 0]
-                             for v, s in zip(vals, REASONING_SPANS)]).T
-            row[2].bar(x + (j - 0.5) * w, vals, w, yerr=errs, capsize=2, color=col, label=lab)
+            degenerate |= ci_bars(row[2], x + (j - 0.5) * w,
+                                  [rj[key][s]["mean"] for s in REASONING_SPANS],
+                                  [rj[key][s]["ci"] for s in REASONING_SPANS], w, color=col,
+                                  label=lab, capsize=2)
         row[2].set_xticks(x, list(REASONING_SPANS), fontsize=7.5)
         row[2].set_ylim(0, 1.0)
         row[2].legend(fontsize=7)
@@ -93,6 +93,8 @@ def plot_reasoning_side_by_side(results: Mapping[str, Mapping[str, Any]] | Mappi
                      f"hit the {res.get('max_reasoning_tokens')}-token budget "
                      f"{rj['n_hit_budget']}/{g['n']}; bars: 95% passage-cluster CIs, Δ = "
                      f"reasoning - word on the same resamples")
+        if degenerate:
+            notes.append(f"{model}: {degenerate_note(g['n_passages'])}")
     fig.tight_layout()
     footnote(fig, notes, wrap=180)
     return save(fig, out_dir, name)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from interp.plots.common import COLORS, footnote, plt, save
-from interp.stats import passage_note
+from interp.stats import DEGENERATE_MARK, degenerate_note, is_degenerate, passage_note
 
 __all__ = ["JUDGE_SERIES", "judge_panel", "plot_steering"]
 
@@ -26,9 +26,12 @@ first) and a small shift on the alpha axis, so two lines with the same values bo
 
 
 def _series(summary: Mapping[str, Any], task: str, key: str
-            ) -> tuple[list[float], np.ndarray, np.ndarray]:
-    """Alphas, means and ``[2, n]`` error bars (overall) of one statistic."""
-    xs, ys, lo, hi = [], [], [], []
+            ) -> tuple[list[float], np.ndarray, np.ndarray, list[float]]:
+    """Alphas, means and ``[2, n]`` error bars (overall) of one statistic.
+
+    Also the alphas whose interval has zero width or is missing (a point without a whisker).
+    """
+    xs, ys, lo, hi, bare = [], [], [], [], []
     for a, groups in (summary.get(task) or {}).items():
         st = groups.get("overall", {}).get(key) or {}
         if st.get("mean") is None:
@@ -38,7 +41,18 @@ def _series(summary: Mapping[str, Any], task: str, key: str
         ci = st.get("ci") or [st["mean"], st["mean"]]
         lo.append(max(st["mean"] - ci[0], 0.0))
         hi.append(max(ci[1] - st["mean"], 0.0))
-    return xs, np.array(ys), np.array([lo, hi])
+        if is_degenerate(ci):
+            bare.append(float(a))
+    return xs, np.array(ys), np.array([lo, hi]), bare
+
+
+def _bare_label(label: str, bare: list[float], xs: list[float]) -> str:
+    """``label``, with which alphas have a zero-width (or no) interval, if any."""
+    if not bare:
+        return label
+    where = "every alpha" if len(bare) == len(xs) else "alpha " + ", ".join(
+        f"{a:g}" for a in bare)
+    return f"{label} — CI {DEGENERATE_MARK} at {where}"
 
 
 def judge_panel(ax: Any, summary: Mapping[str, Any]) -> list[str]:
@@ -46,12 +60,15 @@ def judge_panel(ax: Any, summary: Mapping[str, Any]) -> list[str]:
 
     A line whose group is empty at every alpha (e.g. acceptance on oracle-correct answers
     when no steered record is oracle-correct) is not drawn; its legend entry says why
-    (``acceptance | oracle Correct: no oracle-correct record``).
+    (``acceptance | oracle Correct: no oracle-correct record``). A line with points whose
+    interval has zero width (or none: one record) says at which alphas
+    (``... — CI (zero width) at alpha 0.5, 2``): those points have no whisker.
     """
     labels = []
     for i, (key, lab, col, marker, ls, ms, empty) in enumerate(JUDGE_SERIES):
-        xs, ys, err = _series(summary, "eval", key)
+        xs, ys, err, bare = _series(summary, "eval", key)
         if xs:
+            lab = _bare_label(lab, bare, xs)
             shift = 2.0 ** (0.04 * (i - 1))   # a small dodge on the log2 alpha axis
             ax.errorbar(np.asarray(xs) * shift, ys, yerr=err, marker=marker, ms=ms, ls=ls,
                         capsize=3, color=col, mfc="none" if i else col, label=lab,
@@ -62,7 +79,7 @@ def judge_panel(ax: Any, summary: Mapping[str, Any]) -> list[str]:
             ax.plot([], [], marker=marker, ls=ls, color=col, alpha=0.4, label=lab)
             labels.append(lab)
     ax.set_title("judge (verdict position steered)", fontsize=9)
-    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylim(-0.04, 1.04)
     return labels
 
 
@@ -83,21 +100,21 @@ def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     judge_panel(axes[0], summary)
     ax = axes[1]
-    xs, ys, err = _series(summary, "gen", "ga")
+    xs, ys, err, bare = _series(summary, "gen", "ga")
     if xs:
-        ax.errorbar(xs, ys, yerr=err, marker="o", ms=4, capsize=3, color=COLORS["GA"],
-                    label="GA (steered answers)")
+        ax.errorbar(xs, ys, yerr=err, marker="o", ms=5, capsize=3, color=COLORS["GA"],
+                    label=_bare_label("GA (steered answers)", bare, xs))
     else:
         ax.text(0.5, 0.5, "generator not steered in this run\n(steering tasks without 'gen')",
                 ha="center", va="center", transform=ax.transAxes, fontsize=9, color="0.4")
     ax.set_title("generator (every answer token steered)", fontsize=9)
-    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylim(-0.04, 1.04)
     ax = axes[2]
     for task, col in (("eval", COLORS["eval"]), ("gen", COLORS["gen"])):
-        xs, ys, err = _series(summary, task, "context_mass")
+        xs, ys, err, bare = _series(summary, task, "context_mass")
         if xs:
             ax.errorbar(xs, ys, yerr=err, marker="o", ms=4, capsize=3, color=col,
-                        label=f"{task} context mass")
+                        label=_bare_label(f"{task} context mass", bare, xs))
     ax.set_title("context mass reached (band, all heads)", fontsize=9)
     for ax, label in zip(axes, ("share of answers", "GA (share of answers right)",
                                 "last-token attention mass on the context")):
@@ -115,5 +132,9 @@ def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
                  f"{summary.get('band', [None])[0]}-{summary.get('band', [None])[-1]}",
                  fontsize=10)
     fig.tight_layout()
-    footnote(fig, [f"* {note}; the CIs rest on these few passages"] if note else [])
+    bare = any(f"CI {DEGENERATE_MARK}" in t for ax in axes
+               for t in ax.get_legend_handles_labels()[1])
+    footnote(fig, ([f"* {note}; the CIs rest on these few passages"] if note else [])
+             + ([f"{degenerate_note(n_p)} (a point without a whisker; one record has no "
+                 f"interval at all)"] if bare else []))
     return save(fig, out_dir, name)

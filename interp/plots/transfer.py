@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from interp.plots.common import COLORS, error_bars, footnote, plt, save
+from interp.plots.common import COLORS, ci_bars, footnote, plt, save
+from interp.stats import degenerate_note
 
 
 def _transfer_groups(table: Mapping[str, Any], kind: str = "self") -> tuple[list[str],
@@ -131,16 +132,14 @@ def plot_transfer_acceptance(table: Mapping[str, Any], out_dir: str | Path,
                              squeeze=False)
     x = np.arange(len(models))
     w = 0.38
+    degenerate = False
     for ax, d in zip(axes[0], datasets):
         for j, key in enumerate(("correct", "incorrect")):
-            vals, errs = [], []
-            for m in models:
-                g = table["self"][m].get(d, {})
-                v = g.get(f"acceptance_rate_{key}")
-                vals.append(np.nan if v is None else v)
-                errs.append(error_bars(v or 0.0, g.get(f"acceptance_rate_{key}_ci")))
-            ax.bar(x + (j - 0.5) * w, vals, w, yerr=np.array(errs).T, capsize=3,
-                   color=COLORS[key], label=f"answer oracle-{key}")
+            gs = [table["self"][m].get(d, {}) for m in models]
+            degenerate |= ci_bars(ax, x + (j - 0.5) * w,
+                                  [g.get(f"acceptance_rate_{key}") for g in gs],
+                                  [g.get(f"acceptance_rate_{key}_ci") for g in gs], w,
+                                  color=COLORS[key], label=f"answer oracle-{key}")
         ga = [table["self"][m].get(d, {}).get("GA", np.nan) for m in models]
         ax.plot(x, ga, "k_", ms=18, mew=2, label="GA")
         ax.set_xticks(x, models)
@@ -151,7 +150,7 @@ def plot_transfer_acceptance(table: Mapping[str, Any], out_dir: str | Path,
     fig.suptitle("Acceptance rates after LoRA fine-tuning (self-evaluation)"
                  + (f", {model}" if model else ""), fontsize=10)
     fig.tight_layout()
-    footnote(fig, judge_notes(table, ("self",)))
+    footnote(fig, judge_notes(table, ("self",)) + ([degenerate_note()] if degenerate else []))
     return save(fig, out_dir, name)
 
 

@@ -1,0 +1,214 @@
+"""Figures as a reader sees them, built from small synthetic tables: the matplotlib artists.
+
+Proportions, where value labels sit against the whiskers, zero-height bars and zero-width
+intervals, what the legend says about cells without a value, and no empty band above the
+notes under a figure.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from interp.plots.common import plt
+from interp.stats import DEGENERATE_MARK, degenerate_note
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """Keep the figure a ``plot_*`` function saves (open, drawn) instead of closing it."""
+    figs: list = []
+
+    def keep(fig, out_dir, name):
+        fig.canvas.draw()
+        figs.append(fig)
+        return name
+
+    import interp.plots.asymmetry
+    import interp.plots.compare
+    import interp.plots.patching
+    import interp.plots.steering
+
+    for mod in (interp.plots.asymmetry, interp.plots.compare, interp.plots.patching,
+                interp.plots.steering):
+        monkeypatch.setattr(mod, "save", keep)
+    yield figs
+    for f in figs:
+        plt.close(f)
+
+
+def _group(ga, ea, ci_ga, n=6, n_p=6):
+    return {"n": n, "n_passages": n_p, "few_passages": n_p < 10,
+            "note": f"only {n_p} passages", "GA": ga, "GA_ci": ci_ga, "EA": ea,
+            "EA_ci": [max(ea - 0.2, 0), min(ea + 0.2, 1)], "EA_forced": ea,
+            "EA_forced_ci": [max(ea - 0.1, 0), min(ea + 0.1, 1)], "delta": ea - ga,
+            "delta_ci": [ea - ga - 0.3, ea - ga + 0.3], "delta_forced": 0.0,
+            "delta_forced_ci": [0.0, 0.0],
+            "verdicts_by_label": {"correct": {"accept": 1, "reject": 1, "none": 0},
+                                  "incorrect": {"accept": 2, "reject": 1, "none": 1}},
+            "acceptance_rate_correct_forced": 0.5, "acceptance_rate_incorrect_forced": 0.25}
+
+
+METRICS = {"models": ["m"], "per_dataset": {
+    "squad_v2": _group(0.5, 0.7, [0.2, 0.8]), "drop": _group(0.0, 0.4, [0.0, 0.0], n_p=2)},
+    "overall": _group(0.25, 0.55, [0.1, 0.45], n=12, n_p=8)}
+
+
+def _px(fig):
+    return fig.canvas.get_renderer()
+
+
+def _value_labels(fig):
+    return [t for ax in fig.axes for t in ax.texts if t.get_gid() == "value_label"]
+
+
+def _whiskers(ax):
+    """Display-space boxes of every whisker segment of the axes' error bars."""
+    boxes = []
+    for c in ax.collections:
+        for seg in getattr(c, "get_segments", lambda: [])():
+            seg = np.asarray(seg)
+            if len(seg) == 2 and np.isclose(seg[0, 0], seg[1, 0]) and seg[0, 1] != seg[1, 1]:
+                boxes.append(ax.transData.transform(seg))
+    return boxes
+
+
+def _check_labels_beside_whiskers(fig):
+    """Every value label sits at its bar's value, right of and clear of every whisker."""
+    labels = _value_labels(fig)
+    assert labels
+    r = _px(fig)
+    for t in labels:
+        ax = t.axes
+        value = float(t.get_text().split("\n")[0])
+        box = t.get_window_extent(r)
+        y_value = ax.transData.transform((t.xy[0], t.xy[1]))[1]
+        assert t.xy[1] == pytest.approx(value, abs=0.006)
+        assert box.y0 - 1 <= y_value <= box.y1 + 1   # at the value's height ...
+        x_bar = ax.transData.transform(t.xy)[0]
+        assert box.x0 > x_bar + 2                        # ... right of its bar's whisker
+        for seg in _whiskers(ax):                        # and over no whisker at all
+            x = seg[0, 0]
+            lo, hi = sorted(seg[:, 1])
+            assert not (box.x0 < x < box.x1 and box.y0 < hi and lo < box.y1), t.get_text()
+
+
+def _check_no_band_above_notes(fig):
+    """The notes start within 0.15 inch of the lowest other thing drawn."""
+    r = _px(fig)
+    notes = [t for t in fig.texts if t.get_gid() == "footnote"]
+    assert len(notes) == 1
+    others = [a.get_tightbbox(r) for a in fig.axes] + [lg.get_window_extent(r)
+                                                       for lg in fig.legends]
+    lowest = min(b.y0 for b in others if b is not None)
+    gap = lowest - notes[0].get_window_extent(r).y1
+    assert 0 <= gap <= 0.15 * fig.dpi
+    return notes[0].get_text()
+
+
+def test_asymmetry_figure_has_paper_proportions_and_labels_beside_whiskers(captured):
+    from interp.plots.asymmetry import plot_asymmetry
+
+    plot_asymmetry(METRICS, "unused")
+    fig = captured[0]
+    w, h = fig.get_size_inches()
+    assert 0.8 <= w / h <= 1.6                      # not a 4:1 strip
+    _check_labels_beside_whiskers(fig)
+    texts = [t.get_text() for t in _value_labels(fig)]
+    # drop's GA is 0 on [0, 0]: its bar has no height and no whisker, yet a mark and a label
+    assert f"0.00\n{DEGENERATE_MARK}" in texts
+    ga_ax = fig.axes[0]
+    marks = [s for c in ga_ax.collections for s in c.get_segments()
+             if len(s) == 2 and np.isclose(s[0][1], s[1][1]) and np.isclose(s[0][1], 0.0)
+             and (s[1][0] - s[0][0]) > 0.2]
+    assert marks, "the zero-height bar has no line at its value"
+    assert ga_ax.get_ylim()[0] < 0                  # ... and that line is off the spine
+    note = _check_no_band_above_notes(fig)
+    assert degenerate_note() in note and "* drop: only 2 passages" in note
+
+
+def test_models_asymmetry_figure_stacks_panels_and_labels_clear_of_whiskers(captured):
+    from interp.plots.compare import plot_models_asymmetry
+
+    other = {**METRICS, "per_dataset": {"squad_v2": _group(0.9, 1.0, [0.7, 1.0])},
+             "overall": _group(0.9, 1.0, [0.7, 1.0])}
+    plot_models_asymmetry({"a": METRICS, "b": other}, "unused")
+    fig = captured[0]
+    w, h = fig.get_size_inches()
+    assert 0.6 <= w / h <= 1.6
+    assert len(fig.axes) == 3
+    _check_labels_beside_whiskers(fig)
+    note = _check_no_band_above_notes(fig)
+    assert note.count(degenerate_note()) == 1      # once, not once per panel
+
+
+def _units(rows):
+    cols = ["layer", "unit", "head", "ratio", "ratio_attr", "n_exact", "n_pairs"]
+    return pd.DataFrame([dict(zip(cols, r)) for r in rows])
+
+
+def test_patching_legend_names_only_the_kinds_of_empty_cells_shown(captured):
+    """Grey is 'not measured' only where no pair has the unit; other empty cells say why."""
+    from matplotlib.colors import to_hex
+
+    from interp.plots.patching import LEFT_OUT, NOT_EXACT, _pair_heat
+
+    s = {"top_k": 8, "min_gap": 1.0}
+    units = _units([(0, "head", 0, 0.5, 0.4, 1, 1),         # value
+                    (0, "head", 1, np.nan, 0.2, 0, 0),      # attribution only (not top k)
+                    (1, "head", 0, np.nan, np.nan, 1, 0),   # only in pairs |gap| < 1
+                    (1, "head", 1, -0.3, -0.2, 1, 1)])
+    _pair_heat(units, "head", [0, 1], ["0", "1"], "x", "t", None, "head", s)
+    fig = captured[-1]
+    legend = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+    assert len(legend) == 2 and not any("not measured" in t for t in legend)
+    assert any("outside the top 8" in t for t in legend)
+    assert any("left out, measured only in pairs with |gap| < 1.0 nats" in t for t in legend)
+    exact, attr = (next(a for a in fig.axes if a.get_title().startswith(t))
+                   for t in ("exact", "attribution"))
+    overlay = exact.images[1].get_array()
+    assert to_hex(overlay[0, 1]) == to_hex(NOT_EXACT) and to_hex(overlay[1, 0]) == to_hex(
+        LEFT_OUT)
+    assert overlay[0, 0][3] == 0 and overlay[1, 1][3] == 0   # values show through
+    assert to_hex(attr.images[1].get_array()[1, 0]) == to_hex(LEFT_OUT)
+
+    missing = units[~((units.layer == 1) & (units["head"] == 0))].copy()
+    missing.loc[missing["head"] == 1, ["ratio", "n_exact"]] = [0.1, 1]
+    _pair_heat(missing, "head", [0, 1], ["0", "1"], "x", "t", None, "head", s)
+    legend = [t.get_text() for lg in captured[-1].legends for t in lg.get_texts()]
+    assert legend == ["grey: not measured (no such unit in any pair)"]
+
+    full = _units([(0, "head", 0, 0.5, 0.4, 1, 1)])
+    _pair_heat(full, "head", [0], ["0"], "x", "t", None, "head", s)
+    assert not captured[-1].legends                 # nothing empty: nothing to explain
+
+
+def test_steering_points_without_whiskers_are_named(captured):
+    from interp.plots.steering import plot_steering
+
+    def st(mean, ci):
+        return {"mean": mean, "ci": ci, "n": 3}
+
+    def alpha(m):
+        return {"overall": {"ea_forced": st(m, [m - 0.2, m + 0.2]),
+                            "accept_correct": st(1.0, [1.0, 1.0]),
+                            "accept_incorrect": st(0.5, [0.2, 0.8]),
+                            "context_mass": st(0.1, [0.05, 0.15])}}
+
+    summary = {"n_records": 3, "n_passages": 3, "note": "only 3 passages", "heads": "all",
+               "band": [2, 5], "eval": {"0.5": alpha(0.4), "1.0": alpha(0.5)},
+               "gen": {"0.5": {"overall": {"ga": st(0.0, [0.0, 0.0]),
+                                           "context_mass": st(0.2, [0.1, 0.3])}},
+                       "1.0": {"overall": {"ga": st(1 / 3, [0.0, 1.0]),
+                                           "context_mass": st(0.2, [0.1, 0.3])}}}}
+    plot_steering(summary, "unused")
+    fig = captured[0]
+    judge = fig.axes[0].get_legend_handles_labels()[1]
+    assert "acceptance | oracle Correct — CI (zero width) at every alpha" in judge
+    assert "EA (forced choice)" in judge            # a line with whiskers is not marked
+    gen = fig.axes[1].get_legend_handles_labels()[1]
+    assert gen == ["GA (steered answers) — CI (zero width) at alpha 0.5"]
+    assert fig.axes[1].get_ylim()[0] < 0            # a GA of 0 is not drawn on the spine
+    note = _check_no_band_above_notes(fig)
+    assert degenerate_note(3) in note and "a point without a whisker" in note
