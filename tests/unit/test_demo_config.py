@@ -1,0 +1,28 @@
+"""The demo config (``make demo``) asks for what its figures need: checked without a model.
+
+Which records fit its token budgets needs the bundled tokenizers:
+``tests/integration/test_demo_records.py``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from interp.stages.patching import PatchingConfig
+from interp.stages.steering import SteeringConfig
+
+DEMO = Path(__file__).resolve().parents[2] / "experiments" / "demo.toml"
+
+
+def test_demo_steers_judge_and_generator_on_both_oracle_labels_within_the_patching_budget():
+    cfg = tomllib.loads(DEMO.read_text())
+    steer = SteeringConfig.from_mapping(cfg["steering"])
+    patch = PatchingConfig.from_mapping(cfg["patching"])
+    assert set(steer.tasks) == {"eval", "gen"}       # the generator panel has a line
+    assert steer.per_label and steer.limit >= 1      # acceptance | Correct and | Incorrect
+    assert steer.max_tokens is not None and patch.max_tokens is not None
+    assert steer.max_tokens <= patch.max_tokens      # the records steered fit the patching too
+    assert "candidate-swap" in patch.pairs and patch.limit >= 1
+    for ds in ("squad_v2", "drop"):                  # the datasets whose prompts fit
+        assert ds in cfg["asymmetry"]["datasets"] and cfg["asymmetry"]["limit"][ds] >= 8
