@@ -134,8 +134,9 @@ def _pair_heat(units: Any, col_key: str, cols: list, xl: list[str], stem: str, t
         ax.set_xlabel(xlabel)
         ax.set_ylabel("layer")
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    if handles := _legend(shown, summary):
+    handles = _legend(shown, summary)
+    fig.tight_layout(rect=(0, 0.01 + 0.04 * len(handles), 1, 1))
+    if handles:
         fig.legend(handles=handles, loc="lower right", fontsize=8, frameon=False)
     footnote(fig, notes, wrap=max(60, int(12 * fig.get_figwidth())))
     return save(fig, out_dir, stem)

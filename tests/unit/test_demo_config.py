@@ -24,5 +24,7 @@ def test_demo_steers_judge_and_generator_on_both_oracle_labels_within_the_patchi
     assert steer.max_tokens is not None and patch.max_tokens is not None
     assert steer.max_tokens <= patch.max_tokens      # the records steered fit the patching too
     assert "candidate-swap" in patch.pairs and patch.limit >= 1
+    # one pair per dataset: a 1-nat threshold left both SmolLM2 pairs out (gaps -0.84, +0.25)
+    assert patch.min_gap <= 0.25
     for ds in ("squad_v2", "drop"):                  # the datasets whose prompts fit
         assert ds in cfg["asymmetry"]["datasets"] and cfg["asymmetry"]["limit"][ds] >= 8
