@@ -81,7 +81,7 @@ class AttentionConfig:
 
     Attributes:
         backend: one of :data:`interp.hooks.recorder.BACKENDS` (``hf`` default).
-        layers: band for the summary and head ranking (:func:`interp.layers.parse_layers`:
+        band: band for the summary and head ranking (:func:`interp.layers.parse_layers`:
             ``last8``, ``24-31``, ``all``).
         limit: records per dataset (first N ok records; all or None: every one).
         save_rows: keep every record's rows ``[n_layers, n_heads, pos]``.
@@ -97,7 +97,7 @@ class AttentionConfig:
     """
 
     backend: str = "hf"
-    layers: str = option(DEFAULT_BAND, kind="layers")
+    band: str = option(DEFAULT_BAND, kind="layers", was="layers")
     limit: int | None = option(None, kind="count")
     save_rows: bool = False
     save_resid: str | None = option(None, kind="layers")
@@ -138,11 +138,11 @@ def write_tables(run: RunDir, cfg: AttentionConfig | None = None, *,
     """
     cfg = cfg or AttentionConfig()
     records, mass, spans, backends = load_masses(run, limit=cfg.limit)
-    band = parse_layers(cfg.layers, n_layers or mass["gen"].shape[1])
+    band = parse_layers(cfg.band, n_layers or mass["gen"].shape[1])
     out = run.sub("attention")
     write_table(span_mass_table(records, mass, spans), out / "span_mass.parquet", csv=False)
     summary = summarize(records, mass, spans, band, n_boot=cfg.n_boot, seed=cfg.seed)
-    summary.update(layers_spec=cfg.layers, backends=backends,
+    summary.update(layers_spec=cfg.band, backends=backends,
                    model=run.manifest().get("model", {}).get("spec"))
     write_json(out / "summary.json", summary)
     heads = {"band": band, "overall": top_heads(summary, top=cfg.top),

@@ -139,7 +139,7 @@ def run(run_dir: RunDir, handle: ModelHandle, cfg: AuditConfig | None = None, *,
     """
     cfg = cfg or AuditConfig()
     record_attention(run_dir, handle, spec("attention").config_class(
-        layers=cfg.band, limit=cfg.limit), overwrite=overwrite, log=log)
+        band=cfg.band, limit=cfg.limit), overwrite=overwrite, log=log)
     return write_audit(run_dir, cfg, log=log)
 
 

@@ -64,7 +64,7 @@ class ReasoningConfig:
         limit: records per dataset (first N ok records; None for all).
         max_reasoning_tokens: token budget of a reasoning reply (:mod:`interp.reasoning`).
         batch_size: prompts per forward (and records per saved chunk).
-        layers: band of the span-mass means (:func:`interp.layers.parse_layers`).
+        band: band of the span-mass means (:func:`interp.layers.parse_layers`).
         reasoning_attention: also record the attention while reasoning (one more forward
             per record with full patterns).
         n_boot: bootstrap resamples for CIs.
@@ -77,7 +77,7 @@ class ReasoningConfig:
     limit: int | None = option(None, kind="count")
     max_reasoning_tokens: int = option(MAX_REASONING_TOKENS, kind="count")
     batch_size: int = option(8, kind="count")
-    layers: str = option(DEFAULT_BAND, kind="layers")
+    band: str = option(DEFAULT_BAND, kind="layers", was="layers")
     reasoning_attention: bool = True
     n_boot: int = option(1000, kind="count")
     seed: int = 0
@@ -142,7 +142,7 @@ def run(run_dir: RunDir, handle: ModelHandle, cfg: ReasoningConfig | None = None
     if run_judge(manifest) != "word":
         raise ConfigError(f"{rd.path} was judged by a reasoning template; the side by side "
                           f"needs a one-word judge's run")
-    band = parse_layers(cfg.layers, handle.n_layers)
+    band = parse_layers(cfg.band, handle.n_layers)
     recorded, mass, spans, _ = load_masses(rd, limit=cfg.limit)
     out = RunDir(rd.sub(SPEC.folder))
     done = {record_key(r): r for r in out.read_records(status=None)} \

@@ -71,7 +71,7 @@ class SteeringConfig:
 
     Attributes:
         alphas: attention factors on the context keys (each > 0; 1 = unsteered).
-        layers: the steered band (:func:`interp.layers.parse_layers`; default the attention
+        band: the steered band (:func:`interp.layers.parse_layers`; default the attention
             band ``last8``); also the band of the context mass.
         heads: ``all``, ``top-diff:K`` (top gen-minus-eval heads of ``interp heads``) or
             ``L.H,L.H`` (:func:`interp.steering.parse_heads`).
@@ -86,7 +86,7 @@ class SteeringConfig:
     """
 
     alphas: list[float] = field(default_factory=lambda: list(ALPHAS))
-    layers: str | list[int] = option(DEFAULT_BAND, kind="layers")
+    band: str | list[int] = option(DEFAULT_BAND, kind="layers", was="layers")
     heads: str = "all"
     tasks: list[str] = field(default_factory=lambda: ["eval", "gen"])
     limit: int | None = option(10, kind="count")
@@ -129,7 +129,7 @@ class SteeringConfig:
             SteeringError: an unparseable head spec, a head outside ``0..n_heads-1`` or a layer
                 outside the model.
         """
-        band = parse_layers(self.layers, n_layers)
+        band = parse_layers(self.band, n_layers)
         s = self.heads.strip().lower()
         if s.startswith("top-diff:"):
             top_diff_k(self.heads)
@@ -145,7 +145,7 @@ Config = SteeringConfig
 
 def _units(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig
            ) -> tuple[list[int], dict[int, list[int] | None]]:
-    band = parse_layers(cfg.layers, handle.n_layers)
+    band = parse_layers(cfg.band, handle.n_layers)
     ranked = None
     if cfg.heads.strip().lower().startswith("top-diff:"):
         from interp.attention import top_heads

@@ -317,7 +317,7 @@ def record_attention(run: RunDir, handle: ModelHandle, cfg: Any, *, overwrite: b
         run: a finished asymmetry run directory.
         handle: the run's model.
         cfg: the attention stage's settings (:class:`interp.stages.attention.AttentionConfig`:
-            ``limit``, ``layers``, ``backend``, ``save_rows``, ``save_resid``,
+            ``limit``, ``band``, ``backend``, ``save_rows``, ``save_resid``,
             ``save_patterns``, ``recompute``, ``progress``).
         overwrite: redo recordings made under other result-relevant runtime facts (else
             they are refused).
@@ -337,7 +337,7 @@ def record_attention(run: RunDir, handle: ModelHandle, cfg: Any, *, overwrite: b
     """
     manifest, records = ok_records(run, handle, cfg.limit)
     refuse_reasoning_judge(run, manifest, _ATTENTION.name)
-    parse_layers(cfg.layers, handle.n_layers)
+    parse_layers(cfg.band, handle.n_layers)
     act_layers = parse_layers(cfg.save_resid, handle.n_layers) if cfg.save_resid else []
     tpath = manifest.get("config", {}).get("templates_path")
     facts = stage_facts(run, handle, _ATTENTION.name, overwrite=overwrite)

@@ -117,7 +117,7 @@ def test_generator_at_alpha_one_decodes_the_unsteered_answer(tiny):
 
 def test_stage_tables_summary_and_resume(tiny, tmp_path):
     run_dir = synthetic_probe_run(tmp_path / "run", tiny, n_good=3, n_bad=3)
-    cfg = SteeringConfig.from_mapping({"alphas": "0.5,1,2", "layers": "0-1", "limit": 2,
+    cfg = SteeringConfig.from_mapping({"alphas": "0.5,1,2", "band": "0-1", "limit": 2,
                                        "max_new_tokens": 4, "n_boot": 50, "progress": False})
     s = run(run_dir, tiny, cfg, log=lambda m: None)
     df = pd.read_parquet(run_dir.path / "steering/rows.parquet")
