@@ -21,7 +21,10 @@ Algorithm of :func:`run` (methods: :mod:`interp.steering`, intervention:
    (forced Correct) on oracle-correct and on oracle-incorrect answers, mean ``logit_diff``
    (nats), mean ``verdict_coverage``; generator: context mass reached, GA of the steered
    answers (graded by the oracle), the share of answers that differ from alpha = 1, and the
-   share of alpha = 1 answers equal to the record's (a check of the replay).
+   share of alpha = 1 answers equal to the record's (a check of the replay). Every alpha but
+   1 also gets ``vs_alpha1``: the paired per-record differences from alpha = 1 (judge:
+   ``logit_diff``, EA_forced, acceptance on oracle-correct / oracle-incorrect answers;
+   generator: GA), each with its passage-cluster CI, so an effect has an interval of its own.
 5. The figure ``DIR/figures/steering.png`` (:func:`interp.plots.steering.plot_steering`).
 """
 
@@ -233,6 +236,30 @@ def _group_summary(g: Any, task: str, rng: np.random.Generator, n_boot: int,
         r = ref.set_index("id").answer.reindex(g.id).to_numpy()
         out["changed_vs_alpha1"] = float(np.mean(g.answer.to_numpy() != r))
         out["alpha1_equals_record"] = float(np.mean(ref.answer == ref.record_answer))
+    if len(ref) and float(g.alpha.iloc[0]) != 1.0:
+        out["vs_alpha1"] = _paired(g, ref, task, rng, n_boot)
+    return out
+
+
+def _paired(g: Any, ref: Any, task: str, rng: np.random.Generator, n_boot: int
+            ) -> dict[str, Any]:
+    """Paired effects of one alpha against alpha = 1 on the same records (step 4).
+
+    Per record ``x(alpha) - x(1)``, averaged with a passage-cluster CI: the judge's
+    ``logit_diff`` (nats), forced-choice correctness (EA_forced), and acceptance on
+    oracle-correct and oracle-incorrect answers; the generator's correctness (GA).
+    """
+    m = g.merge(ref, on=["dataset", "id"], suffixes=("", "_1"))
+    grp = m.passage.tolist()
+    if task == "gen":
+        return {"ga": _stat(m.correct.to_numpy(float) - m.correct_1.to_numpy(float), grp, rng,
+                            n_boot)}
+    y = m.y_star.to_numpy(bool)
+    v, v1 = m.verdict.to_numpy(float), m.verdict_1.to_numpy(float)
+    out = {"logit_diff": _stat(m.logit_diff - m.logit_diff_1, grp, rng, n_boot),
+           "ea_forced": _stat((v == y) - (v1 == y).astype(float), grp, rng, n_boot)}
+    for name, sel in (("accept_correct", y), ("accept_incorrect", ~y)):
+        out[name] = _stat((v - v1)[sel], [grp[i] for i in np.flatnonzero(sel)], rng, n_boot)
     return out
 
 

@@ -253,3 +253,23 @@ def test_stage_with_the_control(tiny, tmp_path):
         .format_summary(s)
     with pytest.raises(SteeringError, match="keys must be among"):
         SteeringConfig.from_mapping({"keys": ["context", "question"]})
+
+
+def test_paired_effects_against_alpha_one(tiny, tmp_path):
+    run_dir = synthetic_probe_run(tmp_path / "run", tiny, n_good=3, n_bad=3)
+    cfg = SteeringConfig.from_mapping({"alphas": "0.25,1,4", "layers": "0-1", "limit": 3,
+                                       "max_new_tokens": 3, "n_boot": 30, "progress": False})
+    s = run(run_dir, tiny, cfg, log=lambda m: None)
+    df = pd.read_parquet(run_dir.path / "steering/rows.parquet")
+    ev = df[df.task == "eval"].pivot_table(index="id", columns="alpha", values="logit_diff")
+    eff = s["eval"]["4.0"]["overall"]["vs_alpha1"]
+    assert eff["logit_diff"]["mean"] == pytest.approx(float((ev[4.0] - ev[1.0]).mean()))
+    assert eff["logit_diff"]["n"] == len(ev)
+    v = df[df.task == "eval"].pivot_table(index="id", columns="alpha", values="verdict")
+    y = df[df.task == "eval"].groupby("id").y_star.first()
+    want = float(((v[0.25] > 0) == y).astype(float).mean() - ((v[1.0] > 0) == y).mean())
+    assert s["eval"]["0.25"]["overall"]["vs_alpha1"]["ea_forced"]["mean"] == pytest.approx(want)
+    assert "vs_alpha1" not in s["eval"]["1.0"]["overall"]
+    g = df[df.task == "gen"].pivot_table(index="id", columns="alpha", values="correct")
+    assert s["gen"]["4.0"]["overall"]["vs_alpha1"]["ga"]["mean"] == pytest.approx(
+        float((g[4.0].astype(float) - g[1.0].astype(float)).mean()))
