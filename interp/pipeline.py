@@ -57,6 +57,7 @@ from interp.inputs import new_run_dir, read_toml
 from interp.launch import Shard, current_shard
 from interp.merge import run_asymmetry
 from interp.models import DEFAULT_MODEL, load_model, model_shape, placement
+from interp.prompts import get_template
 from interp.stages import asymmetry, contract
 from interp.stages.common import Stage, check_against_shape, refuse_served
 from interp.store.io import atomic_write_text, write_json
@@ -275,6 +276,12 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
         if only and "asymmetry" not in only:  # the stages need a finished asymmetry run
             RunDir(out / model_slug(spec)).read_records()
     runs = [(name, scfg) for name, scfg in stage_cfgs.items() if not only or name in only]
+    if runs and (reasoning := [s for s, a in acfgs.items() if get_template(
+            a.template, a.templates_path).judge != "word"]):
+        raise ConfigError(f"[asymmetry] template {acfgs[reasoning[0]].template!r} is a "
+                          f"reasoning judge, whose verdict position follows its reasoning; the "
+                          f"stages {[n for n, _ in runs]} read the one-word judge's: run them on "
+                          f"a one-word template and compare with the [reasoning] stage")
     for spec in acfgs:  # every model's shape and needs against every stage, before any runs
         for name, _ in runs:
             refuse_served(f"[{name}]", spec)

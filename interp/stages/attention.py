@@ -53,7 +53,7 @@ from interp.options import config_from_table, option
 from interp.plots import attention as attention_plots
 from interp.progress import tqdm
 from interp.prompts import record_prompts
-from interp.stages.common import ok_records, refuse_reasoning_judge, stage_facts
+from interp.stages.common import ok_records, stage_facts
 from interp.stages.contract import spec
 from interp.stages.stored import (
     activations_path,
@@ -194,8 +194,7 @@ def record(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None,
             (:func:`interp.stages.common.refuse_reasoning_judge`).
     """
     cfg = cfg or AttentionConfig()
-    manifest, records = ok_records(run, handle, cfg.limit)
-    refuse_reasoning_judge(run, manifest, NAME)
+    manifest, records = ok_records(run, handle, cfg.limit, stage=NAME)
     parse_layers(cfg.layers, handle.n_layers)
     act_layers = parse_layers(cfg.save_resid, handle.n_layers) if cfg.save_resid else []
     tpath = manifest.get("config", {}).get("templates_path")

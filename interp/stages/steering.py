@@ -329,7 +329,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
 
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     cfg.validate()
-    manifest, records = ok_records(run_dir, handle, cfg.limit)
+    manifest, records = ok_records(run_dir, handle, cfg.limit, stage=NAME)
     facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
     band, units = _units(run_dir, handle, cfg)
     mcfg = manifest.get("config", {})
