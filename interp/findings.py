@@ -86,17 +86,28 @@ def _get(d: Any, *keys: Any) -> Any:
 def _side(ci: Sequence[float] | None, below: float, above: float | None = None) -> str:
     """Which side of a threshold a CI lies on.
 
-    ``no`` when the CI lies at or under ``below``, ``yes`` over ``above`` (default
-    ``below``), ``undecided`` otherwise.
+    ``yes`` when the whole CI lies over ``above`` (default ``below``), ``no`` when it lies
+    under ``below``, ``undecided`` when it touches or spans them; a CI of zero width is
+    ``degenerate`` (every resample gave the same value: a constant, not an interval).
     """
     if ci is None or None in ci:
         return "undecided (no CI)"
+    if ci[0] == ci[1]:
+        return "degenerate (CI of zero width)"
     above = below if above is None else above
     if ci[0] > above:
         return "yes"
-    if ci[1] <= below:
+    if ci[1] < below:
         return "no"
     return "undecided"
+
+
+def _few(v: str, n_passages: int | None) -> str:
+    """Mark a verdict resting on fewer than :data:`interp.stats.MIN_PASSAGES` passages."""
+    from interp.stats import MIN_PASSAGES
+
+    return v + (f" ({n_passages} passages only)" if n_passages is not None and
+                n_passages < MIN_PASSAGES else "")
 
 
 def _flip(v: str) -> str:
@@ -114,13 +125,22 @@ def _delta(dataset: str, key: str = "delta", exception: bool = False) -> Extract
         if g is None or g.get(key) is None:
             return Cell(None, source=name)
         v = _side(g.get(f"{key}_ci"), 0.0)  # yes: EA > GA
+        v = v if exception else _flip(v)
+        forced = g.get("acceptance_rate_forced")
+        if key == "delta_forced" and forced in (0.0, 1.0):
+            v = f"{v}: the forced choice {'accepts' if forced else 'rejects'} every answer"
         return Cell(g[key], g.get(f"{key}_ci"), g.get("n"), g.get("n_passages"),
-                    v if exception else _flip(v), f"{name}: per_dataset.{dataset}.{key}")
+                    _few(v, g.get("n_passages")), f"{name}: per_dataset.{dataset}.{key}")
     return f
 
 
-def _ratio(key: str, sub: str = "", lo: float = 3.0, hi: float = 5.0) -> Extract:
-    """A gen/eval ratio of the attention summary over the band (overall)."""
+def _ratio(key: str, sub: str = "", lo: float = 3.0, hi: float = 5.0,
+           control: bool = False) -> Extract:
+    """A gen/eval ratio of the attention summary over the band (overall).
+
+    The claim (3-5x) is checked against ``lo``/``hi``; a ``control`` asks only whether the
+    ratio stays over 1.
+    """
     def f(d: Path, m: str) -> Cell:
         name = f"{sub}{m}__attention_summary.json"
         o = _get(_read(d / name), "overall")
@@ -128,9 +148,13 @@ def _ratio(key: str, sub: str = "", lo: float = 3.0, hi: float = 5.0) -> Extract
             return Cell(None, source=name)
         ci = o.get(f"{key}_ci")
         v = _side(ci, 1.0)
-        if v == "yes" and ci is not None:
+        if control:
+            v = {"yes": "survives (gen > eval)", "no": "reversed (eval > gen)",
+                 "undecided": "gone (CI spans 1)"}.get(v, v)
+        elif v == "yes" and ci is not None:
             v = "yes, 3-5x" if ci[0] >= lo and ci[1] <= hi else (
-                "yes, under 3x" if ci[1] < lo else "yes, over 1x")
+                "less: under 3x" if ci[1] < lo else "more: over 5x" if ci[0] > hi else
+                "yes; the CI crosses 3x or 5x")
         return Cell(o[key], ci, o.get("n"), o.get("n_passages"), v,
                     f"{name}: overall.{key}", ".2f")
     return f
@@ -149,7 +173,8 @@ def _candidate(d: Path, m: str) -> Cell:
         return Cell(None, source=name)
     per = mpt["candidate"]["mean"] / ctx
     return Cell(cand["mean"], cand.get("ci"), o.get("n"), o.get("n_passages"),
-                f"{'yes' if per < 1 else 'no'}: per token {per:.1f}x the context's",
+                f"yes in total; per token {per:.1f}x the context's" if per >= 1 else
+                f"yes, also per token ({per:.2f}x the context's)",
                 f"{name}: overall.eval.candidate, mass_per_token.eval", ".3f")
 
 
@@ -268,9 +293,9 @@ CLAIMS: tuple[tuple[str, str, Extract], ...] = (
     ("the judge reads the context 3-5x less (3.2)", "gen / eval context mass",
      _ratio("context_ratio")),
     ("... under the matched template (control)", "gen / eval context mass",
-     _ratio("context_ratio", "matched/")),
+     _ratio("context_ratio", "matched/", control=True)),
     ("... renormalised to context+question+candidate (control)", "gen / eval content share",
-     _ratio("content_context_share_ratio")),
+     _ratio("content_context_share_ratio", control=True)),
     ("the judge barely reads the candidate (3.2)", "eval candidate mass", _candidate),
     ("LoRA-Gen over-accepts (3.3)", "acceptance, LoRA-Gen - base",
      _transfer("gen", "accept", "LoRA-Gen")),
@@ -278,7 +303,7 @@ CLAIMS: tuple[tuple[str, str, Extract], ...] = (
      _transfer("eval", "ga", "LoRA-Eval")),
     ("steering the judge's context up (x4) makes it right more often", "dEA_forced, alpha 4",
      _steer("eval", "ea_forced", "4.0")),
-    ("... and reject wrong answers more", "d acceptance | wrong, alpha 4",
+    ("... and reject wrong answers more", "d acceptance given wrong, alpha 4",
      _steer("eval", "accept_incorrect", "4.0")),
     ("... control: as many NON-context keys x4", "dEA_forced, alpha 4",
      _steer("eval", "ea_forced", "4.0", control=True)),
