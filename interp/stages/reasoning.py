@@ -38,7 +38,7 @@ from interp.options import config_from_table, option
 from interp.prompts import get_template
 from interp.reasoning import MAX_REASONING_TOKENS, REASONING_SPANS
 from interp.reasoning_compare import format_side_by_side, side_by_side
-from interp.stages.common import ok_records, run_judge
+from interp.stages.common import ok_records
 from interp.stages.contract import spec
 from interp.stages.stored import load_masses
 from interp.store import RunDir
@@ -138,10 +138,7 @@ def run(run_dir: RunDir, handle: ModelHandle, cfg: ReasoningConfig | None = None
     if template.judge != "reasoning":
         raise ConfigError(f"[reasoning] template {cfg.template!r} is not a reasoning judge "
                           f"(judge = {template.judge!r}); use template = \"reasoning\"")
-    manifest, records = ok_records(rd, handle, cfg.limit)
-    if run_judge(manifest) != "word":
-        raise ConfigError(f"{rd.path} was judged by a reasoning template; the side by side "
-                          f"needs a one-word judge's run")
+    manifest, records = ok_records(rd, handle, cfg.limit, stage=SPEC.name)
     band = parse_layers(cfg.band, handle.n_layers)
     recorded, mass, spans, _ = load_masses(rd, limit=cfg.limit)
     out = RunDir(rd.sub(SPEC.folder))

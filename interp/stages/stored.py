@@ -30,7 +30,7 @@ from interp.prefill import Capture
 from interp.progress import tqdm
 from interp.prompts import record_prompts
 from interp.residual_features import HOOK_POINT
-from interp.stages.common import ok_records, refuse_reasoning_judge, stage_facts
+from interp.stages.common import ok_records, stage_facts
 from interp.stages.contract import spec
 from interp.store.io import (
     is_fresh,
@@ -335,8 +335,7 @@ def record_attention(run: RunDir, handle: ModelHandle, cfg: Any, *, overwrite: b
         interp.errors.ConfigError: the run was judged by a reasoning template
             (:func:`interp.stages.common.refuse_reasoning_judge`).
     """
-    manifest, records = ok_records(run, handle, cfg.limit)
-    refuse_reasoning_judge(run, manifest, _ATTENTION.name)
+    manifest, records = ok_records(run, handle, cfg.limit, stage=_ATTENTION.name)
     parse_layers(cfg.band, handle.n_layers)
     act_layers = parse_layers(cfg.save_resid, handle.n_layers) if cfg.save_resid else []
     tpath = manifest.get("config", {}).get("templates_path")

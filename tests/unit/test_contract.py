@@ -145,6 +145,17 @@ def test_run_config_refuses_a_missing_need_before_any_model_runs(tiny, tmp_path)
     assert not (tmp_path / "runs").exists()  # nothing ran
 
 
+def test_run_config_refuses_stages_on_a_reasoning_judge_before_any_model_runs(tmp_path):
+    cfg = {"out": str(tmp_path / "runs"),
+           "asymmetry": {"models": ["no-such-model"], "datasets": ["squad_v2"], "limit": 1,
+                         "template": "reasoning"},
+           "steering": {"layers": "all"}}
+    with pytest.raises(ConfigError, match=r"^\[asymmetry\] template 'reasoning' is a reasoning "
+                                          r"judge.*stages \['steering'\]"):
+        pipeline.run_config(cfg, log=lambda s: None)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_stage_answers_to_its_name_and_its_command():
     runner = CliRunner()
     for name in ("steering", "steer", "patching", "patch"):

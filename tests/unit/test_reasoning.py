@@ -283,8 +283,18 @@ def test_reasoning_run_is_refused_by_attention_and_the_stage_is_a_command(tiny, 
     with pytest.raises(ConfigError, match=r"^\[attention\] .* judged by a reasoning template"):
         attention.run(rd, tiny, attention.AttentionConfig(band="all"), log=lambda s: None)
     assert not (tmp_path / "attention" / "records").exists()
-    with pytest.raises(ConfigError, match="needs a one-word judge's run"):
+    with pytest.raises(ConfigError, match=r"^\[reasoning\] .* judged by a reasoning template"):
         run_reasoning(rd, tiny, ReasoningConfig(band="all"))
+    # every stage that reads the one-word verdict position refuses it the same way
+    from interp.stages import patching, probe, record, steering
+
+    for mod, c in ((steering, steering.SteeringConfig(band="all", limit=1)),
+                   (patching, patching.PatchingConfig(limit=1, band="all")),
+                   (probe, probe.ProbeConfig(layers="all", folds=2)),
+                   (record, record.RecordConfig(band="all"))):
+        with pytest.raises(ConfigError, match=rf"^\[{mod.NAME}\] .* judged by a reasoning"):
+            mod.run(rd, tiny, c, log=lambda s: None)
+        assert not (tmp_path / mod.SPEC.folder).exists(), mod.NAME
     res = CliRunner().invoke(cli.app, ["reasoning", "--help"])
     assert res.exit_code == 0 and "--max-reasoning-tokens" in res.output
     assert "reasoning" in pipeline.STAGES
