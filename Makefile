@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo study transfer test test-unit docs bench clean
+.PHONY: venv demo study findings transfer test test-unit docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,21 @@ demo: $(STAMP)
 # interrupt it and run it again, finished records and stored parts are kept. Writes figures/.
 study: $(STAMP)
 	$(BIN)/interp run experiments/quickstart.toml
+
+# The findings study (docs/findings.md): the paper's claims, their controls and the causal tests
+# on both bundled models, 150/150/30/30 records per model (hours on a CPU; the plan's CPU time
+# per part is in benchmarks/findings_plan.json). Study 1 runs sharded over the cores (torchrun:
+# one process per core, rank 0 merges and runs the stages; FINDINGS_PROCS=1 for one process).
+# Resumable: interrupt it and run it again. Phase 1 (Study 1 and 2 of both configs) first, so
+# the headline numbers exist early; then every stage; then the report's table.
+FINDINGS_PROCS ?= 2
+FINDINGS_RUN = OMP_NUM_THREADS=$$(( $$(nproc) / $(FINDINGS_PROCS) )) $(BIN)/torchrun --standalone \
+	--nproc_per_node $(FINDINGS_PROCS) -m interp run
+findings: $(STAMP)
+	$(FINDINGS_RUN) experiments/findings.toml --only asymmetry,attention
+	$(FINDINGS_RUN) experiments/findings_matched.toml
+	$(FINDINGS_RUN) experiments/findings.toml
+	$(BIN)/python -m interp.findings figures/findings docs/findings.md
 
 # Study 3 on the bundled model (trains three LoRA adapters on CPU; resumable), figures copied.
 transfer: $(STAMP)

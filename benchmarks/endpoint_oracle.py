@@ -18,20 +18,20 @@ Written to ``RUN/oracle_agreement_{served,inprocess,llm_vs_llm}.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
-from interp.agreement import oracle_agreement as grade_agreement
-from interp.endpoints.local import LocalServer
-from interp.grading import make_oracle
-from interp.models import bundled_gguf
-from interp.stages.asymmetry import AsymmetryConfig, format_oracle_agreement, oracle_agreement
-from interp.stages.asymmetry import run as run_asymmetry
-from interp.store.io import write_json
-from interp.store.rundir import RunDir
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.endpoint_setup import endpoint_table, inprocess_run, parse_args, serve  # noqa: E402
+from interp.agreement import oracle_agreement as grade_agreement  # noqa: E402
+from interp.grading import make_oracle  # noqa: E402
+from interp.stages.asymmetry import format_oracle_agreement, oracle_agreement  # noqa: E402
+from interp.store.io import write_json  # noqa: E402
+from interp.store.rundir import RunDir  # noqa: E402
 
 QWEN = "qwen2.5-coder-0.5b-instruct"
 
@@ -50,22 +50,12 @@ class Memo:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=30)
-    ap.add_argument("--dataset", default="squad_v2")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default="/tmp/interp-bench-endpoints")
-    a = ap.parse_args()
-    rd = RunDir(Path(a.out) / "inprocess")
-    run_asymmetry(rd.path, None,
-                  AsymmetryConfig(model="smollm2-135m-instruct", datasets=[a.dataset],
-                                  limit=a.n, device="cpu", dtype="float32", n_boot=1000),
-                  log=lambda s: None)
+    a = parse_args(__doc__)
+    rd = RunDir(inprocess_run(a)[0])
     out = {}
-    with LocalServer(bundled_gguf(QWEN), "qwen", threads=a.threads) as srv:
+    with serve(QWEN, "qwen", a) as srv:
         t0 = time.perf_counter()
-        served = make_oracle("openai:qwen", run=rd, endpoint={
-            "base_url": srv.base_url, "concurrency": 1, "timeout_s": 600})
+        served = make_oracle("openai:qwen", run=rd, endpoint=endpoint_table(srv))
         out["served"] = oracle_agreement(rd, served)
         out["served"]["seconds"] = round(time.perf_counter() - t0, 1)
         shutil.copy(rd.path / "oracle_agreement.json",

@@ -17,39 +17,35 @@ records). Written to ``OUT/study1_side_by_side.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
-from interp.endpoints.local import LocalServer
-from interp.models import bundled_gguf
-from interp.stages.asymmetry import AsymmetryConfig, run
-from interp.store.records import qa_key
-from interp.store.rundir import RunDir
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.endpoint_setup import (  # noqa: E402
+    SMOLLM2,
+    base_config,
+    endpoint_table,
+    inprocess_run,
+    parse_args,
+    serve,
+)
+from interp.stages.asymmetry import AsymmetryConfig, run  # noqa: E402
+from interp.store.records import qa_key  # noqa: E402
+from interp.store.rundir import RunDir  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=30)
-    ap.add_argument("--dataset", default="squad_v2")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default="/tmp/interp-bench-endpoints")
-    a = ap.parse_args()
+    a = parse_args(__doc__)
     out = Path(a.out)
-    base = dict(datasets=[a.dataset], limit=a.n, device="cpu", n_boot=1000)
-    t0 = time.perf_counter()
-    local = run(out / "inprocess", None,
-                AsymmetryConfig(model="smollm2-135m-instruct", dtype="float32", **base),
-                log=lambda s: None)
-    t_local = time.perf_counter() - t0
-    with LocalServer(bundled_gguf("smollm2-135m-instruct"), "smollm2",
-                     threads=a.threads) as srv:
+    _, local, t_local = inprocess_run(a)
+    with serve(SMOLLM2, "smollm2", a) as srv:
         t0 = time.perf_counter()
         served = run(out / "served", None,
-                     AsymmetryConfig(model="openai:smollm2", **base,
-                                     model_endpoint={"base_url": srv.base_url,
-                                                     "concurrency": 1, "timeout_s": 600}),
+                     AsymmetryConfig(model="openai:smollm2", **base_config(a),
+                                     model_endpoint=endpoint_table(srv)),
                      log=print)
         t_served = time.perf_counter() - t0
     a_recs = {qa_key(r): r for r in RunDir(out / "inprocess").read_records()}

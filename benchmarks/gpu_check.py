@@ -45,6 +45,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.shard_compare import one_vs_shards  # noqa: E402
 from interp.attention import span_mass  # noqa: E402
 from interp.hooks.recorder import record_rows  # noqa: E402
 from interp.models import PAPER_MODEL, load_model, runtime_facts  # noqa: E402
@@ -165,7 +166,6 @@ def shard_check(ckpt: Path, data: dict[str, str], device: str, n: int, out: Path
                 tol_logit: float) -> dict:
     """Step 4: two shards started together on one device, merged, against one process."""
     import os
-    import subprocess
 
     name, path = next(iter(data.items()))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -173,32 +173,13 @@ def shard_check(ckpt: Path, data: dict[str, str], device: str, n: int, out: Path
     base = [sys.executable, "-m", "interp", "asymmetry", "--model", str(ckpt), "--dataset",
             path, "--limit", str(n), "--batch-size", "1", "--max-new-tokens", "8",
             "--device", device, "--dtype", "bfloat16"]
-
-    def together(cmds: list[list[str]]) -> float:
-        t0 = time.perf_counter()
-        procs = [subprocess.Popen(c, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True) for c in cmds]
-        for p in procs:
-            _, err = p.communicate()
-            if p.returncode:
-                raise RuntimeError(f"{' '.join(p.args[3:])}: {err.strip().splitlines()[-1]}")
-        return time.perf_counter() - t0
-
-    one, split = out / "shards" / "one", out / "shards" / "split"
-    t_one = together([[*base, "--out", str(one)]])
-    t_split = together([[*base, "--out", str(split), "--shard", f"{i}/2"] for i in range(2)])
-    t0 = time.perf_counter()
-    together([[sys.executable, "-m", "interp", "merge",
-               *(str(split / "shards" / f"{i}-of-2") for i in range(2)), "--out", str(split)]])
-    t_merge = time.perf_counter() - t0
-    a, b = RunDir(one).read_records(status=None), RunDir(split).read_records(status=None)
-    same = [(r["id"], r.get("answer"), r.get("verdict")) for r in a] == [
-        (r["id"], r.get("answer"), r.get("verdict")) for r in b]
-    dl = max((abs(x["logit_diff"] - y["logit_diff"]) for x, y in zip(a, b)
-              if "logit_diff" in x and "logit_diff" in y), default=0.0)
-    return {"dataset": name, "records": len(a), "one_process_s": t_one,
-            "two_shards_s": t_split, "merge_s": t_merge, "same_answers_and_verdicts": same,
-            "logit_diff_max_abs_diff": dl, "agree": same and dl <= tol_logit}
+    got = one_vs_shards(base, out / "shards", env_one=env, env_split=env)
+    same = got["same_answers_and_verdicts"]
+    return {"dataset": name, "records": got["records"], "one_process_s": got["one_s"],
+            "two_shards_s": got["shards_s"], "merge_s": got["merge_s"],
+            "same_answers_and_verdicts": same,
+            "logit_diff_max_abs_diff": got["logit_diff_max_abs_diff"],
+            "agree": same and got["logit_diff_max_abs_diff"] <= tol_logit}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,39 +22,17 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def _cmd(out: Path, n: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "interp", "asymmetry", "--dataset", "squad_v2", "--limit",
-            str(n), "--out", str(out), *extra]
+from benchmarks.shard_compare import ROOT, one_vs_shards  # noqa: E402
 
 
 def _env(threads: int) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
             "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
-
-
-def _run_all(cmds: list[list[str]], threads: int) -> float:
-    """Start every command at once; seconds until the last one finished."""
-    t0 = time.perf_counter()
-    procs = [subprocess.Popen(c, env=_env(threads), cwd=ROOT, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True) for c in cmds]
-    for p in procs:
-        _, err = p.communicate()
-        if p.returncode:
-            raise SystemExit(f"{' '.join(p.args)} failed: {err[-2000:]}")
-    return time.perf_counter() - t0
-
-
-def _records(d: Path) -> list[tuple]:
-    return [(r["id"], r.get("answer"), r.get("verdict"))
-            for r in map(json.loads, (d / "records.jsonl").read_text().splitlines())]
 
 
 def main() -> None:
@@ -64,25 +42,19 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
-    one, split = out / "one", out / "split"
-    t_one = _run_all([_cmd(one, args.records)], threads=2)
+    base = [sys.executable, "-m", "interp", "asymmetry", "--dataset", "squad_v2", "--limit",
+            str(args.records)]
+    got = one_vs_shards(base, out, env_one=_env(2), env_split=_env(1))
+    t_one, t_split = got["one_s"], got["shards_s"]
     print(f"1 process x 2 threads: {t_one:.1f} s", flush=True)
-    t_split = _run_all([_cmd(split, args.records, "--shard", f"{i}/2") for i in range(2)],
-                       threads=1)
     print(f"2 shards x 1 thread:   {t_split:.1f} s", flush=True)
-    t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "interp", "merge",
-                          *(str(split / "shards" / f"{i}-of-2") for i in range(2)),
-                          "--out", str(split)], env=_env(1), cwd=ROOT, capture_output=True,
-                         text=True, check=True)
-    t_merge = time.perf_counter() - t0
-    inner = next((line for line in res.stdout.splitlines() if line.startswith("[merge]")), "")
-    print(f"interp merge:          {t_merge:.1f} s ({inner})", flush=True)
-    same = _records(one) == _records(split)
+    print(f"interp merge:          {got['merge_s']:.1f} s ({got['merge_log']})", flush=True)
+    same = got["same_answers_and_verdicts"]
     report = {"records": args.records, "one_process_2_threads_s": t_one,
               "two_shards_1_thread_s": t_split, "speedup": t_one / t_split,
-              "merge_command_s": t_merge, "merge_log": inner, "records_equal": same,
-              "cpu_count": os.cpu_count(), "load_average": os.getloadavg()}
+              "merge_command_s": got["merge_s"], "merge_log": got["merge_log"],
+              "records_equal": same, "cpu_count": os.cpu_count(),
+              "load_average": os.getloadavg()}
     (out / "shards_bench.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
     if not same:

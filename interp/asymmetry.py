@@ -41,7 +41,7 @@ import numpy as np
 from interp.data import QAExample
 from interp.errors import ConfigError, PromptError
 from interp.grading import BaseOracle, extract_answer
-from interp.judging import eval_prompt, judge_prompts, judge_room, parse_record_verdict
+from interp.judging import judge_candidates, judge_room, parse_record_verdict
 from interp.models import ModelHandle
 from interp.prefill import Capture, PromptPass, run_prompts
 from interp.prompts import RenderedPrompt, Template, render
@@ -156,17 +156,12 @@ def evaluate_examples(
         answers = {k: extract_answer(t) for k, t in raw.items()}
     else:
         raw = answers = {k: candidates[k] for k in gen_prompts}
-    eval_prompts: dict[int, RenderedPrompt] = {}
-    for k in gen_prompts:
-        ep = eval_prompt(handle, template, examples[k], answers[k], verdict_max_new_tokens,
-                         max_reasoning_tokens)
-        if isinstance(ep, str):
-            records[k] = _skipped(examples[k], ep)
-            continue
-        eval_prompts[k] = ep
-    judged = judge_prompts(handle, template, eval_prompts, answers, rows=rows, pools=pools,
-                           batch_size=batch_size, verdict_max_new_tokens=verdict_max_new_tokens,
-                           max_reasoning_tokens=max_reasoning_tokens, progress=progress)
+    eval_prompts, skipped, judged = judge_candidates(
+        handle, template, {k: examples[k] for k in gen_prompts}, answers, rows=rows,
+        pools=pools, batch_size=batch_size, verdict_max_new_tokens=verdict_max_new_tokens,
+        max_reasoning_tokens=max_reasoning_tokens, progress=progress)
+    for k, reason in skipped.items():
+        records[k] = _skipped(examples[k], reason)
     for k, ep in eval_prompts.items():
         fields, v = judged[k]
         records[k] = _ok_record(handle, examples[k], oracle, raw[k], answers[k], fields,
@@ -222,23 +217,18 @@ def judge_records(handle: ModelHandle, records: Sequence[Record] | Sequence[Mapp
         :class:`interp.reasoning.ReasoningJudgement` (None when skipped).
     """
     judge_room(handle, template, verdict_max_new_tokens, max_reasoning_tokens)
+    examples = {k: QAExample(id=rec["id"], dataset=rec["dataset"], context=rec["context"],
+                             question=rec["question"], answers=tuple(rec.get("answers") or ()),
+                             answerable=rec.get("answerable", True), split=rec.get("split", ""))
+                for k, rec in enumerate(records)}
+    prompts, skipped, judged = judge_candidates(
+        handle, template, examples, {k: rec["answer"] for k, rec in enumerate(records)},
+        rows=rows, batch_size=batch_size, verdict_max_new_tokens=verdict_max_new_tokens,
+        max_reasoning_tokens=max_reasoning_tokens, reasoning_attention=reasoning_attention,
+        progress=progress)
     out: list[Any] = [None] * len(records)
-    prompts: dict[int, RenderedPrompt] = {}
-    for k, rec in enumerate(records):
-        ex = QAExample(id=rec["id"], dataset=rec["dataset"], context=rec["context"],
-                       question=rec["question"], answers=tuple(rec.get("answers") or ()),
-                       answerable=rec.get("answerable", True), split=rec.get("split", ""))
-        ep = eval_prompt(handle, template, ex, rec["answer"], verdict_max_new_tokens,
-                          max_reasoning_tokens)
-        if isinstance(ep, str):
-            out[k] = _skipped(ex, ep)
-        else:
-            prompts[k] = ep
-    judged = judge_prompts(handle, template, prompts, {k: records[k]["answer"] for k in prompts},
-                    rows=rows, batch_size=batch_size,
-                    verdict_max_new_tokens=verdict_max_new_tokens,
-                    max_reasoning_tokens=max_reasoning_tokens,
-                    reasoning_attention=reasoning_attention, progress=progress)
+    for k, reason in skipped.items():
+        out[k] = _skipped(examples[k], reason)
     passes: list[Any] = [None] * len(records)
     for k, (fields, v) in judged.items():
         src = records[k]

@@ -148,6 +148,39 @@ class BaseOracle(ABC):
             An :class:`OracleResult`.
         """
 
+    def rule_first(self, prediction: str, answers: Sequence[str], *, dataset: str,
+                   answerable: bool = True, extras: Mapping | None = None,
+                   ) -> tuple[OracleResult, list[dict[str, str]] | None]:
+        """The rule grade, and the LLM grading prompt when the rule does not decide alone.
+
+        The LLM oracles (:class:`ModelOracle`, :class:`interp.endpoints.oracle.EndpointOracle`)
+        grade unanswerable questions (or ones without gold) by the rule oracle (abstention is
+        correct; the caller counts it as ``rule``) and keep the rule's EM/F1 on the others;
+        those are sent the grading prompt (:data:`ORACLE_SYSTEM`, :data:`ORACLE_USER`, filled
+        from ``extras``' ``context`` and ``question``).
+
+        Args:
+            prediction: the extracted answer, as :meth:`grade`.
+            answers: gold answer strings (``[]`` when unanswerable).
+            dataset: the dataset name, as :meth:`grade`.
+            answerable: False for unanswerable questions.
+            extras: record fields; ``context`` and ``question`` fill the grading prompt.
+
+        Returns:
+            ``(ruled, messages)``: the :class:`RuleOracle` grade and the chat messages
+            (system, user) of the grading prompt; ``messages`` is None when the rule decides.
+        """
+        ruled = RuleOracle().grade(prediction, answers, dataset=dataset,
+                                   answerable=answerable, extras=extras)
+        if not answerable or not answers:
+            return ruled, None
+        extras = extras or {}
+        user = ORACLE_USER.format(context=extras.get("context", ""),
+                                  question=extras.get("question", ""),
+                                  gold=" | ".join(answers), prediction=prediction)
+        return ruled, [{"role": "system", "content": ORACLE_SYSTEM},
+                       {"role": "user", "content": user}]
+
 
 class RuleOracle(BaseOracle):
     """Deterministic correctness oracle: the gold, and nothing that competes with it, is right.
@@ -390,7 +423,6 @@ class ModelOracle(BaseOracle):
     def __init__(self, handle, max_new_tokens: int = 8):
         self.handle, self.max_new_tokens = handle, max_new_tokens
         self.name = f"model:{handle.spec}"
-        self._rule = RuleOracle()
         self._replies = None
         self.counts = {"reply": 0, "forced_choice": 0, "rule": 0}
 
@@ -402,17 +434,12 @@ class ModelOracle(BaseOracle):
         from interp.generation import generate
         from interp.verdict import score_verdicts, verdict_replies
 
-        ruled = self._rule.grade(prediction, answers, dataset=dataset, answerable=answerable,
-                                 extras=extras)
-        if not answerable or not answers:
+        ruled, msgs = self.rule_first(prediction, answers, dataset=dataset,
+                                      answerable=answerable, extras=extras)
+        if msgs is None:
             self.counts["rule"] += 1
             return ruled
-        extras = extras or {}
         tok = self.handle.tokenizer
-        user = ORACLE_USER.format(context=extras.get("context", ""),
-                                  question=extras.get("question", ""),
-                                  gold=" | ".join(answers), prediction=prediction)
-        msgs = [{"role": "system", "content": ORACLE_SYSTEM}, {"role": "user", "content": user}]
         ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
         if hasattr(ids, "keys"):
             ids = ids["input_ids"]

@@ -1,13 +1,13 @@
 """The judge step of Study 1 (paper section 3.1, T_eval), shared by the harness and reruns.
 
 :func:`interp.asymmetry.evaluate_examples` (the model judges its own answers) and
-:func:`interp.asymmetry.judge_records` (a judge-only rerun on given records' answers) render
-the eval prompt of each candidate (:func:`eval_prompt`: skipped with its reason when it does
-not fit the model with the judge's reply, :func:`judge_room`) and judge them all with
-:func:`judge_prompts`, which dispatches on the template's ``judge``: ``"word"`` (the paper's
-one-word verdict: whole-reply verdict score and decoded verdict from one prefill,
-:mod:`interp.verdict`, :func:`parse_record_verdict`) or ``"reasoning"``
-(:mod:`interp.reasoning`).
+:func:`interp.asymmetry.judge_records` (a judge-only rerun on given records' answers) both
+judge through :func:`judge_candidates`: it renders the eval prompt of each candidate
+(:func:`eval_prompt`: skipped with its reason when it does not fit the model with the judge's
+reply, :func:`judge_room`) and judges them all with :func:`judge_prompts`, which dispatches
+on the template's ``judge``: ``"word"`` (the paper's one-word verdict: whole-reply verdict
+score and decoded verdict from one prefill, :mod:`interp.verdict`,
+:func:`parse_record_verdict`) or ``"reasoning"`` (:mod:`interp.reasoning`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from interp.prompts import RenderedPrompt, Template, render
 from interp.reasoning import MAX_REASONING_TOKENS, judge_reasoning, verdict_endings
 from interp.verdict import VerdictScores, verdict_replies
 
-__all__ = ["eval_prompt", "judge_prompts", "judge_room", "parse_record_verdict"]
+__all__ = ["eval_prompt", "judge_candidates", "judge_prompts", "judge_room", "parse_record_verdict"]
 
 
 def judge_room(handle: ModelHandle, template: Template, verdict_max_new_tokens: int,
@@ -63,6 +63,50 @@ def eval_prompt(handle: ModelHandle, template: Template, ex: QAExample, answer: 
         return (f"evaluation prompt has {len(ep)} tokens; with {need} for the judge's reply it "
                 f"exceeds the model's {handle.max_positions} positions")
     return ep
+
+
+def judge_candidates(handle: ModelHandle, template: Template,
+                     examples: Mapping[int, QAExample], candidates: Mapping[int, str], *,
+                     verdict_max_new_tokens: int = 12,
+                     max_reasoning_tokens: int = MAX_REASONING_TOKENS, **judge: Any
+                     ) -> tuple[dict[int, RenderedPrompt], dict[int, str],
+                                dict[int, tuple[dict[str, Any], Any]]]:
+    """Step 3 on candidate answers: render their eval prompts and judge those that fit.
+
+    The one judge step of the harness (the model's own answers, or given ones) and of a
+    judge-only rerun (module docstring).
+
+    Args:
+        handle: the judge model.
+        template: its template variant.
+        examples: the examples by key.
+        candidates: the candidate answer of each example, by the same keys.
+        verdict_max_new_tokens: one-word verdict length cap (tokens).
+        max_reasoning_tokens: a reasoning judge's budget (tokens).
+        **judge: :func:`judge_prompts`' recording and batching options (``rows``, ``pools``,
+            ``batch_size``, ``reasoning_attention``, ``progress``).
+
+    Returns:
+        ``(prompts, skipped, judged)``: the eval prompts that fit, the reason of each example
+        whose prompt does not (:func:`eval_prompt`), and :func:`judge_prompts`' result on the
+        prompts, all by key.
+
+    Raises:
+        PromptError: as :func:`judge_room`.
+    """
+    prompts: dict[int, RenderedPrompt] = {}
+    skipped: dict[int, str] = {}
+    for k, ex in examples.items():
+        ep = eval_prompt(handle, template, ex, candidates[k], verdict_max_new_tokens,
+                         max_reasoning_tokens)
+        if isinstance(ep, str):
+            skipped[k] = ep
+        else:
+            prompts[k] = ep
+    judged = judge_prompts(handle, template, prompts, candidates,
+                           verdict_max_new_tokens=verdict_max_new_tokens,
+                           max_reasoning_tokens=max_reasoning_tokens, **judge)
+    return prompts, skipped, judged
 
 
 def judge_prompts(handle: ModelHandle, template: Template,

@@ -35,6 +35,7 @@ import inspect
 import re
 import types
 import typing
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,7 +44,7 @@ from interp.errors import ConfigError
 __all__ = ["ALL", "CliOption", "allows_none", "check_counts", "check_numbers", "cli_options",
            "config_from_table", "conform",
            "field_help", "fields_of_kind", "given", "option", "option_name", "parse_count",
-           "split_list"]
+           "renamed_keys", "split_list"]
 
 ALL = "all"
 """The word that means "every record" for a count whose default is None (``--limit all``)."""
@@ -52,7 +53,7 @@ _MISSING = dataclasses.MISSING
 
 
 def option(default: Any = _MISSING, *, kind: str | None = None, flag: str | None = None,
-           short: str | None = None, cli: bool = True) -> Any:
+           short: str | None = None, cli: bool = True, was: str | None = None) -> Any:
     """A config field with what its option needs besides its type, default and help.
 
     The help text is the field's entry under ``Attributes:`` in the class docstring
@@ -65,11 +66,13 @@ def option(default: Any = _MISSING, *, kind: str | None = None, flag: str | None
         flag: the command-line name when it is not the field's (``dataset`` for ``datasets``).
         short: a one-letter alias on the command line (``-d``).
         cli: whether the stage's command offers it (False: config table only).
+        was: the field's former name, still accepted as a table key (with a one-line
+            warning, :func:`renamed_keys`) and as a command-line option.
 
     Returns:
         A :func:`dataclasses.field`.
     """
-    meta = {"kind": kind, "flag": flag, "short": short, "cli": cli}
+    meta = {"kind": kind, "flag": flag, "short": short, "cli": cli, "was": was}
     if isinstance(default, list | dict):
         return dataclasses.field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -103,6 +106,28 @@ def field_help(cls: Any) -> dict[str, str]:
                                             and f.name.startswith(k[:-1])), None)
         if text:  # as plain text: :func:`a.b` -> a.b, ``x`` -> x
             out[f.name] = re.sub(r"``(.+?)``", r"\1", re.sub(r":\w+:`~?([^`]+)`", r"\1", text))
+    return out
+
+
+def renamed_keys(cls: Any, table: Mapping[str, Any], section: str,
+                 error: type[Exception] = ConfigError) -> dict[str, Any]:
+    """A copy of ``table`` with each former key name (``option(was=...)``) under its new name.
+
+    Each former name used gives one :class:`FutureWarning` line naming the new key.
+
+    Raises:
+        error: a table that gives both the former and the new name.
+    """
+    out = dict(table)
+    for f in dataclasses.fields(cls):
+        old = f.metadata.get("was")
+        if not old or old not in out:
+            continue
+        if f.name in out:
+            raise error(f"[{section}]: {old} is the former name of {f.name}; give {f.name} only")
+        warnings.warn(f"[{section}] {old} is now called {f.name}; the old key will go",
+                      FutureWarning, stacklevel=3)
+        out[f.name] = out.pop(old)
     return out
 
 
@@ -190,6 +215,8 @@ def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
                error: type[Exception] = ConfigError) -> Any:
     """Build the dataclass ``cls`` from a config table (``[section]`` of a TOML file).
 
+    A key's former name (:func:`renamed_keys`) is read as its new one, with a warning.
+
     Raises:
         error: ``table`` has keys that are not fields of ``cls`` (the message names the
             section, the unknown keys and the known ones, so a typo is fixed in one look); a
@@ -201,6 +228,7 @@ def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
     from interp.inputs import check_device, check_dtype
 
     known = set(cls.__dataclass_fields__)
+    table = renamed_keys(cls, table, section, error)
     if unknown := set(table) - known:
         raise error(f"[{section}]: unknown config keys {sorted(unknown)}; known: "
                     f"{sorted(known)}")
@@ -261,7 +289,8 @@ def cli_options(cls: Any) -> list[CliOption]:
             continue
         kinds = {_origin(m) for m in _members(hints[f.name])}
         decls = (option_name(f),) + ((f"-{f.metadata['short']}",) if f.metadata.get("short")
-                                     else ())
+                                     else ()) + (
+            ("--" + f.metadata["was"].replace("_", "-"),) if f.metadata.get("was") else ())
         if bool in kinds:
             kind = "bool"
         elif list in kinds and str not in kinds:

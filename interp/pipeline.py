@@ -31,7 +31,8 @@ Algorithm of :func:`run_config`:
    one row per model and dataset; ``out/figures/models_*.png``, one colour per model), also
    published into ``figures`` under the conditions of step 3.
 5. With ``cross_judge = true`` (two or more models): every model judges every other's answers
-   and the judge x answer-source matrix is drawn (:mod:`interp.cross_grid`).
+   and the judge x answer-source matrix is drawn (:mod:`interp.cross_grid`); its table and
+   figures (:data:`CROSS_FILES`) are published with the others.
 
 :func:`swap_sources` turns a config into its rehearsal: the same config with only the model
 and dataset sources replaced (``tests/rehearsal`` runs ``experiments/paper.toml`` that way on a
@@ -56,6 +57,7 @@ from interp.inputs import new_run_dir, read_toml
 from interp.launch import Shard, current_shard
 from interp.merge import run_asymmetry
 from interp.models import DEFAULT_MODEL, load_model, model_shape, placement
+from interp.prompts import get_template
 from interp.stages import asymmetry, contract
 from interp.stages.common import Stage, check_against_shape, refuse_served
 from interp.store.io import atomic_write_text, write_json
@@ -66,6 +68,10 @@ __all__ = ["STAGES", "load_config", "model_slug", "out_dir", "run_config", "swap
 TOP_LEVEL = ("name", "out", "figures", "publish", "description", "asymmetry", "cross_judge")
 """Top-level keys of an experiment config besides the stage tables."""
 
+
+CROSS_FILES = ("cross_judge.json", "cross_probe.json", "figures/cross_judge.png",
+               "figures/cross_probe_layers.png")
+"""What cross-judging leaves in ``out`` that a published run copies next to the figures."""
 
 STAGES: dict[str, Stage] = dict(stages.STAGES)
 """Every stage ``interp run`` knows, by config-table name, in the order they run."""
@@ -270,6 +276,12 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
         if only and "asymmetry" not in only:  # the stages need a finished asymmetry run
             RunDir(out / model_slug(spec)).read_records()
     runs = [(name, scfg) for name, scfg in stage_cfgs.items() if not only or name in only]
+    if runs and (reasoning := [s for s, a in acfgs.items() if get_template(
+            a.template, a.templates_path).judge != "word"]):
+        raise ConfigError(f"[asymmetry] template {acfgs[reasoning[0]].template!r} is a "
+                          f"reasoning judge, whose verdict position follows its reasoning; the "
+                          f"stages {[n for n, _ in runs]} read the one-word judge's: run them on "
+                          f"a one-word template and compare with the [reasoning] stage")
     for spec in acfgs:  # every model's shape and needs against every stage, before any runs
         for name, _ in runs:
             refuse_served(f"[{name}]", spec)
@@ -308,7 +320,9 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
             for spec in models:
                 _copy_figures(out / model_slug(spec), Path(cfg["figures"]), list(stage_cfgs),
                               "" if len(models) == 1 else f"{model_slug(spec)}__")
-            for src in [comp["table"], comp["markdown"], *comp["figures"]] if comp else []:
+            cross_files = [out / n for n in CROSS_FILES if (out / n).exists()] if cross else []
+            for src in [*([comp["table"], comp["markdown"], *comp["figures"]] if comp else []),
+                        *cross_files]:
                 shutil.copy2(src, Path(cfg["figures"]) / Path(src).name)
             log(f"published figures and tables to {cfg['figures']}/")
     published = cfg.get("figures") and cfg.get("publish") and not only

@@ -127,58 +127,68 @@ def _last_forward(handle: ModelHandle, ids: Sequence[int], st: Steer) -> tuple[A
 @torch.no_grad()
 def steer_judge(handle: ModelHandle, ids: Sequence[int], context: tuple[int, int],
                 units: Units, alphas: Sequence[float], *, band: Sequence[int],
-                backend: str = "hf", replies: VerdictReplies | None = None
+                backend: str = "hf", replies: VerdictReplies | None = None,
+                positions: Sequence[int] | None = None
                 ) -> dict[str, Float[np.ndarray, " alpha"]]:
     """The judge's verdict score and context mass under steering (module step 1).
 
     Args:
         handle: the model.
         ids: the eval prompt's token ids ``[pos]``.
-        context: its context span ``[start, end)`` (the steered keys).
+        context: its context span ``[start, end)`` (the steered keys unless ``positions``).
         units: steered layer -> heads (None: all), e.g. :func:`parse_heads`.
         alphas: the factors (one batch row each).
         band: layers averaged for the context mass (``hf``).
         backend: ``hf`` or ``transformer_lens`` (no context mass: NaN).
         replies: verdict replies (default: from the tokenizer).
+        positions: steer these key positions instead of the context (the non-context
+            control, :func:`interp.hooks.steering.control_keys`).
 
     Returns:
         Arrays ``[n_alpha]``: ``logprob_correct``, ``logprob_incorrect``, ``logit_diff``,
-        ``p_correct``, ``verdict_coverage``, ``context_mass``.
+        ``p_correct``, ``verdict_coverage``, ``context_mass`` (always on the context) and
+        ``steered_mass`` (on the steered keys: the context mass again without
+        ``positions``).
 
     Raises:
         SteeringError: an unknown backend, alphas not > 0, layers or heads out of range.
     """
     replies = replies or verdict_replies(handle.tokenizer)
     if backend == "hf":
-        st = Steer(units=units, keys=context, alphas=list(alphas), keep_rows=True)
+        st = Steer(units=units, keys=context, alphas=list(alphas), keep_rows=True,
+                   positions=positions)
         last, kv, n = _last_forward(handle, ids, st)
         mask = torch.ones(len(alphas), n, dtype=torch.long, device=handle.device)
         lp = continuation_logprobs(handle.model, last, kv, mask, replies.ids)
         mass = context_mass(st.rows, band, context)
+        steered = context_mass(st.rows, band, context, positions)
     elif backend == "transformer_lens":
         exts = reply_extensions(replies.ids)
         width = max(len(e) for e in exts)
         tok = handle.tokenizer
         t = torch.tensor([list(ids)] * len(alphas), device=handle.device)
         ext = extend_prompts(t, exts, tok.pad_token_id or 0)
-        st = Steer(units=units, keys=context, alphas=list(alphas) * len(exts), keep_rows=False)
+        st = Steer(units=units, keys=context, alphas=list(alphas) * len(exts), keep_rows=False,
+                   positions=positions)
         logits = tl_steered_logits(handle, ext, st, query=len(ids) - 1,
                                    logits_to_keep=width + 1)
         lp = reply_logprobs(logits, replies.ids, exts, len(alphas))
-        mass = np.full(len(alphas), np.nan)
+        mass = steered = np.full(len(alphas), np.nan)
     else:
         raise SteeringError(f"steering runs on 'hf' or 'transformer_lens', not {backend!r}")
     lp = lp.double().cpu().numpy()
     ld = lp[:, 0] - lp[:, 1]
     return {"logprob_correct": lp[:, 0], "logprob_incorrect": lp[:, 1], "logit_diff": ld,
             "p_correct": 1 / (1 + np.exp(-ld)),
-            "verdict_coverage": np.exp(lp[:, 0]) + np.exp(lp[:, 1]), "context_mass": mass}
+            "verdict_coverage": np.exp(lp[:, 0]) + np.exp(lp[:, 1]), "context_mass": mass,
+            "steered_mass": steered}
 
 
 @torch.no_grad()
 def steer_generator(handle: ModelHandle, ids: Sequence[int], context: tuple[int, int],
                     units: Units, alphas: Sequence[float], *, band: Sequence[int],
-                    max_new_tokens: int = 32) -> dict[str, Any]:
+                    max_new_tokens: int = 32, positions: Sequence[int] | None = None
+                    ) -> dict[str, Any]:
     """The generator's context mass and greedy answer under steering (module step 2).
 
     Decoding follows :func:`interp.generation.generate` (greedy; a row stops at an
@@ -188,21 +198,25 @@ def steer_generator(handle: ModelHandle, ids: Sequence[int], context: tuple[int,
     Args:
         handle: the model.
         ids: the gen prompt's token ids ``[pos]``.
-        context: its context span (the steered keys).
+        context: its context span (the steered keys unless ``positions``).
         units: steered layer -> heads (None: all).
         alphas: the factors.
         band: layers averaged for the context mass.
         max_new_tokens: answer length cap.
+        positions: steer these key positions instead of the context (the control).
 
     Returns:
-        ``context_mass`` ``[n_alpha]`` (at the position predicting the first answer token) and
-        ``generations``: the decoded continuation of each alpha (before answer extraction).
+        ``context_mass`` and ``steered_mass`` ``[n_alpha]`` (at the position predicting the
+        first answer token; as :func:`steer_judge`) and ``generations``: the decoded
+        continuation of each alpha (before answer extraction).
     """
     tok, model = handle.tokenizer, handle.model
     eos = set(stop_ids(tok, model))  # Llama 3: <|eot_id|> is not the EOS token
-    st = Steer(units=units, keys=context, alphas=list(alphas), keep_rows=True)
+    st = Steer(units=units, keys=context, alphas=list(alphas), keep_rows=True,
+               positions=positions)
     logits, kv, n = _last_forward(handle, ids, st)
     mass = context_mass(st.rows, band, context)
+    steered = context_mass(st.rows, band, context, positions)
     st.keep_rows = False
     b = len(alphas)
     new: list[list[int]] = [[] for _ in range(b)]
@@ -223,5 +237,5 @@ def steer_generator(handle: ModelHandle, ids: Sequence[int], context: tuple[int,
             out = model(input_ids=torch.tensor(nxt, device=handle.device)[:, None],
                         use_cache=True, logits_to_keep=1, **{cache_kwarg(model): kv})
         logits, kv = out.logits[:, -1], output_cache(out)
-    return {"context_mass": mass,
+    return {"context_mass": mass, "steered_mass": steered,
             "generations": [tok.decode(x, skip_special_tokens=True) for x in new]}

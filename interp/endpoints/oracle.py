@@ -32,7 +32,6 @@ from interp.grading import (
     ORACLE_USER,
     BaseOracle,
     OracleResult,
-    RuleOracle,
     parse_verdict,
 )
 
@@ -57,7 +56,6 @@ class EndpointOracle(BaseOracle):
     def __init__(self, endpoint: Endpoint, max_new_tokens: int = 8):
         self.endpoint, self.max_new_tokens = endpoint, max_new_tokens
         self.name = endpoint.spec
-        self._rule = RuleOracle()
         self.counts = {"reply": 0, "forced_choice": 0, "constrained": 0, "none": 0, "rule": 0}
 
     def grade(self, prediction: str, answers: Sequence[str], *, dataset: str,
@@ -70,16 +68,11 @@ class EndpointOracle(BaseOracle):
             interp.endpoints.client.RequestFailed: a request failed after its retries.
             interp.errors.EndpointError: as :meth:`interp.endpoints.client.Endpoint.chat`.
         """
-        ruled = self._rule.grade(prediction, answers, dataset=dataset, answerable=answerable,
-                                 extras=extras)
-        if not answerable or not answers:
+        ruled, msgs = self.rule_first(prediction, answers, dataset=dataset,
+                                      answerable=answerable, extras=extras)
+        if msgs is None:
             self.counts["rule"] += 1
             return ruled
-        extras = extras or {}
-        user = ORACLE_USER.format(context=extras.get("context", ""),
-                                  question=extras.get("question", ""),
-                                  gold=" | ".join(answers), prediction=prediction)
-        msgs = [{"role": "system", "content": ORACLE_SYSTEM}, {"role": "user", "content": user}]
         kw: dict[str, Any] = {"prompt_version": ORACLE_PROMPT_VERSION}
         text = self.endpoint.chat(msgs, max_tokens=self.max_new_tokens, **kw)["content"]
         verdict, how = parse_verdict(text), "reply"

@@ -356,7 +356,8 @@ def _record_check(handle: ModelHandle, ids: Tensor, backend: str) -> Tensor:
 
 @torch.no_grad()
 def context_mass(rows: Mapping[int, Tensor] | Tensor, band: Sequence[int],
-                 span: tuple[int, int]) -> np.ndarray:
+                 span: tuple[int, int], positions: Sequence[int] | None = None
+                 ) -> np.ndarray:
     """Last-row attention mass on ``span``, mean over query heads and the layers of ``band``.
 
     ``mean_{L in band} mean_h sum_{k in [start, end)} A_L[..., h, k]`` (paper section 3.2: the
@@ -369,12 +370,18 @@ def context_mass(rows: Mapping[int, Tensor] | Tensor, band: Sequence[int],
             ``[n_layers, n_heads, pos]`` of :func:`record_rows`.
         band: the layers averaged.
         span: ``(start, end)`` key positions, end exclusive.
+        positions: the key positions one by one instead of the span.
 
     Returns:
         float64 array of the leading shape ``[...]`` (``[batch]``; 0-d for one prompt).
     """
-    per_layer = [rows[layer][..., span[0]:span[1]].sum(-1).mean(-1).double().cpu()
-                 for layer in band]
+    if positions is None:
+        per_layer = [rows[layer][..., span[0]:span[1]].sum(-1).mean(-1).double().cpu()
+                     for layer in band]
+    else:  # the steering control's keys (interp.hooks.steering.control_keys)
+        idx = torch.tensor(list(positions), dtype=torch.long)
+        per_layer = [rows[layer][..., idx.to(rows[layer].device)].sum(-1).mean(-1).double()
+                     .cpu() for layer in band]
     return torch.stack(per_layer).mean(0).numpy()
 
 

@@ -6,8 +6,10 @@ reading by ``alpha`` and see what the verdict does.
 
 Algorithm (:func:`steering`, :func:`tl_steered_logits`):
 
-1. A :class:`Steer` names the steered layers (and per layer the query heads, or all), the key
-   span ``[start, end)`` (e.g. the prompt's context), and one ``alpha > 0`` per batch row.
+1. A :class:`Steer` names the steered layers (and per layer the query heads, or all), the
+   steered keys (the span ``[start, end)``, e.g. the prompt's context, or instead a list of
+   key positions such as the non-context control of :func:`control_keys`), and one
+   ``alpha > 0`` per batch row.
 2. ``hf`` (the reference): inside the context manager every attention call goes through
    ``interp_steer``, a function registered with transformers' ``AttentionInterface`` (and
    SDPA's mask function), in the same way as the last-row recorder
@@ -50,7 +52,59 @@ from interp.hooks.recorder import last_row, register_attention, sdpa_forward
 from interp.hooks.wrappers import attn_implementation, to_tlens
 from interp.models import ModelHandle
 
-__all__ = ["IMPLEMENTATION", "Steer", "register_steering", "steering", "tl_steered_logits"]
+__all__ = ["IMPLEMENTATION", "Steer", "control_keys", "key_mask", "register_steering", "steering",
+           "tl_steered_logits"]
+
+
+def key_mask(span: tuple[int, int], n_keys: int, positions: Sequence[int] | None = None,
+             device: torch.device | str = "cpu") -> Float[Tensor, " key"]:
+    """``[n_keys]`` float32: 1 on the steered keys below ``n_keys``, 0 elsewhere.
+
+    Args:
+        span: ``(start, end)``, end exclusive (used when ``positions`` is None).
+        n_keys: keys of the forward (positions at or past it are dropped).
+        positions: the steered key positions one by one instead of the span.
+        device: where the mask lives.
+    """
+    m = torch.zeros(n_keys, dtype=torch.float32, device=device)
+    if positions is None:
+        m[span[0]:min(span[1], n_keys)] = 1.0
+    else:
+        idx = [k for k in positions if 0 <= k < n_keys]
+        m[torch.tensor(idx, dtype=torch.long, device=device)] = 1.0
+    return m
+
+
+def control_keys(n_prompt: int, context: tuple[int, int]) -> list[int]:
+    """The non-context control of steering: as many non-context keys as the context has.
+
+    The candidates are the prompt's positions outside ``[start, end)`` except the first (the
+    BOS / attention-sink position, whose mass dwarfs every other key's) and the last (the
+    steered query itself): the template, the question and, for the judge, the candidate
+    answer. When there are more of them than context tokens, ``end - start`` of them evenly
+    spaced over the candidates are taken (deterministic); when fewer, all of them (the stage
+    reports the count per record). Steering these by the same ``alpha`` separates "more
+    attention on the CONTEXT changes the verdict" from "any shift of attention changes it".
+
+    Args:
+        n_prompt: prompt length in tokens.
+        context: the context span ``[start, end)``.
+
+    Returns:
+        Sorted key positions (possibly fewer than ``end - start``).
+
+    Raises:
+        SteeringError: the context span is empty or outside the prompt.
+    """
+    s, e = context
+    if not 0 <= s < e <= n_prompt:
+        raise SteeringError(f"the context span {tuple(context)} must be inside a prompt of "
+                            f"{n_prompt} tokens")
+    cand = [k for k in range(1, n_prompt - 1) if not s <= k < e]
+    if len(cand) <= e - s:
+        return cand
+    pick = sorted({round(i * (len(cand) - 1) / max(e - s - 1, 1)) for i in range(e - s)})
+    return [cand[i] for i in pick]
 
 IMPLEMENTATION = "interp_steer"
 """Name under which the steering attention function is registered with transformers."""
@@ -62,9 +116,11 @@ class Steer:
 
     Attributes:
         units: steered layer -> query heads (None: every head of that layer).
-        keys: key positions ``[start, end)`` whose scores get ``log(alpha)``.
+        keys: the key span ``[start, end)`` whose scores get ``log(alpha)``.
         alphas: one factor per batch row, ``[batch]``, each > 0.
         keep_rows: keep the (steered) last row of every layer in :attr:`rows`.
+        positions: the steered key positions one by one instead of ``keys`` (the control
+            of :func:`control_keys`); None: the span.
         rows: filled during a forward: layer -> ``[batch, n_heads, n_keys]`` float32.
     """
 
@@ -72,6 +128,7 @@ class Steer:
     keys: tuple[int, int]
     alphas: Sequence[float]
     keep_rows: bool = True
+    positions: Sequence[int] | None = None
     rows: dict[int, Tensor] = field(default_factory=dict)
 
     def log_alpha(self, device: torch.device) -> Float[Tensor, " batch"]:
@@ -89,8 +146,8 @@ class Steer:
         out = torch.zeros(batch, n_heads, n_keys, dtype=torch.float32, device=device)
         heads = self.units[layer]
         hs = list(range(n_heads)) if heads is None else list(heads)
-        s, e = self.keys[0], min(self.keys[1], n_keys)
-        out[:, hs, s:e] = self.log_alpha(device)[:, None, None]
+        m = key_mask(self.keys, n_keys, self.positions, device)
+        out[:, hs, :] = self.log_alpha(device)[:, None, None] * m
         return out
 
 
@@ -159,6 +216,9 @@ def _check(handle: ModelHandle, st: Steer) -> None:
     if not 0 <= s < e:
         raise SteeringError(f"the steered key span must be [start, end) with 0 <= start < end, "
                             f"got {st.keys}")
+    if st.positions is not None and (not st.positions or min(st.positions) < 0):
+        raise SteeringError(f"the steered key positions must be a non-empty list of positions "
+                            f">= 0, got {list(st.positions)[:8]}")
 
 
 @contextlib.contextmanager
@@ -219,9 +279,9 @@ def tl_steered_logits(handle: ModelHandle, ids: Int[Tensor, "batch pos"], st: St
 
         def fn(scores: Tensor, hook: Any) -> Tensor:
             hs = list(range(scores.shape[1])) if heads is None else list(heads)
-            s, e = st.keys[0], min(st.keys[1], scores.shape[-1])
+            m = key_mask(st.keys, scores.shape[-1], st.positions, scores.device)
             scores = scores.clone()
-            scores[:, hs, query, s:e] += la.to(scores.dtype)[:, None, None]
+            scores[:, hs, query, :] += (la[:, None, None] * m).to(scores.dtype)
             return scores
         return fn
 

@@ -55,14 +55,16 @@ def _bare_label(label: str, bare: list[float], xs: list[float]) -> str:
     return f"{label} — CI {DEGENERATE_MARK} at {where}"
 
 
-def judge_panel(ax: Any, summary: Mapping[str, Any]) -> list[str]:
+def judge_panel(ax: Any, summary: Mapping[str, Any],
+                title: str = "judge (verdict position steered)") -> list[str]:
     """Draw the judge's lines (:data:`JUDGE_SERIES`) on ``ax``; return the legend labels.
 
     A line whose group is empty at every alpha (e.g. acceptance on oracle-correct answers
     when no steered record is oracle-correct) is not drawn; its legend entry says why
     (``acceptance | oracle Correct: no oracle-correct record``). A line with points whose
     interval has zero width (or none: one record) says at which alphas
-    (``... — CI (zero width) at alpha 0.5, 2``): those points have no whisker.
+    (``... — CI (zero width) at alpha 0.5, 2``): those points have no whisker. ``summary``
+    is a steering summary (its ``eval`` part is drawn) or its ``control`` part.
     """
     labels = []
     for i, (key, lab, col, marker, ls, ms, empty) in enumerate(JUDGE_SERIES):
@@ -78,7 +80,7 @@ def judge_panel(ax: Any, summary: Mapping[str, Any]) -> list[str]:
             lab = f"{lab}: {empty or 'no record'} (not drawn)"
             ax.plot([], [], marker=marker, ls=ls, color=col, alpha=0.4, label=lab)
             labels.append(lab)
-    ax.set_title("judge (verdict position steered)", fontsize=9)
+    ax.set_title(title, fontsize=9)
     ax.set_ylim(-0.04, 1.04)
     return labels
 
@@ -89,18 +91,29 @@ def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
 
     Panels (overall, with passage-cluster 95% CIs; alpha on a log axis, 1 = unsteered):
     judge: forced-choice EA, acceptance on oracle-correct and on oracle-incorrect answers;
-    generator: GA; both: the context mass actually reached. The title gives the records and
-    passages (n) and the steered heads and band; under :data:`interp.stats.MIN_PASSAGES`
-    passages the count is starred and the note written under the figure. Lines of the
-    judge panel: :func:`judge_panel`.
+    generator: GA; both: the context mass actually reached. With the non-context control
+    (``control`` in the summary) a fourth panel draws the judge under the control, the
+    generator panel its GA dashed, and the mass panel the mass on the control keys. The
+    title gives the records and passages (n) and the steered heads and band; under
+    :data:`interp.stats.MIN_PASSAGES` passages the count is starred and the note written
+    under the figure. Lines of the judge panel: :func:`judge_panel`.
 
     Returns:
         The PNG path.
     """
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    control = summary.get("control") or {}
+    fig, axes = plt.subplots(1, 4 if control.get("eval") else 3,
+                             figsize=(18.5 if control.get("eval") else 14, 4.2))
     judge_panel(axes[0], summary)
+    if control.get("eval"):
+        judge_panel(axes[3], control, "control: the judge, NON-context keys steered")
     ax = axes[1]
     xs, ys, err, bare = _series(summary, "gen", "ga")
+    cx, cy, cerr, cbare = _series(control, "gen", "ga")
+    if cx:
+        ax.errorbar(np.asarray(cx) * 2 ** 0.04, cy, yerr=cerr, marker="s", ms=4, capsize=3,
+                    ls="--", mfc="none", color=COLORS["GA"], alpha=0.7,
+                    label=_bare_label("GA, control (non-context keys)", cbare, cx))
     if xs:
         ax.errorbar(xs, ys, yerr=err, marker="o", ms=5, capsize=3, color=COLORS["GA"],
                     label=_bare_label("GA (steered answers)", bare, xs))
@@ -123,7 +136,7 @@ def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("alpha (attention factor on the context keys)")
+        ax.set_xlabel("alpha (attention factor on the steered keys)")
         ax.axvline(1.0, color="black", lw=0.6, ls=":")
     n_p = summary.get("n_passages") or 0
     note = summary.get("note") or (passage_note(n_p) if "few_passages" not in summary else None)

@@ -41,14 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from interp.agreement import oracle_agreement as grade_agreement
-from interp.asymmetry import compute_metrics, evaluate_examples, format_metrics
+from interp.asymmetry import evaluate_examples, format_metrics
 from interp.cross_judge import (
     check_answer_source,
     judge_from_source,
     load_answer_source,
-    source_metrics,
 )
-from interp.data import DATASETS, QAExample, load_examples
+from interp.data import QAExample, load_examples
 from interp.endpoints import EndpointConfig, is_endpoint_spec, oracle_facts, run_served
 from interp.errors import ConfigError, DataError, InterpError, RunDirError, ShardError
 from interp.grading import BaseOracle, RuleOracle, make_oracle, parse_oracle_spec
@@ -64,7 +63,6 @@ from interp.models import (
     runtime_facts,
 )
 from interp.options import check_counts, config_from_table, option
-from interp.plots.asymmetry import plot_asymmetry
 from interp.prefill import Capture
 from interp.progress import tqdm
 from interp.prompts import Template, get_template, render
@@ -72,9 +70,10 @@ from interp.reasoning import MAX_REASONING_TOKENS
 from interp.residual_features import POOLS
 from interp.stages.common import check_run_model, stage_facts
 from interp.stages.contract import spec
-from interp.stages.stored import recording_signature, save_recording, store_features
+from interp.stages.run_metrics import write_metrics
+from interp.stages.stored import store_one_pass
 from interp.store.io import write_json
-from interp.store.records import Record, limit_per_dataset, qa_key
+from interp.store.records import limit_per_dataset, qa_key
 from interp.store.rundir import RunDir
 from interp.verdict import verdict_replies
 
@@ -435,40 +434,6 @@ def _limit(config: AsymmetryConfig, dataset: str) -> int | None:
     return config.limit
 
 
-def store_one_pass(run: RunDir, handle: ModelHandle, records: Sequence[Record],
-                   capture: Capture, facts: Mapping[str, Any] | None) -> int:
-    """Write what the harness recorded in its one pass where the stages read it.
-
-    The writers are the stages' own (:func:`interp.stages.stored.save_recording` and
-    :func:`interp.stages.stored.store_features`), under the stages' signatures.
-
-    Args:
-        run: the run directory.
-        handle: the model.
-        records: the records of the chunk (``template`` set), in the order given to
-            :func:`interp.asymmetry.evaluate_examples`.
-        capture: what it recorded.
-        facts: the stages' result facts (:func:`interp.stages.common.stage_facts`).
-
-    Returns:
-        Records written.
-    """
-    feats: dict[str, list] = {"gen": [], "eval": []}
-    for k, got in sorted(capture.got.items()):
-        rec = records[k]
-        prompts = {t: rp for t, (rp, _) in got.items()}
-        sig = recording_signature(
-            handle, facts or {}, {t: p.input_ids for t, p in prompts.items()})
-        save_recording(run, handle, rec, prompts,
-                                       {t: ps.rows for t, (_, ps) in got.items()},
-                                       backend="hf", sig=sig)
-        for t, (rp, ps) in got.items():
-            feats[t].append(("/".join(qa_key(rec)), rp.input_ids, ps.pooled, ps.fell_back))
-    for t, items in feats.items():
-        store_features(run, handle, t, items, facts=facts)
-    return len(capture.got)
-
-
 def stale_records(finished: Mapping[tuple[str, str], Mapping[str, Any]],
                   examples: Sequence[QAExample], tokenizer: Any, template: Template
                   ) -> dict[tuple[str, str], str]:
@@ -496,28 +461,6 @@ def stale_records(finished: Mapping[tuple[str, str], Mapping[str, Any]],
                     reference=ex.answers[0] if ex.answers else "").to_record():
                 out[(ex.dataset, ex.id)] = "its generation prompt renders differently"
     return out
-
-
-def write_metrics(run: RunDir, config: AsymmetryConfig | None = None) -> dict[str, Any]:
-    """Recompute ``metrics.json`` from the records and draw the asymmetry figure.
-
-    With a config, only the configured datasets' records count (unless a dataset is given as a
-    file path, whose records carry their own dataset names).
-    """
-    records = run.read_records(status=None)
-    if config is not None:
-        names = {d for d in config.datasets if d in DATASETS}
-        paths = [d for d in config.datasets if d not in DATASETS]
-        if not paths:
-            records = [r for r in records if r["dataset"] in names]
-    seed = config.seed if config else 0
-    n_boot = config.n_boot if config else 2000
-    metrics = compute_metrics(records, n_boot=n_boot, seed=seed)
-    if any(r.get("answer_source") for r in records):  # cross-judged: metrics per source
-        metrics["answer_sources"] = source_metrics(records, n_boot=n_boot, seed=seed)
-    write_json(run.path / "metrics.json", metrics)
-    plot_asymmetry(metrics, run.sub("figures"))
-    return metrics
 
 
 def oracle_agreement(run: RunDir, oracle: str | BaseOracle, *, limit: int | None = None,

@@ -4,7 +4,8 @@ Algorithm of :func:`run` (the method is :mod:`interp.attention`):
 
 1. Records: the run's ``ok`` records, the first ``limit`` of each dataset
    (:func:`interp.store.records.limit_per_dataset`). The model must be the run's (sha256 check).
-2. Record (:func:`record`): for each record, re-render both prompts
+2. Record (:func:`record`, i.e. :func:`interp.stages.stored.record_attention`): for each
+   record, re-render both prompts
    (:func:`interp.prompts.record_prompts`), and unless its recording is fresh, run
    :func:`interp.hooks.recorder.record_rows` once per prompt and save the span masses
    ``mass.{gen,eval}`` ``[n_layers, n_heads, n_spans]`` (and with ``save_rows`` the rows
@@ -29,50 +30,37 @@ Algorithm of :func:`run` (the method is :mod:`interp.attention`):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-import torch
-from safetensors import safe_open
 
 from interp.attention import (
     format_summary,
     span_mass_table,
-    span_names,
     summarize,
     top_heads,
 )
 from interp.errors import AttentionError
-from interp.hooks.recorder import BACKENDS, record_rows
+from interp.hooks.recorder import BACKENDS
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.options import config_from_table, option
 from interp.plots import attention as attention_plots
-from interp.progress import tqdm
-from interp.prompts import record_prompts
-from interp.stages.common import ok_records, refuse_reasoning_judge, stage_facts
 from interp.stages.contract import spec
 from interp.stages.stored import (
     activations_path,
     load_masses,
     qa_record_signature,
-    recording_meta,
     recording_signature,
     rows_path,
     save_recording,
 )
 from interp.stages.stored import read_attention_summary as read_summary
+from interp.stages.stored import record_attention as record
 from interp.store.io import (
-    is_fresh,
-    save_tensors,
-    signature,
     write_json,
     write_table,
 )
-from interp.store.records import Record
 from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SPEC", "SUMMARIES", "AttentionConfig", "Config", "activations_path",
@@ -93,7 +81,7 @@ class AttentionConfig:
 
     Attributes:
         backend: one of :data:`interp.hooks.recorder.BACKENDS` (``hf`` default).
-        layers: band for the summary and head ranking (:func:`interp.layers.parse_layers`:
+        band: band for the summary and head ranking (:func:`interp.layers.parse_layers`:
             ``last8``, ``24-31``, ``all``).
         limit: records per dataset (first N ok records; all or None: every one).
         save_rows: keep every record's rows ``[n_layers, n_heads, pos]``.
@@ -109,7 +97,7 @@ class AttentionConfig:
     """
 
     backend: str = "hf"
-    layers: str = option(DEFAULT_BAND, kind="layers")
+    band: str = option(DEFAULT_BAND, kind="layers", was="layers")
     limit: int | None = option(None, kind="count")
     save_rows: bool = False
     save_resid: str | None = option(None, kind="layers")
@@ -140,86 +128,6 @@ class AttentionConfig:
 Config = AttentionConfig
 
 
-def _has_rows(path: Path) -> bool:
-    with safe_open(str(path), "pt") as f:
-        return "rows.gen" in f.keys()
-
-
-def _record_one(run: RunDir, handle: ModelHandle, rec: Record, prompts: Mapping[str, Any],
-                cfg: AttentionConfig, act_layers: list[int], sigs: tuple[str, str]) -> None:
-    """Step 2 for one record: record both prompts and save masses (and rows, activations)."""
-    rows: dict[str, torch.Tensor] = {}
-    acts: dict[str, torch.Tensor] = {}
-    for task, p in prompts.items():
-        got = record_rows(handle, p.input_ids, backend=cfg.backend, act_layers=act_layers,
-                          patterns=cfg.save_patterns)
-        rows[task] = got.rows
-        acts.update({f"{task}.{k}": v for k, v in got.acts.items()})
-    if acts:
-        spans = span_names([lab for p in prompts.values() for lab in p.labels])
-        save_tensors(activations_path(run, rec), acts,
-                     {**recording_meta(handle, rec, prompts, spans, cfg.backend),
-                      "layers": json.dumps(act_layers), "signature": sigs[1]})
-    save_recording(run, handle, rec, prompts, rows, backend=cfg.backend, sig=sigs[0],
-                   save_rows=cfg.save_rows)
-
-
-def _recorded_by(path: Path) -> str | None:
-    with safe_open(str(path), "pt") as f:
-        return (f.metadata() or {}).get("backend")
-
-
-def record(run: RunDir, handle: ModelHandle, cfg: AttentionConfig | None = None, *,
-           overwrite: bool = False, log: Callable[[str], None] = print) -> int:
-    """Steps 1-2 of the module algorithm for every selected record whose recording is stale.
-
-    Args:
-        run: a finished asymmetry run directory.
-        handle: the run's model.
-        cfg: settings (default :class:`AttentionConfig`).
-        overwrite: redo recordings made under other result-relevant runtime facts (else
-            they are refused).
-        log: where progress lines go.
-
-    Returns:
-        Number of records recorded now (fresh recordings are kept: resume; with
-        ``cfg.recompute`` every selected record is recorded again).
-
-    Raises:
-        RunDirError: no manifest / records, no ok record, another model than the run's, a
-            record whose prompts do not match it (names the record), or recordings computed
-            under other runtime facts and not ``overwrite``.
-        interp.errors.LayerSpecError: ``layers`` or ``save_resid`` outside the model.
-        interp.errors.ConfigError: the run was judged by a reasoning template
-            (:func:`interp.stages.common.refuse_reasoning_judge`).
-    """
-    cfg = cfg or AttentionConfig()
-    manifest, records = ok_records(run, handle, cfg.limit)
-    refuse_reasoning_judge(run, manifest, NAME)
-    parse_layers(cfg.layers, handle.n_layers)
-    act_layers = parse_layers(cfg.save_resid, handle.n_layers) if cfg.save_resid else []
-    tpath = manifest.get("config", {}).get("templates_path")
-    facts = stage_facts(run, handle, NAME, overwrite=overwrite)
-    todo = []
-    for rec in records:
-        prompts = record_prompts(rec, handle.tokenizer, templates_path=tpath)
-        sig = recording_signature(handle, facts, {t: p.input_ids for t, p in prompts.items()})
-        act_sig = signature({"record": sig, "layers": act_layers, "patterns": cfg.save_patterns})
-        path = rows_path(run, rec)
-        fresh = not cfg.recompute and is_fresh(path, sig) and (
-            _recorded_by(path) == cfg.backend) and (not cfg.save_rows or _has_rows(path)) and (
-            not act_layers or is_fresh(activations_path(run, rec), act_sig))
-        if not fresh:
-            todo.append((rec, prompts, (sig, act_sig)))
-    log(f"[attention] {len(records)} records, {len(records) - len(todo)} already recorded "
-        f"(by this backend, e.g. in the harness's one pass), {len(todo)} to record with "
-        f"backend {cfg.backend}")
-    bar = tqdm(todo, desc="attention", unit="rec", disable=not todo or not cfg.progress)
-    for rec, prompts, sigs in bar:
-        _record_one(run, handle, rec, prompts, cfg, act_layers, sigs)
-    return len(todo)
-
-
 def write_tables(run: RunDir, cfg: AttentionConfig | None = None, *,
                  n_layers: int | None = None) -> dict[str, Any]:
     """Step 3: span_mass.parquet, summary.json, heads.json and figures from recordings.
@@ -230,11 +138,11 @@ def write_tables(run: RunDir, cfg: AttentionConfig | None = None, *,
     """
     cfg = cfg or AttentionConfig()
     records, mass, spans, backends = load_masses(run, limit=cfg.limit)
-    band = parse_layers(cfg.layers, n_layers or mass["gen"].shape[1])
+    band = parse_layers(cfg.band, n_layers or mass["gen"].shape[1])
     out = run.sub("attention")
     write_table(span_mass_table(records, mass, spans), out / "span_mass.parquet", csv=False)
     summary = summarize(records, mass, spans, band, n_boot=cfg.n_boot, seed=cfg.seed)
-    summary.update(layers_spec=cfg.layers, backends=backends,
+    summary.update(layers_spec=cfg.band, backends=backends,
                    model=run.manifest().get("model", {}).get("spec"))
     write_json(out / "summary.json", summary)
     heads = {"band": band, "overall": top_heads(summary, top=cfg.top),

@@ -2,10 +2,10 @@
 
 Algorithm of :func:`run` (the method is :mod:`interp.audit`):
 
-1. Recordings: the attention stage's own recorder (:func:`interp.stages.attention.record`)
+1. Recordings: the attention stage's own recorder (:func:`interp.stages.stored.record_attention`)
    makes sure every selected ok record has a fresh recording of the verdict position's span
    masses (none is made again when the harness's one pass or ``interp attention`` made it).
-2. :func:`write_audit` (no model): the masses (:func:`interp.stages.attention.load_masses`),
+2. :func:`write_audit` (no model): the masses (:func:`interp.stages.stored.load_masses`),
    the signals, their AUCs for wrong verdicts per dataset and overall, the detector and the
    flags at ``fpr`` (:mod:`interp.audit`, steps 2-6); writes ``DIR/audit/summary.json``,
    ``DIR/audit/verdicts.csv`` (every verdict: id, dataset, question, candidate, verdict,
@@ -48,6 +48,8 @@ from interp.prompts import get_template
 from interp.residual_features import POOLS
 from interp.stages.common import stage_facts
 from interp.stages.contract import spec
+from interp.stages.run_metrics import write_metrics
+from interp.stages.stored import load_masses, record_attention, store_one_pass
 from interp.store import RunDir
 from interp.store.io import atomic_write_text, read_jsonl, write_json, write_table
 from interp.store.records import qa_key
@@ -59,16 +61,6 @@ SPEC = spec("audit")
 """This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
 NAME = SPEC.name
 SUMMARIES = SPEC.summaries
-
-
-def _stage(name: str) -> Any:
-    """The module of the stage ``name``, loaded through its spec when used.
-
-    The audit reuses the attention stage's recording and the asymmetry stage's one-pass
-    storage; loading them through :data:`interp.stages.contract.SPECS` keeps the stage
-    modules free of imports of each other.
-    """
-    return spec(name).load()
 
 
 @dataclass
@@ -141,14 +133,13 @@ def run(run_dir: RunDir, handle: ModelHandle, cfg: AuditConfig | None = None, *,
     """Audit the verdicts of a judged run (module docstring); return ``audit/summary.json``.
 
     Raises:
-        interp.errors.RunDirError: as :func:`interp.stages.attention.record` (no records,
+        interp.errors.RunDirError: as :func:`interp.stages.stored.record_attention` (no records,
             another model, prompts that do not match their records).
         interp.errors.LayerSpecError: a band or detector layers outside the model.
     """
     cfg = cfg or AuditConfig()
-    attention = _stage("attention")
-    attention.record(run_dir, handle, attention.AttentionConfig(
-        layers=cfg.band, limit=cfg.limit), overwrite=overwrite, log=log)
+    record_attention(run_dir, handle, spec("attention").config_class(
+        band=cfg.band, limit=cfg.limit), overwrite=overwrite, log=log)
     return write_audit(run_dir, cfg, log=log)
 
 
@@ -160,7 +151,7 @@ def write_audit(run: RunDir, cfg: AuditConfig | None = None, *,
         interp.errors.RunDirError: no recordings (run ``interp attention``).
     """
     cfg = cfg or AuditConfig()
-    records, mass, spans, backends = _stage("attention").load_masses(run, limit=cfg.limit)
+    records, mass, spans, backends = load_masses(run, limit=cfg.limit)
     ev = mass["eval"]
     n_layers = ev.shape[1]
     band = parse_layers(cfg.band, n_layers)
@@ -371,12 +362,12 @@ def judged_run(path: str | Path, out: str | Path, handle: ModelHandle, *,
             if rec["status"] == "ok" and given is not None:
                 rec["judge_verdict"] = rec["verdict"]
                 rec["verdict"], rec["verdict_source"] = given, "given"
-        _stage("asymmetry").store_one_pass(rd, handle, recs, cap, sfacts)
+        store_one_pass(rd, handle, recs, cap, sfacts)
         rd.append_records(recs)
         done_n = s + len(part)
         rate = done_n / max(time.perf_counter() - t0, 1e-9)
         log(f"[audit] judged {done_n}/{len(todo)} (ETA {(len(todo) - done_n) / rate:.0f} s)")
-    _stage("asymmetry").write_metrics(rd)
+    write_metrics(rd)
     return rd
 
 

@@ -109,19 +109,23 @@ def check_against_shape(name: str, cfg: Any, n_layers: int, n_heads: int | None 
             raise type(err)(f"[{name}]{on}: {err}" if model else f"[{name}] {err}") from None
 
 
-def ok_records(run: RunDir, handle: ModelHandle, limit: int | None, *,
+def ok_records(run: RunDir, handle: ModelHandle, limit: int | None, *, stage: str,
                per_label: bool = False, max_tokens: int | None = None
                ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The run's manifest and its ok records (first ``limit`` per dataset), for ``handle``.
 
+    Every stage that reads records reads the one-word judge's verdict position, so a run
+    judged by a reasoning template is refused here (:func:`refuse_reasoning_judge`).
     ``per_label`` and ``max_tokens``: :func:`interp.store.records.limit_per_dataset`.
 
     Raises:
         RunDirError: no manifest, no ok record (or none within ``max_tokens``), or another
             model than the run's (:func:`check_run_model`).
+        ConfigError: the run was judged by a reasoning template (names ``stage``).
     """
     manifest = run.manifest()
     check_run_model(run, handle, manifest)
+    refuse_reasoning_judge(run, manifest, stage)
     records = limit_per_dataset(run.read_records(), limit, per_label=per_label,
                                 max_tokens=max_tokens)
     if not records:

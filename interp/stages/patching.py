@@ -409,7 +409,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, 
     cfg.validate()
     layers = cfg.layer_list(handle.n_layers)
     band = parse_layers(cfg.band, handle.n_layers)
-    manifest, records = ok_records(run_dir, handle, None)
+    manifest, records = ok_records(run_dir, handle, None, stage=NAME)
     facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
     mcfg = manifest.get("config", {})
     template = get_template(mcfg.get("template", "default"), mcfg.get("templates_path"))

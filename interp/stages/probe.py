@@ -52,7 +52,7 @@ from interp.probing import (
 )
 from interp.prompts import rerender
 from interp.residual_features import HOOK_POINT, HOOK_POINT_DOC, POOLS, extract_features, task_pools
-from interp.stages.common import check_run_model, stage_facts
+from interp.stages.common import check_run_model, refuse_reasoning_judge, stage_facts
 from interp.stages.contract import spec
 from interp.stages.stored import (
     FEATURES_VERSION,
@@ -381,6 +381,7 @@ def run(run_dir: RunDir, handle: ModelHandle, cfg: ProbeConfig | None = None, *,
     cfg = cfg or ProbeConfig()
     manifest = run_dir.manifest()
     check_run_model(run_dir, handle, manifest)
+    refuse_reasoning_judge(run_dir, manifest, NAME)
     records = limit_per_dataset(load_probe_records(run_dir, handle), cfg.limit)
     layers = parse_layers(cfg.layers, handle.n_layers, default="all")
     y = np.array([bool(r["oracle_label"]) for r in records])

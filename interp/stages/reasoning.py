@@ -38,7 +38,7 @@ from interp.options import config_from_table, option
 from interp.prompts import get_template
 from interp.reasoning import MAX_REASONING_TOKENS, REASONING_SPANS
 from interp.reasoning_compare import format_side_by_side, side_by_side
-from interp.stages.common import ok_records, run_judge
+from interp.stages.common import ok_records
 from interp.stages.contract import spec
 from interp.stages.stored import load_masses
 from interp.store import RunDir
@@ -64,7 +64,7 @@ class ReasoningConfig:
         limit: records per dataset (first N ok records; None for all).
         max_reasoning_tokens: token budget of a reasoning reply (:mod:`interp.reasoning`).
         batch_size: prompts per forward (and records per saved chunk).
-        layers: band of the span-mass means (:func:`interp.layers.parse_layers`).
+        band: band of the span-mass means (:func:`interp.layers.parse_layers`).
         reasoning_attention: also record the attention while reasoning (one more forward
             per record with full patterns).
         n_boot: bootstrap resamples for CIs.
@@ -77,7 +77,7 @@ class ReasoningConfig:
     limit: int | None = option(None, kind="count")
     max_reasoning_tokens: int = option(MAX_REASONING_TOKENS, kind="count")
     batch_size: int = option(8, kind="count")
-    layers: str = option(DEFAULT_BAND, kind="layers")
+    band: str = option(DEFAULT_BAND, kind="layers", was="layers")
     reasoning_attention: bool = True
     n_boot: int = option(1000, kind="count")
     seed: int = 0
@@ -138,11 +138,8 @@ def run(run_dir: RunDir, handle: ModelHandle, cfg: ReasoningConfig | None = None
     if template.judge != "reasoning":
         raise ConfigError(f"[reasoning] template {cfg.template!r} is not a reasoning judge "
                           f"(judge = {template.judge!r}); use template = \"reasoning\"")
-    manifest, records = ok_records(rd, handle, cfg.limit)
-    if run_judge(manifest) != "word":
-        raise ConfigError(f"{rd.path} was judged by a reasoning template; the side by side "
-                          f"needs a one-word judge's run")
-    band = parse_layers(cfg.layers, handle.n_layers)
+    manifest, records = ok_records(rd, handle, cfg.limit, stage=SPEC.name)
+    band = parse_layers(cfg.band, handle.n_layers)
     recorded, mass, spans, _ = load_masses(rd, limit=cfg.limit)
     out = RunDir(rd.sub(SPEC.folder))
     done = {record_key(r): r for r in out.read_records(status=None)} \

@@ -337,7 +337,7 @@ def record(run: RunDir, handle: ModelHandle, cfg: RecordConfig | None = None, *,
         interp.errors.LayerSpecError: ``layers`` or ``band`` outside the model.
     """
     cfg = cfg or RecordConfig()
-    manifest, records = ok_records(run, handle, cfg.limit)
+    manifest, records = ok_records(run, handle, cfg.limit, stage=NAME)
     layers = parse_layers(cfg.layers, handle.n_layers)
     parse_layers(cfg.band, handle.n_layers)  # a bad band fails before the slow work
     tpath = manifest.get("config", {}).get("templates_path")

@@ -22,7 +22,10 @@ Algorithm of :func:`run` (methods: :mod:`interp.steering`, intervention:
    (forced Correct) on oracle-correct and on oracle-incorrect answers, mean ``logit_diff``
    (nats), mean ``verdict_coverage``; generator: context mass reached, GA of the steered
    answers (graded by the oracle), the share of answers that differ from alpha = 1, and the
-   share of alpha = 1 answers equal to the record's (a check of the replay).
+   share of alpha = 1 answers equal to the record's (a check of the replay). Every alpha but
+   1 also gets ``vs_alpha1``: the paired per-record differences from alpha = 1 (judge:
+   ``logit_diff``, EA_forced, acceptance on oracle-correct / oracle-incorrect answers;
+   generator: GA), each with its passage-cluster CI, so an effect has an interval of its own.
 5. The figure ``DIR/figures/steering.png`` (:func:`interp.plots.steering.plot_steering`).
 """
 
@@ -64,6 +67,10 @@ NAME = SPEC.name
 SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 TASKS = ("eval", "gen")
+KEYS = ("context", "control")
+"""What ``keys`` may name: the context span, and the non-context control
+(:func:`interp.hooks.steering.control_keys`: as many non-context keys, the first and last
+positions excluded)."""
 
 
 @dataclass
@@ -72,11 +79,14 @@ class SteeringConfig:
 
     Attributes:
         alphas: attention factors on the context keys (each > 0; 1 = unsteered).
-        layers: the steered band (:func:`interp.layers.parse_layers`; default the attention
+        band: the steered band (:func:`interp.layers.parse_layers`; default the attention
             band ``last8``); also the band of the context mass.
         heads: ``all``, ``top-diff:K`` (top gen-minus-eval heads of ``interp heads``) or
             ``L.H,L.H`` (:func:`interp.steering.parse_heads`).
         tasks: ``eval`` (the judge) and/or ``gen`` (the generator).
+        keys: the steered keys: ``context`` (the causal test) and/or ``control`` (as many
+            non-context keys, :func:`interp.hooks.steering.control_keys`: does steering ANY
+            keys move the verdict, or only the context's?).
         limit: records per dataset (all or None: every ok record; each costs a forward per alpha).
         per_label: ``limit`` records per dataset and oracle label y*, so that acceptance of
             oracle-correct and of oracle-incorrect answers are both measured where a dataset
@@ -92,9 +102,10 @@ class SteeringConfig:
     """
 
     alphas: list[float] = field(default_factory=lambda: list(ALPHAS))
-    layers: str | list[int] = option(DEFAULT_BAND, kind="layers")
+    band: str | list[int] = option(DEFAULT_BAND, kind="layers", was="layers")
     heads: str = "all"
     tasks: list[str] = field(default_factory=lambda: ["eval", "gen"])
+    keys: list[str] = field(default_factory=lambda: ["context"])
     limit: int | None = option(10, kind="count")
     per_label: bool = False
     max_tokens: int | None = option(None, kind="count")
@@ -118,13 +129,15 @@ class SteeringConfig:
         return cfg
 
     def validate(self) -> None:
-        """Raises SteeringError on alphas not > 0, no alpha 1, or unknown tasks."""
+        """Raises SteeringError on alphas not > 0, no alpha 1, unknown tasks or keys."""
         if not self.alphas or any(not (a > 0 and np.isfinite(a)) for a in self.alphas):
             raise SteeringError(f"alphas must be finite numbers > 0, got {self.alphas}")
         if 1.0 not in [float(a) for a in self.alphas]:
             raise SteeringError("alphas must include 1 (the unsteered reference)")
         if not self.tasks or set(self.tasks) - set(TASKS):
             raise SteeringError(f"tasks must be among {list(TASKS)}, got {self.tasks}")
+        if not self.keys or set(self.keys) - set(KEYS) or len(set(self.keys)) < len(self.keys):
+            raise SteeringError(f"keys must be among {list(KEYS)} (each once), got {self.keys}")
 
 
     def check(self, n_layers: int, n_heads: int | None = None) -> None:
@@ -137,7 +150,7 @@ class SteeringConfig:
             SteeringError: an unparseable head spec, a head outside ``0..n_heads-1`` or a layer
                 outside the model.
         """
-        band = parse_layers(self.layers, n_layers)
+        band = parse_layers(self.band, n_layers)
         s = self.heads.strip().lower()
         if s.startswith("top-diff:"):
             top_diff_k(self.heads)
@@ -153,7 +166,7 @@ Config = SteeringConfig
 
 def _units(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig
            ) -> tuple[list[int], dict[int, list[int] | None]]:
-    band = parse_layers(cfg.layers, handle.n_layers)
+    band = parse_layers(cfg.band, handle.n_layers)
     ranked = None
     if cfg.heads.strip().lower().startswith("top-diff:"):
         from interp.attention import top_heads
@@ -168,31 +181,38 @@ def _units(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig
 
 
 def _steer_one(handle: ModelHandle, rec: Mapping[str, Any], cfg: SteeringConfig, band: list[int],
-            units: Mapping[int, Any], oracle: Any, prompts: Mapping[str, Any]) -> list[dict]:
-    """Step 2 for one record: one row per (task, alpha)."""
+               units: Mapping[int, Any], oracle: Any, prompts: Mapping[str, Any]) -> list[dict]:
+    """Step 2 for one record: one row per (task, keys, alpha)."""
     from interp.grading import extract_answer
+    from interp.hooks.steering import control_keys
 
     rows = []
     base = {"id": rec["id"], "dataset": rec["dataset"], "y_star": bool(rec["oracle_label"])}
-    if "eval" in cfg.tasks:
-        p = prompts["eval"]
-        j = steer_judge(handle, p.input_ids, p.token_spans["context"], units, cfg.alphas,
-                        band=band)
-        rows += [{**base, "task": "eval", "alpha": a,
-                  **{k: float(v[i]) for k, v in j.items()},
-                  "verdict": bool(j["logit_diff"][i] > 0)} for i, a in enumerate(cfg.alphas)]
-    if "gen" in cfg.tasks:
-        p = prompts["gen"]
-        g = steer_generator(handle, p.input_ids, p.token_spans["context"], units, cfg.alphas,
-                            band=band, max_new_tokens=cfg.max_new_tokens)
-        for i, a in enumerate(cfg.alphas):
-            ans = extract_answer(g["generations"][i])
-            lab = oracle.grade(ans, rec["answers"], dataset=rec["dataset"],
-                               answerable=rec.get("answerable", True),
-                               extras={"context": rec["context"], "question": rec["question"]})
-            rows.append({**base, "task": "gen", "alpha": a,
-                         "context_mass": float(g["context_mass"][i]), "answer": ans,
-                         "record_answer": rec.get("answer", ""), "correct": bool(lab.label)})
+    for task in [t for t in TASKS if t in cfg.tasks]:
+        p = prompts[task]
+        ctx = tuple(p.token_spans["context"])
+        for keys in cfg.keys:
+            pos = control_keys(len(p.input_ids), ctx) if keys == "control" else None
+            tag = {"keys": keys, "n_keys": len(pos) if pos is not None else ctx[1] - ctx[0]}
+            if task == "eval":
+                j = steer_judge(handle, p.input_ids, ctx, units, cfg.alphas, band=band,
+                                positions=pos)
+                rows += [{**base, "task": "eval", **tag, "alpha": a,
+                          **{k: float(v[i]) for k, v in j.items()},
+                          "verdict": bool(j["logit_diff"][i] > 0)}
+                         for i, a in enumerate(cfg.alphas)]
+                continue
+            g = steer_generator(handle, p.input_ids, ctx, units, cfg.alphas, band=band,
+                                max_new_tokens=cfg.max_new_tokens, positions=pos)
+            for i, a in enumerate(cfg.alphas):
+                ans = extract_answer(g["generations"][i])
+                lab = oracle.grade(ans, rec["answers"], dataset=rec["dataset"],
+                                   answerable=rec.get("answerable", True),
+                                   extras={"context": rec["context"], "question": rec["question"]})
+                rows.append({**base, "task": "gen", **tag, "alpha": a,
+                             "context_mass": float(g["context_mass"][i]),
+                             "steered_mass": float(g["steered_mass"][i]), "answer": ans,
+                             "record_answer": rec.get("answer", ""), "correct": bool(lab.label)})
     return rows
 
 
@@ -208,7 +228,10 @@ def _group_summary(g: Any, task: str, rng: np.random.Generator, n_boot: int,
     n_p = int(g.passage.nunique())
     out: dict[str, Any] = {"n": int(len(g)), "n_passages": n_p,
                            "few_passages": n_p < MIN_PASSAGES,
-                           "context_mass": _stat(g.context_mass, grp, rng, n_boot)}
+                           "context_mass": _stat(g.context_mass, grp, rng, n_boot),
+                           "steered_mass": _stat(g.get("steered_mass", g.context_mass), grp,
+                                                 rng, n_boot),
+                           "n_keys": float(g.n_keys.mean()) if "n_keys" in g else None}
     if task == "eval":
         pred, y = g.verdict.to_numpy(bool), g.y_star.to_numpy(bool)
         out["ea_forced"] = _stat(pred == y, grp, rng, n_boot)
@@ -221,6 +244,30 @@ def _group_summary(g: Any, task: str, rng: np.random.Generator, n_boot: int,
         r = ref.set_index("id").answer.reindex(g.id).to_numpy()
         out["changed_vs_alpha1"] = float(np.mean(g.answer.to_numpy() != r))
         out["alpha1_equals_record"] = float(np.mean(ref.answer == ref.record_answer))
+    if len(ref) and float(g.alpha.iloc[0]) != 1.0:
+        out["vs_alpha1"] = _paired(g, ref, task, rng, n_boot)
+    return out
+
+
+def _paired(g: Any, ref: Any, task: str, rng: np.random.Generator, n_boot: int
+            ) -> dict[str, Any]:
+    """Paired effects of one alpha against alpha = 1 on the same records (step 4).
+
+    Per record ``x(alpha) - x(1)``, averaged with a passage-cluster CI: the judge's
+    ``logit_diff`` (nats), forced-choice correctness (EA_forced), and acceptance on
+    oracle-correct and oracle-incorrect answers; the generator's correctness (GA).
+    """
+    m = g.merge(ref, on=["dataset", "id"], suffixes=("", "_1"))
+    grp = m.passage.tolist()
+    if task == "gen":
+        return {"ga": _stat(m.correct.to_numpy(float) - m.correct_1.to_numpy(float), grp, rng,
+                            n_boot)}
+    y = m.y_star.to_numpy(bool)
+    v, v1 = m.verdict.to_numpy(float), m.verdict_1.to_numpy(float)
+    out = {"logit_diff": _stat(m.logit_diff - m.logit_diff_1, grp, rng, n_boot),
+           "ea_forced": _stat((v == y) - (v1 == y).astype(float), grp, rng, n_boot)}
+    for name, sel in (("accept_correct", y), ("accept_incorrect", ~y)):
+        out[name] = _stat((v - v1)[sel], [grp[i] for i in np.flatnonzero(sel)], rng, n_boot)
     return out
 
 
@@ -230,7 +277,9 @@ def summarise(df: Any, cfg: SteeringConfig, band: list[int], units: Mapping[int,
 
     Returns:
         ``{"model", "alphas", "band", "heads", "units", "n_records", "n_passages",
-        "few_passages", "note", "eval": {alpha: {group: ...}}, "gen": {alpha: {group: ...}}}``
+        "few_passages", "note", "keys", "eval": {alpha: {group: ...}}, "gen": {alpha: {group:
+        ...}}}`` for the context keys, and with ``control`` among ``keys`` the same under
+        ``"control": {"eval": ..., "gen": ...}`` for the non-context control
         with ``group`` each dataset and ``overall`` (each with ``n``, ``n_passages`` and
         ``few_passages``); every statistic is ``{"mean", "ci", "n"}``. ``few_passages`` is
         true under :data:`interp.stats.MIN_PASSAGES` passages, and ``note`` then says so
@@ -245,16 +294,21 @@ def summarise(df: Any, cfg: SteeringConfig, band: list[int], units: Mapping[int,
                                    "nats; forced verdict = logit_diff > 0"}
     s["few_passages"] = s["n_passages"] < MIN_PASSAGES
     s["note"] = passage_note(s["n_passages"])
-    for task in cfg.tasks:
-        t = df[df.task == task]
-        ref = t[t.alpha == 1.0]
-        s[task] = {}
-        for a in cfg.alphas:
-            ta = t[t.alpha == a]
-            groups = [(d, g) for d, g in ta.groupby("dataset")] + [("overall", ta)]
-            s[task][str(a)] = {d: _group_summary(g, task, rng, cfg.n_boot,
-                                                 ref[ref.dataset == d] if d != "overall"
-                                                 else ref) for d, g in groups if len(g)}
+    s["keys"] = list(cfg.keys)
+    if len(df) and "keys" not in df:  # rows of a table written before the control
+        df = df.assign(keys="context")
+    for keys in cfg.keys:
+        dest = s if keys == "context" else s.setdefault("control", {})
+        for task in cfg.tasks:
+            t = df[(df.task == task) & (df["keys"] == keys)] if len(df) else df
+            ref = t[t.alpha == 1.0] if len(t) else t
+            dest[task] = {}
+            for a in cfg.alphas if len(t) else []:
+                ta = t[t.alpha == a]
+                groups = [(d, g) for d, g in ta.groupby("dataset")] + [("overall", ta)]
+                dest[task][str(a)] = {d: _group_summary(g, task, rng, cfg.n_boot,
+                                                        ref[ref.dataset == d] if d != "overall"
+                                                        else ref) for d, g in groups if len(g)}
     return s
 
 
@@ -283,8 +337,8 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
 
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     cfg.validate()
-    manifest, records = ok_records(run_dir, handle, cfg.limit, per_label=cfg.per_label,
-                                   max_tokens=cfg.max_tokens)
+    manifest, records = ok_records(run_dir, handle, cfg.limit, stage=NAME,
+                                   per_label=cfg.per_label, max_tokens=cfg.max_tokens)
     facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
     band, units = _units(run_dir, handle, cfg)
     mcfg = manifest.get("config", {})
@@ -299,6 +353,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
         sig = signature({"model": handle.spec, "sha256": handle.info.get("sha256"), **facts,
                          "alphas": cfg.alphas, "units": {str(k): v for k, v in units.items()},
                          "band": band, "tasks": cfg.tasks, "max_new_tokens": cfg.max_new_tokens,
+                         **({"keys": cfg.keys} if cfg.keys != ["context"] else {}),
                          "oracle": getattr(oracle, "name", "?"),
                          "ids": {t: p.input_ids for t, p in prompts.items()}})
         f = SPEC.parts[0].path(run_dir.path, rec["dataset"], rec["id"])
@@ -307,7 +362,10 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
         else:
             part = _steer_one(handle, rec, cfg, band, units, oracle, prompts)
             write_json(f, {"signature": sig, "rows": part})
-        rows += [{**r, "passage": passage} for r in part]
+        ctx = {t: tuple(p.token_spans["context"]) for t, p in prompts.items()}
+        rows += [{"keys": "context", "n_keys": ctx[r["task"]][1] - ctx[r["task"]][0],
+                  "steered_mass": r["context_mass"], **r, "passage": passage}
+                 for r in part]  # parts written before the control: the context's keys
     df = pd.DataFrame(rows)
     if len(df):
         write_table(df, root / "rows.parquet")
@@ -351,6 +409,17 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         o = groups.get("overall", {})
         lines.append(f"gen   alpha {a:>5}: ctx {f(o.get('context_mass'), '.3f')}  GA "
                      f"{f(o.get('ga'))}  changed {o.get('changed_vs_alpha1', float('nan')):.2f}")
+    control = summary.get("control") or {}
+    for a, groups in (control.get("eval") or {}).items():
+        o = groups.get("overall", {})
+        lines.append(f"control judge alpha {a:>5} ({o.get('n_keys', 0):.0f} non-context keys): "
+                     f"mass {f(o.get('steered_mass'), '.3f')}  EA {f(o.get('ea_forced'))}  acc|C "
+                     f"{f(o.get('accept_correct'))}  acc|I {f(o.get('accept_incorrect'))}  LD "
+                     f"{f(o.get('logit_diff'))}")
+    for a, groups in (control.get("gen") or {}).items():
+        o = groups.get("overall", {})
+        lines.append(f"control gen   alpha {a:>5}: mass {f(o.get('steered_mass'), '.3f')}  GA "
+                     f"{f(o.get('ga'))}")
     if star:
         lines.append(f"* {summary.get('note') or passage_note(summary['n_passages'])}; the "
                      "CIs above rest on these few passages")

@@ -1,11 +1,13 @@
-"""Stored parts that more than one stage writes: attention recordings and probe feature caches.
+"""Stored parts that more than one stage reads or writes: recordings, feature caches, metrics.
 
 The attention stage (:mod:`interp.stages.attention`) and the probe stage
 (:mod:`interp.stages.probe`) read these parts; the asymmetry harness writes them too, in its one
-pass (:mod:`interp.stages.asymmetry`, ``one_pass``), under the same signatures, so that the
-stages find them fresh and run no forward. Their paths are the ones the stage contract declares
-(:data:`interp.stages.contract.SPECS`: the attention stage's and the probe stage's ``parts``);
-no stage module imports another.
+pass (:mod:`interp.stages.asymmetry`, ``one_pass``, :func:`store_one_pass`), under the same
+signatures, so that the stages find them fresh and run no forward. The attention recorder
+(:func:`record_attention`) is here too: the audit stage (:mod:`interp.stages.audit`) uses it
+and :func:`store_one_pass` on the runs it judges. Their
+paths are the ones the stage contract declares (:data:`interp.stages.contract.SPECS`: the
+attention stage's and the probe stage's ``parts``); no stage module imports another.
 """
 
 from __future__ import annotations
@@ -21,16 +23,29 @@ from safetensors import safe_open
 
 from interp.attention import SPANS, TASKS, span_mass, span_names
 from interp.errors import RunDirError
+from interp.hooks.recorder import record_rows
+from interp.layers import parse_layers
 from interp.models import ModelHandle
+from interp.prefill import Capture
+from interp.progress import tqdm
+from interp.prompts import record_prompts
 from interp.residual_features import HOOK_POINT
+from interp.stages.common import ok_records, stage_facts
 from interp.stages.contract import spec
-from interp.store.io import is_fresh, load_tensors, read_json, save_tensors, signature
-from interp.store.records import Record, limit_per_dataset
+from interp.store.io import (
+    is_fresh,
+    load_tensors,
+    read_json,
+    save_tensors,
+    signature,
+)
+from interp.store.records import Record, limit_per_dataset, qa_key
 from interp.store.rundir import RunDir
 
 __all__ = ["FEATURES_VERSION", "RECORDING_VERSION", "activations_path", "features_path",
-           "load_masses", "read_attention_summary", "rows_path", "qa_record_signature",
-           "recording_signature", "save_recording", "store_features"]
+           "load_masses", "read_attention_summary", "record_attention", "rows_path",
+           "qa_record_signature", "recording_signature", "save_recording", "store_features",
+           "store_one_pass"]
 
 RECORDING_VERSION = "1"
 """Part of every recording's signature: bump it when what a recording holds changes."""
@@ -139,7 +154,7 @@ def save_recording(run: RunDir, handle: ModelHandle, rec: Record | Mapping[str, 
                    backend: str, sig: str, save_rows: bool = False) -> Path:
     """Save one record's span masses (and rows) to :func:`rows_path` (step 2).
 
-    The one writer of recordings: the stage (:func:`record`) and the harness's one-pass
+    The one writer of recordings: the stage (:func:`record_attention`) and the harness's one-pass
     prefill (:mod:`interp.stages.asymmetry`) both call it, so a recording is the same file
     whoever made it.
 
@@ -260,3 +275,121 @@ def store_features(run: RunDir, handle: ModelHandle, task: str,
     fallback += [k for k, _, _, fb in items if fb]
     write_features(path, have, ident, keys, sigs, pools, fallback)
     return path
+
+
+def _has_rows(path: Path) -> bool:
+    with safe_open(str(path), "pt") as f:
+        return "rows.gen" in f.keys()
+
+
+def _record_one(run: RunDir, handle: ModelHandle, rec: Record, prompts: Mapping[str, Any],
+                cfg: Any, act_layers: list[int], sigs: tuple[str, str]) -> None:
+    """Step 2 for one record: record both prompts and save masses (and rows, activations)."""
+    rows: dict[str, torch.Tensor] = {}
+    acts: dict[str, torch.Tensor] = {}
+    for task, p in prompts.items():
+        got = record_rows(handle, p.input_ids, backend=cfg.backend, act_layers=act_layers,
+                          patterns=cfg.save_patterns)
+        rows[task] = got.rows
+        acts.update({f"{task}.{k}": v for k, v in got.acts.items()})
+    if acts:
+        spans = span_names([lab for p in prompts.values() for lab in p.labels])
+        save_tensors(activations_path(run, rec), acts,
+                     {**recording_meta(handle, rec, prompts, spans, cfg.backend),
+                      "layers": json.dumps(act_layers), "signature": sigs[1]})
+    save_recording(run, handle, rec, prompts, rows, backend=cfg.backend, sig=sigs[0],
+                   save_rows=cfg.save_rows)
+
+
+def _recorded_by(path: Path) -> str | None:
+    with safe_open(str(path), "pt") as f:
+        return (f.metadata() or {}).get("backend")
+
+
+def record_attention(run: RunDir, handle: ModelHandle, cfg: Any, *, overwrite: bool = False,
+                     log: Callable[[str], None] = print) -> int:
+    """Record the attention of every selected record whose recording is stale.
+
+    Steps 1-2 of :mod:`interp.stages.attention` (its ``record``); the audit stage calls it
+    too, so a recording is made by one recorder whichever stage asks for it.
+
+    Args:
+        run: a finished asymmetry run directory.
+        handle: the run's model.
+        cfg: the attention stage's settings (:class:`interp.stages.attention.AttentionConfig`:
+            ``limit``, ``band``, ``backend``, ``save_rows``, ``save_resid``,
+            ``save_patterns``, ``recompute``, ``progress``).
+        overwrite: redo recordings made under other result-relevant runtime facts (else
+            they are refused).
+        log: where progress lines go.
+
+    Returns:
+        Number of records recorded now (fresh recordings are kept: resume; with
+        ``cfg.recompute`` every selected record is recorded again).
+
+    Raises:
+        RunDirError: no manifest / records, no ok record, another model than the run's, a
+            record whose prompts do not match it (names the record), or recordings computed
+            under other runtime facts and not ``overwrite``.
+        interp.errors.LayerSpecError: ``layers`` or ``save_resid`` outside the model.
+        interp.errors.ConfigError: the run was judged by a reasoning template
+            (:func:`interp.stages.common.refuse_reasoning_judge`).
+    """
+    manifest, records = ok_records(run, handle, cfg.limit, stage=_ATTENTION.name)
+    parse_layers(cfg.band, handle.n_layers)
+    act_layers = parse_layers(cfg.save_resid, handle.n_layers) if cfg.save_resid else []
+    tpath = manifest.get("config", {}).get("templates_path")
+    facts = stage_facts(run, handle, _ATTENTION.name, overwrite=overwrite)
+    todo = []
+    for rec in records:
+        prompts = record_prompts(rec, handle.tokenizer, templates_path=tpath)
+        sig = recording_signature(handle, facts, {t: p.input_ids for t, p in prompts.items()})
+        act_sig = signature({"record": sig, "layers": act_layers, "patterns": cfg.save_patterns})
+        path = rows_path(run, rec)
+        fresh = not cfg.recompute and is_fresh(path, sig) and (
+            _recorded_by(path) == cfg.backend) and (not cfg.save_rows or _has_rows(path)) and (
+            not act_layers or is_fresh(activations_path(run, rec), act_sig))
+        if not fresh:
+            todo.append((rec, prompts, (sig, act_sig)))
+    log(f"[attention] {len(records)} records, {len(records) - len(todo)} already recorded "
+        f"(by this backend, e.g. in the harness's one pass), {len(todo)} to record with "
+        f"backend {cfg.backend}")
+    bar = tqdm(todo, desc="attention", unit="rec", disable=not todo or not cfg.progress)
+    for rec, prompts, sigs in bar:
+        _record_one(run, handle, rec, prompts, cfg, act_layers, sigs)
+    return len(todo)
+
+
+def store_one_pass(run: RunDir, handle: ModelHandle, records: Sequence[Record],
+                   capture: Capture, facts: Mapping[str, Any] | None) -> int:
+    """Write what the harness recorded in its one pass where the stages read it.
+
+    The writers are the stages' own (:func:`save_recording` and :func:`store_features`),
+    under the stages' signatures; the asymmetry harness and the audit of a judged file call
+    it.
+
+    Args:
+        run: the run directory.
+        handle: the model.
+        records: the records of the chunk (``template`` set), in the order given to
+            :func:`interp.asymmetry.evaluate_examples`.
+        capture: what it recorded.
+        facts: the stages' result facts (:func:`interp.stages.common.stage_facts`).
+
+    Returns:
+        Records written.
+    """
+    feats: dict[str, list] = {"gen": [], "eval": []}
+    for k, got in sorted(capture.got.items()):
+        rec = records[k]
+        prompts = {t: rp for t, (rp, _) in got.items()}
+        sig = recording_signature(
+            handle, facts or {}, {t: p.input_ids for t, p in prompts.items()})
+        save_recording(run, handle, rec, prompts,
+                                       {t: ps.rows for t, (_, ps) in got.items()},
+                                       backend="hf", sig=sig)
+        for t, (rp, ps) in got.items():
+            feats[t].append(("/".join(qa_key(rec)), rp.input_ids, ps.pooled, ps.fell_back))
+    for t, items in feats.items():
+        store_features(run, handle, t, items, facts=facts)
+    return len(capture.got)

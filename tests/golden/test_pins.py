@@ -78,7 +78,7 @@ def run_harness(handle: Any, out: Path) -> RunDir:
 
 
 def run_attention_stage(run: RunDir, handle: Any) -> None:
-    cfg = attention_stage.AttentionConfig(layers="last8", n_boot=100, figures=False,
+    cfg = attention_stage.AttentionConfig(band="last8", n_boot=100, figures=False,
                                           save_resid="28-29", save_patterns=True, top=5)
     attention_stage.run(run, handle, cfg, log=lambda s: None)
 

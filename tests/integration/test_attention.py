@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 def test_run_tables_resume_and_bad_input(bundled, quick_run, tmp_path):
     run = RunDir(shutil.copytree(quick_run.path, tmp_path / "run"))
-    cfg = stage.AttentionConfig(limit=1, n_boot=50, layers="24-29")
+    cfg = stage.AttentionConfig(limit=1, n_boot=50, band="24-29")
     s = stage.run(run, bundled, cfg, log=lambda m: None)
     assert set(s["per_dataset"]) == {"squad_v2", "hotpotqa"}
     df = pd.read_parquet(run.path / "attention" / "span_mass.parquet")
@@ -52,7 +52,7 @@ def test_run_tables_resume_and_bad_input(bundled, quick_run, tmp_path):
     run.records_path.write_text(good)
     # layers outside the model name the valid range
     with pytest.raises(LayerSpecError, match="valid layers are 0-29"):
-        stage.write_tables(run, stage.AttentionConfig(layers="28-33", figures=False),
+        stage.write_tables(run, stage.AttentionConfig(band="28-33", figures=False),
                            n_layers=30)
     # a run without records
     empty = RunDir(tmp_path / "empty")

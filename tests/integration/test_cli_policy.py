@@ -116,7 +116,7 @@ def _config(ws: Path, name: str, *, publish: bool) -> Path:
                     f"publish = {str(publish).lower()}\n[asymmetry]\n"
                     f'models = ["{ws / "model"}"]\ndatasets = ["toy.jsonl"]\nlimit = 4\n'
                     f'device = "cpu"\ndtype = "float32"\nmax_new_tokens = 4\nbatch_size = 2\n'
-                    f"n_boot = 50\n[steering]\nlimit = 1\nlayers = \"all\"\nalphas = [0.5, 1]\n"
+                    f"n_boot = 50\n[steering]\nlimit = 1\nband = \"all\"\nalphas = [0.5, 1]\n"
                     f"max_new_tokens = 4\nn_boot = 50\n")
     return path
 

@@ -32,10 +32,10 @@ pytestmark = pytest.mark.integration
 SLUG = "smollm2-135m-instruct"
 ASYM = {"datasets": ["squad_v2"], "limit": 10, "batch_size": 2, "max_new_tokens": 16}
 """The settings of ``interp asymmetry`` in :func:`_asym_args` (the rest are its defaults)."""
-STAGES = {"attention": {"layers": "last8", "n_boot": 100},
+STAGES = {"attention": {"band": "last8", "n_boot": 100},
           "probe": {"tasks": ["eval"], "folds": 2, "probes": ["logreg"], "top_k": 1,
                     "layers": [10, 20, 29]},
-          "steering": {"alphas": [0.5, 1.0, 2.0], "layers": "last8", "tasks": ["eval"], "limit": 2,
+          "steering": {"alphas": [0.5, 1.0, 2.0], "band": "last8", "tasks": ["eval"], "limit": 2,
                        "max_new_tokens": 8, "n_boot": 100}}
 REPO = Path(__file__).resolve().parents[2]
 

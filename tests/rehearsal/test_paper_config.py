@@ -140,12 +140,12 @@ def test_only_the_sources_are_swapped(rehearsal):
     assert _diff(paper, rehearsal.cfg) == [
         "asymmetry.datasets", "asymmetry.from_hub", "asymmetry.models", "asymmetry.oracle",
         "figures", "out", "transfer.datasets", "transfer.from_hub", "transfer.oracle"]
-    assert paper["attention"]["layers"] == rehearsal.cfg["attention"]["layers"] == "24-31"
+    assert paper["attention"]["band"] == rehearsal.cfg["attention"]["band"] == "24-31"
     assert rehearsal.cfg["asymmetry"]["oracle"] == f"model:{rehearsal.ckpt}"
     assert rehearsal.cfg["asymmetry"]["dtype"] == "bfloat16"
     assert set(paper) - {"name", "out", "figures", "publish", "asymmetry"} == {
         "attention", "patching", "probe", "transfer", "steering"}
-    assert paper["steering"]["layers"] == paper["patching"]["band"] == "24-31"
+    assert paper["steering"]["band"] == paper["patching"]["band"] == "24-31"
 
 
 def test_every_stage_ran_on_the_llama31_shaped_model(rehearsal):

@@ -229,7 +229,7 @@ limit = {{ squad_v2 = 2, drop = 1 }}
 max_new_tokens = 4
 n_boot = 50
 [attention]
-layers = "all"
+band = "all"
 n_boot = 50
 ''')
     lines: list[str] = []
@@ -263,7 +263,7 @@ n_boot = 50
     with pytest.raises(ConfigError, match=r"unknown keys or stages \['atention'\]"):
         run_config(bad)
     # a bad key inside a stage table is refused before any model is loaded
-    bad.write_text(cfg.read_text().replace('layers = "all"', 'layer = "all"'))
+    bad.write_text(cfg.read_text().replace('band = "all"', 'layer = "all"'))
     with pytest.raises(ConfigError, match=r"\[attention\]: unknown config keys \['layer'\]"):
         run_config(bad)
 

@@ -140,7 +140,7 @@ def test_stage_tables_resume_and_freshness(tiny, tiny_run, tmp_path):
     import shutil
 
     run = RunDir(shutil.copytree(tiny_run.path, tmp_path / "run"))
-    cfg = stage.AttentionConfig(layers="last2", limit=1, n_boot=20, figures=False)
+    cfg = stage.AttentionConfig(band="last2", limit=1, n_boot=20, figures=False)
     s = stage.run(run, tiny, cfg, log=lambda m: None)
     assert set(s["per_dataset"]) == {"squad_v2", "hotpotqa"} and s["band"] == [0, 1]
     df = pd.read_parquet(run.path / "attention" / "span_mass.parquet")
@@ -149,14 +149,14 @@ def test_stage_tables_resume_and_freshness(tiny, tiny_run, tmp_path):
     assert np.allclose(tot.values, 1.0, atol=1e-5)
     # resume: fresh recordings are kept; rows asked for later, or another model, redo them
     assert stage.record(run, tiny, cfg, log=lambda m: None) == 0
-    rows = stage.AttentionConfig(layers="last2", limit=1, save_rows=True)
+    rows = stage.AttentionConfig(band="last2", limit=1, save_rows=True)
     assert stage.record(run, tiny, rows, log=lambda m: None) == 2
     assert stage.record(run, tiny, rows, log=lambda m: None) == 0
     other = type(tiny)(model=tiny.model, tokenizer=tiny.tokenizer, spec=tiny.spec,
                        info={**tiny.info, "sha256": "f" * 64})
     assert stage.record(run, other, cfg, log=lambda m: None) == 2
     # a larger limit only adds the new records
-    more = stage.AttentionConfig(layers="all", limit=2)
+    more = stage.AttentionConfig(band="all", limit=2)
     assert stage.record(run, other, more, log=lambda m: None) == 2
     with pytest.raises(LayerSpecError, match="cannot take the last 8"):
         stage.write_tables(run, stage.AttentionConfig(figures=False))

@@ -30,7 +30,7 @@ def audited(tiny, tmp_path_factory):
 
 def test_audit_context_mass_is_the_attention_stages_band_mean(audited, tiny):
     run, summary, cfg = audited
-    attention_stage.write_tables(run, attention_stage.AttentionConfig(layers="all",
+    attention_stage.write_tables(run, attention_stage.AttentionConfig(band="all",
                                                                       figures=False))
     table = pd.read_parquet(run.path / "attention" / "span_mass.parquet")
     every = pd.read_csv(run.path / "audit" / "verdicts.csv")

@@ -28,7 +28,7 @@ def grid(tmp_path_factory):
            "asymmetry": {"models": [str(a), str(b)], "datasets": list(data.values()),
                          "limit": 2, "oracle": "rule", "max_new_tokens": 4,
                          "verdict_max_new_tokens": 4, "batch_size": 4, "n_boot": 50},
-           "attention": {"layers": "last2", "n_boot": 50, "figures": False}}
+           "attention": {"band": "last2", "n_boot": 50, "figures": False}}
     summary = run_config(cfg, log=lambda s: None)
     return root, cfg, summary, (str(a), str(b))
 

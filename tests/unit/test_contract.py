@@ -109,7 +109,7 @@ def _steer_run(tmp_path):
 
 def test_a_missing_need_is_refused_in_one_line_before_the_model_loads(tmp_path):
     run = _steer_run(tmp_path)
-    cfg = spec("steering").config_class.from_mapping({"heads": "top-diff:4", "layers": "all"})
+    cfg = spec("steering").config_class.from_mapping({"heads": "top-diff:4", "band": "all"})
     with pytest.raises(RunDirError, match=r"^\[steering\] heads = 'top-diff:4' needs .*attention"
                                           r"/summary.json, which the attention stage writes: "
                                           r"run `interp attention --run .*` first$"):
@@ -121,7 +121,7 @@ def test_a_missing_need_is_refused_in_one_line_before_the_model_loads(tmp_path):
         check_needs(tmp_path / "empty", [("attention", None)])
     check_needs(tmp_path / "empty", [("attention", None)], before=["asymmetry"])
     res = CliRunner().invoke(cli.app, ["steer", "--run", str(run), "--heads", "top-diff:4",
-                                       "--layers", "all"])
+                                       "--band", "all"])
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
     assert "attention/summary.json, which the attention stage writes" in res.output
     assert "no-such-model" not in res.output  # refused before the model was looked up
@@ -136,13 +136,24 @@ def test_run_config_refuses_a_missing_need_before_any_model_runs(tiny, tmp_path)
     tiny.tokenizer.save_pretrained(model_dir)
     cfg = {"out": str(tmp_path / "runs"),
            "asymmetry": {"models": [str(model_dir)], "datasets": ["squad_v2"], "limit": 1},
-           "steering": {"heads": "top-diff:4", "layers": "all"}}
+           "steering": {"heads": "top-diff:4", "band": "all"}}
     with pytest.raises(RunDirError, match=r"^\[steering\] heads = 'top-diff:4' needs .*"
                                           r"tiny-model/attention/summary.json, which the "
                                           r"attention stage writes: run `interp attention "
                                           r"--run .*` first or add an \[attention\] table$"):
         pipeline.run_config(cfg, log=lambda s: None)
     assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+def test_run_config_refuses_stages_on_a_reasoning_judge_before_any_model_runs(tmp_path):
+    cfg = {"out": str(tmp_path / "runs"),
+           "asymmetry": {"models": ["no-such-model"], "datasets": ["squad_v2"], "limit": 1,
+                         "template": "reasoning"},
+           "steering": {"layers": "all"}}
+    with pytest.raises(ConfigError, match=r"^\[asymmetry\] template 'reasoning' is a reasoning "
+                                          r"judge.*stages \['steering'\]"):
+        pipeline.run_config(cfg, log=lambda s: None)
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_stage_answers_to_its_name_and_its_command():

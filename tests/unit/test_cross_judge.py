@@ -146,7 +146,7 @@ def test_interp_run_cross_judge_fills_the_matrix(grid, tmp_path):
            "asymmetry": {"models": [models["A"], models["B"]], "datasets": base["datasets"],
                          "limit": 4, "batch_size": 4, "n_boot": 100, "max_new_tokens": 4,
                          "device": "cpu"},
-           "attention": {"layers": "all", "n_boot": 50, "figures": False}}
+           "attention": {"band": "all", "n_boot": 50, "figures": False}}
     run_config(cfg, log=_quiet)
     out = tmp_path / "grid"
     mx = read_json(out / "cross_judge.json")
@@ -224,7 +224,7 @@ def test_steering_record_and_audit_stages_run_on_a_cross_judged_run(grid, tmp_pa
     d = tmp_path / "A_on_B"
     shutil.copytree(root / "A_on_B", d)
     handle = load_model(models["A"], device="cpu")
-    tables = {"steering": {"alphas": [0.5, 1.0], "layers": "0-1", "limit": 2, "tasks": ["eval"],
+    tables = {"steering": {"alphas": [0.5, 1.0], "band": "0-1", "limit": 2, "tasks": ["eval"],
                            "n_boot": 10},
               "record": {"what": "attention", "layers": "all", "limit": 2, "band": "all"},
               "audit": {"band": "all", "folds": 2, "n_boot": 20}}

@@ -123,15 +123,15 @@ def _manifest_run(path, *, model="no-such-model", n_layers=2, n_heads=4, config=
 
 
 @pytest.mark.parametrize("args,match", [
-    (["attention", "--layers", "30-35"], r"--layers \(\[attention\] layers\): layers '30-35': "
+    (["attention", "--band", "30-35"], r"--band \(\[attention\] band\): layers '30-35': "
                                          r"layer 30 is out of range; valid layers are 0-1"),
     (["probe", "--layers", "last3"], r"--layers \(\[probe\] layers\)"),
     (["record", "--band", "5"], r"--band \(\[record\] band\)"),
     (["patch", "--layers", "7"], r"--layers \(\[patching\] layers\)"),
-    (["steer", "--layers", "last9"], r"--layers \(\[steering\] layers\)"),
-    (["steer", "--layers", "all", "--heads", "1.7"], 
+    (["steer", "--band", "last9"], r"--band \(\[steering\] band\)"),
+    (["steer", "--band", "all", "--heads", "1.7"], 
      r"\[steering\] heads '1.7': empty, or a head outside 0..3"),
-    (["steer", "--layers", "all", "--heads", "top-diff:x"], 
+    (["steer", "--band", "all", "--heads", "top-diff:x"], 
      r"K of top-diff:K must be a whole number"),
 ])
 def test_stage_layers_are_checked_from_the_manifest_before_the_model_loads(tmp_path, args,
@@ -165,13 +165,13 @@ def test_run_config_checks_every_stage_against_the_model_before_any_stage_runs(t
     base = {"out": str(tmp_path / "runs"),
             "asymmetry": {"models": [str(model_dir)], "datasets": ["squad_v2"], "limit": 1,
                           "max_new_tokens": 2, "n_boot": 10}}
-    with pytest.raises(LayerSpecError, match=r"^--layers \(\[attention\] layers\) for .*"
+    with pytest.raises(LayerSpecError, match=r"^--band \(\[attention\] band\) for .*"
                                              r"tiny-model: layers 'last80': cannot take the "
                                              r"last 80"):
-        run_config({**base, "attention": {"layers": "last80"}}, log=lambda s: None)
+        run_config({**base, "attention": {"band": "last80"}}, log=lambda s: None)
     assert not (tmp_path / "runs").exists()  # no run dir left behind, the harness never ran
     with pytest.raises(SteeringError, match=r"^\[steering\] for .*tiny-model: heads '0.9'"):
-        run_config({**base, "steering": {"heads": "0.9", "layers": "all"}}, log=lambda s: None)
+        run_config({**base, "steering": {"heads": "0.9", "band": "all"}}, log=lambda s: None)
     assert not (tmp_path / "runs").exists()
 
 
@@ -191,8 +191,8 @@ def test_run_config_checks_every_models_shape_before_the_first_model_runs(tiny, 
     cfg = {"out": str(tmp_path / "runs"),
            "asymmetry": {"models": [str(deep), str(shallow)], "datasets": ["squad_v2"],
                          "limit": 1, "max_new_tokens": 2, "n_boot": 10},
-           "attention": {"layers": "3"}}
-    with pytest.raises(LayerSpecError, match=rf"^--layers \(\[attention\] layers\) for "
+           "attention": {"band": "3"}}
+    with pytest.raises(LayerSpecError, match=rf"^--band \(\[attention\] band\) for "
                                              rf"{shallow}: layers '3'"):
         run_config(cfg, log=lambda s: None)
     assert not (tmp_path / "runs").exists()  # the deep model never ran either

@@ -65,7 +65,7 @@ def _one_pass_vs_stages(tiny, path: Path, batch_size: int):
     run = RunDir(path)
     recs = run.read_records()
     facts = result_facts(runtime_facts(tiny))
-    acfg = attention_stage.AttentionConfig(layers="all", figures=False, n_boot=10)
+    acfg = attention_stage.AttentionConfig(band="all", figures=False, n_boot=10)
     with _Forwards(tiny) as fw:  # everything is fresh: no forward
         assert attention_stage.record(run, tiny, acfg, **QUIET) == 0
         mine = attention_stage.load_masses(run)[1]
@@ -113,7 +113,7 @@ def test_one_pass_off_writes_nothing_for_the_stages(tiny, tmp_path):
 
 def test_another_backend_records_again(tiny, tmp_path):
     run_asymmetry(tmp_path, tiny, _cfg(2), **QUIET)
-    cfg = attention_stage.AttentionConfig(layers="all", backend="eager", figures=False)
+    cfg = attention_stage.AttentionConfig(band="all", backend="eager", figures=False)
     assert attention_stage.record(RunDir(tmp_path), tiny, cfg, **QUIET) == 6
     assert attention_stage.record(RunDir(tmp_path), tiny, cfg, **QUIET) == 0
 

@@ -111,3 +111,31 @@ def test_toml_values_are_what_they_say(tmp_path):
                                           r"include_unanswerable\) must be true or false, not "
                                           r"'false'$"):
         run_config(cfg, log=lambda s: None)
+
+
+def test_the_band_has_one_name_and_its_former_name_still_reads_with_a_warning():
+    """`band` is the late-layer band of every table; `layers`, its former name, still reads.
+
+    In [attention], [steering] and [reasoning] it is read as `band` with one warning line (and
+    offered as `--layers`); giving both is refused.
+    """
+    from interp.errors import ConfigError
+    from interp.layers import DEFAULT_BAND
+    from interp.options import config_from_table
+
+    for s in SPECS:  # a field whose default is the late band is called band, in every stage
+        banded = [f.name for f in dataclasses.fields(s.config_class)
+                  if f.metadata.get("kind") == "layers" and f.default == DEFAULT_BAND]
+        assert banded in ([], ["band"]), (s.name, banded)
+    for name in ("attention", "steering", "reasoning"):
+        cls = spec(name).config_class
+        with pytest.warns(FutureWarning, match=rf"^\[{name}\] layers is now called band; ") as got:
+            cfg = config_from_table(cls, {"layers": "last2"}, name)
+        assert cfg.band == "last2" and len(got) == 1 and "\n" not in str(got[0].message)
+        with pytest.raises(ConfigError, match=rf"^\[{name}\]: layers is the former name of "
+                                              rf"band; give band only$"):
+            config_from_table(cls, {"layers": "all", "band": "all"}, name)
+        assert [o.decls for o in cli_options(cls) if o.name == "band"] == [("--band", "--layers")]
+    res = CliRunner().invoke(cli.app, ["attention", "--run", "/nonexistent/run", "--layers",
+                                       "all"])
+    assert res.exit_code != 0 and "No such option" not in res.output, res.output

@@ -124,7 +124,7 @@ def run_copy(tiny, tmp_path):
 
 
 def test_attention_stage_refuses_then_redoes_work_of_other_settings(tiny, run_copy):
-    cfg = attention_stage.AttentionConfig(layers="last2", n_boot=10, figures=False)
+    cfg = attention_stage.AttentionConfig(band="last2", n_boot=10, figures=False)
     assert attention_stage.record(run_copy, tiny, cfg, **QUIET) == 4
     entry = run_copy.manifest()["stages"]["attention"]
     assert entry["result_facts"] == result_facts(runtime_facts(tiny))
@@ -205,7 +205,7 @@ def test_another_template_with_the_same_ids_redoes_recordings_and_features(tiny,
     run_asymmetry(tmp_path, tiny, cfg, **QUIET)
     run = RunDir(tmp_path)
     recs = run.read_records()
-    acfg = attention_stage.AttentionConfig(layers="all", n_boot=10, figures=False)
+    acfg = attention_stage.AttentionConfig(band="all", n_boot=10, figures=False)
     assert attention_stage.record(run, tiny, acfg, **QUIET) == 3
     before_mass = {r["id"]: load_tensors(attention_stage.rows_path(run, r)) for r in recs}
     feats, info = {}, {}

@@ -236,7 +236,7 @@ def test_stage_side_by_side_resumes(tiny, tmp_path):
     run_asymmetry(tmp_path, tiny, cfg, log=lambda s: None)
     rd = RunDir(tmp_path)
     lines: list[str] = []
-    rc = ReasoningConfig(max_reasoning_tokens=5, batch_size=3, n_boot=20, layers="all")
+    rc = ReasoningConfig(max_reasoning_tokens=5, batch_size=3, n_boot=20, band="all")
     res = run_reasoning(rd, tiny, rc, log=lines.append)
     n_ok = len(rd.read_records())
     g = res["overall"]
@@ -281,10 +281,20 @@ def test_reasoning_run_is_refused_by_attention_and_the_stage_is_a_command(tiny, 
     rd = RunDir(tmp_path)
     assert rd.read_records(status=None)
     with pytest.raises(ConfigError, match=r"^\[attention\] .* judged by a reasoning template"):
-        attention.run(rd, tiny, attention.AttentionConfig(layers="all"), log=lambda s: None)
+        attention.run(rd, tiny, attention.AttentionConfig(band="all"), log=lambda s: None)
     assert not (tmp_path / "attention" / "records").exists()
-    with pytest.raises(ConfigError, match="needs a one-word judge's run"):
-        run_reasoning(rd, tiny, ReasoningConfig(layers="all"))
+    with pytest.raises(ConfigError, match=r"^\[reasoning\] .* judged by a reasoning template"):
+        run_reasoning(rd, tiny, ReasoningConfig(band="all"))
+    # every stage that reads the one-word verdict position refuses it the same way
+    from interp.stages import patching, probe, record, steering
+
+    for mod, c in ((steering, steering.SteeringConfig(band="all", limit=1)),
+                   (patching, patching.PatchingConfig(limit=1, band="all")),
+                   (probe, probe.ProbeConfig(layers="all", folds=2)),
+                   (record, record.RecordConfig(band="all"))):
+        with pytest.raises(ConfigError, match=rf"^\[{mod.NAME}\] .* judged by a reasoning"):
+            mod.run(rd, tiny, c, log=lambda s: None)
+        assert not (tmp_path / mod.SPEC.folder).exists(), mod.NAME
     res = CliRunner().invoke(cli.app, ["reasoning", "--help"])
     assert res.exit_code == 0 and "--max-reasoning-tokens" in res.output
     assert "reasoning" in pipeline.STAGES

@@ -109,7 +109,7 @@ def test_cli_steer_and_patch(tiny_run, tmp_path):
                                      "config": manifest["config"], "model": manifest["model"]})
     runner = CliRunner()
     res = runner.invoke(cli.app, ["steer", "--run", str(synth.path), "--alphas", "0.5,1",
-                                  "--layers", "0-1", "--limit", "1", "--tasks", "eval",
+                                  "--band", "0-1", "--limit", "1", "--tasks", "eval",
                                   "--n-boot", "10"])
     assert res.exit_code == 0, res.output
     assert "judge alpha   0.5" in res.output and "judge alpha   1.0" in res.output

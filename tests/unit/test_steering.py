@@ -117,7 +117,7 @@ def test_generator_at_alpha_one_decodes_the_unsteered_answer(tiny):
 
 def test_stage_tables_summary_and_resume(tiny, tmp_path):
     run_dir = synthetic_probe_run(tmp_path / "run", tiny, n_good=3, n_bad=3)
-    cfg = SteeringConfig.from_mapping({"alphas": "0.5,1,2", "layers": "0-1", "limit": 2,
+    cfg = SteeringConfig.from_mapping({"alphas": "0.5,1,2", "band": "0-1", "limit": 2,
                                        "max_new_tokens": 4, "n_boot": 50, "progress": False})
     s = run(run_dir, tiny, cfg, log=lambda m: None)
     df = pd.read_parquet(run_dir.path / "steering/rows.parquet")
@@ -185,3 +185,91 @@ def test_summary_flags_few_passages_and_the_figure_says_what_is_missing():
     assert len({tuple(ln.get_xdata()) for ln in lines}) == 3    # dodged on the alpha axis
     plt.close(fig)
     plt.close(fig2)
+
+
+def test_control_keys_are_non_context_and_as_many():
+    from interp.hooks.steering import control_keys
+
+    # 40 positions, context [10, 20): 28 candidates (not 0, not 39, not 10..19) -> 10 of them
+    keys = control_keys(40, (10, 20))
+    assert len(keys) == 10 and keys == sorted(set(keys))
+    assert not any(10 <= k < 20 for k in keys) and 0 not in keys and 39 not in keys
+    assert keys[0] == 1 and keys[-1] == 38  # spread over the prompt, both ends
+    # a context longer than the rest of the prompt: every non-context key but the two ends
+    assert control_keys(12, (2, 10)) == [1, 10]
+    with pytest.raises(SteeringError, match="inside a prompt of 12"):
+        control_keys(12, (2, 13))
+
+
+def test_control_steering_moves_only_the_listed_keys(tiny, prompt):
+    """A steered key list's mass renormalises as a span's does.
+
+    The context's share of the rest is untouched, and alpha = 1 changes nothing.
+    """
+    from interp.hooks.steering import control_keys
+
+    ids = torch.tensor([prompt.input_ids])
+    ctx = prompt.token_spans["context"]
+    pos = control_keys(len(prompt.input_ids), ctx)
+    base = record_rows(tiny, prompt.input_ids).rows  # [layer, head, pos]
+    st = Steer(units={1: None}, keys=ctx, alphas=[1.0, 4.0], positions=pos)
+    with torch.no_grad(), steering(tiny, st):
+        tiny.model(input_ids=ids.expand(2, -1), use_cache=False)
+    m = base[1][:, pos].sum(-1)
+    torch.testing.assert_close(st.rows[1][0], base[1], atol=1e-6, rtol=0)  # alpha 1
+    torch.testing.assert_close(st.rows[1][1][:, pos].sum(-1), 4 * m / (4 * m + 1 - m),
+                               atol=1e-5, rtol=0)
+    c0, c1 = base[1][:, ctx[0]:ctx[1]].sum(-1), st.rows[1][1][:, ctx[0]:ctx[1]].sum(-1)
+    torch.testing.assert_close(c1, c0 / (4 * m + 1 - m), atol=1e-5, rtol=0)
+    j = steer_judge(tiny, prompt.input_ids, ctx, {1: None}, [1.0, 4.0], band=[1], positions=pos)
+    assert j["steered_mass"][1] > j["steered_mass"][0] and j["context_mass"][1] < \
+        j["context_mass"][0]
+    plain = steer_judge(tiny, prompt.input_ids, ctx, {1: None}, [1.0, 4.0], band=[1])
+    assert j["logit_diff"][0] == plain["logit_diff"][0]  # alpha 1: the same batch, unsteered
+    assert j["logit_diff"][1] != plain["logit_diff"][1]
+    with pytest.raises(SteeringError, match="non-empty list of positions"), \
+            steering(tiny, Steer({1: None}, ctx, [1.0], positions=[])):
+        pass
+
+
+def test_stage_with_the_control(tiny, tmp_path):
+    run_dir = synthetic_probe_run(tmp_path / "run", tiny, n_good=2, n_bad=2)
+    cfg = SteeringConfig.from_mapping({"alphas": "1,4", "band": "0-1", "limit": 2,
+                                       "keys": "context,control", "max_new_tokens": 3,
+                                       "n_boot": 20, "progress": False})
+    s = run(run_dir, tiny, cfg, log=lambda m: None)
+    df = pd.read_parquet(run_dir.path / "steering/rows.parquet")
+    assert sorted(df["keys"].unique()) == ["context", "control"]
+    c = df[(df["keys"] == "control") & (df.task == "eval")]
+    assert len(c) == s["n_records"] * 2
+    o = s["control"]["eval"]["4.0"]["overall"]
+    assert o["steered_mass"]["mean"] == pytest.approx(float(c[c.alpha == 4].steered_mass.mean()))
+    assert o["n_keys"] == pytest.approx(float(c.n_keys.mean()))
+    # at alpha 1 the control rows are the context rows (nothing is steered)
+    e = df[(df.task == "eval") & (df.alpha == 1)].sort_values(["keys", "id"])
+    a, b = e[e["keys"] == "context"], e[e["keys"] == "control"]
+    np.testing.assert_array_equal(a.logit_diff.to_numpy(), b.logit_diff.to_numpy())
+    assert "control judge alpha" in __import__("interp.stages.steering", fromlist=["x"]) \
+        .format_summary(s)
+    with pytest.raises(SteeringError, match="keys must be among"):
+        SteeringConfig.from_mapping({"keys": ["context", "question"]})
+
+
+def test_paired_effects_against_alpha_one(tiny, tmp_path):
+    run_dir = synthetic_probe_run(tmp_path / "run", tiny, n_good=3, n_bad=3)
+    cfg = SteeringConfig.from_mapping({"alphas": "0.25,1,4", "band": "0-1", "limit": 3,
+                                       "max_new_tokens": 3, "n_boot": 30, "progress": False})
+    s = run(run_dir, tiny, cfg, log=lambda m: None)
+    df = pd.read_parquet(run_dir.path / "steering/rows.parquet")
+    ev = df[df.task == "eval"].pivot_table(index="id", columns="alpha", values="logit_diff")
+    eff = s["eval"]["4.0"]["overall"]["vs_alpha1"]
+    assert eff["logit_diff"]["mean"] == pytest.approx(float((ev[4.0] - ev[1.0]).mean()))
+    assert eff["logit_diff"]["n"] == len(ev)
+    v = df[df.task == "eval"].pivot_table(index="id", columns="alpha", values="verdict")
+    y = df[df.task == "eval"].groupby("id").y_star.first()
+    want = float(((v[0.25] > 0) == y).astype(float).mean() - ((v[1.0] > 0) == y).mean())
+    assert s["eval"]["0.25"]["overall"]["vs_alpha1"]["ea_forced"]["mean"] == pytest.approx(want)
+    assert "vs_alpha1" not in s["eval"]["1.0"]["overall"]
+    g = df[df.task == "gen"].pivot_table(index="id", columns="alpha", values="correct")
+    assert s["gen"]["4.0"]["overall"]["vs_alpha1"]["ga"]["mean"] == pytest.approx(
+        float((g[4.0].astype(float) - g[1.0].astype(float)).mean()))

@@ -14,7 +14,7 @@ CFG = {"name": "x", "out": "runs/x", "figures": "figs",
        "asymmetry": {"models": ["org/big", "other"], "datasets": ["squad_v2", "drop"],
                      "from_hub": True, "oracle": "model:org/big",
                      "limit": {"squad_v2": 12, "drop": 3}},
-       "attention": {"layers": "24-31"},
+       "attention": {"band": "24-31"},
        "transfer": {"datasets": ["squad_v2"], "from_hub": True, "oracle": "rule", "rank": 16},
        "steering": {"oracle": "model:other", "alphas": [0.5, 2.0]}}
 

@@ -1,0 +1,60 @@
+"""The set-up both endpoint benchmarks share: their arguments, the in-process run, a server.
+
+``benchmarks/endpoint_study1.py`` and ``benchmarks/endpoint_oracle.py`` take the same options
+(``--n`` records of ``--dataset``, ``--threads`` of the llama.cpp server, ``--out``), start from
+the same in-process Study 1 run (:func:`inprocess_run`: the bundled SmolLM2, float32 on CPU,
+rule oracle, into ``OUT/inprocess``; it resumes) and serve a bundled GGUF on 127.0.0.1 with one
+slot (:func:`serve`, :func:`endpoint_table`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from interp.endpoints.local import LocalServer  # noqa: E402
+from interp.models import bundled_gguf  # noqa: E402
+from interp.stages.asymmetry import AsymmetryConfig  # noqa: E402
+from interp.stages.asymmetry import run as run_asymmetry  # noqa: E402
+
+SMOLLM2 = "smollm2-135m-instruct"
+
+
+def parse_args(doc: str | None) -> argparse.Namespace:
+    """``--n`` (30), ``--dataset`` (squad_v2), ``--threads`` (1), ``--out``."""
+    ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0] if doc else None)
+    ap.add_argument("--n", type=int, default=30)
+    ap.add_argument("--dataset", default="squad_v2")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default="/tmp/interp-bench-endpoints")
+    return ap.parse_args()
+
+
+def base_config(a: argparse.Namespace) -> dict[str, Any]:
+    """The fields of :class:`AsymmetryConfig` both runs of a comparison share."""
+    return dict(datasets=[a.dataset], limit=a.n, device="cpu", n_boot=1000)
+
+
+def inprocess_run(a: argparse.Namespace) -> tuple[Path, dict[str, Any], float]:
+    """The in-process SmolLM2 run into ``OUT/inprocess``: (its path, metrics, wall seconds)."""
+    path = Path(a.out) / "inprocess"
+    t0 = time.perf_counter()
+    metrics = run_asymmetry(path, None, AsymmetryConfig(model=SMOLLM2, dtype="float32",
+                                                        **base_config(a)),
+                            log=lambda s: None)
+    return path, metrics, time.perf_counter() - t0
+
+
+def serve(name: str, alias: str, a: argparse.Namespace) -> LocalServer:
+    """The bundled GGUF ``name`` served by llama.cpp as ``alias`` (``--threads``, one slot)."""
+    return LocalServer(bundled_gguf(name), alias, threads=a.threads)
+
+
+def endpoint_table(srv: LocalServer) -> dict[str, Any]:
+    """The endpoint table of a local server: one request at a time, 10 minutes each."""
+    return {"base_url": srv.base_url, "concurrency": 1, "timeout_s": 600}

@@ -1,0 +1,44 @@
+"""A run's ``metrics.json``: the one writer, used by every stage that makes records.
+
+The asymmetry stage (:mod:`interp.stages.asymmetry`, its ``tables_only``), the merge of shards
+(:mod:`interp.merge`) and the audit of a judged file (:mod:`interp.stages.audit`) write it
+with :func:`write_metrics`. It lives apart from :mod:`interp.stages.stored` because it needs
+the cross-judge metrics (:func:`interp.cross_judge.source_metrics`), whose module reaches the
+probe stage and through it the stored parts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from interp.asymmetry import compute_metrics
+from interp.cross_judge import source_metrics
+from interp.data import DATASETS
+from interp.plots.asymmetry import plot_asymmetry
+from interp.store.io import write_json
+from interp.store.rundir import RunDir
+
+__all__ = ["write_metrics"]
+
+
+def write_metrics(run: RunDir, config: Any = None) -> dict[str, Any]:
+    """Recompute ``metrics.json`` from the records and draw the asymmetry figure.
+
+    With a config (:class:`interp.stages.asymmetry.AsymmetryConfig`: ``datasets``, ``seed``,
+    ``n_boot``), only the configured datasets' records count (unless a dataset is given as a
+    file path, whose records carry their own dataset names).
+    """
+    records = run.read_records(status=None)
+    if config is not None:
+        names = {d for d in config.datasets if d in DATASETS}
+        paths = [d for d in config.datasets if d not in DATASETS]
+        if not paths:
+            records = [r for r in records if r["dataset"] in names]
+    seed = config.seed if config else 0
+    n_boot = config.n_boot if config else 2000
+    metrics = compute_metrics(records, n_boot=n_boot, seed=seed)
+    if any(r.get("answer_source") for r in records):  # cross-judged: metrics per source
+        metrics["answer_sources"] = source_metrics(records, n_boot=n_boot, seed=seed)
+    write_json(run.path / "metrics.json", metrics)
+    plot_asymmetry(metrics, run.sub("figures"))
+    return metrics

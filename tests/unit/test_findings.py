@@ -1,0 +1,113 @@
+"""The findings report.
+
+Its cells are the published summaries' numbers, and the committed page is the table those
+files give.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from interp.findings import BEGIN, END, claims, render, update_doc
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]
+
+
+def _cells(fig_dir: Path, models=MODELS) -> dict[str, dict]:
+    return {r["claim"]: r["cells"] for r in claims(fig_dir, models)}
+
+
+def test_docs_findings_is_the_table_of_the_committed_summaries():
+    """Every number in docs/findings.md's table is the number in figures/findings/*.json."""
+    doc = (ROOT / "docs/findings.md").read_text()
+    assert BEGIN in doc and END in doc
+    block = doc.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    assert block == render(ROOT / "figures/findings", MODELS).strip(), (
+        "docs/findings.md is stale: run `python -m interp.findings figures/findings "
+        "docs/findings.md`")
+
+
+def test_cells_read_the_published_fields_on_real_summaries():
+    """On the committed quickstart study (figures/, real records): each cell is its field."""
+    fig = ROOT / "figures"
+    cells = _cells(fig)
+    for m in MODELS:
+        met = json.loads((fig / f"{m}__asymmetry_metrics.json").read_text())
+        att = json.loads((fig / f"{m}__attention_summary.json").read_text())
+        sq = met["per_dataset"]["squad_v2"]
+        c = cells["GA > EA on SQuAD 2.0 (3.1)"][m]
+        assert (c.value, list(c.ci), c.n, c.n_passages) == (sq["delta"], sq["delta_ci"],
+                                                            sq["n"], sq["n_passages"])
+        r = cells["the judge reads the context 3-5x less (3.2)"][m]
+        assert r.value == att["overall"]["context_ratio"]
+        assert list(r.ci) == att["overall"]["context_ratio_ci"]
+        assert r.text().startswith(f"{att['overall']['context_ratio']:.2f} [")
+        # a CI on the threshold's side decides; one across it does not
+        lo, hi = sq["delta_ci"]
+        assert c.verdict.startswith("yes" if hi < 0 else "no" if lo > 0 else "undecided")
+        # the matched control is not in figures/: said, not invented
+        assert cells["... under the matched template (control)"][m].verdict == "not measured"
+        assert cells["... under the matched template (control)"][m].text() == "-"
+
+
+def _write(d: Path, name: str, obj: dict) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_text(json.dumps(obj))
+
+
+def test_degenerate_and_few_passage_cells_are_marked(tmp_path):
+    g = {"n": 4, "n_passages": 4, "delta": 0.0, "delta_ci": [0.0, 0.0],
+         "delta_forced": 0.0, "delta_forced_ci": [0.0, 0.0], "acceptance_rate_forced": 1.0}
+    _write(tmp_path, "m__asymmetry_metrics.json", {"per_dataset": {"squad_v2": g,
+                                                                   "drop": {**g, "n_passages": 12,
+                                                                            "delta": -0.2,
+                                                                            "delta_ci": [-0.3,
+                                                                                         -0.1]}}})
+    cells = _cells(tmp_path, ["m"])
+    sq = cells["GA > EA on SQuAD 2.0 (3.1)"]["m"].verdict
+    assert sq == "degenerate (CI of zero width) (4 passages only)"
+    f = cells["GA > EA with the forced choice, SQuAD 2.0"]["m"].verdict
+    assert "the forced choice accepts every answer" in f
+    assert cells["GA > EA on DROP (3.1)"]["m"].verdict == "yes"
+
+
+def test_steering_patching_and_probe_cells(tmp_path):
+    eff = {"mean": -0.1, "ci": [-0.2, -0.05], "n": 120}
+    s = {"eval": {"4.0": {"overall": {"n_passages": 90, "vs_alpha1": {
+        "ea_forced": {"mean": 0.04, "ci": [-0.01, 0.09], "n": 120}, "accept_incorrect": eff}}}},
+         "control": {"eval": {"4.0": {"overall": {"n_passages": 90, "vs_alpha1": {
+             "ea_forced": {"mean": 0.0, "ci": [-0.02, 0.02], "n": 120}}}}}}}
+    _write(tmp_path, "m__steering_summary.json", s)
+    _write(tmp_path, "m__patching_summary.json", {"candidate-swap/resid": {
+        "n_pairs_kept": 31, "n_passages": 30, "top_units": [
+            {"layer": 7, "head": -1, "span": "candidate", "ratio": 0.4, "ci": [0.2, 0.6]}]}})
+    _write(tmp_path, "m__probes_results.json", {"n_records": 300, "n_passages": 200, "tasks": {
+        "eval": {"best": {"auc": 0.8}, "vs_judge": {"judge_same_folds": {"auc": 0.6}},
+                 "permutation": {"n": 100, "p_value": 0.0099}}}})
+    cells = _cells(tmp_path, ["m"])
+    up = cells["steering the judge's context up (x4) makes it right more often"]["m"]
+    assert (up.value, up.n, up.n_passages, up.verdict) == (0.04, 120, 90, "undecided")
+    rej = cells["... and reject wrong answers more"]["m"]
+    assert rej.verdict == "down" and rej.text() == "-0.100 [-0.200, -0.050] (n=120, p=90)"
+    assert cells["... control: as many NON-context keys x4"]["m"].value == 0.0
+    p = cells["where the verdict is decided: candidate swap, residual stream"]["m"]
+    assert (p.value, p.n, p.verdict) == (0.4, 31, "top unit L7 candidate")
+    pr = cells["a probe on the judge's residual stream beats its verdict"]["m"]
+    assert pr.value == 0.8 and "judge AUC 0.60" in pr.verdict and "(100 perms)" in pr.verdict
+
+
+def test_update_doc_keeps_the_prose_and_refuses_a_doc_without_markers(tmp_path):
+    doc = tmp_path / "f.md"
+    doc.write_text(f"intro\n{BEGIN}\nSTALE-BLOCK\n{END}\nafter\n")
+    update_doc(doc, tmp_path / "none", ["m"])
+    text = doc.read_text()
+    assert text.startswith("intro\n") and text.endswith("\nafter\n") and "STALE-BLOCK" not in text
+    assert "| claim | measured |" in text
+    (tmp_path / "g.md").write_text("no markers\n")
+    with pytest.raises(ValueError, match="has no"):
+        update_doc(tmp_path / "g.md", tmp_path, ["m"])
+    assert (tmp_path / "g.md").read_text() == "no markers\n"
