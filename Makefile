@@ -38,8 +38,8 @@ study: $(STAMP)
 	$(BIN)/interp run experiments/quickstart.toml
 
 # The findings study (docs/findings.md): the paper's claims, their controls and the causal tests
-# on both bundled models, 150/150/30/30 records per model (hours on a CPU; the plan's CPU time
-# per part is in benchmarks/findings_plan.json). Study 1 runs sharded over the cores (torchrun:
+# on both bundled models, 150/150/30/30 records per model (hours on a CPU; benchmarks/
+# findings_plan.py times each part on a slice). Study 1 runs sharded over the cores (torchrun:
 # one process per core, rank 0 merges and runs the stages; FINDINGS_PROCS=1 for one process).
 # Resumable: interrupt it and run it again. Phase 1 (Study 1 and 2 of both configs) first, so
 # the headline numbers exist early; then every stage; then the report's table.
