@@ -399,27 +399,21 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     star = "*" if summary.get("few_passages") else ""
     lines = [f"steering {summary.get('heads')} heads, band {summary.get('band')}: "
              f"{summary.get('n_records')} records, {summary.get('n_passages')} passages{star}"]
-    for a, groups in (summary.get("eval") or {}).items():
-        o = groups.get("overall", {})
-        lines.append(f"judge alpha {a:>5}: ctx {f(o.get('context_mass'), '.3f')}  EA "
-                     f"{f(o.get('ea_forced'))}  acc|C {f(o.get('accept_correct'))}  acc|I "
-                     f"{f(o.get('accept_incorrect'))}  LD {f(o.get('logit_diff'))}  cov "
-                     f"{f(o.get('verdict_coverage'))}")
-    for a, groups in (summary.get("gen") or {}).items():
-        o = groups.get("overall", {})
-        lines.append(f"gen   alpha {a:>5}: ctx {f(o.get('context_mass'), '.3f')}  GA "
-                     f"{f(o.get('ga'))}  changed {o.get('changed_vs_alpha1', float('nan')):.2f}")
     control = summary.get("control") or {}
-    for a, groups in (control.get("eval") or {}).items():
-        o = groups.get("overall", {})
-        lines.append(f"control judge alpha {a:>5} ({o.get('n_keys', 0):.0f} non-context keys): "
-                     f"mass {f(o.get('steered_mass'), '.3f')}  EA {f(o.get('ea_forced'))}  acc|C "
-                     f"{f(o.get('accept_correct'))}  acc|I {f(o.get('accept_incorrect'))}  LD "
-                     f"{f(o.get('logit_diff'))}")
-    for a, groups in (control.get("gen") or {}).items():
-        o = groups.get("overall", {})
-        lines.append(f"control gen   alpha {a:>5}: mass {f(o.get('steered_mass'), '.3f')}  GA "
-                     f"{f(o.get('ga'))}")
+    for tag, part, mass in (("", summary, "context_mass"), ("control ", control, "steered_mass")):
+        for a, groups in (part.get("eval") or {}).items():
+            o = groups.get("overall", {})
+            keys = f" ({o.get('n_keys', 0):.0f} non-context keys)" if tag else ""
+            lines.append(f"{tag}judge alpha {a:>5}{keys}: {'mass' if tag else 'ctx'} "
+                         f"{f(o.get(mass), '.3f')}  EA {f(o.get('ea_forced'))}  acc|C "
+                         f"{f(o.get('accept_correct'))}  acc|I {f(o.get('accept_incorrect'))}  "
+                         f"LD {f(o.get('logit_diff'))}  cov {f(o.get('verdict_coverage'))}")
+        for a, groups in (part.get("gen") or {}).items():
+            o = groups.get("overall", {})
+            lines.append(f"{tag}gen   alpha {a:>5}: {'mass' if tag else 'ctx'} "
+                         f"{f(o.get(mass), '.3f')}  GA {f(o.get('ga'))}"
+                         + ("" if tag else f"  changed "
+                            f"{o.get('changed_vs_alpha1', float('nan')):.2f}"))
     if star:
         lines.append(f"* {summary.get('note') or passage_note(summary['n_passages'])}; the "
                      "CIs above rest on these few passages")
