@@ -63,7 +63,8 @@ from interp.stages.common import Stage, check_against_shape, refuse_served
 from interp.store.io import atomic_write_text, write_json
 from interp.store.rundir import RunDir
 
-__all__ = ["STAGES", "load_config", "model_slug", "out_dir", "run_config", "swap_sources"]
+__all__ = ["STAGES", "load_config", "model_slug", "out_dir", "publish_run_dir", "run_config",
+           "swap_sources"]
 
 TOP_LEVEL = ("name", "out", "figures", "publish", "description", "asymmetry", "cross_judge")
 """Top-level keys of an experiment config besides the stage tables."""
@@ -203,8 +204,12 @@ def _check(cfg: Mapping[str, Any], path: str | Path, only: Sequence[str] | None
             for name, stage in STAGES.items() if name in cfg}
 
 
-def _copy_figures(run_dir: Path, dest: Path, names: Sequence[str], prefix: str) -> None:
-    """Step 3 for one run directory."""
+def publish_run_dir(run_dir: Path, dest: Path, names: Sequence[str], prefix: str) -> None:
+    """Step 3 for one run directory: its figures and the ``SUMMARIES`` tables of ``names``.
+
+    Only the files that exist are copied (a stage that has not run leaves nothing), each as
+    ``dest/{prefix}{name}``.
+    """
     dest.mkdir(parents=True, exist_ok=True)
     tables = dict(asymmetry.SUMMARIES)
     for name in names:
@@ -318,7 +323,7 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
             log(f"{cfg['figures']}/ not updated: --only ran part of the study")
         else:
             for spec in models:
-                _copy_figures(out / model_slug(spec), Path(cfg["figures"]), list(stage_cfgs),
+                publish_run_dir(out / model_slug(spec), Path(cfg["figures"]), list(stage_cfgs),
                               "" if len(models) == 1 else f"{model_slug(spec)}__")
             cross_files = [out / n for n in CROSS_FILES if (out / n).exists()] if cross else []
             for src in [*([comp["table"], comp["markdown"], *comp["figures"]] if comp else []),

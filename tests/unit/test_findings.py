@@ -111,3 +111,21 @@ def test_update_doc_keeps_the_prose_and_refuses_a_doc_without_markers(tmp_path):
     with pytest.raises(ValueError, match="has no"):
         update_doc(tmp_path / "g.md", tmp_path, ["m"])
     assert (tmp_path / "g.md").read_text() == "no markers\n"
+
+
+def test_collect_publishes_what_a_partial_study_has(tmp_path):
+    from interp.findings import collect
+
+    run = tmp_path / "out" / "m"
+    (run / "attention").mkdir(parents=True)
+    (run / "figures").mkdir()
+    (run / "metrics.json").write_text('{"per_dataset": {}}')
+    (run / "attention/summary.json").write_text('{"overall": {}}')
+    (run / "figures/asymmetry.png").write_bytes(b"png")
+    (tmp_path / "out" / "no-metrics").mkdir()  # an unfinished model: nothing published
+    got = collect(tmp_path / "out", tmp_path / "fig")
+    assert got == {"m": ["asymmetry", "attention"]}
+    names = sorted(p.name for p in (tmp_path / "fig").iterdir())
+    assert names == ["m__asymmetry.png", "m__asymmetry_metrics.json",
+                     "m__attention_summary.json", "progress.json"]
+    assert json.loads((tmp_path / "fig/progress.json").read_text()) == got
