@@ -36,7 +36,9 @@ FACTS = [("When was the Eiffel Tower finished?", "The Eiffel Tower is in Paris. 
           "Paris"),
          ("At what temperature does water boil?", "Water boils at 100 degrees Celsius at sea "
           "level.", "100 degrees Celsius")]
-N_MANY = 120
+N_MANY = 300
+"""Records of the Ctrl-C run: the tiny model writes about six a second on a 2-core machine, so
+the run must last long enough that the interrupt lands before its end."""
 TINY = ["--model", "{model}", "--device", "cpu", "--dtype", "float32", "--max-new-tokens", "4"]
 
 
@@ -180,7 +182,7 @@ def test_ctrl_c_says_what_is_kept_and_resumes(ws):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     records = out / "records.jsonl"
     deadline = time.monotonic() + 300
-    while not (records.exists() and records.read_text().count("\n") >= 2):
+    while not (records.exists() and records.read_text().count("\n") >= 2):  # then at once
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
