@@ -229,9 +229,9 @@ def _group_summary(g: Any, task: str, rng: np.random.Generator, n_boot: int,
     out: dict[str, Any] = {"n": int(len(g)), "n_passages": n_p,
                            "few_passages": n_p < MIN_PASSAGES,
                            "context_mass": _stat(g.context_mass, grp, rng, n_boot),
-                           "steered_mass": _stat(g.get("steered_mass", g.context_mass), grp,
-                                                 rng, n_boot),
                            "n_keys": float(g.n_keys.mean()) if "n_keys" in g else None}
+    if "keys" in g and (g["keys"] == "control").all():  # the context's is context_mass
+        out["steered_mass"] = _stat(g.steered_mass, grp, rng, n_boot)
     if task == "eval":
         pred, y = g.verdict.to_numpy(bool), g.y_star.to_numpy(bool)
         out["ea_forced"] = _stat(pred == y, grp, rng, n_boot)
