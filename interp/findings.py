@@ -179,14 +179,14 @@ def _candidate(d: Path, m: str) -> Cell:
                 f"{name}: overall.eval.candidate, mass_per_token.eval", ".3f")
 
 
-def _transfer(row: str, col: str, what: str) -> Extract:
+def _transfer(what: str) -> Extract:
+    """Study 3 is not in the findings configs yet: the cell says so."""
     def f(d: Path, m: str) -> Cell:
         return Cell(None, source=f"{m}__transfer_table.json ({what}: not run in this study)")
     return f
 
 
-def _steer(task: str, key: str, alpha: str, control: bool = False,
-           expect: str = "down") -> Extract:
+def _steer(task: str, key: str, alpha: str, control: bool = False) -> Extract:
     """A paired effect of steering at ``alpha`` vs 1 (``vs_alpha1``), overall."""
     def f(d: Path, m: str) -> Cell:
         name = f"{m}__steering_summary.json"
@@ -256,7 +256,8 @@ def _audit(d: Path, m: str) -> Cell:
 def _reasoning(key: str) -> Extract:
     def f(d: Path, m: str) -> Cell:
         name = f"{m}__reasoning_side_by_side.json"
-        o = _get(_read(d / name), m, "overall") or _get(_read(d / name), "overall")
+        r = _read(d / name)
+        o = _get(r, m, "overall") or _get(r, "overall")
         g = _get(o, key)
         if not isinstance(g, Mapping) or g.get("delta") is None:
             return Cell(None, source=name)
@@ -299,9 +300,9 @@ CLAIMS: tuple[tuple[str, str, Extract], ...] = (
      _ratio("content_context_share_ratio", control=True)),
     ("the judge barely reads the candidate (3.2)", "eval candidate mass", _candidate),
     ("LoRA-Gen over-accepts (3.3)", "acceptance, LoRA-Gen - base",
-     _transfer("gen", "accept", "LoRA-Gen")),
+     _transfer("LoRA-Gen")),
     ("LoRA-Eval degrades generation (3.3)", "GA, LoRA-Eval - base",
-     _transfer("eval", "ga", "LoRA-Eval")),
+     _transfer("LoRA-Eval")),
     ("steering the judge's context up (x4) makes it right more often", "dEA_forced, alpha 4",
      _steer("eval", "ea_forced", "4.0")),
     ("... and reject wrong answers more", "d acceptance given wrong, alpha 4",
