@@ -115,12 +115,17 @@ def test_generator_at_alpha_one_decodes_the_unsteered_answer(tiny):
     assert out["context_mass"][1] > out["context_mass"][0]
 
 
-def test_stage_tables_summary_and_resume(tiny, tmp_path):
-    run_dir = synthetic_probe_run(tmp_path / "run", tiny, n_good=3, n_bad=3)
-    cfg = SteeringConfig.from_mapping({"alphas": "0.5,1,2", "band": "0-1", "limit": 2,
-                                       "max_new_tokens": 4, "n_boot": 50, "progress": False})
+def _run_stage(tiny, tmp_path, n: int, **table):
+    """The stage on a synthetic run of ``n`` good and ``n`` bad records (band 0-1, quiet)."""
+    run_dir = synthetic_probe_run(tmp_path / "run", tiny, n_good=n, n_bad=n)
+    cfg = SteeringConfig.from_mapping({"band": "0-1", "progress": False, **table})
     s = run(run_dir, tiny, cfg, log=lambda m: None)
-    df = pd.read_parquet(run_dir.path / "steering/rows.parquet")
+    return run_dir, cfg, s, pd.read_parquet(run_dir.path / "steering/rows.parquet")
+
+
+def test_stage_tables_summary_and_resume(tiny, tmp_path):
+    run_dir, cfg, s, df = _run_stage(tiny, tmp_path, 3, alphas="0.5,1,2", limit=2,
+                                     max_new_tokens=4, n_boot=50)
     assert len(df) == 4 * 3 * 2 and s["n_records"] == 4
     ev = df[(df.task == "eval") & (df.alpha == 1.0)]
     o = s["eval"]["1.0"]["overall"]
@@ -233,12 +238,8 @@ def test_control_steering_moves_only_the_listed_keys(tiny, prompt):
 
 
 def test_stage_with_the_control(tiny, tmp_path):
-    run_dir = synthetic_probe_run(tmp_path / "run", tiny, n_good=2, n_bad=2)
-    cfg = SteeringConfig.from_mapping({"alphas": "1,4", "band": "0-1", "limit": 2,
-                                       "keys": "context,control", "max_new_tokens": 3,
-                                       "n_boot": 20, "progress": False})
-    s = run(run_dir, tiny, cfg, log=lambda m: None)
-    df = pd.read_parquet(run_dir.path / "steering/rows.parquet")
+    _, _, s, df = _run_stage(tiny, tmp_path, 2, alphas="1,4", limit=2, keys="context,control",
+                             max_new_tokens=3, n_boot=20)
     assert sorted(df["keys"].unique()) == ["context", "control"]
     c = df[(df["keys"] == "control") & (df.task == "eval")]
     assert len(c) == s["n_records"] * 2
@@ -256,11 +257,8 @@ def test_stage_with_the_control(tiny, tmp_path):
 
 
 def test_paired_effects_against_alpha_one(tiny, tmp_path):
-    run_dir = synthetic_probe_run(tmp_path / "run", tiny, n_good=3, n_bad=3)
-    cfg = SteeringConfig.from_mapping({"alphas": "0.25,1,4", "band": "0-1", "limit": 3,
-                                       "max_new_tokens": 3, "n_boot": 30, "progress": False})
-    s = run(run_dir, tiny, cfg, log=lambda m: None)
-    df = pd.read_parquet(run_dir.path / "steering/rows.parquet")
+    _, _, s, df = _run_stage(tiny, tmp_path, 3, alphas="0.25,1,4", limit=3, max_new_tokens=3,
+                             n_boot=30)
     ev = df[df.task == "eval"].pivot_table(index="id", columns="alpha", values="logit_diff")
     eff = s["eval"]["4.0"]["overall"]["vs_alpha1"]
     assert eff["logit_diff"]["mean"] == pytest.approx(float((ev[4.0] - ev[1.0]).mean()))
