@@ -4,7 +4,8 @@
 (``--shard i/n``) into ``OUT/split``, then ``interp merge`` of the shards, and compares the
 records (ids, answers, verdicts in order; the largest ``logit_diff`` difference).
 ``benchmarks/shards.py`` (threads: one process of two against two of one) and
-``benchmarks/gpu_check.py`` step 4 (two shards on one device) call it.
+``benchmarks/gpu_check.py`` step 4 (two shards on one device) call it;
+``benchmarks/ray_recipe.py`` compares its Ray-run shards with :func:`compare_runs`.
 """
 
 from __future__ import annotations
@@ -60,13 +61,22 @@ def one_vs_shards(base: Sequence[str], out: Path, *, env_one: Mapping[str, str],
                           "--out", str(split)], env=dict(env_one), cwd=ROOT,
                          capture_output=True, text=True, check=True)
     t_merge = time.perf_counter() - t0
-    a, b = RunDir(one).read_records(status=None), RunDir(split).read_records(status=None)
+    return {"one_s": t_one, "shards_s": t_split, "merge_s": t_merge,
+            "merge_log": next((x for x in res.stdout.splitlines() if x.startswith("[merge]")),
+                              ""), **compare_runs(one, split)}
+
+
+def compare_runs(one: Path, merged: Path) -> dict[str, Any]:
+    """An unsharded run against a merged one.
+
+    Returns:
+        ``records`` (of ``one``), ``same_answers_and_verdicts`` (ids, answers and verdicts
+        equal, in order) and ``logit_diff_max_abs_diff`` (nats, over records both scored).
+    """
+    a, b = RunDir(one).read_records(status=None), RunDir(merged).read_records(status=None)
     same = [(r["id"], r.get("answer"), r.get("verdict")) for r in a] == [
         (r["id"], r.get("answer"), r.get("verdict")) for r in b]
     dl = max((abs(x["logit_diff"] - y["logit_diff"]) for x, y in zip(a, b)
               if "logit_diff" in x and "logit_diff" in y), default=0.0)
-    return {"one_s": t_one, "shards_s": t_split, "merge_s": t_merge,
-            "merge_log": next((x for x in res.stdout.splitlines() if x.startswith("[merge]")),
-                              ""),
-            "records": len(a), "same_answers_and_verdicts": same,
+    return {"records": len(a), "same_answers_and_verdicts": same,
             "logit_diff_max_abs_diff": dl}

@@ -349,35 +349,63 @@ def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Pa
 
     Each stage's summary text is appended to ``texts`` and its time logged. With ``shard``,
     a process whose Study 1 gives no merged run (:func:`interp.merge.run_asymmetry` returns
-    None) skips the model's stages.
+    None: ``--shard``, a SLURM array) skips the model's stages. Under torchrun every process
+    goes on after the merge: a stage that declares ``parts_only``
+    (:class:`interp.stages.contract.StageSpec`) makes its per-record parts on each process's
+    share of its records (:func:`interp.stages.common.share_of_records`), in the merged run
+    directory, then rank 0 runs the stage, which finds them fresh and writes its tables once;
+    every other stage runs on rank 0 alone. A barrier (:func:`interp.launch.barrier`) follows
+    each step, so a stage reads what the one before it wrote.
     """
+    from interp.launch import barrier
+    from interp.stages.common import share_of_records
+
+    group = shard is not None and shard.joined and shard.count > 1
+    lead = shard is None or shard.index == 0
     summary: dict[str, Any] = {}
     for spec, acfg in acfgs.items():
         run_dir = out / model_slug(spec)
-        if shard is not None and (only and "asymmetry" not in only) and shard.index:
-            continue  # stages only: rank 0 runs them on the merged run
+        runs = [(n, c) for n, c in stage_cfgs.items() if not only or n in only]
+        if shard is not None and (only and "asymmetry" not in only) and not lead and not group:
+            continue  # stages only, a shard of an array: they run on the merged run
         device = shard.device(acfg.device) if shard is not None else acfg.device
         handle = None if spec.startswith("openai:") else load_model(  # served: no weights
             spec, device=device, dtype=acfg.dtype, **placement(acfg))
         log(f"== {spec} -> {run_dir}")
         t0 = time.perf_counter()
+        m = None
         if not only or "asymmetry" in only:
             m = run_asymmetry(run_dir, handle, acfg, shard=shard, overwrite=overwrite, log=log)
-            if m is None:
+            if group:
+                barrier(shard)  # the merge (rank 0) is done: every process reads the run
+            if m is None and not (group and runs):
                 continue
-        else:
+        elif lead:
             m = asymmetry.write_metrics(RunDir(run_dir), acfg)
-        texts += [f"## {spec}: asymmetry ({run_dir}/metrics.json)", asymmetry.format_summary(m)]
-        log(f"{texts[-1]}\n== asymmetry took {time.perf_counter() - t0:.0f} s")
-        summary[spec] = {"run_dir": str(run_dir), "metrics": m}
-        for name, scfg in stage_cfgs.items():
-            if not only or name in only:
+        if lead:
+            texts += [f"## {spec}: asymmetry ({run_dir}/metrics.json)",
+                      asymmetry.format_summary(m)]
+            log(f"{texts[-1]}\n== asymmetry took {time.perf_counter() - t0:.0f} s")
+            summary[spec] = {"run_dir": str(run_dir), "metrics": m}
+        for name, scfg in runs:
+            t0 = time.perf_counter()
+            parts_only = contract.spec(name).parts_only
+            if group and parts_only:
+                log(f"== stage {name}, share {shard.name} of its records, on {run_dir}")
+                with share_of_records(shard.index, shard.count):
+                    made = getattr(contract.spec(name).load(), parts_only)(
+                        RunDir(run_dir), handle, scfg, overwrite=overwrite, log=log)
+                log(f"== stage {name}: {made} parts made by {shard.name} in "
+                    f"{time.perf_counter() - t0:.0f} s")
+                barrier(shard)
+            if lead:
                 log(f"== stage {name} on {run_dir}")
-                t0 = time.perf_counter()
                 result = STAGES[name].run(RunDir(run_dir), handle, scfg, overwrite=overwrite,
                                           log=log)
                 if text := STAGES[name].format_summary(result):
                     texts += [f"## {spec}: {name}", text]
                     log(text)
                 log(f"== stage {name} took {time.perf_counter() - t0:.0f} s")
+            if group:
+                barrier(shard)  # its tables are written before the next stage starts
     return summary

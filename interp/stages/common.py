@@ -19,7 +19,9 @@ device and dtype, and a check that the loaded weights are those the run was made
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 from interp.errors import ConfigError, InterpError, LayerSpecError, RunDirError
@@ -32,8 +34,47 @@ from interp.store.records import limit_per_dataset
 from interp.store.rundir import RunDir
 
 __all__ = ["Stage", "check_against_shape", "check_run_model", "load_run_model",
-           "ok_records", "refuse_reasoning_judge", "refuse_served", "run_judge",
-           "stage_facts"]
+           "ok_records", "own_share", "refuse_reasoning_judge", "refuse_served", "run_judge",
+           "share_of_records", "stage_facts"]
+
+_SHARE: ContextVar[tuple[int, int] | None] = ContextVar("interp_share_of_records", default=None)
+"""This process's share ``(index, count)`` of a stage's records, or None: all of them."""
+
+
+@contextlib.contextmanager
+def share_of_records(index: int, count: int) -> Iterator[None]:
+    """Within the body, stages work on share ``index`` of ``count`` of their selected records.
+
+    The parts phase of a stage under torchrun (:attr:`interp.stages.contract.StageSpec.
+    parts_only`, :func:`interp.pipeline.run_config`): :func:`ok_records` selects the records
+    as an unsharded run does, then keeps this process's share (:func:`own_share`), and
+    :func:`stage_facts` checks the stored facts without writing the manifest (rank 0 records
+    them when it runs the stage after the barrier).
+
+    Raises:
+        ValueError: ``index`` outside ``0..count-1``.
+    """
+    if not 0 <= index < count:
+        raise ValueError(f"share {index} of {count}: the index must be in 0..{count - 1}")
+    token = _SHARE.set((index, count))
+    try:
+        yield
+    finally:
+        _SHARE.reset(token)
+
+
+def own_share(records: Sequence[Mapping[str, Any]], index: int, count: int) -> list[Any]:
+    """The records of share ``index`` of ``count``: whole passages, dealt out in turn.
+
+    The passages (:func:`interp.stats.passage_groups`, the bootstrap's cluster) in the order of
+    their first record; passage ``k`` goes to share ``k mod count``, as Study 1's shards
+    (:func:`interp.launch.assign`). Every record is in exactly one share.
+    """
+    from interp.stats import passage_groups  # scipy / scikit-learn: only when sharing
+
+    groups = passage_groups(records)
+    turn = {g: k % count for k, g in enumerate(dict.fromkeys(groups))}
+    return [r for r, g in zip(records, groups, strict=True) if turn[g] == index]
 
 
 
@@ -116,7 +157,8 @@ def ok_records(run: RunDir, handle: ModelHandle, limit: int | None, *, stage: st
 
     Every stage that reads records reads the one-word judge's verdict position, so a run
     judged by a reasoning template is refused here (:func:`refuse_reasoning_judge`).
-    ``per_label`` and ``max_tokens``: :func:`interp.store.records.limit_per_dataset`.
+    ``per_label`` and ``max_tokens``: :func:`interp.store.records.limit_per_dataset`. Within
+    :func:`share_of_records`, this process's share of that selection (possibly empty).
 
     Raises:
         RunDirError: no manifest, no ok record (or none within ``max_tokens``), or another
@@ -132,6 +174,8 @@ def ok_records(run: RunDir, handle: ModelHandle, limit: int | None, *, stage: st
         within = f" with prompts of at most max_tokens = {max_tokens} tokens" \
             if max_tokens is not None else ""
         raise RunDirError(f"{run.path}/records.jsonl holds no ok record{within}: nothing to do")
+    if (share := _SHARE.get()) is not None:  # selected as unsharded, then this share's
+        records = own_share(records, *share)
     return manifest, records
 
 
@@ -165,7 +209,8 @@ def stage_facts(run: RunDir, handle: ModelHandle, stage: str, *,
     """The result-relevant runtime facts of a stage call, checked against its stored work.
 
     Reads :func:`interp.models.runtime_facts` now, records them in the manifest under
-    ``stages.<stage>`` (:meth:`interp.store.RunDir.check_stage`) and returns
+    ``stages.<stage>`` (:meth:`interp.store.RunDir.check_stage`; within
+    :func:`share_of_records` only checks them: the processes share one manifest) and returns
     :func:`interp.models.result_facts`, which every stage puts into its parts' signatures
     (attention recordings, probe features, patching parts, transfer outputs): a part made under
     another attention kernel, device, dtype, torch / transformers version, TF32 or determinism
@@ -177,7 +222,8 @@ def stage_facts(run: RunDir, handle: ModelHandle, stage: str, *,
     """
     facts = runtime_facts(handle)
     rf = result_facts(facts)
-    run.check_stage(stage, runtime=facts, result_facts=rf, overwrite=overwrite)
+    run.check_stage(stage, runtime=facts, result_facts=rf, overwrite=overwrite,
+                    record=_SHARE.get() is None)
     return rf
 
 

@@ -147,6 +147,14 @@ class StageSpec:
         figures: figure files it draws (glob patterns relative to the run directory).
         tables_only: the module's function that rebuilds ``tables`` and ``figures`` from the
             parts without a model (``fn(run_dir, cfg)``); None: rerun the stage.
+        parts_only: the module's function that makes the stage's per-record parts and
+            nothing else (``fn(run_dir, handle, cfg, *, overwrite, log)``). Under torchrun
+            every process runs it on its share of the selected records
+            (:func:`interp.stages.common.share_of_records`), then rank 0 runs the stage, which
+            finds every part fresh and writes the tables once. None: rank 0 runs the stage
+            alone, because its selection depends on its own results (patching keeps the first
+            ``limit`` pairs that build) or its parts are shared files (probe feature caches,
+            the reasoning judge's ``records.jsonl``).
         needs_run: it works on a finished asymmetry run (loads the run's model); False: it
             creates its own (``asymmetry``) or may start in an empty folder (``transfer``).
     """
@@ -163,6 +171,7 @@ class StageSpec:
     summaries: Mapping[str, str] = field(default_factory=dict)
     figures: tuple[str, ...] = ()
     tables_only: str | None = None
+    parts_only: str | None = None
     needs_run: bool = True
 
     @property
@@ -220,7 +229,7 @@ SPECS: tuple[StageSpec, ...] = (
                     "safetensors metadata 'signature' (the recording's, layers, patterns)")),
         tables=("attention/span_mass.parquet", "attention/summary.json", "attention/heads.json"),
         summaries={"attention/summary.json": "attention_summary.json"},
-        figures=("figures/attention_*.png",), tables_only="write_tables"),
+        figures=("figures/attention_*.png",), tables_only="write_tables", parts_only="record"),
     StageSpec(
         name="probe", command="probe", module="interp.stages.probe", config="ProbeConfig",
         folder="probes", needs=(_RECORDS,),
@@ -261,7 +270,7 @@ SPECS: tuple[StageSpec, ...] = (
                     "oracle, prompts' token ids, runtime facts)", naming="flat"),),
         tables=("steering/rows.parquet", "steering/summary.json"),
         summaries={"steering/summary.json": "steering_summary.json"},
-        figures=("figures/steering.png",)),
+        figures=("figures/steering.png",), parts_only="make_parts"),
     StageSpec(
         name="record", command="record", module="interp.stages.record", config="RecordConfig",
         folder="record", needs=(_RECORDS,),
@@ -272,7 +281,8 @@ SPECS: tuple[StageSpec, ...] = (
                     "names lie in its folder"),),
         tables=("record/index.json", "record/index.parquet", "record/span_to_span.json"),
         summaries={"record/span_to_span.json": "record_span_to_span.json"},
-        figures=("figures/record_span_to_span.png",), tables_only="write_tables"),
+        figures=("figures/record_span_to_span.png",), tables_only="write_tables",
+        parts_only="record"),
     StageSpec(
         name="audit", command="audit", module="interp.stages.audit", config="AuditConfig",
         folder="audit", needs=(_RECORDS,),

@@ -319,13 +319,15 @@ def _record_one(run: RunDir, handle: ModelHandle, rec: Record,
 
 
 def record(run: RunDir, handle: ModelHandle, cfg: RecordConfig | None = None, *,
-           log: Callable[[str], None] = print) -> int:
+           overwrite: bool = False, log: Callable[[str], None] = print) -> int:
     """Steps 1-4 of the module algorithm for every selected record that is not fresh.
 
     Args:
         run: a finished asymmetry run directory.
         handle: the run's model.
         cfg: settings (default :class:`RecordConfig`).
+        overwrite: as :func:`run` (the stage contract's ``parts_only`` signature): a part is
+            redone whenever its signature differs.
         log: where progress lines go.
 
     Returns:

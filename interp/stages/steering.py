@@ -58,8 +58,8 @@ from interp.steering import ALPHAS, parse_heads, steer_generator, steer_judge, t
 from interp.store.io import is_fresh, read_json, signature, write_json, write_table
 from interp.store.rundir import RunDir
 
-__all__ = ["NAME", "SUMMARIES", "Config", "SteeringConfig", "format_summary", "run",
-           "summarise"]
+__all__ = ["NAME", "SUMMARIES", "Config", "SteeringConfig", "format_summary", "make_parts",
+           "run", "summarise"]
 
 SPEC = spec("steering")
 """This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
@@ -312,6 +312,64 @@ def summarise(df: Any, cfg: SteeringConfig, band: list[int], units: Mapping[int,
     return s
 
 
+def _steer_records(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig, *,
+                   overwrite: bool, log: Callable[[str], None]) -> tuple[Any, ...]:
+    """Steps 1-2 of the module algorithm: ``(records, rows, band, units, made now)``."""
+    from interp.grading import make_oracle
+    from interp.progress import tqdm
+    from interp.prompts import rerender
+
+    cfg.validate()
+    manifest, records = ok_records(run_dir, handle, cfg.limit, stage=NAME,
+                                   per_label=cfg.per_label, max_tokens=cfg.max_tokens)
+    facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
+    band, units = _units(run_dir, handle, cfg)
+    mcfg = manifest.get("config", {})
+    oracle = make_oracle(cfg.oracle or mcfg.get("oracle") or "rule", device=str(handle.device),
+                         dtype=mcfg.get("dtype"), run_model=handle)
+    rows, made = [], 0
+    for rec, passage in tqdm(list(zip(records, passage_groups(records))), desc="steer",
+                             unit="record", disable=not cfg.progress or not records):
+        prompts = {t: rerender(rec, t, handle.tokenizer,
+                               templates_path=mcfg.get("templates_path")) for t in TASKS}
+        sig = signature({"model": handle.spec, "sha256": handle.info.get("sha256"), **facts,
+                         "alphas": cfg.alphas, "units": {str(k): v for k, v in units.items()},
+                         "band": band, "tasks": cfg.tasks, "max_new_tokens": cfg.max_new_tokens,
+                         **({"keys": cfg.keys} if cfg.keys != ["context"] else {}),
+                         "oracle": getattr(oracle, "name", "?"),
+                         "ids": {t: p.input_ids for t, p in prompts.items()}})
+        f = SPEC.parts[0].path(run_dir.path, rec["dataset"], rec["id"])
+        if is_fresh(f, sig):
+            part = read_json(f)["rows"]
+        else:
+            part = _steer_one(handle, rec, cfg, band, units, oracle, prompts)
+            write_json(f, {"signature": sig, "rows": part})
+            made += 1
+        ctx = {t: tuple(p.token_spans["context"]) for t, p in prompts.items()}
+        rows += [{"keys": "context", "n_keys": ctx[r["task"]][1] - ctx[r["task"]][0],
+                  "steered_mass": r["context_mass"], **r, "passage": passage}
+                 for r in part]  # parts written before the control: the context's keys
+    return records, rows, band, units, made
+
+
+def make_parts(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, *,
+               overwrite: bool = False, log: Callable[[str], None] = print) -> int:
+    """Steps 1-2 only: steer every selected record whose part is not fresh; no table.
+
+    The stage contract's ``parts_only`` (:mod:`interp.stages.contract`): under torchrun each
+    process steers its share of the records (:func:`interp.stages.common.share_of_records`)
+    before rank 0 runs :func:`run`, which then steers nothing.
+
+    Returns:
+        The parts made now (fresh parts are kept).
+
+    Raises:
+        As :func:`run`.
+    """
+    run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    return _steer_records(run_dir, handle, cfg, overwrite=overwrite, log=log)[-1]
+
+
 def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, *,
         overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Steer the judge and the generator on a run's records (module docstring).
@@ -331,41 +389,10 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
     """
     import pandas as pd
 
-    from interp.grading import make_oracle
-    from interp.progress import tqdm
-    from interp.prompts import rerender
-
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-    cfg.validate()
-    manifest, records = ok_records(run_dir, handle, cfg.limit, stage=NAME,
-                                   per_label=cfg.per_label, max_tokens=cfg.max_tokens)
-    facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
-    band, units = _units(run_dir, handle, cfg)
-    mcfg = manifest.get("config", {})
-    oracle = make_oracle(cfg.oracle or mcfg.get("oracle") or "rule", device=str(handle.device),
-                         dtype=mcfg.get("dtype"), run_model=handle)
+    records, rows, band, units, _ = _steer_records(run_dir, handle, cfg, overwrite=overwrite,
+                                                   log=log)
     root = run_dir.sub(SPEC.folder)
-    rows = []
-    for rec, passage in tqdm(list(zip(records, passage_groups(records))), desc="steer",
-                             unit="record", disable=not cfg.progress):
-        prompts = {t: rerender(rec, t, handle.tokenizer,
-                               templates_path=mcfg.get("templates_path")) for t in TASKS}
-        sig = signature({"model": handle.spec, "sha256": handle.info.get("sha256"), **facts,
-                         "alphas": cfg.alphas, "units": {str(k): v for k, v in units.items()},
-                         "band": band, "tasks": cfg.tasks, "max_new_tokens": cfg.max_new_tokens,
-                         **({"keys": cfg.keys} if cfg.keys != ["context"] else {}),
-                         "oracle": getattr(oracle, "name", "?"),
-                         "ids": {t: p.input_ids for t, p in prompts.items()}})
-        f = SPEC.parts[0].path(run_dir.path, rec["dataset"], rec["id"])
-        if is_fresh(f, sig):
-            part = read_json(f)["rows"]
-        else:
-            part = _steer_one(handle, rec, cfg, band, units, oracle, prompts)
-            write_json(f, {"signature": sig, "rows": part})
-        ctx = {t: tuple(p.token_spans["context"]) for t, p in prompts.items()}
-        rows += [{"keys": "context", "n_keys": ctx[r["task"]][1] - ctx[r["task"]][0],
-                  "steered_mass": r["context_mass"], **r, "passage": passage}
-                 for r in part]  # parts written before the control: the context's keys
     df = pd.DataFrame(rows)
     if len(df):
         write_table(df, root / "rows.parquet")

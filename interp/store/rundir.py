@@ -206,7 +206,8 @@ class RunDir:
                           f"another --out, or --overwrite to discard it.")
 
     def check_stage(self, stage: str, *, runtime: Mapping[str, Any],
-                    result_facts: Mapping[str, Any], overwrite: bool = False) -> dict[str, Any]:
+                    result_facts: Mapping[str, Any], overwrite: bool = False,
+                    record: bool = True) -> dict[str, Any]:
         """Refuse to reuse a stage's work made under other result facts; record the new ones.
 
         The manifest keeps, per stage, the runtime facts of its last call (``stages.<stage>``:
@@ -220,6 +221,8 @@ class RunDir:
             runtime: :func:`interp.models.runtime_facts` now.
             result_facts: :func:`interp.models.result_facts` of it.
             overwrite: allow the change (the stage redoes its parts).
+            record: write the new entry; False: only check (a process of a launcher making
+                its share of the parts, :func:`interp.stages.common.share_of_records`).
 
         Returns:
             The manifest's new entry for the stage.
@@ -239,9 +242,10 @@ class RunDir:
                               f"redo it")
         entry = {"runtime": dict(runtime), "result_facts": dict(result_facts),
                  "versions": package_versions(), "git_commit": git_commit(), "updated": _now()}
-        manifest.setdefault("stages", {})[stage] = entry
-        _add_commit(manifest)
-        write_json(self.manifest_path, manifest)
+        if record:
+            manifest.setdefault("stages", {})[stage] = entry
+            _add_commit(manifest)
+            write_json(self.manifest_path, manifest)
         return entry
 
     # -- one writer at a time --------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 One unsharded ``interp run`` of a small config (Study 1 with its one pass, attention, probe,
 steering) is the reference. Then, each against it: ``torchrun --nproc_per_node 2 -m interp
-run`` of the same config; ``torchrun ... -m interp asymmetry`` with the same settings; and
+run`` of the same config (each process steers its share of the steering stage's records);
+``torchrun ... -m interp asymmetry`` with the same settings; and
 ``--shard 0/2`` (killed after its first chunk, then rerun) + ``--shard 1/2`` + ``interp
 merge``. Every process runs one torch thread. Answers, verdicts and every record field are
 identical; ``logit_diff``, span masses, stage numbers and ``metrics.json`` floats agree within
@@ -136,7 +137,9 @@ def reference(tmp_path_factory):
 
 def test_torchrun_interp_run_equals_unsharded(reference, tmp_path):
     cfg = _toml(tmp_path / "cfg.toml", tmp_path / "out")
-    _interp("run", str(cfg), torchrun=True)
+    res = _interp("run", str(cfg), torchrun=True)
+    for i in (0, 1):  # each process steered its share (a passage) of the 2 steered records
+        assert f"== stage steering: 1 parts made by {i}-of-2" in res.stdout, res.stdout[-3000:]
     got = tmp_path / "out" / SLUG
     assert sorted(p.name for p in (got / "shards").iterdir()) == ["0-of-2", "1-of-2"]
     m = json.loads((got / "manifest.json").read_text())

@@ -19,6 +19,7 @@ from interp.data import QAExample, passage_key
 from interp.errors import ShardError
 from interp.launch import Shard, assign, check_count, current_shard, parse_shard
 from interp.merge import merge_shards
+from interp.stages.common import own_share, share_of_records
 from interp.store.io import read_json, save_tensors, write_json, write_jsonl
 
 
@@ -272,3 +273,16 @@ def test_placement_and_shard_options_come_from_the_config_fields(tmp_path):
         AsymmetryConfig.from_mapping({"device_map": str(tmp_path / "none.json")})
     with pytest.raises(ShardError, match="--shard 2/2: I must be in 0..N-1"):
         AsymmetryConfig.from_mapping({"shard": "2/2"})
+
+
+def test_shares_of_a_stage_keep_passages_together_and_cover_every_record_once():
+    recs = [{"id": f"q{i}", "dataset": "squad_v2", "context": f"passage {i // 3}"}
+            for i in range(14)]  # 5 passages of 3, 3, 3, 3, 2 questions
+    shares = [own_share(recs, i, 3) for i in range(3)]
+    assert [[r["id"] for r in s] for s in shares] == [
+        ["q0", "q1", "q2", "q9", "q10", "q11"], ["q3", "q4", "q5", "q12", "q13"],
+        ["q6", "q7", "q8"]]
+    assert own_share(recs, 0, 1) == recs
+    with pytest.raises(ValueError, match="0..1"):
+        with share_of_records(2, 2):
+            pass

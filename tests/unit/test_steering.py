@@ -271,3 +271,32 @@ def test_paired_effects_against_alpha_one(tiny, tmp_path):
     g = df[df.task == "gen"].pivot_table(index="id", columns="alpha", values="correct")
     assert s["gen"]["4.0"]["overall"]["vs_alpha1"]["ga"]["mean"] == pytest.approx(
         float((g[4.0].astype(float) - g[1.0].astype(float)).mean()))
+
+
+def test_shares_of_the_parts_then_the_stage_equal_one_process(tiny, tmp_path):
+    """Shares of the parts, then the stage, give one process's summary.
+
+    Under torchrun each process steers its share of the records (the contract's
+    ``parts_only``), then rank 0's ``run`` finds every part fresh: no part made twice, and
+    the shares left the manifest alone.
+    """
+    from interp.stages.common import share_of_records
+    from interp.stages.steering import make_parts
+
+    table = dict(alphas="0.5,1,2", limit=2, max_new_tokens=4, n_boot=50)
+    one, cfg, s, _ = _run_stage(tiny, tmp_path / "one", 3, **table)
+    split = synthetic_probe_run(tmp_path / "split", tiny, n_good=3, n_bad=3)
+    manifest = (split.path / "manifest.json").read_text()
+    made = []
+    for i in (0, 1):
+        with share_of_records(i, 2):
+            made.append(make_parts(split, tiny, cfg, log=lambda m: None))
+    assert made == [2, 2] and sum(made) == s["n_records"]
+    assert (split.path / "manifest.json").read_text() == manifest
+    parts = sorted((split.path / "steering/parts").iterdir())
+    assert [p.name for p in parts] == sorted(p.name for p in (one.path / "steering/parts")
+                                             .iterdir())
+    mtimes = [p.stat().st_mtime_ns for p in parts]
+    assert run(split, tiny, cfg, log=lambda m: None) == s
+    assert [p.stat().st_mtime_ns for p in parts] == mtimes  # rank 0 steered nothing
+    assert "steering" in json.loads((split.path / "manifest.json").read_text())["stages"]
