@@ -36,9 +36,10 @@ def _paired_bars(ax: Any, g: Mapping[str, Any], stats: tuple[tuple[str, str], ..
         d, ci = g[k]["delta"], g[k]["delta_ci"]
         if d is not None:
             ax.annotate(f"Δ {d:+.2f}" + (f"\n[{ci[0]:+.2f},{ci[1]:+.2f}]" if ci else ""),
-                        (i, top), ha="center", va="bottom", fontsize=6.5)
+                        (i, top * 1.05), ha="center", va="bottom", fontsize=6.5)
     ax.set_xticks(x, [lab for _, lab in stats], fontsize=7.5)
-    ax.set_ylim(0, top * 1.18)
+    ax.set_xlim(-0.6, len(stats) - 0.15)  # room for the value label beside the last whisker
+    ax.set_ylim(0, top * 1.24)
     ax.set_title(title, fontsize=9)
     return degenerate
 
@@ -69,7 +70,8 @@ def plot_reasoning_side_by_side(results: Mapping[str, Mapping[str, Any]] | Mappi
         rj = g["reasoning_judge"]
         degenerate = _paired_bars(row[0], g, _JUDGE_STATS, f"{model}: judge on the same answers "
                                               f"(GA {g['GA']:.2f})")
-        row[0].legend(fontsize=7, loc="center left")
+        row[0].legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=2,
+                      frameon=False)  # under the axis: the bars reach 1 and the Δs sit above
         hi = max((g[k][f"{j}_ci"] or [0, g[k][j] or 0])[1] for k, _ in _MASS_STATS
                  for j in ("word", "reasoning"))
         degenerate |= _paired_bars(row[1], g, _MASS_STATS, "attention mass at the verdict position "
