@@ -37,8 +37,9 @@ FACTS = [("When was the Eiffel Tower finished?", "The Eiffel Tower is in Paris. 
          ("At what temperature does water boil?", "Water boils at 100 degrees Celsius at sea "
           "level.", "100 degrees Celsius")]
 N_MANY = 300
-"""Records of the Ctrl-C run: the tiny model writes about six a second on a 2-core machine, so
-the run must last long enough that the interrupt lands before its end."""
+"""Records of the Ctrl-C run: the tiny model writes about eight a second on a 2-core machine
+(after about 10 s of start-up), so the interrupt, sent after the second record, lands long
+before its end."""
 TINY = ["--model", "{model}", "--device", "cpu", "--dtype", "float32", "--max-new-tokens", "4"]
 
 
@@ -178,8 +179,12 @@ def test_ctrl_c_says_what_is_kept_and_resumes(ws):
     args = ["asymmetry", *TINY, "--dataset", str(data), "--out", str(out), "--batch-size", "1",
             "--max-new-tokens", "24", "--limit", str(N_MANY)]
     args = [a.replace("{model}", str(ws / "model")) for a in args]
+    # Ctrl-C as in a terminal: SIGINT at its default in the child. A test runner started in
+    # the background (`nohup ... &`) ignores SIGINT, a child inherits that, and Python does not
+    # turn an ignored SIGINT into KeyboardInterrupt: the run would go on to its end.
     proc = subprocess.Popen([sys.executable, "-m", "interp.cli", *args], cwd=ws, env=_env(ws),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     records = out / "records.jsonl"
     deadline = time.monotonic() + 300
     while not (records.exists() and records.read_text().count("\n") >= 2):  # then at once
