@@ -133,8 +133,9 @@ def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
                                 "last-token attention mass on the context")):
         ax.set_ylabel(label)
     for ax in axes:
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # under the axis: lines cross every height
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2),
+                      frameon=False)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("alpha (attention factor on the steered keys)")
         ax.axvline(1.0, color="black", lw=0.6, ls=":")
