@@ -25,8 +25,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # Every study on a small grid (both bundled models, a few records per dataset): 7 min 17 s wall,
-# 822 CPU-seconds, from a fresh clone on 2 idle CPU cores (14 min 14 s on the same cores shared
-# with other processes; docs/install.md); about 6 GB of disk (venv and converted models).
+# 822 CPU-seconds, from a fresh clone on 2 idle CPU cores; 15 min 48 s (1661 CPU-s) on the same
+# idle machine another day, cause not yet known (docs/install.md); about 6 GB of disk.
 # Figures and the summary table under runs/demo/ (the last lines say where).
 demo: $(STAMP)
 	$(BIN)/interp run experiments/demo.toml
