@@ -373,7 +373,6 @@ def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Pa
             spec, device=device, dtype=acfg.dtype, **placement(acfg))
         log(f"== {spec} -> {run_dir}")
         t0 = time.perf_counter()
-        m = None
         if not only or "asymmetry" in only:
             m = run_asymmetry(run_dir, handle, acfg, shard=shard, overwrite=overwrite, log=log)
             if group:
@@ -393,8 +392,8 @@ def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Pa
             if group and parts_only:
                 log(f"== stage {name}, share {shard.name} of its records, on {run_dir}")
                 with share_of_records(shard.index, shard.count):
-                    made = getattr(contract.spec(name).load(), parts_only)(
-                        RunDir(run_dir), handle, scfg, overwrite=overwrite, log=log)
+                    made = getattr(STAGES[name], parts_only)(RunDir(run_dir), handle, scfg,
+                                                             overwrite=overwrite, log=log)
                 log(f"== stage {name}: {made} parts made by {shard.name} in "
                     f"{time.perf_counter() - t0:.0f} s")
                 barrier(shard)

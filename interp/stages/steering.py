@@ -313,7 +313,7 @@ def summarise(df: Any, cfg: SteeringConfig, band: list[int], units: Mapping[int,
 
 
 def _steer_records(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig, *,
-                   overwrite: bool, log: Callable[[str], None]) -> tuple[Any, ...]:
+                   overwrite: bool) -> tuple[Any, ...]:
     """Steps 1-2 of the module algorithm: ``(records, rows, band, units, made now)``."""
     from interp.grading import make_oracle
     from interp.progress import tqdm
@@ -360,6 +360,8 @@ def make_parts(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringC
     process steers its share of the records (:func:`interp.stages.common.share_of_records`)
     before rank 0 runs :func:`run`, which then steers nothing.
 
+    ``log`` is the contract's signature; nothing is logged but the progress bar.
+
     Returns:
         The parts made now (fresh parts are kept).
 
@@ -367,7 +369,7 @@ def make_parts(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringC
         As :func:`run`.
     """
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-    return _steer_records(run_dir, handle, cfg, overwrite=overwrite, log=log)[-1]
+    return _steer_records(run_dir, handle, cfg, overwrite=overwrite)[-1]
 
 
 def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, *,
@@ -390,8 +392,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
     import pandas as pd
 
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-    records, rows, band, units, _ = _steer_records(run_dir, handle, cfg, overwrite=overwrite,
-                                                   log=log)
+    records, rows, band, units, _ = _steer_records(run_dir, handle, cfg, overwrite=overwrite)
     root = run_dir.sub(SPEC.folder)
     df = pd.DataFrame(rows)
     if len(df):
