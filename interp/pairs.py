@@ -323,8 +323,9 @@ def control_pair(tokenizer: Any, template: Template, rec: Mapping[str, Any], *,
 def build_pairs(records: Sequence[Mapping[str, Any]], kind: str, template: Template,
                 tokenizer: Any, *, oracle: Any = None, mine: Miner | None = None,
                 limit: int | None = None, max_tokens: int | None = None,
+                accept: Callable[[PatchPair], Mapping[str, Any] | None] | None = None,
                 log: Callable[[str], None] = print) -> tuple[list[PatchPair], list[dict]]:
-    """Pairs of ``kind`` from ``ok`` records, at most ``limit`` built pairs per dataset.
+    """Pairs of ``kind`` from ``ok`` records, at most ``limit`` accepted pairs per dataset.
 
     Args:
         records: the run's ``ok`` records, in their order.
@@ -333,8 +334,11 @@ def build_pairs(records: Sequence[Mapping[str, Any]], kind: str, template: Templ
         tokenizer: the run's tokenizer.
         oracle: the run's oracle (candidate-swap; default :class:`interp.grading.RuleOracle`).
         mine: closed-book hard negatives per record (candidate-swap; None: none mined).
-        limit: built pairs per dataset (skipped records do not count; None: all).
+        limit: accepted pairs per dataset (skipped records do not count; None: all).
         max_tokens: skip pairs with a longer prompt (CPU time).
+        accept: called on each built pair; None keeps it, a mapping ``{"reason", "message",
+            ...}`` skips it with those fields (the patching stage's ``limit_kept``: a pair
+            whose ``|gap|`` is under ``min_gap``). None: every built pair is kept.
         log: a line per skipped record.
 
     Returns:
@@ -373,6 +377,10 @@ def build_pairs(records: Sequence[Mapping[str, Any]], kind: str, template: Templ
                 skipped.append({"id": r["id"], "dataset": ds, "reason": err.reason,
                                 "message": str(err)})
                 log(f"[{kind}] {ds} {r['id']} skipped ({err.reason}): {err}")
+                continue
+            if accept is not None and (why := accept(p)) is not None:
+                skipped.append({"id": r["id"], "dataset": ds, **why})
+                log(f"[{kind}] {ds} {r['id']} skipped ({why['reason']}): {why['message']}")
                 continue
             pairs.append(p)
             n_ok += 1

@@ -137,7 +137,10 @@ def _pair_heat(units: Any, col_key: str, cols: list, xl: list[str], stem: str, t
     handles = _legend(shown, summary)
     fig.tight_layout(rect=(0, 0.01 + 0.04 * len(handles), 1, 1))
     if handles:
-        fig.legend(handles=handles, loc="lower right", fontsize=8, frameon=False)
+        # anchored in figure coordinates: a legend placed by ``loc`` alone moves with the
+        # figure box, which bbox_inches="tight" grows over the footnote when saving
+        fig.legend(handles=handles, loc="lower right", fontsize=8, frameon=False,
+                   bbox_to_anchor=(1, 0), bbox_transform=fig.transFigure)
     footnote(fig, notes, wrap=max(60, int(12 * fig.get_figwidth())))
     return save(fig, out_dir, stem)
 

@@ -128,7 +128,8 @@ def plot_probes(results: Mapping[str, Any], out_dir: str | Path, name: str = "pr
                  f"{results['select_by'].upper()}", fontsize=11)
     fig.tight_layout(rect=(0, 0.09, 1, 1))
     fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=min(5, len(seen)),
-               fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.0))
+               fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.0),
+               bbox_transform=fig.transFigure)   # stays put when saving grows the box
     return save(fig, out_dir, name)
 
 

@@ -71,6 +71,11 @@ class PatchingConfig:
         kinds: sweeps: ``resid``, ``heads``, ``attribution`` (AtP* against the full exact
             sweep of both, with agreement and cost).
         limit: built pairs per dataset (all or None: every one; each pair costs many forwards).
+        limit_kept: ``limit`` counts kept pairs (``|gap| >= min_gap``) instead of built ones:
+            each built pair is scored first (its clean and corrupt forwards, or a stored
+            sweep's gap), and one under ``min_gap`` is skipped (reason ``small_gap``, its gap
+            listed) without a sweep, until ``limit`` pairs per dataset are kept or the records
+            run out.
         layers: layers to sweep, a spec of :func:`interp.layers.parse_layers` (None: all).
         layer_stride: sweep every k-th layer (after ``layers``).
         hook: residual hook point (``hook_resid_pre`` or ``hook_resid_post``).
@@ -98,6 +103,7 @@ class PatchingConfig:
     pairs: list[str] = field(default_factory=lambda: ["candidate-swap"])
     kinds: list[str] = option(["resid"], flag="kind")
     limit: int | None = option(5, kind="count")
+    limit_kept: bool = False
     layers: str | list[int] | None = option(None, kind="layers")
     layer_stride: int = option(1, kind="count")
     hook: str = "hook_resid_pre"
@@ -381,6 +387,34 @@ def _sweep_kind(handle: ModelHandle, cfg: PatchingConfig, pk: str, kind: str,
     return results
 
 
+def _gap_filter(handle: ModelHandle, cfg: PatchingConfig, pk: str, layers: list[int],
+                band: list[int], run_root: Path, facts: Mapping[str, Any] | None,
+                ) -> Callable[[PatchPair], dict[str, Any] | None]:
+    """``limit_kept``'s test of a built pair: None keeps it, a skip entry leaves it out.
+
+    The gap ``LD_clean - LD_corrupt`` (nats) is read from a fresh stored sweep of the pair
+    (any of ``cfg.kinds``) or scored with the pair's clean and corrupt forwards.
+    """
+    def accept(pair: PatchPair) -> dict[str, Any] | None:
+        gap = None
+        for kind in cfg.kinds:
+            f = SPEC.parts[0].path(run_root, pair.dataset, pair.record_id, pairs=pk, kind=kind)
+            if is_fresh(f, part_signature(cfg, kind, layers, band, handle, pair, facts)):
+                gap = float(read_json(f)["meta"]["gap"])
+                break
+        if gap is None:
+            pt = Patcher(handle, pair.clean.input_ids, pair.corrupt.input_ids,
+                         pos_map=pair.pos_map, batch_size=cfg.batch_size, prefix_cache=False)
+            pt.ensure_clean([])
+            gap = pt.clean_ld - pt.corrupt_ld
+        if abs(gap) >= cfg.min_gap:
+            return None
+        return {"reason": "small_gap", "gap": gap,
+                "message": f"|gap| {abs(gap):.2f} < min_gap {cfg.min_gap} nats (clean - corrupt "
+                           f"{gap:+.2f}); not swept"}
+    return accept
+
+
 def _oracle(cfg: PatchingConfig, mcfg: Mapping[str, Any], handle: ModelHandle) -> Any:
     from interp.grading import make_oracle
 
@@ -420,9 +454,11 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, 
     summary: dict[str, Any] = {}
     for pk in cfg.pairs:
         masses: dict[str, dict[str, float]] = {}   # pair -> context masses, across kinds
+        accept = (_gap_filter(handle, cfg, pk, layers, band, run_dir.path, facts)
+                  if cfg.limit_kept else None)
         pairs, skipped = build_pairs(records, pk, template, handle.tokenizer, oracle=oracle,
                                      mine=miner, limit=cfg.limit, max_tokens=cfg.max_tokens,
-                                     log=log)
+                                     accept=accept, log=log)
         for kind in cfg.kinds:
             d = root / pk / kind
             t0 = time.perf_counter()

@@ -26,5 +26,9 @@ def test_demo_steers_judge_and_generator_on_both_oracle_labels_within_the_patchi
     assert "candidate-swap" in patch.pairs and patch.limit >= 1
     # one pair per dataset: a 1-nat threshold left both SmolLM2 pairs out (gaps -0.84, +0.25)
     assert patch.min_gap <= 0.25
+    # and it is the first that clears min_gap: Qwen's first pairs of each dataset all had
+    # |gap| < 0.2 (-0.12, +0.16; -0.02, -0.07), which emptied its figure; the 3rd SQuAD 2.0
+    # and DROP candidates clear it (+0.35, +0.68)
+    assert patch.limit_kept
     for ds in ("squad_v2", "drop"):                  # the datasets whose prompts fit
         assert ds in cfg["asymmetry"]["datasets"] and cfg["asymmetry"]["limit"][ds] >= 8

@@ -336,3 +336,44 @@ def test_patching_heatmap_tells_unmeasured_from_zero_and_says_when_empty():
                                "span is empty ([0, 0]) in 1 of 1 kept pairs")
     assert "219 vs 227" in notes[0] and notes[1] == "all: not measured in any kept pair"
     assert span_notes(effects.assign(kept=False), ["candidate"], pairs) == []
+
+
+def test_stage_limit_kept_counts_pairs_over_min_gap_and_sweeps_no_other(tiny, toy_run):
+    base = {**STAGE, "pairs": ["gen-to-eval"], "kinds": ["resid"], "exact": "all",
+            "figures": False, "mine": False}
+    every = run(toy_run, tiny, PatchingConfig.from_mapping({**base, "limit": "all"}),
+                log=lambda s: None)["gen-to-eval/resid"]
+    gaps = {g["id"]: g["gap"] for g in every["gaps"]}
+    assert len(gaps) == 4
+    # a threshold between the 2nd and 3rd largest |gap|: 2 of the 4 pairs clear it
+    ranked = sorted(gaps, key=lambda k: -abs(gaps[k]))
+    cut = (abs(gaps[ranked[1]]) + abs(gaps[ranked[2]])) / 2
+    assert abs(gaps[ranked[1]]) > cut > abs(gaps[ranked[2]])
+    cfg = PatchingConfig.from_mapping({**base, "limit": 2, "limit_kept": True, "min_gap": cut})
+    shutil.rmtree(toy_run.path / "patching")
+    msgs: list[str] = []
+    s = run(toy_run, tiny, cfg, log=msgs.append)["gen-to-eval/resid"]
+    assert sorted(g["id"] for g in s["gaps"]) == sorted(ranked[:2])
+    assert s["n_pairs"] == s["n_pairs_kept"] == 2
+    # in record order (one dataset), the pairs under the cut before the 2nd kept one were
+    # scored and left out; those after it were never built
+    order = sorted(gaps)
+    last = max(order.index(k) for k in ranked[:2])
+    tried = [k for k in order[:last] if k not in ranked[:2]]
+    assert tried   # the tiny model's gaps put at least one small pair before the 2nd kept
+    small = [x for x in s["skipped"] if x["reason"] == "small_gap"]
+    assert [x["id"] for x in small] == tried and len(s["skipped"]) == len(tried)
+    assert {x["id"]: x["gap"] for x in small} == pytest.approx({k: gaps[k] for k in tried},
+                                                               abs=1e-6)
+    parts = sorted(p.stem for p in (toy_run.path / "patching/gen-to-eval/resid/parts")
+                   .glob("*.json"))
+    assert len(parts) == 2   # the pairs under min_gap were scored, never swept
+    # resume: the kept pairs' gaps are read from their parts, nothing is swept again
+    msgs = []
+    again = run(toy_run, tiny, cfg, log=msgs.append)["gen-to-eval/resid"]
+    assert not any("exact rows" in m for m in msgs) and again["gaps"] == s["gaps"]
+    # without limit_kept the same limit counts built pairs: the first 2, whatever their gap
+    built = run(toy_run, tiny, PatchingConfig.from_mapping({**base, "limit": 2,
+                                                            "min_gap": cut}),
+                log=lambda s: None)["gen-to-eval/resid"]
+    assert [g["id"] for g in built["gaps"]] == ["r1", "r2"]

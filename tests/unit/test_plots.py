@@ -212,3 +212,40 @@ def test_steering_points_without_whiskers_are_named(captured):
     assert fig.axes[1].get_ylim()[0] < 0            # a GA of 0 is not drawn on the spine
     note = _check_no_band_above_notes(fig)
     assert degenerate_note(3) in note and "a point without a whisker" in note
+
+
+def _overlaps_when_saved(fig) -> list[tuple[str, str]]:
+    """Pairs of (legend, footnote) whose boxes overlap in the figure as ``save`` writes it.
+
+    Measured inside the draw that ``savefig(bbox_inches="tight")`` makes, where the figure's
+    box has grown to hold the footnote (a legend placed by ``loc`` alone follows that box).
+    """
+    import io
+
+    hits: list[tuple[str, str]] = []
+
+    def measure(event):
+        r = event.renderer
+        notes = [t.get_window_extent(r) for t in fig.texts if t.get_gid() == "footnote"]
+        for lg in fig.legends:
+            b = lg.get_window_extent(r)
+            hits.extend((lg.get_texts()[0].get_text(), "footnote") for n in notes
+                        if b.overlaps(n))
+
+    cid = fig.canvas.mpl_connect("draw_event", measure)
+    fig.savefig(io.BytesIO(), format="png", dpi=72, bbox_inches="tight")
+    fig.canvas.mpl_disconnect(cid)
+    return hits
+
+
+def test_figure_legends_stay_clear_of_the_footnote_in_the_saved_file(captured):
+    from interp.plots.patching import _pair_heat
+
+    s = {"top_k": 8, "min_gap": 1.0}
+    units = _units([(0, "head", 0, 0.5, 0.4, 1, 1), (0, "head", 1, np.nan, 0.2, 0, 0),
+                    (1, "head", 0, np.nan, np.nan, 1, 0)])
+    _pair_heat(units, "head", [0, 1], ["0", "1"], "x", "t", None, "head", s,
+               notes=["a note long enough to run under the legend " * 3] * 3)
+    fig = captured[-1]
+    assert fig.legends and [t for t in fig.texts if t.get_gid() == "footnote"]
+    assert _overlaps_when_saved(fig) == []
