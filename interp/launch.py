@@ -14,7 +14,7 @@ Algorithm:
 2. **Records** (:func:`assign`): the examples are selected globally first, exactly as an
    unsharded run selects them (same ``limit``, order and seed,
    :func:`interp.stages.asymmetry.check_inputs`); then whole passages are dealt out: the
-   passages (:func:`interp.data.passage_key`, the bootstrap's cluster) in the order of their
+   passages (:func:`interp.data.passage_turns`, the bootstrap's cluster) in the order of their
    first question, passage ``k`` to shard ``k mod N``. A passage's questions stay together, the
    assignment needs no model, and a larger ``limit`` keeps every earlier record in its shard
    (the selection grows at its end).
@@ -39,7 +39,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from interp.data import QAExample, passage_key
+from interp.data import QAExample, passage_turns
 from interp.errors import ShardError
 
 __all__ = ["SHARDS_DIR", "Shard", "assign", "barrier", "check_count", "current_shard",
@@ -167,18 +167,15 @@ def assign(loaded: Mapping[str, Sequence[QAExample]], shard: Shard
         position (in the concatenation of ``loaded``) of each owned example, and the number of
         examples in all.
     """
-    passages: dict[str, int] = {}
+    flat = [(ds, ex) for ds, examples in loaded.items() for ex in examples]
+    turns = passage_turns((ex for _, ex in flat), shard.count)
     owned: dict[str, list[QAExample]] = {ds: [] for ds in loaded}
     positions: list[int] = []
-    pos = 0
-    for ds, examples in loaded.items():
-        for ex in examples:
-            k = passages.setdefault(passage_key(ex), len(passages))
-            if k % shard.count == shard.index:
-                owned[ds].append(ex)
-                positions.append(pos)
-            pos += 1
-    return owned, positions, pos
+    for pos, ((ds, ex), turn) in enumerate(zip(flat, turns, strict=True)):
+        if turn == shard.index:
+            owned[ds].append(ex)
+            positions.append(pos)
+    return owned, positions, len(flat)
 
 
 def shard_dirs(out: str | Path) -> list[Path]:

@@ -34,7 +34,6 @@ ratios), the probes (cross-validated metrics) and patching (correlations).
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -44,6 +43,7 @@ from jaxtyping import Bool, Float, Int
 from scipy.stats import binomtest, pearsonr, rankdata, spearmanr
 from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
 
+from interp.data import passage_key
 from interp.errors import ProbeError
 
 __all__ = [
@@ -472,10 +472,8 @@ def make_folds(y: Bool[Array, " n"], folds: int, seed: int, *,
 
 
 def passage_groups(records: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One group id per record: its dataset plus a hash of its context (the passage)."""
-    return [f"{r.get('dataset')}:"
-            f"{hashlib.sha1(str(r.get('context', '')).encode()).hexdigest()[:12]}"
-            for r in records]
+    """One group id per record: its passage (:func:`interp.data.passage_key`)."""
+    return [passage_key(r) for r in records]
 
 
 def correlations(a: Float[Array, " n"], b: Float[Array, " n"]) -> dict[str, float | None]:

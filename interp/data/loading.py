@@ -27,6 +27,7 @@ __all__ = [
     "detect_format",
     "load_examples",
     "passage_key",
+    "passage_turns",
     "round_robin",
     "save_examples",
 ]
@@ -396,6 +397,33 @@ def passage_key(item: QAExample | Mapping[str, Any]) -> str:
     else:
         dataset, context = item.get("dataset"), str(item.get("context", ""))
     return f"{dataset}:{hashlib.sha1(context.encode()).hexdigest()[:12]}"
+
+
+def passage_turns(items: Iterable[Any], count: int,
+                  key: Callable[[Any], Hashable] = passage_key) -> list[int]:
+    """The share (``0..count-1``) of each item when whole passages are dealt out in turn.
+
+    Passages in order of first appearance; passage ``k`` goes to share ``k mod count``. The
+    one rule of every split of a run over processes: Study 1's shards
+    (:func:`interp.launch.assign`) and the parts phase of a stage
+    (:func:`interp.stages.common.own_share`), so a passage never spans two shares and the
+    passage-cluster bootstrap of a merged run sees it whole.
+
+    Args:
+        items: Examples or run records, in the order the unsharded run selects them.
+        count: The number of shares (>= 1).
+        key: The passage of an item (default :func:`passage_key`).
+
+    Returns:
+        One share index per item.
+
+    Raises:
+        DataError: If ``count`` < 1.
+    """
+    if count < 1:
+        raise DataError(f"count must be >= 1, got {count!r}")
+    order: dict[Hashable, int] = {}
+    return [order.setdefault(key(it), len(order)) % count for it in items]
 
 
 def round_robin(items: Sequence[T], limit: int | None = None,

@@ -66,15 +66,14 @@ def share_of_records(index: int, count: int) -> Iterator[None]:
 def own_share(records: Sequence[Mapping[str, Any]], index: int, count: int) -> list[Any]:
     """The records of share ``index`` of ``count``: whole passages, dealt out in turn.
 
-    The passages (:func:`interp.stats.passage_groups`, the bootstrap's cluster) in the order of
-    their first record; passage ``k`` goes to share ``k mod count``, as Study 1's shards
-    (:func:`interp.launch.assign`). Every record is in exactly one share.
+    The rule of Study 1's shards (:func:`interp.data.passage_turns`,
+    :func:`interp.launch.assign`): passages in the order of their first record, passage ``k``
+    to share ``k mod count``. Every record is in exactly one share.
     """
-    from interp.stats import passage_groups  # scipy / scikit-learn: only when sharing
+    from interp.data import passage_turns
 
-    groups = passage_groups(records)
-    turn = {g: k % count for k, g in enumerate(dict.fromkeys(groups))}
-    return [r for r, g in zip(records, groups, strict=True) if turn[g] == index]
+    turns = passage_turns(records, count)
+    return [r for r, t in zip(records, turns, strict=True) if t == index]
 
 
 

@@ -286,3 +286,17 @@ def test_shares_of_a_stage_keep_passages_together_and_cover_every_record_once():
     with pytest.raises(ValueError, match="0..1"):
         with share_of_records(2, 2):
             pass
+
+
+def test_study1_shards_and_stage_shares_deal_passages_by_one_rule():
+    from interp.stats import passage_groups
+
+    loaded = {"squad_v2": _examples(7, 2), "drop": _examples(5, 3, "drop")}
+    records = [{"id": ex.id, "dataset": ex.dataset, "context": ex.context}
+               for exs in loaded.values() for ex in exs]
+    # the bootstrap's cluster is the shards' passage
+    assert passage_groups(records) == [passage_key(r) for r in records]
+    for n in (1, 2, 3):
+        for i in range(n):
+            owned = [ex.id for exs in assign(loaded, Shard(i, n))[0].values() for ex in exs]
+            assert [r["id"] for r in own_share(records, i, n)] == owned
