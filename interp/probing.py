@@ -383,6 +383,8 @@ def permutation_null(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"],
                      seed: int, probe: str = "logreg", select_by: str = "auc",
                      fit_kw: Mapping[str, Any] | None = None,
                      groups: np.ndarray | None = None,
+                     done: Sequence[float | None] = (),
+                     on_step: Callable[[list[float | None]], None] | None = None,
                      log: Callable[[str], None] = print) -> dict[str, Any]:
     """Selection-aware permutation test of the best (layer, pool) cell of one probe.
 
@@ -405,6 +407,12 @@ def permutation_null(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"],
         select_by: ``auc`` or ``f1``.
         fit_kw: passed to :func:`fit_probe`.
         groups: ``[n]`` passage ids for the folds (see :func:`interp.stats.make_folds`).
+        done: the outcomes of the first permutations from an interrupted call (each the best
+            score, or None where its folds could not be built): they are kept, the generator
+            is advanced past them, and the loop resumes at permutation ``len(done)``, so the
+            result equals an uninterrupted call's.
+        on_step: called after every permutation with the outcomes so far (the stage's
+            checkpoint).
         log: progress lines.
 
     Returns:
@@ -412,20 +420,27 @@ def permutation_null(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"],
         "null_q95", "p_value"}`` with ``p_value = (1 + #{null >= observed}) / (1 + n)``.
     """
     rng = np.random.default_rng(seed)
-    null, skipped = [], 0
+    outcomes: list[float | None] = list(done)[:n_permutations]
+    for _ in outcomes:
+        rng.permutation(y)   # the generator's state as after those permutations
     t0 = time.perf_counter()
-    for i in tqdm(range(n_permutations), desc="permutation null", unit="sweep", leave=False):
+    for i in tqdm(range(len(outcomes), n_permutations), total=n_permutations,
+                  initial=len(outcomes), desc="permutation null", unit="sweep", leave=False):
         yp = rng.permutation(y)
         try:
             fp = make_folds(yp, folds, seed + 1 + i, groups=groups)
         except ProbeError:   # the permuted positives fell into fewer passages than folds
-            skipped += 1
-            continue
-        rows = sweep(feats, yp, layers, fp, probes=[probe], fit_kw=fit_kw, log=lambda _: None,
-                     progress=False)
-        null.append(float(best_row(rows, select_by)[select_by] or 0.0))
-    log(f"[probe] permutation null: {n_permutations} sweeps in "
+            outcomes.append(None)
+        else:
+            rows = sweep(feats, yp, layers, fp, probes=[probe], fit_kw=fit_kw,
+                         log=lambda _: None, progress=False)
+            outcomes.append(float(best_row(rows, select_by)[select_by] or 0.0))
+        if on_step is not None:
+            on_step(outcomes)
+    log(f"[probe] permutation null: {n_permutations} sweeps ({len(done)} resumed) in "
         f"{time.perf_counter() - t0:.0f} s")
+    null = [x for x in outcomes if x is not None]
+    skipped = len(outcomes) - len(null)
     arr = np.array(null)
     return {"n": len(null), "skipped": skipped, "metric": select_by, "probe": probe,
             "observed": observed, "null": null,

@@ -20,7 +20,8 @@ from typing import Any
 
 from tqdm import tqdm as _std_tqdm
 
-__all__ = ["LINE_INTERVAL_S", "LineProgress", "is_terminal", "quiet_library_bars", "tqdm"]
+__all__ = ["LINE_INTERVAL_S", "LineProgress", "is_terminal", "quiet_library_bars", "resumed",
+           "tqdm"]
 
 LINE_INTERVAL_S = 30.0
 """Least seconds between two progress lines of one loop in a log."""
@@ -101,6 +102,22 @@ def quiet_library_bars() -> None:
         hf_logging.disable_progress_bar()
     except ImportError:  # pragma: no cover
         pass
+
+
+def resumed(bar: Any, k: int = 1) -> None:
+    """Count ``k`` items found finished (read back from a run) on ``bar``, outside its rate.
+
+    A resumed loop reads its stored parts back in a fraction of a second each; counted with
+    ``update`` they would enter the rate and the ETA would promise the remaining items at
+    that speed. Here the count moves on and the rate (and so the ETA) keeps measuring only
+    the items computed now, as tqdm's ``initial``.
+    """
+    if getattr(bar, "disable", True):
+        return
+    bar.n += k
+    bar.initial += k
+    bar.last_print_n += k
+    bar.refresh()
 
 
 def tqdm(*args: Any, **kwargs: Any) -> Any:

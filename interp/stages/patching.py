@@ -44,6 +44,7 @@ from interp.options import config_from_table, option
 from interp.pairs import PAIR_KINDS, PatchPair, build_pairs
 from interp.patch_sweeps import EXACT_MODES, agreement, head_units, resid_units, sweep
 from interp.patching import Patcher
+from interp.progress import resumed
 from interp.prompts import get_template
 from interp.stages.common import ok_records, stage_facts
 from interp.stages.contract import spec
@@ -344,6 +345,7 @@ def part_signature(cfg: PatchingConfig, kind: str, layers: Sequence[int], band: 
 
 
 def _bar(total: int | None, desc: str, enabled: bool, **kw: Any) -> Any:
+    """A progress bar of the stage (``enabled`` False: silent)."""
     from interp.progress import tqdm
 
     return tqdm(total=total, desc=desc, disable=not enabled, leave=False, **kw)
@@ -364,6 +366,7 @@ def _sweep_kind(handle: ModelHandle, cfg: PatchingConfig, pk: str, kind: str,
             sig = part_signature(cfg, kind, layers, band, handle, pair, facts)
             if is_fresh(f, sig):
                 res = read_json(f)
+                resumed(bar)
             else:
                 if f.exists():
                     log(f"[{pk}/{kind}] {pair.key}: stored sweep used other settings; redone")
@@ -382,8 +385,8 @@ def _sweep_kind(handle: ModelHandle, cfg: PatchingConfig, pk: str, kind: str,
                     f"{m['clean_ld']:+.2f}, corrupt {m['corrupt_ld']:+.2f} (gap {m['gap']:+.2f}"
                     f" nats), {m['n_exact']} exact rows, {m['wall_s']:.1f} s = "
                     f"{m['cost_ratio']:.0f} clean forwards")
+                bar.update(1)
             results.append(res)
-            bar.update(1)
     return results
 
 

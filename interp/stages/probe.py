@@ -16,7 +16,8 @@ Algorithm of :func:`run` (the methods are :mod:`interp.probing`, numbered there)
 3. Sweep of the layers (``layers``: :func:`interp.layers.parse_layers`, default all), cached in
    ``DIR/probes/sweep_{task}.json`` under the signature of the settings, records, labels,
    groups and the features' signature; the permutation null likewise in
-   ``permutation_{task}.json``.
+   ``permutation_{task}.json``, and while it runs each permutation's outcome in
+   ``permutation_{task}.partial.json``, so an interrupted null resumes where it stopped.
 4. ``results.json``: the best cell, the probe vs the judge on the same folds, the gen-prompt
    probe, cross-dataset transfer; the best probe of each kind refitted on all records and
    saved (``probe_{task}_{kind}.npz`` + ``.json``); the figure ``DIR/figures/probes.png``.
@@ -310,11 +311,20 @@ def _permutation_cached(run: RunDir, cfg: ProbeConfig, data: _Data, task: str,
     sig = signature({"sweep": sweep_sig, "permutations": cfg.permutations})
     if is_fresh(cache, sig):
         return read_json(cache)["result"]
+    # permutations finished by an interrupted call, under the same sweep (any count: the
+    # first k permutations do not depend on how many follow)
+    partial = cache.with_name(f"permutation_{task}.partial.json")
+    part_sig = signature({"sweep": sweep_sig})
+    done = read_json(partial)["outcomes"] if is_fresh(partial, part_sig) else []
+    if done:
+        log(f"[probe] {task}: {len(done)} permutations of an interrupted null kept")
     first_best = best_row(rows, cfg.select_by, cfg.probes[0])
     result = permutation_null(
         feats, data.y, data.layers, float(first_best[cfg.select_by] or 0.0),
         n_permutations=cfg.permutations, folds=cfg.folds, seed=cfg.seed, probe=cfg.probes[0],
-        select_by=cfg.select_by, fit_kw=cfg.fit_kw(), groups=data.groups, log=log)
+        select_by=cfg.select_by, fit_kw=cfg.fit_kw(), groups=data.groups, done=done,
+        on_step=lambda out: write_json(partial, {"signature": part_sig, "outcomes": out}),
+        log=log)
     write_json(cache, {"signature": sig, "result": result})
     return result
 

@@ -316,7 +316,7 @@ def _steer_records(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig, *,
                    overwrite: bool) -> tuple[Any, ...]:
     """Steps 1-2 of the module algorithm: ``(records, rows, band, units, made now)``."""
     from interp.grading import make_oracle
-    from interp.progress import tqdm
+    from interp.progress import resumed, tqdm
     from interp.prompts import rerender
 
     cfg.validate()
@@ -328,27 +328,30 @@ def _steer_records(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig, *,
     oracle = make_oracle(cfg.oracle or mcfg.get("oracle") or "rule", device=str(handle.device),
                          dtype=mcfg.get("dtype"), run_model=handle)
     rows, made = [], 0
-    for rec, passage in tqdm(list(zip(records, passage_groups(records))), desc="steer",
-                             unit="record", disable=not cfg.progress or not records):
-        prompts = {t: rerender(rec, t, handle.tokenizer,
-                               templates_path=mcfg.get("templates_path")) for t in TASKS}
-        sig = signature({"model": handle.spec, "sha256": handle.info.get("sha256"), **facts,
-                         "alphas": cfg.alphas, "units": {str(k): v for k, v in units.items()},
-                         "band": band, "tasks": cfg.tasks, "max_new_tokens": cfg.max_new_tokens,
-                         **({"keys": cfg.keys} if cfg.keys != ["context"] else {}),
-                         "oracle": getattr(oracle, "name", "?"),
-                         "ids": {t: p.input_ids for t, p in prompts.items()}})
-        f = SPEC.parts[0].path(run_dir.path, rec["dataset"], rec["id"])
-        if is_fresh(f, sig):
-            part = read_json(f)["rows"]
-        else:
-            part = _steer_one(handle, rec, cfg, band, units, oracle, prompts)
-            write_json(f, {"signature": sig, "rows": part})
-            made += 1
-        ctx = {t: tuple(p.token_spans["context"]) for t, p in prompts.items()}
-        rows += [{"keys": "context", "n_keys": ctx[r["task"]][1] - ctx[r["task"]][0],
-                  "steered_mass": r["context_mass"], **r, "passage": passage}
-                 for r in part]  # parts written before the control: the context's keys
+    with tqdm(total=len(records), desc="steer", unit="record",
+              disable=not cfg.progress or not records) as bar:
+        for rec, passage in zip(records, passage_groups(records)):
+            prompts = {t: rerender(rec, t, handle.tokenizer,
+                                   templates_path=mcfg.get("templates_path")) for t in TASKS}
+            sig = signature({"model": handle.spec, "sha256": handle.info.get("sha256"), **facts,
+                             "alphas": cfg.alphas, "units": {str(k): v for k, v in units.items()},
+                             "band": band, "tasks": cfg.tasks, "max_new_tokens": cfg.max_new_tokens,
+                             **({"keys": cfg.keys} if cfg.keys != ["context"] else {}),
+                             "oracle": getattr(oracle, "name", "?"),
+                             "ids": {t: p.input_ids for t, p in prompts.items()}})
+            f = SPEC.parts[0].path(run_dir.path, rec["dataset"], rec["id"])
+            if is_fresh(f, sig):
+                part = read_json(f)["rows"]
+                resumed(bar)
+            else:
+                part = _steer_one(handle, rec, cfg, band, units, oracle, prompts)
+                write_json(f, {"signature": sig, "rows": part})
+                made += 1
+                bar.update(1)
+            ctx = {t: tuple(p.token_spans["context"]) for t, p in prompts.items()}
+            rows += [{"keys": "context", "n_keys": ctx[r["task"]][1] - ctx[r["task"]][0],
+                      "steered_mass": r["context_mass"], **r, "passage": passage}
+                     for r in part]  # parts written before the control: the context's keys
     return records, rows, band, units, made
 
 

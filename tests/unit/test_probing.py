@@ -141,6 +141,14 @@ def test_run_probes_end_to_end_and_resume(tiny, tmp_path):
     assert res2["tasks"]["eval"]["grid"] == res["tasks"]["eval"]["grid"]
     assert res2["tasks"]["eval"]["permutation"] == pm
     assert not any("permutation null" in s for s in logs)
+    # a longer null keeps the permutations already run (the checkpoint of each one)
+    partial = json.loads((out / "permutation_eval.partial.json").read_text())["outcomes"]
+    assert [x for x in partial if x is not None] == pm["null"] and len(partial) == 3
+    logs.clear()
+    cfg.permutations = 5
+    longer = run_probes(run, tiny, cfg, log=logs.append)["tasks"]["eval"]["permutation"]
+    assert any("3 permutations of an interrupted null kept" in s for s in logs)
+    assert longer["n"] + longer["skipped"] == 5 and longer["null"][:pm["n"]] == pm["null"]
 
 
 def test_too_few_examples_error_and_bad_config(tiny, tmp_path):
@@ -185,6 +193,32 @@ def test_permutation_null_separates_signal_from_selection():
         else:
             assert pm["p_value"] > 0.1 and pm["null_q95"] > 0.55      # selection inflates
 
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_an_interrupted_permutation_null_resumes_to_the_uninterrupted_result():
+    rng = np.random.default_rng(1)
+    n, n_layers, d = 40, 2, 4
+    y = np.zeros(n, bool)
+    y[rng.choice(n, 15, replace=False)] = True
+    feats = {"last": rng.normal(size=(n, n_layers, d))}
+    kw = {"n_permutations": 6, "folds": 3, "seed": 4, "log": lambda s: None}
+    steps: list[list] = []
+    whole = permutation_null(feats, y, range(n_layers), 0.6, on_step=lambda o: steps.append(
+        list(o)), **kw)
+    assert [len(s) for s in steps] == [1, 2, 3, 4, 5, 6] and steps[-1] == whole["null"]
+
+    class Killed(Exception):
+        pass
+
+    def kill_after_two(o):
+        if len(o) == 2:
+            raise Killed
+    with pytest.raises(Killed):
+        permutation_null(feats, y, range(n_layers), 0.6, on_step=kill_after_two, **kw)
+    resumed = permutation_null(feats, y, range(n_layers), 0.6, done=steps[1], **kw)
+    assert resumed == whole
+    assert resumed["null"][:2] == steps[1]
 
 
 def test_probe_layers_use_the_one_layer_grammar(tiny, tmp_path):

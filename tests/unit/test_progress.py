@@ -64,3 +64,24 @@ def _bars_back_on():
 
     enable_progress_bars()
     hf_logging.enable_progress_bar()
+
+
+def test_resumed_items_move_the_count_but_not_the_rate(capsys, monkeypatch):
+    """10 parts read back at once, then 2 computed at 60 s each: the ETA says 8 x 60 s."""
+    monkeypatch.delenv("INTERP_PROGRESS", raising=False)
+    import tqdm.std
+
+    now = [0.0]
+    monkeypatch.setattr(tqdm.std, "time", lambda: now[0])
+    bar = progress.tqdm(total=20, desc="steer", unit="record", smoothing=0)
+    for _ in range(10):
+        progress.resumed(bar)
+    for _ in range(2):
+        now[0] += 60.0
+        bar.update(1)
+    assert bar.n == 12
+    assert bar.format_dict["n"] - bar.format_dict["initial"] == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("steer: 12/20 record [02:00 elapsed, ETA 08:00"), last
+    bar.close()
+    progress.resumed(progress.tqdm(total=3, disable=True))   # a silent bar: nothing to count
