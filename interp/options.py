@@ -301,6 +301,8 @@ def cli_options(cls: Any) -> list[CliOption]:
             kind = "float" if float in kinds else "int"
         else:
             kind = "str"
+        if kind == "bool":   # both ways: a default of true must be possible to turn off
+            decls = tuple(f"{d}/--no-{d[2:]}" if d.startswith("--") else d for d in decls)
         text = helps.get(f.name)  # None: undocumented (a unit test refuses that)
         out.append(CliOption(f.name, decls, kind,
                              text and f"{text} [default: {_default_text(f)}]"))

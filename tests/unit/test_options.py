@@ -139,3 +139,18 @@ def test_the_band_has_one_name_and_its_former_name_still_reads_with_a_warning():
     res = CliRunner().invoke(cli.app, ["attention", "--run", "/nonexistent/run", "--layers",
                                        "all"])
     assert res.exit_code != 0 and "No such option" not in res.output, res.output
+
+
+def test_every_boolean_option_can_be_turned_on_and_off(monkeypatch):
+    """A default of true needs --no-x (`interp patch --no-mine`), for every stage's flags."""
+    for s in SPECS:
+        for o in cli_options(s.config_class):
+            if o.kind == "bool":
+                long = [d for d in o.decls if d.startswith("--")]
+                assert long and all("/--no-" in d for d in long), (s.name, o.decls)
+    seen: dict = {}
+    monkeypatch.setattr(cli, "_run_stage", lambda s, cls, kw: seen.update(kw))
+    for args, mine in (([], None), (["--no-mine"], False), (["--mine"], True)):
+        seen.clear()
+        res = CliRunner().invoke(cli.app, ["patch", "--run", "/nonexistent/run", *args])
+        assert res.exit_code == 0 and seen["mine"] is mine, (args, res.output)
