@@ -119,7 +119,6 @@ def footnote(fig: plt.Figure, notes: list[str], wrap: int | None = None) -> None
     """
     if notes:
         lines = [textwrap.fill(n, wrap) for n in notes] if wrap else notes
-        fig.draw_without_rendering()   # places legends with a ``loc`` where they will be drawn
         box = fig.get_tightbbox(fig.canvas.get_renderer())   # inches
         top = box.y0 / fig.get_figheight() - 0.01
         fig.text(0.01, top, "\n".join(lines), ha="left", va="top", fontsize=7.5,
