@@ -179,10 +179,31 @@ def _candidate(d: Path, m: str) -> Cell:
                 f"{name}: overall.eval.candidate, mass_per_token.eval", ".3f")
 
 
-def _transfer(what: str) -> Extract:
-    """Study 3 is not in the findings configs yet: the cell says so."""
+def _transfer(adapter: str, metric: str, claim_sign: float) -> Extract:
+    """Study 3: an adapter minus the base model, paired per record (``vs_base``, overall).
+
+    ``claim_sign`` is the side the paper's claim predicts (+1: the adapter is higher). The
+    verdict adds the learning rate the held-out selection chose and whether its judge
+    collapsed to one reply there (``lr_selection``): a collapsed judge "over-accepts" by
+    construction.
+    """
     def f(d: Path, m: str) -> Cell:
-        return Cell(None, source=f"{m}__transfer_table.json ({what}: not run in this study)")
+        name = f"{m}__transfer_table.json"
+        t = _read(d / name)
+        e = _get(t, "vs_base", adapter, "overall", metric)
+        if e is None or e.get("mean") is None:
+            return Cell(None, source=name)
+        v = _side(e.get("ci"), 0.0)
+        v = v if claim_sign > 0 else _flip(v)
+        lr = _get(t, "lr", adapter)
+        sel = _get(t, "lr_selection", "candidates", f"{lr:g}" if lr is not None else "",
+                   adapter)
+        if lr is not None:
+            v += f" (lr {lr:g}" + (", chosen on held-out train records" if sel else "") + (
+                "; its judge collapsed to one reply there" if sel and sel.get("collapsed")
+                else "") + ")"
+        return Cell(e["mean"], e.get("ci"), e.get("n"), e.get("n_passages"), v,
+                    f"{name}: vs_base.{adapter}.overall.{metric}", "+.2f")
     return f
 
 
@@ -299,10 +320,10 @@ CLAIMS: tuple[tuple[str, str, Extract], ...] = (
     ("... renormalised to context+question+candidate (control)", "gen / eval content share",
      _ratio("content_context_share_ratio", control=True)),
     ("the judge barely reads the candidate (3.2)", "eval candidate mass", _candidate),
-    ("LoRA-Gen over-accepts (3.3)", "acceptance, LoRA-Gen - base",
-     _transfer("LoRA-Gen")),
+    ("LoRA-Gen over-accepts (3.3)", "acceptance of the base answers, LoRA-Gen - base",
+     _transfer("lora_gen", "accept_base_answers", +1)),
     ("LoRA-Eval degrades generation (3.3)", "GA, LoRA-Eval - base",
-     _transfer("LoRA-Eval")),
+     _transfer("lora_eval", "GA", -1)),
     ("steering the judge's context up (x4) makes it right more often", "dEA_forced, alpha 4",
      _steer("eval", "ea_forced", "4.0")),
     ("... and reject wrong answers more", "d acceptance given wrong, alpha 4",

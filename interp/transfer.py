@@ -26,7 +26,17 @@ Algorithm:
    with their hard negative -> ``Incorrect``; ``lora_both``: a 1:1 mix, N/2 items drawn from
    each of the two sets (seeded). Items are encoded for training by
    :func:`interp.lora.encode_example` (Study 1 prompt + target as the assistant reply).
-4. **Patching across models** (:func:`cross_model_patching`): with the activation-patching
+4. **Learning rate on a held-out slice** (:func:`selection_score`, :func:`choose_learning_rates`;
+   the stage trains one set of adapters per candidate of ``lr_grid`` on the pool less its last
+   ``select_holdout`` records and runs Study 1 with each on those held-out TRAIN records, never
+   on the validation records it reports). Each adapter is scored on what it was trained for
+   (:data:`SELECTION_RULE`): LoRA-Gen by held-out GA, LoRA-Eval by the judge's held-out
+   balanced accuracy (:func:`judge_balanced_accuracy`: the mean over the two oracle labels of
+   the share of right verdicts, a missing verdict wrong, so a judge that gives one reply to
+   every answer scores at most 0.5), LoRA-Both by the mean of the two. The highest score wins,
+   a tie goes to the smaller learning rate; a judge whose held-out verdicts are all one reply
+   is marked ``collapsed``, so a grid on which every candidate collapses says so.
+5. **Patching across models** (:func:`cross_model_patching`): with the activation-patching
    engine (:class:`interp.patching.Patcher`, the clean run on the donor model), the residual
    stream after decoder layer L (``blocks.L.hook_resid_post``) is patched from the adapter
    model into the base model (``a->b``) and from the base model into the adapter model
@@ -66,12 +76,16 @@ __all__ = [
     "REFUSAL_PATTERNS",
     "VERDICT_WORDS",
     "TransferSettings",
+    "SELECTION_RULE",
     "build_training_sets",
+    "choose_learning_rates",
     "cross_model_patching",
+    "judge_balanced_accuracy",
     "is_refusal",
     "mine_hard_negatives",
     "rotation_answer",
     "sample_answers",
+    "selection_score",
     "training_pool",
 ]
 
@@ -334,6 +348,94 @@ def build_training_sets(pool: Sequence[QAExample], negatives: Sequence[Mapping[s
     both = [gen[i] for i in gen_pick] + [ev[i] for i in sorted(ev_pick)]
     rng.shuffle(both)
     return {"lora_gen": gen, "lora_eval": ev, "lora_both": both}
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 4: the learning rate, chosen on held-out training records
+# ---------------------------------------------------------------------------------------------
+
+SELECTION_RULE = {"lora_gen": ("GA",), "lora_eval": ("judge_balanced_accuracy",),
+                  "lora_both": ("GA", "judge_balanced_accuracy")}
+"""What each adapter's held-out score averages (module docstring, step 4): the task it is
+trained for (LoRA-Gen: generation; LoRA-Eval: judging; LoRA-Both: both, equally)."""
+
+
+def judge_balanced_accuracy(records: Sequence[Mapping[str, Any]]) -> float | None:
+    """The judge's accuracy averaged over the two oracle labels (a missing verdict is wrong).
+
+    ``mean(P(verdict Correct | y* Correct), P(verdict Incorrect | y* Incorrect))``: unlike EA
+    it does not reward a judge for matching the base rate, and a judge that gives the same
+    verdict to every answer scores at most 0.5 (Brodersen et al. 2010, balanced accuracy).
+
+    Args:
+        records: Study 1 records (``oracle_label`` bool, ``verdict`` True/False/None).
+
+    Returns:
+        The balanced accuracy in [0, 1]; the one label's accuracy when only one label occurs;
+        None for no records.
+    """
+    per = []
+    for label in (True, False):
+        grp = [r for r in records if bool(r["oracle_label"]) is label]
+        if grp:
+            per.append(sum(r["verdict"] is label for r in grp) / len(grp))
+    return sum(per) / len(per) if per else None
+
+
+def selection_score(records: Sequence[Mapping[str, Any]], adapter: str) -> dict[str, Any]:
+    """An adapter's held-out Study 1 records scored by :data:`SELECTION_RULE`.
+
+    Args:
+        records: the adapter's Study 1 records on the held-out training records (its own
+            answers judged by itself); only ``status == "ok"`` records count.
+        adapter: ``lora_gen``, ``lora_eval`` or ``lora_both``.
+
+    Returns:
+        ``{"n", "GA", "judge_balanced_accuracy", "accept_share", "no_verdict_share",
+        "collapsed", "score"}``: ``accept_share`` is the share of verdicts ``Correct`` among
+        the records, ``collapsed`` is True when every record got the same verdict (or none),
+        ``score`` the mean of the rule's metrics (None if one is undefined).
+
+    Raises:
+        TransferError: an unknown adapter name.
+    """
+    if adapter not in SELECTION_RULE:
+        raise TransferError(f"no selection rule for adapter {adapter!r}; one of "
+                            f"{sorted(SELECTION_RULE)}")
+    ok = [r for r in records if r.get("status", "ok") == "ok"]
+    n = len(ok)
+    verdicts = {r["verdict"] for r in ok}
+    out: dict[str, Any] = {
+        "n": n,
+        "GA": sum(bool(r["oracle_label"]) for r in ok) / n if n else None,
+        "judge_balanced_accuracy": judge_balanced_accuracy(ok),
+        "accept_share": sum(r["verdict"] is True for r in ok) / n if n else None,
+        "no_verdict_share": sum(r["verdict"] is None for r in ok) / n if n else None,
+        "collapsed": len(verdicts) <= 1,
+    }
+    vals = [out[k] for k in SELECTION_RULE[adapter]]
+    out["score"] = None if None in vals else sum(vals) / len(vals)
+    return out
+
+
+def choose_learning_rates(scores: Mapping[float, Mapping[str, Mapping[str, Any]]]
+                          ) -> dict[str, float]:
+    """The learning rate of each adapter: the highest held-out score, ties to the smaller rate.
+
+    Args:
+        scores: ``{lr: {adapter: selection_score(...)}}``.
+
+    Returns:
+        ``{adapter: lr}`` for every adapter scored at some rate; a rate whose score is None
+        is never chosen unless every rate's is (then the smallest).
+    """
+    names = sorted({a for per in scores.values() for a in per})
+    out = {}
+    for a in names:
+        rates = sorted(lr for lr in scores if a in scores[lr])
+        out[a] = max(rates, key=lambda lr: (scores[lr][a]["score"] is not None,
+                                            scores[lr][a]["score"] or 0.0, -lr))
+    return out
 
 
 def training_pool(config: TransferSettings, tokenizer: Any, template: Template, *,

@@ -11,7 +11,14 @@ template texts and the token ids of the training and evaluation prompts):
    every closed-book attempt with the reason it was kept or rejected, and the fallback.
 3. **Training sets** (``train_sets/<adapter>.jsonl``, :func:`interp.transfer.build_training_sets`).
 4. **Training** (``adapters/<adapter>/``, checkpoints in ``checkpoints/<adapter>/``):
-   :func:`interp.lora.train_adapter` for LoRA-Gen, LoRA-Eval and LoRA-Both.
+   :func:`interp.lora.train_adapter` for LoRA-Gen, LoRA-Eval and LoRA-Both. With ``lr_grid``
+   the learning rate is chosen on held-out TRAIN records first (:func:`select_learning_rates`,
+   :mod:`interp.transfer` step 4): per candidate rate, the three adapters are trained on the
+   pool less its last ``select_holdout`` records (``select/lr_<rate>/``) and run Study 1 on
+   those held-out records (``select/lr_<rate>/heldout/<adapter>.jsonl``, the base model's in
+   ``select/heldout_base.jsonl``); each adapter's best candidate is copied to
+   ``adapters/<adapter>/`` and every candidate's held-out score is in ``select.json``. The
+   validation records are never used to choose.
 5. **Evaluation** (``eval/<model>__<dataset>.jsonl``): ``base`` and each adapter run Study 1
    unchanged (:func:`interp.asymmetry.evaluate_examples`: T_gen, the oracle, T_eval on its OWN
    answers) on the first ``eval_limit`` validation records of each dataset; additionally each
@@ -53,9 +60,12 @@ from interp.stages.contract import spec
 from interp.store.io import read_json, read_jsonl, signature, write_json, write_jsonl
 from interp.store.rundir import RunDir
 from interp.transfer import (
+    SELECTION_RULE,
     build_training_sets,
+    choose_learning_rates,
     cross_model_patching,
     mine_hard_negatives,
+    selection_score,
     training_pool,
 )
 
@@ -74,14 +84,14 @@ KEY_FIELDS = ("model", "datasets", "template", "hard_negative_template", "oracle
               "hard_negative_temperature", "hard_negative_top_p",
               "hard_negative_max_new_tokens", "hard_negative_max_words", "rank", "alpha",
               "dropout", "target_modules", "lora_layers", "lr", "epochs", "train_batch_size",
-              "warmup_steps", "weight_decay", "seed")
+              "warmup_steps", "weight_decay", "seed", "lr_grid", "select_holdout")
 """Config fields whose change invalidates stored hard negatives, training sets or adapters."""
 EVAL_FIELDS = ("eval_limit", "max_new_tokens", "verdict_max_new_tokens", "judge_base_answers")
 """Config fields whose change redoes the evaluation (the adapters are kept)."""
 PATCH_FIELDS = ("patch_examples", "patch_positions", "patch_layers")
 """Config fields whose change redoes the cross-model patching."""
-_ALL_OUTPUTS = ("hard_negatives.jsonl", "train_sets", "adapters", "checkpoints", "eval",
-                "table.json", "patching.json", "summary.json")
+_ALL_OUTPUTS = ("hard_negatives.jsonl", "train_sets", "adapters", "checkpoints", "select",
+                "select.json", "eval", "table.json", "patching.json", "summary.json")
 
 
 @dataclass
@@ -117,7 +127,11 @@ class TransferConfig:
         lora_layers: decoder layers that get LoRA (None: all). Gradients then flow back only
             to the first of them, which cuts the backward pass on a CPU.
         lr: AdamW learning rate (5e-4; higher than the usual 2e-4 because the quickstart takes
-            only ~20 steps).
+            only ~20 steps); unused with ``lr_grid``.
+        lr_grid: candidate learning rates, chosen per adapter on held-out training records
+            (module docstring, step 4; None: train once at ``lr``).
+        select_holdout: with ``lr_grid``, the last N pool records held out of training to
+            choose the rate on (32).
         epochs: passes over the training set (1).
         train_batch_size: sequences per optimizer step (4).
         warmup_steps: linear learning-rate warm-up steps (2).
@@ -157,6 +171,8 @@ class TransferConfig:
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     lora_layers: list[int] | None = option(None, kind="layers")
     lr: float = 5e-4
+    lr_grid: list[float] | None = None
+    select_holdout: int = option(32, kind="count")
     epochs: int = option(1, kind="count")
     train_batch_size: int = option(4, kind="count")
     warmup_steps: int = 2
@@ -180,9 +196,19 @@ class TransferConfig:
             raise TransferError(f"patch_positions must be 'all' or 'last', not "
                                 f"{self.patch_positions!r}")
         for k in ("max_train_examples", "max_length", "hard_negative_attempts", "rank",
-                  "epochs", "train_batch_size", "checkpoint_every"):
+                  "epochs", "train_batch_size", "checkpoint_every", "select_holdout"):
             if int(getattr(self, k)) < 1:
                 raise TransferError(f"transfer config {k} must be >= 1, got {getattr(self, k)}")
+        if self.lr_grid is not None:
+            self.lr_grid = sorted({float(x) for x in self.lr_grid})
+            if not self.lr_grid or self.lr_grid[0] <= 0:
+                raise TransferError(f"transfer config lr_grid must list learning rates > 0, "
+                                    f"got {self.lr_grid}")
+            if self.select_holdout >= self.max_train_examples:
+                raise TransferError(
+                    f"transfer config select_holdout ({self.select_holdout}) must be under "
+                    f"max_train_examples ({self.max_train_examples}): the held-out records "
+                    f"come out of the training pool")
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any]) -> TransferConfig:
@@ -315,6 +341,91 @@ def _train(tdir: Path, handle: ModelHandle, template: Template,
     return metas
 
 
+def _eval_kw(template: Template, oracle: BaseOracle, config: TransferConfig) -> dict[str, Any]:
+    """The Study 1 settings every evaluation of the stage uses (held-out and validation)."""
+    return dict(template=template, oracle=oracle, max_new_tokens=config.max_new_tokens,
+                verdict_max_new_tokens=config.verdict_max_new_tokens,
+                batch_size=config.batch_size)
+
+
+def select_learning_rates(tdir: Path, handle: ModelHandle, template: Template,
+                          oracle: BaseOracle, pool: Sequence[QAExample],
+                          negatives: Sequence[Mapping[str, Any]], config: TransferConfig,
+                          log: Callable[[str], None] = print
+                          ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """Step 4 with ``lr_grid``: each adapter's learning rate, chosen on held-out TRAIN records.
+
+    The last ``select_holdout`` pool records are held out; for every rate of ``lr_grid`` the
+    three adapters are trained on the rest (``select/lr_<rate>/``, resumable like step 4) and
+    run Study 1 on the held-out records (their own answers, judged by themselves; stored per
+    adapter in ``select/lr_<rate>/heldout/``); :func:`interp.transfer.selection_score` scores
+    them and :func:`interp.transfer.choose_learning_rates` picks. The chosen candidates are
+    copied to ``adapters/<adapter>/`` and their training sets to ``train_sets/``.
+
+    Returns:
+        ``(select.json's content, {adapter: the chosen adapter's training metadata})``;
+        ``select.json`` holds the rule, the held-out ids, the base model's held-out score,
+        every candidate's score (``candidates[rate][adapter]``), ``chosen`` and, per adapter,
+        ``all_collapsed`` (every candidate's judge gave one reply to every held-out answer).
+
+    Raises:
+        TransferError: a pool too small to hold out ``select_holdout`` records and still train
+            on ``train_batch_size`` (before any training).
+    """
+    hold = config.select_holdout
+    if len(pool) - hold < config.train_batch_size:
+        raise TransferError(
+            f"the training pool has {len(pool)} records, too few to hold out "
+            f"select_holdout = {hold} and train on train_batch_size = "
+            f"{config.train_batch_size}; lower select_holdout or raise max_train_examples")
+    train, held = list(pool[:-hold]), list(pool[-hold:])
+    sets = build_training_sets(train, negatives[:-hold], seed=config.seed)
+    kw, sdir = _eval_kw(template, oracle, config), tdir / "select"
+
+    def heldout(path: Path, name: str, load: Callable[[], ModelHandle]) -> list[dict[str, Any]]:
+        if not path.exists():
+            t0 = time.perf_counter()
+            write_jsonl(path, evaluate_examples(load(), held, **kw))
+            log(f"[select] {name}: Study 1 on {len(held)} held-out records in "
+                f"{time.perf_counter() - t0:.1f} s")
+        return read_jsonl(path)
+
+    base = selection_score(heldout(sdir / "heldout_base.jsonl", "base", lambda: handle),
+                           "lora_both")
+    scores: dict[float, dict[str, dict[str, Any]]] = {}
+    metas: dict[float, dict[str, dict[str, Any]]] = {}
+    for lr in config.lr_grid or ():
+        sub = sdir / f"lr_{lr:g}"
+        metas[lr] = _train(sub, handle, template, sets, replace(config, lr=lr), log)
+        scores[lr] = {}
+        for name in ADAPTERS:
+            recs = heldout(sub / "heldout" / f"{name}.jsonl", f"{name} lr {lr:g}",
+                           lambda: load_adapter(handle, sub / "adapters" / name, name=name))
+            sc = scores[lr][name] = selection_score(recs, name)
+            log(f"[select] {name} lr {lr:g}: score {sc['score']} (GA {sc['GA']}, judge "
+                f"balanced accuracy {sc['judge_balanced_accuracy']}, accepts "
+                f"{sc['accept_share']}{', collapsed' if sc['collapsed'] else ''})")
+    chosen = choose_learning_rates(scores)
+    for name, lr in chosen.items():
+        dst = tdir / "adapters" / name
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(sdir / f"lr_{lr:g}" / "adapters" / name, dst)
+    for name, items in sets.items():
+        write_jsonl(tdir / "train_sets" / f"{name}.jsonl", items)
+    result = {
+        "rule": {a: list(m) for a, m in SELECTION_RULE.items()},
+        "rule_text": "LoRA-Gen: held-out GA; LoRA-Eval: the judge's held-out balanced "
+                     "accuracy; LoRA-Both: their mean; ties to the smaller rate",
+        "n_train": len(train), "holdout_ids": [ex.id for ex in held], "base": base,
+        "candidates": {f"{lr:g}": per for lr, per in scores.items()},
+        "chosen": {a: lr for a, lr in chosen.items()},
+        "all_collapsed": {a: all(scores[lr][a]["collapsed"] for lr in scores)
+                          for a in ("lora_eval", "lora_both")},
+    }
+    write_json(tdir / "select.json", result)
+    return result, {a: metas[lr][a] for a, lr in chosen.items()}
+
+
 def _evaluate_model(tdir: Path, handle: ModelHandle, mname: str, val: Mapping[str, list],
                     base_answers: dict[str, list], config: TransferConfig, kw: Mapping,
                     timings: dict[str, float], log: Callable[[str], None]
@@ -356,9 +467,7 @@ def _evaluate(tdir: Path, handle: ModelHandle, template: Template, oracle: BaseO
               log: Callable[[str], None]) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """Step 5: ``{"self": {model: records}, "judge_base_answers": {model: records}}``."""
     evals: dict[str, dict[str, list[dict[str, Any]]]] = {"self": {}, "judge_base_answers": {}}
-    kw = dict(template=template, oracle=oracle, max_new_tokens=config.max_new_tokens,
-              verdict_max_new_tokens=config.verdict_max_new_tokens,
-              batch_size=config.batch_size)
+    kw = _eval_kw(template, oracle, config)
     base_answers: dict[str, list[str | None]] = {}
     from interp.progress import tqdm
 
@@ -389,6 +498,64 @@ def build_table(evals: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]], 
                                                  n_boot=n_boot, seed=seed) for d in ds}
             if len(ds) > 1:
                 out[kind][model]["overall"] = group_metrics(ok, n_boot=n_boot, seed=seed)
+    if "base" in evals.get("self", {}):
+        out["vs_base"] = paired_vs_base(evals, n_boot=n_boot, seed=seed)
+    return out
+
+
+VS_BASE = {"GA": ("self", lambda r: float(bool(r["oracle_label"]))),
+           "EA": ("self", lambda r: float(r["verdict"] is not None
+                                          and r["verdict"] == bool(r["oracle_label"]))),
+           "accept_base_answers": ("judge_base_answers",
+                                   lambda r: float(r["verdict"] is True)),
+           "logit_diff_base_answers": ("judge_base_answers",
+                                       lambda r: float(r["logit_diff"]))}
+"""The paired differences adapter - base of :func:`paired_vs_base`: ``(records, per-record
+value)``. ``GA`` / ``EA`` on each model's own answers to the same questions; the judge's
+acceptance (verdict ``Correct``, a missing verdict not accepting) and whole-reply
+``logit_diff`` on the SAME base-model answers, so a change of judge is not a change of what
+it judges (paper 3.3: LoRA-Gen over-accepts, LoRA-Eval degrades generation)."""
+
+
+def paired_vs_base(evals: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]], *,
+                   n_boot: int, seed: int) -> dict[str, Any]:
+    """Each adapter minus the base model, paired per record, with passage-cluster 95% CIs.
+
+    Args:
+        evals: ``{"self" | "judge_base_answers": {model: records}}`` (step 5), ``base``
+            among the models.
+        n_boot: passage-cluster bootstrap resamples (:func:`interp.stats.cluster_bootstrap_mean`).
+        seed: bootstrap seed.
+
+    Returns:
+        ``{adapter: {dataset | "overall": {metric: {"mean", "ci", "n", "n_passages"}}}}`` for
+        every metric of :data:`VS_BASE`; records ``ok`` in both runs are paired by
+        ``(dataset, id)``.
+    """
+    import numpy as np
+
+    from interp.stats import cluster_bootstrap_mean, passage_groups
+
+    def ok(recs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], Mapping[str, Any]]:
+        return {(r["dataset"], r["id"]): r for r in recs if r.get("status") == "ok"}
+
+    out: dict[str, Any] = {}
+    for model in evals["self"]:
+        if model == "base":
+            continue
+        per: dict[str, dict[str, Any]] = {}
+        for metric, (kind, value) in VS_BASE.items():
+            base, ad = ok(evals.get(kind, {}).get("base", ())), ok(
+                evals.get(kind, {}).get(model, ()))
+            keys = [k for k in ad if k in base]
+            for d in sorted({k[0] for k in keys}) + (["overall"] if keys else []):
+                ks = [k for k in keys if d in ("overall", k[0])]
+                x = np.array([value(ad[k]) - value(base[k]) for k in ks])
+                e = cluster_bootstrap_mean(x, passage_groups([base[k] for k in ks]),
+                                           np.random.default_rng(seed), n_boot)
+                per.setdefault(d, {})[metric] = {"mean": e["mean"], "ci": e["ci"],
+                                                 "n": e["n"], "n_passages": e["n_clusters"]}
+        out[model] = per
     return out
 
 
@@ -496,13 +663,24 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig, 
     fallback_rate = sum(r["fallback"] for r in negatives) / len(negatives)
     log(f"[hard negatives] {len(negatives)} records, fallback (answer rotation) rate "
         f"{fallback_rate:.2f}")
-    sets = build_training_sets(pool, negatives, seed=cfg.seed)
-    metas = _train(tdir, handle, template, sets, cfg, log)
+    selection = None
+    if cfg.lr_grid:
+        selection, metas = select_learning_rates(tdir, handle, template, oracle, pool,
+                                                 negatives, cfg, log)
+        sets = {n: read_jsonl(tdir / "train_sets" / f"{n}.jsonl") for n in ADAPTERS}
+    else:
+        sets = build_training_sets(pool, negatives, seed=cfg.seed)
+        metas = _train(tdir, handle, template, sets, cfg, log)
     evals = _evaluate(tdir, handle, template, oracle, val, cfg, timings, log)
     table = build_table(evals, n_boot=cfg.n_boot, seed=cfg.seed)
     table["train_seconds"] = {n: m["train_seconds"] for n, m in metas.items()}
     table["train_cpu_seconds"] = {n: m.get("train_cpu_seconds") for n, m in metas.items()}
     table["hard_negative_fallback_rate"] = fallback_rate
+    table["lr"] = {n: m.get("config", {}).get("lr", cfg.lr) for n, m in metas.items()}
+    if selection is not None:
+        table["lr_selection"] = {k: selection[k] for k in ("rule_text", "n_train", "base",
+                                                           "candidates", "chosen",
+                                                           "all_collapsed")}
     write_json(tdir / "table.json", table)
     patch_path = tdir / "patching.json"
     if cfg.patch_examples > 0 and not patch_path.exists():

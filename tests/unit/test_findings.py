@@ -129,3 +129,25 @@ def test_collect_publishes_what_a_partial_study_has(tmp_path):
     assert names == ["m__asymmetry.png", "m__asymmetry_metrics.json",
                      "m__attention_summary.json", "progress.json"]
     assert json.loads((tmp_path / "fig/progress.json").read_text()) == got
+
+
+def test_transfer_cells_read_the_paired_differences_and_the_selection(tmp_path):
+    def e(mean, lo, hi):
+        return {"mean": mean, "ci": [lo, hi], "n": 100, "n_passages": 98}
+    t = {"vs_base": {"lora_gen": {"overall": {"accept_base_answers": e(0.3, 0.2, 0.4)}},
+                     "lora_eval": {"overall": {"GA": e(-0.05, -0.12, 0.01)}}},
+         "lr": {"lora_gen": 3e-4, "lora_eval": 1e-4},
+         "lr_selection": {"candidates": {"0.0003": {"lora_gen": {"collapsed": True}},
+                                         "0.0001": {"lora_eval": {"collapsed": False}}}}}
+    _write(tmp_path, "m__transfer_table.json", t)
+    cells = _cells(tmp_path, ["m"])
+    g = cells["LoRA-Gen over-accepts (3.3)"]["m"]
+    assert g.text() == "+0.30 [+0.20, +0.40] (n=100, p=98)"
+    assert g.verdict == ("yes (lr 0.0003, chosen on held-out train records; its judge "
+                         "collapsed to one reply there)")
+    ev = cells["LoRA-Eval degrades generation (3.3)"]["m"]
+    assert ev.verdict == "undecided (lr 0.0001, chosen on held-out train records)"
+    t["vs_base"]["lora_eval"]["overall"]["GA"] = e(-0.1, -0.2, -0.02)
+    _write(tmp_path, "m__transfer_table.json", t)
+    assert _cells(tmp_path, ["m"])["LoRA-Eval degrades generation (3.3)"]["m"].verdict.startswith(
+        "yes (lr")

@@ -10,9 +10,12 @@ from interp.prompts import get_template
 from interp.stages.transfer import TransferConfig
 from interp.transfer import (
     build_training_sets,
+    choose_learning_rates,
     is_refusal,
+    judge_balanced_accuracy,
     mine_hard_negatives,
     rotation_answer,
+    selection_score,
     training_pool,
 )
 
@@ -103,3 +106,58 @@ def test_training_sets_are_balanced_and_mixed(qa_example):
     both = sets["lora_both"]
     assert sum(it["task"] == "gen" for it in both) == 5
     assert sum(it["task"] == "eval" and it["label"] for it in both) in (2, 3)
+
+
+# --- the learning rate, chosen on held-out training records ----------------------------------
+
+
+def _rec(y: bool, verdict: bool | None) -> dict:
+    return {"oracle_label": y, "verdict": verdict, "status": "ok"}
+
+
+def test_judge_balanced_accuracy_scores_a_constant_judge_at_most_half():
+    # 3 right answers, 1 wrong: accepting all is right 3/4 times (EA 0.75) but balanced 0.5
+    recs = [_rec(True, True)] * 3 + [_rec(False, True)]
+    assert judge_balanced_accuracy(recs) == 0.5
+    # a missing verdict is wrong on either label
+    assert judge_balanced_accuracy([_rec(True, None), _rec(False, None)]) == 0.0
+    # right on 2 of 3 correct answers and 1 of 1 wrong: (2/3 + 1) / 2
+    recs = [_rec(True, True), _rec(True, True), _rec(True, False), _rec(False, False)]
+    assert judge_balanced_accuracy(recs) == pytest.approx((2 / 3 + 1) / 2)
+    assert judge_balanced_accuracy([_rec(False, False)]) == 1.0  # one label only
+    assert judge_balanced_accuracy([]) is None
+
+
+def test_selection_score_follows_the_rule_and_marks_collapse():
+    recs = [_rec(True, True), _rec(False, True), _rec(False, False), _rec(False, False)]
+    gen, ev, both = (selection_score(recs, a) for a in ("lora_gen", "lora_eval", "lora_both"))
+    assert gen["score"] == gen["GA"] == 0.25
+    assert ev["score"] == ev["judge_balanced_accuracy"] == pytest.approx((1 + 2 / 3) / 2)
+    assert both["score"] == pytest.approx((0.25 + (1 + 2 / 3) / 2) / 2)
+    assert not ev["collapsed"] and ev["accept_share"] == 0.5
+    flat = selection_score([_rec(True, False), _rec(False, False)], "lora_eval")
+    assert flat["collapsed"] and flat["score"] == 0.5 and flat["accept_share"] == 0.0
+    # records that failed (not ok) do not count
+    assert selection_score(recs + [{"status": "error"}], "lora_gen")["n"] == 4
+    with pytest.raises(TransferError, match="no selection rule for adapter 'lora_x'"):
+        selection_score(recs, "lora_x")
+
+
+def test_choose_learning_rates_takes_the_best_and_ties_to_the_smaller_rate():
+    def s(score):
+        return {"score": score}
+    scores = {1e-4: {"lora_gen": s(0.2), "lora_eval": s(0.5)},
+              3e-4: {"lora_gen": s(0.4), "lora_eval": s(0.5)},
+              1e-3: {"lora_gen": s(None), "lora_eval": s(0.5)}}
+    assert choose_learning_rates(scores) == {"lora_gen": 3e-4, "lora_eval": 1e-4}
+    assert choose_learning_rates({1e-3: {"lora_gen": s(None)},
+                                  1e-4: {"lora_gen": s(None)}}) == {"lora_gen": 1e-4}
+
+
+def test_lr_grid_settings_are_checked_before_any_work():
+    assert TransferConfig(lr_grid=[3e-4, 1e-4, 3e-4]).lr_grid == [1e-4, 3e-4]
+    with pytest.raises(TransferError, match="lr_grid must list learning rates > 0"):
+        TransferConfig(lr_grid=[0.0, 1e-4])
+    with pytest.raises(TransferError, match=r"select_holdout \(80\) must be under "
+                                            r"max_train_examples \(80\)"):
+        TransferConfig(lr_grid=[1e-4], select_holdout=80)

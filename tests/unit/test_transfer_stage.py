@@ -64,3 +64,72 @@ def test_bad_patch_layers_fail_before_training(tiny, tmp_path):
     with pytest.raises(LayerSpecError, match="0-1"):
         run(tmp_path, tiny, cfg, log=lambda x: None)
     assert not (tmp_path / "transfer" / "hard_negatives.jsonl").exists()
+
+
+def test_lr_grid_chooses_on_held_out_train_records(tiny, tmp_path):
+    """Each candidate rate trains without the held-out records and is scored on them.
+
+    The chosen candidate is the adapter evaluated; validation records are never used.
+    """
+    cfg = TransferConfig(max_train_examples=6, select_holdout=2, lr_grid=[1e-3, 1e-4],
+                         eval_limit=1, train_batch_size=2, hard_negative_attempts=1,
+                         hard_negative_max_new_tokens=4, max_new_tokens=4,
+                         verdict_max_new_tokens=2, patch_examples=0, n_boot=20, rank=2,
+                         max_length=400)
+    run(tmp_path, tiny, cfg, log=lambda x: None)
+    td = tmp_path / "transfer"
+    sel = json.loads((td / "select.json").read_text())
+    hn = [json.loads(x) for x in (td / "hard_negatives.jsonl").open()]
+    assert sel["holdout_ids"] == [r["id"] for r in hn[-2:]] and sel["n_train"] == 4
+    val = [json.loads(x)["id"] for x in (td / "eval" / "base__squad_v2.jsonl").open()]
+    assert not set(val) & set(sel["holdout_ids"])
+    assert set(sel["candidates"]) == {"0.0001", "0.001"}
+    for name in ("lora_gen", "lora_eval", "lora_both"):
+        # trained on the 4 records left, never on a held-out one
+        items = [json.loads(x) for x in (td / "train_sets" / f"{name}.jsonl").open()]
+        assert not {it["id"] for it in items} & set(sel["holdout_ids"])
+        held = [json.loads(x) for x in (td / "select" / "lr_0.001" / "heldout" /
+                                        f"{name}.jsonl").open()]
+        assert [r["id"] for r in held] == sel["holdout_ids"]
+        lr = sel["chosen"][name]
+        best = max(c[name]["score"] or 0.0 for c in sel["candidates"].values())
+        assert (sel["candidates"][f"{lr:g}"][name]["score"] or 0.0) == best
+        # the adapter evaluated is the chosen candidate, with its rate in its metadata
+        meta = json.loads((td / "adapters" / name / "interp_adapter.json").read_text())
+        src = json.loads((td / "select" / f"lr_{lr:g}" / "adapters" / name /
+                          "interp_adapter.json").read_text())
+        assert meta == src and meta["config"]["lr"] == lr
+    table = json.loads((td / "table.json").read_text())
+    assert table["lr"] == sel["chosen"] and table["lr_selection"]["chosen"] == sel["chosen"]
+    # resumed: nothing is trained or evaluated again
+    def stamps():
+        return {p: p.stat().st_mtime_ns for p in (td / "select").rglob("*") if p.is_file() and (
+                "heldout" in str(p) or p.name == "adapter_model.safetensors")}
+    before = stamps()
+    assert len(before) == 1 + 2 * 3 * 2  # base, and per rate 3 held-out files + 3 adapters
+    run(tmp_path, tiny, cfg, log=lambda x: None)
+    assert stamps() == before
+
+
+def test_paired_vs_base_pairs_records_and_judges_the_same_answers():
+    from interp.stages.transfer import paired_vs_base
+
+    def r(i, y, v, ld=0.0, ctx="c"):
+        return {"dataset": "squad_v2", "id": str(i), "status": "ok", "context": f"{ctx}{i % 3}",
+                "oracle_label": y, "verdict": v, "logit_diff": ld}
+    base = [r(0, True, True, 1.0), r(1, False, True, 0.5), r(2, False, False, -1.0),
+            r(3, True, None, 0.0)]
+    gen = [r(0, True, True, 2.0), r(1, True, True, 1.0), r(2, False, True, 0.0),
+           {"dataset": "squad_v2", "id": "3", "status": "error"}]
+    evals = {"self": {"base": base, "lora_gen": gen},
+             "judge_base_answers": {"base": base, "lora_gen": gen}}
+    v = paired_vs_base(evals, n_boot=200, seed=0)["lora_gen"]
+    sq = v["squad_v2"]
+    # 3 records ok in both: GA 1,1,0 vs 1,0,0 -> +1/3; EA right 1,1,0 vs 1,0,1 -> 0
+    assert sq["GA"]["mean"] == pytest.approx(1 / 3) and sq["GA"]["n"] == 3
+    assert sq["EA"]["mean"] == pytest.approx(0.0)
+    # acceptance: 1,1,1 vs 1,1,0 -> +1/3; logit_diff +1, +0.5, +1 -> 2.5/3
+    assert sq["accept_base_answers"]["mean"] == pytest.approx(1 / 3)
+    assert sq["logit_diff_base_answers"]["mean"] == pytest.approx(2.5 / 3)
+    assert sq["GA"]["n_passages"] == 3 and len(sq["GA"]["ci"]) == 2
+    assert v["overall"]["GA"] == sq["GA"]
