@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo study findings transfer test test-unit docs bench clean
+.PHONY: venv demo study findings findings-state transfer test test-unit docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,11 +46,21 @@ study: $(STAMP)
 FINDINGS_PROCS ?= 2
 FINDINGS_RUN = OMP_NUM_THREADS=$$(( $$(nproc) / $(FINDINGS_PROCS) )) $(BIN)/torchrun --standalone \
 	--nproc_per_node $(FINDINGS_PROCS) -m interp run
+# The run directories' JSON (records, parts, permutations: every costly result) is kept under
+# figures/findings/state/ and restored first, so a session on a fresh machine resumes the study
+# instead of starting it again; `make findings-state` saves it after an interrupted run.
+FINDINGS_STATE = figures/findings/state
+FINDINGS_OUTS = findings findings_matched
 findings: $(STAMP)
+	$(BIN)/python -m interp.findings --restore-state $(FINDINGS_STATE) runs
 	$(FINDINGS_RUN) experiments/findings.toml --only asymmetry,attention
 	$(FINDINGS_RUN) experiments/findings_matched.toml
 	$(FINDINGS_RUN) experiments/findings.toml
+	$(MAKE) findings-state
 	$(BIN)/python -m interp.findings figures/findings docs/findings.md
+
+findings-state: $(STAMP)
+	$(BIN)/python -m interp.findings --save-state runs $(FINDINGS_STATE) $(FINDINGS_OUTS)
 
 # Study 3 on the bundled model (trains three LoRA adapters on CPU; resumable), figures copied.
 transfer: $(STAMP)

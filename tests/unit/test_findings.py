@@ -151,3 +151,38 @@ def test_transfer_cells_read_the_paired_differences_and_the_selection(tmp_path):
     _write(tmp_path, "m__transfer_table.json", t)
     assert _cells(tmp_path, ["m"])["LoRA-Eval degrades generation (3.3)"]["m"].verdict.startswith(
         "yes (lr")
+
+
+def test_state_keeps_the_json_of_a_run_and_restores_it_without_overwriting(tmp_path):
+    from interp.findings import restore_state, save_state
+
+    run = tmp_path / "runs" / "findings" / "m"
+    files = {"records.jsonl": "{}\n", "manifest.json": "{}", "steering/parts/a.json": "{}",
+             "transfer/select/lr_0.001/heldout/lora_gen.jsonl": "{}\n",
+             # left out: tensors, figures, adapters and checkpoints (as whole folders)
+             "probes/features_eval.safetensors": "x", "figures/steering.json": "{}",
+             "transfer/adapters/lora_gen/interp_adapter.json": "{}",
+             "transfer/checkpoints/lora_gen/state.json": "{}", ".writer.json": "{}"}
+    for rel, text in files.items():
+        (run / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run / rel).write_text(text)
+    state = tmp_path / "state"
+    assert save_state(tmp_path / "runs", state, ["findings", "findings_matched"]) == 4
+    kept = sorted(str(p.relative_to(state)) for p in state.rglob("*") if p.is_file())
+    assert kept == ["findings/m/manifest.json", "findings/m/records.jsonl",
+                    "findings/m/steering/parts/a.json",
+                    "findings/m/transfer/select/lr_0.001/heldout/lora_gen.jsonl"]
+    # a part a stage removed as stale goes from the state too; a missing out is left alone
+    (run / "steering/parts/a.json").unlink()
+    assert save_state(tmp_path / "runs", state, ["findings"]) == 3
+    assert not (state / "findings/m/steering/parts/a.json").exists()
+    assert save_state(tmp_path / "none", state, ["findings"]) == 0
+    assert (state / "findings/m/records.jsonl").exists()
+    # restored onto a fresh machine; a file already there is never overwritten
+    fresh = tmp_path / "fresh"
+    (fresh / "findings/m").mkdir(parents=True)
+    (fresh / "findings/m/manifest.json").write_text('{"newer": 1}')
+    assert restore_state(state, fresh) == 2
+    assert (fresh / "findings/m/manifest.json").read_text() == '{"newer": 1}'
+    assert (fresh / "findings/m/records.jsonl").read_text() == "{}\n"
+    assert restore_state(tmp_path / "no-state", fresh) == 0
