@@ -445,9 +445,9 @@ def save_state(runs: str | Path, dest: str | Path, outs: Sequence[str]) -> int:
     ``runs/<out>/`` is mirrored to ``dest/<out>/`` (a file a stage removed as stale is removed
     there too, so a restore never brings it back), and :func:`restore_state` puts it back,
     so ``make findings`` (which restores first) resumes instead of starting again. An ``out``
-    missing under ``runs`` is left as it is in ``dest``. Every stage checks what it reads back as always (signatures,
-    the manifest's runtime facts): restored parts made under other settings are redone or
-    refused, never mixed in.
+    missing under ``runs`` is left as it is in ``dest``. Every stage checks what it reads
+    back as always (signatures, the manifest's runtime facts): restored parts made under
+    other settings are redone or refused, never mixed in.
 
     Args:
         runs: the folder of the run directories (``runs``).
