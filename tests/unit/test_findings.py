@@ -154,27 +154,32 @@ def test_transfer_cells_read_the_paired_differences_and_the_selection(tmp_path):
 
 
 def test_state_keeps_the_json_of_a_run_and_restores_it_without_overwriting(tmp_path):
-    from interp.findings import restore_state, save_state
+    from interp.findings import STATE_MAX_PART_BYTES, restore_state, save_state
 
     run = tmp_path / "runs" / "findings" / "m"
     files = {"records.jsonl": "{}\n", "manifest.json": "{}", "steering/parts/a.json": "{}",
              "transfer/select/lr_0.001/heldout/lora_gen.jsonl": "{}\n",
              # left out: tensors, figures, adapters and checkpoints (as whole folders)
-             "probes/features_eval.safetensors": "x", "figures/steering.json": "{}",
+             "probes/features_eval.safetensors": "x" * (STATE_MAX_PART_BYTES + 1),  # too big
+             "figures/steering.json": "{}",
              "transfer/adapters/lora_gen/interp_adapter.json": "{}",
-             "transfer/checkpoints/lora_gen/state.json": "{}", ".writer.json": "{}"}
+             "transfer/checkpoints/lora_gen/state.json": "{}", ".writer.json": "{}",
+             # a declared part (an attention recording) is kept; an undeclared tensor is not
+             "attention/records/squad_v2/r1.safetensors": "t", "attention/other.safetensors": "t",
+             "record/squad_v2/r1/index.json": "{}"}
     for rel, text in files.items():
         (run / rel).parent.mkdir(parents=True, exist_ok=True)
         (run / rel).write_text(text)
     state = tmp_path / "state"
-    assert save_state(tmp_path / "runs", state, ["findings", "findings_matched"]) == 4
+    assert save_state(tmp_path / "runs", state, ["findings", "findings_matched"]) == 5
     kept = sorted(str(p.relative_to(state)) for p in state.rglob("*") if p.is_file())
-    assert kept == ["findings/m/manifest.json", "findings/m/records.jsonl",
+    assert kept == ["findings/m/attention/records/squad_v2/r1.safetensors",
+                    "findings/m/manifest.json", "findings/m/records.jsonl",
                     "findings/m/steering/parts/a.json",
                     "findings/m/transfer/select/lr_0.001/heldout/lora_gen.jsonl"]
     # a part a stage removed as stale goes from the state too; a missing out is left alone
     (run / "steering/parts/a.json").unlink()
-    assert save_state(tmp_path / "runs", state, ["findings"]) == 3
+    assert save_state(tmp_path / "runs", state, ["findings"]) == 4
     assert not (state / "findings/m/steering/parts/a.json").exists()
     assert save_state(tmp_path / "none", state, ["findings"]) == 0
     assert (state / "findings/m/records.jsonl").exists()
@@ -182,7 +187,7 @@ def test_state_keeps_the_json_of_a_run_and_restores_it_without_overwriting(tmp_p
     fresh = tmp_path / "fresh"
     (fresh / "findings/m").mkdir(parents=True)
     (fresh / "findings/m/manifest.json").write_text('{"newer": 1}')
-    assert restore_state(state, fresh) == 2
+    assert restore_state(state, fresh) == 3
     assert (fresh / "findings/m/manifest.json").read_text() == '{"newer": 1}'
     assert (fresh / "findings/m/records.jsonl").read_text() == "{}\n"
     assert restore_state(tmp_path / "no-state", fresh) == 0
