@@ -39,11 +39,13 @@ study: $(STAMP)
 
 # The findings study (docs/findings.md): the paper's claims, their controls and the causal tests
 # on both bundled models, 150/150/30/30 records per model (hours on a CPU; benchmarks/
-# findings_plan.py times each part on a slice). Study 1 runs sharded over the cores (torchrun:
-# one process per core, rank 0 merges and runs the stages; FINDINGS_PROCS=1 for one process).
+# findings_plan.py times each part on a slice). One process with a thread per core: on these
+# 2-core machines it beat 2 torchrun shards x 1 thread (138.6 s vs 152.0 s on 32 records,
+# docs/performance.md), and its run directories are the ones the state below keeps (a sharded
+# run keeps its records in out/<model>/shards/; FINDINGS_PROCS=N shards over N processes).
 # Resumable: interrupt it and run it again. Phase 1 (Study 1 and 2 of both configs) first, so
 # the headline numbers exist early; then every stage; then the report's table.
-FINDINGS_PROCS ?= 2
+FINDINGS_PROCS ?= 1
 FINDINGS_RUN = OMP_NUM_THREADS=$$(( $$(nproc) / $(FINDINGS_PROCS) )) $(BIN)/torchrun --standalone \
 	--nproc_per_node $(FINDINGS_PROCS) -m interp run
 # The run directories' JSON (records, parts, permutations: every costly result) is kept under

@@ -429,11 +429,12 @@ STATE_MAX_PART_BYTES = 1 << 20
 (:data:`interp.stages.contract.SPECS`) up to this size: the attention recordings (about 12 KB
 a record, a forward each to make again); not the probe feature caches (tens of MB, one
 forward per record to make again)."""
-STATE_SKIP = ("figures", "checkpoints", "adapters", "shards", "record")
+STATE_SKIP = ("figures", "checkpoints", "adapters", "record")
 """Folders :func:`save_state` leaves out, as a whole (so what is kept stays consistent): the
 figures (redrawn), training checkpoints and adapters (retrained from the same seed when
-absent: an adapter's metadata without its weights would be read as trained), merged shards
-and the record stage's per-record folders (an index without its tensors)."""
+absent: an adapter's metadata without its weights would be read as trained) and the record
+stage's per-record folders (an index without its tensors). A sharded run's shards are kept:
+a sharded rerun reads its records from them, not from the merged run."""
 
 
 def _state_files(root: Path) -> list[Path]:
