@@ -26,16 +26,18 @@ Algorithm:
    with their hard negative -> ``Incorrect``; ``lora_both``: a 1:1 mix, N/2 items drawn from
    each of the two sets (seeded). Items are encoded for training by
    :func:`interp.lora.encode_example` (Study 1 prompt + target as the assistant reply).
-4. **Learning rate on a held-out slice** (:func:`selection_score`, :func:`choose_learning_rates`;
-   the stage trains one set of adapters per candidate of ``lr_grid`` on the pool less its last
-   ``select_holdout`` records and runs Study 1 with each on those held-out TRAIN records, never
-   on the validation records it reports). Each adapter is scored on what it was trained for
-   (:data:`SELECTION_RULE`): LoRA-Gen by held-out GA, LoRA-Eval by the judge's held-out
-   balanced accuracy (:func:`judge_balanced_accuracy`: the mean over the two oracle labels of
-   the share of right verdicts, a missing verdict wrong, so a judge that gives one reply to
-   every answer scores at most 0.5), LoRA-Both by the mean of the two. The highest score wins,
-   a tie goes to the smaller learning rate; a judge whose held-out verdicts are all one reply
-   is marked ``collapsed``, so a grid on which every candidate collapses says so.
+4. **Learning rate on a held-out slice** (:func:`holdout_split`, :func:`selection_score`,
+   :func:`choose_learning_rates`; the stage trains the adapters once per candidate of
+   ``lr_grid`` without ``select_holdout`` evenly spaced pool records and scores them on those
+   held-out TRAIN records, never on the validation records it reports). Each adapter is scored
+   on what it was trained for (:data:`SELECTION_RULE`): LoRA-Gen by held-out GA (its own
+   answers, graded by the oracle); LoRA-Eval by the judge's balanced accuracy
+   (:func:`judge_balanced_accuracy`) on the SAME answers for every rate and adapter, each
+   held-out record's gold answer (y* Correct) and its hard negative (y* Incorrect), so both
+   labels are always there and a judge that gives one reply to every answer scores 0.5 at
+   most; LoRA-Both by the mean of the two. Such a one-reply judge is marked ``collapsed`` and
+   ranked under every judge that is not; then the highest score wins and a tie goes to the
+   smaller learning rate.
 5. **Patching across models** (:func:`cross_model_patching`): with the activation-patching
    engine (:class:`interp.patching.Patcher`, the clean run on the donor model), the residual
    stream after decoder layer L (``blocks.L.hook_resid_post``) is patched from the adapter
@@ -80,6 +82,7 @@ __all__ = [
     "build_training_sets",
     "choose_learning_rates",
     "cross_model_patching",
+    "holdout_split",
     "judge_balanced_accuracy",
     "is_refusal",
     "mine_hard_negatives",
@@ -360,6 +363,22 @@ SELECTION_RULE = {"lora_gen": ("GA",), "lora_eval": ("judge_balanced_accuracy",)
 trained for (LoRA-Gen: generation; LoRA-Eval: judging; LoRA-Both: both, equally)."""
 
 
+def holdout_split(n: int, hold: int) -> tuple[list[int], list[int]]:
+    """Pool indices ``(train, held out)``: ``hold`` evenly spaced records held out.
+
+    Evenly spaced over the pool (which lists its datasets one after another), so each dataset
+    gives its share of the held-out records.
+
+    Raises:
+        TransferError: ``hold`` not in ``1..n-1``.
+    """
+    if not 0 < hold < n:
+        raise TransferError(f"select_holdout = {hold} must be between 1 and the pool's "
+                            f"{n} records less one")
+    held = sorted({int((k + 0.5) * n / hold) for k in range(hold)})
+    return [i for i in range(n) if i not in set(held)], held
+
+
 def judge_balanced_accuracy(records: Sequence[Mapping[str, Any]]) -> float | None:
     """The judge's accuracy averaged over the two oracle labels (a missing verdict is wrong).
 
@@ -371,30 +390,36 @@ def judge_balanced_accuracy(records: Sequence[Mapping[str, Any]]) -> float | Non
         records: Study 1 records (``oracle_label`` bool, ``verdict`` True/False/None).
 
     Returns:
-        The balanced accuracy in [0, 1]; the one label's accuracy when only one label occurs;
-        None for no records.
+        The balanced accuracy in [0, 1]; None when either label is missing (a judge that
+        rejects every answer would score 1 on wrong answers alone).
     """
     per = []
     for label in (True, False):
         grp = [r for r in records if bool(r["oracle_label"]) is label]
-        if grp:
-            per.append(sum(r["verdict"] is label for r in grp) / len(grp))
-    return sum(per) / len(per) if per else None
+        if not grp:
+            return None
+        per.append(sum(r["verdict"] is label for r in grp) / len(grp))
+    return sum(per) / 2
 
 
-def selection_score(records: Sequence[Mapping[str, Any]], adapter: str) -> dict[str, Any]:
-    """An adapter's held-out Study 1 records scored by :data:`SELECTION_RULE`.
+def selection_score(adapter: str, own: Sequence[Mapping[str, Any]] = (),
+                    judged: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """An adapter's held-out records scored by :data:`SELECTION_RULE`.
 
     Args:
-        records: the adapter's Study 1 records on the held-out training records (its own
-            answers judged by itself); only ``status == "ok"`` records count.
         adapter: ``lora_gen``, ``lora_eval`` or ``lora_both``.
+        own: Study 1 records of the adapter on the held-out records (its own answers, graded
+            by the oracle): ``GA`` (LoRA-Gen, LoRA-Both).
+        judged: the adapter judging the held-out records' gold answers and hard negatives
+            (the same answers for every rate): ``judge_balanced_accuracy`` (LoRA-Eval,
+            LoRA-Both). Only ``status == "ok"`` records count in either.
 
     Returns:
-        ``{"n", "GA", "judge_balanced_accuracy", "accept_share", "no_verdict_share",
-        "collapsed", "score"}``: ``accept_share`` is the share of verdicts ``Correct`` among
-        the records, ``collapsed`` is True when every record got the same verdict (or none),
-        ``score`` the mean of the rule's metrics (None if one is undefined).
+        ``{"n_own", "GA", "n_judged", "judge_balanced_accuracy", "accept_share",
+        "no_verdict_share", "collapsed", "score"}``: ``accept_share`` is the share of judged
+        answers called ``Correct``; ``collapsed`` is True when the judge gave every judged
+        answer the same verdict (or none), None without judged records; ``score`` the mean of
+        the rule's metrics (None if one is undefined).
 
     Raises:
         TransferError: an unknown adapter name.
@@ -402,16 +427,17 @@ def selection_score(records: Sequence[Mapping[str, Any]], adapter: str) -> dict[
     if adapter not in SELECTION_RULE:
         raise TransferError(f"no selection rule for adapter {adapter!r}; one of "
                             f"{sorted(SELECTION_RULE)}")
-    ok = [r for r in records if r.get("status", "ok") == "ok"]
-    n = len(ok)
-    verdicts = {r["verdict"] for r in ok}
+    own = [r for r in own if r.get("status", "ok") == "ok"]
+    judged = [r for r in judged if r.get("status", "ok") == "ok"]
+    n = len(judged)
     out: dict[str, Any] = {
-        "n": n,
-        "GA": sum(bool(r["oracle_label"]) for r in ok) / n if n else None,
-        "judge_balanced_accuracy": judge_balanced_accuracy(ok),
-        "accept_share": sum(r["verdict"] is True for r in ok) / n if n else None,
-        "no_verdict_share": sum(r["verdict"] is None for r in ok) / n if n else None,
-        "collapsed": len(verdicts) <= 1,
+        "n_own": len(own),
+        "GA": sum(bool(r["oracle_label"]) for r in own) / len(own) if own else None,
+        "n_judged": n,
+        "judge_balanced_accuracy": judge_balanced_accuracy(judged),
+        "accept_share": sum(r["verdict"] is True for r in judged) / n if n else None,
+        "no_verdict_share": sum(r["verdict"] is None for r in judged) / n if n else None,
+        "collapsed": len({r["verdict"] for r in judged}) <= 1 if n else None,
     }
     vals = [out[k] for k in SELECTION_RULE[adapter]]
     out["score"] = None if None in vals else sum(vals) / len(vals)
@@ -419,22 +445,29 @@ def selection_score(records: Sequence[Mapping[str, Any]], adapter: str) -> dict[
 
 
 def choose_learning_rates(scores: Mapping[float, Mapping[str, Mapping[str, Any]]]
-                          ) -> dict[str, float]:
-    """The learning rate of each adapter: the highest held-out score, ties to the smaller rate.
+                          ) -> dict[str, dict[str, Any]]:
+    """Each adapter's learning rate from its held-out scores (module docstring, step 4).
+
+    A rate with a score beats one without; a judge that did not collapse beats one that did;
+    then the higher score wins, and a tie goes to the smaller rate.
 
     Args:
         scores: ``{lr: {adapter: selection_score(...)}}``.
 
     Returns:
-        ``{adapter: lr}`` for every adapter scored at some rate; a rate whose score is None
-        is never chosen unless every rate's is (then the smallest).
+        ``{adapter: {"lr", "by"}}`` for every adapter scored at some rate, ``by`` saying how:
+        ``held-out score``, or ``smallest rate: no rate could be scored`` when every score is
+        None (every held-out record failed).
     """
     names = sorted({a for per in scores.values() for a in per})
     out = {}
     for a in names:
         rates = sorted(lr for lr in scores if a in scores[lr])
-        out[a] = max(rates, key=lambda lr: (scores[lr][a]["score"] is not None,
-                                            scores[lr][a]["score"] or 0.0, -lr))
+        best = max(rates, key=lambda lr: (scores[lr][a]["score"] is not None,
+                                          scores[lr][a].get("collapsed") is not True,
+                                          scores[lr][a]["score"] or 0.0, -lr))
+        out[a] = {"lr": best, "by": "held-out score" if scores[best][a]["score"] is not None
+                  else "smallest rate: no rate could be scored"}
     return out
 
 

@@ -64,6 +64,7 @@ from interp.transfer import (
     build_training_sets,
     choose_learning_rates,
     cross_model_patching,
+    holdout_split,
     mine_hard_negatives,
     selection_score,
     training_pool,
@@ -90,6 +91,15 @@ EVAL_FIELDS = ("eval_limit", "max_new_tokens", "verdict_max_new_tokens", "judge_
 """Config fields whose change redoes the evaluation (the adapters are kept)."""
 PATCH_FIELDS = ("patch_examples", "patch_positions", "patch_layers")
 """Config fields whose change redoes the cross-model patching."""
+SELECT_FIELDS = ("max_new_tokens", "verdict_max_new_tokens")
+"""Config fields whose change redoes the held-out records of the learning-rate selection
+(decoding; the adapters are kept) and so the choice."""
+
+
+def _heldout(tdir: Path) -> list[str]:
+    """The held-out record files of the learning-rate selection, relative to ``tdir``."""
+    return [str(p.relative_to(tdir)) for p in sorted((tdir / "select").glob("**/*.jsonl"))
+            if p.parent.name == "heldout" or p.name.startswith("heldout_base")]
 _ALL_OUTPUTS = ("hard_negatives.jsonl", "train_sets", "adapters", "checkpoints", "select",
                 "select.json", "eval", "table.json", "patching.json", "summary.json")
 
@@ -286,7 +296,8 @@ def reconcile_config(tdir: Path, config: TransferConfig, overwrite: bool,
         old_prov = old.get("provenance") or {}
         changed = {k for k in new_prov if k in old_prov and old_prov[k] != new_prov[k]}
         for fields, outs in ((EVAL_FIELDS, ("eval", "table.json", "patching.json")),
-                             (PATCH_FIELDS, ("patching.json",))):
+                             (PATCH_FIELDS, ("patching.json",)),
+                             (SELECT_FIELDS, ("select.json", *_heldout(tdir)))):
             if any(old.get(k) != cfg.get(k) for k in fields) or (
                     fields is EVAL_FIELDS and changed & set(EVAL_PROVENANCE)):
                 _remove(tdir, outs)
@@ -324,13 +335,14 @@ def _hard_negatives(tdir: Path, handle: ModelHandle, pool: list[QAExample], orac
 
 def _train(tdir: Path, handle: ModelHandle, template: Template,
            sets: Mapping[str, list[dict[str, Any]]], config: TransferConfig,
-           log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
-    """Steps 3-4: write the training sets, train (or read back) each adapter."""
+           log: Callable[[str], None], names: Sequence[str] = ADAPTERS
+           ) -> dict[str, dict[str, Any]]:
+    """Steps 3-4: write the training sets, train (or read back) each adapter of ``names``."""
     eot = end_of_turn_ids(handle.tokenizer)[0]
     for name, items in sets.items():
         write_jsonl(tdir / "train_sets" / f"{name}.jsonl", items)
     metas = {}
-    for name in ADAPTERS:
+    for name in names:
         enc = [encode_example(handle.tokenizer, template, it, eot_id=eot) for it in sets[name]]
         metas[name] = train_adapter(handle, enc, config, tdir / "adapters" / name,
                                     checkpoint_dir=tdir / "checkpoints" / name, name=name,
@@ -355,75 +367,122 @@ def select_learning_rates(tdir: Path, handle: ModelHandle, template: Template,
                           ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """Step 4 with ``lr_grid``: each adapter's learning rate, chosen on held-out TRAIN records.
 
-    The last ``select_holdout`` pool records are held out; for every rate of ``lr_grid`` the
-    three adapters are trained on the rest (``select/lr_<rate>/``, resumable like step 4) and
-    run Study 1 on the held-out records (their own answers, judged by themselves; stored per
-    adapter in ``select/lr_<rate>/heldout/``); :func:`interp.transfer.selection_score` scores
-    them and :func:`interp.transfer.choose_learning_rates` picks. The chosen candidates are
-    copied to ``adapters/<adapter>/`` and their training sets to ``train_sets/``.
+    :func:`interp.transfer.holdout_split` holds ``select_holdout`` pool records out; for every
+    rate of ``lr_grid`` each adapter trains on the rest (``select/lr_<rate>/``, resumable like
+    step 4) and is scored (:func:`interp.transfer.selection_score`) from its records on the
+    held-out ones, stored in ``select/lr_<rate>/heldout/``: ``<adapter>.jsonl``, Study 1 on
+    its own answers (LoRA-Gen, LoRA-Both), and ``<adapter>__judge.jsonl``, its verdicts on
+    each held-out record's gold answer and hard negative (LoRA-Eval, LoRA-Both); the base
+    model's are ``select/heldout_base[__judge].jsonl``.
+    :func:`interp.transfer.choose_learning_rates` picks, and the chosen candidate is copied to
+    ``adapters/<adapter>/`` (kept when it is already there, so a resume with stored held-out
+    records trains nothing). A candidate is trained only while its held-out records are
+    missing, or to be copied.
 
     Returns:
         ``(select.json's content, {adapter: the chosen adapter's training metadata})``;
         ``select.json`` holds the rule, the held-out ids, the base model's held-out score,
-        every candidate's score (``candidates[rate][adapter]``), ``chosen`` and, per adapter,
-        ``all_collapsed`` (every candidate's judge gave one reply to every held-out answer).
+        every candidate's score (``candidates[rate][adapter]``), ``chosen`` (rates),
+        ``chosen_by``, ``all_collapsed`` (every candidate's judge gave one reply to every
+        judged answer) and ``train_seconds`` of every candidate trained in this folder.
 
     Raises:
         TransferError: a pool too small to hold out ``select_holdout`` records and still train
             on ``train_batch_size`` (before any training).
     """
-    hold = config.select_holdout
-    if len(pool) - hold < config.train_batch_size:
+    train_idx, held_idx = holdout_split(len(pool), config.select_holdout)
+    if len(train_idx) < config.train_batch_size:
         raise TransferError(
             f"the training pool has {len(pool)} records, too few to hold out "
-            f"select_holdout = {hold} and train on train_batch_size = "
+            f"select_holdout = {config.select_holdout} and train on train_batch_size = "
             f"{config.train_batch_size}; lower select_holdout or raise max_train_examples")
-    train, held = list(pool[:-hold]), list(pool[-hold:])
-    sets = build_training_sets(train, negatives[:-hold], seed=config.seed)
+    train = [pool[i] for i in train_idx]
+    held = [pool[i] for i in held_idx]
+    sets = build_training_sets(train, [negatives[i] for i in train_idx], seed=config.seed)
+    # what every judge is scored on: each held-out record's gold answer and hard negative
+    judged_exs = held + held
+    judged_answers = ([ex.answers[0] for ex in held]
+                      + [negatives[i]["hard_negative"] for i in held_idx])
     kw, sdir = _eval_kw(template, oracle, config), tdir / "select"
 
-    def heldout(path: Path, name: str, load: Callable[[], ModelHandle]) -> list[dict[str, Any]]:
+    def held_out(path: Path, name: str, load: Callable[[], ModelHandle],
+                 judge: bool) -> list[dict[str, Any]]:
         if not path.exists():
             t0 = time.perf_counter()
-            write_jsonl(path, evaluate_examples(load(), held, **kw))
-            log(f"[select] {name}: Study 1 on {len(held)} held-out records in "
-                f"{time.perf_counter() - t0:.1f} s")
+            recs = (evaluate_examples(load(), judged_exs, candidates=judged_answers, **kw)
+                    if judge else evaluate_examples(load(), held, **kw))
+            write_jsonl(path, recs)
+            log(f"[select] {name}: {'judged' if judge else 'Study 1 on'} {len(recs)} held-out "
+                f"{'answers' if judge else 'records'} in {time.perf_counter() - t0:.1f} s")
         return read_jsonl(path)
 
-    base = selection_score(heldout(sdir / "heldout_base.jsonl", "base", lambda: handle),
-                           "lora_both")
+    def files(sub: Path, name: str) -> dict[str, Path]:
+        rule = SELECTION_RULE.get(name, ("GA", "judge_balanced_accuracy"))
+        return {**({"own": sub / f"{name}.jsonl"} if "GA" in rule else {}),
+                **({"judged": sub / f"{name}__judge.jsonl"}
+                   if "judge_balanced_accuracy" in rule else {})}
+
+    base = selection_score("lora_both", **{
+        k: held_out(p, "base", lambda: handle, k == "judged")
+        for k, p in files(sdir, "heldout_base").items()})
     scores: dict[float, dict[str, dict[str, Any]]] = {}
-    metas: dict[float, dict[str, dict[str, Any]]] = {}
+
+    def trained(lr: float, name: str) -> dict[str, Any]:
+        return _train(sdir / f"lr_{lr:g}", handle, template, sets, replace(config, lr=lr), log,
+                      names=[name])[name]
+
     for lr in config.lr_grid or ():
-        sub = sdir / f"lr_{lr:g}"
-        metas[lr] = _train(sub, handle, template, sets, replace(config, lr=lr), log)
         scores[lr] = {}
         for name in ADAPTERS:
-            recs = heldout(sub / "heldout" / f"{name}.jsonl", f"{name} lr {lr:g}",
-                           lambda: load_adapter(handle, sub / "adapters" / name, name=name))
-            sc = scores[lr][name] = selection_score(recs, name)
+            loaded: list[ModelHandle] = []
+
+            def load(lr: float = lr, name: str = name, loaded: list = loaded) -> ModelHandle:
+                if not loaded:
+                    trained(lr, name)
+                    loaded.append(load_adapter(handle, sdir / f"lr_{lr:g}" / "adapters" / name,
+                                               name=name))
+                return loaded[0]
+
+            sub = sdir / f"lr_{lr:g}" / "heldout"
+            sc = scores[lr][name] = selection_score(name, **{
+                k: held_out(p, f"{name} lr {lr:g}", load, k == "judged")
+                for k, p in files(sub, name).items()})
             log(f"[select] {name} lr {lr:g}: score {sc['score']} (GA {sc['GA']}, judge "
                 f"balanced accuracy {sc['judge_balanced_accuracy']}, accepts "
                 f"{sc['accept_share']}{', collapsed' if sc['collapsed'] else ''})")
     chosen = choose_learning_rates(scores)
-    for name, lr in chosen.items():
-        dst = tdir / "adapters" / name
+    metas = {}
+    for name, ch in chosen.items():
+        dst, lr = tdir / "adapters" / name, ch["lr"]
+        kept = read_json(dst / "interp_adapter.json") if (
+            (dst / "interp_adapter.json").exists()
+            and (dst / "adapter_model.safetensors").exists()) else None
+        if kept is not None and kept.get("config", {}).get("lr") == lr:
+            metas[name] = kept
+            continue
+        metas[name] = trained(lr, name)
         shutil.rmtree(dst, ignore_errors=True)
         shutil.copytree(sdir / f"lr_{lr:g}" / "adapters" / name, dst)
     for name, items in sets.items():
         write_jsonl(tdir / "train_sets" / f"{name}.jsonl", items)
     result = {
         "rule": {a: list(m) for a, m in SELECTION_RULE.items()},
-        "rule_text": "LoRA-Gen: held-out GA; LoRA-Eval: the judge's held-out balanced "
-                     "accuracy; LoRA-Both: their mean; ties to the smaller rate",
+        "rule_text": "LoRA-Gen: held-out GA (own answers); LoRA-Eval: the judge's balanced "
+                     "accuracy on each held-out record's gold answer and hard negative; "
+                     "LoRA-Both: their mean; a judge giving one reply to all ranks last; "
+                     "ties to the smaller rate",
         "n_train": len(train), "holdout_ids": [ex.id for ex in held], "base": base,
         "candidates": {f"{lr:g}": per for lr, per in scores.items()},
-        "chosen": {a: lr for a, lr in chosen.items()},
-        "all_collapsed": {a: all(scores[lr][a]["collapsed"] for lr in scores)
+        "chosen": {a: ch["lr"] for a, ch in chosen.items()},
+        "chosen_by": {a: ch["by"] for a, ch in chosen.items()},
+        "all_collapsed": {a: all(scores[lr][a]["collapsed"] is True for lr in scores)
                           for a in ("lora_eval", "lora_both")},
+        "train_seconds": {p.parent.parent.parent.name + "/" + p.parent.name:
+                          read_json(p).get("train_seconds")
+                          for p in sorted(sdir.glob("lr_*/adapters/*/interp_adapter.json"))},
     }
     write_json(tdir / "select.json", result)
-    return result, {a: metas[lr][a] for a, lr in chosen.items()}
+    return result, metas
 
 
 def _evaluate_model(tdir: Path, handle: ModelHandle, mname: str, val: Mapping[str, list],
@@ -503,18 +562,28 @@ def build_table(evals: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]], 
     return out
 
 
-VS_BASE = {"GA": ("self", lambda r: float(bool(r["oracle_label"]))),
-           "EA": ("self", lambda r: float(r["verdict"] is not None
-                                          and r["verdict"] == bool(r["oracle_label"]))),
-           "accept_base_answers": ("judge_base_answers",
-                                   lambda r: float(r["verdict"] is True)),
-           "logit_diff_base_answers": ("judge_base_answers",
-                                       lambda r: float(r["logit_diff"]))}
+def _accepts(r: Mapping[str, Any]) -> float:
+    return float(r["verdict"] is True)
+
+
+VS_BASE: dict[str, tuple[str, Callable[[Mapping[str, Any]], float],
+                         Callable[[Mapping[str, Any]], bool] | None]] = {
+    "GA": ("self", lambda r: float(bool(r["oracle_label"])), None),
+    "EA": ("self", lambda r: float(r["verdict"] is not None
+                                   and r["verdict"] == bool(r["oracle_label"])), None),
+    "accept_base_answers": ("judge_base_answers", _accepts, None),
+    "accept_wrong_base_answers": ("judge_base_answers", _accepts,
+                                  lambda r: not r["oracle_label"]),
+    "accept_right_base_answers": ("judge_base_answers", _accepts,
+                                  lambda r: bool(r["oracle_label"])),
+    "logit_diff_base_answers": ("judge_base_answers", lambda r: float(r["logit_diff"]), None),
+}
 """The paired differences adapter - base of :func:`paired_vs_base`: ``(records, per-record
-value)``. ``GA`` / ``EA`` on each model's own answers to the same questions; the judge's
-acceptance (verdict ``Correct``, a missing verdict not accepting) and whole-reply
-``logit_diff`` on the SAME base-model answers, so a change of judge is not a change of what
-it judges (paper 3.3: LoRA-Gen over-accepts, LoRA-Eval degrades generation)."""
+value, which base records count)``. ``GA`` / ``EA`` on each model's own answers to the same
+questions; the judge's acceptance (verdict ``Correct``, a missing verdict not accepting) of
+the SAME base-model answers, all of them, the wrong ones (over-accepting: paper 3.3, LoRA-Gen
+over-accepts) and the right ones, and its whole-reply ``logit_diff`` on them: a change of
+judge, not of what it judges."""
 
 
 def paired_vs_base(evals: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]], *,
@@ -544,10 +613,10 @@ def paired_vs_base(evals: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]
         if model == "base":
             continue
         per: dict[str, dict[str, Any]] = {}
-        for metric, (kind, value) in VS_BASE.items():
+        for metric, (kind, value, keep) in VS_BASE.items():
             base, ad = ok(evals.get(kind, {}).get("base", ())), ok(
                 evals.get(kind, {}).get(model, ()))
-            keys = [k for k in ad if k in base]
+            keys = [k for k in ad if k in base and (keep is None or keep(base[k]))]
             for d in sorted({k[0] for k in keys}) + (["overall"] if keys else []):
                 ks = [k for k in keys if d in ("overall", k[0])]
                 x = np.array([value(ad[k]) - value(base[k]) for k in ks])
@@ -678,9 +747,9 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig, 
     table["hard_negative_fallback_rate"] = fallback_rate
     table["lr"] = {n: m.get("config", {}).get("lr", cfg.lr) for n, m in metas.items()}
     if selection is not None:
-        table["lr_selection"] = {k: selection[k] for k in ("rule_text", "n_train", "base",
-                                                           "candidates", "chosen",
-                                                           "all_collapsed")}
+        table["lr_selection"] = {k: selection[k] for k in (
+            "rule_text", "n_train", "base", "candidates", "chosen", "chosen_by",
+            "all_collapsed", "train_seconds")}
     write_json(tdir / "table.json", table)
     patch_path = tdir / "patching.json"
     if cfg.patch_examples > 0 and not patch_path.exists():

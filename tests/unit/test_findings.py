@@ -134,7 +134,7 @@ def test_collect_publishes_what_a_partial_study_has(tmp_path):
 def test_transfer_cells_read_the_paired_differences_and_the_selection(tmp_path):
     def e(mean, lo, hi):
         return {"mean": mean, "ci": [lo, hi], "n": 100, "n_passages": 98}
-    t = {"vs_base": {"lora_gen": {"overall": {"accept_base_answers": e(0.3, 0.2, 0.4)}},
+    t = {"vs_base": {"lora_gen": {"overall": {"accept_wrong_base_answers": e(0.3, 0.2, 0.4)}},
                      "lora_eval": {"overall": {"GA": e(-0.05, -0.12, 0.01)}}},
          "lr": {"lora_gen": 3e-4, "lora_eval": 1e-4},
          "lr_selection": {"candidates": {"0.0003": {"lora_gen": {"collapsed": True}},
@@ -151,6 +151,11 @@ def test_transfer_cells_read_the_paired_differences_and_the_selection(tmp_path):
     _write(tmp_path, "m__transfer_table.json", t)
     assert _cells(tmp_path, ["m"])["LoRA-Eval degrades generation (3.3)"]["m"].verdict.startswith(
         "yes (lr")
+    # a rate taken because no rate could be scored is said so
+    t["lr_selection"]["chosen_by"] = {"lora_gen": "smallest rate: no rate could be scored"}
+    _write(tmp_path, "m__transfer_table.json", t)
+    assert _cells(tmp_path, ["m"])["LoRA-Gen over-accepts (3.3)"]["m"].verdict.startswith(
+        "yes (lr 0.0003, smallest rate: no rate could be scored;")
 
 
 def test_state_keeps_the_json_of_a_run_and_restores_it_without_overwriting(tmp_path):
@@ -177,17 +182,28 @@ def test_state_keeps_the_json_of_a_run_and_restores_it_without_overwriting(tmp_p
                     "findings/m/manifest.json", "findings/m/records.jsonl",
                     "findings/m/steering/parts/a.json",
                     "findings/m/transfer/select/lr_0.001/heldout/lora_gen.jsonl"]
+    assert (run.parent / ".state").exists()  # runs/findings is now the state's
     # a part a stage removed as stale goes from the state too; a missing out is left alone
     (run / "steering/parts/a.json").unlink()
     assert save_state(tmp_path / "runs", state, ["findings"]) == 4
     assert not (state / "findings/m/steering/parts/a.json").exists()
     assert save_state(tmp_path / "none", state, ["findings"]) == 0
     assert (state / "findings/m/records.jsonl").exists()
-    # restored onto a fresh machine; a file already there is never overwritten
+    # restored where the run folder is missing (a fresh machine), never into one that exists
     fresh = tmp_path / "fresh"
-    (fresh / "findings/m").mkdir(parents=True)
-    (fresh / "findings/m/manifest.json").write_text('{"newer": 1}')
-    assert restore_state(state, fresh) == 3
-    assert (fresh / "findings/m/manifest.json").read_text() == '{"newer": 1}'
+    (fresh / "findings_matched").mkdir(parents=True)
+    (state / "findings_matched/m").mkdir(parents=True)
+    (state / "findings_matched/m/records.jsonl").write_text("{}\n")
+    said = []
+    assert restore_state(state, fresh, log=said.append) == 4
+    assert said == [f"{fresh / 'findings_matched'} exists: kept as it is, nothing restored "
+                    f"into it"]
     assert (fresh / "findings/m/records.jsonl").read_text() == "{}\n"
+    assert not (fresh / "findings_matched/m").exists()
     assert restore_state(tmp_path / "no-state", fresh) == 0
+    # a run started beside a saved state (not restored from it) may not replace it
+    with pytest.raises(ValueError, match="was not restored from .*nothing saved"):
+        save_state(fresh, state, ["findings", "findings_matched"])
+    assert (state / "findings_matched/m/records.jsonl").exists()
+    # the restored one may: it mirrors the state again
+    assert save_state(fresh, state, ["findings"]) == 4

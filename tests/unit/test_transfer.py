@@ -11,6 +11,7 @@ from interp.stages.transfer import TransferConfig
 from interp.transfer import (
     build_training_sets,
     choose_learning_rates,
+    holdout_split,
     is_refusal,
     judge_balanced_accuracy,
     mine_hard_negatives,
@@ -124,34 +125,51 @@ def test_judge_balanced_accuracy_scores_a_constant_judge_at_most_half():
     # right on 2 of 3 correct answers and 1 of 1 wrong: (2/3 + 1) / 2
     recs = [_rec(True, True), _rec(True, True), _rec(True, False), _rec(False, False)]
     assert judge_balanced_accuracy(recs) == pytest.approx((2 / 3 + 1) / 2)
-    assert judge_balanced_accuracy([_rec(False, False)]) == 1.0  # one label only
+    # one label only: undefined (rejecting every wrong answer is not a judge scoring 1)
+    assert judge_balanced_accuracy([_rec(False, False)]) is None
     assert judge_balanced_accuracy([]) is None
 
 
 def test_selection_score_follows_the_rule_and_marks_collapse():
-    recs = [_rec(True, True), _rec(False, True), _rec(False, False), _rec(False, False)]
-    gen, ev, both = (selection_score(recs, a) for a in ("lora_gen", "lora_eval", "lora_both"))
-    assert gen["score"] == gen["GA"] == 0.25
-    assert ev["score"] == ev["judge_balanced_accuracy"] == pytest.approx((1 + 2 / 3) / 2)
-    assert both["score"] == pytest.approx((0.25 + (1 + 2 / 3) / 2) / 2)
-    assert not ev["collapsed"] and ev["accept_share"] == 0.5
-    flat = selection_score([_rec(True, False), _rec(False, False)], "lora_eval")
+    own = [_rec(True, True), _rec(False, None), _rec(False, True), _rec(False, False)]
+    judged = [_rec(True, True), _rec(True, False), _rec(False, False), _rec(False, False)]
+    gen = selection_score("lora_gen", own=own)
+    ev = selection_score("lora_eval", judged=judged)
+    both = selection_score("lora_both", own=own, judged=judged)
+    assert gen["score"] == gen["GA"] == 0.25 and gen["collapsed"] is None
+    assert ev["score"] == ev["judge_balanced_accuracy"] == 0.75
+    assert both["score"] == pytest.approx((0.25 + 0.75) / 2)
+    assert not ev["collapsed"] and ev["accept_share"] == 0.25 and ev["n_judged"] == 4
+    flat = selection_score("lora_eval", judged=[_rec(True, False), _rec(False, False)])
     assert flat["collapsed"] and flat["score"] == 0.5 and flat["accept_share"] == 0.0
-    # records that failed (not ok) do not count
-    assert selection_score(recs + [{"status": "error"}], "lora_gen")["n"] == 4
+    # records that failed (not ok) do not count; a missing side leaves the score undefined
+    assert selection_score("lora_gen", own=own + [{"status": "error"}])["n_own"] == 4
+    assert selection_score("lora_both", own=own)["score"] is None
     with pytest.raises(TransferError, match="no selection rule for adapter 'lora_x'"):
-        selection_score(recs, "lora_x")
+        selection_score("lora_x", own=own)
 
 
-def test_choose_learning_rates_takes_the_best_and_ties_to_the_smaller_rate():
-    def s(score):
-        return {"score": score}
-    scores = {1e-4: {"lora_gen": s(0.2), "lora_eval": s(0.5)},
-              3e-4: {"lora_gen": s(0.4), "lora_eval": s(0.5)},
-              1e-3: {"lora_gen": s(None), "lora_eval": s(0.5)}}
-    assert choose_learning_rates(scores) == {"lora_gen": 3e-4, "lora_eval": 1e-4}
-    assert choose_learning_rates({1e-3: {"lora_gen": s(None)},
-                                  1e-4: {"lora_gen": s(None)}}) == {"lora_gen": 1e-4}
+def test_choose_learning_rates_ranks_collapsed_judges_last_and_ties_to_the_smaller_rate():
+    def s(score, collapsed=False):
+        return {"score": score, "collapsed": collapsed}
+    scores = {1e-4: {"lora_gen": s(0.2, None), "lora_eval": s(0.6)},
+              3e-4: {"lora_gen": s(0.4, None), "lora_eval": s(0.6)},
+              1e-3: {"lora_gen": s(None, None), "lora_eval": s(0.5, True)}}
+    got = choose_learning_rates(scores)
+    assert {a: c["lr"] for a, c in got.items()} == {"lora_gen": 3e-4, "lora_eval": 1e-4}
+    assert got["lora_gen"]["by"] == "held-out score"
+    # a collapsed judge loses to one that is not, even with a higher score
+    got = choose_learning_rates({1e-4: {"lora_eval": s(0.55)}, 1e-3: {"lora_eval": s(0.9, True)}})
+    assert got["lora_eval"]["lr"] == 1e-4
+    got = choose_learning_rates({1e-3: {"lora_gen": s(None)}, 1e-4: {"lora_gen": s(None)}})
+    assert got == {"lora_gen": {"lr": 1e-4, "by": "smallest rate: no rate could be scored"}}
+
+
+def test_holdout_split_spreads_the_held_out_records_over_the_pool():
+    train, held = holdout_split(10, 3)
+    assert held == [1, 5, 8] and sorted(train + held) == list(range(10))
+    with pytest.raises(TransferError, match="select_holdout = 10 must be between 1"):
+        holdout_split(10, 10)
 
 
 def test_lr_grid_settings_are_checked_before_any_work():

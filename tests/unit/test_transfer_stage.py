@@ -71,6 +71,8 @@ def test_lr_grid_chooses_on_held_out_train_records(tiny, tmp_path):
 
     The chosen candidate is the adapter evaluated; validation records are never used.
     """
+    import shutil
+
     cfg = TransferConfig(max_train_examples=6, select_holdout=2, lr_grid=[1e-3, 1e-4],
                          eval_limit=1, train_batch_size=2, hard_negative_attempts=1,
                          hard_negative_max_new_tokens=4, max_new_tokens=4,
@@ -80,20 +82,26 @@ def test_lr_grid_chooses_on_held_out_train_records(tiny, tmp_path):
     td = tmp_path / "transfer"
     sel = json.loads((td / "select.json").read_text())
     hn = [json.loads(x) for x in (td / "hard_negatives.jsonl").open()]
-    assert sel["holdout_ids"] == [r["id"] for r in hn[-2:]] and sel["n_train"] == 4
+    assert sel["holdout_ids"] == [hn[1]["id"], hn[4]["id"]] and sel["n_train"] == 4
     val = [json.loads(x)["id"] for x in (td / "eval" / "base__squad_v2.jsonl").open()]
     assert not set(val) & set(sel["holdout_ids"])
     assert set(sel["candidates"]) == {"0.0001", "0.001"}
+    sub = td / "select" / "lr_0.001" / "heldout"
+    # every judge is scored on the same answers: each held-out gold answer, then its negative
+    judged = [json.loads(x) for x in (sub / "lora_eval__judge.jsonl").open()]
+    assert [r["id"] for r in judged] == sel["holdout_ids"] * 2
+    assert [r["answer"] for r in judged[2:]] == [hn[1]["hard_negative"], hn[4]["hard_negative"]]
+    assert [r["oracle_label"] for r in judged] == [True, True, False, False]
+    assert sorted(p.name for p in sub.iterdir()) == [
+        "lora_both.jsonl", "lora_both__judge.jsonl", "lora_eval__judge.jsonl", "lora_gen.jsonl"]
     for name in ("lora_gen", "lora_eval", "lora_both"):
         # trained on the 4 records left, never on a held-out one
         items = [json.loads(x) for x in (td / "train_sets" / f"{name}.jsonl").open()]
         assert not {it["id"] for it in items} & set(sel["holdout_ids"])
-        held = [json.loads(x) for x in (td / "select" / "lr_0.001" / "heldout" /
-                                        f"{name}.jsonl").open()]
-        assert [r["id"] for r in held] == sel["holdout_ids"]
         lr = sel["chosen"][name]
-        best = max(c[name]["score"] or 0.0 for c in sel["candidates"].values())
-        assert (sel["candidates"][f"{lr:g}"][name]["score"] or 0.0) == best
+        assert sel["chosen_by"][name] == "held-out score"
+        best = max(c[name]["score"] for c in sel["candidates"].values())
+        assert sel["candidates"][f"{lr:g}"][name]["score"] == best
         # the adapter evaluated is the chosen candidate, with its rate in its metadata
         meta = json.loads((td / "adapters" / name / "interp_adapter.json").read_text())
         src = json.loads((td / "select" / f"lr_{lr:g}" / "adapters" / name /
@@ -101,14 +109,25 @@ def test_lr_grid_chooses_on_held_out_train_records(tiny, tmp_path):
         assert meta == src and meta["config"]["lr"] == lr
     table = json.loads((td / "table.json").read_text())
     assert table["lr"] == sel["chosen"] and table["lr_selection"]["chosen"] == sel["chosen"]
-    # resumed: nothing is trained or evaluated again
+    assert len(table["lr_selection"]["train_seconds"]) == 6
+
     def stamps():
-        return {p: p.stat().st_mtime_ns for p in (td / "select").rglob("*") if p.is_file() and (
-                "heldout" in str(p) or p.name == "adapter_model.safetensors")}
+        return {p: p.stat().st_mtime_ns for p in (td / "select").rglob("*.jsonl")
+                if "heldout" in str(p)}
     before = stamps()
-    assert len(before) == 1 + 2 * 3 * 2  # base, and per rate 3 held-out files + 3 adapters
+    assert len(before) == 2 + 2 * 4  # the base's two, and 4 per rate
+    # a fresh machine's resume (candidates' weights and checkpoints not kept): nothing is
+    # trained or evaluated again; the chosen adapters are kept
+    for p in (td / "select").glob("lr_*/*"):
+        if p.name in ("adapters", "checkpoints"):
+            shutil.rmtree(p)
     run(tmp_path, tiny, cfg, log=lambda x: None)
-    assert stamps() == before
+    assert stamps() == before and not list((td / "select").glob("lr_*/adapters"))
+    # a new decoding setting redoes the held-out records (and so the choice)
+    cfg.verdict_max_new_tokens = 3
+    run(tmp_path, tiny, cfg, log=lambda x: None)
+    after = stamps()
+    assert set(after) == set(before) and all(after[p] != before[p] for p in before)
 
 
 def test_paired_vs_base_pairs_records_and_judges_the_same_answers():
@@ -131,5 +150,9 @@ def test_paired_vs_base_pairs_records_and_judges_the_same_answers():
     # acceptance: 1,1,1 vs 1,1,0 -> +1/3; logit_diff +1, +0.5, +1 -> 2.5/3
     assert sq["accept_base_answers"]["mean"] == pytest.approx(1 / 3)
     assert sq["logit_diff_base_answers"]["mean"] == pytest.approx(2.5 / 3)
+    # over-accepting: the base's wrong answers only (ids 1, 2): 1,1 vs 1,0 -> +0.5
+    assert sq["accept_wrong_base_answers"]["mean"] == pytest.approx(0.5)
+    assert sq["accept_wrong_base_answers"]["n"] == 2
+    assert sq["accept_right_base_answers"]["mean"] == pytest.approx(0.0)
     assert sq["GA"]["n_passages"] == 3 and len(sq["GA"]["ci"]) == 2
     assert v["overall"]["GA"] == sq["GA"]
