@@ -323,7 +323,8 @@ def probe_vs_judge(best: Mapping[str, Any], oof: Float[np.ndarray, " n"],
 def sweep(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"], layers: Sequence[int],
           folds: Folds, *, probes: Sequence[str] = PROBES, select_by: str = "auc",
           top_k: int = 5, sweep_all: bool = False, fit_kw: Mapping[str, Any] | None = None,
-          log: Callable[[str], None] = print, progress: bool = True) -> list[dict[str, Any]]:
+          log: Callable[[str], None] = print, progress: bool = True,
+          n_jobs: int = 1) -> list[dict[str, Any]]:
     """Cross-validate probes over (layer, pool) cells (module docstring, step 5).
 
     Args:
@@ -339,6 +340,8 @@ def sweep(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"], layers: Sequ
         log: progress lines.
         progress: a progress bar per probe kind (cells done, rate, ETA; each cell is one
             k-fold cross-validation).
+        n_jobs: processes that cross-validate cells at once (:mod:`joblib`); every cell's
+            result is the same as in one process.
 
     Returns:
         Rows ``{probe, layer, pool, accuracy, accuracy_std, ..., auc, auc_std}``.
@@ -348,9 +351,10 @@ def sweep(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"], layers: Sequ
     first, rest = probes[0], probes[1:]
     t0 = time.perf_counter()
     cells = [(L, p) for p in feats for L in layers]
-    for L, p in tqdm(cells, desc=f"probe {first} (layer x pool)", unit="cell",
-                     disable=not progress, leave=False):
-        summ, _ = cross_validate(feats[p][:, L], y, folds, first, **kw)
+    for (L, p), summ in zip(cells, _cross_validate_cells(
+            feats, y, cells, folds, first, kw, n_jobs,
+            tqdm(total=len(cells), desc=f"probe {first} (layer x pool)", unit="cell",
+                 disable=not progress, leave=False))):
         rows.append({"probe": first, "layer": L, "pool": p, **summ})
     log(f"[probe] {first}: {len(cells)} cells x {len(folds)} folds in "
         f"{time.perf_counter() - t0:.0f} s")
@@ -359,12 +363,39 @@ def sweep(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"], layers: Sequ
         chosen = cells if sweep_all else [(r["layer"], r["pool"]) for r in ranked[:top_k]]
         for kind in rest:
             t0 = time.perf_counter()
-            for L, p in tqdm(chosen, desc=f"probe {kind}", unit="cell", disable=not progress,
-                             leave=False):
-                summ, _ = cross_validate(feats[p][:, L], y, folds, kind, **kw)
+            for (L, p), summ in zip(chosen, _cross_validate_cells(
+                    feats, y, chosen, folds, kind, kw, n_jobs,
+                    tqdm(total=len(chosen), desc=f"probe {kind}", unit="cell",
+                         disable=not progress, leave=False))):
                 rows.append({"probe": kind, "layer": L, "pool": p, **summ})
             log(f"[probe] {kind}: {len(chosen)} cells in {time.perf_counter() - t0:.0f} s")
     return rows
+
+
+def _cross_validate_cells(feats: Mapping[str, Features], y: np.ndarray,
+                          cells: Sequence[tuple[int, str]], folds: Folds, kind: str,
+                          kw: Mapping[str, Any], n_jobs: int, bar: Any) -> list[dict[str, Any]]:
+    """:func:`cross_validate`'s summary of each ``(layer, pool)`` cell, in order.
+
+    With ``n_jobs > 1`` the cells go to that many :mod:`joblib` worker processes (each cell is
+    independent and deterministic, so the results are the ones of one process); ``bar``
+    advances as cells finish.
+    """
+    out = []
+    with bar:
+        if n_jobs <= 1:
+            for L, p in cells:
+                out.append(cross_validate(feats[p][:, L], y, folds, kind, **kw)[0])
+                bar.update(1)
+            return out
+        from joblib import Parallel, delayed
+
+        jobs = (delayed(cross_validate)(np.ascontiguousarray(feats[p][:, L]), y, folds, kind,
+                                        **kw) for L, p in cells)
+        for summ, _ in Parallel(n_jobs=n_jobs, return_as="generator")(jobs):
+            out.append(summ)
+            bar.update(1)
+    return out
 
 
 def best_row(rows: Sequence[Mapping[str, Any]], select_by: str,
@@ -385,7 +416,7 @@ def permutation_null(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"],
                      groups: np.ndarray | None = None,
                      done: Sequence[float | None] = (),
                      on_step: Callable[[list[float | None]], None] | None = None,
-                     log: Callable[[str], None] = print) -> dict[str, Any]:
+                     log: Callable[[str], None] = print, n_jobs: int = 1) -> dict[str, Any]:
     """Selection-aware permutation test of the best (layer, pool) cell of one probe.
 
     The best cell is the maximum over many cells, so its CV score is optimistic. Here the
@@ -414,6 +445,7 @@ def permutation_null(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"],
         on_step: called after every permutation with the outcomes so far (the stage's
             checkpoint).
         log: progress lines.
+        n_jobs: processes per sweep (:func:`sweep`; the outcomes do not depend on it).
 
     Returns:
         ``{"n", "skipped", "metric", "probe", "observed", "null" (list), "null_mean",
@@ -433,7 +465,7 @@ def permutation_null(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"],
             outcomes.append(None)
         else:
             rows = sweep(feats, yp, layers, fp, probes=[probe], fit_kw=fit_kw,
-                         log=lambda _: None, progress=False)
+                         log=lambda _: None, progress=False, n_jobs=n_jobs)
             outcomes.append(float(best_row(rows, select_by)[select_by] or 0.0))
         if on_step is not None:
             on_step(outcomes)

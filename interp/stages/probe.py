@@ -107,6 +107,9 @@ class ProbeConfig:
             first probe.
         recompute: compute the features again even when cached (e.g. by the harness's one
             pass).
+        n_jobs: processes that cross-validate the (layer, pool) cells at once, in the sweep
+            and in every permutation of the null (:func:`interp.probing.sweep`); the results
+            are those of one process, so stored sweeps and permutations stay valid.
     """
 
     folds: int = 5
@@ -126,6 +129,7 @@ class ProbeConfig:
     limit: int | None = option(None, kind="count")
     permutations: int = 0
     recompute: bool = False
+    n_jobs: int = option(1, kind="count")
 
     def __post_init__(self) -> None:
         self.probes, self.pools, self.tasks = (split_list(self.probes), split_list(self.pools),
@@ -288,7 +292,8 @@ def _sweep_cached(run: RunDir, cfg: ProbeConfig, data: _Data, task: str,
     (``features_sig``: model, hook point, runtime facts and every record's prompt token ids).
     """
     # the sweep does not depend on the permutation count; the permutation null does
-    sig = signature({"cfg": {**asdict(cfg), "permutations": None, "recompute": None},
+    sig = signature({"cfg": {**asdict(cfg), "permutations": None, "recompute": None,
+                             "n_jobs": None},
                      "layers": data.layers,
                      "keys": [_key(r) for r in data.records], "task": task,
                      "y": data.y.tolist(), "v": FEATURES_VERSION,
@@ -299,7 +304,7 @@ def _sweep_cached(run: RunDir, cfg: ProbeConfig, data: _Data, task: str,
         return read_json(cache)["rows"], sig
     rows = sweep(feats, data.y, data.layers, data.folds, probes=cfg.probes,
                  select_by=cfg.select_by, top_k=cfg.top_k, sweep_all=cfg.sweep_all,
-                 fit_kw=cfg.fit_kw(), log=log)
+                 fit_kw=cfg.fit_kw(), log=log, n_jobs=cfg.n_jobs)
     write_json(cache, {"signature": sig, "rows": rows})
     return rows, sig
 
@@ -324,7 +329,7 @@ def _permutation_cached(run: RunDir, cfg: ProbeConfig, data: _Data, task: str,
         n_permutations=cfg.permutations, folds=cfg.folds, seed=cfg.seed, probe=cfg.probes[0],
         select_by=cfg.select_by, fit_kw=cfg.fit_kw(), groups=data.groups, done=done,
         on_step=lambda out: write_json(partial, {"signature": part_sig, "outcomes": out}),
-        log=log)
+        log=log, n_jobs=cfg.n_jobs)
     write_json(cache, {"signature": sig, "result": result})
     return result
 

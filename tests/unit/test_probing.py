@@ -269,3 +269,21 @@ def test_probe_figure_best_box_stays_inside_its_axes_and_flags_a_small_fit(tmp_p
         matplotlib.figure.Figure.savefig = save
     assert len(seen) == 2 and all(inside for _, inside in seen), seen
     assert all("AUC " in s and "* fit on only 6 records" in s for s, _ in seen)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_cells_in_parallel_processes_give_the_rows_and_null_of_one_process():
+    """n_jobs only spreads the cells over processes: sweep rows and null outcomes are equal."""
+    rng = np.random.default_rng(2)
+    n, n_layers, d = 40, 3, 5
+    y = np.zeros(n, bool)
+    y[rng.choice(n, 15, replace=False)] = True
+    feats = {"last": rng.normal(size=(n, n_layers, d)), "mean": rng.normal(size=(n, n_layers, d))}
+    folds = make_folds(y, 3, 0)
+    kw = {"probes": ["logreg", "svm"], "top_k": 2, "log": lambda s: None, "progress": False}
+    one = sweep(feats, y, range(n_layers), folds, **kw)
+    two = sweep(feats, y, range(n_layers), folds, n_jobs=2, **kw)
+    assert two == one and len(one) == 2 * 3 + 2
+    pk = {"n_permutations": 3, "folds": 3, "seed": 1, "log": lambda s: None}
+    assert (permutation_null(feats, y, range(n_layers), 0.6, n_jobs=2, **pk)
+            == permutation_null(feats, y, range(n_layers), 0.6, **pk))
