@@ -223,6 +223,8 @@ def _steer(task: str, key: str, alpha: str, control: bool = False) -> Extract:
             return Cell(None, source=name)
         v = _side(e.get("ci"), 0.0)
         v = {"yes": "up", "no": "down"}.get(v, v)
+        if v.startswith("degenerate") and e["mean"] == 0.0 and key != "logit_diff":
+            v += ": no verdict flipped"
         return Cell(e["mean"], e.get("ci"), e.get("n"), g.get("n_passages"), v,
                     f"{name}: {'control.' if control else ''}{task}.{alpha}.overall."
                     f"vs_alpha1.{key}", "+.3f")

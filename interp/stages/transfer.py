@@ -41,11 +41,11 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from interp.asymmetry import evaluate_examples, group_metrics
+from interp.asymmetry import evaluate_examples
 from interp.data import QAExample, load_examples
 from interp.errors import TransferError
 from interp.grading import BaseOracle, make_oracle
@@ -53,21 +53,32 @@ from interp.layers import parse_layers
 from interp.lora import encode_example, load_adapter, train_adapter
 from interp.models import ModelHandle, end_of_turn_ids, result_facts, runtime_facts
 from interp.names import safe_name
-from interp.options import config_from_table, option, split_list
 from interp.prompts import Template, get_template, render
 from interp.stages.common import stage_facts
 from interp.stages.contract import spec
+from interp.stages.transfer_config import (
+    _ALL_OUTPUTS,
+    EVAL_FIELDS,
+    KEY_FIELDS,
+    PATCH_FIELDS,
+    SELECT_FIELDS,
+    TransferConfig,
+    _heldout,
+)
+from interp.stages.transfer_table import build_table, format_table
 from interp.store.io import read_json, read_jsonl, signature, write_json, write_jsonl
 from interp.store.rundir import RunDir
 from interp.transfer import (
-    SELECTION_RULE,
     build_training_sets,
-    choose_learning_rates,
     cross_model_patching,
-    holdout_split,
     mine_hard_negatives,
-    selection_score,
     training_pool,
+)
+from interp.transfer_selection import (
+    SELECTION_RULE,
+    choose_learning_rates,
+    holdout_split,
+    selection_score,
 )
 
 ADAPTERS = ("lora_gen", "lora_eval", "lora_both")
@@ -79,156 +90,6 @@ NAME = SPEC.name
 SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 """The table ``interp run`` copies next to the figures (run-dir path -> name)."""
-
-KEY_FIELDS = ("model", "datasets", "template", "hard_negative_template", "oracle",
-              "max_train_examples", "max_length", "hard_negative_attempts",
-              "hard_negative_temperature", "hard_negative_top_p",
-              "hard_negative_max_new_tokens", "hard_negative_max_words", "rank", "alpha",
-              "dropout", "target_modules", "lora_layers", "lr", "epochs", "train_batch_size",
-              "warmup_steps", "weight_decay", "seed", "lr_grid", "select_holdout")
-"""Config fields whose change invalidates stored hard negatives, training sets or adapters."""
-EVAL_FIELDS = ("eval_limit", "max_new_tokens", "verdict_max_new_tokens", "judge_base_answers")
-"""Config fields whose change redoes the evaluation (the adapters are kept)."""
-PATCH_FIELDS = ("patch_examples", "patch_positions", "patch_layers")
-"""Config fields whose change redoes the cross-model patching."""
-SELECT_FIELDS = ("max_new_tokens", "verdict_max_new_tokens")
-"""Config fields whose change redoes the held-out records of the learning-rate selection
-(decoding; the adapters are kept) and so the choice."""
-
-
-def _heldout(tdir: Path) -> list[str]:
-    """The held-out record files of the learning-rate selection, relative to ``tdir``."""
-    return [str(p.relative_to(tdir)) for p in sorted((tdir / "select").glob("**/*.jsonl"))
-            if p.parent.name == "heldout" or p.name.startswith("heldout_base")]
-_ALL_OUTPUTS = ("hard_negatives.jsonl", "train_sets", "adapters", "checkpoints", "select",
-                "select.json", "eval", "table.json", "patching.json", "summary.json")
-
-
-@dataclass
-class TransferConfig:
-    """Configuration of the transfer study (defaults: the CPU quickstart on the bundled model).
-
-    Attributes:
-        model: base model spec (used by the CLI when no handle is given).
-        datasets: datasets whose TRAIN split trains the adapters (pooled) and whose validation
-            split evaluates them. Bundled train splits: ``squad_v2``, ``hotpotqa``, ``musique``.
-        from_hub: read the dataset names' train and validation splits from the Hugging Face
-            hub (:func:`interp.data.load_examples`) instead of the bundled files; the paper's
-            setting (DROP has no bundled train split).
-        eval_limit: validation records per dataset for the evaluation (first N answerable;
-            all or None: every one).
-        template: Study 1 template variant (training prompts AND evaluation).
-        templates_path: TOML file of template variants (None: the bundled ``paper.toml``).
-        hard_negative_template: variant whose gen prompt has no context (``closed_book``).
-        oracle: ``"rule"`` or ``"model:SPEC"`` (:func:`interp.grading.make_oracle`).
-        max_train_examples: training items per adapter (= pool records; default 80).
-        max_length: longest training sequence in tokens (prompt + target); records whose eval
-            item would be longer are left out of the pool (default 512).
-        hard_negative_attempts: sampled closed-book answers per record before the fallback (5).
-        hard_negative_temperature, hard_negative_top_p: sampling settings (0.7, 0.9: a
-            small model sampled at temperature 1 mostly rambles instead of hallucinating a
-            plausible short answer).
-        hard_negative_max_new_tokens: length cap of a closed-book answer (16).
-        hard_negative_max_words: longer answers are rejected (12): a hard negative must look
-            like an answer, not a sentence cut off at the token cap.
-        rank, alpha, dropout: LoRA rank r, scaling alpha (update scaled by alpha / r) and
-            dropout on the LoRA input (8, 16, 0.05).
-        target_modules: module names that get LoRA (attention projections by default).
-        lora_layers: decoder layers that get LoRA (None: all). Gradients then flow back only
-            to the first of them, which cuts the backward pass on a CPU.
-        lr: AdamW learning rate (5e-4; higher than the usual 2e-4 because the quickstart takes
-            only ~20 steps); unused with ``lr_grid``.
-        lr_grid: candidate learning rates, chosen per adapter on held-out training records
-            (module docstring, step 4; None: train once at ``lr``).
-        select_holdout: with ``lr_grid``, the last N pool records held out of training to
-            choose the rate on (32).
-        epochs: passes over the training set (1).
-        train_batch_size: sequences per optimizer step (4).
-        warmup_steps: linear learning-rate warm-up steps (2).
-        weight_decay: AdamW weight decay (0.0).
-        seed: seeds sampling, data order, LoRA initialisation and dropout.
-        checkpoint_every: optimizer steps between checkpoints (an epoch end always writes one).
-        max_new_tokens, verdict_max_new_tokens, batch_size: evaluation decoding settings (as in
-            Study 1).
-        judge_base_answers: also let every adapter judge the base model's answers.
-        patch_examples: eval prompts used for cross-model patching (0 disables it).
-        patch_positions: ``"all"`` or ``"last"`` (module docstring, step 6).
-        patch_layers: layers to patch, a spec of :func:`interp.layers.parse_layers` or a list
-            (None: all).
-        n_boot: bootstrap resamples of the CIs.
-        device, dtype: where the CLI loads the model.
-    """
-
-    model: str = "smollm2-135m-instruct"
-    datasets: list[str] = option(["squad_v2"], flag="dataset", short="d")
-    from_hub: bool = False
-    eval_limit: int | None = option(50, kind="count")
-    template: str = "default"
-    templates_path: str | None = None
-    hard_negative_template: str = "closed_book"
-    oracle: str = "rule"
-    max_train_examples: int = option(80, kind="count")
-    max_length: int = option(512, kind="count")
-    hard_negative_attempts: int = option(5, kind="count")
-    hard_negative_temperature: float = 0.7
-    hard_negative_top_p: float = 0.9
-    hard_negative_max_new_tokens: int = option(16, kind="count")
-    hard_negative_max_words: int = 12
-    rank: int = option(8, kind="count")
-    alpha: int = 16
-    dropout: float = 0.05
-    target_modules: list[str] = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    lora_layers: list[int] | None = option(None, kind="layers")
-    lr: float = 5e-4
-    lr_grid: list[float] | None = None
-    select_holdout: int = option(32, kind="count")
-    epochs: int = option(1, kind="count")
-    train_batch_size: int = option(4, kind="count")
-    warmup_steps: int = 2
-    weight_decay: float = 0.0
-    seed: int = 0
-    checkpoint_every: int = option(10, kind="count")
-    max_new_tokens: int = option(32, kind="count")
-    verdict_max_new_tokens: int = option(8, kind="count")
-    batch_size: int = option(8, kind="count")
-    judge_base_answers: bool = True
-    patch_examples: int = 4
-    patch_positions: str = "all"
-    patch_layers: str | list[int] | None = option(None, kind="layers")
-    n_boot: int = option(1000, kind="count")
-    device: str | None = None
-    dtype: str | None = None
-
-    def __post_init__(self) -> None:
-        self.datasets = split_list(self.datasets)
-        if self.patch_positions not in ("all", "last"):
-            raise TransferError(f"patch_positions must be 'all' or 'last', not "
-                                f"{self.patch_positions!r}")
-        for k in ("max_train_examples", "max_length", "hard_negative_attempts", "rank",
-                  "epochs", "train_batch_size", "checkpoint_every", "select_holdout"):
-            if int(getattr(self, k)) < 1:
-                raise TransferError(f"transfer config {k} must be >= 1, got {getattr(self, k)}")
-        if self.lr_grid is not None:
-            self.lr_grid = sorted({float(x) for x in self.lr_grid})
-            if not self.lr_grid or self.lr_grid[0] <= 0:
-                raise TransferError(f"transfer config lr_grid must list learning rates > 0, "
-                                    f"got {self.lr_grid}")
-            if self.select_holdout >= self.max_train_examples:
-                raise TransferError(
-                    f"transfer config select_holdout ({self.select_holdout}) must be under "
-                    f"max_train_examples ({self.max_train_examples}): the held-out records "
-                    f"come out of the training pool")
-
-    @classmethod
-    def from_mapping(cls, d: Mapping[str, Any]) -> TransferConfig:
-        """Build from a mapping (a TOML table), refusing unknown keys.
-
-        Raises:
-            TransferError: an unknown key (the message lists the known ones).
-        """
-        return config_from_table(cls, d, "transfer", TransferError)
-
 
 # ---------------------------------------------------------------------------------------------
 # Checks
@@ -537,97 +398,6 @@ def _evaluate(tdir: Path, handle: ModelHandle, template: Template, oracle: BaseO
     return evals
 
 
-def build_table(evals: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]], *,
-                n_boot: int, seed: int) -> dict[str, Any]:
-    """Step 6: ``{"self": {model: {dataset: metrics}}, "judge_base_answers": {...}}``.
-
-    Args:
-        evals: ``{kind: {model: records}}`` with kind ``"self"`` (self-evaluation) or
-            ``"judge_base_answers"``; records of several datasets are grouped by ``dataset``.
-        n_boot: bootstrap resamples of :func:`interp.asymmetry.group_metrics`.
-        seed: bootstrap seed.
-    """
-    out: dict[str, Any] = {}
-    for kind, per_model in evals.items():
-        out[kind] = {}
-        for model, recs in per_model.items():
-            ok = [r for r in recs if r.get("status") == "ok"]
-            ds = sorted({r["dataset"] for r in ok})
-            out[kind][model] = {d: group_metrics([r for r in ok if r["dataset"] == d],
-                                                 n_boot=n_boot, seed=seed) for d in ds}
-            if len(ds) > 1:
-                out[kind][model]["overall"] = group_metrics(ok, n_boot=n_boot, seed=seed)
-    if "base" in evals.get("self", {}):
-        out["vs_base"] = paired_vs_base(evals, n_boot=n_boot, seed=seed)
-    return out
-
-
-def _accepts(r: Mapping[str, Any]) -> float:
-    return float(r["verdict"] is True)
-
-
-VS_BASE: dict[str, tuple[str, Callable[[Mapping[str, Any]], float],
-                         Callable[[Mapping[str, Any]], bool] | None]] = {
-    "GA": ("self", lambda r: float(bool(r["oracle_label"])), None),
-    "EA": ("self", lambda r: float(r["verdict"] is not None
-                                   and r["verdict"] == bool(r["oracle_label"])), None),
-    "accept_base_answers": ("judge_base_answers", _accepts, None),
-    "accept_wrong_base_answers": ("judge_base_answers", _accepts,
-                                  lambda r: not r["oracle_label"]),
-    "accept_right_base_answers": ("judge_base_answers", _accepts,
-                                  lambda r: bool(r["oracle_label"])),
-    "logit_diff_base_answers": ("judge_base_answers", lambda r: float(r["logit_diff"]), None),
-}
-"""The paired differences adapter - base of :func:`paired_vs_base`: ``(records, per-record
-value, which base records count)``. ``GA`` / ``EA`` on each model's own answers to the same
-questions; the judge's acceptance (verdict ``Correct``, a missing verdict not accepting) of
-the SAME base-model answers, all of them, the wrong ones (over-accepting: paper 3.3, LoRA-Gen
-over-accepts) and the right ones, and its whole-reply ``logit_diff`` on them: a change of
-judge, not of what it judges."""
-
-
-def paired_vs_base(evals: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]], *,
-                   n_boot: int, seed: int) -> dict[str, Any]:
-    """Each adapter minus the base model, paired per record, with passage-cluster 95% CIs.
-
-    Args:
-        evals: ``{"self" | "judge_base_answers": {model: records}}`` (step 5), ``base``
-            among the models.
-        n_boot: passage-cluster bootstrap resamples (:func:`interp.stats.cluster_bootstrap_mean`).
-        seed: bootstrap seed.
-
-    Returns:
-        ``{adapter: {dataset | "overall": {metric: {"mean", "ci", "n", "n_passages"}}}}`` for
-        every metric of :data:`VS_BASE`; records ``ok`` in both runs are paired by
-        ``(dataset, id)``.
-    """
-    import numpy as np
-
-    from interp.stats import cluster_bootstrap_mean, passage_groups
-
-    def ok(recs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], Mapping[str, Any]]:
-        return {(r["dataset"], r["id"]): r for r in recs if r.get("status") == "ok"}
-
-    out: dict[str, Any] = {}
-    for model in evals["self"]:
-        if model == "base":
-            continue
-        per: dict[str, dict[str, Any]] = {}
-        for metric, (kind, value, keep) in VS_BASE.items():
-            base, ad = ok(evals.get(kind, {}).get("base", ())), ok(
-                evals.get(kind, {}).get(model, ()))
-            keys = [k for k in ad if k in base and (keep is None or keep(base[k]))]
-            for d in sorted({k[0] for k in keys}) + (["overall"] if keys else []):
-                ks = [k for k in keys if d in ("overall", k[0])]
-                x = np.array([value(ad[k]) - value(base[k]) for k in ks])
-                e = cluster_bootstrap_mean(x, passage_groups([base[k] for k in ks]),
-                                           np.random.default_rng(seed), n_boot)
-                per.setdefault(d, {})[metric] = {"mean": e["mean"], "ci": e["ci"],
-                                                 "n": e["n"], "n_passages": e["n_clusters"]}
-        out[model] = per
-    return out
-
-
 def _cross_model(tdir: Path, handle: ModelHandle, template: Template,
                  base_recs: Sequence[Mapping[str, Any]], val: Mapping[str, list],
                  config: TransferConfig) -> dict[str, Any]:
@@ -764,25 +534,6 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig, 
                        time.perf_counter() - t_start, paths)
     write_json(tdir / "summary.json", summary)
     return summary
-
-
-def format_table(table: Mapping[str, Any], kind: str = "self") -> str:
-    """Plain-text transfer table: one row per (model, dataset)."""
-    head = (f"{'model':<10} {'dataset':<9} {'n':>3} {'GA':>6} {'EA':>6} {'delta':>7} "
-            f"{'acc|y*=C':>9} {'acc|y*=I':>9}")
-    rows = [f"[{kind}]", head, "-" * len(head)]
-
-    def f(x: Any) -> str:
-        return "     -" if x is None else f"{x:6.3f}"
-
-    for model, per in table[kind].items():
-        for ds, m in per.items():
-            if not m.get("n"):
-                continue
-            rows.append(f"{model:<10} {ds:<9} {m['n']:>3} {f(m['GA'])} {f(m['EA'])} "
-                        f"{m['delta']:+7.3f} {f(m['acceptance_rate_correct']):>9} "
-                        f"{f(m['acceptance_rate_incorrect']):>9}")
-    return "\n".join(rows)
 
 
 def format_summary(summary: Mapping[str, Any]) -> str:

@@ -10,14 +10,16 @@ from interp.prompts import get_template
 from interp.stages.transfer import TransferConfig
 from interp.transfer import (
     build_training_sets,
-    choose_learning_rates,
-    holdout_split,
     is_refusal,
-    judge_balanced_accuracy,
     mine_hard_negatives,
     rotation_answer,
-    selection_score,
     training_pool,
+)
+from interp.transfer_selection import (
+    choose_learning_rates,
+    holdout_split,
+    judge_balanced_accuracy,
+    selection_score,
 )
 
 # --- config and refusals ---------------------------------------------------------------------

@@ -1,0 +1,167 @@
+"""The transfer stage's config (:class:`TransferConfig`) and which of its fields redo what.
+
+:mod:`interp.stages.transfer` runs Study 3 with it; :func:`interp.stages.transfer.reconcile_config`
+compares a stored config with a new one field group by field group (:data:`KEY_FIELDS`,
+:data:`EVAL_FIELDS`, :data:`PATCH_FIELDS`, :data:`SELECT_FIELDS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from interp.errors import TransferError
+from interp.options import config_from_table, option, split_list
+
+__all__ = ["EVAL_FIELDS", "KEY_FIELDS", "PATCH_FIELDS", "SELECT_FIELDS", "TransferConfig"]
+
+KEY_FIELDS = ("model", "datasets", "template", "hard_negative_template", "oracle",
+              "max_train_examples", "max_length", "hard_negative_attempts",
+              "hard_negative_temperature", "hard_negative_top_p",
+              "hard_negative_max_new_tokens", "hard_negative_max_words", "rank", "alpha",
+              "dropout", "target_modules", "lora_layers", "lr", "epochs", "train_batch_size",
+              "warmup_steps", "weight_decay", "seed", "lr_grid", "select_holdout")
+"""Config fields whose change invalidates stored hard negatives, training sets or adapters."""
+EVAL_FIELDS = ("eval_limit", "max_new_tokens", "verdict_max_new_tokens", "judge_base_answers")
+"""Config fields whose change redoes the evaluation (the adapters are kept)."""
+PATCH_FIELDS = ("patch_examples", "patch_positions", "patch_layers")
+"""Config fields whose change redoes the cross-model patching."""
+SELECT_FIELDS = ("max_new_tokens", "verdict_max_new_tokens")
+"""Config fields whose change redoes the held-out records of the learning-rate selection
+(decoding; the adapters are kept) and so the choice."""
+
+
+def _heldout(tdir: Path) -> list[str]:
+    """The held-out record files of the learning-rate selection, relative to ``tdir``."""
+    return [str(p.relative_to(tdir)) for p in sorted((tdir / "select").glob("**/*.jsonl"))
+            if p.parent.name == "heldout" or p.name.startswith("heldout_base")]
+_ALL_OUTPUTS = ("hard_negatives.jsonl", "train_sets", "adapters", "checkpoints", "select",
+                "select.json", "eval", "table.json", "patching.json", "summary.json")
+
+
+@dataclass
+class TransferConfig:
+    """Configuration of the transfer study (defaults: the CPU quickstart on the bundled model).
+
+    Attributes:
+        model: base model spec (used by the CLI when no handle is given).
+        datasets: datasets whose TRAIN split trains the adapters (pooled) and whose validation
+            split evaluates them. Bundled train splits: ``squad_v2``, ``hotpotqa``, ``musique``.
+        from_hub: read the dataset names' train and validation splits from the Hugging Face
+            hub (:func:`interp.data.load_examples`) instead of the bundled files; the paper's
+            setting (DROP has no bundled train split).
+        eval_limit: validation records per dataset for the evaluation (first N answerable;
+            all or None: every one).
+        template: Study 1 template variant (training prompts AND evaluation).
+        templates_path: TOML file of template variants (None: the bundled ``paper.toml``).
+        hard_negative_template: variant whose gen prompt has no context (``closed_book``).
+        oracle: ``"rule"`` or ``"model:SPEC"`` (:func:`interp.grading.make_oracle`).
+        max_train_examples: training items per adapter (= pool records; default 80).
+        max_length: longest training sequence in tokens (prompt + target); records whose eval
+            item would be longer are left out of the pool (default 512).
+        hard_negative_attempts: sampled closed-book answers per record before the fallback (5).
+        hard_negative_temperature, hard_negative_top_p: sampling settings (0.7, 0.9: a
+            small model sampled at temperature 1 mostly rambles instead of hallucinating a
+            plausible short answer).
+        hard_negative_max_new_tokens: length cap of a closed-book answer (16).
+        hard_negative_max_words: longer answers are rejected (12): a hard negative must look
+            like an answer, not a sentence cut off at the token cap.
+        rank, alpha, dropout: LoRA rank r, scaling alpha (update scaled by alpha / r) and
+            dropout on the LoRA input (8, 16, 0.05).
+        target_modules: module names that get LoRA (attention projections by default).
+        lora_layers: decoder layers that get LoRA (None: all). Gradients then flow back only
+            to the first of them, which cuts the backward pass on a CPU.
+        lr: AdamW learning rate (5e-4; higher than the usual 2e-4 because the quickstart takes
+            only ~20 steps); unused with ``lr_grid``.
+        lr_grid: candidate learning rates, chosen per adapter on held-out training records
+            (module docstring, step 4; None: train once at ``lr``).
+        select_holdout: with ``lr_grid``, the last N pool records held out of training to
+            choose the rate on (32).
+        epochs: passes over the training set (1).
+        train_batch_size: sequences per optimizer step (4).
+        warmup_steps: linear learning-rate warm-up steps (2).
+        weight_decay: AdamW weight decay (0.0).
+        seed: seeds sampling, data order, LoRA initialisation and dropout.
+        checkpoint_every: optimizer steps between checkpoints (an epoch end always writes one).
+        max_new_tokens, verdict_max_new_tokens, batch_size: evaluation decoding settings (as in
+            Study 1).
+        judge_base_answers: also let every adapter judge the base model's answers.
+        patch_examples: eval prompts used for cross-model patching (0 disables it).
+        patch_positions: ``"all"`` or ``"last"`` (module docstring, step 6).
+        patch_layers: layers to patch, a spec of :func:`interp.layers.parse_layers` or a list
+            (None: all).
+        n_boot: bootstrap resamples of the CIs.
+        device, dtype: where the CLI loads the model.
+    """
+
+    model: str = "smollm2-135m-instruct"
+    datasets: list[str] = option(["squad_v2"], flag="dataset", short="d")
+    from_hub: bool = False
+    eval_limit: int | None = option(50, kind="count")
+    template: str = "default"
+    templates_path: str | None = None
+    hard_negative_template: str = "closed_book"
+    oracle: str = "rule"
+    max_train_examples: int = option(80, kind="count")
+    max_length: int = option(512, kind="count")
+    hard_negative_attempts: int = option(5, kind="count")
+    hard_negative_temperature: float = 0.7
+    hard_negative_top_p: float = 0.9
+    hard_negative_max_new_tokens: int = option(16, kind="count")
+    hard_negative_max_words: int = 12
+    rank: int = option(8, kind="count")
+    alpha: int = 16
+    dropout: float = 0.05
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    lora_layers: list[int] | None = option(None, kind="layers")
+    lr: float = 5e-4
+    lr_grid: list[float] | None = None
+    select_holdout: int = option(32, kind="count")
+    epochs: int = option(1, kind="count")
+    train_batch_size: int = option(4, kind="count")
+    warmup_steps: int = 2
+    weight_decay: float = 0.0
+    seed: int = 0
+    checkpoint_every: int = option(10, kind="count")
+    max_new_tokens: int = option(32, kind="count")
+    verdict_max_new_tokens: int = option(8, kind="count")
+    batch_size: int = option(8, kind="count")
+    judge_base_answers: bool = True
+    patch_examples: int = 4
+    patch_positions: str = "all"
+    patch_layers: str | list[int] | None = option(None, kind="layers")
+    n_boot: int = option(1000, kind="count")
+    device: str | None = None
+    dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        self.datasets = split_list(self.datasets)
+        if self.patch_positions not in ("all", "last"):
+            raise TransferError(f"patch_positions must be 'all' or 'last', not "
+                                f"{self.patch_positions!r}")
+        for k in ("max_train_examples", "max_length", "hard_negative_attempts", "rank",
+                  "epochs", "train_batch_size", "checkpoint_every", "select_holdout"):
+            if int(getattr(self, k)) < 1:
+                raise TransferError(f"transfer config {k} must be >= 1, got {getattr(self, k)}")
+        if self.lr_grid is not None:
+            self.lr_grid = sorted({float(x) for x in self.lr_grid})
+            if not self.lr_grid or self.lr_grid[0] <= 0:
+                raise TransferError(f"transfer config lr_grid must list learning rates > 0, "
+                                    f"got {self.lr_grid}")
+            if self.select_holdout >= self.max_train_examples:
+                raise TransferError(
+                    f"transfer config select_holdout ({self.select_holdout}) must be under "
+                    f"max_train_examples ({self.max_train_examples}): the held-out records "
+                    f"come out of the training pool")
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any]) -> TransferConfig:
+        """Build from a mapping (a TOML table), refusing unknown keys.
+
+        Raises:
+            TransferError: an unknown key (the message lists the known ones).
+        """
+        return config_from_table(cls, d, "transfer", TransferError)
