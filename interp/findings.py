@@ -484,10 +484,10 @@ def save_state(runs: str | Path, dest: str | Path, outs: Sequence[str]) -> int:
     manifest's runtime facts): restored parts made under other settings are redone or
     refused, never mixed in.
 
-    Only a run folder that is the state's (restored from it, or saved into it: it holds
-    :data:`STATE_MARK`) may replace a saved state: a run started beside it on a fresh
-    machine would otherwise erase the saved work. An ``out`` missing under ``runs`` is left
-    as it is in ``dest``.
+    Only a run folder that is the state's (restored from it, or saved into it: its
+    :data:`STATE_MARK` names ``dest/<out>``) may replace a saved state: a run started beside
+    it on a fresh machine, or restored from another state, would otherwise erase the saved
+    work. An ``out`` missing under ``runs`` is left as it is in ``dest``.
 
     Args:
         runs: the folder of the run directories (``runs``).
@@ -503,8 +503,12 @@ def save_state(runs: str | Path, dest: str | Path, outs: Sequence[str]) -> int:
     """
     runs, dest = Path(runs), Path(dest)
     todo = [o for o in outs if (runs / o).is_dir()]
+    def ours(out: str) -> bool:
+        mark = runs / out / STATE_MARK
+        return mark.exists() and Path(mark.read_text().strip()).resolve() == (dest / out).resolve()
+
     for out in todo:
-        if _state_files(dest / out) and not (runs / out / STATE_MARK).exists():
+        if _state_files(dest / out) and not ours(out):
             raise ValueError(f"{runs / out} was not restored from {dest / out}, which holds a "
                              f"saved state: restore it first (python -m interp.findings "
                              f"--restore-state {dest} {runs}, with {runs / out} moved away), "
@@ -519,7 +523,7 @@ def save_state(runs: str | Path, dest: str | Path, outs: Sequence[str]) -> int:
         for rel in sorted(keep):
             (dst / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src / rel, dst / rel)
-        (src / STATE_MARK).write_text(f"{dst}\n")
+        (src / STATE_MARK).write_text(f"{dst.resolve()}\n")
         n += len(keep)
     return n
 
@@ -547,36 +551,56 @@ def restore_state(src: str | Path, runs: str | Path,
             shutil.copy2(p, dst / p.relative_to(out))
             n += 1
         dst.mkdir(parents=True, exist_ok=True)
-        (dst / STATE_MARK).write_text(f"{out}\n")
+        (dst / STATE_MARK).write_text(f"{out.resolve()}\n")
     return n
+
+
+USAGE = ("usage: python -m interp.findings FIG_DIR DOC [MODEL_SLUG ...] | --collect OUT FIG_DIR"
+         " | --save-state RUNS STATE OUT [OUT ...] | --restore-state STATE RUNS")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m interp.findings FIG_DIR DOC [MODEL ...]`` (module docstring).
 
-    ``python -m interp.findings --collect OUT FIG_DIR`` publishes a partial study first
-    (:func:`collect`).
+    ``--collect OUT FIG_DIR`` publishes a partial study first (:func:`collect`);
+    ``--save-state RUNS STATE OUT [OUT ...]`` and ``--restore-state STATE RUNS`` keep and put
+    back a study's run directories (:func:`save_state`, :func:`restore_state`). A wrong call
+    or a missing folder is one line on stderr (exit 2), before anything is written.
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["--collect"] and len(args) == 3:
-        print(json.dumps(collect(args[1], args[2])))
+
+    def need(path: str, what: str) -> Path:
+        if not Path(path).exists():
+            raise SystemExit(f"error: {what} {path} does not exist")
+        return Path(path)
+
+    flag = args[0] if args and args[0].startswith("-") else None
+    arity = {"--collect": 3, "--restore-state": 3}
+    if flag in ("-h", "--help"):
+        print(USAGE)
         return
-    if args[:1] == ["--save-state"] and len(args) >= 4:
+    if (flag not in (None, "--save-state", *arity) or (flag in arity and len(args) != arity[flag])
+            or (flag == "--save-state" and len(args) < 4) or (flag is None and len(args) < 2)):
+        print(USAGE, file=sys.stderr)
+        raise SystemExit(2)
+    if flag == "--collect":
+        need(args[1], "the run folder")
+        print(json.dumps(collect(args[1], args[2])))
+    elif flag == "--save-state":
+        need(args[1], "the runs folder")
         try:
             print(f"{save_state(args[1], args[2], args[3:])} files kept in {args[2]}")
         except ValueError as e:
             raise SystemExit(f"error: {e}") from None
-        return
-    if args[:1] == ["--restore-state"] and len(args) == 3:
+    elif flag == "--restore-state":
+        need(args[1], "the saved state")
         print(f"{restore_state(args[1], args[2])} files restored from {args[1]}")
-        return
-    if len(args) < 2:
-        raise SystemExit("usage: python -m interp.findings FIG_DIR DOC [MODEL_SLUG ...] | "
-                         "--collect OUT FIG_DIR | --save-state RUNS STATE OUT [OUT ...] | "
-                         "--restore-state STATE RUNS")
-    models = args[2:] or ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]
-    update_doc(args[1], args[0], models)
-    print(f"updated {args[1]} from {args[0]}")
+    else:
+        need(args[0], "the findings folder")
+        need(args[1], "the report")
+        models = args[2:] or ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]
+        update_doc(args[1], args[0], models)
+        print(f"updated {args[1]} from {args[0]}")
 
 
 if __name__ == "__main__":

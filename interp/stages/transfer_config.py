@@ -75,10 +75,11 @@ class TransferConfig:
             to the first of them, which cuts the backward pass on a CPU.
         lr: AdamW learning rate (5e-4; higher than the usual 2e-4 because the quickstart takes
             only ~20 steps); unused with ``lr_grid``.
-        lr_grid: candidate learning rates, chosen per adapter on held-out training records
-            (module docstring, step 4; None: train once at ``lr``).
-        select_holdout: with ``lr_grid``, the last N pool records held out of training to
-            choose the rate on (32).
+        lr_grid: candidate learning rates (e.g. 1e-4,3e-4,1e-3): each adapter's rate is
+            chosen on held-out training records (docs/stages.md, transfer); unset: train
+            once at ``lr``.
+        select_holdout: with ``lr_grid``, how many training records (evenly spaced over the
+            pool) are held out of training to choose the rate on (32).
         epochs: passes over the training set (1).
         train_batch_size: sequences per optimizer step (4).
         warmup_steps: linear learning-rate warm-up steps (2).

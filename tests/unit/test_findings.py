@@ -205,5 +205,28 @@ def test_state_keeps_the_json_of_a_run_and_restores_it_without_overwriting(tmp_p
     with pytest.raises(ValueError, match="was not restored from .*nothing saved"):
         save_state(fresh, state, ["findings", "findings_matched"])
     assert (state / "findings_matched/m/records.jsonl").exists()
-    # the restored one may: it mirrors the state again
+    # the restored one may: it mirrors the state again; not onto another state
     assert save_state(fresh, state, ["findings"]) == 4
+    other = tmp_path / "other"
+    (other / "findings/x").mkdir(parents=True)
+    (other / "findings/x/records.jsonl").write_text("{}\n")
+    with pytest.raises(ValueError, match="was not restored from"):
+        save_state(fresh, other, ["findings"])
+    assert (other / "findings/x/records.jsonl").exists()
+
+
+def test_findings_command_refuses_wrong_calls_in_one_line(tmp_path, capsys):
+    from interp.findings import main
+
+    for argv in (["--restore-state", "x"], ["--save-state", "a", "b"], ["--bogus", "a", "b"],
+                 ["only-one"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and capsys.readouterr().err.startswith("usage:")
+    for argv, what in ((["--restore-state", str(tmp_path / "nope"), "runs"], "the saved state"),
+                       ([str(tmp_path / "nofig"), str(tmp_path / "doc.md")],
+                        "the findings folder")):
+        with pytest.raises(SystemExit, match=f"error: {what} .*nope|error: {what} .*nofig"):
+            main(argv)
+    main(["--help"])
+    assert capsys.readouterr().out.startswith("usage:")
