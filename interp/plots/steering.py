@@ -91,9 +91,11 @@ def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
 
     Panels (overall, with passage-cluster 95% CIs; alpha on a log axis, 1 = unsteered):
     judge: forced-choice EA, acceptance on oracle-correct and on oracle-incorrect answers;
-    generator: GA; both: the context mass actually reached. With the non-context control
-    (``control`` in the summary) a fourth panel draws the judge under the control, the
-    generator panel its GA dashed, and the mass panel the mass on the control keys. The
+    generator: GA; both: the context mass actually reached; the judge's mean whole-reply
+    ``logit_diff`` (nats), which moves where no verdict flips. With the non-context control
+    (``control`` in the summary) a panel draws the judge under the control, the generator
+    panel its GA dashed, and the ``logit_diff`` panel the control's line dashed. Two rows
+    (judge, generator, mass; control, ``logit_diff``). The
     title gives the records and passages (n) and the steered heads and band; under
     :data:`interp.stats.MIN_PASSAGES` passages the count is starred and the note written
     under the figure. Lines of the judge panel: :func:`judge_panel`.
@@ -102,11 +104,25 @@ def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
         The PNG path.
     """
     control = summary.get("control") or {}
-    fig, axes = plt.subplots(1, 4 if control.get("eval") else 3,
-                             figsize=(18.5 if control.get("eval") else 14, 4.2))
+    cols = 3 if control.get("eval") else 2
+    fig, grid = plt.subplots(2, cols, figsize=(5.2 * cols, 8.4))
+    cells = list(grid.flat)
+    axes = cells[:3] + ([cells[3]] if control.get("eval") else []) + [cells[4 if cols == 3
+                                                                            else 3]]
+    for ax in cells[len(axes):]:
+        ax.axis("off")
     judge_panel(axes[0], summary)
     if control.get("eval"):
         judge_panel(axes[3], control, "control: the judge, NON-context keys steered")
+    ax = axes[-1]
+    for part, lab, ls, mfc in ((summary, "context keys steered", "-", None),
+                               (control, "control: non-context keys", "--", "none")):
+        xs, ys, err, bare = _series(part, "eval", "logit_diff")
+        if xs:
+            ax.errorbar(xs, ys, yerr=err, marker="o", ms=5, capsize=3, ls=ls, mfc=mfc,
+                        color=COLORS["eval"], label=_bare_label(lab, bare, xs))
+    ax.axhline(0.0, color="0.5", lw=0.6)
+    ax.set_title("judge: mean logit_diff (> 0: 'Correct' more likely)", fontsize=9)
     ax = axes[1]
     xs, ys, err, bare = _series(summary, "gen", "ga")
     cx, cy, cerr, cbare = _series(control, "gen", "ga")
@@ -132,6 +148,7 @@ def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
     for ax, label in zip(axes, ("share of answers", "GA (share of answers right)",
                                 "last-token attention mass on the context")):
         ax.set_ylabel(label)
+    axes[-1].set_ylabel("log P('Correct') - log P('Incorrect') (nats)")
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:  # under the axis: lines cross every height
             ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2),
