@@ -76,9 +76,9 @@ def cli_reference() -> str:
 
 
 def on_files(files: Any, config: Any) -> Any:
-    """Serve the repository's committed ``figures/*.png`` under ``figures/``."""
-    for png in sorted((ROOT / "figures").glob("*.png")):
-        files.append(File(f"figures/{png.name}", str(ROOT), config["site_dir"],
+    """Serve the repository's committed ``figures/**/*.png`` under ``figures/``."""
+    for png in sorted((ROOT / "figures").rglob("*.png")):
+        files.append(File(png.relative_to(ROOT).as_posix(), str(ROOT), config["site_dir"],
                           config["use_directory_urls"]))
     return files
 
