@@ -269,9 +269,10 @@ def select_learning_rates(tdir: Path, handle: ModelHandle, template: Template,
     def held_out(path: Path, name: str, load: Callable[[], ModelHandle],
                  judge: bool) -> list[dict[str, Any]]:
         if not path.exists():
+            model = load()  # trains the candidate first when it must: not in the timing
             t0 = time.perf_counter()
-            recs = (evaluate_examples(load(), judged_exs, candidates=judged_answers, **kw)
-                    if judge else evaluate_examples(load(), held, **kw))
+            recs = (evaluate_examples(model, judged_exs, candidates=judged_answers, **kw)
+                    if judge else evaluate_examples(model, held, **kw))
             write_jsonl(path, recs)
             log(f"[select] {name}: {'judged' if judge else 'Study 1 on'} {len(recs)} held-out "
                 f"{'answers' if judge else 'records'} in {time.perf_counter() - t0:.1f} s")
