@@ -195,13 +195,18 @@ def test_permutation_null_separates_signal_from_selection():
 
 
 
+def _noise(seed: int, n_layers: int, d: int, pools=("last",), n: int = 40, pos: int = 15):
+    """Labels with ``pos`` positives and Gaussian features ``{pool: [n, n_layers, d]}``."""
+    rng = np.random.default_rng(seed)
+    y = np.zeros(n, bool)
+    y[rng.choice(n, pos, replace=False)] = True
+    return y, {p: rng.normal(size=(n, n_layers, d)) for p in pools}
+
+
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_an_interrupted_permutation_null_resumes_to_the_uninterrupted_result():
-    rng = np.random.default_rng(1)
-    n, n_layers, d = 40, 2, 4
-    y = np.zeros(n, bool)
-    y[rng.choice(n, 15, replace=False)] = True
-    feats = {"last": rng.normal(size=(n, n_layers, d))}
+    n_layers = 2
+    y, feats = _noise(1, n_layers, 4)
     kw = {"n_permutations": 6, "folds": 3, "seed": 4, "log": lambda s: None}
     steps: list[list] = []
     whole = permutation_null(feats, y, range(n_layers), 0.6, on_step=lambda o: steps.append(
@@ -274,11 +279,8 @@ def test_probe_figure_best_box_stays_inside_its_axes_and_flags_a_small_fit(tmp_p
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_cells_in_parallel_processes_give_the_rows_and_null_of_one_process():
     """n_jobs only spreads the cells over processes: sweep rows and null outcomes are equal."""
-    rng = np.random.default_rng(2)
-    n, n_layers, d = 40, 3, 5
-    y = np.zeros(n, bool)
-    y[rng.choice(n, 15, replace=False)] = True
-    feats = {"last": rng.normal(size=(n, n_layers, d)), "mean": rng.normal(size=(n, n_layers, d))}
+    n_layers = 3
+    y, feats = _noise(2, n_layers, 5, pools=("last", "mean"))
     folds = make_folds(y, 3, 0)
     kw = {"probes": ["logreg", "svm"], "top_k": 2, "log": lambda s: None, "progress": False}
     one = sweep(feats, y, range(n_layers), folds, **kw)
