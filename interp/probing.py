@@ -378,20 +378,14 @@ def _cross_validate_cells(feats: Mapping[str, Features], y: np.ndarray,
     """:func:`cross_validate`'s summary of each ``(layer, pool)`` cell, in order.
 
     With ``n_jobs > 1`` the cells go to that many :mod:`joblib` worker processes (each cell is
-    independent and deterministic, so the results are the ones of one process); ``bar``
-    advances as cells finish.
+    independent and deterministic, so the results are the ones of one process; ``n_jobs = 1``
+    runs them in this process); ``bar`` advances as cells finish.
     """
-    out = []
-    with bar:
-        if n_jobs <= 1:
-            for L, p in cells:
-                out.append(cross_validate(feats[p][:, L], y, folds, kind, **kw)[0])
-                bar.update(1)
-            return out
-        from joblib import Parallel, delayed
+    from joblib import Parallel, delayed
 
-        jobs = (delayed(cross_validate)(np.ascontiguousarray(feats[p][:, L]), y, folds, kind,
-                                        **kw) for L, p in cells)
+    out = []
+    jobs = (delayed(cross_validate)(feats[p][:, L], y, folds, kind, **kw) for L, p in cells)
+    with bar:
         for summ, _ in Parallel(n_jobs=n_jobs, return_as="generator")(jobs):
             out.append(summ)
             bar.update(1)
