@@ -159,7 +159,7 @@ def test_transfer_cells_read_the_paired_differences_and_the_selection(tmp_path):
 
 
 def test_state_keeps_the_json_of_a_run_and_restores_it_without_overwriting(tmp_path):
-    from interp.findings import STATE_MAX_PART_BYTES, restore_state, save_state
+    from interp.findings_state import STATE_MAX_PART_BYTES, restore_state, save_state
 
     run = tmp_path / "runs" / "findings" / "m"
     files = {"records.jsonl": "{}\n", "manifest.json": "{}", "steering/parts/a.json": "{}",

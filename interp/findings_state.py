@@ -1,0 +1,141 @@
+"""The saved state of a study: what ``make findings`` keeps in git so a study of hours resumes.
+
+A study runs across sessions, and a session may start on a fresh machine without ``runs/``.
+:func:`save_state` mirrors what is costly to make again of each run directory into a folder
+git keeps (``figures/findings/state/``); :func:`restore_state` puts it back where the run
+directory is missing. CLI: ``python -m interp.findings --save-state RUNS STATE OUT ...`` and
+``--restore-state STATE RUNS`` (:func:`interp.findings.main`).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+__all__ = ["STATE_MARK", "STATE_MAX_PART_BYTES", "STATE_SKIP", "STATE_SUFFIXES", "restore_state",
+           "save_state"]
+
+
+STATE_SUFFIXES = (".json", ".jsonl")
+"""What :func:`save_state` keeps of a run directory: its JSON files, which hold every costly
+result (the records of Study 1, the parts of steering and patching, the permutations of a
+probe null, the held-out and validation records of transfer, the reasoning replies)."""
+STATE_MAX_PART_BYTES = 1 << 20
+"""Besides its JSON, :func:`save_state` keeps every part a stage declares
+(:data:`interp.stages.contract.SPECS`) up to this size: the attention recordings (about 12 KB
+a record, a forward each to make again); not the probe feature caches (tens of MB, one
+forward per record to make again)."""
+STATE_SKIP = ("figures", "checkpoints", "adapters", "record")
+"""Folders :func:`save_state` leaves out, as a whole (so what is kept stays consistent): the
+figures (redrawn), training checkpoints and adapters (retrained from the same seed when
+absent: an adapter's metadata without its weights would be read as trained) and the record
+stage's per-record folders (an index without its tensors). A sharded run's shards are kept:
+a sharded rerun reads its records from them, not from the merged run."""
+
+
+def _state_files(root: Path) -> list[Path]:
+    """The files of a study's run folder that its saved state keeps (:func:`save_state`)."""
+    import fnmatch
+
+    from interp.stages.contract import SPECS
+
+    globs = [f"*/{p.glob}" for spec in SPECS for p in spec.parts]
+    out = []
+    for p in root.rglob("*"):
+        rel = p.relative_to(root)
+        if not p.is_file() or p.name.startswith(".") or set(rel.parts[:-1]) & set(STATE_SKIP):
+            continue
+        if p.suffix in STATE_SUFFIXES or (
+                p.stat().st_size <= STATE_MAX_PART_BYTES
+                and any(fnmatch.fnmatch(rel.as_posix(), g) for g in globs)):
+            out.append(p)
+    return sorted(out)
+
+
+STATE_MARK = ".state"
+"""The file :func:`restore_state` and :func:`save_state` leave in ``runs/<out>``: that folder
+and the saved state are one (it names the state folder)."""
+
+
+def save_state(runs: str | Path, dest: str | Path, outs: Sequence[str]) -> int:
+    """Copy the resumable state of a study's run directories into a folder git can keep.
+
+    A study of many hours runs across sessions, and a session may start on a fresh machine
+    without ``runs/``: what :data:`STATE_SUFFIXES`, :data:`STATE_MAX_PART_BYTES` and
+    :data:`STATE_SKIP` keep of ``runs/<out>/`` is mirrored to ``dest/<out>/`` (a file a stage
+    removed as stale is removed there too), and :func:`restore_state` puts it back on a
+    machine without ``runs/<out>``, so ``make findings`` (which restores first) resumes instead
+    of starting again. Every stage checks what it reads back as always (signatures, the
+    manifest's runtime facts): restored parts made under other settings are redone or
+    refused, never mixed in.
+
+    Only a run folder that is the state's (restored from it, or saved into it: its
+    :data:`STATE_MARK` names ``dest/<out>``) may replace a saved state: a run started beside
+    it on a fresh machine, or restored from another state, would otherwise erase the saved
+    work. An ``out`` missing under ``runs`` is left as it is in ``dest``.
+
+    Args:
+        runs: the folder of the run directories (``runs``).
+        dest: the state folder (``figures/findings/state``).
+        outs: the run folders to keep (``findings``, ``findings_matched``, ...).
+
+    Returns:
+        The number of files in the saved state of ``outs``.
+
+    Raises:
+        ValueError: ``runs/<out>`` is not the state's while ``dest/<out>`` holds a state
+            (nothing is written for any ``out``).
+    """
+    runs, dest = Path(runs), Path(dest)
+    todo = [o for o in outs if (runs / o).is_dir()]
+    def ours(out: str) -> bool:
+        mark = runs / out / STATE_MARK
+        return mark.exists() and Path(mark.read_text().strip()).resolve() == (dest / out).resolve()
+
+    for out in todo:
+        if _state_files(dest / out) and not ours(out):
+            raise ValueError(f"{runs / out} was not restored from {dest / out}, which holds a "
+                             f"saved state: restore it first (python -m interp.findings "
+                             f"--restore-state {dest} {runs}, with {runs / out} moved away), "
+                             f"or remove {dest / out} to replace it; nothing saved")
+    n = 0
+    for out in todo:
+        src, dst = runs / out, dest / out
+        keep = {p.relative_to(src) for p in _state_files(src)}
+        for p in _state_files(dst):
+            if p.relative_to(dst) not in keep:
+                p.unlink()
+        for rel in sorted(keep):
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src / rel, dst / rel)
+        (src / STATE_MARK).write_text(f"{dst.resolve()}\n")
+        n += len(keep)
+    return n
+
+
+def restore_state(src: str | Path, runs: str | Path,
+                  log: Callable[[str], None] = print) -> int:
+    """Put a saved state (:func:`save_state`) back where ``runs/<out>`` does not exist.
+
+    A run folder that exists is never touched: on the machine that saved the state it is
+    newer than the state (a stage may have removed a stale file since, which a restore must
+    not bring back), and elsewhere it is someone's own run.
+
+    Returns:
+        The number of files restored (0 when ``src`` does not exist).
+    """
+    src, runs = Path(src), Path(runs)
+    n = 0
+    for out in sorted(p for p in src.iterdir() if p.is_dir()) if src.is_dir() else []:
+        dst = runs / out.name
+        if dst.exists():
+            log(f"{dst} exists: kept as it is, nothing restored into it")
+            continue
+        for p in _state_files(out):
+            (dst / p.relative_to(out)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(p, dst / p.relative_to(out))
+            n += 1
+        dst.mkdir(parents=True, exist_ok=True)
+        (dst / STATE_MARK).write_text(f"{out.resolve()}\n")
+    return n
