@@ -249,16 +249,27 @@ def _patch(kind: str) -> Extract:
 
 
 def _probe(d: Path, m: str) -> Cell:
-    """The best probe's cross-validated AUC against the verbal judge's on the same folds."""
+    """The best probe's AUC minus the verbal judge's, paired on the same records (with CI).
+
+    Falls back to the best cell's fold-mean AUC (no CI) for a summary made before the paired
+    comparison was reported.
+    """
     name = f"{m}__probes_results.json"
     r = _read(d / name)
     e = _get(r, "tasks", "eval")
     if e is None or _get(e, "best", "auc") is None:
         return Cell(None, source=name)
-    judge = _get(e, "vs_judge", "judge_same_folds", "auc")
     perm = e.get("permutation") or {}
-    v = (f"judge AUC {judge:.2f}; permutation p={perm.get('p_value')} "
-         f"({perm.get('n', 0)} perms)") if judge is not None else "no judge AUC"
+    perms = f"permutation p={perm.get('p_value')} ({perm.get('n', 0)} perms)"
+    pa = _get(e, "vs_judge", "auc_paired")
+    if pa and pa.get("probe_minus_judge") is not None:
+        side = {"yes": "probe higher", "no": "judge higher"}.get(_side(pa.get("ci"), 0.0),
+                                                                 "undecided")
+        return Cell(pa["probe_minus_judge"], pa.get("ci"), pa.get("n"), pa.get("n_passages"),
+                    f"{side}: probe {pa['probe']:.2f}, judge {pa['judge']:.2f}; {perms}",
+                    f"{name}: tasks.eval.vs_judge.auc_paired.probe_minus_judge", "+.3f")
+    judge = _get(e, "vs_judge", "judge_same_folds", "auc")
+    v = f"judge AUC {judge:.2f}; {perms}" if judge is not None else "no judge AUC"
     return Cell(e["best"]["auc"], None, r.get("n_records"), r.get("n_passages"), v,
                 f"{name}: tasks.eval.best.auc")
 
@@ -348,7 +359,8 @@ CLAIMS: tuple[tuple[str, str, Extract], ...] = (
      _patch("candidate-swap/resid")),
     ("... attention heads", "restored share", _patch("candidate-swap/heads")),
     ("... system-prompt control", "restored share", _patch("system-prompt-control/resid")),
-    ("a probe on the judge's residual stream beats its verdict", "probe AUC", _probe),
+    ("a probe on the judge's residual stream beats its verdict",
+     "AUC, probe - judge's logit_diff (paired)", _probe),
     ("low context reading flags a wrong verdict (audit)", "AUC", _audit),
     ("a reasoning judge judges better", "EA, reasoning - one word", _reasoning("EA")),
     ("a model judges its own answers better than another's", "EA self - other", _cross),

@@ -63,7 +63,13 @@ from sklearn.svm import LinearSVC
 
 from interp.errors import ProbeError
 from interp.progress import tqdm
-from interp.stats import binary_metrics, fold_summary, make_folds, mcnemar
+from interp.stats import (
+    binary_metrics,
+    cluster_bootstrap_auc_difference,
+    fold_summary,
+    make_folds,
+    mcnemar,
+)
 from interp.store.io import atomic_path, read_json, write_json
 from interp.store.records import Record, check_verdict_scores
 
@@ -287,29 +293,49 @@ def judge_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]],
 
 def probe_vs_judge(best: Mapping[str, Any], oof: Float[np.ndarray, " n"],
                    y: Bool[np.ndarray, " n"], records: Sequence[Mapping[str, Any]],
-                   judge_folds: Mapping[str, Any]) -> dict[str, Any]:
+                   judge_folds: Mapping[str, Any], *, groups: Sequence[Any] | None = None,
+                   n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
     """The best cell's probe against the verbal judge on the same records and folds.
+
+    Besides the fold means, the paired comparison that decides "does the probe beat the
+    judge": the AUC of the probe's pooled out-of-fold scores and of the judge's whole-reply
+    ``logit_diff`` on the same records, their difference, and passage-cluster bootstrap CIs
+    from the same resamples (:func:`interp.stats.cluster_bootstrap_auc_difference`). The
+    probe's cell was selected on these folds, so its AUC is optimistic by the selection; the
+    permutation null (:func:`permutation_null`) is the test that accounts for it.
 
     Args:
         best: the best sweep row (metric means and stds).
-        oof: its out-of-fold scores.
-        y: labels.
-        records: the records (``verdict``).
+        oof: ``[n]`` its out-of-fold scores.
+        y: ``[n]`` labels.
+        records: the ``n`` records (``verdict``, ``logit_diff``).
         judge_folds: :func:`judge_metrics` ``["folds"]`` on the same folds.
+        groups: ``[n]`` passage ids for the CIs (None: one per record).
+        n_boot: bootstrap resamples (0: no CIs).
+        seed: seed of the resamples.
 
     Returns:
-        Both sides' metrics, their differences, McNemar of right/wrong on out-of-fold
-        predictions and the probe's out-of-fold accuracy.
+        Both sides' metrics, their differences, ``auc_paired`` (``{"probe", "probe_ci",
+        "judge", "judge_ci", "probe_minus_judge", "ci", "n", "n_passages"}``), McNemar of
+        right/wrong on out-of-fold predictions and the probe's out-of-fold accuracy.
     """
     probe_right = (oof > 0) == y
     v = [r.get("verdict") for r in records]
     judge_right = np.array([x is not None and x == t for x, t in zip(v, y)])
+    paired = cluster_bootstrap_auc_difference(
+        y, oof, np.array([float(r["logit_diff"]) for r in records]),
+        list(range(len(y))) if groups is None else list(groups),
+        np.random.default_rng(seed), n_boot)
     return {
         "probe": {m: best[m] for m in METRICS} | {f"{m}_std": best[f"{m}_std"] for m in METRICS},
         "judge_same_folds": judge_folds,
         "delta_accuracy_probe_minus_EA": best["accuracy"] - judge_folds["accuracy"],
         "delta_auc_probe_minus_p_correct": (best["auc"] - judge_folds["auc"])
         if best["auc"] is not None and judge_folds["auc"] is not None else None,
+        "auc_paired": {"probe": paired["auc_a"], "probe_ci": paired["ci_a"],
+                       "judge": paired["auc_b"], "judge_ci": paired["ci_b"],
+                       "probe_minus_judge": paired["difference"], "ci": paired["ci"],
+                       "n": paired["n"], "n_passages": paired["n_clusters"]},
         "mcnemar_probe_vs_verdict": mcnemar(probe_right, judge_right),
         "oof_accuracy": float(probe_right.mean()),
     }

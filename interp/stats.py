@@ -54,6 +54,7 @@ __all__ = [
     "ClusterBootstrap",
     "binary_metrics",
     "cluster_bootstrap_auc",
+    "cluster_bootstrap_auc_difference",
     "cluster_bootstrap_mean",
     "cluster_bootstrap_ratio",
     "correlations",
@@ -343,13 +344,58 @@ def cluster_bootstrap_auc(y: Bool[Array, " n"], score: Float[Array, " n"],
                            "n_neg": int((~y).sum()), "n_clusters": bs.n_clusters}
     if auc is None or bs.weights is None:
         return out
+    out["ci"] = bs.interval(_resampled_aucs(y, score, bs.weights))
+    return out
+
+
+def _resampled_aucs(y: Bool[Array, " n"], score: Float[Array, " n"],
+                    weights: Float[Array, "n_boot n"]) -> Float[Array, " n_boot"]:
+    """The weighted Mann-Whitney AUC on every resample (NaN where a class is not drawn)."""
     pos, neg = score[y], score[~y]
     cmp = (pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])
-    wp, wn = bs.weights[:, y], bs.weights[:, ~y]
+    wp, wn = weights[:, y], weights[:, ~y]
     num = ((wp @ cmp) * wn).sum(1)
     den = wp.sum(1) * wn.sum(1)
     with np.errstate(all="ignore"):
-        out["ci"] = bs.interval(np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan))
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def cluster_bootstrap_auc_difference(y: Bool[Array, " n"], score_a: Float[Array, " n"],
+                                     score_b: Float[Array, " n"], groups: Sequence[Any],
+                                     rng: np.random.Generator, n_boot: int) -> dict[str, Any]:
+    """Two scores' ROC AUCs on the same examples and their paired difference, with CIs.
+
+    Both AUCs are computed on every passage-cluster resample with the SAME weights (the
+    statistic of :func:`cluster_bootstrap_auc`), so the interval of ``auc_a - auc_b`` is a
+    paired one: it accounts for both scores being read on the same records, which the two
+    separate intervals do not.
+
+    Args:
+        y: ``[n]`` bool labels (True = positive).
+        score_a: ``[n]`` first scores (higher = positive); e.g. a probe's out-of-fold scores.
+        score_b: ``[n]`` second scores; e.g. the verbal judge's ``logit_diff``.
+        groups: ``[n]`` cluster ids (:func:`passage_groups`).
+        rng: the generator (advances by one :func:`resample_indices` call).
+        n_boot: resamples of the clusters.
+
+    Returns:
+        ``{"auc_a", "ci_a", "auc_b", "ci_b", "difference", "ci", "n", "n_pos", "n_neg",
+        "n_clusters"}``: the AUCs None with one class, every ``ci`` None then or with fewer
+        than two clusters.
+    """
+    y = np.asarray(y, bool)
+    a, b = np.asarray(score_a, np.float64), np.asarray(score_b, np.float64)
+    auc_a, auc_b = roc_auc(y, a), roc_auc(y, b)
+    bs = ClusterBootstrap([str(g) for g in groups], n_boot, rng)
+    out: dict[str, Any] = {
+        "auc_a": auc_a, "ci_a": None, "auc_b": auc_b, "ci_b": None,
+        "difference": None if auc_a is None or auc_b is None else auc_a - auc_b, "ci": None,
+        "n": int(len(y)), "n_pos": int(y.sum()), "n_neg": int((~y).sum()),
+        "n_clusters": bs.n_clusters}
+    if out["difference"] is None or bs.weights is None:
+        return out
+    sa, sb = _resampled_aucs(y, a, bs.weights), _resampled_aucs(y, b, bs.weights)
+    out.update(ci_a=bs.interval(sa), ci_b=bs.interval(sb), ci=bs.interval(sa - sb))
     return out
 
 

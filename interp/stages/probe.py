@@ -110,6 +110,9 @@ class ProbeConfig:
         n_jobs: processes that cross-validate the (layer, pool) cells at once, in the sweep
             and in every permutation of the null (:func:`interp.probing.sweep`); the results
             are those of one process, so stored sweeps and permutations stay valid.
+        n_boot: passage-cluster bootstrap resamples of the paired probe-vs-judge AUC CIs
+            (:func:`interp.probing.probe_vs_judge`; 0: none); not part of the sweep's
+            signature.
     """
 
     folds: int = 5
@@ -130,6 +133,7 @@ class ProbeConfig:
     permutations: int = 0
     recompute: bool = False
     n_jobs: int = option(1, kind="count")
+    n_boot: int = option(2000, kind="count")
 
     def __post_init__(self) -> None:
         self.probes, self.pools, self.tasks = (split_list(self.probes), split_list(self.pools),
@@ -283,6 +287,10 @@ class _Data:
     facts: dict[str, Any] | None = None
 
 
+SWEEP_FREE = ("n_boot",)
+"""Settings left out of the sweep's signature (they change what is reported of it, not it)."""
+
+
 def _sweep_cached(run: RunDir, cfg: ProbeConfig, data: _Data, task: str,
                   feats: Mapping[str, np.ndarray], features_sig: str,
                   log: Callable[[str], None]) -> tuple[list[dict[str, Any]], str]:
@@ -292,8 +300,8 @@ def _sweep_cached(run: RunDir, cfg: ProbeConfig, data: _Data, task: str,
     (``features_sig``: model, hook point, runtime facts and every record's prompt token ids).
     """
     # the sweep does not depend on the permutation count; the permutation null does
-    sig = signature({"cfg": {**asdict(cfg), "permutations": None, "recompute": None,
-                             "n_jobs": None},
+    settings = {k: v for k, v in asdict(cfg).items() if k not in SWEEP_FREE}
+    sig = signature({"cfg": {**settings, "permutations": None, "recompute": None, "n_jobs": None},
                      "layers": data.layers,
                      "keys": [_key(r) for r in data.records], "task": task,
                      "y": data.y.tolist(), "v": FEATURES_VERSION,
@@ -352,7 +360,8 @@ def _run_task(run: RunDir, handle: ModelHandle, cfg: ProbeConfig, data: _Data, t
     # probe vs judge on the same records and folds: out-of-fold predictions of the best cell
     X = feats[best["pool"]][:, best["layer"]]
     _, oof = cross_validate(X, data.y, data.folds, best["probe"], **cfg.fit_kw())
-    tres["vs_judge"] = probe_vs_judge(best, oof, data.y, data.records, data.judge["folds"])
+    tres["vs_judge"] = probe_vs_judge(best, oof, data.y, data.records, data.judge["folds"],
+                                      groups=data.groups, n_boot=cfg.n_boot, seed=cfg.seed)
     if task == "eval":
         tres["transfer"] = cross_dataset_transfer(
             X, data.y, data.ds, best["probe"], folds=cfg.folds, seed=cfg.seed,

@@ -11,7 +11,12 @@ from interp import audit as method
 from interp.errors import ConfigError, DataError
 from interp.stages import attention as attention_stage
 from interp.stages import audit as audit_stage
-from interp.stats import ClusterBootstrap, cluster_bootstrap_auc, passage_groups
+from interp.stats import (
+    ClusterBootstrap,
+    cluster_bootstrap_auc,
+    cluster_bootstrap_auc_difference,
+    passage_groups,
+)
 from interp.store import RunDir
 from interp.store.io import read_json, write_jsonl
 from interp.testing import synthetic_probe_run
@@ -102,6 +107,29 @@ def test_cluster_bootstrap_auc_is_the_weighted_auc_of_each_resample():
            if (w[y] > 0).any() and (w[~y] > 0).any()]
     assert got["ci"] == pytest.approx([np.percentile(per, 2.5), np.percentile(per, 97.5)])
     assert got["n_clusters"] == 15
+
+
+def test_paired_auc_difference_uses_one_resample_for_both_scores():
+    rng = np.random.default_rng(4)
+    y = rng.random(40) < 0.5
+    a, b = rng.normal(size=40) + 1.5 * y, rng.normal(size=40) + 0.3 * y
+    groups = [f"p{i // 4}" for i in range(40)]
+    got = cluster_bootstrap_auc_difference(y, a, b, groups, np.random.default_rng(9), 300)
+    assert got["difference"] == pytest.approx(roc_auc_score(y, a) - roc_auc_score(y, b))
+    # each side is the single-score statistic on the same draws
+    one = cluster_bootstrap_auc(y, a, groups, np.random.default_rng(9), 300)
+    assert got["ci_a"] == pytest.approx(one["ci"]) and got["n_clusters"] == 10
+    bs = ClusterBootstrap(groups, 300, np.random.default_rng(9))
+    per = [roc_auc_score(y, a, sample_weight=w) - roc_auc_score(y, b, sample_weight=w)
+           for w in bs.weights if (w[y] > 0).any() and (w[~y] > 0).any()]
+    assert got["ci"] == pytest.approx([np.percentile(per, 2.5), np.percentile(per, 97.5)])
+    # a score against itself: a difference of exactly 0 on every resample
+    same = cluster_bootstrap_auc_difference(y, a, a, groups, np.random.default_rng(9), 300)
+    assert same["difference"] == 0.0 and same["ci"] == [0.0, 0.0]
+    # one class: nothing to compare
+    none = cluster_bootstrap_auc_difference(np.ones(40, bool), a, b, groups,
+                                            np.random.default_rng(9), 300)
+    assert none["difference"] is None and none["ci"] is None
 
 
 def test_judged_jsonl_is_audited(tiny, tmp_path):

@@ -98,6 +98,16 @@ def test_steering_patching_and_probe_cells(tmp_path):
     assert (p.value, p.n, p.verdict) == (0.4, 31, "top unit L7 candidate")
     pr = cells["a probe on the judge's residual stream beats its verdict"]["m"]
     assert pr.value == 0.8 and "judge AUC 0.60" in pr.verdict and "(100 perms)" in pr.verdict
+    # the paired comparison, when the summary has it, is the cell (its CI decides)
+    _write(tmp_path, "m__probes_results.json", {"n_records": 300, "n_passages": 200, "tasks": {
+        "eval": {"best": {"auc": 0.8}, "permutation": {"n": 100, "p_value": 0.0099},
+                 "vs_judge": {"judge_same_folds": {"auc": 0.6}, "auc_paired": {
+                     "probe": 0.78, "judge": 0.61, "probe_minus_judge": 0.17,
+                     "ci": [0.05, 0.3], "n": 300, "n_passages": 190}}}}})
+    pr = _cells(tmp_path, ["m"])["a probe on the judge's residual stream beats its verdict"]["m"]
+    assert (pr.value, pr.ci, pr.n, pr.n_passages) == (0.17, [0.05, 0.3], 300, 190)
+    assert pr.verdict.startswith("probe higher: probe 0.78, judge 0.61")
+    assert "(100 perms)" in pr.verdict
 
 
 def test_update_doc_keeps_the_prose_and_refuses_a_doc_without_markers(tmp_path):

@@ -118,6 +118,13 @@ def test_run_probes_end_to_end_and_resume(tiny, tmp_path):
     # y* is decided by the candidate word: the best eval probe finds it
     assert res["best"]["auc"] > 0.9
     assert res["best"] == max((r for r in grid), key=lambda r: (r["auc"], r["f1"], -r["layer"]))
+    # the paired comparison with the judge: both AUCs on the same records (the probe's from
+    # the best cell's pooled out-of-fold scores, which find the candidate word too)
+    pa = res["tasks"]["eval"]["vs_judge"]["auc_paired"]
+    assert pa["probe"] > 0.9 and pa["n"] == 24 and pa["n_passages"] == res["n_passages"]
+    assert pa["judge"] == pytest.approx(gm["auc_logit_diff"])
+    assert pa["probe_minus_judge"] == pytest.approx(pa["probe"] - pa["judge"])
+    assert pa["ci"][0] <= pa["probe_minus_judge"] <= pa["ci"][1] and pa["n"] == 24
     # transfer between the two datasets (both have both classes)
     tr = res["transfer"]
     assert tr["possible"] and {(p["train"], p["test"]) for p in tr["pairs"]} >= {
