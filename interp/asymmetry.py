@@ -253,6 +253,9 @@ METRIC_DEFINITIONS = {
     "EA": "mean of (generated verdict == y*); a verdict that cannot be parsed counts as wrong",
     "EA_forced": "mean of ((p_correct > 0.5) == y*): the forced choice, no invalid case",
     "delta": "EA - GA (paired: same resamples); delta_forced = EA_forced - GA",
+    "delta_valid": "EA - GA on the n_valid records whose verdict was parsed (paired): the "
+                   "asymmetry without counting an unparseable reply as a wrong verdict; "
+                   "EA_valid, GA_valid its two sides",
     "verdicts": "counts of generated verdicts accept / reject / none (unparseable); they sum "
                 "to n; verdict_shares = counts / n; verdicts_by_label splits them by y*",
     "n_verdict_restated": "verdicts decided by a restated answer ('The correct answer is X'), "
@@ -268,7 +271,7 @@ METRIC_DEFINITIONS = {
                              "probability held by the two whole replies",
     "mean_p_correct": "mean over records of sigmoid(logit_diff)",
     "auc_logit_diff": "ROC AUC of logit_diff = log P(Correct) - log P(Incorrect) against y* "
-                      "(None with one class)",
+                      "(None with one class); _ci: its passage-cluster interval",
     "mcnemar": "exact McNemar test of generator-right vs judge-right (b: only the generator "
                "right, c: only the judge right); it assumes independent records",
     "_ci": "95% percentile cluster bootstrap over passages (interp.stats.ClusterBootstrap); "
@@ -300,6 +303,25 @@ def _acceptance(bs: ClusterBootstrap, y: np.ndarray, accepted: np.ndarray, valid
             value, samples = bs.ratio_of_means(num, den)
             key = f"acceptance_rate{label}{mode}"
             out[key], out[f"{key}_ci"] = value, bs.interval(samples)
+    return out
+
+
+def _valid_delta(bs: ClusterBootstrap, y: np.ndarray, right: np.ndarray,
+                 valid: np.ndarray) -> dict[str, Any]:
+    """EA, GA and their paired difference on the records with a parsed verdict.
+
+    Each is a ratio of sums over the group's records weighted by ``valid`` (on every resample
+    too), so records without a verdict leave both sides, not only EA.
+    """
+    out: dict[str, Any] = {"n_valid": int(valid.sum()), "EA_valid": None, "GA_valid": None,
+                           "delta_valid": None, "delta_valid_ci": None}
+    if not valid.any():
+        return out
+    w = valid.astype(np.float64)
+    out["EA_valid"] = float(right[valid].mean())
+    out["GA_valid"] = float(y[valid].mean())
+    out["delta_valid"], samples = bs.ratio_of_means((right.astype(np.float64) - y) * w, w)
+    out["delta_valid_ci"] = bs.interval(samples)
     return out
 
 
@@ -355,6 +377,8 @@ def group_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]], *, n_
     classes = [_verdict_class(x) for x in v]
     split = _split(classes)
     cov = np.array([float(r["verdict_coverage"]) if scored else 0.0 for r in records])
+    ld = np.array([float(r["logit_diff"]) if scored else 0.0 for r in records])
+    auc = roc_auc(y, ld)
     out = {
         "n": n, "n_passages": bs.n_clusters, "few_passages": bs.n_clusters < MIN_PASSAGES,
         "note": passage_note(bs.n_clusters),
@@ -364,6 +388,7 @@ def group_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]], *, n_
         "GA_ci": bs.interval(ga_b), "EA_ci": bs.interval(ea_b), "EA_forced_ci": bs.interval(ef_b),
         "delta_ci": None if ga_b is None else bs.interval(ea_b - ga_b),
         "delta_forced_ci": None if ga_b is None else bs.interval(ef_b - ga_b),
+        **_valid_delta(bs, y, right, valid),
         "verdicts": split, "verdict_shares": {c: k / n for c, k in split.items()},
         "verdicts_by_label": {
             name: _split([c for c, m in zip(classes, mask) if m])
@@ -377,8 +402,8 @@ def group_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]], *, n_
         "mean_verdict_coverage": float(cov.mean()),
         "mean_verdict_coverage_ci": bs.interval(bs.means(cov)),
         "mean_p_correct": float(p.mean()),
-        "auc_logit_diff": roc_auc(y, np.array([float(r["logit_diff"]) if scored else 0.0
-                                               for r in records])),
+        "auc_logit_diff": auc,
+        "auc_logit_diff_ci": None if auc is None else bs.interval(bs.aucs(y, ld)),
         "mcnemar": mcnemar(y, right),
     }
     if not scored:  # never a 0 standing for "not measured"
@@ -388,7 +413,7 @@ def group_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]], *, n_
 
 
 _SCORE_KEYS = ("mean_verdict_coverage", "mean_verdict_coverage_ci", "mean_p_correct",
-               "auc_logit_diff")
+               "auc_logit_diff", "auc_logit_diff_ci")
 FORCED_UNAVAILABLE = ("unavailable: the server cannot score the two whole verdict replies "
                       "(docs/endpoints.md)")
 """``EA_forced_unavailable`` of a group whose records have no verdict score."""

@@ -82,6 +82,11 @@ SUMMARY_DEFINITIONS = {
                              "candidate) mass (a mean of ratios), per task",
     "content_context_share_ratio": "ratio of means: gen content_context_share / eval "
                                    "content_context_share",
+    "context_question_share": "mean over records of context / (context + question) mass (a "
+                              "mean of ratios), per task: the spans both prompts have, so the "
+                              "judge's candidate is in neither denominator",
+    "context_question_share_ratio": "ratio of means: gen context_question_share / eval "
+                                    "context_question_share",
     "mass_per_token": "mean over records of a span's mass / its token count, per task and "
                       "span (None for a span absent from the task's prompts)",
     "_ci": "95% percentile cluster bootstrap over passages (interp.stats.ClusterBootstrap); "
@@ -272,6 +277,13 @@ def _group(band: Mapping[str, np.ndarray], tokens: Mapping[str, np.ndarray],
     out["content_context_share"] = {t: bs.mean(share[t]) for t in TASKS}
     out["content_context_share_ratio"], samples = bs.ratio_of_means(share["gen"], share["eval"])
     out["content_context_share_ratio_ci"] = bs.interval(samples)
+    # like with like: both prompts have a context and a question, only the judge a candidate
+    cq = {t: band[t][:, c] / np.maximum(band[t][:, c] + band[t][:, idx["question"]], 1e-12)
+          for t in TASKS} if "question" in idx else None
+    if cq is not None:
+        out["context_question_share"] = {t: bs.mean(cq[t]) for t in TASKS}
+        out["context_question_share_ratio"], samples = bs.ratio_of_means(cq["gen"], cq["eval"])
+        out["context_question_share_ratio_ci"] = bs.interval(samples)
     out["mass_per_token"] = {}
     for t in TASKS:
         with np.errstate(all="ignore"):

@@ -121,7 +121,12 @@ Extract = Callable[[Path, str], Cell]
 
 
 def _delta(dataset: str, key: str = "delta", exception: bool = False) -> Extract:
-    """EA - GA of one dataset: the claim GA > EA (or, ``exception``, not GA > EA)."""
+    """EA - GA of one dataset: the claim GA > EA (or, ``exception``, not GA > EA).
+
+    ``key`` ``delta_valid`` reads it on the records whose verdict was parsed (the control for
+    counting an unparseable reply as a wrong verdict); ``delta`` says how many replies had no
+    verdict. An exception that holds because GA is 0 on every record says so.
+    """
     def f(d: Path, m: str) -> Cell:
         name = f"{m}__asymmetry_metrics.json"
         g = _get(_read(d / name), "per_dataset", dataset)
@@ -132,34 +137,43 @@ def _delta(dataset: str, key: str = "delta", exception: bool = False) -> Extract
         forced = g.get("acceptance_rate_forced")
         if key == "delta_forced" and forced in (0.0, 1.0):
             v = f"{v}: the forced choice {'accepts' if forced else 'rejects'} every answer"
-        return Cell(g[key], g.get(f"{key}_ci"), g.get("n"), g.get("n_passages"),
+        if exception and g.get("GA") == 0.0:
+            v = f"{v}, by construction: GA = 0 of {g.get('n')} (a control, not a finding)"
+        none = _get(g, "verdicts", "none")
+        if key == "delta" and none:
+            v = f"{v}; {none} of {g.get('n')} replies without a verdict, counted wrong"
+        n = g.get("n_valid") if key == "delta_valid" else g.get("n")
+        return Cell(g[key], g.get(f"{key}_ci"), n, g.get("n_passages"),
                     _few(v, g.get("n_passages")), f"{name}: per_dataset.{dataset}.{key}")
     return f
 
 
 def _ratio(key: str, sub: str = "", lo: float = 3.0, hi: float = 5.0,
-           control: bool = False) -> Extract:
-    """A gen/eval ratio of the attention summary over the band (overall).
+           control: bool = False, dataset: str | None = None) -> Extract:
+    """A gen/eval ratio of the attention summary over the band (overall, or one dataset).
 
-    The claim (3-5x) is checked against ``lo``/``hi``; a ``control`` asks only whether the
-    ratio stays over 1.
+    The claim (3-5x) is checked against ``lo``/``hi``; a ``control`` asks whether the ratio
+    stays over 1, and then whether it stays at ``lo`` or more.
     """
     def f(d: Path, m: str) -> Cell:
         name = f"{sub}{m}__attention_summary.json"
-        o = _get(_read(d / name), "overall")
+        where = ("per_dataset", dataset) if dataset else ("overall",)
+        o = _get(_read(d / name), *where)
         if o is None or o.get(key) is None:
             return Cell(None, source=name)
         ci = o.get(f"{key}_ci")
         v = _side(ci, 1.0)
-        if control:
-            v = {"yes": "survives (gen > eval)", "no": "reversed (eval > gen)",
-                 "undecided": "gone (CI spans 1)"}.get(v, v)
+        if control and v == "yes" and ci is not None:
+            v = ("survives (gen > eval, 3x or more)" if ci[0] >= lo else
+                 "gen > eval, but under 3x" if ci[1] < lo else "gen > eval; the CI crosses 3x")
+        elif control:
+            v = {"no": "reversed (eval > gen)", "undecided": "gone (CI spans 1)"}.get(v, v)
         elif v == "yes" and ci is not None:
             v = "yes, 3-5x" if ci[0] >= lo and ci[1] <= hi else (
                 "less: under 3x" if ci[1] < lo else "more: over 5x" if ci[0] > hi else
                 "yes; the CI crosses 3x or 5x")
-        return Cell(o[key], ci, o.get("n"), o.get("n_passages"), v,
-                    f"{name}: overall.{key}", ".2f")
+        return Cell(o[key], ci, o.get("n"), o.get("n_passages"), _few(v, o.get("n_passages")),
+                    f"{name}: {'.'.join(where)}.{key}", ".2f")
     return f
 
 
@@ -225,9 +239,23 @@ def _steer(task: str, key: str, alpha: str, control: bool = False) -> Extract:
         v = {"yes": "up", "no": "down"}.get(v, v)
         if v.startswith("degenerate") and e["mean"] == 0.0 and key != "logit_diff":
             v += ": no verdict flipped"
-        return Cell(e["mean"], e.get("ci"), e.get("n"), g.get("n_passages"), v,
-                    f"{name}: {'control.' if control else ''}{task}.{alpha}.overall."
+        return Cell(e["mean"], e.get("ci"), e.get("n"), e.get("n_passages", g.get("n_passages")),
+                    v, f"{name}: {'control.' if control else ''}{task}.{alpha}.overall."
                     f"vs_alpha1.{key}", "+.3f")
+    return f
+
+
+def _steer_vs_control(task: str, key: str, alpha: str) -> Extract:
+    """The context keys' paired effect minus the control's, per record (overall)."""
+    def f(d: Path, m: str) -> Cell:
+        name = f"{m}__steering_summary.json"
+        e = _get(_read(d / name), "context_minus_control", task, alpha, "overall", key)
+        if e is None or e.get("mean") is None:
+            return Cell(None, source=name)
+        v = {"yes": "context moves it more up", "no": "context moves it more down"}.get(
+            _side(e.get("ci"), 0.0), "undecided: no more than the control")
+        return Cell(e["mean"], e.get("ci"), e.get("n"), e.get("n_passages"), v,
+                    f"{name}: context_minus_control.{task}.{alpha}.overall.{key}", "+.3f")
     return f
 
 
@@ -249,10 +277,12 @@ def _patch(kind: str) -> Extract:
 
 
 def _probe(d: Path, m: str) -> Cell:
-    """The best probe's AUC minus the verbal judge's, paired on the same records (with CI).
+    """The best probe's AUC minus the verbal judge's, paired, within datasets (with CI).
 
-    Falls back to the best cell's fold-mean AUC (no CI) for a summary made before the paired
-    comparison was reported.
+    Pooled over datasets a probe also gains from knowing the dataset (their base rates
+    differ), so the cell compares pairs within a dataset; the verdict gives the pooled
+    difference and the AUC of the dataset alone beside it. Falls back to the pooled paired
+    AUC, then to the best cell's fold-mean AUC (no CI), for summaries made before those.
     """
     name = f"{m}__probes_results.json"
     r = _read(d / name)
@@ -260,14 +290,24 @@ def _probe(d: Path, m: str) -> Cell:
     if e is None or _get(e, "best", "auc") is None:
         return Cell(None, source=name)
     perm = e.get("permutation") or {}
-    perms = f"permutation p={perm.get('p_value')} ({perm.get('n', 0)} perms)"
-    pa = _get(e, "vs_judge", "auc_paired")
-    if pa and pa.get("probe_minus_judge") is not None:
+    pv = perm.get("p_value")
+    perms = (f"permutation p={pv if pv is None else format(pv, '.2g')} "
+             f"({perm.get('n', 0)} perms, pooled)")
+    vs = e.get("vs_judge") or {}
+    key = next((k for k in ("auc_paired_within_dataset", "auc_paired")
+                if (vs.get(k) or {}).get("probe_minus_judge") is not None), None)
+    if key:
+        pa = vs[key]
         side = {"yes": "probe higher", "no": "judge higher"}.get(_side(pa.get("ci"), 0.0),
                                                                  "undecided")
+        extra = ""
+        if key == "auc_paired_within_dataset" and vs.get("auc_paired"):
+            pool = vs["auc_paired"]
+            extra = (f"; pooled {pool['probe_minus_judge']:+.2f}, the dataset alone "
+                     f"{vs.get('auc_dataset_only', float('nan')):.2f}")
         return Cell(pa["probe_minus_judge"], pa.get("ci"), pa.get("n"), pa.get("n_passages"),
-                    f"{side}: probe {pa['probe']:.2f}, judge {pa['judge']:.2f}; {perms}",
-                    f"{name}: tasks.eval.vs_judge.auc_paired.probe_minus_judge", "+.3f")
+                    f"{side}: probe {pa['probe']:.2f}, judge {pa['judge']:.2f}{extra}; {perms}",
+                    f"{name}: tasks.eval.vs_judge.{key}.probe_minus_judge", "+.3f")
     judge = _get(e, "vs_judge", "judge_same_folds", "auc")
     v = f"judge AUC {judge:.2f}; {perms}" if judge is not None else "no judge AUC"
     return Cell(e["best"]["auc"], None, r.get("n_records"), r.get("n_passages"), v,
@@ -275,20 +315,22 @@ def _probe(d: Path, m: str) -> Cell:
 
 
 def _audit(d: Path, m: str) -> Cell:
-    """The AUC of the audit's first signal (low context reading) for a wrong verdict."""
+    """The AUC of low context mass at the verdict position for a wrong verdict (the audit).
+
+    Reads ``overall.signals.context_mass`` (oriented: low mass scores high); the verdict says
+    how many of the wrong verdicts are replies without one, which count as wrong there too.
+    """
     name = f"{m}__audit_summary.json"
     s = _read(d / name)
     o = _get(s, "overall")
-    if not o:
+    a = _get(o, "signals", "context_mass")
+    if not a or a.get("auc") is None:
         return Cell(None, source=name)
-    sig = next((k for k, v in o.items() if isinstance(v, Mapping) and "auc" in v), None)
-    if sig is None:
-        return Cell(None, source=name)
-    a = o[sig]
-    return Cell(a["auc"], a.get("auc_ci") or a.get("ci"), s.get("n"), o.get("n_passages"),
-                f"{sig}: " + {"yes": "predicts", "no": "anti-predicts"}.get(
-                    _side(a.get("auc_ci") or a.get("ci"), 0.5), "undecided"),
-                f"{name}: overall.{sig}.auc")
+    v = {"yes": "predicts", "no": "anti-predicts"}.get(_side(a.get("ci"), 0.5), "undecided")
+    if s.get("n_unparseable"):
+        v += f"; {s['n_unparseable']} of the {s.get('n_wrong')} wrong verdicts are no verdict"
+    return Cell(a["auc"], a.get("ci"), a.get("n"), o.get("n_passages"), v,
+                f"{name}: overall.signals.context_mass.auc")
 
 
 def _reasoning(key: str) -> Extract:
@@ -330,12 +372,22 @@ CLAIMS: tuple[tuple[str, str, Extract], ...] = (
     ("MuSiQue the exception: EA >= GA (3.1)", "EA - GA", _delta("musique", exception=True)),
     ("GA > EA with the forced choice, SQuAD 2.0", "EA_forced - GA",
      _delta("squad_v2", "delta_forced")),
+    ("... SQuAD 2.0, replies with a verdict only (control)", "EA - GA, parsed verdicts",
+     _delta("squad_v2", "delta_valid")),
+    ("... DROP, replies with a verdict only (control)", "EA - GA, parsed verdicts",
+     _delta("drop", "delta_valid")),
     ("the judge reads the context 3-5x less (3.2)", "gen / eval context mass",
      _ratio("context_ratio")),
+    ("... SQuAD 2.0", "gen / eval context mass", _ratio("context_ratio", dataset="squad_v2")),
+    ("... DROP", "gen / eval context mass", _ratio("context_ratio", dataset="drop")),
+    ("... HotpotQA", "gen / eval context mass", _ratio("context_ratio", dataset="hotpotqa")),
+    ("... MuSiQue", "gen / eval context mass", _ratio("context_ratio", dataset="musique")),
     ("... under the matched template (control)", "gen / eval context mass",
      _ratio("context_ratio", "matched/", control=True)),
     ("... renormalised to context+question+candidate (control)", "gen / eval content share",
      _ratio("content_context_share_ratio", control=True)),
+    ("... renormalised to context+question, the spans both prompts have (control)",
+     "gen / eval context share", _ratio("context_question_share_ratio", control=True)),
     ("the judge barely reads the candidate (3.2)", "eval candidate mass", _candidate),
     ("LoRA-Gen over-accepts (3.3)", "acceptance of the base's wrong answers, LoRA-Gen - base",
      _transfer("lora_gen", "accept_wrong_base_answers", +1)),
@@ -349,19 +401,21 @@ CLAIMS: tuple[tuple[str, str, Extract], ...] = (
      _steer("eval", "accept_correct", "4.0")),
     ("... and lower its logit difference on the verdict", "d mean logit_diff (nats), alpha 4",
      _steer("eval", "logit_diff", "4.0")),
-    ("... control: as many NON-context keys x4", "dEA_forced, alpha 4",
+    ("... control: the NON-context keys x4 (n_keys in the summary)", "dEA_forced, alpha 4",
      _steer("eval", "ea_forced", "4.0", control=True)),
     ("... control: its logit difference", "d mean logit_diff (nats), alpha 4",
      _steer("eval", "logit_diff", "4.0", control=True)),
+    ("... context minus control, per record", "d logit_diff context - control, alpha 4",
+     _steer_vs_control("eval", "logit_diff", "4.0")),
     ("lowering the generator's context attention (x0.25) lowers GA", "dGA, alpha 0.25",
      _steer("gen", "ga", "0.25")),
     ("where the verdict is decided: candidate swap, residual stream", "restored share",
      _patch("candidate-swap/resid")),
     ("... attention heads", "restored share", _patch("candidate-swap/heads")),
     ("... system-prompt control", "restored share", _patch("system-prompt-control/resid")),
-    ("a probe on the judge's residual stream beats its verdict",
-     "AUC, probe - judge's logit_diff (paired)", _probe),
-    ("low context reading flags a wrong verdict (audit)", "AUC", _audit),
+    ("a probe on the judge's residual stream beats its verdict score",
+     "AUC within datasets, probe - judge's logit_diff (paired)", _probe),
+    ("low context reading flags a wrong verdict (audit)", "AUC, low context mass", _audit),
     ("a reasoning judge judges better", "EA, reasoning - one word", _reasoning("EA")),
     ("a model judges its own answers better than another's", "EA self - other", _cross),
 )

@@ -69,6 +69,7 @@ from interp.stats import (
     fold_summary,
     make_folds,
     mcnemar,
+    roc_auc,
 )
 from interp.store.io import atomic_path, read_json, write_json
 from interp.store.records import Record, check_verdict_scores
@@ -304,6 +305,13 @@ def probe_vs_judge(best: Mapping[str, Any], oof: Float[np.ndarray, " n"],
     probe's cell was selected on these folds, so its AUC is optimistic by the selection; the
     permutation null (:func:`permutation_null`) is the test that accounts for it.
 
+    Pooled over datasets, an AUC also rewards knowing WHICH dataset a record is from (their
+    GAs differ: 0.40 on SQuAD 2.0 and 0 on MuSiQue for SmolLM2), which the probe can read off
+    the prompt and the judge's ``logit_diff`` does not use; ``auc_dataset_only`` is the AUC of
+    that knowledge alone (each record scored by its dataset's base rate, in-sample), and
+    ``auc_paired_within_dataset`` the same comparison over pairs within one dataset
+    (:func:`interp.stats.stratified_auc`), which that knowledge cannot raise.
+
     Args:
         best: the best sweep row (metric means and stds).
         oof: ``[n]`` its out-of-fold scores.
@@ -315,27 +323,35 @@ def probe_vs_judge(best: Mapping[str, Any], oof: Float[np.ndarray, " n"],
         seed: seed of the resamples.
 
     Returns:
-        Both sides' metrics, their differences, ``auc_paired`` (``{"probe", "probe_ci",
-        "judge", "judge_ci", "probe_minus_judge", "ci", "n", "n_passages"}``), McNemar of
+        Both sides' metrics, their differences, ``auc_paired`` and
+        ``auc_paired_within_dataset`` (each ``{"probe", "probe_ci", "judge", "judge_ci",
+        "probe_minus_judge", "ci", "n", "n_passages"}``), ``auc_dataset_only``, McNemar of
         right/wrong on out-of-fold predictions and the probe's out-of-fold accuracy.
     """
     probe_right = (oof > 0) == y
     v = [r.get("verdict") for r in records]
     judge_right = np.array([x is not None and x == t for x, t in zip(v, y)])
-    paired = cluster_bootstrap_auc_difference(
-        y, oof, np.array([float(r["logit_diff"]) for r in records]),
-        list(range(len(y))) if groups is None else list(groups),
-        np.random.default_rng(seed), n_boot)
+    ld = np.array([float(r["logit_diff"]) for r in records])
+    ds = [r.get("dataset", "") for r in records]
+    grp = list(range(len(y))) if groups is None else list(groups)
+
+    def paired(strata: Sequence[Any] | None) -> dict[str, Any]:
+        d = cluster_bootstrap_auc_difference(y, oof, ld, grp, np.random.default_rng(seed),
+                                             n_boot, strata=strata)
+        return {"probe": d["auc_a"], "probe_ci": d["ci_a"], "judge": d["auc_b"],
+                "judge_ci": d["ci_b"], "probe_minus_judge": d["difference"], "ci": d["ci"],
+                "n": d["n"], "n_passages": d["n_clusters"]}
+
+    base = {k: float(np.mean(y[[i for i, x in enumerate(ds) if x == k]])) for k in set(ds)}
     return {
         "probe": {m: best[m] for m in METRICS} | {f"{m}_std": best[f"{m}_std"] for m in METRICS},
         "judge_same_folds": judge_folds,
         "delta_accuracy_probe_minus_EA": best["accuracy"] - judge_folds["accuracy"],
         "delta_auc_probe_minus_p_correct": (best["auc"] - judge_folds["auc"])
         if best["auc"] is not None and judge_folds["auc"] is not None else None,
-        "auc_paired": {"probe": paired["auc_a"], "probe_ci": paired["ci_a"],
-                       "judge": paired["auc_b"], "judge_ci": paired["ci_b"],
-                       "probe_minus_judge": paired["difference"], "ci": paired["ci"],
-                       "n": paired["n"], "n_passages": paired["n_clusters"]},
+        "auc_paired": paired(None),
+        "auc_paired_within_dataset": paired(ds),
+        "auc_dataset_only": roc_auc(y, np.array([base[x] for x in ds])),
         "mcnemar_probe_vs_verdict": mcnemar(probe_right, judge_right),
         "oof_accuracy": float(probe_right.mean()),
     }

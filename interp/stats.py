@@ -70,6 +70,7 @@ __all__ = [
     "percentile_ci",
     "resample_indices",
     "roc_auc",
+    "stratified_auc",
     "wilson_ci",
 ]
 
@@ -153,8 +154,9 @@ def ci_text(ci: Sequence[float] | None, spec: str = ".2f", sep: str = ",") -> st
 def degenerate_note(n_passages: int | None = None) -> str:
     """The note under a table or figure that shows a :data:`DEGENERATE_MARK` interval."""
     on = f" on {n_passages} passage{'s' * (n_passages != 1)}" if n_passages is not None else ""
-    return (f"{DEGENERATE_MARK}: every bootstrap resample{on} gave the same value; the interval "
-            f"says the group is too small, not that the value is exact")
+    return (f"{DEGENERATE_MARK}: every bootstrap resample{on} gave the same value (the outcome "
+            f"is the same on every record, or the group is too small); that is no evidence the "
+            f"value is exact: read it with its count")
 
 
 def fit_note(n_records: int, class_counts: Mapping[str, int] | None = None) -> str | None:
@@ -186,7 +188,8 @@ class ClusterBootstrap:
 
     Args:
         clusters: ``[n]`` hashable cluster id of each example (:func:`passage_groups`), or
-            None for one cluster per example (the ordinary example bootstrap).
+            None for one cluster per example (the ordinary example bootstrap). With ids, the
+            resamples do not depend on the order of the examples.
         n_boot: number of resamples (``<= 0``: no intervals).
         rng: the generator (advanced by one ``integers`` call when resamples are drawn).
         n: number of examples when ``clusters`` is None.
@@ -207,8 +210,12 @@ class ClusterBootstrap:
                 raise ValueError("give clusters or n")
             codes = np.arange(n)
         else:
-            index: dict[Any, int] = {}
-            codes = np.array([index.setdefault(c, len(index)) for c in clusters], dtype=np.int64)
+            # clusters numbered in a sorted order, not by first appearance: the resamples (and
+            # so every interval) do not depend on the order of the examples, which a resumed,
+            # sharded or merged run does not keep
+            index = {c: i for i, c in enumerate(sorted(set(clusters),
+                                                       key=lambda c: (type(c).__name__, str(c))))}
+            codes = np.array([index[c] for c in clusters], dtype=np.int64)
         self.n = len(codes)
         self.n_clusters = int(codes.max()) + 1 if self.n else 0
         self.weights: Float[Array, "n_boot n"] | None = None
@@ -226,6 +233,32 @@ class ClusterBootstrap:
         x = np.asarray(x, dtype=np.float64)
         tot = np.tensordot(self.weights, x, axes=(1, 0))
         return tot / self.weights.sum(1).reshape((-1,) + (1,) * (x.ndim - 1))
+
+    def aucs(self, y: Bool[Array, " n"], score: Float[Array, " n"],
+             strata: Sequence[Any] | None = None) -> Float[Array, " n_boot"] | None:
+        """The ROC AUC of ``score`` against ``y`` on every resample (None without resamples).
+
+        The weighted Mann-Whitney statistic (:func:`cluster_bootstrap_auc`); NaN on a resample
+        that drew no (positive, negative) pair. With ``strata`` (e.g. the dataset of each
+        example) only pairs within one stratum count: the stratified AUC, which a score that
+        only knows each stratum's base rate cannot raise above 0.5.
+        """
+        if self.weights is None:
+            return None
+        y, score = np.asarray(y, bool), np.asarray(score, np.float64)
+        keys = np.zeros(len(y), int) if strata is None else np.unique(
+            np.asarray([str(s) for s in strata]), return_inverse=True)[1]
+        num = np.zeros(self.weights.shape[0])
+        den = np.zeros(self.weights.shape[0])
+        for k in np.unique(keys):
+            pos, neg = (keys == k) & y, (keys == k) & ~y
+            cmp = (score[pos][:, None] > score[neg][None, :]) + 0.5 * (
+                score[pos][:, None] == score[neg][None, :])
+            wp, wn = self.weights[:, pos], self.weights[:, neg]
+            num += ((wp @ cmp) * wn).sum(1)
+            den += wp.sum(1) * wn.sum(1)
+        with np.errstate(all="ignore"):
+            return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
     @staticmethod
     def interval(samples: Float[Array, "n_boot ..."] | None
@@ -344,25 +377,33 @@ def cluster_bootstrap_auc(y: Bool[Array, " n"], score: Float[Array, " n"],
                            "n_neg": int((~y).sum()), "n_clusters": bs.n_clusters}
     if auc is None or bs.weights is None:
         return out
-    out["ci"] = bs.interval(_resampled_aucs(y, score, bs.weights))
+    out["ci"] = bs.interval(bs.aucs(y, score))
     return out
 
 
-def _resampled_aucs(y: Bool[Array, " n"], score: Float[Array, " n"],
-                    weights: Float[Array, "n_boot n"]) -> Float[Array, " n_boot"]:
-    """The weighted Mann-Whitney AUC on every resample (NaN where a class is not drawn)."""
-    pos, neg = score[y], score[~y]
-    cmp = (pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])
-    wp, wn = weights[:, y], weights[:, ~y]
-    num = ((wp @ cmp) * wn).sum(1)
-    den = wp.sum(1) * wn.sum(1)
-    with np.errstate(all="ignore"):
-        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+def stratified_auc(y: Bool[Array, " n"], score: Float[Array, " n"],
+                   strata: Sequence[Any] | None = None) -> float | None:
+    """ROC AUC over the (positive, negative) pairs within one stratum (None without a pair).
+
+    Without ``strata``, :func:`roc_auc`. With them (e.g. each example's dataset), a score
+    that only knows each stratum's base rate ties every counted pair, so it scores 0.5.
+    """
+    if strata is None:
+        return roc_auc(y, score)
+    y, score = np.asarray(y, bool), np.asarray(score, np.float64)
+    keys = np.asarray([str(s) for s in strata])
+    num = den = 0.0
+    for k in np.unique(keys):
+        pos, neg = score[(keys == k) & y], score[(keys == k) & ~y]
+        num += float(((pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])).sum())
+        den += len(pos) * len(neg)
+    return num / den if den else None
 
 
 def cluster_bootstrap_auc_difference(y: Bool[Array, " n"], score_a: Float[Array, " n"],
                                      score_b: Float[Array, " n"], groups: Sequence[Any],
-                                     rng: np.random.Generator, n_boot: int) -> dict[str, Any]:
+                                     rng: np.random.Generator, n_boot: int, *,
+                                     strata: Sequence[Any] | None = None) -> dict[str, Any]:
     """Two scores' ROC AUCs on the same examples and their paired difference, with CIs.
 
     Both AUCs are computed on every passage-cluster resample with the SAME weights (the
@@ -377,15 +418,18 @@ def cluster_bootstrap_auc_difference(y: Bool[Array, " n"], score_a: Float[Array,
         groups: ``[n]`` cluster ids (:func:`passage_groups`).
         rng: the generator (advances by one :func:`resample_indices` call).
         n_boot: resamples of the clusters.
+        strata: ``[n]`` stratum of each example (e.g. its dataset), or None: with them, both
+            AUCs count only pairs within a stratum (:func:`stratified_auc`), so neither score
+            gains from knowing which stratum has more positives.
 
     Returns:
         ``{"auc_a", "ci_a", "auc_b", "ci_b", "difference", "ci", "n", "n_pos", "n_neg",
-        "n_clusters"}``: the AUCs None with one class, every ``ci`` None then or with fewer
-        than two clusters.
+        "n_clusters"}``: the AUCs None without a (positive, negative) pair, every ``ci`` None
+        then or with fewer than two clusters.
     """
     y = np.asarray(y, bool)
     a, b = np.asarray(score_a, np.float64), np.asarray(score_b, np.float64)
-    auc_a, auc_b = roc_auc(y, a), roc_auc(y, b)
+    auc_a, auc_b = stratified_auc(y, a, strata), stratified_auc(y, b, strata)
     bs = ClusterBootstrap([str(g) for g in groups], n_boot, rng)
     out: dict[str, Any] = {
         "auc_a": auc_a, "ci_a": None, "auc_b": auc_b, "ci_b": None,
@@ -394,7 +438,7 @@ def cluster_bootstrap_auc_difference(y: Bool[Array, " n"], score_a: Float[Array,
         "n_clusters": bs.n_clusters}
     if out["difference"] is None or bs.weights is None:
         return out
-    sa, sb = _resampled_aucs(y, a, bs.weights), _resampled_aucs(y, b, bs.weights)
+    sa, sb = bs.aucs(y, a, strata), bs.aucs(y, b, strata)
     out.update(ci_a=bs.interval(sa), ci_b=bs.interval(sb), ci=bs.interval(sa - sb))
     return out
 

@@ -110,10 +110,11 @@ def plot_context_ratio(summary: Mapping[str, Any], out_dir: str | Path,
                        name: str = "attention_context_ratio") -> Path:
     """Per dataset: band context mass gen vs eval, candidate mass (eval), and three ratios.
 
-    Right panel, gen/eval with cluster-bootstrap CIs: the ratio of band means, the geometric
-    mean of per-record ratios, and the ratio of the context shares of the content spans
-    (context / (context + question + candidate)), which discounts mass moved onto the
-    template.
+    Right panel, gen/eval with cluster-bootstrap CIs, beside the paper's 3-5x band: the ratio
+    of band means, the geometric mean of per-record ratios, the ratio of the context shares of
+    the content spans (context / (context + question + candidate)), which discounts mass
+    moved onto the template, and of context / (context + question), the spans both prompts
+    have (a summary made before it existed draws the first three).
 
     Args:
         summary: ``attention/summary.json``.
@@ -137,13 +138,19 @@ def plot_context_ratio(summary: Mapping[str, Any], out_dir: str | Path,
     ax1.set_title(f"Last-token mass, layers {band[0]}-{band[-1]}, all heads", fontsize=10)
     ax1.set_ylim(0, 1.3 * ax1.get_ylim()[1])
     ax1.legend(frameon=True, fontsize=8, ncol=3, loc="upper center")
-    for j, (key, lab) in enumerate((("context_ratio", "ratio of means"),
-                                    ("context_ratio_geometric", "geometric mean of ratios"),
-                                    ("content_context_share_ratio",
-                                     "context share of content spans"))):
-        degenerate |= ci_bars(ax2, x + (j - 1) * w, [g.get(key) for _, g in groups],
-                              [g.get(f"{key}_ci") for _, g in groups], w, label=lab,
-                              color=("#55A868", "#8172B3", "#937860")[j])
+    ratios = [(k, lab) for k, lab in (
+        ("context_ratio", "context mass (ratio of means)"),
+        ("context_ratio_geometric", "context mass (geometric mean of ratios)"),
+        ("content_context_share_ratio", "share of context+question+candidate"),
+        ("context_question_share_ratio", "share of context+question"))
+        if any(g.get(k) is not None for _, g in groups)]
+    w2 = 0.8 / len(ratios)
+    for j, (key, lab) in enumerate(ratios):
+        degenerate |= ci_bars(ax2, x + (j - (len(ratios) - 1) / 2) * w2,
+                              [g.get(key) for _, g in groups],
+                              [g.get(f"{key}_ci") for _, g in groups], w2, label=lab,
+                              color=("#55A868", "#8172B3", "#937860", "#DA8BC3")[j])
+    ax2.axhspan(3, 5, color="0.9", zorder=0, label="the paper's 3-5x")
     ax2.axhline(1, color="black", lw=0.8)
     ax2.set_xticks(x, labels)
     ax2.set_ylabel("gen / eval")

@@ -218,7 +218,7 @@ def _steer_one(handle: ModelHandle, rec: Mapping[str, Any], cfg: SteeringConfig,
 
 def _stat(x: Any, groups: list[str], rng: np.random.Generator, n_boot: int) -> dict[str, Any]:
     r = cluster_bootstrap_mean(np.asarray(x, dtype=float), groups, rng, n_boot)
-    return {"mean": r["mean"], "ci": r["ci"], "n": r["n"]}
+    return {"mean": r["mean"], "ci": r["ci"], "n": r["n"], "n_passages": r["n_clusters"]}
 
 
 def _group_summary(g: Any, task: str, rng: np.random.Generator, n_boot: int,
@@ -249,6 +249,39 @@ def _group_summary(g: Any, task: str, rng: np.random.Generator, n_boot: int,
     return out
 
 
+def _deltas(g: Any, ref: Any, task: str) -> Any:
+    """Per record ``x(alpha) - x(1)`` of one task's rows (step 4).
+
+    Columns ``d_correct`` (gen) or ``d_logit_diff``, ``d_right`` (forced-choice correctness)
+    and ``d_accept`` (eval), beside ``dataset``, ``id``, ``passage`` and ``y_star``.
+    """
+    m = g.merge(ref, on=["dataset", "id"], suffixes=("", "_1"))
+    out = m[["dataset", "id", "passage", "y_star"]].copy()
+    if task == "gen":
+        out["d_correct"] = m.correct.to_numpy(float) - m.correct_1.to_numpy(float)
+        return out
+    y = m.y_star.to_numpy(bool)
+    v, v1 = m.verdict.to_numpy(float), m.verdict_1.to_numpy(float)
+    out["d_logit_diff"] = (m.logit_diff - m.logit_diff_1).to_numpy(float)
+    out["d_right"] = (v == y) - (v1 == y).astype(float)
+    out["d_accept"] = v - v1
+    return out
+
+
+def _delta_stats(d: Any, task: str, rng: np.random.Generator, n_boot: int) -> dict[str, Any]:
+    """The paired effects of :func:`_deltas` (or of a difference of two), each with its CI."""
+    grp = d.passage.tolist()
+    if task == "gen":
+        return {"ga": _stat(d.d_correct, grp, rng, n_boot)}
+    y = d.y_star.to_numpy(bool)
+    out = {"logit_diff": _stat(d.d_logit_diff, grp, rng, n_boot),
+           "ea_forced": _stat(d.d_right, grp, rng, n_boot)}
+    for name, sel in (("accept_correct", y), ("accept_incorrect", ~y)):
+        out[name] = _stat(d.d_accept.to_numpy(float)[sel], [grp[i] for i in np.flatnonzero(sel)],
+                          rng, n_boot)
+    return out
+
+
 def _paired(g: Any, ref: Any, task: str, rng: np.random.Generator, n_boot: int
             ) -> dict[str, Any]:
     """Paired effects of one alpha against alpha = 1 on the same records (step 4).
@@ -257,17 +290,32 @@ def _paired(g: Any, ref: Any, task: str, rng: np.random.Generator, n_boot: int
     ``logit_diff`` (nats), forced-choice correctness (EA_forced), and acceptance on
     oracle-correct and oracle-incorrect answers; the generator's correctness (GA).
     """
-    m = g.merge(ref, on=["dataset", "id"], suffixes=("", "_1"))
-    grp = m.passage.tolist()
-    if task == "gen":
-        return {"ga": _stat(m.correct.to_numpy(float) - m.correct_1.to_numpy(float), grp, rng,
-                            n_boot)}
-    y = m.y_star.to_numpy(bool)
-    v, v1 = m.verdict.to_numpy(float), m.verdict_1.to_numpy(float)
-    out = {"logit_diff": _stat(m.logit_diff - m.logit_diff_1, grp, rng, n_boot),
-           "ea_forced": _stat((v == y) - (v1 == y).astype(float), grp, rng, n_boot)}
-    for name, sel in (("accept_correct", y), ("accept_incorrect", ~y)):
-        out[name] = _stat((v - v1)[sel], [grp[i] for i in np.flatnonzero(sel)], rng, n_boot)
+    return _delta_stats(_deltas(g, ref, task), task, rng, n_boot)
+
+
+def _context_minus_control(df: Any, cfg: SteeringConfig, rng: np.random.Generator
+                           ) -> dict[str, Any]:
+    """The context keys' paired effect minus the control's, per record (step 4).
+
+    For each record, ``[x_context(alpha) - x_context(1)] - [x_control(alpha) - x_control(1)]``
+    (both steered on the same record), averaged with a passage-cluster CI: whether steering
+    the context moves the judge more than steering as many other keys, with the interval of
+    that difference rather than of each side.
+    """
+    out: dict[str, Any] = {}
+    for task in cfg.tasks:
+        t = df[df.task == task]
+        side = {k: t[t["keys"] == k] for k in ("context", "control")}
+        out[task] = {}
+        for a in [a for a in cfg.alphas if a != 1.0]:
+            d = [_deltas(s[s.alpha == a], s[s.alpha == 1.0], task) for s in side.values()]
+            m = d[0].merge(d[1], on=["dataset", "id"], suffixes=("", "_c"))
+            for col in [c for c in d[0].columns if c.startswith("d_")]:
+                m[col] = m[col] - m[f"{col}_c"]
+            groups = [(ds, g) for ds, g in m.groupby("dataset")] + [("overall", m)]
+            out[task][str(a)] = {ds: {"n": int(len(g)), "n_passages": int(g.passage.nunique()),
+                                      **_delta_stats(g, task, rng, cfg.n_boot)}
+                                 for ds, g in groups if len(g)}
     return out
 
 
@@ -281,9 +329,12 @@ def summarise(df: Any, cfg: SteeringConfig, band: list[int], units: Mapping[int,
         ...}}}`` for the context keys, and with ``control`` among ``keys`` the same under
         ``"control": {"eval": ..., "gen": ...}`` for the non-context control
         with ``group`` each dataset and ``overall`` (each with ``n``, ``n_passages`` and
-        ``few_passages``); every statistic is ``{"mean", "ci", "n"}``. ``few_passages`` is
-        true under :data:`interp.stats.MIN_PASSAGES` passages, and ``note`` then says so
-        (:func:`interp.stats.passage_note`; None otherwise).
+        ``few_passages``), and then ``"context_minus_control": {task: {alpha: {group:
+        ...}}}``, the per-record difference of the two paired effects
+        (:func:`_context_minus_control`); every statistic is ``{"mean", "ci", "n",
+        "n_passages"}`` (a subgroup's, e.g. the passages of the right answers only).
+        ``few_passages`` is true under :data:`interp.stats.MIN_PASSAGES` passages, and
+        ``note`` then says so (:func:`interp.stats.passage_note`; None otherwise).
     """
     rng = np.random.default_rng(cfg.seed)
     s: dict[str, Any] = {"model": model, "alphas": list(cfg.alphas), "band": band,
@@ -309,6 +360,8 @@ def summarise(df: Any, cfg: SteeringConfig, band: list[int], units: Mapping[int,
                 dest[task][str(a)] = {d: _group_summary(g, task, rng, cfg.n_boot,
                                                         ref[ref.dataset == d] if d != "overall"
                                                         else ref) for d, g in groups if len(g)}
+    if len(df) and {"context", "control"} <= set(cfg.keys):
+        s["context_minus_control"] = _context_minus_control(df, cfg, rng)
     return s
 
 

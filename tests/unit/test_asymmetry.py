@@ -43,6 +43,17 @@ def test_group_metrics_by_hand():
     assert m["EA_forced"] == pytest.approx(5 / 8)
     assert m["delta"] == pytest.approx(0.0)
     assert m["delta_forced"] == pytest.approx(2 / 8)
+    # on the 7 records with a parsed verdict: EA 3/7, GA 3/7 (the None one was a wrong answer)
+    assert (m["n_valid"], m["EA_valid"], m["GA_valid"]) == (7, pytest.approx(3 / 7),
+                                                          pytest.approx(3 / 7))
+    assert m["delta_valid"] == pytest.approx(0.0)
+    drop = group_metrics([r for r in recs if r["verdict"] is not None], n_boot=0)
+    assert drop["delta"] == pytest.approx(m["delta_valid"])   # = dropping those records
+    # a right answer without a verdict: counted wrong, it hides the judge's edge
+    hid = group_metrics([_rec(True, None, i=0), _rec(False, False, i=1),
+                         _rec(False, True, i=2)], n_boot=0)
+    assert hid["delta"] == pytest.approx(1 / 3 - 1 / 3)
+    assert (hid["EA_valid"], hid["GA_valid"], hid["delta_valid"]) == (0.5, 0.0, 0.5)
     assert m["verdicts"] == {"accept": 5, "reject": 2, "none": 1}
     assert sum(m["verdicts"].values()) == m["n"]
     assert m["verdict_shares"] == {"accept": 5 / 8, "reject": 2 / 8, "none": 1 / 8}
@@ -61,7 +72,10 @@ def test_group_metrics_by_hand():
     assert m["mcnemar"]["b"] == 1 and m["mcnemar"]["c"] == 1
     # pairs (y* Correct, y* Incorrect) ranked right: 0.9 beats 5, 0.3 beats 2, 0.8 beats 5
     assert m["auc_logit_diff"] == pytest.approx(12 / 15)
-    for key in ("delta", "delta_forced", "GA", "EA_forced", "acceptance_rate_incorrect"):
+    lo, hi = m["auc_logit_diff_ci"]
+    assert 0 <= lo <= 12 / 15 <= hi <= 1
+    for key in ("delta", "delta_forced", "delta_valid", "GA", "EA_forced",
+                "acceptance_rate_incorrect"):
         lo, hi = m[f"{key}_ci"]
         assert lo <= m[key] <= hi
 

@@ -100,12 +100,18 @@ def test_summary_against_manual_means():
     assert a["content_context_share"]["eval"]["mean"] == pytest.approx(share_e.mean(), rel=1e-5)
     assert a["content_context_share_ratio"] == pytest.approx(share_g.mean() / share_e.mean(),
                                                              rel=1e-5)
+    # context / (context + question): the spans both prompts have (SPANS[0:2])
+    cq_g, cq_e = bg[:, 0] / bg[:, :2].sum(1), be[:, 0] / be[:, :2].sum(1)
+    assert a["context_question_share"]["gen"]["mean"] == pytest.approx(cq_g.mean(), rel=1e-5)
+    assert a["context_question_share_ratio"] == pytest.approx(cq_g.mean() / cq_e.mean(),
+                                                              rel=1e-5)
     mpt = a["mass_per_token"]
     assert mpt["eval"]["candidate"]["mean"] == pytest.approx((be[:, 2] / 2).mean(), rel=1e-5)
     assert mpt["eval"]["template"]["mean"] == pytest.approx((be[:, 3] / 24).mean(), rel=1e-5)
     assert mpt["gen"]["template"]["mean"] == pytest.approx((bg[:, 3] / 16).mean(), rel=1e-5)
     assert mpt["gen"]["candidate"] == {"mean": None, "ci": None}
-    for key in ("context_ratio", "context_ratio_geometric", "content_context_share_ratio"):
+    for key in ("context_ratio", "context_ratio_geometric", "content_context_share_ratio",
+                "context_question_share_ratio"):
         lo, hi = a[f"{key}_ci"]
         assert lo <= a[key] <= hi
     assert sum(a["gen"][sp]["mean"] for sp in SPANS) == pytest.approx(1.0, abs=1e-5)

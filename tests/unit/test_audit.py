@@ -16,6 +16,7 @@ from interp.stats import (
     cluster_bootstrap_auc,
     cluster_bootstrap_auc_difference,
     passage_groups,
+    stratified_auc,
 )
 from interp.store import RunDir
 from interp.store.io import read_json, write_jsonl
@@ -130,6 +131,27 @@ def test_paired_auc_difference_uses_one_resample_for_both_scores():
     none = cluster_bootstrap_auc_difference(np.ones(40, bool), a, b, groups,
                                             np.random.default_rng(9), 300)
     assert none["difference"] is None and none["ci"] is None
+
+
+def test_within_stratum_auc_gives_a_base_rate_score_one_half():
+    """A score that only knows each dataset's base rate: pooled AUC high, within 0.5."""
+    rng = np.random.default_rng(2)
+    ds = np.array(["a"] * 40 + ["b"] * 40)
+    y = np.concatenate([rng.random(40) < 0.8, rng.random(40) < 0.1])
+    base = np.where(ds == "a", y[ds == "a"].mean(), y[ds == "b"].mean())
+    assert roc_auc_score(y, base) > 0.8 and stratified_auc(y, base, ds) == 0.5
+    # a real score: the within-stratum AUC counts only the pairs inside each dataset
+    s = rng.normal(size=80) + y
+    want = sum(((s[(ds == k) & y][:, None] > s[(ds == k) & ~y][None, :])).sum() for k in "ab")
+    pairs = sum(((ds == k) & y).sum() * ((ds == k) & ~y).sum() for k in "ab")
+    assert stratified_auc(y, s, ds) == pytest.approx(want / pairs)
+    assert stratified_auc(y, s) == pytest.approx(roc_auc_score(y, s))
+    groups = [f"p{i // 2}" for i in range(80)]
+    d = cluster_bootstrap_auc_difference(y, s, base, groups, np.random.default_rng(1), 300,
+                                         strata=ds)
+    assert d["auc_b"] == 0.5 and d["ci_b"] == [0.5, 0.5]      # every resample: ties only
+    assert d["difference"] == pytest.approx(want / pairs - 0.5)
+    assert d["ci"][0] <= d["difference"] <= d["ci"][1]
 
 
 def test_judged_jsonl_is_audited(tiny, tmp_path):

@@ -75,12 +75,68 @@ def test_degenerate_and_few_passage_cells_are_marked(tmp_path):
     assert cells["GA > EA on DROP (3.1)"]["m"].verdict == "yes"
 
 
+def test_controls_of_study_1_and_2_are_rows_of_their_own(tmp_path):
+    """Study 1 and 2's controls: rows and notes of their own.
+
+    No-verdict replies, the parsed-only delta, a by-construction exception, per-dataset ratios
+    and the like-with-like share.
+    """
+    sq = {"n": 150, "n_passages": 150, "delta": -0.14, "delta_ci": [-0.25, -0.04],
+          "verdicts": {"accept": 47, "reject": 46, "none": 57}, "n_valid": 93,
+          "delta_valid": 0.02, "delta_valid_ci": [-0.1, 0.14]}
+    mu = {"n": 30, "n_passages": 30, "GA": 0.0, "delta": 0.33, "delta_ci": [0.17, 0.5]}
+    _write(tmp_path, "m__asymmetry_metrics.json", {"per_dataset": {"squad_v2": sq,
+                                                                   "musique": mu}})
+    ratio = {"n": 30, "n_passages": 30, "context_ratio": 2.5, "context_ratio_ci": [2.3, 2.7]}
+    _write(tmp_path, "m__attention_summary.json", {
+        "overall": {"n": 360, "n_passages": 229, "context_ratio": 3.4,
+                    "context_ratio_ci": [3.3, 3.5], "context_question_share_ratio": 1.04,
+                    "context_question_share_ratio_ci": [0.99, 1.08]},
+        "per_dataset": {"hotpotqa": ratio}})
+    cells = _cells(tmp_path, ["m"])
+    c = cells["GA > EA on SQuAD 2.0 (3.1)"]["m"]
+    assert c.verdict == "yes; 57 of 150 replies without a verdict, counted wrong"
+    v = cells["... SQuAD 2.0, replies with a verdict only (control)"]["m"]
+    assert (v.value, v.n, v.verdict) == (0.02, 93, "undecided")
+    mc = cells["MuSiQue the exception: EA >= GA (3.1)"]["m"].verdict
+    assert mc == "yes, by construction: GA = 0 of 30 (a control, not a finding)"
+    h = cells["... HotpotQA"]["m"]
+    assert (h.value, h.n, h.verdict) == (2.5, 30, "less: under 3x")
+    assert h.source.endswith("per_dataset.hotpotqa.context_ratio")
+    assert cells["the judge reads the context 3-5x less (3.2)"]["m"].verdict == "yes, 3-5x"
+    like = cells["... renormalised to context+question, the spans both prompts have (control)"]
+    assert like["m"].verdict == "gone (CI spans 1)"
+    # over 1 but far under the claim: said so, not "survives"
+    att = json.loads((tmp_path / "m__attention_summary.json").read_text())
+    att["overall"]["context_question_share_ratio_ci"] = [1.03, 1.05]
+    att["overall"]["content_context_share_ratio"] = 3.2
+    att["overall"]["content_context_share_ratio_ci"] = [3.1, 3.3]
+    _write(tmp_path, "m__attention_summary.json", att)
+    cells = _cells(tmp_path, ["m"])
+    like = cells["... renormalised to context+question, the spans both prompts have (control)"]
+    assert like["m"].verdict == "gen > eval, but under 3x"
+    share = cells["... renormalised to context+question+candidate (control)"]["m"]
+    assert share.verdict == "survives (gen > eval, 3x or more)"
+    # the audit: low context mass for a wrong verdict, with the no-verdict share of the wrong
+    _write(tmp_path, "m__audit_summary.json", {"n_unparseable": 111, "n_wrong": 244, "overall": {
+        "n_passages": 229, "signals": {"context_mass": {"auc": 0.58, "ci": [0.52, 0.63],
+                                                        "n": 360}}}})
+    au = _cells(tmp_path, ["m"])["low context reading flags a wrong verdict (audit)"]["m"]
+    assert (au.value, au.n, au.n_passages) == (0.58, 360, 229)
+    assert au.verdict == "predicts; 111 of the 244 wrong verdicts are no verdict"
+
+
 def test_steering_patching_and_probe_cells(tmp_path):
     eff = {"mean": -0.1, "ci": [-0.2, -0.05], "n": 120}
     s = {"eval": {"4.0": {"overall": {"n_passages": 90, "vs_alpha1": {
         "ea_forced": {"mean": 0.04, "ci": [-0.01, 0.09], "n": 120}, "accept_incorrect": eff}}}},
          "control": {"eval": {"4.0": {"overall": {"n_passages": 90, "vs_alpha1": {
              "ea_forced": {"mean": 0.0, "ci": [-0.02, 0.02], "n": 120}}}}}}}
+    s["context_minus_control"] = {"eval": {"4.0": {"overall": {"n": 120, "n_passages": 90,
+                                                               "logit_diff": {
+        "mean": -0.27, "ci": [-0.36, -0.17], "n": 120, "n_passages": 90}}}}}
+    s["eval"]["4.0"]["overall"]["vs_alpha1"]["accept_correct"] = {
+        "mean": 0.0, "ci": [0.0, 0.0], "n": 19, "n_passages": 19}
     _write(tmp_path, "m__steering_summary.json", s)
     _write(tmp_path, "m__patching_summary.json", {"candidate-swap/resid": {
         "n_pairs_kept": 31, "n_passages": 30, "top_units": [
@@ -93,21 +149,40 @@ def test_steering_patching_and_probe_cells(tmp_path):
     assert (up.value, up.n, up.n_passages, up.verdict) == (0.04, 120, 90, "undecided")
     rej = cells["... and reject wrong answers more"]["m"]
     assert rej.verdict == "down" and rej.text() == "-0.100 [-0.200, -0.050] (n=120, p=90)"
-    assert cells["... control: as many NON-context keys x4"]["m"].value == 0.0
+    assert cells["... control: the NON-context keys x4 (n_keys in the summary)"]["m"].value == 0.0
+    cmc = cells["... context minus control, per record"]["m"]
+    assert (cmc.value, cmc.n, cmc.verdict) == (-0.27, 120, "context moves it more down")
+    # a subgroup's own passages, not the group's
+    ac = cells["... and keep accepting right answers"]["m"]
+    assert (ac.n, ac.n_passages) == (19, 19) and ac.verdict.endswith("no verdict flipped")
     p = cells["where the verdict is decided: candidate swap, residual stream"]["m"]
     assert (p.value, p.n, p.verdict) == (0.4, 31, "top unit L7 candidate")
-    pr = cells["a probe on the judge's residual stream beats its verdict"]["m"]
-    assert pr.value == 0.8 and "judge AUC 0.60" in pr.verdict and "(100 perms)" in pr.verdict
+    pr = cells["a probe on the judge's residual stream beats its verdict score"]["m"]
+    assert pr.value == 0.8 and "judge AUC 0.60" in pr.verdict
+    assert "(100 perms, pooled)" in pr.verdict
     # the paired comparison, when the summary has it, is the cell (its CI decides)
     _write(tmp_path, "m__probes_results.json", {"n_records": 300, "n_passages": 200, "tasks": {
         "eval": {"best": {"auc": 0.8}, "permutation": {"n": 100, "p_value": 0.0099},
                  "vs_judge": {"judge_same_folds": {"auc": 0.6}, "auc_paired": {
                      "probe": 0.78, "judge": 0.61, "probe_minus_judge": 0.17,
                      "ci": [0.05, 0.3], "n": 300, "n_passages": 190}}}}})
-    pr = _cells(tmp_path, ["m"])["a probe on the judge's residual stream beats its verdict"]["m"]
+    pr = _cells(tmp_path, ["m"])[
+        "a probe on the judge's residual stream beats its verdict score"]["m"]
     assert (pr.value, pr.ci, pr.n, pr.n_passages) == (0.17, [0.05, 0.3], 300, 190)
     assert pr.verdict.startswith("probe higher: probe 0.78, judge 0.61")
-    assert "(100 perms)" in pr.verdict
+    assert "p=0.0099 (100 perms, pooled)" in pr.verdict
+    # within datasets, when the summary has it, decides; the pooled one and the dataset's own
+    # AUC are said beside it
+    r = json.loads((tmp_path / "m__probes_results.json").read_text())
+    r["tasks"]["eval"]["vs_judge"].update(auc_dataset_only=0.68, auc_paired_within_dataset={
+        "probe": 0.6, "judge": 0.55, "probe_minus_judge": 0.05, "ci": [-0.05, 0.15], "n": 300,
+        "n_passages": 190})
+    _write(tmp_path, "m__probes_results.json", r)
+    pr = _cells(tmp_path, ["m"])[
+        "a probe on the judge's residual stream beats its verdict score"]["m"]
+    assert (pr.value, pr.ci) == (0.05, [-0.05, 0.15])
+    assert pr.verdict.startswith("undecided: probe 0.60, judge 0.55; pooled +0.17, the dataset "
+                                 "alone 0.68")
 
 
 def test_update_doc_keeps_the_prose_and_refuses_a_doc_without_markers(tmp_path):

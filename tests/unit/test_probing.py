@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from sklearn.metrics import roc_auc_score
 
 from interp import probing
 from interp.errors import LayerSpecError, ProbeError
@@ -122,6 +123,15 @@ def test_run_probes_end_to_end_and_resume(tiny, tmp_path):
     # the best cell's pooled out-of-fold scores, which find the candidate word too)
     pa = res["tasks"]["eval"]["vs_judge"]["auc_paired"]
     assert pa["probe"] > 0.9 and pa["n"] == 24 and pa["n_passages"] == res["n_passages"]
+    # and within each dataset, where knowing the dataset gains nothing
+    vs = res["tasks"]["eval"]["vs_judge"]
+    w = vs["auc_paired_within_dataset"]
+    assert w["probe"] > 0.9 and w["n"] == 24 and w["probe_minus_judge"] == pytest.approx(
+        w["probe"] - w["judge"])
+    by_ds = {d: np.mean([r["oracle_label"] for r in recs if r["dataset"] == d])
+             for d in {r["dataset"] for r in recs}}
+    assert vs["auc_dataset_only"] == pytest.approx(roc_auc_score(
+        [r["oracle_label"] for r in recs], [by_ds[r["dataset"]] for r in recs]))
     assert pa["judge"] == pytest.approx(gm["auc_logit_diff"])
     assert pa["probe_minus_judge"] == pytest.approx(pa["probe"] - pa["judge"])
     assert pa["ci"][0] <= pa["probe_minus_judge"] <= pa["ci"][1] and pa["n"] == 24

@@ -128,6 +128,18 @@ def test_cluster_bootstrap_is_wider_than_the_example_bootstrap_on_three_passages
     assert clus.ratio_of_means(num, np.zeros(30))[0] is None
 
 
+def test_cluster_bootstrap_does_not_depend_on_the_order_of_the_examples():
+    """A merged or resumed run keeps its records in another order: the same CIs."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=60)
+    passages = [f"p{i % 17}" for i in range(60)]
+    order = rng.permutation(60)
+    a = ClusterBootstrap(passages, 500, np.random.default_rng(5)).mean(x)
+    b = ClusterBootstrap([passages[i] for i in order], 500, np.random.default_rng(5)).mean(
+        x[order])
+    assert a["ci"] == pytest.approx(b["ci"], abs=1e-12) and a["mean"] == pytest.approx(b["mean"])
+
+
 def test_passage_note():
     assert passage_note(MIN_PASSAGES) is None
     assert passage_note(3).startswith("only 3 passages (< 10)")

@@ -256,6 +256,36 @@ def test_stage_with_the_control(tiny, tmp_path):
         SteeringConfig.from_mapping({"keys": ["context", "question"]})
 
 
+def test_context_minus_control_is_the_per_record_difference_of_the_paired_effects():
+    """Synthetic rows: 6 records on 4 passages; right answers on 2 of them."""
+    from interp.stages.steering import summarise
+
+    rows = []
+    for i in range(6):
+        for keys, gain in (("context", -0.5 * i), ("control", -0.1 * i)):
+            for a in (1.0, 4.0):
+                ld = 1.0 + (gain if a == 4.0 else 0.0)
+                rows.append({"id": f"r{i}", "passage": f"p{i % 4}", "dataset": "squad_v2",
+                             "task": "eval", "keys": keys, "alpha": a, "context_mass": 0.1,
+                             "steered_mass": 0.1, "n_keys": 5, "verdict": ld > 0,
+                             "y_star": i < 2, "logit_diff": ld, "verdict_coverage": 0.5})
+    cfg = SteeringConfig(alphas=[1.0, 4.0], tasks=["eval"], keys=["context", "control"],
+                         n_boot=50)
+    s = summarise(pd.DataFrame(rows), cfg, [0], {}, "m")
+    d = s["context_minus_control"]["eval"]["4.0"]["overall"]
+    # per record (-0.5 i) - (-0.1 i) = -0.4 i, i = 0..5: mean -1.0
+    assert d["logit_diff"]["mean"] == pytest.approx(-1.0) and d["n"] == 6
+    assert d["n_passages"] == 4 and d["logit_diff"]["ci"][0] <= -1.0 <= d["logit_diff"]["ci"][1]
+    # verdicts flip (ld <= 0) under the context keys for i >= 2 (the 4 wrong answers), never
+    # under the control's; the right answers (i = 0, 1) keep theirs
+    assert d["accept_incorrect"]["mean"] == pytest.approx(-1.0)
+    assert d["accept_correct"]["mean"] == 0.0
+    # a subgroup's passages are its own: the 2 right answers are on 2 passages, not 4
+    ev = s["eval"]["4.0"]["overall"]["vs_alpha1"]
+    assert ev["accept_correct"]["n_passages"] == 2 and ev["accept_incorrect"]["n_passages"] == 4
+    assert ev["logit_diff"]["n_passages"] == 4
+
+
 def test_paired_effects_against_alpha_one(tiny, tmp_path):
     _, _, s, df = _run_stage(tiny, tmp_path, 3, alphas="0.25,1,4", limit=3, max_new_tokens=3,
                              n_boot=30)
