@@ -7,7 +7,8 @@ default, ``[required]``), exactly as ``interp COMMAND --help`` prints them. Noth
 hand, so the page cannot drift from the options the code declares.
 
 The repository's ``figures/`` folder (committed study figures) is served under ``figures/`` so
-that the results pages can show them without copying PNGs into ``docs/``.
+that the results pages can show them without copying PNGs into ``docs/``; pages link them as
+``../figures/...``, which reads right in the repository and is rewritten for the site.
 """
 
 from __future__ import annotations
@@ -84,7 +85,11 @@ def on_files(files: Any, config: Any) -> Any:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    """Replace the CLI-reference marker with the generated reference."""
+    """Replace the CLI-reference marker with the generated reference; point figure links.
+
+    Pages link the committed figures as ``../figures/...`` (right when the Markdown is read in
+    the repository); the site serves them under ``figures/`` (:func:`on_files`).
+    """
     if MARKER in markdown:
         markdown = markdown.replace(MARKER, cli_reference())
-    return markdown
+    return markdown.replace("](../figures/", "](figures/")

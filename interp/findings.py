@@ -292,7 +292,7 @@ def _probe(d: Path, m: str) -> Cell:
     perm = e.get("permutation") or {}
     pv = perm.get("p_value")
     perms = (f"permutation p={pv if pv is None else format(pv, '.2g')} "
-             f"({perm.get('n', 0)} perms, pooled)")
+             f"({perm.get('n', 0)} perms, {'within datasets' if perm.get('within') else 'pooled'})")
     vs = e.get("vs_judge") or {}
     key = next((k for k in ("auc_paired_within_dataset", "auc_paired")
                 if (vs.get(k) or {}).get("probe_minus_judge") is not None), None)

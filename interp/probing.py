@@ -450,6 +450,7 @@ def permutation_null(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"],
                      seed: int, probe: str = "logreg", select_by: str = "auc",
                      fit_kw: Mapping[str, Any] | None = None,
                      groups: np.ndarray | None = None,
+                     strata: Sequence[Any] | None = None,
                      done: Sequence[float | None] = (),
                      on_step: Callable[[list[float | None]], None] | None = None,
                      log: Callable[[str], None] = print, n_jobs: int = 1) -> dict[str, Any]:
@@ -474,6 +475,10 @@ def permutation_null(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"],
         select_by: ``auc`` or ``f1``.
         fit_kw: passed to :func:`fit_probe`.
         groups: ``[n]`` passage ids for the folds (see :func:`interp.stats.make_folds`).
+        strata: ``[n]`` stratum of each example (e.g. its dataset), or None: labels are then
+            permuted within each stratum only, so every stratum keeps its share of positives
+            and a probe that only tells the strata apart scores as well under the null as on
+            the real labels (the null of "nothing beyond the stratum's base rate").
         done: the outcomes of the first permutations from an interrupted call (each the best
             score, or None where its folds could not be built): they are kept, the generator
             is advanced past them, and the loop resumes at permutation ``len(done)``, so the
@@ -485,16 +490,29 @@ def permutation_null(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"],
 
     Returns:
         ``{"n", "skipped", "metric", "probe", "observed", "null" (list), "null_mean",
-        "null_q95", "p_value"}`` with ``p_value = (1 + #{null >= observed}) / (1 + n)``.
+        "null_q95", "p_value", "within"}`` with ``p_value = (1 + #{null >= observed}) /
+        (1 + n)``; ``within`` says whether labels were permuted within strata.
     """
     rng = np.random.default_rng(seed)
+    cells = None if strata is None else [
+        np.flatnonzero(np.asarray([str(s) for s in strata]) == k)
+        for k in sorted({str(s) for s in strata})]
+
+    def permute() -> np.ndarray:
+        if cells is None:
+            return rng.permutation(y)
+        yp = np.array(y, copy=True)
+        for idx in cells:
+            yp[idx] = rng.permutation(y[idx])
+        return yp
+
     outcomes: list[float | None] = list(done)[:n_permutations]
     for _ in outcomes:
-        rng.permutation(y)   # the generator's state as after those permutations
+        permute()   # the generator's state as after those permutations
     t0 = time.perf_counter()
     for i in tqdm(range(len(outcomes), n_permutations), total=n_permutations,
                   initial=len(outcomes), desc="permutation null", unit="sweep", leave=False):
-        yp = rng.permutation(y)
+        yp = permute()
         try:
             fp = make_folds(yp, folds, seed + 1 + i, groups=groups)
         except ProbeError:   # the permuted positives fell into fewer passages than folds
@@ -514,7 +532,8 @@ def permutation_null(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"],
             "observed": observed, "null": null,
             "null_mean": float(arr.mean()) if len(arr) else None,
             "null_q95": float(np.quantile(arr, 0.95)) if len(arr) else None,
-            "p_value": float((1 + (arr >= observed).sum()) / (1 + len(arr)))}
+            "p_value": float((1 + (arr >= observed).sum()) / (1 + len(arr))),
+            "within": "strata" if strata is not None else None}
 
 
 def cross_dataset_transfer(X: Float[np.ndarray, "n d"], y: Bool[np.ndarray, " n"],

@@ -110,6 +110,10 @@ class ProbeConfig:
         n_jobs: processes that cross-validate the (layer, pool) cells at once, in the sweep
             and in every permutation of the null (:func:`interp.probing.sweep`); the results
             are those of one process, so stored sweeps and permutations stay valid.
+        permute_within: ``dataset`` permutes the null's labels within each dataset
+            (:func:`interp.probing.permutation_null` ``strata``): the null then keeps each
+            dataset's base rate, which a probe can read off the prompt; None: across all
+            records.
         n_boot: passage-cluster bootstrap resamples of the paired probe-vs-judge AUC CIs
             (:func:`interp.probing.probe_vs_judge`; 0: none); not part of the sweep's
             signature.
@@ -134,6 +138,7 @@ class ProbeConfig:
     recompute: bool = False
     n_jobs: int = option(1, kind="count")
     n_boot: int = option(2000, kind="count")
+    permute_within: str | None = None
 
     def __post_init__(self) -> None:
         self.probes, self.pools, self.tasks = (split_list(self.probes), split_list(self.pools),
@@ -146,6 +151,9 @@ class ProbeConfig:
                 raise ProbeError(f"unknown {name}(s) {bad}; known: {list(known)}")
         if self.layers is not None:  # the grammar now; the range against the model at run time
             parse_layers(self.layers, 1 << 20)
+        if self.permute_within not in (None, "dataset"):
+            raise ProbeError(f"permute_within must be 'dataset' or absent, not "
+                             f"{self.permute_within!r}")
         if self.select_by not in ("auc", "f1"):
             raise ProbeError(f"select_by must be 'auc' or 'f1', not {self.select_by!r}")
         if self.folds < 2:
@@ -287,7 +295,7 @@ class _Data:
     facts: dict[str, Any] | None = None
 
 
-SWEEP_FREE = ("n_boot",)
+SWEEP_FREE = ("n_boot", "permute_within")
 """Settings left out of the sweep's signature (they change what is reported of it, not it)."""
 
 
@@ -321,13 +329,14 @@ def _permutation_cached(run: RunDir, cfg: ProbeConfig, data: _Data, task: str,
                         feats: Mapping[str, np.ndarray], rows: Sequence[Mapping[str, Any]],
                         sweep_sig: str, log: Callable[[str], None]) -> dict[str, Any]:
     cache = run.sub("probes") / f"permutation_{task}.json"
-    sig = signature({"sweep": sweep_sig, "permutations": cfg.permutations})
+    within = {"within": cfg.permute_within} if cfg.permute_within else {}
+    sig = signature({"sweep": sweep_sig, "permutations": cfg.permutations, **within})
     if is_fresh(cache, sig):
         return read_json(cache)["result"]
     # permutations finished by an interrupted call, under the same sweep (any count: the
     # first k permutations do not depend on how many follow)
     partial = cache.with_name(f"permutation_{task}.partial.json")
-    part_sig = signature({"sweep": sweep_sig})
+    part_sig = signature({"sweep": sweep_sig, **within})
     done = read_json(partial)["outcomes"] if is_fresh(partial, part_sig) else []
     if done:
         log(f"[probe] {task}: {len(done)} permutations of an interrupted null kept")
@@ -336,6 +345,7 @@ def _permutation_cached(run: RunDir, cfg: ProbeConfig, data: _Data, task: str,
         feats, data.y, data.layers, float(first_best[cfg.select_by] or 0.0),
         n_permutations=cfg.permutations, folds=cfg.folds, seed=cfg.seed, probe=cfg.probes[0],
         select_by=cfg.select_by, fit_kw=cfg.fit_kw(), groups=data.groups, done=done,
+        strata=data.ds if cfg.permute_within else None,
         on_step=lambda out: write_json(partial, {"signature": part_sig, "outcomes": out}),
         log=log, n_jobs=cfg.n_jobs)
     write_json(cache, {"signature": sig, "result": result})

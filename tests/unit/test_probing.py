@@ -212,6 +212,31 @@ def test_permutation_null_separates_signal_from_selection():
 
 
 
+def test_a_null_permuted_within_datasets_keeps_what_the_dataset_alone_gives():
+    """Two datasets with base rates 0.7 and 0.1; the features know only the dataset.
+
+    Permuted across datasets the labels lose the base rates, so the dataset feature "beats"
+    the null; permuted within each dataset they keep them, and it does not.
+    """
+    rng = np.random.default_rng(3)
+    n = 60
+    ds = np.array(["a"] * 30 + ["b"] * 30)
+    y = np.zeros(n, bool)
+    y[rng.choice(30, 21, replace=False)] = True              # a: 21 of 30
+    y[30 + rng.choice(30, 3, replace=False)] = True          # b: 3 of 30
+    feats = {"last": rng.normal(size=(n, 1, 4))}
+    feats["last"][:, 0, 0] += 3.0 * (ds == "a")
+    folds = make_folds(y, 3, 0)
+    obs = best_row(sweep(feats, y, [0], folds, probes=["logreg"], log=lambda s: None),
+                   "auc")["auc"]
+    kw = dict(n_permutations=9, folds=3, seed=0, log=lambda s: None)
+    across = permutation_null(feats, y, [0], obs, **kw)
+    within = permutation_null(feats, y, [0], obs, strata=ds, **kw)
+    assert obs > 0.75 and across["p_value"] == pytest.approx(0.1) and across["within"] is None
+    assert within["within"] == "strata" and within["p_value"] > 0.1
+    assert within["null_mean"] > across["null_mean"] + 0.15
+
+
 def _noise(seed: int, n_layers: int, d: int, pools=("last",), n: int = 40, pos: int = 15):
     """Labels with ``pos`` positives and Gaussian features ``{pool: [n, n_layers, d]}``."""
     rng = np.random.default_rng(seed)
