@@ -260,19 +260,37 @@ def _steer_vs_control(task: str, key: str, alpha: str) -> Extract:
 
 
 def _patch(kind: str) -> Extract:
-    """The top unit's share of the clean - corrupt logit difference it restores."""
+    """The top unit's share of the clean - corrupt logit difference it restores.
+
+    With ``exact = "topk"`` each pair patches only its own top units, so a unit's ratio can
+    rest on one pair; the cell takes the first-ranked unit patched on at least half the kept
+    pairs, or else the one patched on the most (and says which), with that unit's own pairs
+    and passages.
+    """
     def f(d: Path, m: str) -> Cell:
         name = f"{m}__patching_summary.json"
         s = _get(_read(d / name), kind)
-        if s is None or not s.get("top_units"):
+        field = "top_units" if s and s.get("top_units") else "top_spans"
+        if s is None or not s.get(field):
             return Cell(None, source=name)
-        u = s["top_units"][0]
+        kept = s.get("n_pairs_kept") or 0
+        units = s[field]   # the residual stream without per_position: its units are spans
+        i = next((j for j, u in enumerate(units) if (u.get("n_pairs") or kept) >= kept / 2),
+                 None)
+        note = "" if kept >= 30 else f" (under 30 kept pairs: {kept})"
+        if i is None:   # no unit among each pair's top ones in half the pairs
+            i = max(range(len(units)), key=lambda j: (units[j].get("n_pairs") or 0, -j))
+            note += (f"; no listed unit is patched in half the {kept} pairs, this one in "
+                     f"{units[i].get('n_pairs')}")
+        elif i:
+            note += f"; rank {i + 1}: the {i} above rest on under half the {kept} pairs"
+        u = units[i]
         where = f"L{u['layer']}" + (f".H{u['head']}" if u.get("head", -1) >= 0 else "") + (
-            f" {u['span']}" if u.get("span") else f" pos {u.get('rel_position')}")
-        return Cell(u["ratio"], u.get("ci"), s.get("n_pairs_kept"), s.get("n_passages"),
-                    f"top unit {where}" + ("" if (s.get("n_pairs_kept") or 0) >= 30
-                                           else " (under 30 pairs)"),
-                    f"{name}: {kind}.top_units[0].ratio")
+            f" {u['span']}" if u.get("span") else "" if u.get("head", -1) >= 0
+            else f" pos {u.get('rel_position')}")
+        return Cell(u["ratio"], u.get("ci"), u.get("n_pairs", kept),
+                    u.get("n_passages", s.get("n_passages")), f"top unit {where}{note}",
+                    f"{name}: {kind}.{field}[{i}].ratio")
     return f
 
 
@@ -412,6 +430,10 @@ CLAIMS: tuple[tuple[str, str, Extract], ...] = (
     ("where the verdict is decided: candidate swap, residual stream", "restored share",
      _patch("candidate-swap/resid")),
     ("... attention heads", "restored share", _patch("candidate-swap/heads")),
+    ("... generator's run into the judge's: residual stream", "restored share",
+     _patch("gen-to-eval/resid")),
+    ("... generator's run into the judge's: attention heads", "restored share",
+     _patch("gen-to-eval/heads")),
     ("... system-prompt control", "restored share", _patch("system-prompt-control/resid")),
     ("a probe on the judge's residual stream beats its verdict score",
      "AUC within datasets, probe - judge's logit_diff (paired)", _probe),

@@ -177,11 +177,12 @@ def summarise(d: Path, pk: str, kind: str, results: list[dict], skipped: list[di
     ranked = units[units.ratio.notna()].copy()
     ranked = ranked.reindex(ranked.ratio.abs().sort_values(ascending=False).index)
     s["top_units"] = _with_ci(df, ranked[ranked.unit != "span"].head(top), rng, cfg.n_boot)
+    if kind == "resid":   # the residual stream by span: its ranked units, with CIs
+        s["top_spans"] = _with_ci(df, ranked[ranked.unit == "span"].head(top), rng, cfg.n_boot)
     if kind == "resid" and pk == "candidate-swap":
         sp = units[units.unit == "span"]
         s["span_by_layer"] = {sv: {int(r.layer): r.ratio for _, r in g.iterrows()}
                               for sv, g in sp.groupby("span")}
-        s["top_spans"] = _with_ci(df, ranked[ranked.unit == "span"].head(top), rng, cfg.n_boot)
     elif kind == "resid":
         span = "verdict" if pk in ("gen-to-eval", "eval-to-gen") else "context"
         s["by_layer"] = _by_layer(units, "span", span)

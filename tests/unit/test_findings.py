@@ -157,6 +157,32 @@ def test_steering_patching_and_probe_cells(tmp_path):
     assert (ac.n, ac.n_passages) == (19, 19) and ac.verdict.endswith("no verdict flipped")
     p = cells["where the verdict is decided: candidate swap, residual stream"]["m"]
     assert (p.value, p.n, p.verdict) == (0.4, 31, "top unit L7 candidate")
+    # a residual-stream sweep by span (no per-position units) has only top_spans
+    _write(tmp_path, "m__patching_summary.json", {"candidate-swap/resid": {
+        "n_pairs_kept": 23, "n_passages": 20, "top_units": [], "top_spans": [
+            {"layer": 28, "head": -1, "span": "verdict", "ratio": 1.05, "ci": [0.98, 1.13]}]}})
+    sp = _cells(tmp_path, ["m"])["where the verdict is decided: candidate swap, residual stream"]
+    assert (sp["m"].value, sp["m"].n) == (1.05, 23)
+    assert sp["m"].verdict == "top unit L28 verdict (under 30 kept pairs: 23)"
+    # a unit patched on one pair of 30 is passed over for one patched on 20
+    _write(tmp_path, "m__patching_summary.json", {"gen-to-eval/heads": {
+        "n_pairs_kept": 30, "n_passages": 28, "top_units": [
+            {"layer": 18, "head": 4, "ratio": -0.32, "n_pairs": 1, "n_passages": 1},
+            {"layer": 16, "head": 4, "ratio": -0.2, "ci": [-0.3, -0.1], "n_pairs": 20,
+             "n_passages": 19}]}})
+    g = _cells(tmp_path, ["m"])["... generator's run into the judge's: attention heads"]["m"]
+    assert (g.value, g.n, g.n_passages) == (-0.2, 20, 19)
+    assert g.verdict == ("top unit L16.H4; rank 2: the 1 above rest on under half the 30 "
+                         "pairs")
+    assert g.source.endswith("gen-to-eval/heads.top_units[1].ratio")
+    _write(tmp_path, "m__patching_summary.json", {"gen-to-eval/heads": {
+        "n_pairs_kept": 30, "n_passages": 28, "top_units": [
+            {"layer": 18, "head": 4, "ratio": -0.32, "n_pairs": 1, "n_passages": 1},
+            {"layer": 16, "head": 4, "ratio": -0.2, "n_pairs": 5, "n_passages": 5}]}})
+    g = _cells(tmp_path, ["m"])["... generator's run into the judge's: attention heads"]["m"]
+    assert (g.value, g.n) == (-0.2, 5) and g.verdict == (
+        "top unit L16.H4; no listed unit is patched in half the 30 pairs, this one in 5")
+    assert sp["m"].source.endswith("candidate-swap/resid.top_spans[0].ratio")
     pr = cells["a probe on the judge's residual stream beats its verdict score"]["m"]
     assert pr.value == 0.8 and "judge AUC 0.60" in pr.verdict
     assert "(100 perms, pooled)" in pr.verdict

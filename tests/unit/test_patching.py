@@ -287,6 +287,10 @@ def test_stage_atp_topk_attribution_agreement_and_resume(tiny, toy_run):
     assert sorted(by_layer) == [0, 1]
     # resid_pre of layer 0 at the last position: the same token in both prompts, no change
     assert by_layer[0]["mean_d_ld"] == pytest.approx(0.0, abs=1e-5)  # prefix cache vs full
+    # its span units ranked with CIs, as for the candidate swap: the top one is a real row
+    top = summary["gen-to-eval/resid"]["top_spans"][0]
+    assert top["unit"] == "span" and top["ratio"] == pytest.approx(
+        by_layer[top["layer"]]["ratio"]) and top["n_pairs"] == by_layer[top["layer"]]["n_pairs"]
     # resume: a second call reads every part back
     cfg.figures = False
     msgs: list[str] = []
