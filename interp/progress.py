@@ -55,6 +55,7 @@ class LineProgress(_std_tqdm):
         kwargs["dynamic_ncols"] = False
         kwargs.setdefault("file", sys.stderr)
         self._last_line: str | None = None
+        self._last_refresh_t = 0.0
         super().__init__(*args, **kwargs)
 
     def display(self, msg: str | None = None, pos: int | None = None) -> bool:
@@ -81,8 +82,16 @@ class LineProgress(_std_tqdm):
         """Nothing to clear: lines are never redrawn."""
 
     def refresh(self, *args: Any, **kwargs: Any) -> None:
-        """Write a line only through :meth:`display` (rate-limited by ``mininterval``)."""
-        if not self.disable:
+        """Write a line through :meth:`display`, at most one per ``mininterval`` seconds.
+
+        :func:`resumed` refreshes once per part read back; a resumed loop of 100 finished
+        records then writes one line, not 100.
+        """
+        if self.disable:
+            return
+        now = self._time()
+        if self._last_line is None or now - self._last_refresh_t >= self.mininterval:
+            self._last_refresh_t = now
             self.display()
 
 

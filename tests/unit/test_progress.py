@@ -85,3 +85,12 @@ def test_resumed_items_move_the_count_but_not_the_rate(capsys, monkeypatch):
     assert last.startswith("steer: 12/20 record [02:00 elapsed, ETA 08:00"), last
     bar.close()
     progress.resumed(progress.tqdm(total=3, disable=True))   # a silent bar: nothing to count
+
+    # a loop that finds all 100 records done writes one line for them, not one each
+    capsys.readouterr()
+    bar = progress.tqdm(total=100, desc="steer", unit="record")
+    for _ in range(100):
+        progress.resumed(bar)
+    bar.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) <= 3 and lines[-1].startswith("steer: 100/100"), lines
