@@ -344,7 +344,8 @@ def _audit(d: Path, m: str) -> Cell:
     a = _get(o, "signals", "context_mass")
     if not a or a.get("auc") is None:
         return Cell(None, source=name)
-    v = {"yes": "predicts", "no": "anti-predicts"}.get(_side(a.get("ci"), 0.5), "undecided")
+    v = {"yes": "predicts, pooled over datasets", "no": "anti-predicts, pooled over datasets"
+         }.get(_side(a.get("ci"), 0.5), "undecided")
     if s.get("n_unparseable"):
         v += f"; {s['n_unparseable']} of the {s.get('n_wrong')} wrong verdicts are no verdict"
     return Cell(a["auc"], a.get("ci"), a.get("n"), o.get("n_passages"), v,

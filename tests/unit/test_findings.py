@@ -123,7 +123,8 @@ def test_controls_of_study_1_and_2_are_rows_of_their_own(tmp_path):
                                                         "n": 360}}}})
     au = _cells(tmp_path, ["m"])["low context reading flags a wrong verdict (audit)"]["m"]
     assert (au.value, au.n, au.n_passages) == (0.58, 360, 229)
-    assert au.verdict == "predicts; 111 of the 244 wrong verdicts are no verdict"
+    assert au.verdict == ("predicts, pooled over datasets; 111 of the 244 wrong verdicts are "
+                          "no verdict")
 
 
 def test_steering_patching_and_probe_cells(tmp_path):
