@@ -34,7 +34,6 @@ from dataclasses import asdict, replace
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from interp.asymmetry import _example_fields, parse_record_verdict
 from interp.data import QAExample
@@ -44,6 +43,7 @@ from interp.endpoints.oracle import endpoint_for
 from interp.endpoints.scoring import score_replies
 from interp.errors import EndpointError
 from interp.grading import BaseOracle, extract_answer, make_oracle
+from interp.progress import tqdm
 from interp.prompts import Template, chat_messages
 from interp.store.records import Record, qa_key
 from interp.store.rundir import RunDir

@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 from safetensors import safe_open
-from tqdm.auto import tqdm
 
 from interp.asymmetry import judge_records
 from interp.errors import ConfigError
 from interp.layers import DEFAULT_BAND, parse_layers
 from interp.models import ModelHandle
 from interp.options import config_from_table, option
+from interp.progress import tqdm
 from interp.prompts import get_template
 from interp.reasoning import MAX_REASONING_TOKENS, REASONING_SPANS
 from interp.reasoning_compare import format_side_by_side, side_by_side
