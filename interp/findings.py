@@ -294,42 +294,47 @@ def _patch(kind: str) -> Extract:
     return f
 
 
-def _probe(d: Path, m: str) -> Cell:
+def _probe(task: str) -> Extract:
     """The best probe's AUC minus the verbal judge's, paired, within datasets (with CI).
 
-    Pooled over datasets a probe also gains from knowing the dataset (their base rates
-    differ), so the cell compares pairs within a dataset; the verdict gives the pooled
-    difference and the AUC of the dataset alone beside it. Falls back to the pooled paired
-    AUC, then to the best cell's fold-mean AUC (no CI), for summaries made before those.
+    ``task``: the probe of the judge's prompt (``eval``) or of the generation prompt (``gen``);
+    the judge's score is its ``logit_diff`` on the same records either way. Pooled over
+    datasets a probe also gains from knowing the dataset (their base rates differ), so the
+    cell compares pairs within a dataset; the verdict gives the pooled difference and the AUC
+    of the dataset alone beside it. Falls back to the pooled paired AUC, then to the best
+    cell's fold-mean AUC (no CI), for summaries made before those.
     """
-    name = f"{m}__probes_results.json"
-    r = _read(d / name)
-    e = _get(r, "tasks", "eval")
-    if e is None or _get(e, "best", "auc") is None:
-        return Cell(None, source=name)
-    perm = e.get("permutation") or {}
-    pv = perm.get("p_value")
-    perms = (f"permutation p={pv if pv is None else format(pv, '.2g')} "
-             f"({perm.get('n', 0)} perms, {'within datasets' if perm.get('within') else 'pooled'})")
-    vs = e.get("vs_judge") or {}
-    key = next((k for k in ("auc_paired_within_dataset", "auc_paired")
-                if (vs.get(k) or {}).get("probe_minus_judge") is not None), None)
-    if key:
-        pa = vs[key]
-        side = {"yes": "probe higher", "no": "judge higher"}.get(_side(pa.get("ci"), 0.0),
-                                                                 "undecided")
-        extra = ""
-        if key == "auc_paired_within_dataset" and vs.get("auc_paired"):
-            pool = vs["auc_paired"]
-            extra = (f"; pooled {pool['probe_minus_judge']:+.2f}, the dataset alone "
-                     f"{vs.get('auc_dataset_only', float('nan')):.2f}")
-        return Cell(pa["probe_minus_judge"], pa.get("ci"), pa.get("n"), pa.get("n_passages"),
-                    f"{side}: probe {pa['probe']:.2f}, judge {pa['judge']:.2f}{extra}; {perms}",
-                    f"{name}: tasks.eval.vs_judge.{key}.probe_minus_judge", "+.3f")
-    judge = _get(e, "vs_judge", "judge_same_folds", "auc")
-    v = f"judge AUC {judge:.2f}; {perms}" if judge is not None else "no judge AUC"
-    return Cell(e["best"]["auc"], None, r.get("n_records"), r.get("n_passages"), v,
-                f"{name}: tasks.eval.best.auc")
+    def f(d: Path, m: str) -> Cell:
+        name = f"{m}__probes_results.json"
+        r = _read(d / name)
+        e = _get(r, "tasks", task)
+        if e is None or _get(e, "best", "auc") is None:
+            return Cell(None, source=name)
+        perm = e.get("permutation") or {}
+        pv = perm.get("p_value")
+        within = "within datasets" if perm.get("within") else "pooled"
+        perms = (f"permutation p={pv if pv is None else format(pv, '.2g')} "
+                 f"({perm.get('n', 0)} perms, {within})")
+        vs = e.get("vs_judge") or {}
+        key = next((k for k in ("auc_paired_within_dataset", "auc_paired")
+                    if (vs.get(k) or {}).get("probe_minus_judge") is not None), None)
+        if key:
+            pa = vs[key]
+            side = {"yes": "probe higher", "no": "judge higher"}.get(_side(pa.get("ci"), 0.0),
+                                                                     "undecided")
+            extra = ""
+            if key == "auc_paired_within_dataset" and vs.get("auc_paired"):
+                pool = vs["auc_paired"]
+                extra = (f"; pooled {pool['probe_minus_judge']:+.2f}, the dataset alone "
+                         f"{vs.get('auc_dataset_only', float('nan')):.2f}")
+            return Cell(pa["probe_minus_judge"], pa.get("ci"), pa.get("n"), pa.get("n_passages"),
+                        f"{side}: probe {pa['probe']:.2f}, judge {pa['judge']:.2f}{extra}; {perms}",
+                        f"{name}: tasks.{task}.vs_judge.{key}.probe_minus_judge", "+.3f")
+        judge = _get(e, "vs_judge", "judge_same_folds", "auc")
+        v = f"judge AUC {judge:.2f}; {perms}" if judge is not None else "no judge AUC"
+        return Cell(e["best"]["auc"], None, r.get("n_records"), r.get("n_passages"), v,
+                    f"{name}: tasks.{task}.best.auc")
+    return f
 
 
 def _audit(d: Path, m: str) -> Cell:
@@ -437,7 +442,9 @@ CLAIMS: tuple[tuple[str, str, Extract], ...] = (
      _patch("gen-to-eval/heads")),
     ("... system-prompt control", "restored share", _patch("system-prompt-control/resid")),
     ("a probe on the judge's residual stream beats its verdict score",
-     "AUC within datasets, probe - judge's logit_diff (paired)", _probe),
+     "AUC within datasets, probe - judge's logit_diff (paired)", _probe("eval")),
+    ("... a probe on the generation prompt, before the answer",
+     "AUC within datasets, probe - judge's logit_diff (paired)", _probe("gen")),
     ("low context reading flags a wrong verdict (audit)", "AUC, low context mass", _audit),
     ("a reasoning judge judges better", "EA, reasoning - one word", _reasoning("EA")),
     ("a model judges its own answers better than another's", "EA self - other", _cross),

@@ -6,6 +6,7 @@ files give.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -210,6 +211,13 @@ def test_steering_patching_and_probe_cells(tmp_path):
     assert (pr.value, pr.ci) == (0.05, [-0.05, 0.15])
     assert pr.verdict.startswith("undecided: probe 0.60, judge 0.55; pooled +0.17, the dataset "
                                  "alone 0.68")
+    # the generation prompt's probe is a row of its own, read from tasks.gen
+    r["tasks"]["gen"] = copy.deepcopy(r["tasks"]["eval"])
+    r["tasks"]["gen"]["vs_judge"]["auc_paired_within_dataset"]["probe_minus_judge"] = 0.16
+    _write(tmp_path, "m__probes_results.json", r)
+    gp = _cells(tmp_path, ["m"])["... a probe on the generation prompt, before the answer"]["m"]
+    assert gp.value == 0.16 and gp.source.endswith(
+        "tasks.gen.vs_judge.auc_paired_within_dataset.probe_minus_judge")
 
 
 def test_update_doc_keeps_the_prose_and_refuses_a_doc_without_markers(tmp_path):
