@@ -70,6 +70,7 @@ from interp.stats import (
     make_folds,
     mcnemar,
     roc_auc,
+    strata_indices,
 )
 from interp.store.io import atomic_path, read_json, write_json
 from interp.store.records import Record, check_verdict_scores
@@ -342,7 +343,9 @@ def probe_vs_judge(best: Mapping[str, Any], oof: Float[np.ndarray, " n"],
                 "judge_ci": d["ci_b"], "probe_minus_judge": d["difference"], "ci": d["ci"],
                 "n": d["n"], "n_passages": d["n_clusters"]}
 
-    base = {k: float(np.mean(y[[i for i, x in enumerate(ds) if x == k]])) for k in set(ds)}
+    base = np.empty(len(y))
+    for idx in strata_indices(ds):   # each record scored by its dataset's base rate
+        base[idx] = y[idx].mean()
     return {
         "probe": {m: best[m] for m in METRICS} | {f"{m}_std": best[f"{m}_std"] for m in METRICS},
         "judge_same_folds": judge_folds,
@@ -351,7 +354,7 @@ def probe_vs_judge(best: Mapping[str, Any], oof: Float[np.ndarray, " n"],
         if best["auc"] is not None and judge_folds["auc"] is not None else None,
         "auc_paired": paired(None),
         "auc_paired_within_dataset": paired(ds),
-        "auc_dataset_only": roc_auc(y, np.array([base[x] for x in ds])),
+        "auc_dataset_only": roc_auc(y, base),
         "mcnemar_probe_vs_verdict": mcnemar(probe_right, judge_right),
         "oof_accuracy": float(probe_right.mean()),
     }
@@ -494,9 +497,7 @@ def permutation_null(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"],
         (1 + n)``; ``within`` says whether labels were permuted within strata.
     """
     rng = np.random.default_rng(seed)
-    cells = None if strata is None else [
-        np.flatnonzero(np.asarray([str(s) for s in strata]) == k)
-        for k in sorted({str(s) for s in strata})]
+    cells = None if strata is None else strata_indices(strata)
 
     def permute() -> np.ndarray:
         if cells is None:

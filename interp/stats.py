@@ -70,6 +70,7 @@ __all__ = [
     "percentile_ci",
     "resample_indices",
     "roc_auc",
+    "strata_indices",
     "stratified_auc",
     "wilson_ci",
 ]
@@ -245,18 +246,7 @@ class ClusterBootstrap:
         """
         if self.weights is None:
             return None
-        y, score = np.asarray(y, bool), np.asarray(score, np.float64)
-        keys = np.zeros(len(y), int) if strata is None else np.unique(
-            np.asarray([str(s) for s in strata]), return_inverse=True)[1]
-        num = np.zeros(self.weights.shape[0])
-        den = np.zeros(self.weights.shape[0])
-        for k in np.unique(keys):
-            pos, neg = (keys == k) & y, (keys == k) & ~y
-            cmp = (score[pos][:, None] > score[neg][None, :]) + 0.5 * (
-                score[pos][:, None] == score[neg][None, :])
-            wp, wn = self.weights[:, pos], self.weights[:, neg]
-            num += ((wp @ cmp) * wn).sum(1)
-            den += wp.sum(1) * wn.sum(1)
+        num, den = _pair_sums(y, score, self.weights, strata)
         with np.errstate(all="ignore"):
             return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
@@ -390,14 +380,34 @@ def stratified_auc(y: Bool[Array, " n"], score: Float[Array, " n"],
     """
     if strata is None:
         return roc_auc(y, score)
-    y, score = np.asarray(y, bool), np.asarray(score, np.float64)
+    num, den = _pair_sums(y, score, np.ones((1, len(score))), strata)
+    return float(num[0] / den[0]) if den[0] else None
+
+
+def strata_indices(strata: Sequence[Any]) -> list[Int[Array, " k"]]:
+    """The example indices of each stratum, strata in sorted order of ``str(stratum)``."""
     keys = np.asarray([str(s) for s in strata])
-    num = den = 0.0
-    for k in np.unique(keys):
-        pos, neg = score[(keys == k) & y], score[(keys == k) & ~y]
-        num += float(((pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])).sum())
-        den += len(pos) * len(neg)
-    return num / den if den else None
+    return [np.flatnonzero(keys == k) for k in np.unique(keys)]
+
+
+def _pair_sums(y: Bool[Array, " n"], score: Float[Array, " n"], weights: Float[Array, "b n"],
+               strata: Sequence[Any] | None) -> tuple[Float[Array, " b"], Float[Array, " b"]]:
+    """Weighted Mann-Whitney sums over (positive, negative) pairs within each stratum.
+
+    Returns ``(num, den)`` per row of ``weights``: ``sum w_i w_j ([s_i > s_j] + 1/2 on ties)``
+    and ``sum w_i w_j`` over the pairs (``i`` positive, ``j`` negative, one stratum); their
+    ratio is the (stratified) AUC of that weighting.
+    """
+    y, score = np.asarray(y, bool), np.asarray(score, np.float64)
+    num, den = np.zeros(weights.shape[0]), np.zeros(weights.shape[0])
+    for idx in [np.arange(len(y))] if strata is None else strata_indices(strata):
+        pos, neg = idx[y[idx]], idx[~y[idx]]
+        cmp = (score[pos][:, None] > score[neg][None, :]) + 0.5 * (
+            score[pos][:, None] == score[neg][None, :])
+        wp, wn = weights[:, pos], weights[:, neg]
+        num += ((wp @ cmp) * wn).sum(1)
+        den += wp.sum(1) * wn.sum(1)
+    return num, den
 
 
 def cluster_bootstrap_auc_difference(y: Bool[Array, " n"], score_a: Float[Array, " n"],
