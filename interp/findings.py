@@ -13,12 +13,9 @@ Each cell is ``value [95% CI] (n, passages)`` and a verdict against the claim: `
 ``no`` only when the CI excludes the other side, ``undecided`` when it spans it, ``not
 measured`` when the study has not produced the file (a partial run says so, cell by cell).
 
-Claims (paper section in brackets; PAPER.md): GA > EA on SQuAD 2.0, DROP and HotpotQA, MuSiQue
-the exception (3.1); the judge reads the context 3-5x less than the generator (3.2), and the
-controls: the ``matched`` template and the content-renormalised share; the judge barely reads
-the candidate (3.2); LoRA-Gen over-accepts and LoRA-Eval degrades generation (3.3). Then what
-the paper did not ask: the causal test (steering, with its non-context control), activation
-patching, probes against the verbal judge, the audit, the reasoning judge, self vs other.
+Claims (:data:`CLAIMS`; paper section in brackets, PAPER.md): Study 1 (3.1), Study 2 and its
+controls (3.2), transfer (3.3); then what the paper did not ask: steering with its non-context
+control, activation patching, probes, the audit, the reasoning judge, self vs other.
 """
 
 from __future__ import annotations
@@ -245,15 +242,22 @@ def _steer(task: str, key: str, alpha: str, control: bool = False) -> Extract:
     return f
 
 
-def _steer_vs_control(task: str, key: str, alpha: str) -> Extract:
-    """The context keys' paired effect minus the control's, per record (overall)."""
+def _steer_vs_control(task: str, key: str, alpha: str, right: float = 0.0) -> Extract:
+    """The context keys' paired effect minus the control's, per record (overall).
+
+    ``right`` (+1 or -1) is the side that would help the judge (``logit_diff`` up on the
+    oracle's right answers, down on its wrong ones); the verdict then says which way it went.
+    """
     def f(d: Path, m: str) -> Cell:
         name = f"{m}__steering_summary.json"
         e = _get(_read(d / name), "context_minus_control", task, alpha, "overall", key)
         if e is None or e.get("mean") is None:
             return Cell(None, source=name)
+        side = _side(e.get("ci"), 0.0)
         v = {"yes": "context moves it more up", "no": "context moves it more down"}.get(
-            _side(e.get("ci"), 0.0), "undecided: no more than the control")
+            side, "undecided: no more than the control")
+        if right and side in ("yes", "no"):
+            v += (": the right way" if (side == "yes") == (right > 0) else ": the wrong way")
         return Cell(e["mean"], e.get("ci"), e.get("n"), e.get("n_passages"), v,
                     f"{name}: context_minus_control.{task}.{alpha}.overall.{key}", "+.3f")
     return f
@@ -357,7 +361,8 @@ def _audit(d: Path, m: str) -> Cell:
                 f"{name}: overall.signals.context_mass.auc")
 
 
-def _reasoning(key: str) -> Extract:
+def _reasoning(key: str, fmt: str = "+.2f") -> Extract:
+    """Reasoning minus one-word judge, paired; EA says the no-verdict shares (counted wrong)."""
     def f(d: Path, m: str) -> Cell:
         name = f"{m}__reasoning_side_by_side.json"
         r = _read(d / name)
@@ -365,10 +370,14 @@ def _reasoning(key: str) -> Extract:
         g = _get(o, key)
         if not isinstance(g, Mapping) or g.get("delta") is None:
             return Cell(None, source=name)
-        return Cell(g["delta"], g.get("delta_ci"), o.get("n"), o.get("n_passages"),
-                    {"yes": "reasoning higher", "no": "reasoning lower"}.get(
-                        _side(g.get("delta_ci"), 0.0), "undecided"),
-                    f"{name}: overall.{key}.delta", "+.2f")
+        v = {"yes": "reasoning higher", "no": "reasoning lower"}.get(
+            _side(g.get("delta_ci"), 0.0), "undecided")
+        nv = _get(o, "no_verdict_share")
+        if isinstance(nv, Mapping) and nv.get("reasoning") is not None and key == "EA":
+            v += (f" ({g['reasoning']:.2f} vs {g['word']:.2f}); no verdict: reasoning "
+                  f"{nv['reasoning']:.0%}, one word {nv['word']:.0%}, counted wrong")
+        return Cell(g["delta"], g.get("delta_ci"), o.get("n"), o.get("n_passages"), v,
+                    f"{name}: overall.{key}.delta", fmt)
     return f
 
 
@@ -431,6 +440,10 @@ CLAIMS: tuple[tuple[str, str, Extract], ...] = (
      _steer("eval", "logit_diff", "4.0", control=True)),
     ("... context minus control, per record", "d logit_diff context - control, alpha 4",
      _steer_vs_control("eval", "logit_diff", "4.0")),
+    ("... on right answers (helping would raise it)", "the same, oracle-correct answers",
+     _steer_vs_control("eval", "logit_diff_correct", "4.0", right=+1)),
+    ("... on wrong answers (helping would lower it)", "the same, oracle-incorrect answers",
+     _steer_vs_control("eval", "logit_diff_incorrect", "4.0", right=-1)),
     ("lowering the generator's context attention (x0.25) lowers GA", "dGA, alpha 0.25",
      _steer("gen", "ga", "0.25")),
     ("where the verdict is decided: candidate swap, residual stream", "restored share",
@@ -447,6 +460,11 @@ CLAIMS: tuple[tuple[str, str, Extract], ...] = (
      "AUC within datasets, probe - judge's logit_diff (paired)", _probe("gen")),
     ("low context reading flags a wrong verdict (audit)", "AUC, low context mass", _audit),
     ("a reasoning judge judges better", "EA, reasoning - one word", _reasoning("EA")),
+    ("... forced choice after its reasoning (control)", "EA_forced, reasoning - one word",
+     _reasoning("EA_forced")),
+    ("... and reads the context more at its verdict (3.2, reasoning judge)",
+     "verdict-position context mass, reasoning - one word", _reasoning("verdict_context_mass",
+                                                                       "+.3f")),
     ("a model judges its own answers better than another's", "EA self - other", _cross),
 )
 """``(claim, measured quantity, extractor)``: the rows of the report, in order."""

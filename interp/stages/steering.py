@@ -279,6 +279,10 @@ def _delta_stats(d: Any, task: str, rng: np.random.Generator, n_boot: int) -> di
     for name, sel in (("accept_correct", y), ("accept_incorrect", ~y)):
         out[name] = _stat(d.d_accept.to_numpy(float)[sel], [grp[i] for i in np.flatnonzero(sel)],
                           rng, n_boot)
+    # the right way: logit_diff up on the oracle's right answers, down on its wrong ones
+    for name, sel in (("logit_diff_correct", y), ("logit_diff_incorrect", ~y)):
+        out[name] = _stat(d.d_logit_diff.to_numpy(float)[sel],
+                          [grp[i] for i in np.flatnonzero(sel)], rng, n_boot)
     return out
 
 
@@ -287,8 +291,10 @@ def _paired(g: Any, ref: Any, task: str, rng: np.random.Generator, n_boot: int
     """Paired effects of one alpha against alpha = 1 on the same records (step 4).
 
     Per record ``x(alpha) - x(1)``, averaged with a passage-cluster CI: the judge's
-    ``logit_diff`` (nats), forced-choice correctness (EA_forced), and acceptance on
-    oracle-correct and oracle-incorrect answers; the generator's correctness (GA).
+    ``logit_diff`` (nats), forced-choice correctness (EA_forced), acceptance on
+    oracle-correct and oracle-incorrect answers and ``logit_diff`` on each
+    (``logit_diff_correct``, ``logit_diff_incorrect``: steering that helps the judge raises
+    the first and lowers the second); the generator's correctness (GA).
     """
     return _delta_stats(_deltas(g, ref, task), task, rng, n_boot)
 

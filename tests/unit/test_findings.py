@@ -136,7 +136,10 @@ def test_steering_patching_and_probe_cells(tmp_path):
              "ea_forced": {"mean": 0.0, "ci": [-0.02, 0.02], "n": 120}}}}}}}
     s["context_minus_control"] = {"eval": {"4.0": {"overall": {"n": 120, "n_passages": 90,
                                                                "logit_diff": {
-        "mean": -0.27, "ci": [-0.36, -0.17], "n": 120, "n_passages": 90}}}}}
+        "mean": -0.27, "ci": [-0.36, -0.17], "n": 120, "n_passages": 90},
+        "logit_diff_correct": {"mean": -0.2, "ci": [-0.3, -0.1], "n": 19, "n_passages": 19},
+        "logit_diff_incorrect": {"mean": -0.3, "ci": [-0.4, -0.2], "n": 101, "n_passages": 80},
+    }}}}
     s["eval"]["4.0"]["overall"]["vs_alpha1"]["accept_correct"] = {
         "mean": 0.0, "ci": [0.0, 0.0], "n": 19, "n_passages": 19}
     _write(tmp_path, "m__steering_summary.json", s)
@@ -154,6 +157,11 @@ def test_steering_patching_and_probe_cells(tmp_path):
     assert cells["... control: the NON-context keys x4 (n_keys in the summary)"]["m"].value == 0.0
     cmc = cells["... context minus control, per record"]["m"]
     assert (cmc.value, cmc.n, cmc.verdict) == (-0.27, 120, "context moves it more down")
+    # by the oracle's label: down on right answers is the wrong way, on wrong ones the right
+    r = cells["... on right answers (helping would raise it)"]["m"]
+    assert (r.n, r.n_passages, r.verdict) == (19, 19, "context moves it more down: the wrong way")
+    w = cells["... on wrong answers (helping would lower it)"]["m"]
+    assert (w.n, w.verdict) == (101, "context moves it more down: the right way")
     # a subgroup's own passages, not the group's
     ac = cells["... and keep accepting right answers"]["m"]
     assert (ac.n, ac.n_passages) == (19, 19) and ac.verdict.endswith("no verdict flipped")
@@ -350,3 +358,26 @@ def test_findings_command_refuses_wrong_calls_in_one_line(tmp_path, capsys):
             main(argv)
     main(["--help"])
     assert capsys.readouterr().out.startswith("usage:")
+
+
+def test_reasoning_cells_say_the_no_verdict_shares_and_have_the_forced_control(tmp_path):
+    """No verdict line loses EA by construction: the cell says so, beside its control."""
+    def stat(word, reasoning, lo, hi):
+        return {"word": word, "reasoning": reasoning, "delta": reasoning - word,
+                "delta_ci": [lo, hi]}
+    _write(tmp_path, "m__reasoning_side_by_side.json", {"m": {"overall": {
+        "n": 120, "n_passages": 84, "EA": stat(0.45, 0.05, -0.5, -0.3),
+        "EA_forced": stat(0.30, 0.34, -0.05, 0.12),
+        "no_verdict_share": stat(0.3, 0.95, 0.5, 0.8),
+        "verdict_context_mass": stat(0.060, 0.085, 0.01, 0.04)}}})
+    cells = _cells(tmp_path, ["m"])
+    ea = cells["a reasoning judge judges better"]["m"]
+    assert (ea.value, ea.n, ea.n_passages) == (pytest.approx(-0.40), 120, 84)
+    assert ea.verdict == ("reasoning lower (0.05 vs 0.45); no verdict: reasoning 95%, one word "
+                          "30%, counted wrong")
+    fc = cells["... forced choice after its reasoning (control)"]["m"]
+    assert (fc.value, fc.verdict) == (pytest.approx(0.04), "undecided")
+    assert fc.source.endswith("overall.EA_forced.delta")
+    mass = cells["... and reads the context more at its verdict (3.2, reasoning judge)"]["m"]
+    assert mass.verdict == "reasoning higher" and mass.text() == (
+        "+0.025 [+0.010, +0.040] (n=120, p=84)")

@@ -280,6 +280,10 @@ def test_context_minus_control_is_the_per_record_difference_of_the_paired_effect
     # under the control's; the right answers (i = 0, 1) keep theirs
     assert d["accept_incorrect"]["mean"] == pytest.approx(-1.0)
     assert d["accept_correct"]["mean"] == 0.0
+    # logit_diff by the oracle's label: right answers -0.4 * (0, 1), wrong -0.4 * (2..5)
+    assert d["logit_diff_correct"]["mean"] == pytest.approx(-0.2)
+    assert d["logit_diff_incorrect"]["mean"] == pytest.approx(-1.4)
+    assert (d["logit_diff_correct"]["n"], d["logit_diff_incorrect"]["n"]) == (2, 4)
     # a subgroup's passages are its own: the 2 right answers are on 2 passages, not 4
     ev = s["eval"]["4.0"]["overall"]["vs_alpha1"]
     assert ev["accept_correct"]["n_passages"] == 2 and ev["accept_incorrect"]["n_passages"] == 4
