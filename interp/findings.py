@@ -462,6 +462,8 @@ CLAIMS: tuple[tuple[str, str, Extract], ...] = (
     ("a reasoning judge judges better", "EA, reasoning - one word", _reasoning("EA")),
     ("... forced choice after its reasoning (control)", "EA_forced, reasoning - one word",
      _reasoning("EA_forced")),
+    ("... tells right from wrong better (forced choice)", "acceptance gap right - wrong, "
+     "reasoning - one word", _reasoning("discrimination_forced")),
     ("... and reads the context more at its verdict (3.2, reasoning judge)",
      "verdict-position context mass, reasoning - one word", _reasoning("verdict_context_mass",
                                                                        "+.3f")),

@@ -44,7 +44,8 @@ __all__ = ["COMPARED", "SIDE_BY_SIDE_DEFINITIONS", "format_side_by_side", "side_
 
 COMPARED = ("EA", "EA_forced", "acceptance_rate", "acceptance_rate_correct",
             "acceptance_rate_incorrect", "acceptance_rate_correct_forced",
-            "acceptance_rate_incorrect_forced", "no_verdict_share", "mean_verdict_coverage",
+            "acceptance_rate_incorrect_forced", "discrimination", "discrimination_forced",
+            "no_verdict_share", "mean_verdict_coverage",
             "verdict_context_mass", "verdict_question_mass", "verdict_candidate_mass")
 """Statistics computed for both judges, with the paired difference reasoning - word."""
 
@@ -54,6 +55,10 @@ SIDE_BY_SIDE_DEFINITIONS = {
     "EA / EA_forced": "generated verdict == y* (no verdict = wrong) / (p_correct > 0.5) == y*",
     "acceptance_rate*": "accepted / all, among y* Correct, among y* Incorrect (ratio of sums); "
                         "_forced: p_correct > 0.5 instead of the generated verdict",
+    "discrimination": "acceptance among y* Correct - acceptance among y* Incorrect (Youden's "
+                      "J: 0 for a judge that cannot tell them apart, however often it "
+                      "rejects; EA can rise by rejecting when most answers are wrong); "
+                      "_forced: of the forced choice",
     "no_verdict_share": "share of replies with no verdict (reasoning: no verdict line)",
     "mean_verdict_coverage": "mean P(ending Correct) + P(ending Incorrect) (one-word: the two "
                              "replies; reasoning: the two verdict lines after its reasoning)",
@@ -99,7 +104,13 @@ def _stats(bs: ClusterBootstrap, x: Mapping[str, np.ndarray], y: np.ndarray
              "verdict_context_mass": (x["mass_context"], one),
              "verdict_question_mass": (x["mass_question"], one),
              "verdict_candidate_mass": (x["mass_candidate"], one)}
-    return {k: bs.ratio_of_means(a, b) for k, (a, b) in pairs.items()}
+    out = {k: bs.ratio_of_means(a, b) for k, (a, b) in pairs.items()}
+    for name, suffix in (("discrimination", ""), ("discrimination_forced", "_forced")):
+        (vc, sc), (vi, si) = (out[f"acceptance_rate_{y_}{suffix}"]
+                              for y_ in ("correct", "incorrect"))
+        out[name] = (None if vc is None or vi is None else vc - vi,
+                     None if sc is None or si is None else sc - si)
+    return out
 
 
 def _finite_mean(x: np.ndarray, records: Sequence[Mapping[str, Any]], seed: int,
@@ -195,6 +206,8 @@ _LABELS = {"EA": "EA", "EA_forced": "EA_forced", "acceptance_rate": "acceptance 
            "acceptance_rate_incorrect": "acceptance, y* Incorrect",
            "acceptance_rate_correct_forced": "forced acceptance, y* Correct",
            "acceptance_rate_incorrect_forced": "forced acceptance, y* Incorrect",
+           "discrimination": "acceptance gap, right - wrong (Youden's J)",
+           "discrimination_forced": "forced acceptance gap, right - wrong",
            "no_verdict_share": "no verdict (share)",
            "mean_verdict_coverage": "verdict coverage (mean)",
            "verdict_context_mass": "verdict-position context mass",

@@ -369,7 +369,8 @@ def test_reasoning_cells_say_the_no_verdict_shares_and_have_the_forced_control(t
         "n": 120, "n_passages": 84, "EA": stat(0.45, 0.05, -0.5, -0.3),
         "EA_forced": stat(0.30, 0.34, -0.05, 0.12),
         "no_verdict_share": stat(0.3, 0.95, 0.5, 0.8),
-        "verdict_context_mass": stat(0.060, 0.085, 0.01, 0.04)}}})
+        "verdict_context_mass": stat(0.060, 0.085, 0.01, 0.04),
+        "discrimination_forced": stat(0.01, 0.03, -0.1, 0.15)}}})
     cells = _cells(tmp_path, ["m"])
     ea = cells["a reasoning judge judges better"]["m"]
     assert (ea.value, ea.n, ea.n_passages) == (pytest.approx(-0.40), 120, 84)
@@ -378,6 +379,8 @@ def test_reasoning_cells_say_the_no_verdict_shares_and_have_the_forced_control(t
     fc = cells["... forced choice after its reasoning (control)"]["m"]
     assert (fc.value, fc.verdict) == (pytest.approx(0.04), "undecided")
     assert fc.source.endswith("overall.EA_forced.delta")
+    gap = cells["... tells right from wrong better (forced choice)"]["m"]
+    assert (gap.value, gap.verdict) == (pytest.approx(0.02), "undecided")
     mass = cells["... and reads the context more at its verdict (3.2, reasoning judge)"]["m"]
     assert mass.verdict == "reasoning higher" and mass.text() == (
         "+0.025 [+0.010, +0.040] (n=120, p=84)")

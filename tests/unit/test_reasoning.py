@@ -300,3 +300,34 @@ def test_reasoning_run_is_refused_by_attention_and_the_stage_is_a_command(tiny, 
     assert "reasoning" in pipeline.STAGES
     got = ReasoningConfig.from_mapping({"limit": "all", "batch_size": 2})
     assert got.limit is None and got.batch_size == 2
+
+
+def test_discrimination_is_the_acceptance_gap_not_ea():
+    """Synthetic pairs, 3 right answers of 12: rejecting more gains EA; the gap says more.
+
+    The acceptance gap (Youden's J) is 0 for a judge that accepts all, whatever its EA.
+    """
+    import numpy as np
+
+    from interp.reasoning_compare import side_by_side
+
+    y = [i < 3 for i in range(12)]
+
+    def recs(accept, p):
+        return [{"dataset": "squad_v2", "id": f"r{i}", "context": f"passage {i}",
+                 "status": "ok", "oracle_label": y[i], "verdict": accept(i),
+                 "p_correct": p(i), "verdict_coverage": 0.5} for i in range(12)]
+    word = recs(lambda i: True, lambda i: 0.9)               # accepts all: J = 0, EA = 0.25
+    reason = recs(lambda i: i in (0, 3), lambda i: 0.9 if i in (0, 1, 3) else 0.1)
+    keys = {("squad_v2", f"r{i}"): np.zeros(3) for i in range(12)}
+    masses = {"word": keys, "verdict": {k: np.zeros(6) for k in keys}, "reasoning": {}}
+    g = side_by_side(word, reason, masses, ["context", "question", "candidate"],
+                     n_boot=50)["overall"]
+    # reasoning accepts 1 of 3 right and 1 of 9 wrong: EA 0.75 (1 + 8 of 12), J 1/3 - 1/9
+    assert (g["EA"]["word"], g["EA"]["reasoning"]) == pytest.approx((0.25, 0.75))
+    assert g["discrimination"]["word"] == pytest.approx(0.0)
+    assert g["discrimination"]["reasoning"] == pytest.approx(1 / 3 - 1 / 9)
+    # forced: 2 of 3 right, 1 of 9 wrong accepted
+    assert g["discrimination_forced"]["delta"] == pytest.approx(2 / 3 - 1 / 9)
+    lo, hi = g["discrimination"]["delta_ci"]
+    assert lo <= g["discrimination"]["delta"] <= hi
