@@ -60,9 +60,13 @@ def cache_kwarg(model: Any) -> str:
     """The keyword under which ``model.forward`` takes a key/value cache.
 
     transformers 5.x renamed ``past_key_values`` to ``cache``; both are supported so that the
-    same code runs on the versions a GPU machine may have.
+    same code runs on the versions a GPU machine may have. A peft ``PeftModel`` takes
+    ``**kwargs`` and passes them to its base model, so the base model's signature decides
+    (else every adapter forward would pass the deprecated name).
     """
-    params = inspect.signature(model.forward).parameters
+    from interp.hooks.points import base_model
+
+    params = inspect.signature(base_model(model).forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 

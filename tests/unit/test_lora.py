@@ -105,6 +105,9 @@ def test_training_resumes_and_base_model_is_untouched(tiny, tokenizer, tmp_path,
     for k, v in tiny.model.state_dict().items():
         assert torch.equal(v, state_before[k]), k
     assert not any("lora" in n for n, _ in tiny.model.named_modules())
+    # the PeftModel (forward(**kwargs)) takes its cache under the base model's keyword
+    from interp.kv_cache import cache_kwarg
+    assert cache_kwarg(adapted.model) == cache_kwarg(tiny.model)
     # a finished adapter is not retrained
     again = train_adapter(tiny, enc, cfg, tmp_path / "a" / "adapters" / "x", name="x",
                           log=lambda s: None)
