@@ -224,7 +224,8 @@ def _eval_kw(template: Template, oracle: BaseOracle, config: TransferConfig) -> 
 def select_learning_rates(tdir: Path, handle: ModelHandle, template: Template,
                           oracle: BaseOracle, pool: Sequence[QAExample],
                           negatives: Sequence[Mapping[str, Any]], config: TransferConfig,
-                          log: Callable[[str], None] = print
+                          log: Callable[[str], None] = print,
+                          need_weights: Callable[[str], bool] = lambda name: True
                           ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """Step 4 with ``lr_grid``: each adapter's learning rate, chosen on held-out TRAIN records.
 
@@ -238,7 +239,11 @@ def select_learning_rates(tdir: Path, handle: ModelHandle, template: Template,
     :func:`interp.transfer.choose_learning_rates` picks, and the chosen candidate is copied to
     ``adapters/<adapter>/`` (kept when it is already there, so a resume with stored held-out
     records trains nothing). A candidate is trained only while its held-out records are
-    missing, or to be copied.
+    missing, or to be copied. The chosen adapter's training metadata is also kept in
+    ``select/chosen/<adapter>.json``: when ``need_weights(adapter)`` is false (its
+    validation records and the cross-model patching are stored) and the weights are gone (a
+    study's saved state keeps its JSON, not its adapters), that metadata stands for it and
+    nothing is trained again.
 
     Returns:
         ``(select.json's content, {adapter: the chosen adapter's training metadata})``;
@@ -315,16 +320,18 @@ def select_learning_rates(tdir: Path, handle: ModelHandle, template: Template,
     chosen = choose_learning_rates(scores)
     metas = {}
     for name, ch in chosen.items():
-        dst, lr = tdir / "adapters" / name, ch["lr"]
+        dst, lr, note = tdir / "adapters" / name, ch["lr"], sdir / "chosen" / f"{name}.json"
         kept = read_json(dst / "interp_adapter.json") if (
             (dst / "interp_adapter.json").exists()
             and (dst / "adapter_model.safetensors").exists()) else None
-        if kept is not None and kept.get("config", {}).get("lr") == lr:
-            metas[name] = kept
-            continue
-        metas[name] = trained(lr, name)
-        shutil.rmtree(dst, ignore_errors=True)
-        shutil.copytree(sdir / f"lr_{lr:g}" / "adapters" / name, dst)
+        if kept is None and note.exists() and not need_weights(name):
+            kept = read_json(note)
+        if kept is None or kept.get("config", {}).get("lr") != lr:
+            kept = trained(lr, name)
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.copytree(sdir / f"lr_{lr:g}" / "adapters" / name, dst)
+        metas[name] = kept
+        write_json(note, kept)
     for name, items in sets.items():
         write_jsonl(tdir / "train_sets" / f"{name}.jsonl", items)
     result = {
@@ -347,6 +354,13 @@ def select_learning_rates(tdir: Path, handle: ModelHandle, template: Template,
     return result, metas
 
 
+def _eval_paths(tdir: Path, mname: str, ds: str) -> tuple[Path, Path]:
+    """Step 5's stored records of one model on one dataset: ``(self, judge_base_answers)``."""
+    name = safe_name(ds)  # a dataset given as a file path stays one file name
+    return (tdir / "eval" / f"{mname}__{name}.jsonl",
+            tdir / "eval" / f"{mname}__{name}__judge_base_answers.jsonl")
+
+
 def _evaluate_model(tdir: Path, handle: ModelHandle, mname: str, val: Mapping[str, list],
                     base_answers: dict[str, list], config: TransferConfig, kw: Mapping,
                     timings: dict[str, float], log: Callable[[str], None]
@@ -356,9 +370,7 @@ def _evaluate_model(tdir: Path, handle: ModelHandle, mname: str, val: Mapping[st
     own, judged = [], []
     need_fix = config.judge_base_answers and mname != "base"
     for ds, exs in val.items():
-        name = safe_name(ds)  # a dataset given as a file path stays one file name
-        p_self = tdir / "eval" / f"{mname}__{name}.jsonl"
-        p_fix = tdir / "eval" / f"{mname}__{name}__judge_base_answers.jsonl"
+        p_self, p_fix = _eval_paths(tdir, mname, ds)
         if not p_self.exists() or (need_fix and not p_fix.exists()):
             h = h or load_adapter(handle, tdir / "adapters" / mname, name=mname)
             t0 = time.perf_counter()
@@ -505,8 +517,14 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig, 
         f"{fallback_rate:.2f}")
     selection = None
     if cfg.lr_grid:
+        def need_weights(name: str) -> bool:  # an adapter's weights are still to be used
+            paths = [p for ds in val for p in _eval_paths(tdir, name, ds)[
+                :2 if cfg.judge_base_answers else 1]]
+            return (cfg.patch_examples > 0 and not (tdir / "patching.json").exists()) or not all(
+                p.exists() for p in paths)
+
         selection, metas = select_learning_rates(tdir, handle, template, oracle, pool,
-                                                 negatives, cfg, log)
+                                                 negatives, cfg, log, need_weights)
         sets = {n: read_jsonl(tdir / "train_sets" / f"{n}.jsonl") for n in ADAPTERS}
     else:
         sets = build_training_sets(pool, negatives, seed=cfg.seed)

@@ -123,6 +123,20 @@ def test_lr_grid_chooses_on_held_out_train_records(tiny, tmp_path):
             shutil.rmtree(p)
     run(tmp_path, tiny, cfg, log=lambda x: None)
     assert stamps() == before and not list((td / "select").glob("lr_*/adapters"))
+    # the saved state keeps no adapter at all: with every validation record stored, the
+    # chosen adapters' kept metadata stands for them and nothing is trained again
+    shutil.rmtree(td / "adapters")
+    for name in ("lora_gen", "lora_eval", "lora_both"):
+        assert json.loads((td / "select" / "chosen" / f"{name}.json").read_text())[
+            "config"]["lr"] == sel["chosen"][name]
+    run(tmp_path, tiny, cfg, log=lambda x: None)
+    assert not (td / "adapters").exists() and not list((td / "select").glob("lr_*/adapters"))
+    assert json.loads((td / "table.json").read_text())["lr"] == sel["chosen"]
+    # a validation record missing: the chosen adapter it needs is trained again
+    (td / "eval" / "lora_gen__squad_v2.jsonl").unlink()
+    run(tmp_path, tiny, cfg, log=lambda x: None)
+    assert (td / "adapters" / "lora_gen" / "adapter_model.safetensors").exists()
+    assert not (td / "adapters" / "lora_eval").exists()
     # a new decoding setting redoes the held-out records (and so the choice)
     cfg.verdict_max_new_tokens = 3
     run(tmp_path, tiny, cfg, log=lambda x: None)
