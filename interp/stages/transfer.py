@@ -346,9 +346,13 @@ def select_learning_rates(tdir: Path, handle: ModelHandle, template: Template,
         "chosen_by": {a: ch["by"] for a, ch in chosen.items()},
         "all_collapsed": {a: all(scores[lr][a]["collapsed"] is True for lr in scores)
                           for a in ("lora_eval", "lora_both")},
-        "train_seconds": {p.parent.parent.parent.name + "/" + p.parent.name:
-                          read_json(p).get("train_seconds")
-                          for p in sorted(sdir.glob("lr_*/adapters/*/interp_adapter.json"))},
+        # every candidate trained here; kept from the last select.json when its weights are
+        # gone (a saved state keeps no adapter)
+        "train_seconds": {**(read_json(tdir / "select.json").get("train_seconds", {})
+                             if (tdir / "select.json").exists() else {}),
+                          **{p.parent.parent.parent.name + "/" + p.parent.name:
+                             read_json(p).get("train_seconds")
+                             for p in sorted(sdir.glob("lr_*/adapters/*/interp_adapter.json"))}},
     }
     write_json(tdir / "select.json", result)
     return result, metas

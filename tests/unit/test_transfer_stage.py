@@ -131,7 +131,8 @@ def test_lr_grid_chooses_on_held_out_train_records(tiny, tmp_path):
             "config"]["lr"] == sel["chosen"][name]
     run(tmp_path, tiny, cfg, log=lambda x: None)
     assert not (td / "adapters").exists() and not list((td / "select").glob("lr_*/adapters"))
-    assert json.loads((td / "table.json").read_text())["lr"] == sel["chosen"]
+    table = json.loads((td / "table.json").read_text())
+    assert table["lr"] == sel["chosen"] and len(table["lr_selection"]["train_seconds"]) == 6
     # a validation record missing: the chosen adapter it needs is trained again
     (td / "eval" / "lora_gen__squad_v2.jsonl").unlink()
     run(tmp_path, tiny, cfg, log=lambda x: None)
