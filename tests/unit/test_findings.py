@@ -284,6 +284,13 @@ def test_transfer_cells_read_the_paired_differences_and_the_selection(tmp_path):
     _write(tmp_path, "m__transfer_table.json", t)
     assert _cells(tmp_path, ["m"])["LoRA-Gen over-accepts (3.3)"]["m"].verdict.startswith(
         "yes (lr 0.0003, smallest rate: no rate could be scored;")
+    # a judge that answers instead of judging accepts nothing: the cell says so
+    t["vs_base"]["lora_gen"]["overall"]["accept_wrong_base_answers"] = e(-0.35, -0.48, -0.22)
+    t["judge_base_answers"] = {"lora_gen": {"squad_v2": {"n": 100, "verdicts": {
+        "accept": 0, "reject": 0, "none": 100}}}}
+    _write(tmp_path, "m__transfer_table.json", t)
+    assert _cells(tmp_path, ["m"])["LoRA-Gen over-accepts (3.3)"]["m"].verdict.endswith(
+        "; its judge gave no verdict on 100 of 100")
 
 
 def test_state_keeps_the_json_of_a_run_and_restores_it_without_overwriting(tmp_path):
