@@ -128,7 +128,9 @@ def plot_transfer_acceptance(table: Mapping[str, Any], out_dir: str | Path,
         model: the base model's name, for the title.
     """
     models, datasets = _transfer_groups(table)
-    fig, axes = plt.subplots(1, len(datasets), figsize=(4.8 * len(datasets), 3.8),
+    # wide enough per model that two bars' value labels (with a zero-width mark) do not overlap
+    fig, axes = plt.subplots(1, len(datasets),
+                             figsize=(max(4.8, 1.9 * len(models)) * len(datasets), 3.8),
                              squeeze=False)
     x = np.arange(len(models))
     w = 0.38
