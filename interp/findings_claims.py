@@ -203,10 +203,11 @@ def _transfer(adapter: str, metric: str, claim_sign: float) -> Extract:
                                     if by == "held-out score" else f", {by}") if sel else "") + (
                 "; its judge collapsed to one reply there" if sel and sel.get("collapsed")
                 else "") + ")"
-        groups = (_get(t, "judge_base_answers", adapter) or {}).values()  # no verdict: not
-        none = sum(_get(g, "verdicts", "none") or 0 for g in groups)     # accepted
-        if "base_answers" in metric and none:
-            v += f"; its judge gave no verdict on {none} of {sum(g.get('n', 0) for g in groups)}"
+        if "base_answers" in metric:  # a reply without a verdict is not an acceptance
+            groups = (_get(t, "judge_base_answers", adapter) or {}).values()
+            if none := sum(_get(g, "verdicts", "none") or 0 for g in groups):
+                n = sum(g.get("n", 0) for g in groups)
+                v += f"; its judge gave no verdict on {none} of {n}"
         return Cell(e["mean"], e.get("ci"), e.get("n"), e.get("n_passages"), v,
                     f"{name}: vs_base.{adapter}.overall.{metric}", "+.2f")
     return f

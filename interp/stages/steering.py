@@ -276,13 +276,11 @@ def _delta_stats(d: Any, task: str, rng: np.random.Generator, n_boot: int) -> di
     y = d.y_star.to_numpy(bool)
     out = {"logit_diff": _stat(d.d_logit_diff, grp, rng, n_boot),
            "ea_forced": _stat(d.d_right, grp, rng, n_boot)}
-    for name, sel in (("accept_correct", y), ("accept_incorrect", ~y)):
-        out[name] = _stat(d.d_accept.to_numpy(float)[sel], [grp[i] for i in np.flatnonzero(sel)],
-                          rng, n_boot)
-    # the right way: logit_diff up on the oracle's right answers, down on its wrong ones
-    for name, sel in (("logit_diff_correct", y), ("logit_diff_incorrect", ~y)):
-        out[name] = _stat(d.d_logit_diff.to_numpy(float)[sel],
-                          [grp[i] for i in np.flatnonzero(sel)], rng, n_boot)
+    # by the oracle's label (the right way: logit_diff up on right answers, down on wrong ones)
+    for stat, col in (("accept", d.d_accept), ("logit_diff", d.d_logit_diff)):
+        for label, sel in (("correct", y), ("incorrect", ~y)):
+            out[f"{stat}_{label}"] = _stat(col.to_numpy(float)[sel],
+                                           [grp[i] for i in np.flatnonzero(sel)], rng, n_boot)
     return out
 
 

@@ -522,10 +522,10 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig, 
     selection = None
     if cfg.lr_grid:
         def need_weights(name: str) -> bool:  # an adapter's weights are still to be used
-            paths = [p for ds in val for p in _eval_paths(tdir, name, ds)[
-                :2 if cfg.judge_base_answers else 1]]
-            return (cfg.patch_examples > 0 and not (tdir / "patching.json").exists()) or not all(
-                p.exists() for p in paths)
+            kept = [p_self.exists() and (p_fix.exists() or not cfg.judge_base_answers)
+                    for p_self, p_fix in (_eval_paths(tdir, name, ds) for ds in val)]
+            patched = cfg.patch_examples == 0 or (tdir / "patching.json").exists()
+            return not (all(kept) and patched)
 
         selection, metas = select_learning_rates(tdir, handle, template, oracle, pool,
                                                  negatives, cfg, log, need_weights)
