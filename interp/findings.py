@@ -87,12 +87,13 @@ def collect(out: str | Path, fig_dir: str | Path) -> dict[str, list[str]]:
     reports its parts as they finish. For every model run directory under ``out`` (those with
     a ``metrics.json``), every stage's published tables that exist and every figure are copied
     to ``fig_dir`` as ``{model}__{name}`` (:func:`interp.pipeline.publish_run_dir`), and
-    ``fig_dir/progress.json`` lists, per model, the stages whose summary is in.
+    ``fig_dir/progress.json`` lists, per model, the stages whose summary is in. The
+    cross-judging matrix and its figures (:data:`interp.pipeline.CROSS_FILES`) are copied too.
 
     Returns:
         ``{model slug: [stages published]}`` (also ``progress.json``).
     """
-    from interp.pipeline import STAGES, publish_run_dir
+    from interp.pipeline import CROSS_FILES, STAGES, publish_run_dir
     from interp.stages import asymmetry
 
     out, dest = Path(out), Path(fig_dir)
@@ -102,10 +103,10 @@ def collect(out: str | Path, fig_dir: str | Path) -> dict[str, list[str]]:
         tables = {"asymmetry": asymmetry.SUMMARIES, **{n: s.SUMMARIES for n, s in STAGES.items()}}
         progress[run.name] = [n for n, t in tables.items() if any((run / src).exists()
                                                                    for src in t)]
-    for name in ("cross_judge.json", "cross_probe.json"):
-        if (out / name).exists():
-            shutil.copy2(out / name, dest / name)
     dest.mkdir(parents=True, exist_ok=True)
+    for rel in CROSS_FILES:  # the matrix and its figures, as a complete run publishes them
+        if (out / rel).exists():
+            shutil.copy2(out / rel, dest / Path(rel).name)
     (dest / "progress.json").write_text(json.dumps(progress, indent=1) + "\n")
     return progress
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from interp.names import model_slug
+
 __all__ = ["CLAIMS", "Cell", "Extract"]
 
 
@@ -372,21 +374,36 @@ def _reasoning(key: str, fmt: str = "+.2f") -> Extract:
     return f
 
 
-def _cross(d: Path, m: str) -> Cell:
-    """EA on its own answers minus EA on the other model's (paired on shared records)."""
+def _cross(key: str) -> Extract:
+    """Cross-judging (``cross_judge.json``, :func:`interp.cross_judge.judge_matrix`).
+
+    ``self_minus_other``: the model's EA on its own answers minus its EA on the other model's
+    answers (different answers, so the cell gives both answer sets' GA);
+    ``self_judge_minus_other``: the model judging its own answers minus the other model
+    judging the SAME answers. Both paired over the records the runs share, passage-cluster CI.
+    The matrix is keyed by model spec; ``m`` is its slug (the file prefix).
+    """
     name = "cross_judge.json"
-    row = _get(_read(d / name), "self_minus_other", m)
-    if not row:
-        return Cell(None, source=name)
-    src, e = next(iter(row.items()))
-    val = e.get("EA", e) if isinstance(e, Mapping) else None
-    if not isinstance(val, Mapping) or val.get("mean", val.get("value")) is None:
-        return Cell(None, source=name)
-    mean = val.get("mean", val.get("value"))
-    return Cell(mean, val.get("ci"), val.get("n"), val.get("n_passages"),
-                {"yes": "self higher", "no": "self lower"}.get(_side(val.get("ci"), 0.0),
-                                                                "undecided"),
-                f"{name}: self_minus_other.{m}.{src}.EA", "+.2f")
+
+    def f(d: Path, m: str) -> Cell:
+        table = _get(_read(d / name), key) or {}
+        spec = next((s for s in table if model_slug(s) == m), None)
+        row = table.get(spec) if spec is not None else None
+        if not isinstance(row, Mapping) or not row:
+            return Cell(None, source=name)
+        other, e = next(iter(row.items()))
+        if not isinstance(e, Mapping) or e.get("EA_diff") is None:
+            return Cell(None, source=name)
+        side = _side(e.get("EA_diff_ci"), 0.0)
+        v = {"yes": "self higher", "no": "self lower"}.get(side, "undecided")
+        if key == "self_minus_other":
+            v += f" (GA of its answers {e['GA_self']:.2f}, of {model_slug(other)}'s " \
+                 f"{e['GA_other']:.2f})"
+        else:
+            v += f" (judged by {model_slug(other)})"
+        return Cell(e["EA_diff"], e.get("EA_diff_ci"), e.get("n"), e.get("n_passages"), v,
+                    f"{name}: {key}.{spec}.{other}.EA_diff", "+.2f")
+    return f
 
 
 CLAIMS: tuple[tuple[str, str, Extract], ...] = (
@@ -458,6 +475,9 @@ CLAIMS: tuple[tuple[str, str, Extract], ...] = (
     ("... and reads the context more at its verdict (3.2, reasoning judge)",
      "verdict-position context mass, reasoning - one word", _reasoning("verdict_context_mass",
                                                                        "+.3f")),
-    ("a model judges its own answers better than another's", "EA self - other", _cross),
+    ("a model judges its own answers better than another's (3.1, self vs other)",
+     "EA on own - on other's answers", _cross("self_minus_other")),
+    ("... better than the other model judges them (same answers)",
+     "EA, self-judge - other judge", _cross("self_judge_minus_other")),
 )
 """``(claim, measured quantity, extractor)``: the rows of the report, in order."""

@@ -1,4 +1,4 @@
-"""File-safe names for datasets and record ids: the one rule every stored path follows.
+"""File-safe names for datasets, record ids and models: the one rule every stored path follows.
 
 A leaf module (it imports nothing from ``interp``), so the run-directory store and the stage
 contract (:mod:`interp.stages.contract`) name the same files without importing each other.
@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import Path
 
-__all__ = ["flat_key", "safe_name"]
+__all__ = ["flat_key", "model_slug", "safe_name"]
 
 
 def safe_name(name: str) -> str:
@@ -23,3 +24,15 @@ def safe_name(name: str) -> str:
 def flat_key(dataset: str, record_id: str) -> str:
     """A record's file-safe key ``dataset__id`` (characters outside ``[A-Za-z0-9_.-]`` -> ``_``)."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{dataset}__{record_id}")
+
+
+def model_slug(spec: str) -> str:
+    """A folder name for a model spec.
+
+    ``meta-llama/Llama-3.1-8B-Instruct`` -> ``Llama-3.1-8B-Instruct``; an existing path -> its
+    stem.
+    """
+    if Path(spec).exists():
+        return Path(spec).stem
+    return spec.rstrip("/").replace("/", "__").replace("@", "_").removesuffix(".gguf").split(
+        "__")[-1]

@@ -57,6 +57,7 @@ from interp.inputs import new_run_dir, read_toml
 from interp.launch import Shard, current_shard
 from interp.merge import run_asymmetry
 from interp.models import DEFAULT_MODEL, load_model, model_shape, placement
+from interp.names import model_slug
 from interp.prompts import get_template
 from interp.stages import asymmetry, contract
 from interp.stages.common import Stage, check_against_shape, refuse_served
@@ -76,18 +77,6 @@ CROSS_FILES = ("cross_judge.json", "cross_probe.json", "figures/cross_judge.png"
 
 STAGES: dict[str, Stage] = dict(stages.STAGES)
 """Every stage ``interp run`` knows, by config-table name, in the order they run."""
-
-
-def model_slug(spec: str) -> str:
-    """A folder name for a model spec.
-
-    ``meta-llama/Llama-3.1-8B-Instruct`` -> ``Llama-3.1-8B-Instruct``; an existing path -> its
-    stem.
-    """
-    if Path(spec).exists():
-        return Path(spec).stem
-    return spec.rstrip("/").replace("/", "__").replace("@", "_").removesuffix(".gguf").split(
-        "__")[-1]
 
 
 def out_dir(cfg: Mapping[str, Any], path: str | Path) -> Path:

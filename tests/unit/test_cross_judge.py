@@ -234,3 +234,33 @@ def test_steering_record_and_audit_stages_run_on_a_cross_judged_run(grid, tmp_pa
         assert stage.format_summary(summary)
     assert (d / "steering" / "summary.json").exists() and (d / "record").is_dir()
     assert read_json(d / "audit" / "summary.json")["n"] == N
+
+
+def test_findings_report_reads_the_matrix_it_is_given(grid, tmp_path):
+    """The findings report's self-vs-other rows are the matrix's own numbers, per model."""
+    from interp.findings import claims
+    from interp.names import model_slug
+
+    root, models, _ = grid
+    runs = {models["A"]: {models["A"]: root / "A", models["B"]: root / "A_on_B"},
+            models["B"]: {models["B"]: root / "B", models["A"]: root / "B_on_A"}}
+    mx = judge_matrix(runs, n_boot=200, seed=0)
+    (tmp_path / "cross_judge.json").write_text(json.dumps(mx))
+    slugs = {m: model_slug(spec) for m, spec in models.items()}
+    rows = {r["claim"]: r["cells"] for r in claims(tmp_path, list(slugs.values()))}
+    names = ["a model judges its own answers better than another's (3.1, self vs other)",
+             "... better than the other model judges them (same answers)"]
+    own, same = rows[names[0]], rows[names[1]]
+    for m, other in (("A", "B"), ("B", "A")):
+        d = mx["self_minus_other"][models[m]][models[other]]
+        c = own[slugs[m]]
+        assert (c.value, list(c.ci), c.n, c.n_passages) == (
+            d["EA_diff"], list(d["EA_diff_ci"]), d["n"], d["n_passages"])
+        assert f"of {slugs[other]}'s {d['GA_other']:.2f}" in c.verdict
+        s = mx["self_judge_minus_other"][models[m]][models[other]]
+        assert (same[slugs[m]].value, same[slugs[m]].n) == (s["EA_diff"], s["n"])
+        assert same[slugs[m]].verdict.endswith(f"(judged by {slugs[other]})")
+    # a folder without the matrix says so, cell by cell
+    empty = claims(tmp_path / "none", [slugs["A"]])
+    assert [r["cells"][slugs["A"]].verdict for r in empty if r["claim"] in names] == [
+        "not measured", "not measured"]

@@ -251,11 +251,14 @@ def test_collect_publishes_what_a_partial_study_has(tmp_path):
     (run / "attention/summary.json").write_text('{"overall": {}}')
     (run / "figures/asymmetry.png").write_bytes(b"png")
     (tmp_path / "out" / "no-metrics").mkdir()  # an unfinished model: nothing published
+    (tmp_path / "out" / "figures").mkdir()  # the cross-judging matrix and its figure
+    (tmp_path / "out" / "cross_judge.json").write_text("{}")
+    (tmp_path / "out" / "figures" / "cross_judge.png").write_bytes(b"png")
     got = collect(tmp_path / "out", tmp_path / "fig")
     assert got == {"m": ["asymmetry", "attention"]}
     names = sorted(p.name for p in (tmp_path / "fig").iterdir())
-    assert names == ["m__asymmetry.png", "m__asymmetry_metrics.json",
-                     "m__attention_summary.json", "progress.json"]
+    assert names == ["cross_judge.json", "cross_judge.png", "m__asymmetry.png",
+                     "m__asymmetry_metrics.json", "m__attention_summary.json", "progress.json"]
     assert json.loads((tmp_path / "fig/progress.json").read_text()) == got
 
 
