@@ -105,12 +105,33 @@ def _flip(v: str) -> str:
 Extract = Callable[[Path, str], Cell]
 
 
+_ACCEPTANCE = {"delta": "acceptance_rate", "delta_forced": "acceptance_rate_forced",
+               "delta_valid": "acceptance_rate_valid"}
+"""The acceptance rate behind each EA - GA of the metrics (generated, forced, parsed only)."""
+
+
+def _one_reply(g: Mapping[str, Any], key: str) -> str | None:
+    """Say so when the judge behind ``key`` accepted, or rejected, every answer it scored.
+
+    Then EA = GA (accepts all) or EA = 1 - GA (rejects all) by construction, whatever the
+    answers: the row measures GA, not judging. A generated verdict with replies that have no
+    verdict is not one reply (those count wrong whatever the label).
+    """
+    rate = g.get(_ACCEPTANCE[key])
+    if rate not in (0.0, 1.0) or (key == "delta" and _get(g, "verdicts", "none")):
+        return None
+    who = "the forced choice" if key == "delta_forced" else "the judge"
+    return (f"{who} {'accepts' if rate else 'rejects'} every answer, so EA = "
+            f"{'GA' if rate else '1 - GA'} by construction")
+
+
 def _delta(dataset: str, key: str = "delta", exception: bool = False) -> Extract:
     """EA - GA of one dataset: the claim GA > EA (or, ``exception``, not GA > EA).
 
     ``key`` ``delta_valid`` reads it on the records whose verdict was parsed (the control for
     counting an unparseable reply as a wrong verdict); ``delta`` says how many replies had no
-    verdict. An exception that holds because GA is 0 on every record says so.
+    verdict. A judge that gave one reply to every record, and an exception that holds because
+    GA is 0 on every record, say so: Δ is then set by GA alone (:func:`_one_reply`).
     """
     def f(d: Path, m: str) -> Cell:
         name = f"{m}__asymmetry_metrics.json"
@@ -119,10 +140,9 @@ def _delta(dataset: str, key: str = "delta", exception: bool = False) -> Extract
             return Cell(None, source=name)
         v = _side(g.get(f"{key}_ci"), 0.0)  # yes: EA > GA
         v = v if exception else _flip(v)
-        forced = g.get("acceptance_rate_forced")
-        if key == "delta_forced" and forced in (0.0, 1.0):
-            v = f"{v}: the forced choice {'accepts' if forced else 'rejects'} every answer"
-        if exception and g.get("GA") == 0.0:
+        if one := _one_reply(g, key):
+            v = f"{v}: {one}" + (" (a control, not a finding)" if exception else "")
+        elif exception and g.get("GA") == 0.0:
             v = f"{v}, by construction: GA = 0 of {g.get('n')} (a control, not a finding)"
         none = _get(g, "verdicts", "none")
         if key == "delta" and none:
@@ -130,6 +150,31 @@ def _delta(dataset: str, key: str = "delta", exception: bool = False) -> Extract
         n = g.get("n_valid") if key == "delta_valid" else g.get("n")
         return Cell(g[key], g.get(f"{key}_ci"), n, g.get("n_passages"),
                     _few(v, g.get("n_passages")), f"{name}: per_dataset.{dataset}.{key}")
+    return f
+
+
+def _judge_auc(dataset: str) -> Extract:
+    """How well the judge's verdict score separates right from wrong answers on one dataset.
+
+    The control of the GA > EA rows: EA mixes judging with the base rate (a judge that rejects
+    most answers scores well where most are wrong). The AUC of the whole-reply ``logit_diff``
+    against y* does not depend on the base rate; the verdict adds the generated verdicts'
+    acceptance of right and of wrong answers.
+    """
+    def f(d: Path, m: str) -> Cell:
+        name = f"{m}__asymmetry_metrics.json"
+        g = _get(_read(d / name), "per_dataset", dataset)
+        if g is None or g.get("auc_logit_diff") is None:
+            return Cell(None, source=name)
+        v = {"yes": "separates them", "no": "reversed"}.get(
+            _side(g.get("auc_logit_diff_ci"), 0.5), "not distinguishable from chance")
+        r, w = g.get("acceptance_rate_correct"), g.get("acceptance_rate_incorrect")
+        if r is not None and w is not None:
+            v += (f"; it accepts {r:.0%} of the {g.get('n_oracle_correct')} right and {w:.0%} "
+                  f"of the {g.get('n_oracle_incorrect')} wrong answers")
+        return Cell(g["auc_logit_diff"], g.get("auc_logit_diff_ci"), g.get("n"),
+                    g.get("n_passages"), _few(v, g.get("n_passages")),
+                    f"{name}: per_dataset.{dataset}.auc_logit_diff")
     return f
 
 
@@ -417,6 +462,9 @@ CLAIMS: tuple[tuple[str, str, Extract], ...] = (
      _delta("squad_v2", "delta_valid")),
     ("... DROP, replies with a verdict only (control)", "EA - GA, parsed verdicts",
      _delta("drop", "delta_valid")),
+    ("... does the judge tell right from wrong? SQuAD 2.0 (control)",
+     "AUC of logit_diff against y*", _judge_auc("squad_v2")),
+    ("... DROP (control)", "AUC of logit_diff against y*", _judge_auc("drop")),
     ("the judge reads the context 3-5x less (3.2)", "gen / eval context mass",
      _ratio("context_ratio")),
     ("... SQuAD 2.0", "gen / eval context mass", _ratio("context_ratio", dataset="squad_v2")),

@@ -50,6 +50,11 @@ def test_cells_read_the_published_fields_on_real_summaries():
         # a CI on the threshold's side decides; one across it does not
         lo, hi = sq["delta_ci"]
         assert c.verdict.startswith("yes" if hi < 0 else "no" if lo > 0 else "undecided")
+        a = cells["... does the judge tell right from wrong? SQuAD 2.0 (control)"][m]
+        assert (a.value, a.ci and list(a.ci), a.n) == (
+            sq["auc_logit_diff"], sq.get("auc_logit_diff_ci"), sq["n"])
+        assert f"{sq['acceptance_rate_correct']:.0%} of the {sq['n_oracle_correct']} right" \
+            in a.verdict
         # the matched control is not in figures/: said, not invented
         assert cells["... under the matched template (control)"][m].verdict == "not measured"
         assert cells["... under the matched template (control)"][m].text() == "-"
@@ -394,3 +399,24 @@ def test_reasoning_cells_say_the_no_verdict_shares_and_have_the_forced_control(t
     mass = cells["... and reads the context more at its verdict (3.2, reasoning judge)"]["m"]
     assert mass.verdict == "reasoning higher" and mass.text() == (
         "+0.025 [+0.010, +0.040] (n=120, p=84)")
+
+
+def test_a_judge_with_one_reply_for_every_answer_is_flagged(tmp_path):
+    """EA = 1 - GA when the judge rejects everything (EA = GA when it accepts everything)."""
+    g = {"n": 30, "n_passages": 30, "GA": 0.1, "EA": 0.9, "delta": 0.8, "delta_ci": [0.53, 1.0],
+         "acceptance_rate": 0.0, "verdicts": {"correct": 0, "incorrect": 30, "none": 0},
+         "delta_forced": 0.0, "delta_forced_ci": [0.0, 0.0], "acceptance_rate_forced": 1.0}
+    _write(tmp_path, "m__asymmetry_metrics.json",
+           {"per_dataset": {"musique": g, "squad_v2": {**g, "acceptance_rate": 0.5}}})
+    cells = _cells(tmp_path, ["m"])
+    mu = cells["MuSiQue the exception: EA >= GA (3.1)"]["m"].verdict
+    assert mu == ("yes: the judge rejects every answer, so EA = 1 - GA by construction "
+                  "(a control, not a finding)")
+    forced = cells["GA > EA with the forced choice, SQuAD 2.0"]["m"].verdict
+    assert forced.endswith("the forced choice accepts every answer, so EA = GA by construction")
+    assert cells["GA > EA on SQuAD 2.0 (3.1)"]["m"].verdict == "no"  # 50% accepted: a judge
+    # replies without a verdict are not one reply: they count wrong whatever the label
+    g2 = {**g, "verdicts": {"correct": 0, "incorrect": 20, "none": 10}}
+    _write(tmp_path, "m__asymmetry_metrics.json", {"per_dataset": {"musique": g2}})
+    mu2 = _cells(tmp_path, ["m"])["MuSiQue the exception: EA >= GA (3.1)"]["m"].verdict
+    assert "by construction" not in mu2 and "10 of 30 replies without a verdict" in mu2
