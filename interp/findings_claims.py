@@ -313,6 +313,14 @@ def _patch(kind: str) -> Extract:
         name = f"{m}__patching_summary.json"
         s = _get(_read(d / name), kind)
         field = "top_units" if s and s.get("top_units") else "top_spans"
+        if s is not None and s.get("n_pairs_kept") == 0:   # measured: no pair reached min_gap
+            small = s.get("small_gaps") or {}
+            gaps = [abs(g["gap"]) for g in s.get("gaps", [])] + (
+                [small["max_abs"]] if small.get("max_abs") is not None else [])
+            most = f" (largest |gap| {max(gaps):.2f})" if gaps else ""
+            return Cell(None, n=0, verdict=f"no pair to sweep: 0 of "
+                        f"{s.get('n_pairs', 0) + small.get('n', 0)} scored pairs reach "
+                        f"{s.get('min_gap')} nat{most}", source=name)
         if s is None or not s.get(field):
             return Cell(None, source=name)
         kept = s.get("n_pairs_kept") or 0

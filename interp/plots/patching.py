@@ -34,12 +34,15 @@ def nothing_to_show(s: dict[str, Any]) -> str | None:
     """The panel text of an experiment without a kept pair, else None.
 
     ``nothing to show: 0 of N pairs with |gap| >= X nats`` (the summary's ``n_pairs_kept``,
-    ``n_pairs`` and ``min_gap``).
+    ``min_gap`` and, for N, ``n_pairs`` plus the pairs scored and left out under ``min_gap``,
+    ``small_gaps``, with their largest |gap|).
     """
     if s.get("n_pairs_kept"):
         return None
-    return (f"nothing to show: 0 of {s.get('n_pairs')} pairs with |gap| >= "
-            f"{s.get('min_gap')} nats")
+    small = s.get("small_gaps") or {}
+    most = (f" (largest {small['max_abs']:.2f})" if small.get("max_abs") is not None else "")
+    return (f"nothing to show: 0 of {(s.get('n_pairs') or 0) + small.get('n', 0)} pairs with "
+            f"|gap| >= {s.get('min_gap')} nats{most}")
 
 
 def _heat(ax: Any, mat: Any, xlabels: list[str], ylabels: list[str], title: str,

@@ -139,7 +139,9 @@ def summarise(d: Path, pk: str, kind: str, results: list[dict], skipped: list[di
         ``pairs``, ``kind``, ``control``, ``model``, ``layers``, ``band``, ``exact``,
         ``top_k``, ``min_gap``, ``n_pairs``, ``pairs_by_source``, ``n_skipped``,
         ``skipped_by_reason``, ``skipped`` (first 20), ``gaps`` (every pair),
-        ``n_pairs_kept``, means of the clean/corrupt scores, context masses and costs,
+        ``small_gaps`` (``n``, ``median_abs``, ``max_abs``: the |gap| in nats of the pairs
+        skipped under ``min_gap``), ``n_pairs_kept``, means of the clean/corrupt scores,
+        context masses and costs,
         ``top_units`` (with CIs) and per kind ``by_layer``, ``span_by_layer`` or
         ``agreement``.
     """
@@ -160,6 +162,10 @@ def summarise(d: Path, pk: str, kind: str, results: list[dict], skipped: list[di
                   "corrupt_ld": m["corrupt_ld"], "gap": m["gap"],
                   "kept": abs(m["gap"]) >= cfg.min_gap} for m in metas]}
     s["n_pairs_kept"] = sum(g["kept"] for g in s["gaps"])
+    small = [abs(x["gap"]) for x in skipped if x.get("reason") == "small_gap"]
+    s["small_gaps"] = {"n": len(small),   # how close the pairs left out came to min_gap
+                       "median_abs": float(np.median(small)) if small else None,
+                       "max_abs": float(max(small)) if small else None}
     s["n_passages"] = len({m["passage"] for m in metas})
     if not results:
         return s
@@ -203,6 +209,10 @@ def format_summary(summary: Mapping[str, Any]) -> str:
                      f"{s.get('mean_cost_ratio', float('nan')):.1f} clean forwards/pair")
         gaps = ", ".join(f"{g['gap']:+.2f}" for g in s.get("gaps", []))
         lines.append(f"   gaps (nats): {gaps}")
+        small = s.get("small_gaps") or {}
+        if small.get("n"):
+            lines.append(f"   {small['n']} pairs under min_gap: |gap| median "
+                         f"{small['median_abs']:.2f}, largest {small['max_abs']:.2f} nats")
         for u in s.get("top_units", [])[:5]:
             ci = u.get("ci")
             degenerate |= is_degenerate(ci)

@@ -7,6 +7,7 @@ stage's tables, counts and resume.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import shutil
@@ -369,6 +370,9 @@ def test_stage_limit_kept_counts_pairs_over_min_gap_and_sweeps_no_other(tiny, to
     assert [x["id"] for x in small] == tried and len(s["skipped"]) == len(tried)
     assert {x["id"]: x["gap"] for x in small} == pytest.approx({k: gaps[k] for k in tried},
                                                                abs=1e-6)
+    left = sorted(abs(gaps[k]) for k in tried)   # how close the left-out pairs came
+    assert s["small_gaps"] == pytest.approx({"n": len(tried), "median_abs": np.median(left),
+                                             "max_abs": left[-1]}, abs=1e-6)
     parts = sorted(p.stem for p in (toy_run.path / "patching/gen-to-eval/resid/parts")
                    .glob("*.json"))
     assert len(parts) == 2   # the pairs under min_gap were scored, never swept
@@ -381,3 +385,22 @@ def test_stage_limit_kept_counts_pairs_over_min_gap_and_sweeps_no_other(tiny, to
                                                             "min_gap": cut}),
                 log=lambda s: None)["gen-to-eval/resid"]
     assert [g["id"] for g in built["gaps"]] == ["r1", "r2"]
+    # no pair reaches min_gap: the summary says so, with every scored pair and the closest
+    from interp.findings import claims
+    from interp.plots.patching import nothing_to_show
+
+    high = max(abs(g) for g in gaps.values()) + 1.0
+    shutil.rmtree(toy_run.path / "patching")
+    none = run(toy_run, tiny, dataclasses.replace(cfg, min_gap=high),
+               log=lambda s: None)["gen-to-eval/resid"]
+    most = max(abs(g) for g in gaps.values())
+    assert (none["n_pairs"], none["n_pairs_kept"], none["small_gaps"]["n"]) == (0, 0, 4)
+    assert none["small_gaps"]["max_abs"] == pytest.approx(most, abs=1e-6)
+    assert nothing_to_show(none) == (f"nothing to show: 0 of 4 pairs with |gap| >= {high} "
+                                     f"nats (largest {most:.2f})")
+    write_json(toy_run.path / "m__patching_summary.json", {"gen-to-eval/resid": none})
+    cell = {r["claim"]: r["cells"] for r in claims(toy_run.path, ["m"])}[
+        "... generator's run into the judge's: residual stream"]["m"]
+    assert (cell.value, cell.n) == (None, 0)
+    assert cell.verdict == f"no pair to sweep: 0 of 4 scored pairs reach {high} nat " \
+                           f"(largest |gap| {most:.2f})"
