@@ -87,17 +87,20 @@ def collect(out: str | Path, fig_dir: str | Path) -> dict[str, list[str]]:
     reports its parts as they finish. For every model run directory under ``out`` (those with
     a ``metrics.json``), every stage's published tables that exist and every figure are copied
     to ``fig_dir`` as ``{model}__{name}`` (:func:`interp.pipeline.publish_run_dir`), and
-    ``fig_dir/progress.json`` lists, per model, the stages whose summary is in. The
-    cross-judging matrix and its figures (:data:`interp.pipeline.CROSS_FILES`) are copied too.
+    ``fig_dir/progress.json`` lists, per model, the stages whose summary is in; a model
+    published before whose run directory ``out`` lacks (a machine that ran only the other
+    model) keeps its entry, as its published files are kept. The cross-judging matrix and its
+    figures (:data:`interp.pipeline.CROSS_FILES`) are copied too.
 
     Returns:
-        ``{model slug: [stages published]}`` (also ``progress.json``).
+        ``{model slug: [stages published]}`` (also ``progress.json``), every model's.
     """
     from interp.pipeline import CROSS_FILES, STAGES, publish_run_dir
     from interp.stages import asymmetry
 
     out, dest = Path(out), Path(fig_dir)
-    progress: dict[str, list[str]] = {}
+    old = dest / "progress.json"
+    progress: dict[str, list[str]] = json.loads(old.read_text()) if old.exists() else {}
     for run in sorted(p for p in out.iterdir() if (p / "metrics.json").exists()):
         publish_run_dir(run, dest, list(STAGES), f"{run.name}__")
         tables = {"asymmetry": asymmetry.SUMMARIES, **{n: s.SUMMARIES for n, s in STAGES.items()}}
@@ -107,6 +110,7 @@ def collect(out: str | Path, fig_dir: str | Path) -> dict[str, list[str]]:
     for rel in CROSS_FILES:  # the matrix and its figures, as a complete run publishes them
         if (out / rel).exists():
             shutil.copy2(out / rel, dest / Path(rel).name)
+    progress = dict(sorted(progress.items()))
     (dest / "progress.json").write_text(json.dumps(progress, indent=1) + "\n")
     return progress
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -264,6 +265,14 @@ def test_collect_publishes_what_a_partial_study_has(tmp_path):
     names = sorted(p.name for p in (tmp_path / "fig").iterdir())
     assert names == ["cross_judge.json", "cross_judge.png", "m__asymmetry.png",
                      "m__asymmetry_metrics.json", "m__attention_summary.json", "progress.json"]
+    assert json.loads((tmp_path / "fig/progress.json").read_text()) == got
+    # a later collect from a machine holding only another model keeps m's entry
+    shutil.rmtree(run)
+    other = tmp_path / "out" / "n"
+    other.mkdir()
+    (other / "metrics.json").write_text('{"per_dataset": {}}')
+    got = collect(tmp_path / "out", tmp_path / "fig")
+    assert got == {"m": ["asymmetry", "attention"], "n": ["asymmetry"]}
     assert json.loads((tmp_path / "fig/progress.json").read_text()) == got
 
 
