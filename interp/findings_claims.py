@@ -485,6 +485,8 @@ CLAIMS: tuple[tuple[str, str, Extract], ...] = (
      _ratio("content_context_share_ratio", control=True)),
     ("... renormalised to context+question, the spans both prompts have (control)",
      "gen / eval context share", _ratio("context_question_share_ratio", control=True)),
+    ("... matched template, renormalised to context+question (control)", "gen / eval context share",
+     _ratio("context_question_share_ratio", "matched/", control=True)),
     ("the judge barely reads the candidate (3.2)", "eval candidate mass", _candidate),
     ("LoRA-Gen over-accepts (3.3)", "acceptance of the base's wrong answers, LoRA-Gen - base",
      _transfer("lora_gen", "accept_wrong_base_answers", +1)),
