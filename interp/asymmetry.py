@@ -255,7 +255,8 @@ METRIC_DEFINITIONS = {
     "delta": "EA - GA (paired: same resamples); delta_forced = EA_forced - GA",
     "delta_valid": "EA - GA on the n_valid records whose verdict was parsed (paired): the "
                    "asymmetry without counting an unparseable reply as a wrong verdict; "
-                   "EA_valid, GA_valid its two sides",
+                   "EA_valid, GA_valid its two sides; n_passages_valid the distinct passages "
+                   "of those records",
     "verdicts": "counts of generated verdicts accept / reject / none (unparseable); they sum "
                 "to n; verdict_shares = counts / n; verdicts_by_label splits them by y*",
     "n_verdict_restated": "verdicts decided by a restated answer ('The correct answer is X'), "
@@ -307,13 +308,17 @@ def _acceptance(bs: ClusterBootstrap, y: np.ndarray, accepted: np.ndarray, valid
 
 
 def _valid_delta(bs: ClusterBootstrap, y: np.ndarray, right: np.ndarray,
-                 valid: np.ndarray) -> dict[str, Any]:
+                 valid: np.ndarray, groups: Sequence[str]) -> dict[str, Any]:
     """EA, GA and their paired difference on the records with a parsed verdict.
 
     Each is a ratio of sums over the group's records weighted by ``valid`` (on every resample
-    too), so records without a verdict leave both sides, not only EA.
+    too), so records without a verdict leave both sides, not only EA. ``n_passages_valid``
+    counts the distinct passages (``groups``, one per record) of those records: the passages
+    behind ``delta_valid``, fewer than ``n_passages`` when a passage has no parsed verdict.
     """
-    out: dict[str, Any] = {"n_valid": int(valid.sum()), "EA_valid": None, "GA_valid": None,
+    out: dict[str, Any] = {"n_valid": int(valid.sum()),
+                           "n_passages_valid": len({g for g, v in zip(groups, valid) if v}),
+                           "EA_valid": None, "GA_valid": None,
                            "delta_valid": None, "delta_valid_ci": None}
     if not valid.any():
         return out
@@ -372,7 +377,8 @@ def group_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]], *, n_
     p = np.array([float(r["p_correct"]) if scored else 0.0 for r in records])
     forced = p > 0.5
     right_f = forced == y
-    bs = ClusterBootstrap(passage_groups(records), n_boot, np.random.default_rng(seed))
+    groups = passage_groups(records)
+    bs = ClusterBootstrap(groups, n_boot, np.random.default_rng(seed))
     ga_b, ea_b, ef_b = bs.means(y), bs.means(right), bs.means(right_f)
     classes = [_verdict_class(x) for x in v]
     split = _split(classes)
@@ -388,7 +394,7 @@ def group_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]], *, n_
         "GA_ci": bs.interval(ga_b), "EA_ci": bs.interval(ea_b), "EA_forced_ci": bs.interval(ef_b),
         "delta_ci": None if ga_b is None else bs.interval(ea_b - ga_b),
         "delta_forced_ci": None if ga_b is None else bs.interval(ef_b - ga_b),
-        **_valid_delta(bs, y, right, valid),
+        **_valid_delta(bs, y, right, valid, groups),
         "verdicts": split, "verdict_shares": {c: k / n for c, k in split.items()},
         "verdicts_by_label": {
             name: _split([c for c, m in zip(classes, mask) if m])

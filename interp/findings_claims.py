@@ -147,9 +147,11 @@ def _delta(dataset: str, key: str = "delta", exception: bool = False) -> Extract
         none = _get(g, "verdicts", "none")
         if key == "delta" and none:
             v = f"{v}; {none} of {g.get('n')} replies without a verdict, counted wrong"
-        n = g.get("n_valid") if key == "delta_valid" else g.get("n")
-        return Cell(g[key], g.get(f"{key}_ci"), n, g.get("n_passages"),
-                    _few(v, g.get("n_passages")), f"{name}: per_dataset.{dataset}.{key}")
+        n, p = g.get("n"), g.get("n_passages")
+        if key == "delta_valid":  # the parsed records and their passages (older runs: None)
+            n, p = g.get("n_valid"), g.get("n_passages_valid")
+        return Cell(g[key], g.get(f"{key}_ci"), n, p, _few(v, p),
+                    f"{name}: per_dataset.{dataset}.{key}")
     return f
 
 

@@ -47,6 +47,7 @@ def test_group_metrics_by_hand():
     assert (m["n_valid"], m["EA_valid"], m["GA_valid"]) == (7, pytest.approx(3 / 7),
                                                           pytest.approx(3 / 7))
     assert m["delta_valid"] == pytest.approx(0.0)
+    assert m["n_passages_valid"] == 7  # the passages behind delta_valid, not all 8
     drop = group_metrics([r for r in recs if r["verdict"] is not None], n_boot=0)
     assert drop["delta"] == pytest.approx(m["delta_valid"])   # = dropping those records
     # a right answer without a verdict: counted wrong, it hides the judge's edge
