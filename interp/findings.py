@@ -99,11 +99,11 @@ def collect(out: str | Path, fig_dir: str | Path) -> dict[str, list[str]]:
     from interp.stages import asymmetry
 
     out, dest = Path(out), Path(fig_dir)
-    old = dest / "progress.json"
-    progress: dict[str, list[str]] = json.loads(old.read_text()) if old.exists() else {}
+    listed = dest / "progress.json"
+    progress: dict[str, list[str]] = json.loads(listed.read_text()) if listed.exists() else {}
+    tables = {"asymmetry": asymmetry.SUMMARIES, **{n: s.SUMMARIES for n, s in STAGES.items()}}
     for run in sorted(p for p in out.iterdir() if (p / "metrics.json").exists()):
         publish_run_dir(run, dest, list(STAGES), f"{run.name}__")
-        tables = {"asymmetry": asymmetry.SUMMARIES, **{n: s.SUMMARIES for n, s in STAGES.items()}}
         progress[run.name] = [n for n, t in tables.items() if any((run / src).exists()
                                                                    for src in t)]
     dest.mkdir(parents=True, exist_ok=True)
@@ -111,7 +111,7 @@ def collect(out: str | Path, fig_dir: str | Path) -> dict[str, list[str]]:
         if (out / rel).exists():
             shutil.copy2(out / rel, dest / Path(rel).name)
     progress = dict(sorted(progress.items()))
-    (dest / "progress.json").write_text(json.dumps(progress, indent=1) + "\n")
+    listed.write_text(json.dumps(progress, indent=1) + "\n")
     return progress
 
 
