@@ -44,7 +44,8 @@ study: $(STAMP)
 # docs/performance.md), and its run directories are the ones the state below keeps (a sharded
 # run keeps its records in out/<model>/shards/; FINDINGS_PROCS=N shards over N processes).
 # Resumable: interrupt it and run it again. Phase 1 (Study 1 and 2 of both configs) first, so
-# the headline numbers exist early; then every stage; then the report's table.
+# the headline numbers exist early; then every stage; then the candidate swap's gap-filter
+# sensitivity on the same records (experiments/findings_gap.toml); then the report's table.
 FINDINGS_PROCS ?= 1
 FINDINGS_RUN = OMP_NUM_THREADS=$$(( $$(nproc) / $(FINDINGS_PROCS) )) $(BIN)/torchrun --standalone \
 	--nproc_per_node $(FINDINGS_PROCS) -m interp run
@@ -52,12 +53,14 @@ FINDINGS_RUN = OMP_NUM_THREADS=$$(( $$(nproc) / $(FINDINGS_PROCS) )) $(BIN)/torc
 # figures/findings/state/ and restored first, so a session on a fresh machine resumes the study
 # instead of starting it again; `make findings-state` saves it after an interrupted run.
 FINDINGS_STATE = figures/findings/state
-FINDINGS_OUTS = findings findings_matched
+FINDINGS_OUTS = findings findings_matched findings_gap
 findings: $(STAMP)
 	$(BIN)/python -m interp.findings --restore-state $(FINDINGS_STATE) runs
 	$(FINDINGS_RUN) experiments/findings.toml --only asymmetry,attention
 	$(FINDINGS_RUN) experiments/findings_matched.toml
 	$(FINDINGS_RUN) experiments/findings.toml
+	$(BIN)/python -m interp.findings --seed-run runs/findings runs/findings_gap
+	$(FINDINGS_RUN) experiments/findings_gap.toml --only patching
 	$(MAKE) findings-state
 	$(BIN)/python -m interp.findings figures/findings docs/findings.md
 

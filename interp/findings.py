@@ -1,8 +1,9 @@
 """The findings report: one row per claim, read from the published summaries of a study.
 
-``make findings`` runs ``experiments/findings.toml`` and its ``matched`` control; their
-complete runs publish every figure and summary under ``figures/findings/`` (and
-``figures/findings/matched/``). This module reads ONLY those files and writes the generated
+``make findings`` runs ``experiments/findings.toml``, its ``matched`` control and the candidate
+swap's gap-filter sensitivity (``experiments/findings_gap.toml``); their complete runs publish
+every figure and summary under ``figures/findings/`` (and ``figures/findings/matched/``,
+``figures/findings/gap/``). This module reads ONLY those files and writes the generated
 part of ``docs/findings.md`` (between :data:`BEGIN` and :data:`END`; the prose around it is
 kept), so every number in the report is a number in a committed JSON file
 (``tests/unit/test_findings.py`` renders the table again and compares)::
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.findings_claims import CLAIMS, Cell
-from interp.findings_state import restore_state, save_state
+from interp.findings_state import restore_state, save_state, seed_run
 
 __all__ = ["BEGIN", "END", "Cell", "claims", "collect", "main", "render", "update_doc"]
 
@@ -39,7 +40,8 @@ def claims(fig_dir: str | Path, models: Sequence[str]) -> list[dict[str, Any]]:
     """Every claim's cells, read from a published findings folder.
 
     Args:
-        fig_dir: ``figures/findings`` (with ``matched/`` for the template control).
+        fig_dir: ``figures/findings`` (with ``matched/`` for the template control and
+            ``gap/`` for the gap-filter sensitivity).
         models: model slugs (the file prefixes).
 
     Returns:
@@ -116,7 +118,8 @@ def collect(out: str | Path, fig_dir: str | Path) -> dict[str, list[str]]:
 
 
 USAGE = ("usage: python -m interp.findings FIG_DIR DOC [MODEL_SLUG ...] | --collect OUT FIG_DIR"
-         " | --save-state RUNS STATE OUT [OUT ...] | --restore-state STATE RUNS")
+         " | --save-state RUNS STATE OUT [OUT ...] | --restore-state STATE RUNS"
+         " | --seed-run SRC DST")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -124,7 +127,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     ``--collect OUT FIG_DIR`` publishes a partial study first (:func:`collect`);
     ``--save-state RUNS STATE OUT [OUT ...]`` and ``--restore-state STATE RUNS`` keep and put
-    back a study's run directories (:func:`save_state`, :func:`restore_state`). A wrong call
+    back a study's run directories (:func:`save_state`, :func:`restore_state`);
+    ``--seed-run SRC DST`` starts a second run of the same records from SRC's Study 1
+    (:func:`seed_run`). A wrong call
     or a missing folder is one line on stderr (exit 2), before anything is written.
     """
     args = list(sys.argv[1:] if argv is None else argv)
@@ -135,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return Path(path)
 
     flag = args[0] if args and args[0].startswith("-") else None
-    arity = {"--collect": 3, "--restore-state": 3}
+    arity = {"--collect": 3, "--restore-state": 3, "--seed-run": 3}
     if flag in ("-h", "--help"):
         print(USAGE)
         return
@@ -155,6 +160,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif flag == "--restore-state":
         need(args[1], "the saved state")
         print(f"{restore_state(args[1], args[2])} files restored from {args[1]}")
+    elif flag == "--seed-run":
+        need(args[1], "the run folder")
+        try:
+            print(f"{seed_run(args[1], args[2])} files copied from {args[1]} into {args[2]}")
+        except FileNotFoundError as e:
+            raise SystemExit(f"error: {e}") from None
     else:
         need(args[0], "the findings folder")
         need(args[1], "the report")

@@ -303,8 +303,11 @@ def _steer_vs_control(task: str, key: str, alpha: str, right: float = 0.0) -> Ex
     return f
 
 
-def _patch(kind: str) -> Extract:
+def _patch(kind: str, sub: str = "") -> Extract:
     """The top unit's share of the clean - corrupt logit difference it restores.
+
+    ``sub``: the published folder of another run of the same records (``gap/``: the
+    candidate swap at another ``min_gap``, experiments/findings_gap.toml).
 
     With ``exact = "topk"`` each pair patches only its own top units, so a unit's ratio can
     rest on one pair; the cell takes the first-ranked unit patched on at least half the kept
@@ -312,7 +315,7 @@ def _patch(kind: str) -> Extract:
     and passages.
     """
     def f(d: Path, m: str) -> Cell:
-        name = f"{m}__patching_summary.json"
+        name = f"{sub}{m}__patching_summary.json"
         s = _get(_read(d / name), kind)
         field = "top_units" if s and s.get("top_units") else "top_spans"
         if s is not None and s.get("n_pairs_kept") == 0:   # measured: no pair reached min_gap
@@ -517,6 +520,10 @@ CLAIMS: tuple[tuple[str, str, Extract], ...] = (
     ("where the verdict is decided: candidate swap, residual stream", "restored share",
      _patch("candidate-swap/resid")),
     ("... attention heads", "restored share", _patch("candidate-swap/heads")),
+    ("... candidate swap kept at 0.5 nat, residual stream (the gap filter's sensitivity)",
+     "restored share", _patch("candidate-swap/resid", "gap/")),
+    ("... candidate swap kept at 0.5 nat, attention heads (the gap filter's sensitivity)",
+     "restored share", _patch("candidate-swap/heads", "gap/")),
     ("... generator's run into the judge's: residual stream", "restored share",
      _patch("gen-to-eval/resid")),
     ("... generator's run into the judge's: attention heads", "restored share",

@@ -13,8 +13,8 @@ import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["STATE_MARK", "STATE_MAX_PART_BYTES", "STATE_SKIP", "STATE_SUFFIXES", "restore_state",
-           "save_state"]
+__all__ = ["SEED_FILES", "STATE_MARK", "STATE_MAX_PART_BYTES", "STATE_SKIP", "STATE_SUFFIXES",
+           "restore_state", "save_state", "seed_run"]
 
 
 STATE_SUFFIXES = (".json", ".jsonl")
@@ -138,4 +138,48 @@ def restore_state(src: str | Path, runs: str | Path,
             n += 1
         dst.mkdir(parents=True, exist_ok=True)
         (dst / STATE_MARK).write_text(f"{out.resolve()}\n")
+    return n
+
+
+SEED_FILES = ("manifest.json", "records.jsonl", "metrics.json", "patching/hard_negatives.jsonl")
+"""What :func:`seed_run` copies of each model's run directory: Study 1 (its manifest, records
+and metrics) and the patching stage's mined hard negatives (a closed-book sampling per record
+to make again), the files another run of the same records reads instead of making them."""
+
+
+def seed_run(src: str | Path, dst: str | Path, log: Callable[[str], None] = print) -> int:
+    """Start a run folder from another's Study 1: a second config on the same records.
+
+    A sensitivity run (``experiments/findings_gap.toml``: the candidate swap at another gap
+    filter) needs the study's records, not a second Study 1 of an hour a model. For each model
+    folder of ``src`` (``runs/findings/<model>``) whose ``dst/<model>`` has no records yet,
+    :data:`SEED_FILES` are copied there (cross-judging runs, ``<judge>__judges__<source>`` of
+    :func:`interp.cross_grid.cross_dir`, are not a model's Study 1 and stay out); the stages
+    run on ``dst`` then check what they read as always (the manifest's config and runtime
+    facts, each part's signature). A model folder that already has records is left as it is
+    (it is its own run, maybe further on).
+
+    Returns:
+        The number of files copied.
+
+    Raises:
+        FileNotFoundError: ``src`` holds no model folder with records (one line naming it).
+    """
+    src, dst = Path(src), Path(dst)
+    models = sorted(p for p in src.iterdir() if (p / "records.jsonl").is_file()
+                    and "__judges__" not in p.name) if src.is_dir() else []
+    if not models:
+        raise FileNotFoundError(f"{src} holds no run directory with records.jsonl: run its "
+                                f"Study 1 first (or restore its saved state)")
+    n = 0
+    for m in models:
+        to = dst / m.name
+        if (to / "records.jsonl").exists():
+            log(f"{to} has records: kept as it is")
+            continue
+        for rel in SEED_FILES:
+            if (m / rel).is_file():
+                (to / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(m / rel, to / rel)
+                n += 1
     return n

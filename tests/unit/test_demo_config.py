@@ -32,3 +32,34 @@ def test_demo_steers_judge_and_generator_on_both_oracle_labels_within_the_patchi
     assert patch.limit_kept
     for ds in ("squad_v2", "drop"):                  # the datasets whose prompts fit
         assert ds in cfg["asymmetry"]["datasets"] and cfg["asymmetry"]["limit"][ds] >= 8
+
+
+def test_every_shipped_config_passes_the_pipelines_check():
+    """Each ``experiments/*.toml`` is one ``run_config`` would accept.
+
+    No unknown key or stage, every stage table valid: a typo is refused here, not after a run
+    of hours started.
+    """
+    import pytest
+
+    from interp.pipeline import _check, load_config
+    from interp.stages.asymmetry import AsymmetryConfig
+
+    configs = sorted(DEMO.parent.glob("*.toml"))
+    assert {"findings.toml", "findings_gap.toml", "findings_matched.toml"} <= {
+        p.name for p in configs}
+    for path in configs:
+        cfg = load_config(path)
+        stages = _check(cfg, path, None)
+        asym = dict(cfg.get("asymmetry", {}))   # as run_config builds one per model
+        for spec in asym.pop("models", [asym.pop("model", "smollm2-135m-instruct")]):
+            AsymmetryConfig.from_mapping({**asym, "model": spec})
+        assert isinstance(stages, dict), path
+    # the gap-filter sensitivity runs the study's own records: its Study 1 is the study's
+    study, gap = (tomllib.loads((DEMO.parent / n).read_text())
+                  for n in ("findings.toml", "findings_gap.toml"))
+    assert gap["asymmetry"] == study["asymmetry"]
+    g, s = (PatchingConfig.from_mapping(c["patching"]) for c in (gap, study))
+    assert g.pairs == ["candidate-swap"] and g.min_gap < s.min_gap and g.limit >= 150
+    with pytest.raises(Exception, match="bogus"):
+        _check({**gap, "patching": {**gap["patching"], "bogus": 1}}, "x.toml", None)

@@ -367,6 +367,37 @@ def test_state_keeps_the_json_of_a_run_and_restores_it_without_overwriting(tmp_p
     assert (other / "findings/x/records.jsonl").exists()
 
 
+def test_seed_run_starts_a_second_run_from_study_1_and_never_overwrites(tmp_path, capsys):
+    from interp.findings import main
+    from interp.findings_state import seed_run
+
+    src, dst = tmp_path / "findings", tmp_path / "findings_gap"
+    files = {"m/records.jsonl": "{}\n", "m/manifest.json": "{}", "m/metrics.json": "{}",
+             "m/patching/hard_negatives.jsonl": "{}\n", "m/steering/parts/a.json": "{}",
+             "m__judges__n/records.jsonl": "{}\n",  # a cross-judging run: not a Study 1
+             "n/records.jsonl": "{}\n", "n/manifest.json": "{}", "half/manifest.json": "{}"}
+    for rel, text in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
+    (dst / "n").mkdir(parents=True)
+    (dst / "n/records.jsonl").write_text("mine\n")  # its own run: kept
+    said = []
+    assert seed_run(src, dst, log=said.append) == 4
+    assert sorted(str(p.relative_to(dst)) for p in dst.rglob("*") if p.is_file()) == [
+        "m/manifest.json", "m/metrics.json", "m/patching/hard_negatives.jsonl",
+        "m/records.jsonl", "n/records.jsonl"]
+    assert (dst / "n/records.jsonl").read_text() == "mine\n"
+    assert said == [f"{dst / 'n'} has records: kept as it is"]
+    assert seed_run(src, dst, log=said.append) == 0  # again: nothing to do
+    with pytest.raises(FileNotFoundError, match="holds no run directory with records"):
+        seed_run(tmp_path / "half-missing", dst)
+    with pytest.raises(SystemExit, match="error: .* holds no run directory"):
+        main(["--seed-run", str(src / "half"), str(dst)])
+    main(["--seed-run", str(src), str(tmp_path / "third")])
+    assert capsys.readouterr().out == f"6 files copied from {src} into {tmp_path / 'third'}\n"
+    assert (tmp_path / "third/n/manifest.json").exists()
+
+
 def test_findings_command_refuses_wrong_calls_in_one_line(tmp_path, capsys):
     from interp.findings import main
 
