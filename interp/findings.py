@@ -119,7 +119,7 @@ def collect(out: str | Path, fig_dir: str | Path) -> dict[str, list[str]]:
 
 USAGE = ("usage: python -m interp.findings FIG_DIR DOC [MODEL_SLUG ...] | --collect OUT FIG_DIR"
          " | --save-state RUNS STATE OUT [OUT ...] | --restore-state STATE RUNS"
-         " | --seed-run SRC DST")
+         " | --seed-run SRC DST [MODEL_SLUG ...]")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -128,8 +128,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ``--collect OUT FIG_DIR`` publishes a partial study first (:func:`collect`);
     ``--save-state RUNS STATE OUT [OUT ...]`` and ``--restore-state STATE RUNS`` keep and put
     back a study's run directories (:func:`save_state`, :func:`restore_state`);
-    ``--seed-run SRC DST`` starts a second run of the same records from SRC's Study 1
-    (:func:`seed_run`). A wrong call
+    ``--seed-run SRC DST [MODEL ...]`` starts a second run of the same records from SRC's
+    Study 1 (:func:`seed_run`). A wrong call
     or a missing folder is one line on stderr (exit 2), before anything is written.
     """
     args = list(sys.argv[1:] if argv is None else argv)
@@ -140,12 +140,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         return Path(path)
 
     flag = args[0] if args and args[0].startswith("-") else None
-    arity = {"--collect": 3, "--restore-state": 3, "--seed-run": 3}
+    arity = {"--collect": 3, "--restore-state": 3}            # exactly
+    at_least = {"--save-state": 4, "--seed-run": 3, None: 2}
     if flag in ("-h", "--help"):
         print(USAGE)
         return
-    if (flag not in (None, "--save-state", *arity) or (flag in arity and len(args) != arity[flag])
-            or (flag == "--save-state" and len(args) < 4) or (flag is None and len(args) < 2)):
+    if (flag not in (*at_least, *arity) or (flag in arity and len(args) != arity[flag])
+            or (flag in at_least and len(args) < at_least[flag])):
         print(USAGE, file=sys.stderr)
         raise SystemExit(2)
     if flag == "--collect":
@@ -163,7 +164,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif flag == "--seed-run":
         need(args[1], "the run folder")
         try:
-            print(f"{seed_run(args[1], args[2])} files copied from {args[1]} into {args[2]}")
+            n = seed_run(args[1], args[2], args[3:])
+            print(f"{n} files copied from {args[1]} into {args[2]}")
         except FileNotFoundError as e:
             raise SystemExit(f"error: {e}") from None
     else:

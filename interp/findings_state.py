@@ -147,7 +147,8 @@ and metrics) and the patching stage's mined hard negatives (a closed-book sampli
 to make again), the files another run of the same records reads instead of making them."""
 
 
-def seed_run(src: str | Path, dst: str | Path, log: Callable[[str], None] = print) -> int:
+def seed_run(src: str | Path, dst: str | Path, models: Sequence[str] = (),
+             log: Callable[[str], None] = print) -> int:
     """Start a run folder from another's Study 1: a second config on the same records.
 
     A sensitivity run (``experiments/findings_gap.toml``: the candidate swap at another gap
@@ -157,22 +158,30 @@ def seed_run(src: str | Path, dst: str | Path, log: Callable[[str], None] = prin
     :func:`interp.cross_grid.cross_dir`, are not a model's Study 1 and stay out); the stages
     run on ``dst`` then check what they read as always (the manifest's config and runtime
     facts, each part's signature). A model folder that already has records is left as it is
-    (it is its own run, maybe further on).
+    (it is its own run, maybe further on). ``models``: only these model folders (slugs; empty:
+    every one).
 
     Returns:
         The number of files copied.
 
     Raises:
-        FileNotFoundError: ``src`` holds no model folder with records (one line naming it).
+        FileNotFoundError: ``src`` holds no model folder with records, or none of ``models``
+            (one line naming it).
     """
     src, dst = Path(src), Path(dst)
-    models = sorted(p for p in src.iterdir() if (p / "records.jsonl").is_file()
-                    and "__judges__" not in p.name) if src.is_dir() else []
-    if not models:
+    runs = sorted(p for p in src.iterdir() if (p / "records.jsonl").is_file()
+                  and "__judges__" not in p.name) if src.is_dir() else []
+    if missing := set(models) - {p.name for p in runs}:
+        raise FileNotFoundError(f"{src} has no run directory with records.jsonl for "
+                                f"{sorted(missing)}: run its Study 1 first (or restore its "
+                                f"saved state)")
+    if not runs:
         raise FileNotFoundError(f"{src} holds no run directory with records.jsonl: run its "
                                 f"Study 1 first (or restore its saved state)")
     n = 0
-    for m in models:
+    for m in runs:
+        if models and m.name not in models:
+            continue
         to = dst / m.name
         if (to / "records.jsonl").exists():
             log(f"{to} has records: kept as it is")

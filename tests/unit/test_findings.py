@@ -396,13 +396,19 @@ def test_seed_run_starts_a_second_run_from_study_1_and_never_overwrites(tmp_path
     main(["--seed-run", str(src), str(tmp_path / "third")])
     assert capsys.readouterr().out == f"6 files copied from {src} into {tmp_path / 'third'}\n"
     assert (tmp_path / "third/n/manifest.json").exists()
+    # only the models asked for; one it lacks is refused before anything is copied
+    assert seed_run(src, tmp_path / "fourth", ["n"], log=said.append) == 2
+    assert sorted(p.name for p in (tmp_path / "fourth").iterdir()) == ["n"]
+    with pytest.raises(FileNotFoundError, match=r"no run directory with records.jsonl for \['x'\]"):
+        seed_run(src, tmp_path / "fifth", ["m", "x"])
+    assert not (tmp_path / "fifth").exists()
 
 
 def test_findings_command_refuses_wrong_calls_in_one_line(tmp_path, capsys):
     from interp.findings import main
 
     for argv in (["--restore-state", "x"], ["--save-state", "a", "b"], ["--bogus", "a", "b"],
-                 ["only-one"]):
+                 ["only-one"], ["--seed-run", "a"]):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 2 and capsys.readouterr().err.startswith("usage:")
