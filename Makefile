@@ -45,7 +45,8 @@ study: $(STAMP)
 # run keeps its records in out/<model>/shards/; FINDINGS_PROCS=N shards over N processes).
 # Resumable: interrupt it and run it again. Phase 1 (Study 1 and 2 of both configs) first, so
 # the headline numbers exist early; then every stage; then the candidate swap's gap-filter
-# sensitivity on the same records (experiments/findings_gap.toml); then the report's table.
+# sensitivity on the same records (experiments/findings_gap.toml) and, for SmolLM2, on every
+# bundled SQuAD 2.0 and DROP record (experiments/findings_pool.toml); then the report's table.
 FINDINGS_PROCS ?= 1
 FINDINGS_RUN = OMP_NUM_THREADS=$$(( $$(nproc) / $(FINDINGS_PROCS) )) $(BIN)/torchrun --standalone \
 	--nproc_per_node $(FINDINGS_PROCS) -m interp run
@@ -53,7 +54,7 @@ FINDINGS_RUN = OMP_NUM_THREADS=$$(( $$(nproc) / $(FINDINGS_PROCS) )) $(BIN)/torc
 # figures/findings/state/ and restored first, so a session on a fresh machine resumes the study
 # instead of starting it again; `make findings-state` saves it after an interrupted run.
 FINDINGS_STATE = figures/findings/state
-FINDINGS_OUTS = findings findings_matched findings_gap
+FINDINGS_OUTS = findings findings_matched findings_gap findings_pool
 findings: $(STAMP)
 	$(BIN)/python -m interp.findings --restore-state $(FINDINGS_STATE) runs
 	$(FINDINGS_RUN) experiments/findings.toml --only asymmetry,attention
@@ -61,6 +62,8 @@ findings: $(STAMP)
 	$(FINDINGS_RUN) experiments/findings.toml
 	$(BIN)/python -m interp.findings --seed-run runs/findings runs/findings_gap
 	$(FINDINGS_RUN) experiments/findings_gap.toml --only patching
+	$(BIN)/python -m interp.findings --seed-run runs/findings runs/findings_pool smollm2-135m-instruct
+	$(FINDINGS_RUN) experiments/findings_pool.toml
 	$(MAKE) findings-state
 	$(BIN)/python -m interp.findings figures/findings docs/findings.md
 

@@ -306,8 +306,9 @@ def _steer_vs_control(task: str, key: str, alpha: str, right: float = 0.0) -> Ex
 def _patch(kind: str, sub: str = "") -> Extract:
     """The top unit's share of the clean - corrupt logit difference it restores.
 
-    ``sub``: the published folder of another run of the same records (``gap/``: the
-    candidate swap at another ``min_gap``, experiments/findings_gap.toml).
+    ``sub``: the published folder of another run (``gap/``: the candidate swap at another
+    ``min_gap``, experiments/findings_gap.toml; ``pool/``: on every bundled record,
+    experiments/findings_pool.toml).
 
     With ``exact = "topk"`` each pair patches only its own top units, so a unit's ratio can
     rest on one pair; the cell takes the first-ranked unit patched on at least half the kept
@@ -520,6 +521,10 @@ CLAIMS: tuple[tuple[str, str, Extract], ...] = (
     ("where the verdict is decided: candidate swap, residual stream", "restored share",
      _patch("candidate-swap/resid")),
     ("... attention heads", "restored share", _patch("candidate-swap/heads")),
+    ("... candidate swap on every bundled SQuAD 2.0 and DROP record, residual stream",
+     "restored share", _patch("candidate-swap/resid", "pool/")),
+    ("... candidate swap on every bundled SQuAD 2.0 and DROP record, attention heads",
+     "restored share", _patch("candidate-swap/heads", "pool/")),
     ("... candidate swap kept at 0.5 nat, residual stream (the gap filter's sensitivity)",
      "restored share", _patch("candidate-swap/resid", "gap/")),
     ("... candidate swap kept at 0.5 nat, attention heads (the gap filter's sensitivity)",

@@ -46,8 +46,8 @@ def test_every_shipped_config_passes_the_pipelines_check():
     from interp.stages.asymmetry import AsymmetryConfig
 
     configs = sorted(DEMO.parent.glob("*.toml"))
-    assert {"findings.toml", "findings_gap.toml", "findings_matched.toml"} <= {
-        p.name for p in configs}
+    assert {"findings.toml", "findings_gap.toml", "findings_matched.toml",
+            "findings_pool.toml"} <= {p.name for p in configs}
     for path in configs:
         cfg = load_config(path)
         stages = _check(cfg, path, None)
@@ -61,5 +61,13 @@ def test_every_shipped_config_passes_the_pipelines_check():
     assert gap["asymmetry"] == study["asymmetry"]
     g, s = (PatchingConfig.from_mapping(c["patching"]) for c in (gap, study))
     assert g.pairs == ["candidate-swap"] and g.min_gap < s.min_gap and g.limit >= 150
+    # the wider pool extends the study's records (a prefix of it: interp.data.round_robin)
+    pool = tomllib.loads((DEMO.parent / "findings_pool.toml").read_text())
+    pa, sa = pool["asymmetry"], study["asymmetry"]
+    assert all(pa["limit"][d] >= n for d, n in sa["limit"].items())
+    assert {k: v for k, v in pa.items() if k not in ("limit", "models")} == {
+        k: v for k, v in sa.items() if k not in ("limit", "models")}
+    p = PatchingConfig.from_mapping(pool["patching"])
+    assert p.min_gap == s.min_gap and p.limit >= max(pa["limit"].values())
     with pytest.raises(Exception, match="bogus"):
         _check({**gap, "patching": {**gap["patching"], "bogus": 1}}, "x.toml", None)
