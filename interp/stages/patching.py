@@ -20,7 +20,8 @@ Algorithm of :func:`run` (methods: :mod:`interp.pairs`, :mod:`interp.patching`,
    bar per pair and per batch of patched rows shows the ETA.
 4. Per (pair kind, sweep kind): the tables and ``summary.json``
    (:func:`interp.stages.patching_summary.summarise`), then the figures.
-5. ``DIR/patching/summary.json`` gathers every (pairs, kind) summary of this and earlier calls.
+5. ``DIR/patching/summary.json`` gathers every (pairs, kind) summary of this and earlier calls,
+   each as soon as it is written (a call interrupted later keeps the kinds it finished).
 
 Layout: ``DIR/patching/{pairs}/{kind}/parts/{dataset}__{id}.json``, ``effects.parquet``,
 ``units.parquet``, ``pairs.parquet``, ``summary.json``; ``DIR/patching/summary.json``;
@@ -472,10 +473,11 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, 
             if not write_result(d / "summary.json", s, n=len(results), log=log):
                 continue  # no pair was built: the existing summary and figures stay
             summary[f"{pk}/{kind}"] = s
+            # gathered as each kind ends: an interrupted call keeps what it finished
+            old = read_json(root / "summary.json") if (root / "summary.json").exists() else {}
+            write_json(root / "summary.json", {**old, f"{pk}/{kind}": s})
             if cfg.figures:
                 _figures(d, run_dir, f"[{pk}/{kind}]", log)
-    old = read_json(root / "summary.json") if (root / "summary.json").exists() else {}
-    write_json(root / "summary.json", {**old, **summary})
     return summary
 
 

@@ -267,6 +267,28 @@ def test_stage_counts_sources_gaps_and_ratio_of_sums(tiny, toy_run):
             "patching_candidate_swap_resid_position.png"} <= figs
 
 
+def test_stage_keeps_each_finished_kind_when_a_later_one_is_interrupted(tiny, toy_run,
+                                                                       monkeypatch):
+    import interp.stages.patching as stage
+
+    real = stage._sweep_kind
+
+    def interrupted(handle, cfg, pk, kind, *a, **kw):
+        if kind == "heads":
+            raise KeyboardInterrupt
+        return real(handle, cfg, pk, kind, *a, **kw)
+
+    monkeypatch.setattr(stage, "_sweep_kind", interrupted)
+    cfg = PatchingConfig.from_mapping({**STAGE, "pairs": ["candidate-swap"],
+                                       "kinds": ["resid", "heads"], "figures": False})
+    with pytest.raises(KeyboardInterrupt):
+        run(toy_run, tiny, cfg, log=lambda s: None)
+    stored = json.loads((toy_run.path / "patching/summary.json").read_text())
+    assert list(stored) == ["candidate-swap/resid"]   # the finished kind is published
+    assert stored["candidate-swap/resid"] == json.loads(
+        (toy_run.path / "patching/candidate-swap/resid/summary.json").read_text())
+
+
 def test_stage_atp_topk_attribution_agreement_and_resume(tiny, toy_run):
     cfg = PatchingConfig.from_mapping({**STAGE, "pairs": ["gen-to-eval",
                                                           "system-prompt-control"],
