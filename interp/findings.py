@@ -1,9 +1,9 @@
 """The findings report: one row per claim, read from the published summaries of a study.
 
-``make findings`` runs ``experiments/findings.toml``, its ``matched`` control and the candidate
-swap's gap-filter sensitivity (``experiments/findings_gap.toml``); their complete runs publish
-every figure and summary under ``figures/findings/`` (and ``figures/findings/matched/``,
-``figures/findings/gap/``). This module reads ONLY those files and writes the generated
+``make findings`` runs ``experiments/findings.toml``, its ``matched`` control and two runs of
+the candidate swap (``experiments/findings_gap.toml``, ``experiments/findings_pool.toml``);
+their complete runs publish every figure and summary under ``figures/findings/`` (and
+``figures/findings/matched/``, ``gap/``, ``pool/``). This module reads ONLY those files and writes the generated
 part of ``docs/findings.md`` (between :data:`BEGIN` and :data:`END`; the prose around it is
 kept), so every number in the report is a number in a committed JSON file
 (``tests/unit/test_findings.py`` renders the table again and compares)::
@@ -40,8 +40,8 @@ def claims(fig_dir: str | Path, models: Sequence[str]) -> list[dict[str, Any]]:
     """Every claim's cells, read from a published findings folder.
 
     Args:
-        fig_dir: ``figures/findings`` (with ``matched/`` for the template control and
-            ``gap/`` for the gap-filter sensitivity).
+        fig_dir: ``figures/findings`` (with ``matched/`` for the template control, ``gap/``
+            and ``pool/`` for the candidate swap's gap filter and pool).
         models: model slugs (the file prefixes).
 
     Returns:

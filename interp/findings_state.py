@@ -165,7 +165,7 @@ def seed_run(src: str | Path, dst: str | Path, models: Sequence[str] = (),
         The number of files copied.
 
     Raises:
-        FileNotFoundError: ``src`` holds no model folder with records, or none of ``models``
+        FileNotFoundError: ``src`` holds no model folder with records, or lacks one of ``models``
             (one line naming it).
     """
     src, dst = Path(src), Path(dst)
