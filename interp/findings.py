@@ -3,9 +3,9 @@
 ``make findings`` runs ``experiments/findings.toml``, its ``matched`` control and two runs of
 the candidate swap (``experiments/findings_gap.toml``, ``experiments/findings_pool.toml``);
 their complete runs publish every figure and summary under ``figures/findings/`` (and
-``figures/findings/matched/``, ``gap/``, ``pool/``). This module reads ONLY those files and writes the generated
-part of ``docs/findings.md`` (between :data:`BEGIN` and :data:`END`; the prose around it is
-kept), so every number in the report is a number in a committed JSON file
+``figures/findings/matched/``, ``gap/``, ``pool/``). This module reads ONLY those files and
+writes the generated part of ``docs/findings.md`` (between :data:`BEGIN` and :data:`END`; the
+prose around it is kept), so every number in the report is a number in a committed JSON file
 (``tests/unit/test_findings.py`` renders the table again and compares)::
 
     python -m interp.findings figures/findings docs/findings.md
