@@ -13,10 +13,16 @@ line ``Verdict: Correct`` or ``Verdict: Incorrect``. Algorithm, per eval prompt
    that starts (after markdown such as ``**``, ``#``, ``>``, ``-``) with ``Verdict`` or
    ``Final verdict`` and a colon, whose rest :func:`interp.parsing.parse_verdict` reads
    (negation-aware: ``Verdict: not correct`` rejects; an echo ``Correct or Incorrect``
-   decides nothing). No such line: no verdict (None), counted as no verdict, never as a
-   rejection; verdict words inside the reasoning do not count.
-3. Reasoning (:func:`split_reasoning`): the reply's tokens before that verdict line (the whole
-   reply when there is none).
+   decides nothing). A reply whose last line instead ENDS with the verdict phrase inside a
+   sentence (``... Therefore, the final line is: Verdict: Correct.``, ``... The final line is
+   "Verdict: Incorrect".``: only closing quotes, markdown and ``.``/``!`` after its one to
+   three words) has that *inline verdict*, provided the phrase is the line's only
+   ``Verdict:`` (an echo ``end with "Verdict: Correct" or "Verdict: Incorrect".`` decides
+   nothing). Neither: no verdict (None), counted as no verdict, never as a rejection; verdict
+   words inside the reasoning do not count.
+3. Reasoning (:func:`split_reasoning`): the reply's tokens before that verdict line or inline
+   verdict phrase (its opening quotes and markdown included; the whole reply when there is
+   none).
 4. Verdict sequence: prompt + reasoning + a newline when the reasoning is not empty and does
    not end in one + the tokens the two endings share (:func:`verdict_endings`: ``Verdict:``).
    Its last position is the *verdict position*, the position that emits the verdict word;
@@ -73,6 +79,11 @@ VERDICT_LINE_FORMAT = "Verdict: {}"
 
 _VERDICT_LINE = re.compile(r"^[\s>#*_\-]*(?:final\s+)?verdict\s*[*_]*\s*:\s*(?P<rest>.*)$",
                            re.IGNORECASE)
+_VERDICT_PHRASE = re.compile(r"verdict\s*[*_]*\s*:", re.IGNORECASE)
+_CLOSING = " \t\"'*_`.!"
+"""What may follow an inline verdict's words: closing quotes, markdown, ``.`` and ``!``."""
+_OPENING = "\"'*_`"
+"""Opening quotes and markdown that belong to an inline verdict phrase (not the reasoning)."""
 
 
 @dataclass(frozen=True)
@@ -81,13 +92,16 @@ class FinalVerdict:
 
     Attributes:
         verdict: True (Correct), False (Incorrect) or None (no verdict line decides).
-        start: character offset in the reply where the deciding line starts (None: none).
-        line: that line (None: none).
+        start: character offset in the reply where the deciding line (or inline verdict
+            phrase) starts (None: none).
+        line: that line or phrase (None: none).
+        inline: the verdict is an inline verdict ending the last line, not a verdict line.
     """
 
     verdict: bool | None
     start: int | None = None
     line: str | None = None
+    inline: bool = False
 
 
 def parse_final_verdict(text: str) -> FinalVerdict:
@@ -112,11 +126,30 @@ def parse_final_verdict(text: str) -> FinalVerdict:
     for ln in lines:
         starts.append(pos)
         pos += len(ln)
+    last = text.rstrip()
+    last_start = last.rfind("\n") + 1  # where the reply's last non-empty line starts
     for start, ln in zip(reversed(starts), reversed(lines)):
         m = _VERDICT_LINE.match(ln.rstrip("\r\n"))
         if m and (v := parse_verdict(m.group("rest"))) is not None:
+            if start < last_start and (inline := _inline_verdict(last, last_start)):
+                return inline  # an inline verdict on a later line than the verdict line
             return FinalVerdict(verdict=v, start=start, line=ln.strip())
-    return FinalVerdict(verdict=None)
+    return _inline_verdict(last, last_start) or FinalVerdict(verdict=None)
+
+
+def _inline_verdict(text: str, line_start: int) -> FinalVerdict | None:
+    """Step 2's inline verdict: the last line of ``text`` (from ``line_start``) ends with it."""
+    phrases = list(_VERDICT_PHRASE.finditer(text, line_start))
+    if len(phrases) != 1:  # none, or an echo naming both verdicts
+        return None
+    m = phrases[0]
+    rest = text[m.end():].rstrip(_CLOSING).lstrip(" \t" + _OPENING)
+    if not rest or len(rest.split()) > 3 or (v := parse_verdict(rest)) is None:
+        return None
+    start = m.start()
+    while start > line_start and text[start - 1] in _OPENING:
+        start -= 1
+    return FinalVerdict(verdict=v, start=start, line=text[start:].strip(), inline=True)
 
 
 @dataclass(frozen=True)
@@ -236,7 +269,8 @@ class ReasoningJudgement:
         reasoning = self.text[:self.verdict.start] if self.verdict.start is not None \
             else self.text
         return {"verdict": self.verdict.verdict, "verdict_reply_ids": self.endings,
-                "verdict_source": "verdict_line" if self.verdict.line else "none",
+                "verdict_source": "none" if self.verdict.line is None else
+                "inline_verdict" if self.verdict.inline else "verdict_line",
                 "verdict_text": self.text, "reasoning": reasoning,
                 "verdict_line": self.verdict.line, "reasoning_tokens": self.n_reasoning,
                 "reply_tokens": len(self.token_ids), "reasoning_stop": self.stop,

@@ -59,7 +59,8 @@ SIDE_BY_SIDE_DEFINITIONS = {
                       "J: 0 for a judge that cannot tell them apart, however often it "
                       "rejects; EA can rise by rejecting when most answers are wrong); "
                       "_forced: of the forced choice",
-    "no_verdict_share": "share of replies with no verdict (reasoning: no verdict line)",
+    "no_verdict_share": "share of replies with no verdict (reasoning: no verdict line and no "
+                        "inline verdict ending the reply)",
     "mean_verdict_coverage": "mean P(ending Correct) + P(ending Incorrect) (one-word: the two "
                              "replies; reasoning: the two verdict lines after its reasoning)",
     "verdict_*_mass": "band mean (band layers, all heads) of the verdict position's attention "
@@ -144,6 +145,8 @@ def _group(word: Sequence[Mapping[str, Any]], reason: Sequence[Mapping[str, Any]
     stops = [r.get("reasoning_stop") for r in reason]
     out["reasoning_judge"] = {
         "n_reached_verdict": int(sum(r.get("verdict") is not None for r in reason)),
+        "n_inline_verdict": int(sum(r.get("verdict_source") == "inline_verdict"
+                                    for r in reason)),
         "n_hit_budget": int(sum(s == "max_new_tokens" for s in stops)),
         "share_hit_budget": float(np.mean([s == "max_new_tokens" for s in stops])),
         "n_verdict_position_own": int(sum(bool(r.get("verdict_position_own")) for r in reason)),
@@ -237,7 +240,8 @@ def format_side_by_side(result: Mapping[str, Any], model: str = "") -> str:
     lines = [f"**{model}**: {g['n']} records on {g['n_passages']} passages"
              + (" (fewer than 10 passages: few independent units)" if g["few_passages"] else "")
              + f", GA {g['GA']:.3f}; reasoning replies that reached a verdict: "
-             f"{rj['n_reached_verdict']}/{g['n']}; hit the budget: {rj['n_hit_budget']}/{g['n']}"
+             f"{rj['n_reached_verdict']}/{g['n']} ({rj.get('n_inline_verdict', 0)} of them "
+             f"inline, ending the last line); hit the budget: {rj['n_hit_budget']}/{g['n']}"
              f"; mean reasoning length {rj['mean_reasoning_tokens']:.0f} tokens; own verdict "
              f"word at the verdict position: {rj['n_verdict_position_own']}/{g['n']}", "",
              "| statistic | one-word judge | reasoning judge | reasoning - word |",

@@ -24,8 +24,9 @@ Algorithm of :func:`run` (methods: :mod:`interp.pairs`, :mod:`interp.patching`,
    each as soon as it is written (a call interrupted later keeps the kinds it finished).
 
 Layout: ``DIR/patching/{pairs}/{kind}/parts/{dataset}__{id}.json``, ``effects.parquet``,
-``units.parquet``, ``pairs.parquet``, ``summary.json``; ``DIR/patching/summary.json``;
-``DIR/figures/patching_*.png``.
+``units.parquet``, ``pairs.parquet``, ``summary.json``; ``DIR/patching/{pairs}/gaps.jsonl``
+(``limit_kept``: every scored pair's gap, so a rerun scores none again);
+``DIR/patching/summary.json``; ``DIR/figures/patching_*.png``.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ from interp.stages.patching_summary import format_summary, summarise
 from interp.store.io import is_fresh, read_json, read_jsonl, signature, write_json, write_jsonl
 from interp.store.rundir import RunDir
 
-__all__ = ["NAME", "SUMMARIES", "Config", "Miner", "PatchingConfig", "format_summary", "run",
-           "run_pair"]
+__all__ = ["NAME", "SUMMARIES", "Config", "Miner", "PatchingConfig", "format_summary",
+           "gap_signature", "run", "run_pair"]
 
 SPEC = spec("patching")
 """This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
@@ -75,9 +76,9 @@ class PatchingConfig:
         limit: built pairs per dataset (all or None: every one; each pair costs many forwards).
         limit_kept: ``limit`` counts kept pairs (``|gap| >= min_gap``) instead of built ones:
             each built pair is scored first (its clean and corrupt forwards, or a stored
-            sweep's gap), and one under ``min_gap`` is skipped (reason ``small_gap``, its gap
-            listed) without a sweep, until ``limit`` pairs per dataset are kept or the records
-            run out.
+            sweep's gap or ``DIR/patching/{pairs}/gaps.jsonl``), and one under ``min_gap`` is
+            skipped (reason ``small_gap``, its gap listed) without a sweep, until ``limit``
+            pairs per dataset are kept or the records run out.
         layers: layers to sweep, a spec of :func:`interp.layers.parse_layers` (None: all).
         layer_stride: sweep every k-th layer (after ``layers``).
         hook: residual hook point (``hook_resid_pre`` or ``hook_resid_post``).
@@ -391,14 +392,33 @@ def _sweep_kind(handle: ModelHandle, cfg: PatchingConfig, pk: str, kind: str,
     return results
 
 
+def gap_signature(handle: ModelHandle, pair: PatchPair,
+                  facts: Mapping[str, Any] | None = None) -> str:
+    """Signature of a pair's gap: the model, the pair's token ids and position map, the facts.
+
+    What ``LD_clean - LD_corrupt`` depends on (not the sweep's settings), so a gap stored in
+    ``DIR/patching/{pairs}/gaps.jsonl`` serves every sweep kind, layer range and ``min_gap``.
+    """
+    return signature({"model": handle.spec, "sha256": handle.info.get("sha256"),
+                      "clean": pair.clean.input_ids, "corrupt": pair.corrupt.input_ids,
+                      "pos_map": pair.pos_map, "metric": "whole-reply verdict score",
+                      "runtime": facts})
+
+
 def _gap_filter(handle: ModelHandle, cfg: PatchingConfig, pk: str, layers: list[int],
                 band: list[int], run_root: Path, facts: Mapping[str, Any] | None,
                 ) -> Callable[[PatchPair], dict[str, Any] | None]:
     """``limit_kept``'s test of a built pair: None keeps it, a skip entry leaves it out.
 
     The gap ``LD_clean - LD_corrupt`` (nats) is read from a fresh stored sweep of the pair
-    (any of ``cfg.kinds``) or scored with the pair's clean and corrupt forwards.
+    (any of ``cfg.kinds``), else from ``DIR/patching/{pk}/gaps.jsonl`` when its entry's
+    :func:`gap_signature` is the pair's, else scored with the pair's clean and corrupt
+    forwards and added to that file (rewritten whole, atomically, after each pair: a rerun
+    scores no pair twice, kept or skipped).
     """
+    path = Path(run_root) / SPEC.folder / pk / "gaps.jsonl"
+    stored = {(e["dataset"], e["id"]): e for e in read_jsonl(path)} if path.exists() else {}
+
     def accept(pair: PatchPair) -> dict[str, Any] | None:
         gap = None
         for kind in cfg.kinds:
@@ -406,11 +426,19 @@ def _gap_filter(handle: ModelHandle, cfg: PatchingConfig, pk: str, layers: list[
             if is_fresh(f, part_signature(cfg, kind, layers, band, handle, pair, facts)):
                 gap = float(read_json(f)["meta"]["gap"])
                 break
+        sig = gap_signature(handle, pair, facts)
+        if gap is None and (e := stored.get((pair.dataset, pair.record_id))) and \
+                e.get("signature") == sig:
+            gap = float(e["gap"])
         if gap is None:
             pt = Patcher(handle, pair.clean.input_ids, pair.corrupt.input_ids,
                          pos_map=pair.pos_map, batch_size=cfg.batch_size, prefix_cache=False)
             pt.ensure_clean([])
             gap = pt.clean_ld - pt.corrupt_ld
+            stored[(pair.dataset, pair.record_id)] = {
+                "dataset": pair.dataset, "id": pair.record_id, "gap": gap,
+                "clean_ld": pt.clean_ld, "corrupt_ld": pt.corrupt_ld, "signature": sig}
+            write_jsonl(path, stored.values())
         if abs(gap) >= cfg.min_gap:
             return None
         return {"reason": "small_gap", "gap": gap,

@@ -13,7 +13,9 @@ Algorithm of :func:`run` (the method: :mod:`interp.reasoning`, :mod:`interp.reas
    and ``mass.reasoning``, ``[n_layers, n_heads, n_spans]``, spans in the metadata) to
    ``DIR/reasoning/attention/<dataset>/<id>.safetensors`` (the parts the stage contract
    declares, :data:`interp.stages.contract.SPECS`). A record whose signature matches is kept
-   (resume); others are judged again.
+   (resume) unless its stored reply, read by the verdict rule of now
+   (:func:`interp.reasoning.parse_final_verdict`), gives another verdict or another split
+   of its reasoning (a record judged under an earlier rule); others are judged again.
 3. Side by side (:func:`interp.reasoning_compare.side_by_side` over the band ``layers``):
    ``DIR/reasoning/side_by_side.json`` and ``.md``, and the figure
    ``DIR/figures/reasoning_side_by_side.png``.
@@ -36,7 +38,7 @@ from interp.models import ModelHandle
 from interp.options import config_from_table, option
 from interp.progress import tqdm
 from interp.prompts import get_template
-from interp.reasoning import MAX_REASONING_TOKENS, REASONING_SPANS
+from interp.reasoning import MAX_REASONING_TOKENS, REASONING_SPANS, parse_final_verdict
 from interp.reasoning_compare import format_side_by_side, side_by_side
 from interp.stages.common import ok_records
 from interp.stages.contract import spec
@@ -109,6 +111,14 @@ def _signature(handle: ModelHandle, cfg: ReasoningConfig, rec: Mapping[str, Any]
                       "reasoning_attention": cfg.reasoning_attention})
 
 
+def _reparsed(rec: Mapping[str, Any]) -> bool:
+    """The stored reply reads otherwise under the verdict rule of now (verdict or split)."""
+    text = rec.get("verdict_text") or ""
+    fv = parse_final_verdict(text)
+    start = len(text) if fv.start is None else fv.start
+    return fv.verdict != rec.get("verdict") or start != len(rec.get("reasoning") or "")
+
+
 def run(run_dir: RunDir, handle: ModelHandle, cfg: ReasoningConfig | None = None, *,
         overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Judge a run's answers with the reasoning judge and compare (module docstring).
@@ -148,7 +158,7 @@ def run(run_dir: RunDir, handle: ModelHandle, cfg: ReasoningConfig | None = None
     def stale(r: Mapping[str, Any]) -> bool:
         d = done.get(record_key(r))
         return d is None or d.get("judge_signature") != _signature(handle, cfg, r) or (
-            d.get("status") == "ok" and not _mass_path(rd, r).exists())
+            d.get("status") == "ok" and (not _mass_path(rd, r).exists() or _reparsed(d)))
 
     todo = [r for r in records if stale(r)]
     log(f"[reasoning] {len(records)} records, {len(records) - len(todo)} already judged")

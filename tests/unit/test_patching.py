@@ -24,7 +24,7 @@ from interp.hooks.points import decoder_layers
 from interp.pairs import align_positions
 from interp.patching import Patch, Patcher, patch, ratio_of_sums
 from interp.stages.patching import PatchingConfig, run
-from interp.store.io import write_json
+from interp.store.io import read_jsonl, write_json, write_jsonl
 from interp.store.rundir import RunDir
 from interp.testing import tiny_llama, tiny_tokenizer
 from interp.verdict import score_verdicts, verdict_replies
@@ -365,7 +365,8 @@ def test_patching_heatmap_tells_unmeasured_from_zero_and_says_when_empty():
     assert span_notes(effects.assign(kept=False), ["candidate"], pairs) == []
 
 
-def test_stage_limit_kept_counts_pairs_over_min_gap_and_sweeps_no_other(tiny, toy_run):
+def test_stage_limit_kept_counts_pairs_over_min_gap_and_sweeps_no_other(tiny, toy_run,
+                                                                      monkeypatch):
     base = {**STAGE, "pairs": ["gen-to-eval"], "kinds": ["resid"], "exact": "all",
             "figures": False, "mine": False}
     every = run(toy_run, tiny, PatchingConfig.from_mapping({**base, "limit": "all"}),
@@ -398,10 +399,36 @@ def test_stage_limit_kept_counts_pairs_over_min_gap_and_sweeps_no_other(tiny, to
     parts = sorted(p.stem for p in (toy_run.path / "patching/gen-to-eval/resid/parts")
                    .glob("*.json"))
     assert len(parts) == 2   # the pairs under min_gap were scored, never swept
-    # resume: the kept pairs' gaps are read from their parts, nothing is swept again
+    # every scored pair's gap is stored, kept or not
+    stored = {e["id"]: e for e in read_jsonl(toy_run.path / "patching/gen-to-eval/gaps.jsonl")}
+    assert sorted(stored) == sorted([*tried, *ranked[:2]])
+    assert {k: e["gap"] for k, e in stored.items()} == pytest.approx(
+        {k: gaps[k] for k in stored}, abs=1e-6)
+    assert all(e["gap"] == pytest.approx(e["clean_ld"] - e["corrupt_ld"])
+               for e in stored.values())
+    # resume: the kept pairs' gaps are read from their parts and the skipped ones' from
+    # gaps.jsonl; nothing is scored or swept again
+    import interp.stages.patching as stage
+
+    made = []
+
+    class Counting(stage.Patcher):
+        def __init__(self, *a, **kw):
+            made.append(1)
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(stage, "Patcher", Counting)
     msgs = []
     again = run(toy_run, tiny, cfg, log=msgs.append)["gen-to-eval/resid"]
     assert not any("exact rows" in m for m in msgs) and again["gaps"] == s["gaps"]
+    assert not made and again["skipped"] == s["skipped"]
+    # a stored gap of another pair (its signature differs) is scored again
+    e = stored[tried[0]]
+    write_jsonl(toy_run.path / "patching/gen-to-eval/gaps.jsonl",
+                [dict(e, signature="other", gap=99.0)])
+    again = run(toy_run, tiny, cfg, log=lambda s: None)["gen-to-eval/resid"]
+    assert len(made) == len(tried) and again["skipped"] == s["skipped"]
+    monkeypatch.undo()
     # without limit_kept the same limit counts built pairs: the first 2, whatever their gap
     built = run(toy_run, tiny, PatchingConfig.from_mapping({**base, "limit": 2,
                                                             "min_gap": cut}),

@@ -1,7 +1,8 @@
 """The reasoning judge on a tiny random Llama: final-line parser, forced choice, spans, masses.
 
 * :func:`interp.reasoning.parse_final_verdict` reads the LAST verdict line (several lines,
-  none, negated, markdown, an echo of the instruction).
+  none, negated, markdown, an echo of the instruction), or an inline verdict ending the last
+  line (replies of the bundled models, quoted), never an echo naming both verdicts.
 * The forced choice after the judge's reasoning equals an independent teacher-forced
   computation (one plain forward of prompt + reasoning + each whole ending).
 * Every position of the verdict sequence has one span label; span masses sum to 1 per row and
@@ -63,11 +64,50 @@ CTX = "The Eiffel Tower is in Paris. It was built in 1889 by Gustave Eiffel's co
 ])
 def test_parse_final_verdict(text, verdict):
     got = parse_final_verdict(text)
-    assert got.verdict is verdict
+    assert got.verdict is verdict and not got.inline
     if verdict is None:
         assert got.start is None and got.line is None
     else:
         assert text[got.start:].strip().startswith(got.line)
+
+
+@pytest.mark.parametrize("text, verdict, phrase", [
+    # Qwen2.5-Coder's and SmolLM2's replies in the findings run (tails, as generated)
+    ("The proposed answer matches this information. Therefore, the final line is: Verdict: "
+     "Correct.", True, "Verdict: Correct."),
+    ('... so it cannot be correct. The final line is "Verdict: Incorrect".', False,
+     '"Verdict: Incorrect".'),
+    ('The proposed answer is correct. The final line is: "Verdict: Correct"', True,
+     '"Verdict: Correct"'),
+    ("Therefore, the proposed answer is correct. Verdict: Correct", True, "Verdict: Correct"),
+    ("The final line is \"Verdict: Correct", True, "\"Verdict: Correct"),  # cut by the budget
+    ("Sydney, Australia\n\nJudge: Verdict: Incorrect\n\nFinal line: Verdict: Correct", True,
+     "Verdict: Correct"),
+    # a verdict line earlier, an inline verdict on a later line: the later one decides
+    ("Verdict: Incorrect\nOn reflection it matches, so the final line is: Verdict: Correct.",
+     True, "Verdict: Correct."),
+])
+def test_inline_verdict_ending_the_reply(text, verdict, phrase):
+    got = parse_final_verdict(text)
+    assert got.verdict is verdict and got.inline and got.line == phrase
+    assert text[got.start:] == phrase  # the reasoning is everything before the phrase
+
+
+@pytest.mark.parametrize("text", [
+    # an echo of the instruction names both verdicts: nothing decides
+    'I must end with "Verdict: Correct" or "Verdict: Incorrect".',
+    'The context is not exactly "Verdict: Incorrect" but "Verdict: Incorrect"',
+    # the phrase does not end the reply
+    'The final line is "Verdict: Incorrect" and the answer is incorrect.',
+    "So my verdict: correct, since the context names Paris and the candidate says Paris too",
+    # not the last line
+    "It matches. The final line is: Verdict: Correct.\nLet me check the context again.",
+    # no verdict word after the colon
+    "Therefore, the final line is: Verdict:",
+])
+def test_no_inline_verdict(text):
+    got = parse_final_verdict(text)
+    assert got.verdict is None and got.start is None and not got.inline
 
 
 def test_final_line_offset_is_the_last_line():
@@ -179,6 +219,34 @@ def test_verdict_position_of_a_reply_with_a_verdict_line(tiny, monkeypatch):
     assert f["hit_budget"] is False
 
 
+def test_verdict_position_of_a_reply_with_an_inline_verdict(tiny, monkeypatch):
+    """An inline verdict: the reasoning stops before the phrase and a newline is forced."""
+    tok = tiny.tokenizer
+    reply = "The context says Paris. Therefore, the final line is: Verdict: Correct."
+    ids = tok(reply, add_special_tokens=False)["input_ids"]
+    real = reasoning.run_prompts
+
+    def fake(handle, prompts, **kw):
+        if kw.get("max_new_tokens"):
+            return [PromptPass(text=tok.decode(ids), token_ids=list(ids), stop="eos")
+                    for _ in prompts]
+        return real(handle, prompts, **kw)
+
+    monkeypatch.setattr(reasoning, "run_prompts", fake)
+    p = _prompts(tok, ("Paris",))[0]
+    (j,) = judge_reasoning(tiny, [p], max_reasoning_tokens=40)
+    ends = verdict_endings(tok)
+    head = "The context says Paris. Therefore, the final line is: "
+    assert j.verdict.verdict is True and j.verdict.inline
+    assert tok.decode(j.token_ids[:j.n_reasoning]) == head
+    # not its own position: the reply had no newline before its verdict phrase
+    assert not j.verdict_position_own
+    assert j.sequence[len(p) + j.n_reasoning:] == [*ends.newline, *ends.shared]
+    f = j.to_fields()
+    assert f["verdict_source"] == "inline_verdict" and f["reasoning"] == head
+    assert f["verdict_line"] == "Verdict: Correct."
+
+
 def test_judge_records_rerun_equals_harness(tiny):
     exs = [QAExample(id=f"q{i}", dataset="toy", context=CTX, question=q, answers=(a,),
                      answerable=True, split="validation")
@@ -254,6 +322,20 @@ def test_stage_side_by_side_resumes(tiny, tmp_path):
     lines.clear()
     run_reasoning(rd, tiny, rc, log=lines.append)
     assert f"{n_ok} already judged" in lines[0]
+    # a record judged under another verdict rule (its stored reply reads otherwise now) is
+    # judged again; the others are kept
+    out = RunDir(tmp_path / "reasoning")
+    recs = out.read_records(status=None)
+    old = dict(recs[0], verdict_text="It matches. The final line is: Verdict: Correct.",
+               reasoning="It matches. The final line is: Verdict: Correct.", verdict=None)
+    out.drop_records([(old["dataset"], old["id"])])
+    out.append_records([old])
+    lines.clear()
+    run_reasoning(rd, tiny, rc, log=lines.append)
+    assert f"{n_ok - 1} already judged" in lines[0]
+    again = {(r["dataset"], r["id"]): r for r in out.read_records(status=None)}
+    assert len(again) == n_ok and again[(old["dataset"], old["id"])]["verdict_text"] == \
+        recs[0]["verdict_text"]  # greedy: the same reply, judged again
     with pytest.raises(ConfigError, match="not a reasoning judge"):
         run_reasoning(rd, tiny, ReasoningConfig(template="default"))
 
