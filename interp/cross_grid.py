@@ -5,7 +5,8 @@ Algorithm of :func:`run_cross` (after every model's own study, :mod:`interp.pipe
 1. For each judge J and each other model G of ``[asymmetry] models``: the asymmetry stage with
    ``answers_from = out/<G>`` into ``out/<J>__judges__<G>/`` (J's config, so J's device and
    dtype; the source's template and oracle, checked, :mod:`interp.cross_judge`), then the
-   configured stages among ``stages`` (default attention, probe, audit) on that run with J.
+   configured stages among ``stages`` (default attention, probe, audit) on that run with J
+   (the probe stage on its ``eval`` task only, :func:`cross_stage_config`).
 2. ``out/cross_judge.json`` (:func:`interp.cross_judge.judge_matrix`: the judge x
    answer-source matrix with self on the diagonal, and the paired passage-bootstrap "self
    minus other" per judge), its text in ``out/cross_judge.txt`` and
@@ -34,10 +35,23 @@ from interp.stages import STAGES, asymmetry
 from interp.store import RunDir
 from interp.store.io import atomic_write_text, write_json
 
-__all__ = ["CrossJudgeConfig", "cross_dir", "run_cross"]
+__all__ = ["CrossJudgeConfig", "cross_dir", "cross_stage_config", "run_cross"]
 
 CROSS_STAGES = ("attention", "probe", "audit")
 """The stages that may run on the cross-judged runs (the rest are per-model studies)."""
+
+
+def cross_stage_config(name: str, scfg: Any) -> Any:
+    """A stage's config as it runs on a cross-judged run.
+
+    The probe stage keeps only its ``eval`` task: a cross-judged run holds the judge J's eval
+    prompts of another model's answers, which :func:`interp.cross_judge.cross_probe` reads;
+    its ``gen`` prompts are J's own generator prompts with another model's labels, which no
+    result reads (about half the stage's time). Other stages run as configured.
+    """
+    if name == "probe" and list(scfg.tasks) != ["eval"]:
+        return replace(scfg, tasks=["eval"])
+    return scfg
 
 
 @dataclass
@@ -123,7 +137,8 @@ def run_cross(acfgs: Mapping[str, asymmetry.AsymmetryConfig], stage_cfgs: Mappin
                       asymmetry.format_summary(m)]
             log(f"{texts[-1]}\n== took {time.perf_counter() - t0:.0f} s")
             for name in stages:
-                result = STAGES[name].run(RunDir(d), handle, stage_cfgs[name],
+                result = STAGES[name].run(RunDir(d), handle,
+                                          cross_stage_config(name, stage_cfgs[name]),
                                           overwrite=overwrite, log=log)
                 if text := STAGES[name].format_summary(result):
                     texts += [f"## {judge} judging {source}'s answers: {name}", text]

@@ -165,6 +165,18 @@ def test_interp_run_cross_judge_fills_the_matrix(grid, tmp_path):
                    log=_quiet)
 
 
+def test_cross_stage_config_keeps_the_probe_eval_task_only():
+    from interp.cross_grid import cross_stage_config
+    from interp.stages.attention import AttentionConfig
+    from interp.stages.probe import ProbeConfig
+
+    cfg = ProbeConfig(tasks=["eval", "gen"], permutations=100)
+    got = cross_stage_config("probe", cfg)
+    assert got.tasks == ["eval"] and got.permutations == 100 and cfg.tasks == ["eval", "gen"]
+    att = AttentionConfig()
+    assert cross_stage_config("attention", att) is att
+
+
 def test_cli_answers_from(grid, tmp_path):
     from typer.testing import CliRunner
 
