@@ -189,10 +189,9 @@ def test_forced_choice_after_reasoning_is_teacher_forced(tiny):
             assert torch.allclose(j.reasoning_mass, want, atol=1e-4)
 
 
-def test_verdict_position_of_a_reply_with_a_verdict_line(tiny, monkeypatch):
-    """A reply that reasons and ends 'Verdict: Incorrect': its reasoning, verdict and position."""
+def _judge_reply(tiny, monkeypatch, reply: str, answer: str):
+    """The reasoning judge on one prompt whose decode (step 1) returns ``reply``."""
     tok = tiny.tokenizer
-    reply = "The context says Paris, not Lyon.\nVerdict: Incorrect"
     ids = tok(reply, add_special_tokens=False)["input_ids"]
     real = reasoning.run_prompts
 
@@ -203,8 +202,16 @@ def test_verdict_position_of_a_reply_with_a_verdict_line(tiny, monkeypatch):
         return real(handle, prompts, **kw)
 
     monkeypatch.setattr(reasoning, "run_prompts", fake)
-    p = _prompts(tok, ("Lyon",))[0]
+    p = _prompts(tok, (answer,))[0]
     (j,) = judge_reasoning(tiny, [p], max_reasoning_tokens=40)
+    return p, ids, j
+
+
+def test_verdict_position_of_a_reply_with_a_verdict_line(tiny, monkeypatch):
+    """A reply that reasons and ends 'Verdict: Incorrect': its reasoning, verdict and position."""
+    tok = tiny.tokenizer
+    reply = "The context says Paris, not Lyon.\nVerdict: Incorrect"
+    p, ids, j = _judge_reply(tiny, monkeypatch, reply, "Lyon")
     ends = verdict_endings(tok)
     assert j.verdict.verdict is False and j.verdict.line == "Verdict: Incorrect"
     assert tok.decode(j.token_ids[:j.n_reasoning]) == "The context says Paris, not Lyon.\n"
@@ -223,18 +230,7 @@ def test_verdict_position_of_a_reply_with_an_inline_verdict(tiny, monkeypatch):
     """An inline verdict: the reasoning stops before the phrase and a newline is forced."""
     tok = tiny.tokenizer
     reply = "The context says Paris. Therefore, the final line is: Verdict: Correct."
-    ids = tok(reply, add_special_tokens=False)["input_ids"]
-    real = reasoning.run_prompts
-
-    def fake(handle, prompts, **kw):
-        if kw.get("max_new_tokens"):
-            return [PromptPass(text=tok.decode(ids), token_ids=list(ids), stop="eos")
-                    for _ in prompts]
-        return real(handle, prompts, **kw)
-
-    monkeypatch.setattr(reasoning, "run_prompts", fake)
-    p = _prompts(tok, ("Paris",))[0]
-    (j,) = judge_reasoning(tiny, [p], max_reasoning_tokens=40)
+    p, _, j = _judge_reply(tiny, monkeypatch, reply, "Paris")
     ends = verdict_endings(tok)
     head = "The context says Paris. Therefore, the final line is: "
     assert j.verdict.verdict is True and j.verdict.inline
