@@ -393,6 +393,31 @@ def _probe(task: str) -> Extract:
     return f
 
 
+def _probe_across(d: Path, m: str) -> Cell:
+    """:func:`_probe` (``eval``) of the model judging the OTHER model's answers.
+
+    Reads the cross-judged run's published ``{m}__judges__{other}__probes_results.json``: the
+    judge's residual-stream probe against its own verbal score on another model's answers
+    (paired, within datasets); the verdict adds the answers' own model's self-judge AUC on
+    the same folds from ``cross_probe.json`` when it is there.
+    """
+    hits = sorted(d.glob(f"{m}__judges__*__probes_results.json"))
+    if not hits:
+        return Cell(None, source=f"{m}__judges__<other>__probes_results.json")
+    prefix = hits[0].name[:-len("__probes_results.json")]
+    other = prefix[len(f"{m}__judges__"):]
+    cell = _probe("eval")(d, prefix)
+    if cell.value is None:
+        return cell
+    verdict = f"{cell.verdict}; on {other}'s answers"
+    for e in _get(_read(d / "cross_probe.json"), "entries") or []:
+        if model_slug(str(e.get("judge"))) == m and model_slug(str(e.get("answers_of"))) == other:
+            own = _get(e, "source_self_judge_folds", "auc")
+            if own is not None:
+                verdict += f"; {other} judging them itself {own:.2f} (same folds)"
+    return Cell(cell.value, cell.ci, cell.n, cell.n_passages, verdict, cell.source, cell.fmt)
+
+
 def _audit(d: Path, m: str) -> Cell:
     """The AUC of low context mass at the verdict position for a wrong verdict (the audit).
 
@@ -538,6 +563,8 @@ CLAIMS: tuple[tuple[str, str, Extract], ...] = (
      "AUC within datasets, probe - judge's logit_diff (paired)", _probe("eval")),
     ("... a probe on the generation prompt, before the answer",
      "AUC within datasets, probe - judge's logit_diff (paired)", _probe("gen")),
+    ("... on the other model's answers (across models)",
+     "AUC within datasets, probe - judge's logit_diff (paired)", _probe_across),
     ("low context reading flags a wrong verdict (audit)", "AUC, low context mass", _audit),
     ("a reasoning judge judges better", "EA, reasoning - one word", _reasoning("EA")),
     ("... forced choice after its reasoning (control)", "EA_forced, reasoning - one word",

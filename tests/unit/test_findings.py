@@ -232,6 +232,20 @@ def test_steering_patching_and_probe_cells(tmp_path):
     gp = _cells(tmp_path, ["m"])["... a probe on the generation prompt, before the answer"]["m"]
     assert gp.value == 0.16 and gp.source.endswith(
         "tasks.gen.vs_judge.auc_paired_within_dataset.probe_minus_judge")
+    # across models: the cross-judged run's published probe results, and the answers' own
+    # model's self-judge on the same folds from cross_probe.json
+    across = "... on the other model's answers (across models)"
+    assert _cells(tmp_path, ["m"])[across]["m"].value is None
+    _write(tmp_path, "m__judges__o__probes_results.json", r)
+    xp = _cells(tmp_path, ["m"])[across]["m"]
+    assert (xp.value, xp.ci, xp.n) == (0.05, [-0.05, 0.15], 300)
+    assert xp.verdict.startswith("undecided: probe 0.60, judge 0.55") and xp.verdict.endswith(
+        "; on o's answers") and xp.source.startswith("m__judges__o__probes_results.json: ")
+    _write(tmp_path, "cross_probe.json", {"entries": [
+        {"judge": "m", "answers_of": "o", "source_self_judge_folds": {"auc": 0.57}},
+        {"judge": "o", "answers_of": "m", "source_self_judge_folds": {"auc": 0.9}}]})
+    xp = _cells(tmp_path, ["m"])[across]["m"]
+    assert xp.verdict.endswith("; on o's answers; o judging them itself 0.57 (same folds)")
 
 
 def test_update_doc_keeps_the_prose_and_refuses_a_doc_without_markers(tmp_path):
