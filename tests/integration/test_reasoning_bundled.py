@@ -45,3 +45,30 @@ def test_reasoning_judge_bundled(bundled):
             with torch.no_grad():
                 nxt = bundled.model(input_ids=torch.tensor([j.sequence])).logits[0, -1].argmax()
             assert int(nxt) in (ends.words[0][0], ends.words[1][0])
+
+
+@pytest.mark.parametrize("reply", [
+    # replies of the findings run (Qwen2.5-Coder, SmolLM2), as generated
+    "The proposed answer \"communication complexity\" matches this definition. Therefore, the "
+    "final line is: Verdict: Correct.",
+    "The context is 1979 to 1981. The proposed answer is 12 years. The final line is "
+    "\"Verdict: Incorrect\"",
+    "It matches the context.\nVerdict: Correct",
+])
+def test_reasoning_split_on_the_bundled_tokenizer(bundled, reply):
+    """The reasoning tokens decode to the reply before its verdict (line or inline).
+
+    Exactly, for a verdict line (it starts after a newline); for an inline verdict, up to the
+    space that BPE joins to the token of ``Verdict`` or of its opening quote.
+    """
+    from interp.reasoning import parse_final_verdict, split_reasoning
+
+    tok = bundled.tokenizer
+    ids = tok(reply, add_special_tokens=False)["input_ids"]
+    fv = parse_final_verdict(reply)
+    assert fv.verdict is not None
+    k = split_reasoning(tok, ids, fv.start)
+    head = tok.decode(ids[:k])
+    assert reply[:fv.start].startswith(head) and reply[len(head):fv.start] in ("", " ")
+    assert tok.decode(ids[k:]).strip() == reply[len(head):].strip()
+    assert head == reply[:fv.start] or fv.inline
