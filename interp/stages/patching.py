@@ -426,7 +426,7 @@ def _gap_filter(handle: ModelHandle, cfg: PatchingConfig, pk: str, layers: list[
             if is_fresh(f, part_signature(cfg, kind, layers, band, handle, pair, facts)):
                 gap = float(read_json(f)["meta"]["gap"])
                 break
-        sig = gap_signature(handle, pair, facts)
+        sig = gap_signature(handle, pair, facts) if gap is None else None
         if gap is None and (e := stored.get((pair.dataset, pair.record_id))) and \
                 e.get("signature") == sig:
             gap = float(e["gap"])
