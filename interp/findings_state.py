@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 __all__ = ["SEED_FILES", "STATE_MARK", "STATE_MAX_PART_BYTES", "STATE_SKIP", "STATE_SUFFIXES",
-           "restore_state", "save_state", "seed_run"]
+           "STATE_WHOLE", "restore_state", "save_state", "seed_run"]
 
 
 STATE_SUFFIXES = (".json", ".jsonl")
@@ -26,12 +26,18 @@ STATE_MAX_PART_BYTES = 1 << 20
 (:data:`interp.stages.contract.SPECS`) up to this size: the attention recordings (about 12 KB
 a record, a forward each to make again); not the probe feature caches (tens of MB, one
 forward per record to make again)."""
-STATE_SKIP = ("figures", "checkpoints", "adapters", "record")
+STATE_SKIP = ("figures", "adapters", "record")
 """Folders :func:`save_state` leaves out, as a whole (so what is kept stays consistent): the
-figures (redrawn), training checkpoints and adapters (retrained from the same seed when
-absent: an adapter's metadata without its weights would be read as trained) and the record
-stage's per-record folders (an index without its tensors). A sharded run's shards are kept:
-a sharded rerun reads its records from them, not from the merged run."""
+figures (redrawn), trained adapters (retrained from the same seed when absent: an adapter's
+metadata without its weights would be read as trained) and the record stage's per-record
+folders (an index without its tensors). A sharded run's shards are kept: a sharded rerun reads
+its records from them, not from the merged run."""
+STATE_WHOLE = ("checkpoints",)
+"""Folders :func:`save_state` keeps whole, whatever their files' suffix and size: the last
+checkpoint of a LoRA training that has not finished (:func:`interp.lora.train_adapter` removes
+it once the adapter is saved; weights, optimizer and RNG state, a few MB), so the next session
+resumes that training where it stopped instead of at step 0. A checkpoint records what it
+trains; one of another training is started again, never resumed."""
 
 
 def _state_files(root: Path) -> list[Path]:
@@ -46,7 +52,7 @@ def _state_files(root: Path) -> list[Path]:
         rel = p.relative_to(root)
         if not p.is_file() or p.name.startswith(".") or set(rel.parts[:-1]) & set(STATE_SKIP):
             continue
-        if p.suffix in STATE_SUFFIXES or (
+        if p.suffix in STATE_SUFFIXES or set(rel.parts[:-1]) & set(STATE_WHOLE) or (
                 p.stat().st_size <= STATE_MAX_PART_BYTES
                 and any(fnmatch.fnmatch(rel.as_posix(), g) for g in globs)):
             out.append(p)
@@ -62,13 +68,13 @@ def save_state(runs: str | Path, dest: str | Path, outs: Sequence[str]) -> int:
     """Copy the resumable state of a study's run directories into a folder git can keep.
 
     A study of many hours runs across sessions, and a session may start on a fresh machine
-    without ``runs/``: what :data:`STATE_SUFFIXES`, :data:`STATE_MAX_PART_BYTES` and
-    :data:`STATE_SKIP` keep of ``runs/<out>/`` is mirrored to ``dest/<out>/`` (a file a stage
-    removed as stale is removed there too), and :func:`restore_state` puts it back on a
-    machine without ``runs/<out>``, so ``make findings`` (which restores first) resumes instead
-    of starting again. Every stage checks what it reads back as always (signatures, the
-    manifest's runtime facts): restored parts made under other settings are redone or
-    refused, never mixed in.
+    without ``runs/``: what :data:`STATE_SUFFIXES`, :data:`STATE_MAX_PART_BYTES`,
+    :data:`STATE_SKIP` and :data:`STATE_WHOLE` keep of ``runs/<out>/`` is mirrored to
+    ``dest/<out>/`` (a file a stage removed as stale is removed there too), and
+    :func:`restore_state` puts it back on a machine without ``runs/<out>``, so ``make
+    findings`` (which restores first) resumes instead of starting again. Every stage checks
+    what it reads back as always (signatures, the manifest's runtime facts): restored parts
+    made under other settings are redone or refused, never mixed in.
 
     Only a run folder that is the state's (restored from it, or saved into it: its
     :data:`STATE_MARK` names ``dest/<out>``) may replace a saved state: a run started beside

@@ -10,9 +10,11 @@ Algorithm (paper section 3.3; the study around it is :mod:`interp.stages.transfe
    (the base model object is never modified), AdamW on the LoRA parameters only, linear
    warm-up then constant learning rate, right-padded batches in a seeded order per epoch,
    mean token cross-entropy over answer tokens. A checkpoint (LoRA weights, optimizer, RNG
-   state, step; written atomically, ``state.json`` last) is written every
-   ``checkpoint_every`` optimizer steps and at every epoch end; a restarted training resumes
-   from it and ends with the same weights as an uninterrupted one. The adapter is saved with
+   state, step; written atomically, ``state.json`` last, with what it trains and its files'
+   sha256) is written every ``checkpoint_every`` optimizer steps and at every epoch end; a
+   restarted training resumes from it and ends with the same weights as an uninterrupted one
+   (a checkpoint of another training, or with files from different steps, is started again).
+   The saved adapter replaces its checkpoint (removed). The adapter is saved with
    peft's ``save_pretrained`` plus ``interp_adapter.json`` (settings, base model
    fingerprint, losses, training time).
 3. **Loading** (:func:`load_adapter`): onto a fresh copy of the base model, after checking the
@@ -23,8 +25,11 @@ Algorithm (paper section 3.3; the study around it is :mod:`interp.stages.transfe
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import math
 import random
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -146,10 +151,19 @@ def _epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
+_CHECKPOINT_FILES = ("lora.safetensors", "optimizer.pt", "rng.pt")
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def _save_checkpoint(ck: Path, model: Any, opt: Any, state: Mapping[str, Any]) -> None:
     """Write LoRA weights, optimizer and RNG state atomically; ``state.json`` last.
 
-    ``state.json`` marks the checkpoint complete.
+    ``state.json`` marks the checkpoint complete and holds the sha256 of the other files, so
+    a checkpoint whose files come from different steps (a copy taken while training wrote
+    one) is recognised (:func:`_checkpoint_whole`).
     """
     from peft import get_peft_model_state_dict
 
@@ -158,7 +172,18 @@ def _save_checkpoint(ck: Path, model: Any, opt: Any, state: Mapping[str, Any]) -
         torch.save(opt.state_dict(), tmp)
     with atomic_path(ck / "rng.pt") as tmp:
         torch.save(torch.get_rng_state(), tmp)
-    write_json(ck / "state.json", state)
+    write_json(ck / "state.json", {**state, "files_sha256": {
+        f: _file_sha256(ck / f) for f in _CHECKPOINT_FILES}})
+
+
+def _checkpoint_whole(ck: Path, state: Mapping[str, Any]) -> bool:
+    """Whether every file of checkpoint ``ck`` is the one its ``state.json`` was written with.
+
+    A checkpoint written before the hashes were recorded is taken as whole.
+    """
+    want = state.get("files_sha256")
+    return want is None or all((ck / f).exists() and _file_sha256(ck / f) == want.get(f)
+                               for f in _CHECKPOINT_FILES)
 
 
 def check_adapter_state(model: Any, path: Path) -> None:
@@ -200,6 +225,7 @@ def _load_checkpoint(ck: Path, model: Any, opt: Any) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     state = read_json(ck / "state.json")
+    state.pop("files_sha256", None)
     set_peft_model_state_dict(model, load_file(str(ck / "lora.safetensors")))
     check_adapter_state(model, ck / "lora.safetensors")
     opt.load_state_dict(torch.load(ck / "optimizer.pt", weights_only=False))
@@ -281,11 +307,29 @@ def train_adapter(handle: ModelHandle, encoded: Sequence[Mapping[str, list[int]]
                             weight_decay=config.weight_decay)
     bs = config.train_batch_size
     total = (steps_per_epoch := math.ceil(len(encoded) / bs)) * config.epochs
+    settings = (dict(meta_config) if meta_config is not None
+                else {k: getattr(config, k) for k in LORA_FIELDS})
+    # what the checkpoint continues: a checkpoint of another training (other settings, base
+    # or training set, e.g. one restored from a saved state) is started again, never resumed
+    items = hashlib.sha256(json.dumps([[e["input_ids"], e["labels"]] for e in encoded])
+                           .encode()).hexdigest()
+    trains = json.loads(json.dumps({"config": settings, "base": model_fingerprint(handle),
+                                    "n_examples": len(encoded), "items_sha256": items,
+                                    "n_steps": total}))  # as read back from state.json
     state: dict[str, Any] = {"global_step": 0, "losses": [], "train_seconds": 0.0,
-                             "train_cpu_seconds": 0.0}
+                             "train_cpu_seconds": 0.0, "trains": trains}
     if (ck / "state.json").exists():
-        state = _load_checkpoint(ck, model, opt)
-        log(f"[{name}] resumed from step {state['global_step']}/{total}")
+        saved = read_json(ck / "state.json")
+        if saved.get("trains", trains) != trains or not _checkpoint_whole(ck, saved):
+            why = ("is of another training (settings, base model or training set differ)"
+                   if saved.get("trains", trains) != trains
+                   else "has files from different steps")
+            log(f"[{name}] checkpoint {ck} {why}: started again from step 0")
+            shutil.rmtree(ck)
+        else:
+            state = _load_checkpoint(ck, model, opt)
+            state["trains"] = trains
+            log(f"[{name}] resumed from step {state['global_step']}/{total}")
     pad_id = handle.tokenizer.pad_token_id or 0
     model.train()
     clock, done_here = _Clock(state), 0
@@ -315,13 +359,15 @@ def train_adapter(handle: ModelHandle, encoded: Sequence[Mapping[str, list[int]]
             return {"name": name, "stopped_at_step": state["global_step"]}
     bar.close()
     clock.tick()
-    settings = (dict(meta_config) if meta_config is not None
-                else {k: getattr(config, k) for k in LORA_FIELDS})
-    return _save_adapter(model, out_dir, {
-        "name": name, "base": model_fingerprint(handle), "config": settings,
+    meta = _save_adapter(model, out_dir, {
+        "name": name, "base": trains["base"], "config": settings,
         "n_examples": len(encoded), "n_steps": total, "losses": state["losses"],
         "train_seconds": state["train_seconds"],
         "train_cpu_seconds": state["train_cpu_seconds"]})
+    # the adapter supersedes its checkpoint: a checkpoint on disk means unfinished training
+    # (what a study's saved state keeps, interp.findings_state)
+    shutil.rmtree(ck, ignore_errors=True)
+    return meta
 
 
 def _save_adapter(model: Any, out_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:

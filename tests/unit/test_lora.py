@@ -88,6 +88,9 @@ def test_training_resumes_and_base_model_is_untouched(tiny, tokenizer, tmp_path,
                             log=msgs.append)
     assert any("resumed from step 2" in m for m in msgs)
     assert resumed["losses"] == pytest.approx(full["losses"], rel=1e-5, abs=1e-6)
+    # the saved adapter replaces its checkpoint: a checkpoint on disk is unfinished training
+    assert not (tmp_path / "a" / "checkpoints" / "x").exists()
+    assert not (tmp_path / "b" / "checkpoints" / "x").exists()
     from safetensors.torch import load_file
 
     wa = load_file(str(tmp_path / "a" / "adapters" / "x" / "adapter_model.safetensors"))
@@ -154,3 +157,52 @@ def test_adapter_file_with_missing_or_misprefixed_keys_is_refused(tiny, tokenize
     word = "lacks" if fault == "missing" else "unexpected"
     with pytest.raises(TransferError, match=f"adapter_model.safetensors.*{word}.*lora_"):
         load_adapter(tiny, ad)
+
+
+def test_a_checkpoint_of_another_training_or_with_mixed_files_is_started_again(
+        tiny, tokenizer, tmp_path, qa_example, lora_cfg):
+    """A checkpoint restored from elsewhere is resumed only if it is this training's, whole."""
+    import shutil
+
+    from interp.store.io import read_json, write_json
+
+    enc = _encoded(tokenizer, qa_example)
+    cfg = lora_cfg()
+    ck = tmp_path / "checkpoints" / "x"
+    msgs: list[str] = []
+
+    def stop_after(n, config=cfg, items=enc):
+        return train_adapter(tiny, items, config, tmp_path / "adapters" / "x", name="x",
+                             stop_after_steps=n, log=msgs.append)
+
+    assert stop_after(2) == {"name": "x", "stopped_at_step": 2}
+    state = read_json(ck / "state.json")
+    assert state["global_step"] == 2 and state["trains"]["n_steps"] == 6
+    assert set(state["files_sha256"]) == {"lora.safetensors", "optimizer.pt", "rng.pt"}
+    # the same training resumes
+    assert stop_after(1) == {"name": "x", "stopped_at_step": 3}
+    assert any("resumed from step 2/6" in m for m in msgs)
+    # another learning rate, or another training set of the same size: started again
+    other = lora_cfg(lr=3e-2)
+    msgs.clear()
+    assert stop_after(1, config=other) == {"name": "x", "stopped_at_step": 1}
+    assert any("is of another training" in m for m in msgs)
+    assert not any("resumed" in m for m in msgs)
+    msgs.clear()
+    assert stop_after(1, items=enc[::-1], config=other) == {"name": "x", "stopped_at_step": 1}
+    assert any("is of another training" in m for m in msgs)
+    # a copy that mixes files of two steps (taken while training wrote one): started again
+    assert stop_after(1, items=enc[::-1], config=other)["stopped_at_step"] == 2
+    shutil.copy(ck / "lora.safetensors", tmp_path / "lora_step2")
+    assert stop_after(1, items=enc[::-1], config=other)["stopped_at_step"] == 3
+    shutil.copy(tmp_path / "lora_step2", ck / "lora.safetensors")
+    msgs.clear()
+    assert stop_after(1, items=enc[::-1], config=other)["stopped_at_step"] == 1
+    assert any("has files from different steps" in m for m in msgs)
+    # a checkpoint written before hashes and settings were recorded is resumed as it was
+    state = read_json(ck / "state.json")
+    write_json(ck / "state.json", {k: v for k, v in state.items()
+                                   if k not in ("files_sha256", "trains")})
+    msgs.clear()
+    assert stop_after(1, items=enc[::-1], config=other)["stopped_at_step"] == 2
+    assert any("resumed from step 1/6" in m for m in msgs)
