@@ -29,6 +29,7 @@ from typing import Any
 from interp.cross_judge import cross_probe, format_matrix, judge_matrix
 from interp.errors import ConfigError
 from interp.models import load_model
+from interp.names import cross_name
 from interp.options import config_from_table
 from interp.plots.cross import plot_cross_probe, plot_judge_matrix
 from interp.stages import STAGES, asymmetry
@@ -97,7 +98,7 @@ class CrossJudgeConfig:
 
 def cross_dir(out: Path, judge_slug: str, source_slug: str) -> Path:
     """``out/<judge>__judges__<source>``: the run of one judge on one other model's answers."""
-    return out / f"{judge_slug}__judges__{source_slug}"
+    return out / cross_name(judge_slug, source_slug)
 
 
 def run_cross(acfgs: Mapping[str, asymmetry.AsymmetryConfig], stage_cfgs: Mapping[str, Any],

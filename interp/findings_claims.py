@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from interp.names import model_slug
+from interp.names import cross_name, model_slug
 
 __all__ = ["CLAIMS", "Cell", "Extract"]
 
@@ -401,11 +401,11 @@ def _probe_across(d: Path, m: str) -> Cell:
     (paired, within datasets); the verdict adds the answers' own model's self-judge AUC on
     the same folds from ``cross_probe.json`` when it is there.
     """
-    hits = sorted(d.glob(f"{m}__judges__*__probes_results.json"))
+    hits = sorted(d.glob(f"{cross_name(m, '*')}__probes_results.json"))
     if not hits:
-        return Cell(None, source=f"{m}__judges__<other>__probes_results.json")
+        return Cell(None, source=f"{cross_name(m, '<other>')}__probes_results.json")
     prefix = hits[0].name[:-len("__probes_results.json")]
-    other = prefix[len(f"{m}__judges__"):]
+    other = prefix[len(cross_name(m, "")):]
     cell = _probe("eval")(d, prefix)
     if cell.value is None:
         return cell

@@ -13,6 +13,8 @@ import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from interp.names import CROSS_JUDGES
+
 __all__ = ["SEED_FILES", "STATE_MARK", "STATE_MAX_PART_BYTES", "STATE_SKIP", "STATE_SUFFIXES",
            "STATE_WHOLE", "restore_state", "save_state", "seed_run"]
 
@@ -176,7 +178,7 @@ def seed_run(src: str | Path, dst: str | Path, models: Sequence[str] = (),
     """
     src, dst = Path(src), Path(dst)
     runs = sorted(p for p in src.iterdir() if (p / "records.jsonl").is_file()
-                  and "__judges__" not in p.name) if src.is_dir() else []
+                  and CROSS_JUDGES not in p.name) if src.is_dir() else []
     if missing := set(models) - {p.name for p in runs}:
         raise FileNotFoundError(f"{src} has no run directory with records.jsonl for "
                                 f"{sorted(missing)}: run its Study 1 first (or restore its "

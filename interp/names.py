@@ -10,7 +10,7 @@ import hashlib
 import re
 from pathlib import Path
 
-__all__ = ["flat_key", "model_slug", "safe_name"]
+__all__ = ["CROSS_JUDGES", "cross_name", "flat_key", "model_slug", "safe_name"]
 
 
 def safe_name(name: str) -> str:
@@ -36,3 +36,13 @@ def model_slug(spec: str) -> str:
         return Path(spec).stem
     return spec.rstrip("/").replace("/", "__").replace("@", "_").removesuffix(".gguf").split(
         "__")[-1]
+
+
+CROSS_JUDGES = "__judges__"
+"""What joins a judge's and a generator's model slugs in the name of a cross-judged run
+(``<judge>__judges__<source>``, :mod:`interp.cross_grid`) and of its published files."""
+
+
+def cross_name(judge_slug: str, source_slug: str) -> str:
+    """``<judge>__judges__<source>``: the name of one judge's run on another model's answers."""
+    return f"{judge_slug}{CROSS_JUDGES}{source_slug}"
