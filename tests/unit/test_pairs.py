@@ -30,6 +30,14 @@ def test_align_positions_prefix_suffix_and_middle():
     with pytest.raises(PairError, match="identical") as err:
         align_positions([1, 2], [1, 2])
     assert err.value.reason == "identical_prompts"
+    # the reverse pair (noising: the clean prompt takes the corrupt run's activations) is
+    # aligned by the inverse map on every position both maps pair up
+    for a, b in (([1, 2, 3, 4, 5, 9, 9], [1, 2, 3, 7, 7, 7, 9, 9]), ([1, 5, 6, 9], [1, 7, 5, 6, 9]),
+                 ([1, 2, 3, 4, 9], [1, 2, 8, 8, 9])):
+        fwd, _, _ = align_positions(a, b)
+        rev, _, _ = align_positions(b, a)
+        assert {(i, j) for i, j in enumerate(fwd) if j >= 0} == \
+            {(j, i) for i, j in enumerate(rev) if j >= 0}
 
 
 def test_candidate_sources_in_order_and_the_oracle_invariant(tokenizer, toy_records):
