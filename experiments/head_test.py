@@ -16,7 +16,12 @@ token counts and gaps) and, for each named head or head set (``L14.*`` = every h
   output from the wrong answer's prompt): the share of the gap the head's output REMOVES,
   ``(LD_clean - LD_noised) / (LD_clean - LD_corrupt)`` (is the head needed?).
 
-Both are ratios of sums over pairs with a passage-cluster bootstrap 95% CI
+and, for each head of the named layers, where it looks: its attention (full pattern,
+:func:`interp.hooks.recorder.record_stream`) on the candidate's tokens from the verdict
+position and, averaged, from every position after the candidate, on both prompts
+(``attention``; the layer's other heads for comparison).
+
+The patching effects are ratios of sums over pairs with a passage-cluster bootstrap 95% CI
 (:func:`interp.stats.cluster_bootstrap_ratio`), and the share of pairs whose forced choice
 flips. Heimersheim & Nanda 2024 ("How to use and interpret activation patching", section 3):
 denoising finds what is sufficient, noising what is necessary; a head can be one without the
@@ -33,16 +38,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from interp.errors import ConfigError
 from interp.hooks.points import hook_name
+from interp.hooks.recorder import record_stream
 from interp.pairs import align_positions
 from interp.patching import Patch, Patcher
 from interp.progress import tqdm
 from interp.prompts import get_template, render
 from interp.stages import load_run_model
 from interp.stages.common import ok_records
-from interp.stats import cluster_bootstrap_ratio
+from interp.stats import cluster_bootstrap_mean, cluster_bootstrap_ratio
 from interp.store import RunDir
 from interp.store.io import write_json
 
@@ -56,6 +63,53 @@ def parse_heads(specs: list[str], n_layers: int, n_heads: int) -> dict[str, tupl
             raise ConfigError(f"head {s!r}: write L<layer>.H<head> or L<layer>.* with layer < "
                               f"{n_layers} and head < {n_heads}")
         out[s] = (int(m[1]), (int(m[2]),) if m[2] else tuple(range(n_heads)))
+    return out
+
+
+def patch_both_ways(handle: Any, clean: Any, corrupt: Any,
+                    heads: dict[str, tuple[int, tuple]], sweep_rows: list[dict[str, Any]]
+                    ) -> dict[str, Any]:
+    """One pair patched both ways: ``clean_ld``, ``corrupt_ld`` and per head set ``heads``.
+
+    Each head set gets its denoised and noised ``LD`` (nats) and, for a single head, the
+    sweep's stored effect (None where attribution did not rank it for exact patching).
+    """
+    fwd, _, _ = align_positions(clean.input_ids, corrupt.input_ids)
+    rev, _, _ = align_positions(corrupt.input_ids, clean.input_ids)
+    den = Patcher(handle, clean.input_ids, corrupt.input_ids, pos_map=fwd, batch_size=16)
+    noi = Patcher(handle, corrupt.input_ids, clean.input_ids, pos_map=rev, batch_size=16)
+    patches = [[Patch(hook_name(layer, "attn.hook_z"), None, hs)]
+               for layer, hs in heads.values()]
+    rd, rn = den.run(patches), noi.run(patches)
+    sweep = {(r["layer"], r["head"]): r["effect"] for r in sweep_rows
+             if r.get("effect") is not None}
+    return {"clean_ld": rd.clean, "corrupt_ld": rd.corrupt, "heads": {
+        s: {"denoised_ld": float(rd.patched[i]), "noised_ld": float(rn.patched[i]),
+            "sweep_effect": sweep.get((layer, hs[0])) if len(hs) == 1 else None}
+        for i, (s, (layer, hs)) in enumerate(heads.items())}}
+
+
+def candidate_attention(handle: Any, prompt: Any, layers: list[int]
+                        ) -> dict[int, dict[str, list[float]]]:
+    """Per layer and head: attention on the candidate's tokens (summed over them).
+
+    Returns ``{layer: {"verdict": [n_heads], "after": [n_heads]}}``: from the last position
+    (the verdict position) and the mean over the positions after the candidate.
+    """
+    cand = prompt.span_positions("candidate")
+    after = list(range(cand[-1] + 1, len(prompt)))
+    pats: dict[int, Any] = {}
+
+    def sink(name: str, start: int, value: Any) -> None:
+        layer = int(name.split(".")[1])
+        pat = pats.setdefault(layer, [])
+        pat.append((start, value[:, after][:, :, cand].sum(-1).float().cpu()))
+
+    record_stream(handle, prompt.input_ids, sink, layers=layers, points=())
+    out = {}
+    for layer, chunks in pats.items():
+        m = torch.cat([v for _, v in sorted(chunks, key=lambda c: c[0])])  # [heads, after]
+        out[layer] = {"verdict": m[:, -1].tolist(), "after": m.mean(1).tolist()}
     return out
 
 
@@ -89,6 +143,18 @@ def summarise(pairs: list[dict[str, Any]], heads: dict[str, tuple[int, tuple]],
                      for p in pairs if p["heads"][s]["sweep_effect"] is not None]
             res["max_abs_diff_vs_sweep"] = max(diffs) if diffs else None
             res["n_sweep_checked"] = len(diffs)
+        if all("attention" in p for p in pairs) and len(hs) == 1:
+            h = hs[0]
+            att = {}
+            for prompt in ("clean", "corrupt"):
+                for where in ("verdict", "after"):
+                    x = np.array([p["attention"][prompt][str(layer)][where][h] for p in pairs])
+                    lay = np.array([np.mean(p["attention"][prompt][str(layer)][where])
+                                    for p in pairs])
+                    att[f"{prompt}_{where}"] = {
+                        "head": cluster_bootstrap_mean(x, groups, rng, n_boot),
+                        "layer_mean": float(lay.mean())}
+            res["attention_on_candidate"] = att
         out[s] = res
     return out
 
@@ -110,6 +176,7 @@ def main(run: str, out_json: str, specs: list[str]) -> None:
     mcfg = manifest.get("config", {})
     template = get_template(mcfg.get("template", "default"), mcfg.get("templates_path"))
     by_key = {(r["dataset"], str(r["id"])): r for r in records}
+    att_layers = sorted({layer for layer, _ in heads.values()})
     head_d = {s: [layer, list(hs)] for s, (layer, hs) in heads.items()}
     old = json.loads(out.read_text()) if out.exists() else {}
     same = old.get("run") == str(rd.path) and old.get("head_sets") == head_d \
@@ -119,7 +186,8 @@ def main(run: str, out_json: str, specs: list[str]) -> None:
     for f in tqdm(parts, desc="pairs", unit="pair"):
         part = json.loads(f.read_text())
         meta = part["meta"]
-        if (key := (meta["dataset"], str(meta["id"]))) in done:
+        key = (meta["dataset"], str(meta["id"]))
+        if key in done and "attention" in done[key]:
             pairs_out.append(done[key])
             continue
         t0 = time.perf_counter()
@@ -131,27 +199,21 @@ def main(run: str, out_json: str, specs: list[str]) -> None:
         if (len(clean), len(corrupt)) != (meta["n_clean"], meta["n_tokens"]):
             raise SystemExit(f"{f.name}: rebuilt pair has {len(clean)}/{len(corrupt)} tokens, "
                              f"the sweep's {meta['n_clean']}/{meta['n_tokens']}")
-        fwd, _, _ = align_positions(clean.input_ids, corrupt.input_ids)
-        rev, _, _ = align_positions(corrupt.input_ids, clean.input_ids)
-        den = Patcher(handle, clean.input_ids, corrupt.input_ids, pos_map=fwd, batch_size=16)
-        noi = Patcher(handle, corrupt.input_ids, clean.input_ids, pos_map=rev, batch_size=16)
-        patches = [[Patch(hook_name(layer, "attn.hook_z"), None, hs)]
-                   for layer, hs in heads.values()]
-        rd_, rn = den.run(patches), noi.run(patches)
-        sweep = {(r["layer"], r["head"]): r["effect"] for r in part["rows"]
-                 if r.get("effect") is not None}
-        rec_out = {"dataset": meta["dataset"], "id": meta["id"], "passage": meta["passage"],
-                   "corrupt_source": meta.get("corrupt_source"),
-                   "clean_ld": rd_.clean, "corrupt_ld": rd_.corrupt, "heads": {
-                       s: {"denoised_ld": float(rd_.patched[i]),
-                           "noised_ld": float(rn.patched[i]),
-                           "sweep_effect": sweep.get((layer, hs[0])) if len(hs) == 1 else None}
-                       for i, (s, (layer, hs)) in enumerate(heads.items())}}
+        attention = {name: {str(k): v for k, v in candidate_attention(handle, pr, att_layers)
+                            .items()} for name, pr in (("clean", clean), ("corrupt", corrupt))}
+        if key in done:  # patched before attention was measured: add it
+            rec_out = {**done[key], "attention": attention}
+        else:
+            rec_out = {"dataset": meta["dataset"], "id": meta["id"], "passage": meta["passage"],
+                       "corrupt_source": meta.get("corrupt_source"),
+                       **patch_both_ways(handle, clean, corrupt, heads, part["rows"]),
+                       "attention": attention}
         pairs_out.append(rec_out)
+        done[key] = rec_out  # the file keeps every finished pair, also those not reached yet
         seconds += time.perf_counter() - t0
         write_json(out, {"run": str(rd.path), "model": handle.spec,
                          "sha256": handle.info.get("sha256"), "head_sets": head_d,
-                         "seconds": round(seconds, 1), "pairs": pairs_out})
+                         "seconds": round(seconds, 1), "pairs": list(done.values())})
     summary = summarise(pairs_out, heads)
     write_json(out, {
         "run": str(rd.path), "model": handle.spec, "sha256": handle.info.get("sha256"),
