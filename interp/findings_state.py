@@ -28,18 +28,21 @@ STATE_MAX_PART_BYTES = 1 << 20
 (:data:`interp.stages.contract.SPECS`) up to this size: the attention recordings (about 12 KB
 a record, a forward each to make again); not the probe feature caches (tens of MB, one
 forward per record to make again)."""
-STATE_SKIP = ("figures", "adapters", "record")
+STATE_SKIP = ("figures", "record")
 """Folders :func:`save_state` leaves out, as a whole (so what is kept stays consistent): the
-figures (redrawn), trained adapters (retrained from the same seed when absent: an adapter's
-metadata without its weights would be read as trained) and the record stage's per-record
-folders (an index without its tensors). A sharded run's shards are kept: a sharded rerun reads
-its records from them, not from the merged run."""
-STATE_WHOLE = ("checkpoints",)
-"""Folders :func:`save_state` keeps whole, whatever their files' suffix and size: the last
-checkpoint of a LoRA training that has not finished (:func:`interp.lora.train_adapter` removes
-it once the adapter is saved; weights, optimizer and RNG state, a few MB), so the next session
-resumes that training where it stopped instead of at step 0. A checkpoint records what it
-trains; one of another training is started again, never resumed."""
+figures (redrawn) and the record stage's per-record folders (an index without its tensors). A
+sharded run's shards are kept: a sharded rerun reads its records from them, not from the
+merged run."""
+STATE_WHOLE = ("checkpoints", "adapters")
+"""Folders :func:`save_state` keeps whole, whatever their files' suffix and size, so a LoRA
+training is never done twice across sessions: the last checkpoint of a training that has not
+finished (:func:`interp.lora.train_adapter` removes it once the adapter is saved; weights,
+optimizer and RNG state, about 13 MB for Qwen2.5-0.5B at rank 8), which resumes at its step;
+and the trained adapters (peft weights and ``interp_adapter.json``, written last; about 4 MB),
+which a stage reads instead of training again: a learning-rate candidate between its training
+and its held-out records, the chosen ones it copies. A checkpoint records what it trains; one
+of another training is started again, never resumed; an adapter is checked against its base
+model when loaded (:func:`interp.lora.load_adapter`)."""
 
 
 def _state_files(root: Path) -> list[Path]:

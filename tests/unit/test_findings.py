@@ -330,11 +330,11 @@ def test_state_keeps_the_json_of_a_run_and_restores_it_without_overwriting(tmp_p
     run = tmp_path / "runs" / "findings" / "m"
     files = {"records.jsonl": "{}\n", "manifest.json": "{}", "steering/parts/a.json": "{}",
              "transfer/select/lr_0.001/heldout/lora_gen.jsonl": "{}\n",
-             # left out: tensors, figures and adapters (as whole folders)
+             # left out: tensors and figures (as whole folders)
              "probes/features_eval.safetensors": "x" * (STATE_MAX_PART_BYTES + 1),  # too big
-             "figures/steering.json": "{}",
-             "transfer/adapters/lora_gen/interp_adapter.json": "{}", ".writer.json": "{}",
-             # kept whole, whatever the size: an unfinished training's checkpoint
+             "figures/steering.json": "{}", ".writer.json": "{}",
+             # kept whole, whatever the size: an unfinished training's checkpoint, an adapter
+             "transfer/adapters/lora_gen/adapter_model.safetensors": "w",
              "transfer/checkpoints/lora_eval/state.json": "{}",
              "transfer/checkpoints/lora_eval/optimizer.pt": "o" * (STATE_MAX_PART_BYTES + 1),
              # a declared part (an attention recording) is kept; an undeclared tensor is not
@@ -344,11 +344,12 @@ def test_state_keeps_the_json_of_a_run_and_restores_it_without_overwriting(tmp_p
         (run / rel).parent.mkdir(parents=True, exist_ok=True)
         (run / rel).write_text(text)
     state = tmp_path / "state"
-    assert save_state(tmp_path / "runs", state, ["findings", "findings_matched"]) == 7
+    assert save_state(tmp_path / "runs", state, ["findings", "findings_matched"]) == 8
     kept = sorted(str(p.relative_to(state)) for p in state.rglob("*") if p.is_file())
     assert kept == ["findings/m/attention/records/squad_v2/r1.safetensors",
                     "findings/m/manifest.json", "findings/m/records.jsonl",
                     "findings/m/steering/parts/a.json",
+                    "findings/m/transfer/adapters/lora_gen/adapter_model.safetensors",
                     "findings/m/transfer/checkpoints/lora_eval/optimizer.pt",
                     "findings/m/transfer/checkpoints/lora_eval/state.json",
                     "findings/m/transfer/select/lr_0.001/heldout/lora_gen.jsonl"]
@@ -357,7 +358,7 @@ def test_state_keeps_the_json_of_a_run_and_restores_it_without_overwriting(tmp_p
     # (and a finished training's checkpoint, which it removes when it saves the adapter)
     (run / "steering/parts/a.json").unlink()
     (run / "transfer/checkpoints/lora_eval/optimizer.pt").unlink()
-    assert save_state(tmp_path / "runs", state, ["findings"]) == 5
+    assert save_state(tmp_path / "runs", state, ["findings"]) == 6
     assert not (state / "findings/m/steering/parts/a.json").exists()
     assert not (state / "findings/m/transfer/checkpoints/lora_eval/optimizer.pt").exists()
     assert save_state(tmp_path / "none", state, ["findings"]) == 0
@@ -368,7 +369,7 @@ def test_state_keeps_the_json_of_a_run_and_restores_it_without_overwriting(tmp_p
     (state / "findings_matched/m").mkdir(parents=True)
     (state / "findings_matched/m/records.jsonl").write_text("{}\n")
     said = []
-    assert restore_state(state, fresh, log=said.append) == 5
+    assert restore_state(state, fresh, log=said.append) == 6
     assert said == [f"{fresh / 'findings_matched'} exists: kept as it is, nothing restored "
                     f"into it"]
     assert (fresh / "findings/m/records.jsonl").read_text() == "{}\n"
@@ -379,7 +380,7 @@ def test_state_keeps_the_json_of_a_run_and_restores_it_without_overwriting(tmp_p
         save_state(fresh, state, ["findings", "findings_matched"])
     assert (state / "findings_matched/m/records.jsonl").exists()
     # the restored one may: it mirrors the state again; not onto another state
-    assert save_state(fresh, state, ["findings"]) == 5
+    assert save_state(fresh, state, ["findings"]) == 6
     other = tmp_path / "other"
     (other / "findings/x").mkdir(parents=True)
     (other / "findings/x/records.jsonl").write_text("{}\n")
