@@ -40,6 +40,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from interp.errors import TransferError
+from interp.gguf import sha256_file
 from interp.models import ModelHandle, end_of_turn_ids
 from interp.progress import tqdm
 from interp.prompts import Template, render
@@ -154,10 +155,6 @@ def _epoch_order(n: int, seed: int, epoch: int) -> list[int]:
 _CHECKPOINT_FILES = ("lora.safetensors", "optimizer.pt", "rng.pt")
 
 
-def _file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _save_checkpoint(ck: Path, model: Any, opt: Any, state: Mapping[str, Any]) -> None:
     """Write LoRA weights, optimizer and RNG state atomically; ``state.json`` last.
 
@@ -173,7 +170,7 @@ def _save_checkpoint(ck: Path, model: Any, opt: Any, state: Mapping[str, Any]) -
     with atomic_path(ck / "rng.pt") as tmp:
         torch.save(torch.get_rng_state(), tmp)
     write_json(ck / "state.json", {**state, "files_sha256": {
-        f: _file_sha256(ck / f) for f in _CHECKPOINT_FILES}})
+        f: sha256_file(ck / f) for f in _CHECKPOINT_FILES}})
 
 
 def _checkpoint_whole(ck: Path, state: Mapping[str, Any]) -> bool:
@@ -182,7 +179,7 @@ def _checkpoint_whole(ck: Path, state: Mapping[str, Any]) -> bool:
     A checkpoint written before the hashes were recorded is taken as whole.
     """
     want = state.get("files_sha256")
-    return want is None or all((ck / f).exists() and _file_sha256(ck / f) == want.get(f)
+    return want is None or all((ck / f).exists() and sha256_file(ck / f) == want.get(f)
                                for f in _CHECKPOINT_FILES)
 
 
@@ -320,10 +317,10 @@ def train_adapter(handle: ModelHandle, encoded: Sequence[Mapping[str, list[int]]
                              "train_cpu_seconds": 0.0, "trains": trains}
     if (ck / "state.json").exists():
         saved = read_json(ck / "state.json")
-        if saved.get("trains", trains) != trains or not _checkpoint_whole(ck, saved):
+        other = saved.get("trains", trains) != trains
+        if other or not _checkpoint_whole(ck, saved):
             why = ("is of another training (settings, base model or training set differ)"
-                   if saved.get("trains", trains) != trains
-                   else "has files from different steps")
+                   if other else "has files from different steps")
             log(f"[{name}] checkpoint {ck} {why}: started again from step 0")
             shutil.rmtree(ck)
         else:
