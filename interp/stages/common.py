@@ -33,7 +33,7 @@ from interp.stages.contract import check_needs
 from interp.store.records import limit_per_dataset
 from interp.store.rundir import RunDir
 
-__all__ = ["Stage", "check_against_shape", "check_run_model", "load_run_model",
+__all__ = ["Stage", "check_against_shape", "check_run_model", "current_share", "load_run_model",
            "ok_records", "own_share", "refuse_reasoning_judge", "refuse_served", "run_judge",
            "share_of_records", "stage_facts"]
 
@@ -61,6 +61,11 @@ def share_of_records(index: int, count: int) -> Iterator[None]:
         yield
     finally:
         _SHARE.reset(token)
+
+
+def current_share() -> tuple[int, int] | None:
+    """This process's ``(index, count)`` within :func:`share_of_records`, else None."""
+    return _SHARE.get()
 
 
 def own_share(records: Sequence[Mapping[str, Any]], index: int, count: int) -> list[Any]:

@@ -84,7 +84,7 @@ class Part:
     Attributes:
         pattern: its path relative to the run directory; ``{dataset}`` and ``{id}`` are the
             record's (file-safe: ``naming``), other ``{...}`` are the stage's own coordinates
-            (``{pairs}``, ``{kind}``, ``{task}``, ``{adapter}``, ``{model}``).
+            (``{pairs}``, ``{kind}``, ``{task}``, ``{adapter}``, ``{model}``, ``{rate}``).
         label: what it is called in messages (``"steering parts"``).
         keyed: ``record`` (one file or folder per record), ``rows`` (rows of many records in
             one file, keyed ``dataset/id`` in its metadata ``keys``), ``lines`` (JSON lines,
@@ -147,11 +147,12 @@ class StageSpec:
         figures: figure files it draws (glob patterns relative to the run directory).
         tables_only: the module's function that rebuilds ``tables`` and ``figures`` from the
             parts without a model (``fn(run_dir, cfg)``); None: rerun the stage.
-        parts_only: the module's function that makes the stage's per-record parts and
-            nothing else (``fn(run_dir, handle, cfg, *, overwrite, log)``). Under torchrun
-            every process runs it on its share of the selected records
-            (:func:`interp.stages.common.share_of_records`), then rank 0 runs the stage, which
-            finds every part fresh and writes the tables once. None: rank 0 runs the stage
+        parts_only: the module's function that makes the stage's parts and nothing else
+            (``fn(run_dir, handle, cfg, *, overwrite, log)``). Under torchrun every process
+            runs it on its share (:func:`interp.stages.common.share_of_records`: of the
+            selected records; for ``transfer``, of its training: the learning-rate
+            candidates, or the adapters), then rank 0 runs the stage, which finds every part
+            fresh and writes the tables once. None: rank 0 runs the stage
             alone, because its selection depends on its own results (patching keeps the first
             ``limit`` pairs that build) or its parts are shared files (probe feature caches,
             the reasoning judge's ``records.jsonl``).
@@ -245,11 +246,14 @@ SPECS: tuple[StageSpec, ...] = (
         help="Study 3: hard negatives, LoRA-Gen/Eval/Both adapters, transfer table and figures.",
         parts=(Part("transfer/adapters/{adapter}/adapter_config.json", "trained adapters",
                     "step", "transfer/config.json (settings and provenance)"),
+               Part("transfer/select/lr_{rate}/heldout/{adapter}.jsonl",
+                    "learning-rate selection files", "step",
+                    "transfer/config.json (settings and provenance)"),
                Part("transfer/eval/{model}__{dataset}.jsonl", "transfer evaluations", "step",
                     "transfer/config.json (settings and provenance)")),
         tables=("transfer/table.json", "transfer/patching.json", "transfer/summary.json"),
         summaries={"transfer/table.json": "transfer_table.json"},
-        figures=("figures/transfer_*.png",)),
+        figures=("figures/transfer_*.png",), parts_only="make_parts"),
     StageSpec(
         name="patching", command="patch", module="interp.stages.patching",
         config="PatchingConfig", folder="patching", needs=(_RECORDS,),

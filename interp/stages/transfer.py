@@ -41,7 +41,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,14 @@ from interp.stages.transfer_config import (
     _heldout,
 )
 from interp.stages.transfer_table import build_table, format_table
-from interp.store.io import read_json, read_jsonl, signature, write_json, write_jsonl
+from interp.store.io import (
+    read_json,
+    read_jsonl,
+    signature,
+    write_json,
+    write_jsonl,
+    write_jsonl_once,
+)
 from interp.store.rundir import RunDir
 from interp.transfer import (
     build_training_sets,
@@ -181,12 +188,15 @@ def reconcile_config(tdir: Path, config: TransferConfig, overwrite: bool,
 
 def _hard_negatives(tdir: Path, handle: ModelHandle, pool: list[QAExample], oracle: BaseOracle,
                     config: TransferConfig, log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Step 2, read back when ``hard_negatives.jsonl`` exists for the same pool."""
+    """Step 2, read back when ``hard_negatives.jsonl`` exists for the same pool.
+
+    Mined only when the file is missing; written only when it is still missing then
+    (:func:`interp.store.io.write_jsonl_once`), so processes that mine at once use one file.
+    """
     path = tdir / "hard_negatives.jsonl"
     if not path.exists():
-        negatives = mine_hard_negatives(handle, pool, oracle, config, log=log)
-        write_jsonl(path, negatives)
-        return negatives
+        # first writer wins: processes that mine together (make_parts) all use one file
+        write_jsonl_once(path, mine_hard_negatives(handle, pool, oracle, config, log=log))
     negatives = read_jsonl(path)
     if [r["id"] for r in negatives] != [ex.id for ex in pool]:
         raise TransferError(f"{path} does not match the training pool; delete it or use "
@@ -219,6 +229,98 @@ def _eval_kw(template: Template, oracle: BaseOracle, config: TransferConfig) -> 
     return dict(template=template, oracle=oracle, max_new_tokens=config.max_new_tokens,
                 verdict_max_new_tokens=config.verdict_max_new_tokens,
                 batch_size=config.batch_size)
+
+
+def selection_candidates(config: TransferConfig) -> list[tuple[float | None, str]]:
+    """The parts of the learning-rate selection, in the order :func:`select_learning_rates` runs.
+
+    The base model's held-out records ``(None, "base")``, then every ``(rate, adapter)`` of
+    ``lr_grid`` x :data:`ADAPTERS` (rate-major); :func:`make_parts` deals them out in turn.
+    """
+    return [(None, "base")] + [(lr, name) for lr in config.lr_grid or () for name in ADAPTERS]
+
+
+class _Selection:
+    """The held-out split, training sets and per-candidate held-out records of the selection.
+
+    :meth:`score` reads a candidate's held-out records, or trains it (``select/lr_<rate>/``,
+    resumable) and runs them first; every part is its own files, so processes that make
+    different candidates never write the same file.
+    """
+
+    def __init__(self, tdir: Path, handle: ModelHandle, template: Template,
+                 oracle: BaseOracle, pool: Sequence[QAExample],
+                 negatives: Sequence[Mapping[str, Any]], config: TransferConfig,
+                 log: Callable[[str], None]):
+        train_idx, held_idx = holdout_split(len(pool), config.select_holdout)
+        if len(train_idx) < config.train_batch_size:
+            raise TransferError(
+                f"the training pool has {len(pool)} records, too few to hold out "
+                f"select_holdout = {config.select_holdout} and train on train_batch_size = "
+                f"{config.train_batch_size}; lower select_holdout or raise max_train_examples")
+        self.handle, self.template, self.config, self.log = handle, template, config, log
+        self.train = [pool[i] for i in train_idx]
+        self.held = [pool[i] for i in held_idx]
+        self.sets = build_training_sets(self.train, [negatives[i] for i in train_idx],
+                                        seed=config.seed)
+        # what every judge is scored on: each held-out record's gold answer and hard negative
+        self.judged_exs = self.held + self.held
+        self.judged_answers = ([ex.answers[0] for ex in self.held]
+                               + [negatives[i]["hard_negative"] for i in held_idx])
+        self.kw, self.sdir = _eval_kw(template, oracle, config), tdir / "select"
+
+    def trained(self, lr: float, name: str) -> dict[str, Any]:
+        """Train (or read back) candidate ``(lr, name)``; its training metadata."""
+        return _train(self.sdir / f"lr_{lr:g}", self.handle, self.template, self.sets,
+                      replace(self.config, lr=lr), self.log, names=[name])[name]
+
+    def _held_out(self, path: Path, name: str, load: Callable[[], ModelHandle],
+                  judge: bool) -> list[dict[str, Any]]:
+        if not path.exists():
+            model = load()  # trains the candidate first when it must: not in the timing
+            t0 = time.perf_counter()
+            recs = (evaluate_examples(model, self.judged_exs, candidates=self.judged_answers,
+                                      **self.kw)
+                    if judge else evaluate_examples(model, self.held, **self.kw))
+            write_jsonl(path, recs)
+            self.log(f"[select] {name}: {'judged' if judge else 'Study 1 on'} {len(recs)} "
+                     f"held-out {'answers' if judge else 'records'} in "
+                     f"{time.perf_counter() - t0:.1f} s")
+        return read_jsonl(path)
+
+    def files(self, lr: float | None, name: str) -> dict[str, Path]:
+        """The held-out record files of candidate ``(lr, name)`` (``lr`` None: the base)."""
+        if lr is None:
+            sub, stem, rule = self.sdir, "heldout_base", SELECTION_RULE["lora_both"]
+        else:
+            sub, stem = self.sdir / f"lr_{lr:g}" / "heldout", name
+            rule = SELECTION_RULE.get(name, ("GA", "judge_balanced_accuracy"))
+        return {**({"own": sub / f"{stem}.jsonl"} if "GA" in rule else {}),
+                **({"judged": sub / f"{stem}__judge.jsonl"}
+                   if "judge_balanced_accuracy" in rule else {})}
+
+    def score(self, lr: float | None, name: str) -> dict[str, Any]:
+        """Candidate ``(lr, name)``'s held-out score, its records made first when missing.
+
+        :func:`interp.transfer_selection.selection_score`; the base model (``lr`` None) is
+        scored by LoRA-Both's rule.
+        """
+        loaded: list[ModelHandle] = []
+
+        def load() -> ModelHandle:
+            if lr is None:
+                return self.handle
+            if not loaded:
+                self.trained(lr, name)
+                loaded.append(load_adapter(self.handle,
+                                           self.sdir / f"lr_{lr:g}" / "adapters" / name,
+                                           name=name))
+            return loaded[0]
+
+        label = "base" if lr is None else f"{name} lr {lr:g}"
+        return selection_score("lora_both" if lr is None else name, **{
+            k: self._held_out(p, label, load, k == "judged")
+            for k, p in self.files(lr, name).items()})
 
 
 def select_learning_rates(tdir: Path, handle: ModelHandle, template: Template,
@@ -256,67 +358,16 @@ def select_learning_rates(tdir: Path, handle: ModelHandle, template: Template,
         TransferError: a pool too small to hold out ``select_holdout`` records and still train
             on ``train_batch_size`` (before any training).
     """
-    train_idx, held_idx = holdout_split(len(pool), config.select_holdout)
-    if len(train_idx) < config.train_batch_size:
-        raise TransferError(
-            f"the training pool has {len(pool)} records, too few to hold out "
-            f"select_holdout = {config.select_holdout} and train on train_batch_size = "
-            f"{config.train_batch_size}; lower select_holdout or raise max_train_examples")
-    train = [pool[i] for i in train_idx]
-    held = [pool[i] for i in held_idx]
-    sets = build_training_sets(train, [negatives[i] for i in train_idx], seed=config.seed)
-    # what every judge is scored on: each held-out record's gold answer and hard negative
-    judged_exs = held + held
-    judged_answers = ([ex.answers[0] for ex in held]
-                      + [negatives[i]["hard_negative"] for i in held_idx])
-    kw, sdir = _eval_kw(template, oracle, config), tdir / "select"
-
-    def held_out(path: Path, name: str, load: Callable[[], ModelHandle],
-                 judge: bool) -> list[dict[str, Any]]:
-        if not path.exists():
-            model = load()  # trains the candidate first when it must: not in the timing
-            t0 = time.perf_counter()
-            recs = (evaluate_examples(model, judged_exs, candidates=judged_answers, **kw)
-                    if judge else evaluate_examples(model, held, **kw))
-            write_jsonl(path, recs)
-            log(f"[select] {name}: {'judged' if judge else 'Study 1 on'} {len(recs)} held-out "
-                f"{'answers' if judge else 'records'} in {time.perf_counter() - t0:.1f} s")
-        return read_jsonl(path)
-
-    def files(sub: Path, name: str) -> dict[str, Path]:
-        rule = SELECTION_RULE.get(name, ("GA", "judge_balanced_accuracy"))
-        return {**({"own": sub / f"{name}.jsonl"} if "GA" in rule else {}),
-                **({"judged": sub / f"{name}__judge.jsonl"}
-                   if "judge_balanced_accuracy" in rule else {})}
-
-    base = selection_score("lora_both", **{
-        k: held_out(p, "base", lambda: handle, k == "judged")
-        for k, p in files(sdir, "heldout_base").items()})
+    sel = _Selection(tdir, handle, template, oracle, pool, negatives, config, log)
+    base = sel.score(None, "base")
     scores: dict[float, dict[str, dict[str, Any]]] = {}
-
-    def trained(lr: float, name: str) -> dict[str, Any]:
-        return _train(sdir / f"lr_{lr:g}", handle, template, sets, replace(config, lr=lr), log,
-                      names=[name])[name]
-
-    for lr in config.lr_grid or ():
-        scores[lr] = {}
-        for name in ADAPTERS:
-            loaded: list[ModelHandle] = []
-
-            def load(lr: float = lr, name: str = name, loaded: list = loaded) -> ModelHandle:
-                if not loaded:
-                    trained(lr, name)
-                    loaded.append(load_adapter(handle, sdir / f"lr_{lr:g}" / "adapters" / name,
-                                               name=name))
-                return loaded[0]
-
-            sub = sdir / f"lr_{lr:g}" / "heldout"
-            sc = scores[lr][name] = selection_score(name, **{
-                k: held_out(p, f"{name} lr {lr:g}", load, k == "judged")
-                for k, p in files(sub, name).items()})
-            log(f"[select] {name} lr {lr:g}: score {sc['score']} (GA {sc['GA']}, judge "
-                f"balanced accuracy {sc['judge_balanced_accuracy']}, accepts "
-                f"{sc['accept_share']}{', collapsed' if sc['collapsed'] else ''})")
+    for lr, name in selection_candidates(config)[1:]:
+        sc = scores.setdefault(lr, {})[name] = sel.score(lr, name)
+        log(f"[select] {name} lr {lr:g}: score {sc['score']} (GA {sc['GA']}, judge "
+            f"balanced accuracy {sc['judge_balanced_accuracy']}, accepts "
+            f"{sc['accept_share']}{', collapsed' if sc['collapsed'] else ''})")
+    train, held, sets, sdir = sel.train, sel.held, sel.sets, sel.sdir
+    trained = sel.trained
     chosen = choose_learning_rates(scores)
     metas = {}
     for name, ch in chosen.items():
@@ -479,6 +530,82 @@ def _summary(config: TransferConfig, pool: list, negatives: list[dict], table: M
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass
+class _Prepared:
+    """Steps 1-2 and the checks, shared by :func:`run` and :func:`make_parts`."""
+
+    run_dir: RunDir
+    cfg: TransferConfig
+    tdir: Path
+    template: Template
+    pool: list[QAExample]
+    val: dict[str, list[QAExample]]
+    oracle: BaseOracle
+    negatives: list[dict[str, Any]]
+    hard_negatives_s: float
+
+
+def _prepare(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig,
+             overwrite: bool, log: Callable[[str], None]) -> _Prepared:
+    run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    cfg = replace(cfg, model=handle.spec)  # the base model is the one given
+    tdir = run_dir.sub("transfer")
+    parse_layers(cfg.patch_layers, handle.n_layers, default="all")  # fail before slow work
+    template = get_template(cfg.template, cfg.templates_path)
+    pool = training_pool(cfg, handle.tokenizer, template, log=log)
+    val = {ds: load_examples(ds, split="validation", limit=cfg.eval_limit,
+                             from_hub=cfg.from_hub) for ds in cfg.datasets}
+    reconcile_config(tdir, cfg, overwrite, provenance(handle, cfg, template, pool, val))
+    if run_dir.manifest_path.exists():  # the full runtime facts, per stage (checked above)
+        stage_facts(run_dir, handle, NAME, overwrite=True)
+    oracle = make_oracle(cfg.oracle, device=cfg.device, dtype=cfg.dtype)
+    t0 = time.perf_counter()
+    negatives = _hard_negatives(tdir, handle, pool, oracle, cfg, log)
+    return _Prepared(run_dir, cfg, tdir, template, pool, val, oracle, negatives,
+                     time.perf_counter() - t0)
+
+
+def make_parts(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig, *,
+               overwrite: bool = False, log: Callable[[str], None] = print) -> int:
+    """The stage contract's ``parts_only``: this process's share of the training.
+
+    Within :func:`interp.stages.common.share_of_records` ``(index, count)`` (the parts phase
+    of :func:`interp.pipeline.run_config` under torchrun), steps 1-2 as :func:`run` does them,
+    then: with ``lr_grid``, the :func:`selection_candidates` ``k`` with ``k mod count ==
+    index`` (each trained into ``select/lr_<rate>/`` and run on the held-out records); without
+    it, the adapters of :data:`ADAPTERS` dealt out the same way (``adapters/<adapter>/``).
+    Rank 0 then runs :func:`run`, which finds them made and trains nothing again. Outside a
+    share, every part. Each part is resumable like :func:`run`'s.
+
+    Every process mines the hard negatives when ``hard_negatives.jsonl`` is missing; the
+    first file written is kept and used by all (:func:`_hard_negatives`).
+
+    Returns:
+        The number of parts this process owns (made now or found made).
+
+    Raises:
+        TransferError: as :func:`run`, before any training.
+    """
+    from interp.stages.common import current_share
+
+    index, count = current_share() or (0, 1)
+    p = _prepare(run_dir, handle, cfg, overwrite, log)
+    if p.cfg.lr_grid:
+        sel = _Selection(p.tdir, handle, p.template, p.oracle, p.pool, p.negatives, p.cfg,
+                         log)
+        mine = selection_candidates(p.cfg)[index::count]
+        for lr, name in mine:
+            sel.score(lr, name)
+        log(f"[select] share {index} of {count}: {len(mine)} candidates made")
+        return len(mine)
+    mine_names = list(ADAPTERS[index::count])
+    if mine_names:
+        _train(p.tdir, handle, p.template, build_training_sets(p.pool, p.negatives,
+                                                                seed=p.cfg.seed),
+               p.cfg, log, names=mine_names)
+    return len(mine_names)
+
+
 def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig, *,
         overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run Study 3 into ``DIR/transfer/`` (module docstring), resuming finished steps.
@@ -500,22 +627,11 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig, 
             ``overwrite``.
         LayerSpecError: bad ``patch_layers``.
     """
-    run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-    cfg = replace(cfg, model=handle.spec)  # the base model is the one given
-    tdir = run_dir.sub("transfer")
-    parse_layers(cfg.patch_layers, handle.n_layers, default="all")  # fail before slow work
-    template = get_template(cfg.template, cfg.templates_path)
-    t_start, timings = time.perf_counter(), {}
-    pool = training_pool(cfg, handle.tokenizer, template, log=log)
-    val = {ds: load_examples(ds, split="validation", limit=cfg.eval_limit,
-                             from_hub=cfg.from_hub) for ds in cfg.datasets}
-    reconcile_config(tdir, cfg, overwrite, provenance(handle, cfg, template, pool, val))
-    if run_dir.manifest_path.exists():  # the full runtime facts, per stage (checked above)
-        stage_facts(run_dir, handle, NAME, overwrite=True)
-    oracle = make_oracle(cfg.oracle, device=cfg.device, dtype=cfg.dtype)
-    t0 = time.perf_counter()
-    negatives = _hard_negatives(tdir, handle, pool, oracle, cfg, log)
-    timings["hard_negatives_s"] = time.perf_counter() - t0
+    t_start = time.perf_counter()
+    p = _prepare(run_dir, handle, cfg, overwrite, log)
+    run_dir, cfg, tdir, template, pool, val, oracle, negatives = (
+        p.run_dir, p.cfg, p.tdir, p.template, p.pool, p.val, p.oracle, p.negatives)
+    timings: dict[str, float] = {"hard_negatives_s": p.hard_negatives_s}
     fallback_rate = sum(r["fallback"] for r in negatives) / len(negatives)
     log(f"[hard negatives] {len(negatives)} records, fallback (answer rotation) rate "
         f"{fallback_rate:.2f}")

@@ -87,6 +87,25 @@ def write_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
     return atomic_write_text(path, json_lines(nan_to_none(r) for r in rows))
 
 
+def write_jsonl_once(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> bool:
+    """Write rows as JSON lines to ``path`` only if no file is there yet; whether it wrote.
+
+    Like :func:`write_jsonl`, but the temporary file is hard-linked onto ``path``, which
+    fails when ``path`` exists: of processes that make the same file at once, the first
+    writer's whole file stays and the others' are dropped (never a mix, never overwritten).
+    """
+    path = Path(path)
+    tmp = tmp_path_for(path)
+    atomic_write_text(tmp, json_lines(nan_to_none(r) for r in rows))
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Read a JSON-lines file (:func:`interp.jsonl.parse_jsonl`; blank lines skipped).
 

@@ -84,14 +84,15 @@ def test_the_layout_derives_from_the_parts(tmp_path):
 def test_kept_work_counts_every_declared_part(tmp_path):
     for s in SPECS:
         for p in s.parts:
-            coords = {k: "x" for k in ("pairs", "kind", "task", "adapter", "model")}
+            coords = {k: "x" for k in ("pairs", "kind", "task", "adapter", "model", "rate")}
             f = p.path(tmp_path, "d", "1", **coords) if "{id}" in p.pattern else p.path(
                 tmp_path, **{**coords, "dataset": "d"})
             f.parent.mkdir(parents=True, exist_ok=True)
             f.write_text('{"id": "1"}\n{"id": "2"}\n')
     said = kept_work([tmp_path])
     assert said.startswith("2 records, 1 attention recordings, 1 saved activations, 1 probe "
-                           "feature caches, 1 trained adapters")
+                           "feature caches, 1 trained adapters, 1 learning-rate selection "
+                           "files, 1 transfer evaluations")
     assert said.endswith(f"1 steering parts, 1 recorded prompts, 2 reasoning judgments, 1 "
                          f"reasoning span masses in {tmp_path}")
 

@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from interp.jsonl import json_line, parse_jsonl
-from interp.store.io import read_jsonl, write_jsonl
+from interp.store.io import read_jsonl, write_jsonl, write_jsonl_once
 from interp.store.rundir import RunDir
 
 ODD = "line\u2028sep para\u2029sep next\x85line form\x0cfeed vt\x0b gs\x1d 東京 🗼"
@@ -168,3 +168,12 @@ def test_second_dataset_into_one_out_is_said_and_user_fields_are_kept(tiny, tmp_
                   log=said.append)
     assert any(f"{out} holds a run on {data}: adding squad_v2 to it" in s for s in said)
     assert {r["dataset"] for r in RunDir(out).read_records()} == {"my_qa", "squad_v2"}
+
+
+def test_write_once_keeps_the_first_writers_whole_file(tmp_path):
+    """Processes that make the same file at once: the first whole file stays, no temporary left."""
+    path = tmp_path / "hard_negatives.jsonl"
+    assert write_jsonl_once(path, [{"id": "a", "n": 1}, {"id": "b", "n": 2}]) is True
+    assert write_jsonl_once(path, [{"id": "a", "n": 9}]) is False
+    assert read_jsonl(path) == [{"id": "a", "n": 1}, {"id": "b", "n": 2}]
+    assert [p.name for p in tmp_path.iterdir()] == ["hard_negatives.jsonl"]

@@ -171,3 +171,52 @@ def test_paired_vs_base_pairs_records_and_judges_the_same_answers():
     assert sq["accept_right_base_answers"]["mean"] == pytest.approx(0.0)
     assert sq["GA"]["n_passages"] == 3 and len(sq["GA"]["ci"]) == 2
     assert v["overall"]["GA"] == sq["GA"]
+
+
+def test_shares_of_the_training_then_the_stage_equal_one_process(tiny, tmp_path):
+    """Shares of the training, then the stage, choose as one process does.
+
+    Under torchrun each process makes its share of the training (the contract's
+    ``parts_only``: learning-rate candidates dealt out in turn), then rank 0's ``run`` finds
+    them made: nothing trained or evaluated twice.
+    """
+    from interp.stages.common import share_of_records
+    from interp.stages.transfer import make_parts, selection_candidates
+
+    cfg = TransferConfig(max_train_examples=6, select_holdout=2, lr_grid=[1e-3, 1e-4],
+                         eval_limit=1, train_batch_size=2, hard_negative_attempts=1,
+                         hard_negative_max_new_tokens=4, max_new_tokens=4,
+                         verdict_max_new_tokens=2, patch_examples=0, n_boot=20, rank=2,
+                         max_length=400)
+    assert selection_candidates(cfg) == [(None, "base")] + [
+        (lr, n) for lr in (1e-4, 1e-3) for n in ("lora_gen", "lora_eval", "lora_both")]
+    run(tmp_path / "one", tiny, cfg, log=lambda x: None)
+    one = json.loads((tmp_path / "one" / "transfer" / "select.json").read_text())
+    td = tmp_path / "split" / "transfer"
+
+    def heldout():
+        return {str(p.relative_to(td)): p.stat().st_mtime_ns
+                for p in (td / "select").rglob("*.jsonl") if "heldout" in str(p)}
+    made, seen = [], {}
+    for i in (0, 1):
+        with share_of_records(i, 2):
+            made.append(make_parts(tmp_path / "split", tiny, cfg, log=lambda x: None))
+        now = heldout()
+        assert {k: now[k] for k in seen} == seen  # share 1 left share 0's candidates alone
+        seen = now
+    assert made == [4, 3] and not (td / "select.json").exists()
+    # share 0: the base, LoRA-Eval at 1e-4, LoRA-Gen and LoRA-Both at 1e-3; share 1 the rest
+    assert sorted(p.parent.name + "/" + p.name for p in td.glob("select/lr_*/adapters/*")) == [
+        "adapters/lora_both", "adapters/lora_both", "adapters/lora_eval", "adapters/lora_eval",
+        "adapters/lora_gen", "adapters/lora_gen"]
+    assert len(seen) == 2 + 2 * 4
+    run(tmp_path / "split", tiny, cfg, log=lambda x: None)
+    assert heldout() == seen  # rank 0 trained and evaluated no candidate again
+    split = json.loads((td / "select.json").read_text())
+    assert split["candidates"] == one["candidates"] and split["chosen"] == one["chosen"]
+    assert split["base"] == one["base"] and split["holdout_ids"] == one["holdout_ids"]
+    # without lr_grid the three adapters are dealt out the same way
+    cfg.lr_grid = None
+    with share_of_records(1, 2):
+        assert make_parts(tmp_path / "plain", tiny, cfg, log=lambda x: None) == 1
+    assert [p.name for p in (tmp_path / "plain/transfer/adapters").iterdir()] == ["lora_eval"]
