@@ -159,6 +159,40 @@ def summarise(pairs: list[dict[str, Any]], heads: dict[str, tuple[int, tuple]],
     return out
 
 
+def swept_pairs(rd: RunDir, handle: Any) -> tuple[list[Path], Any]:
+    """The candidate-swap heads sweep's part files and ``rebuild(part) -> (clean, corrupt)``.
+
+    ``rebuild`` renders the pair's two judge prompts from the run's record and the part's
+    stored answers, and checks their token counts against the part's.
+
+    Raises:
+        SystemExit: no swept pair, or a rebuilt pair whose token counts differ.
+    """
+    d = rd.path / "patching" / "candidate-swap"
+    parts = sorted((d / "heads" / "parts").glob("*.json"))
+    if not parts:
+        raise SystemExit(f"{d}/heads/parts has no swept pair: run the heads sweep first")
+    manifest, records = ok_records(rd, handle, None, stage="patching")
+    mcfg = manifest.get("config", {})
+    template = get_template(mcfg.get("template", "default"), mcfg.get("templates_path"))
+    by_key = {(r["dataset"], str(r["id"])): r for r in records}
+
+    def rebuild(part: dict[str, Any]) -> tuple[Any, Any]:
+        meta = part["meta"]
+        rec = by_key[(meta["dataset"], str(meta["id"]))]
+        gold = next(a for a in rec["answers"] if a.strip())
+        kw = {"context": rec["context"], "question": rec["question"], "reference": gold}
+        clean = render(handle.tokenizer, template, "eval", answer=meta["clean_answer"], **kw)
+        corrupt = render(handle.tokenizer, template, "eval", answer=meta["corrupt_answer"], **kw)
+        if (len(clean), len(corrupt)) != (meta["n_clean"], meta["n_tokens"]):
+            raise SystemExit(f"{meta['dataset']}/{meta['id']}: rebuilt pair has {len(clean)}/"
+                             f"{len(corrupt)} tokens, the sweep's {meta['n_clean']}/"
+                             f"{meta['n_tokens']}")
+        return clean, corrupt
+
+    return parts, rebuild
+
+
 def main(run: str, out_json: str, specs: list[str]) -> None:
     """Rebuild the swept pairs, patch each named head both ways, write ``out_json``.
 
@@ -166,16 +200,9 @@ def main(run: str, out_json: str, specs: list[str]) -> None:
     heads patches only the pairs it lacks.
     """
     rd, out = RunDir(run), Path(out_json)
-    d = rd.path / "patching" / "candidate-swap"
-    parts = sorted((d / "heads" / "parts").glob("*.json"))
-    if not parts:
-        raise SystemExit(f"{d}/heads/parts has no swept pair: run the heads sweep first")
     handle = load_run_model(rd, device="cpu", dtype="float32")
     heads = parse_heads(specs, handle.n_layers, handle.model.config.num_attention_heads)
-    manifest, records = ok_records(rd, handle, None, stage="patching")
-    mcfg = manifest.get("config", {})
-    template = get_template(mcfg.get("template", "default"), mcfg.get("templates_path"))
-    by_key = {(r["dataset"], str(r["id"])): r for r in records}
+    parts, rebuild = swept_pairs(rd, handle)
     att_layers = sorted({layer for layer, _ in heads.values()})
     head_d = {s: [layer, list(hs)] for s, (layer, hs) in heads.items()}
     old = json.loads(out.read_text()) if out.exists() else {}
@@ -191,14 +218,7 @@ def main(run: str, out_json: str, specs: list[str]) -> None:
             pairs_out.append(done[key])
             continue
         t0 = time.perf_counter()
-        rec = by_key[key]
-        gold = next(a for a in rec["answers"] if a.strip())
-        kw = {"context": rec["context"], "question": rec["question"], "reference": gold}
-        clean = render(handle.tokenizer, template, "eval", answer=meta["clean_answer"], **kw)
-        corrupt = render(handle.tokenizer, template, "eval", answer=meta["corrupt_answer"], **kw)
-        if (len(clean), len(corrupt)) != (meta["n_clean"], meta["n_tokens"]):
-            raise SystemExit(f"{f.name}: rebuilt pair has {len(clean)}/{len(corrupt)} tokens, "
-                             f"the sweep's {meta['n_clean']}/{meta['n_tokens']}")
+        clean, corrupt = rebuild(part)
         attention = {name: {str(k): v for k, v in candidate_attention(handle, pr, att_layers)
                             .items()} for name, pr in (("clean", clean), ("corrupt", corrupt))}
         if key in done:  # patched before attention was measured: add it

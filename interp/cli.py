@@ -246,10 +246,11 @@ def run_cmd(
     shard: Annotated[str | None, typer.Option(help=_SHARD_HELP)] = None,
 ) -> None:
     """Run a configured grid (models x datasets) and its stages."""
+    doc = read_toml(config)  # a missing or broken file is said before the slow imports
     from interp.launch import current_shard, finish
     from interp.pipeline import out_dir, run_config
 
-    _watch(out or out_dir(read_toml(config), config))
+    _watch(out or out_dir(doc, config))
     try:
         run_config(config, overwrite=overwrite, only=split_list(only or []) or None, out=out,
                    log=typer.echo, shard=current_shard(shard))

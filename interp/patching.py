@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +82,7 @@ __all__ = [
     "Patch",
     "PatchResult",
     "Patcher",
+    "own_activation",
     "patch",
     "ratio_of_sums",
     "patchable_positions",
@@ -244,6 +245,11 @@ class Patcher:
             key/value cache (``hf`` only).
         donor: the model of the clean run (default ``handle``): cross-model patching.
         replies: the verdict replies' tokens (default: :func:`interp.verdict.verdict_replies`).
+        held: hook -> activation ``[S_corrupt, ...]`` that a patch of that hook puts in place
+            of the clean run's. With the corrupt run's own activation
+            (:func:`own_activation`) a patch holds the unit still while other patches act:
+            every path through it is blocked (path patching in its blocking form, Wang et
+            al. 2022 section 3.1; ``experiments/path_test.py``).
 
     Attributes:
         shared: length of the shared prefix (module step 1); 0 with another donor model.
@@ -259,7 +265,8 @@ class Patcher:
     def __init__(self, handle: ModelHandle, clean_ids: TokenIds, corrupt_ids: TokenIds, *,
                  pos_map: Sequence[int] | None = None, backend: str = "hf",
                  batch_size: int = 16, prefix_cache: bool = True,
-                 donor: ModelHandle | None = None, replies: VerdictReplies | None = None):
+                 donor: ModelHandle | None = None, replies: VerdictReplies | None = None,
+                 held: Mapping[str, Tensor] | None = None):
         self.handle = handle
         self.clean_ids = _as_ids(clean_ids, "clean_ids").to(handle.device)
         self.corrupt_ids = _as_ids(corrupt_ids, "corrupt_ids").to(handle.device)
@@ -286,6 +293,11 @@ class Patcher:
         self.batch_size = batch_size
         self.use_prefix = prefix_cache and isinstance(self.be, HFBackend) and 0 < self.start < n
         self.replies = replies or verdict_replies(handle.tokenizer)
+        self.held = dict(held or {})
+        for h, v in self.held.items():
+            if v.shape[0] != n:
+                raise PatchingError(f"held {h}: {v.shape[0]} positions, the corrupt prompt has "
+                                    f"{n}")
         self._clean_cache: dict[str, Tensor] = {}
         self._attribution: dict[tuple, dict[str, np.ndarray]] = {}
         self._prefix = None
@@ -339,7 +351,9 @@ class Patcher:
             self.corrupt_lp = lp.double().cpu()
 
     def source(self, hook: str) -> Float[Tensor, "pos ..."]:
-        """Clean activation mapped onto corrupt positions ``[S_corrupt, ...]``."""
+        """Clean activation mapped onto corrupt positions ``[S_corrupt, ...]`` (or the held one)."""
+        if hook in self.held:
+            return self.held[hook].to(self.handle.device)
         act = self._clean_cache[hook]
         return act[self.pos_map.clamp(min=0).to(act.device)]
 
@@ -544,6 +558,20 @@ class Patcher:
         grads = {h: x.sum(0)[:n] for h, x in zip(hooks, g)}
         acts = {h: out.acts[h][0, :n].detach() for h in hooks}
         return grads, acts
+
+
+def own_activation(handle: ModelHandle, ids: TokenIds, hook: str, *,
+                   backend: str = "hf") -> Float[Tensor, "seq ..."]:
+    """``hook``'s activation in the plain forward of ``ids``: ``[seq, ...]``.
+
+    What :class:`Patcher`'s ``held`` takes to hold a unit at the corrupt run's own value.
+
+    Raises:
+        HookError / LayerSpecError: an unknown hook point or layer.
+    """
+    p = Patcher(handle, ids, ids, backend=backend, prefix_cache=False)
+    p.ensure_clean([hook])
+    return p.source(hook)
 
 
 def patch(handle: ModelHandle, clean_ids: TokenIds, corrupt_ids: TokenIds, *, hook: str,

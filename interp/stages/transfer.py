@@ -318,9 +318,14 @@ class _Selection:
             return loaded[0]
 
         label = "base" if lr is None else f"{name} lr {lr:g}"
-        return selection_score("lora_both" if lr is None else name, **{
+        sc = selection_score("lora_both" if lr is None else name, **{
             k: self._held_out(p, label, load, k == "judged")
             for k, p in self.files(lr, name).items()})
+        if lr is not None:
+            self.log(f"[select] {label}: score {sc['score']} (GA {sc['GA']}, judge balanced "
+                     f"accuracy {sc['judge_balanced_accuracy']}, accepts "
+                     f"{sc['accept_share']}{', collapsed' if sc['collapsed'] else ''})")
+        return sc
 
 
 def select_learning_rates(tdir: Path, handle: ModelHandle, template: Template,
@@ -362,10 +367,7 @@ def select_learning_rates(tdir: Path, handle: ModelHandle, template: Template,
     base = sel.score(None, "base")
     scores: dict[float, dict[str, dict[str, Any]]] = {}
     for lr, name in selection_candidates(config)[1:]:
-        sc = scores.setdefault(lr, {})[name] = sel.score(lr, name)
-        log(f"[select] {name} lr {lr:g}: score {sc['score']} (GA {sc['GA']}, judge "
-            f"balanced accuracy {sc['judge_balanced_accuracy']}, accepts "
-            f"{sc['accept_share']}{', collapsed' if sc['collapsed'] else ''})")
+        scores.setdefault(lr, {})[name] = sel.score(lr, name)
     train, held, sets, sdir = sel.train, sel.held, sel.sets, sel.sdir
     trained = sel.trained
     chosen = choose_learning_rates(scores)

@@ -453,3 +453,36 @@ def test_stage_limit_kept_counts_pairs_over_min_gap_and_sweeps_no_other(tiny, to
     assert (cell.value, cell.n) == (None, 0)
     assert cell.verdict == f"no pair to sweep: 0 of 4 scored pairs reach {high} nat " \
                            f"(largest |gap| {most:.2f})"
+
+
+def test_held_unit_at_its_own_value_changes_nothing_and_blocks_paths(multi, multi_prompts):
+    """``held``: a head held at the corrupt run's own output leaves that run as it is.
+
+    Holding every head of layer 1 while layer 0's heads are patched blocks the paths through
+    layer 1's heads, so the senders' effect changes; rows without the held hook are as a
+    plain :class:`Patcher`'s.
+    """
+    from interp.hooks.points import hook_name
+    from interp.patching import own_activation
+
+    clean, corrupt = multi_prompts
+    pm, _, _ = align_positions(clean.input_ids, corrupt.input_ids)
+    recv = hook_name(1, "attn.hook_z")
+    own = own_activation(multi, corrupt.input_ids, recv)
+    assert own.shape == (len(corrupt), multi.n_heads, multi.model.config.head_dim)
+    held = Patcher(multi, clean.input_ids, corrupt.input_ids, pos_map=pm, held={recv: own},
+                   prefix_cache=False)
+    free = Patcher(multi, clean.input_ids, corrupt.input_ids, pos_map=pm, prefix_cache=False)
+    senders = Patch(hook_name(0, "attn.hook_z"))
+    r = held.run([[Patch(recv)], [Patch(recv, None, (1,))], [senders],
+                  [senders, Patch(recv)]])
+    f = free.run([[senders], [Patch(recv)]])
+    assert r.patched[0] == pytest.approx(r.corrupt, abs=1e-5)  # held alone: the corrupt run
+    assert r.patched[1] == pytest.approx(r.corrupt, abs=1e-5)
+    assert r.patched[2] == pytest.approx(f.patched[0], abs=1e-5)  # unheld rows as before
+    assert abs(f.patched[1] - f.corrupt) > 1e-3  # patched from clean, layer 1 does move it
+    # the senders move the verdict, and holding layer 1 changes how much
+    assert abs(r.patched[2] - r.corrupt) > 1e-3
+    assert abs(r.patched[3] - r.patched[2]) > 1e-4
+    with pytest.raises(PatchingError, match="held blocks.1.attn.hook_z: 3 positions"):
+        Patcher(multi, clean.input_ids, corrupt.input_ids, pos_map=pm, held={recv: own[:3]})
