@@ -110,15 +110,22 @@ def ci_bars(ax: Any, xs: Sequence[float], vals: Sequence[float | None],
     return degenerate
 
 
+FOOTNOTE_CHARS_PER_INCH = 15
+"""Characters of a 7.5-point footnote per inch of figure width (a little under the mean)."""
+
+
 def footnote(fig: plt.Figure, notes: list[str], wrap: int | None = None) -> None:
     """Write ``notes`` (one per line, red, small) under the figure; nothing when empty.
 
     The text starts just under the lowest thing drawn (tick labels, legends below the axes),
     so no empty band separates it from the figure; :func:`save` keeps it
-    (``bbox_inches="tight"``). ``wrap``: fill each note to that many characters.
+    (``bbox_inches="tight"``). ``wrap``: fill each line of a note to that many characters
+    (default: about the figure's width at this font size, so a long note never widens the
+    saved figure past its axes).
     """
     if notes:
-        lines = [textwrap.fill(n, wrap) for n in notes] if wrap else notes
+        wrap = wrap or max(60, int(FOOTNOTE_CHARS_PER_INCH * fig.get_figwidth()))
+        lines = [textwrap.fill(line, wrap) for n in notes for line in n.split("\n")]
         box = fig.get_tightbbox(fig.canvas.get_renderer())   # inches
         top = box.y0 / fig.get_figheight() - 0.01
         fig.text(0.01, top, "\n".join(lines), ha="left", va="top", fontsize=7.5,
