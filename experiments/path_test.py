@@ -3,7 +3,8 @@
 Usage: ``python experiments/path_test.py RUN_DIR OUT_JSON RECEIVERS SENDERS [SENDERS ...]``
 
 ``RECEIVERS``: heads of one layer, comma-separated (``L14.H5,L14.H3``; ``L14.*`` the layer's
-every head). ``SENDERS``: a head set of earlier layers, ``+``-joined
+every head); ``L14.H5@last`` holds the head at the verdict position only, ``L14.H5@rest``
+at every other patchable position. ``SENDERS``: a head set of earlier layers, ``+``-joined
 (``L10.H4+L12.H2+L12.H7``). RUN_DIR and its pairs are those of
 ``experiments/head_test.py``: a finished candidate-swap heads sweep, its pairs rebuilt from
 each part's stored answers and checked against the stored token counts.
@@ -66,26 +67,49 @@ def parse_senders(spec: str, n_layers: int, n_heads: int) -> list[tuple[int, tup
     return [(layer, tuple(sorted(hs))) for layer, hs in sorted(by_layer.items())]
 
 
+def parse_receivers(spec: str, n_layers: int, n_heads: int) -> dict[str, tuple]:
+    """``L14.H5,L14.H5@last`` -> ``{name: (layer, heads, where)}``.
+
+    ``where``: ``all`` (every patchable position), ``last`` (the verdict position only) or
+    ``rest`` (every patchable position but the verdict position).
+
+    Raises:
+        ConfigError: an unknown ``@`` suffix, or a malformed head.
+    """
+    out = {}
+    for item in spec.split(","):
+        name, _, where = item.partition("@")
+        if (where or "all") not in ("all", "last", "rest"):
+            raise ConfigError(f"receiver {item!r}: write HEAD, HEAD@last or HEAD@rest")
+        ((layer, hs),) = parse_heads([name], n_layers, n_heads).values()
+        out[item] = (layer, hs, where or "all")
+    return out
+
+
 def block_both_ways(handle: Any, clean: Any, corrupt: Any, receivers: dict[str, tuple],
                     senders: dict[str, list[tuple[int, tuple]]]) -> dict[str, Any]:
     """One pair: per sender set, ``LD`` with the senders patched, free and per receiver held."""
-    (r_layer,) = {layer for layer, _ in receivers.values()}
+    (r_layer,) = {r[0] for r in receivers.values()}
     hook = hook_name(r_layer, "attn.hook_z")
     out: dict[str, Any] = {}
     for way, src, dst in (("denoise", clean, corrupt), ("noise", corrupt, clean)):
         pos_map, _, _ = align_positions(src.input_ids, dst.input_ids)
         p = Patcher(handle, src.input_ids, dst.input_ids, pos_map=pos_map, batch_size=16,
                     held={hook: own_activation(handle, dst.input_ids, hook)})
+        last = len(dst) - 1
+        where = {"all": None, "last": (last,),
+                 "rest": tuple(i for i in p.patchable() if i != last)}
+        held = {r: Patch(hook, where[w], hs) for r, (_, hs, w) in receivers.items()}
         rows, keys = [], []
         for s, groups in senders.items():
             base = [Patch(hook_name(layer, "attn.hook_z"), None, hs) for layer, hs in groups]
             rows.append(base)
             keys.append((s, "free"))
-            for r, (_, hs) in receivers.items():
-                rows.append(base + [Patch(hook, None, hs)])
+            for r, h in held.items():
+                rows.append(base + [h])
                 keys.append((s, r))
-        for r, (_, hs) in receivers.items():  # a check: holding alone changes nothing
-            rows.append([Patch(hook, None, hs)])
+        for r, h in held.items():  # a check: holding alone changes nothing
+            rows.append([h])
             keys.append(("held_alone", r))
         res = p.run(rows)
         if way == "denoise":
@@ -140,16 +164,17 @@ def main(run: str, out_json: str, receiver_spec: str, sender_specs: list[str]) -
     rd, out = RunDir(run), Path(out_json)
     handle = load_run_model(rd, device="cpu", dtype="float32")
     nl, nh = handle.n_layers, handle.model.config.num_attention_heads
-    receivers = parse_heads(receiver_spec.split(","), nl, nh)
+    receivers = parse_receivers(receiver_spec, nl, nh)
     senders = {s: parse_senders(s, nl, nh) for s in sender_specs}
-    r_layers = {layer for layer, _ in receivers.values()}
+    r_layers = {r[0] for r in receivers.values()}
     if len(r_layers) != 1:
         raise ConfigError(f"receivers {receiver_spec!r}: name heads of one layer")
     if any(layer >= min(r_layers) for g in senders.values() for layer, _ in g):
         raise ConfigError(f"senders {sender_specs}: every sender must lie in a layer before "
                           f"the receivers' ({min(r_layers)})")
     parts, rebuild = swept_pairs(rd, handle)
-    spec = {"receivers": {r: [layer, list(hs)] for r, (layer, hs) in receivers.items()},
+    spec = {"receivers": {r: [layer, list(hs)] + ([w] if w != "all" else [])
+                          for r, (layer, hs, w) in receivers.items()},
             "senders": {s: [[layer, list(hs)] for layer, hs in g] for s, g in senders.items()}}
     old = json.loads(out.read_text()) if out.exists() else {}
     same = old.get("run") == str(rd.path) and old.get("spec") == spec \

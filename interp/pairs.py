@@ -49,7 +49,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from interp.errors import PairError, PatchingError
-from interp.patching import patchable_positions, shared_prefix
 from interp.prompts import RenderedPrompt, Template, render
 from interp.stages.contract import flat_key
 from interp.stats import passage_groups
@@ -75,6 +74,33 @@ SKIP_REASONS = ("no_gold", "no_incorrect_answer", "identical_prompts", "too_long
 
 Miner = Callable[[Mapping[str, Any]], Sequence[str]]
 """``record -> closed-book hard negatives`` (already graded Incorrect by the oracle)."""
+
+
+def shared_prefix(clean_ids: Sequence[int], corrupt_ids: Sequence[int]) -> int:
+    """Length of the common token prefix of two prompts.
+
+    Run on one model, position ``i`` below it has identical activations in both runs (causal
+    attention: the same tokens at the same positions up to ``i``).
+    """
+    n = 0
+    for a, b in zip(clean_ids, corrupt_ids):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def patchable_positions(clean_ids: Sequence[int], corrupt_ids: Sequence[int],
+                        pos_map: Sequence[int], *, same_model: bool = True) -> list[int]:
+    """Corrupt positions a patch can change (:mod:`interp.patching` step 1).
+
+    A position is patchable when it maps to a clean position and is not a no-op: a position
+    in the shared prefix (:func:`shared_prefix`) that maps to itself takes an activation
+    identical to its own (always the case for one model; another donor model has no shared
+    prefix).
+    """
+    s = shared_prefix(clean_ids, corrupt_ids) if same_model else 0
+    return [i for i, m in enumerate(pos_map) if m >= 0 and not (i < s and m == i)]
 
 
 @dataclass

@@ -20,9 +20,9 @@ aggregated as a ratio of sums (:func:`ratio_of_sums`), never as a mean of ratios
 Algorithm (:class:`Patcher`):
 
 1. Alignment: corrupt position ``i`` takes the clean activation at ``pos_map[i]`` (-1: nothing
-   corresponds, never patched). The shared prefix (:func:`shared_prefix`: the common tokens
-   from the start, one model) has identical activations in both runs, so a position there that
-   maps to itself is a no-op (:func:`patchable_positions`).
+   corresponds, never patched). The shared prefix (:func:`interp.pairs.shared_prefix`: the
+   common tokens from the start, one model) has identical activations in both runs, so a
+   position there that maps to itself is a no-op (:func:`interp.pairs.patchable_positions`).
 2. Refusal (docs/stages.md, patch): a patch request that would touch no activation (a position in
    the shared prefix, a position mapped to -1, a row with no position) raises
    :class:`~interp.errors.PatchingError` naming the position, before any forward.
@@ -75,6 +75,7 @@ from interp.hooks.backends import hook_order as _hook_order
 from interp.hooks.guard import inference_guard
 from interp.hooks.points import hook_name, parse_hook
 from interp.models import ModelHandle
+from interp.pairs import patchable_positions, shared_prefix
 from interp.verdict import VerdictReplies, verdict_replies
 
 __all__ = [
@@ -106,33 +107,6 @@ def _parse(name: str, n_layers: int) -> tuple[int, str]:
     if point not in PATCH_POINTS:
         raise PatchingError(f"{name!r} is not patchable; valid points: {list(PATCH_POINTS)}")
     return layer, point
-
-
-def shared_prefix(clean_ids: Sequence[int], corrupt_ids: Sequence[int]) -> int:
-    """Length of the common token prefix of two prompts.
-
-    Run on one model, position ``i`` below it has identical activations in both runs (causal
-    attention: the same tokens at the same positions up to ``i``).
-    """
-    n = 0
-    for a, b in zip(clean_ids, corrupt_ids):
-        if a != b:
-            break
-        n += 1
-    return n
-
-
-def patchable_positions(clean_ids: Sequence[int], corrupt_ids: Sequence[int],
-                        pos_map: Sequence[int], *, same_model: bool = True) -> list[int]:
-    """Corrupt positions a patch can change (module step 1).
-
-    A position is patchable when it maps to a clean position and is not a no-op: a position
-    in the shared prefix (:func:`shared_prefix`) that maps to itself takes an activation
-    identical to its own (always the case for one model; another donor model has no shared
-    prefix).
-    """
-    s = shared_prefix(clean_ids, corrupt_ids) if same_model else 0
-    return [i for i, m in enumerate(pos_map) if m >= 0 and not (i < s and m == i)]
 
 
 def ratio_of_sums(patched: Float[np.ndarray, " pairs"], clean: Float[np.ndarray, " pairs"],
