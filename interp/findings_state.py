@@ -40,7 +40,10 @@ finished (:func:`interp.lora.train_adapter` removes it once the adapter is saved
 optimizer and RNG state, about 13 MB for Qwen2.5-0.5B at rank 8), which resumes at its step;
 and the trained adapters (peft weights and ``interp_adapter.json``, written last; about 4 MB),
 which a stage reads instead of training again: a learning-rate candidate between its training
-and its held-out records, the chosen ones it copies. A checkpoint records what it trains; one
+and its held-out records, the chosen ones it copies. Once the stage has written its
+``summary.json`` its records stand for its trainings (the transfer stage reads the chosen
+adapters' metadata, ``select/chosen/``, instead of their weights) and these folders are left
+out of the state. A checkpoint records what it trains; one
 of another training is started again, never resumed; an adapter is checked against its base
 model when loaded (:func:`interp.lora.load_adapter`)."""
 
@@ -52,12 +55,20 @@ def _state_files(root: Path) -> list[Path]:
     from interp.stages.contract import SPECS
 
     globs = [f"*/{p.glob}" for spec in SPECS for p in spec.parts]
+    folders = {spec.folder for spec in SPECS if spec.folder}
+
+    def unfinished(rel: Path) -> bool:  # its stage has not written its summary.json yet
+        stage = next((i for i, part in enumerate(rel.parts[:-1]) if part in folders), None)
+        return stage is None or not (root.joinpath(*rel.parts[:stage + 1])
+                                     / "summary.json").exists()
+
     out = []
     for p in root.rglob("*"):
         rel = p.relative_to(root)
         if not p.is_file() or p.name.startswith(".") or set(rel.parts[:-1]) & set(STATE_SKIP):
             continue
-        if p.suffix in STATE_SUFFIXES or set(rel.parts[:-1]) & set(STATE_WHOLE) or (
+        if p.suffix in STATE_SUFFIXES or (
+                set(rel.parts[:-1]) & set(STATE_WHOLE) and unfinished(rel)) or (
                 p.stat().st_size <= STATE_MAX_PART_BYTES
                 and any(fnmatch.fnmatch(rel.as_posix(), g) for g in globs)):
             out.append(p)
@@ -114,9 +125,13 @@ def save_state(runs: str | Path, dest: str | Path, outs: Sequence[str]) -> int:
     for out in todo:
         src, dst = runs / out, dest / out
         keep = {p.relative_to(src) for p in _state_files(src)}
-        for p in _state_files(dst):
-            if p.relative_to(dst) not in keep:
+        for p in sorted(dst.rglob("*"), reverse=True) if dst.is_dir() else ():
+            # every file the state no longer keeps (whatever made it a state file then), and
+            # the folders that leaves empty
+            if p.is_file() and p.relative_to(dst) not in keep:
                 p.unlink()
+            elif p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
         for rel in sorted(keep):
             (dst / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src / rel, dst / rel)

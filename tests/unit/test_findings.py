@@ -361,6 +361,16 @@ def test_state_keeps_the_json_of_a_run_and_restores_it_without_overwriting(tmp_p
     assert save_state(tmp_path / "runs", state, ["findings"]) == 6
     assert not (state / "findings/m/steering/parts/a.json").exists()
     assert not (state / "findings/m/transfer/checkpoints/lora_eval/optimizer.pt").exists()
+    # a finished stage (its summary.json written) keeps its records, not its trainings
+    (run / "transfer/summary.json").write_text("{}")
+    (state / "findings/m/transfer/summary.json").write_text("{}")  # as a save would leave
+    assert save_state(tmp_path / "runs", state, ["findings"]) == 6  # summary in, adapter out
+    assert not (state / "findings/m/transfer/adapters").exists()  # emptied folders go too
+    assert not (state / "findings/m/transfer/adapters/lora_gen/adapter_model.safetensors").exists()
+    assert (state / "findings/m/transfer/summary.json").exists()
+    (run / "transfer/summary.json").unlink()
+    assert save_state(tmp_path / "runs", state, ["findings"]) == 6
+    assert (state / "findings/m/transfer/adapters/lora_gen/adapter_model.safetensors").exists()
     assert save_state(tmp_path / "none", state, ["findings"]) == 0
     assert (state / "findings/m/records.jsonl").exists()
     # restored where the run folder is missing (a fresh machine), never into one that exists
