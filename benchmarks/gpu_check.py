@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--only", default=None,
                     help="comma-separated stages (default: every stage of the config)")
     ap.add_argument("--seed", type=int, default=2,
-                    help="weights seed of the stand-in (tests/rehearsal: why 2)")
+                    help="weights seed of the stand-in (tests/rehearsal: SEEDS)")
     ap.add_argument("--shard-records", type=int, default=4,
                     help="records of the two-shard check (step 4; 0 skips it)")
     ap.add_argument("--no-device-map", action="store_true", help="skip step 5")

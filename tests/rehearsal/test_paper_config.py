@@ -26,6 +26,7 @@ from transformers import LlamaForCausalLM
 from transformers.generation.utils import GenerationMixin
 
 from interp import prefill
+from interp.errors import ProbeError
 from interp.models import PAPER_MODEL
 from interp.pipeline import load_config, run_config, swap_sources
 from interp.stages import steering as steering_stage
@@ -35,15 +36,39 @@ from interp.testing import llama31_checkpoint, rehearsal_datasets
 pytestmark = pytest.mark.rehearsal
 
 PAPER = Path(__file__).resolve().parents[2] / "experiments" / "paper.toml"
-SEED = 2
-"""Weights seed of the stand-in. Its LLM oracle is the same random model, so its labels are
-coin flips fixed by the seed: with seed 2 it labels 6 of the 12 records Correct and 6
-Incorrect, so the probe stage's 5-fold cross-validation (>= 5 passages per class) can run, and
-every training record gets a hard negative (one by answer rotation). Measured on the CPU:
-seed 0 labels 7/5 and also passes; seed 1 labels 6/6 but for one record its oracle accepts
-every closed-book answer and every other record's gold answer, so the transfer stage refuses
-("no hard negative ... use more training records"), as it should; seed 3 labels 8/4 and the
-probe stage refuses with the class counts."""
+SEEDS = range(2, 12)
+"""Weights seeds of the stand-in, tried in order. Its LLM oracle is the same random model, so
+its labels are coin flips fixed by the seed and by the CPU's bfloat16 kernels: seed 2 labelled
+6 of the 12 records Correct and 6 Incorrect on one machine and 4/8 on another (an Intel Xeon
+with AMX, where bfloat16 matmuls take other kernels). The probe stage's 5-fold
+cross-validation needs >= 5 passages per class, so the fixture runs Study 1 for each seed in
+turn and keeps the first whose labels the probe stage accepts (:func:`interp.stats.make_folds`,
+the stage's own check), then runs every stage on it, resuming those records. Also measured:
+seed 1 labels 6/6 but for one record its oracle accepts every closed-book answer and every
+other record's gold answer, so the transfer stage refuses ("no hard negative ... use more
+training records"), as it should."""
+
+
+def _first_balanced_seed(root: Path, data: dict[str, str], log) -> tuple[Path, dict]:
+    """The stand-in checkpoint and swapped config of the first seed the probe stage accepts."""
+    from interp.stats import make_folds, passage_groups
+
+    paper, counts = load_config(PAPER), []
+    for seed in SEEDS:
+        ckpt = llama31_checkpoint(root / f"llama31_seed{seed}", seed=seed)
+        cfg = swap_sources(PAPER, models={PAPER_MODEL: str(ckpt)}, datasets=data,
+                           out=root / f"runs_seed{seed}")
+        (spec, facts), = run_config(cfg, only=["asymmetry"], log=log).items()
+        records = RunDir(facts["run_dir"]).read_records()
+        y = [bool(r["oracle_label"]) for r in records]
+        counts.append((seed, sum(y), len(y) - sum(y)))
+        try:
+            make_folds(y, paper["probe"]["folds"], 0, groups=passage_groups(records))
+        except ProbeError:
+            continue
+        return ckpt, cfg
+    pytest.fail(f"no stand-in seed in {SEEDS} labels >= 5 passages per class "
+                f"(seed, Correct, Incorrect): {counts}")
 
 
 class Watch:
@@ -115,12 +140,16 @@ class Watch:
 
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory):
+    """The paper config, every stage, on the first balanced stand-in (:data:`SEEDS`).
+
+    Built once per test run (module scope: only this module uses it); every forward and
+    generate call of every attempt is watched.
+    """
     root = tmp_path_factory.mktemp("rehearsal")
-    ckpt = llama31_checkpoint(root / "llama31", seed=SEED)
     data = rehearsal_datasets(root / "data", n=3)
-    cfg = swap_sources(PAPER, models={PAPER_MODEL: str(ckpt)}, datasets=data, out=root / "runs")
     lines: list[str] = []
     with Watch().installed() as watch:
+        ckpt, cfg = _first_balanced_seed(root, data, lines.append)
         summary = run_config(cfg, log=lines.append)
     (spec,) = summary
     return SimpleNamespace(cfg=cfg, data=data, ckpt=ckpt, summary=summary, watch=watch,
