@@ -1,11 +1,12 @@
-# Two commands do all set-up:  `make demo` (a small grid of every study, minutes) and `make test`.
+# Two commands do all set-up:  `make demo` (a small grid of every study, minutes) and `make test`
+# (`make check` is its fast tier).
 # `make study` runs the full committed study (hours, resumable) whose figures are in figures/.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo study findings findings-state transfer test test-unit docs bench clean
+.PHONY: venv demo study findings findings-state transfer check test test-unit docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -76,21 +77,38 @@ transfer: $(STAMP)
 	cp runs/transfer_quickstart/figures/transfer_*.png figures/
 	cp runs/transfer_quickstart/transfer/table.json figures/transfer_table.json
 
-# ruff, the docs site (warnings are errors) and the unit tests first (tiny models built in code,
-# no model file; 6 min 57 s wall on a shared 2-core machine at load ~5.7), then the tutorial
-# notebook (bundled model, a few records), then everything else: equivalence (backends agree,
-# recorder = eager, batched = single), integration (bundled model, real records), the golden
-# pins and the rehearsal.
-test: $(STAMP)
+# Two tiers (docs/development.md says which to run when, and how long each takes).
+# `make check`, before a commit: ruff, the docs site (warnings are errors) and the unit tests
+# (tiny models built in code, no model file): pytest -m "not slow".
+# `make test`, before a push and in CI: `make check`, then the tutorial notebook (bundled model,
+# a few records) and every test marked slow: equivalence (backends agree, recorder = eager,
+# batched = single), integration (bundled models, real records), the golden pins and the
+# rehearsal of experiments/paper.toml.
+# Each pytest call runs in TEST_WORKERS processes (pytest-xdist; whole files per worker, so a
+# module's fixtures are built once and each worker loads each bundled model once), each with
+# an equal share of the cores as torch threads. TEST_WORKERS=1 runs in one process.
+TEST_WORKERS ?= 2
+TEST_THREADS = $$(( $$(nproc) > $(TEST_WORKERS) ? $$(nproc) / $(TEST_WORKERS) : 1 ))
+ifeq ($(TEST_WORKERS),1)
+XDIST =
+else
+XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+endif
+PYTEST = OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -q $(XDIST)
+
+check: $(STAMP)
 	$(BIN)/ruff check .
 	$(MAKE) docs
-	$(BIN)/python -m pytest -q tests/unit
-	$(BIN)/python -m pytest -q --nbmake --nbmake-timeout=900 docs/tutorial.ipynb
-	$(BIN)/python -m pytest -q tests --ignore=tests/unit
+	$(PYTEST) -m "not slow"
 
-# Needs no model file: tests/unit/conftest.py hides the bundled model for the whole session.
+test: check
+	$(BIN)/python -m pytest -q --nbmake --nbmake-timeout=900 docs/tutorial.ipynb
+	$(PYTEST) -m slow
+
+# The unit tests alone. They need no model file: tests/unit/conftest.py hides the bundled
+# models for the whole session.
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest -q tests/unit
+	$(PYTEST) -m "not slow"
 
 # The docs site into site/ (MkDocs): a broken link, anchor or snippet fails the build (never
 # --quiet: it hides the warnings that --strict counts). The CLI reference is generated from

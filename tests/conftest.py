@@ -9,15 +9,52 @@
 * ``quick_run``: a finished asymmetry run of the bundled model on a few real records
   (3 SQuAD 2.0 + 3 HotpotQA), shared by the integration tests of later stages. Tests must not
   modify it; copy it (``shutil.copytree``) to write into it.
+* ``qwen``: the bundled Qwen2.5-Coder-0.5B-Instruct, float32 on CPU (integration tests).
 * ``smol_tok`` / ``qwen_tok``: the two bundled models' tokenizers alone, no weights loaded.
+
+The bundled models, their tokenizers and ``quick_run`` are session-scoped: loaded once per
+test process and shared, so a test must not change their weights, hooks or files; a test that
+must do so builds its own (and says so in its docstring).
+
+Tiers: every test outside ``tests/unit`` is marked ``slow`` here, by folder (and with its
+folder's name: ``equivalence``, ``integration``, ``golden``, ``rehearsal``), so
+``pytest -m "not slow"`` is the unit tier of ``make check`` and ``pytest -m slow`` the rest of
+``make test`` (docs/development.md).
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 
 from interp.testing import tiny_llama
 from interp.testing import tiny_tokenizer as make_tiny_tokenizer
+
+TESTS = Path(__file__).resolve().parent
+SLOW_FOLDERS = ("equivalence", "integration", "golden", "rehearsal")
+
+
+def _folder(item) -> str | None:
+    try:
+        return Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
+    except ValueError:                          # not under tests/ (the tutorial notebook)
+        return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test by its folder: ``slow`` and the folder's name outside ``tests/unit``.
+
+    The rehearsal's tests go first: its module fixture (every stage of the paper config) is
+    the longest single item, so with worker processes (``make test``: ``pytest -n``) one
+    worker starts it while the other takes the rest, instead of it running last, alone.
+    """
+    for item in items:
+        if (folder := _folder(item)) in SLOW_FOLDERS:
+            item.add_marker(pytest.mark.slow)
+            item.add_marker(getattr(pytest.mark, folder))
+    items.sort(key=lambda item: _folder(item) != "rehearsal")   # stable: order kept otherwise
 
 
 @pytest.fixture(scope="session")
@@ -30,6 +67,13 @@ def bundled():
     from interp.models import load_model
 
     return load_model("smollm2-135m-instruct", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def qwen():
+    from interp.models import load_model
+
+    return load_model("qwen2.5-coder-0.5b-instruct", device="cpu", dtype="float32")
 
 
 @pytest.fixture(scope="session")
@@ -53,12 +97,28 @@ def tiny(request, tiny_tokenizer):
 
 @pytest.fixture(scope="session")
 def quick_run(bundled, tmp_path_factory):
+    """Study 1 of the bundled model on 3 SQuAD 2.0 + 3 HotpotQA records, run once per test run.
+
+    Under pytest-xdist every worker shares one copy: the first to ask runs it in the
+    session's common temporary folder while holding a file lock, the others wait and reuse it
+    (the pattern of pytest-xdist's documentation, "Making session-scoped fixtures execute
+    only once"). Read-only for tests: copy it (``shutil.copytree``) to write into it.
+    """
+    from filelock import FileLock
+
     from interp.stages.asymmetry import AsymmetryConfig, run
     from interp.store.rundir import RunDir
 
-    out = tmp_path_factory.mktemp("quick_run")
-    cfg = AsymmetryConfig(datasets=["squad_v2", "hotpotqa"], limit=3, batch_size=3, n_boot=200)
-    run(out, bundled, cfg, log=lambda s: None)
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent                      # common to every worker of this run
+    out = root / "quick_run"
+    with FileLock(str(root / "quick_run.lock")):
+        if not (root / "quick_run.done").exists():
+            cfg = AsymmetryConfig(datasets=["squad_v2", "hotpotqa"], limit=3, batch_size=3,
+                                  n_boot=200)
+            run(out, bundled, cfg, log=lambda s: None)
+            (root / "quick_run.done").touch()
     return RunDir(out)
 
 

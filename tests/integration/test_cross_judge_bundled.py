@@ -34,13 +34,6 @@ def _quiet(_: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def qwen():
-    from interp.models import load_model
-
-    return load_model(QWEN, device="cpu", dtype="float32")
-
-
-@pytest.fixture(scope="module")
 def grid(bundled, qwen, tmp_path_factory):
     root = tmp_path_factory.mktemp("cross_bundled")
     data = rehearsal_datasets(root / "data", n=N, max_chars=300, names=("squad_v2",))

@@ -15,7 +15,7 @@ import torch
 from interp.data import load_examples
 from interp.errors import ModelSpecError
 from interp.gguf import BUNDLED, bundled_file
-from interp.models import end_of_turn_ids, load_model, load_tokenizer, runtime_facts
+from interp.models import end_of_turn_ids, load_tokenizer, runtime_facts
 from interp.prompts import get_template, render
 
 pytestmark = pytest.mark.integration  # these tests read the bundled model files
@@ -169,11 +169,6 @@ def test_runtime_facts_follow_the_process_settings():
 
 
 # --- the model ------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    return load_model(QWEN, device="cpu", dtype="float32")
 
 
 def test_qwen_provenance_and_shape(qwen):
