@@ -21,8 +21,9 @@ Algorithm:
 3. **Device** (:meth:`Shard.device`): ``cuda:LOCAL_RANK`` when CUDA is present, else the CPU.
 4. **Where** (:meth:`Shard.dir`): shard ``I`` of ``N`` writes ``OUT/shards/I-of-N/``, an
    ordinary run directory (resumable: a killed shard reruns the same command). Its manifest
-   holds ``shard``: index, count, launcher and the global position of every record it owns,
-   which is what :mod:`interp.merge` checks. Shards of another ``N`` under the same ``OUT``
+   holds ``shard``: index, count, launcher, the global position of every record it owns and
+   the fingerprint of the global selection's content (:func:`selection_sha256`), which is
+   what :mod:`interp.merge` checks. Shards of another ``N`` under the same ``OUT``
    are refused (:func:`check_count`): the records would be dealt out differently.
 5. **Together** (:func:`barrier`): under torchrun every process waits for the others with a
    ``torch.distributed`` (gloo) barrier; rank 0 merges. That is all the process group is used
@@ -97,12 +98,35 @@ class Shard:
             return f"cuda:{rank % torch.cuda.device_count()}"
         return asked
 
-    def provenance(self, keys: Sequence[str], positions: Sequence[int], total: int
-                   ) -> dict[str, Any]:
-        """The manifest's ``shard`` entry (step 4): ``keys`` ``"dataset/id"`` owned, in order."""
+    def provenance(self, keys: Sequence[str], positions: Sequence[int], total: int,
+                   data_sha256: str | None = None) -> dict[str, Any]:
+        """The manifest's ``shard`` entry (step 4): ``keys`` ``"dataset/id"`` owned, in order.
+
+        ``data_sha256`` is :func:`selection_sha256` of the global selection (every shard's
+        examples, not only this one's): shards of one run must share it.
+        """
         return {"index": self.index, "count": self.count, "launcher": self.launcher,
                 "name": self.name, "keys": list(keys), "positions": list(positions),
-                "total": total}
+                "total": total, "data_sha256": data_sha256}
+
+
+def selection_sha256(loaded: Mapping[str, Sequence[QAExample]]) -> str:
+    """sha256 of the selected examples' content, in selection order (step 4).
+
+    Every field a record is made from enters (dataset, id, question, context, gold answers,
+    answerable), so two copies of a data file with the same path, ids and count but an edited
+    gold answer give different fingerprints; a path does not enter.
+    """
+    import hashlib
+    import json
+
+    h = hashlib.sha256()
+    for exs in loaded.values():
+        for ex in exs:
+            h.update(json.dumps([ex.dataset, ex.id, ex.question, ex.context,
+                                 list(ex.answers), ex.answerable]).encode())
+            h.update(b"\n")
+    return h.hexdigest()
 
 
 def parse_shard(spec: str) -> Shard:
@@ -121,6 +145,23 @@ def parse_shard(spec: str) -> Shard:
     return Shard(i, n, "--shard")
 
 
+TORCHRUN_VARS = ("RANK", "MASTER_ADDR", "MASTER_PORT")
+"""What a process of a torchrun group needs besides ``WORLD_SIZE``: its rank, and where the
+rendezvous of :func:`barrier` is (``env://``). Without ``RANK`` every process would claim
+shard 0; without the address it would work on its records, then die at the barrier."""
+
+
+def _whole(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = str(env.get(name, "") or "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ShardError(f"{name}={raw!r} is not a whole number; a launcher sets it "
+                         f"(torchrun, accelerate launch, SLURM)") from None
+
+
 def current_shard(spec: str | None = None, env: Mapping[str, str] | None = None
                   ) -> Shard | None:
     """This process's shard (step 1), or None when the run is not split.
@@ -130,21 +171,29 @@ def current_shard(spec: str | None = None, env: Mapping[str, str] | None = None
         env: the environment (default ``os.environ``).
 
     Raises:
-        ShardError: a malformed ``--shard``, or launcher variables that contradict each other
-            (``RANK >= WORLD_SIZE``).
+        ShardError: a malformed ``--shard``; ``WORLD_SIZE > 1`` without one of
+            :data:`TORCHRUN_VARS` (named); a launcher variable that is not a whole number; or
+            variables that contradict each other (``RANK >= WORLD_SIZE``).
     """
     env = os.environ if env is None else env
     if spec:
         shard = parse_shard(spec)
-    elif int(env.get("WORLD_SIZE", "1") or 1) > 1:
-        n, i = int(env["WORLD_SIZE"]), int(env.get("RANK", "0"))
+    elif _whole(env, "WORLD_SIZE", 1) > 1:
+        n = _whole(env, "WORLD_SIZE", 1)
+        if missing := [k for k in TORCHRUN_VARS if not str(env.get(k, "")).strip()]:
+            names = ", ".join(missing[:-1]) + " and " * (len(missing) > 1) + missing[-1]
+            raise ShardError(
+                f"WORLD_SIZE={n} is set but {names} {'is' if len(missing) == 1 else 'are'} "
+                f"not: start the processes with torchrun or accelerate launch (they set "
+                f"{', '.join(TORCHRUN_VARS)}), or give each process --shard I/{n}")
+        i = _whole(env, "RANK", 0)
         if not 0 <= i < n:
             raise ShardError(f"RANK={i} is outside WORLD_SIZE={n}: not a torchrun environment")
         local = env.get("LOCAL_RANK")
-        shard = Shard(i, n, "torchrun", int(local) if local is not None else None)
-    elif int(env.get("SLURM_ARRAY_TASK_COUNT", "1") or 1) > 1:
-        n = int(env["SLURM_ARRAY_TASK_COUNT"])
-        i = int(env.get("SLURM_ARRAY_TASK_ID", "0")) - int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
+        shard = Shard(i, n, "torchrun", _whole(env, "LOCAL_RANK", 0) if local else None)
+    elif _whole(env, "SLURM_ARRAY_TASK_COUNT", 1) > 1:
+        n = _whole(env, "SLURM_ARRAY_TASK_COUNT", 1)
+        i = _whole(env, "SLURM_ARRAY_TASK_ID", 0) - _whole(env, "SLURM_ARRAY_TASK_MIN", 0)
         if not 0 <= i < n:
             raise ShardError(f"SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN = {i} is outside "
                              f"0..{n - 1}: use a contiguous array (--array=0-{n - 1})")
@@ -206,22 +255,65 @@ def check_count(out: str | Path, shard: Shard) -> None:
 _GROUP: list[bool] = []
 
 
-def barrier(shard: Shard | None) -> None:
+BARRIER_TIMEOUT_S = 6 * 3600.0
+"""Longest wait at a barrier, seconds (``INTERP_BARRIER_TIMEOUT_S`` overrides): a process
+waits there for the slowest one to finish its share, so it is long, but bounded: a rank that
+died (under a launcher without torchrun's agent, which would stop the group) does not keep
+the others waiting for days."""
+
+
+def barrier_timeout(env: Mapping[str, str] | None = None) -> float:
+    """The barrier's timeout in seconds (:data:`BARRIER_TIMEOUT_S`, or the environment's).
+
+    Raises:
+        ShardError: ``INTERP_BARRIER_TIMEOUT_S`` is not a number of seconds > 0.
+    """
+    raw = str((os.environ if env is None else env).get("INTERP_BARRIER_TIMEOUT_S", "")).strip()
+    if not raw:
+        return BARRIER_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ShardError(f"INTERP_BARRIER_TIMEOUT_S={raw!r}: give the longest wait at a "
+                         f"barrier in seconds, a number > 0 (default {BARRIER_TIMEOUT_S:.0f})")
+    return value
+
+
+def barrier(shard: Shard | None, what: str = "") -> None:
     """Wait until every process of a torchrun group gets here (step 5); no-op otherwise.
 
     The gloo process group is made on the first call (``env://``: torchrun's
-    ``MASTER_ADDR``/``MASTER_PORT``), with a day's timeout: a shard may wait long for a slower
-    one.
+    ``MASTER_ADDR``/``MASTER_PORT``) with :func:`barrier_timeout`; joining the group and each
+    barrier wait at most that long.
+
+    Args:
+        shard: this process's shard (None, or not ``joined``: nothing to wait for).
+        what: what this process has finished, for the message on a timeout.
+
+    Raises:
+        ShardError: the other processes did not arrive within the timeout (one line; what
+            this process finished is on disk and kept).
     """
     if shard is None or not shard.joined:
         return
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", rank=shard.index, world_size=shard.count,
-                                timeout=timedelta(days=1))
-        _GROUP.append(True)
-    dist.barrier()
+    timeout = barrier_timeout()
+    try:
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", rank=shard.index, world_size=shard.count,
+                                    timeout=timedelta(seconds=timeout))
+            _GROUP.append(True)
+        dist.barrier()
+    except (RuntimeError, dist.DistBackendError, TimeoutError) as err:
+        reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err)
+        raise ShardError(
+            f"shard {shard.name}: the other processes did not reach the barrier within "
+            f"{timeout:g} s (INTERP_BARRIER_TIMEOUT_S; {reason}); kept on disk: "
+            f"{what or 'its finished work'}; rerun the missing shards with "
+            f"--shard I/{shard.count}, then interp merge") from None
 
 
 def finish() -> None:

@@ -10,8 +10,11 @@ rank 0 calls it by itself, :func:`run_asymmetry`):
    runtime facts (:func:`interp.models.result_facts`, of the run and of every stage both
    shards ran) and the same global selection (``total``); every shard finished (its
    ``records.jsonl`` holds each record it owns once); no record in two shards and none
-   missing; ``DIR``, when it already holds a run, made with the same config. Each refusal is
-   one line naming the shard and the difference.
+   missing; the same data (the content fingerprint of the global selection,
+   :func:`interp.launch.selection_sha256`: an edited gold answer in a file of the same path,
+   ids and count differs); ``DIR`` is no input shard and lies inside none (it may hold them, as
+   ``OUT/shards/I-of-N``), and when it already holds a run, that run was made with the same
+   config. Each refusal is one line naming the shard and the difference.
 2. **Copy the parts** the stages keep per record (every :class:`interp.stages.contract.Part`
    of :data:`interp.stages.contract.SPECS`, by its ``keyed``): the ``lines`` of
    ``records.jsonl`` in the order an unsharded run writes (the global
@@ -74,6 +77,18 @@ def _refuse(msg: str) -> None:
     raise ShardError(f"merge refused: {msg}; nothing was changed")
 
 
+def _disjoint(dirs: Sequence[Path], out: Path) -> None:
+    """Step 1: ``out`` is no input shard and lies inside none (it may hold them: OUT/shards/)."""
+    o = out.resolve()
+    for d in dirs:
+        r = d.resolve()
+        if o == r or r in o.parents:
+            _refuse(f"--out {out} {'is' if o == r else 'lies inside'} the input shard {d}; "
+                    f"give the run directory that holds the shards (e.g. "
+                    f"{r.parent.parent if r.parent.name == 'shards' else r.parent}) or "
+                    f"another folder")
+
+
 def _manifests(dirs: Sequence[Path]) -> list[dict[str, Any]]:
     """Step 1: every shard's manifest, sorted by index, one count, every index once."""
     out = []
@@ -127,6 +142,12 @@ def _same(ms: Sequence[Mapping[str, Any]]) -> None:
                 k = diff[0]
                 _refuse(f"shard {name} computed under other settings than {name0} ({where}: "
                         f"{k} {fa.get(k)!r} vs {fb.get(k)!r})")
+        da, db = first["shard"].get("data_sha256"), m["shard"].get("data_sha256")
+        if da != db:
+            _refuse(f"shard {name} was made from other data than {name0} (content sha256 "
+                    f"{str(db)[:12]} vs {str(da)[:12]}: a data file edited between the shards?);"
+                    f" rerun shard {name} on the data the others used, or every shard on the "
+                    f"new data")
         if m["shard"]["total"] != first["shard"]["total"]:
             _refuse(f"shard {name} selected {m['shard']['total']} records in all, {name0} "
                     f"{first['shard']['total']}")
@@ -298,6 +319,7 @@ def merge_shards(shard_dirs: Sequence[str | Path], out: str | Path, *,
     dirs = [Path(d) for d in shard_dirs]
     if not dirs:
         _refuse("no shard directories given")
+    _disjoint(dirs, Path(out))
     ms = _manifests(dirs)
     _same(ms)
     records = _records(ms)
@@ -351,7 +373,7 @@ def run_asymmetry(run_dir: str | Path, handle: Any = None, cfg: Any = None, *,
         log(f"[shard {shard.name}] done in {shard.dir(out)}; when all {shard.count} are, "
             f"join them: interp merge {out / 'shards'}/*-of-{shard.count} --out {out}")
         return None
-    barrier(shard)
+    barrier(shard, what=f"its records in {shard.dir(out)}")
     if shard.index != 0:
         return None
     return merge_shards([Shard(i, shard.count).dir(out) for i in range(shard.count)], out,

@@ -23,7 +23,9 @@ Algorithm of :class:`Endpoint`:
    request's identity goes through the run directory's cache
    (:class:`interp.endpoints.cache.RequestCache`) first. A miss is sent with the ``openai``
    client, which retries connection errors, timeouts, 408, 409, 429 (after ``Retry-After``) and
-   5xx with exponential backoff, ``max_retries`` times, each try bounded by ``timeout_s``; a
+   5xx with exponential backoff, ``max_retries`` times, each try bounded by ``timeout_s`` in
+   all (:class:`DeadlineTransport`: a server that trickles its reply a few bytes at a time
+   cannot stretch a try, as httpx's per-read timeout alone would let it); a
    200 reply with a malformed body or no choices is retried the same number of times here. A
    401/403 (key) or 404 (model) stops the run at once; any other failure after the retries
    counts against ``max_error_rate``: once ``failed > max_error_rate * max(requests, 20)``
@@ -50,8 +52,57 @@ from interp.endpoints.cache import RequestCache, request_key
 from interp.errors import ConfigError, EndpointError
 from interp.verdict import VERDICT_WORDS
 
-__all__ = ["FORCED_METHOD", "PREFIX", "Endpoint", "EndpointConfig", "RequestFailed", "grammar",
-           "is_endpoint_spec", "probe_forced_choice"]
+__all__ = ["FORCED_METHOD", "PREFIX", "DeadlineTransport", "Endpoint", "EndpointConfig",
+           "RequestFailed", "grammar", "is_endpoint_spec", "probe_forced_choice"]
+
+class DeadlineTransport(httpx.BaseTransport):
+    """An httpx transport that bounds a whole request, reply body included, by ``deadline_s``.
+
+    httpx's timeouts are per operation (connect, each read, each write): a server that sends
+    a byte every second never trips a 1-second read timeout, and one try lasts as long as the
+    reply takes. This transport starts a clock when the request is sent and raises
+    :class:`httpx.ReadTimeout` (which the ``openai`` client retries like any timeout) as soon
+    as the headers, or any later chunk of the body, arrive after ``deadline_s`` seconds.
+    (httpx has no total timeout of its own: encode/httpx discussion #1450.)
+
+    Args:
+        deadline_s: the longest one try may take, seconds.
+        inner: the transport that sends (default ``httpx.HTTPTransport()``).
+    """
+
+    def __init__(self, deadline_s: float, inner: httpx.BaseTransport | None = None):
+        self.deadline_s = float(deadline_s)
+        self.inner = inner or httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request``; its reply's body stream raises once the deadline has passed."""
+        start = time.monotonic()
+        response = self.inner.handle_request(request)
+        self._check(start, request)
+        stream = response.stream
+        transport = self
+
+        class _Stream(httpx.SyncByteStream):
+            def __iter__(self):
+                for chunk in stream:
+                    transport._check(start, request)
+                    yield chunk
+
+            def close(self):
+                stream.close()
+
+        response.stream = _Stream()
+        return response
+
+    def _check(self, start: float, request: httpx.Request) -> None:
+        if time.monotonic() - start > self.deadline_s:
+            raise httpx.ReadTimeout(f"the whole request took over {self.deadline_s:g} s",
+                                    request=request)
+
+    def close(self) -> None:
+        """Close the inner transport."""
+        self.inner.close()
+
 
 PREFIX = "openai:"
 """The spec prefix of a served model: ``openai:MODEL``."""
@@ -82,7 +133,8 @@ class EndpointConfig:
             the environment.
         api_key_env: the environment variable holding the key (None: ``OPENAI_API_KEY``).
         concurrency: requests in flight at once (>= 1).
-        timeout_s: seconds one try of a request may take.
+        timeout_s: seconds one try of a request may take in all, reply body included
+            (:class:`DeadlineTransport`).
         max_retries: retries of a failed try (connection errors, timeouts, 408/409/429/5xx,
             malformed replies).
         max_error_rate: share of failed requests that stops the run (0 to 1).
@@ -170,8 +222,11 @@ class Endpoint:
         self.base_url = config.resolved_base_url()
         self.cache = cache if cache is not None else RequestCache(None)
         self._key = _api_key(config)
-        self._client = openai.OpenAI(base_url=self.base_url, api_key=self._key,
-                                     max_retries=config.max_retries, timeout=config.timeout_s)
+        self._client = openai.OpenAI(
+            base_url=self.base_url, api_key=self._key, max_retries=config.max_retries,
+            timeout=config.timeout_s,
+            http_client=httpx.Client(transport=DeadlineTransport(config.timeout_s),
+                                     timeout=config.timeout_s))
         self._lock = threading.Lock()
         self.requests = self.failed = 0
         self.facts: dict[str, Any] | None = None

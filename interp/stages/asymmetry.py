@@ -52,7 +52,7 @@ from interp.endpoints import EndpointConfig, is_endpoint_spec, oracle_facts, run
 from interp.errors import ConfigError, DataError, InterpError, RunDirError, ShardError
 from interp.grading import BaseOracle, RuleOracle, make_oracle, parse_oracle_spec
 from interp.inputs import new_run_dir
-from interp.launch import Shard, assign, parse_shard
+from interp.launch import Shard, assign, parse_shard, selection_sha256
 from interp.models import (
     DEFAULT_MODEL,
     ModelHandle,
@@ -277,9 +277,10 @@ def run(
         if is_endpoint_spec(config.model):
             raise ShardError(f"a served model ({config.model}) is not sharded: run it in one "
                              f"process and raise [asymmetry.model_endpoint] concurrency")
+        data_sha256 = selection_sha256(loaded)        # of the global selection
         loaded, positions, total = assign(loaded, shard)
         keys = ["/".join((ex.dataset, ex.id)) for exs in loaded.values() for ex in exs]
-        owned = shard.provenance(keys, positions, total)
+        owned = shard.provenance(keys, positions, total, data_sha256)
         out = shard.dir(out)
         config = replace(config, device=shard.device(config.device))
     if not overwrite:  # another model, template, ... is refused before the model loads

@@ -57,11 +57,11 @@ def _env() -> dict[str, str]:
             "TOKENIZERS_PARALLELISM": "false"}
 
 
-def _interp(*args: str, torchrun: bool = False, check: bool = True
-            ) -> subprocess.CompletedProcess:
+def _interp(*args: str, torchrun: bool = False, check: bool = True,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     exe = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc_per_node", "2"] if torchrun else [sys.executable]
-    res = subprocess.run([*exe, "-m", "interp", *args], env=_env(), cwd=REPO,
+    res = subprocess.run([*exe, "-m", "interp", *args], env=env or _env(), cwd=REPO,
                          capture_output=True, text=True, timeout=900)
     if check and res.returncode:
         raise AssertionError(f"exit {res.returncode}: {res.stderr[-3000:]}")
@@ -193,3 +193,54 @@ def test_killed_shard_resumes_and_merge_equals_unsharded(reference, tmp_path):
     _interp(*_asym_args(out))
     assert (out / "records.jsonl").read_text() == before
     shutil.rmtree(out / "shards")
+
+
+def test_an_incomplete_launcher_environment_is_refused_before_any_work(tmp_path):
+    """A process started with part of torchrun's variables stops at once, in one line.
+
+    ``WORLD_SIZE=2`` without ``RANK`` made every process claim shard 0; ``RANK`` without the
+    rendezvous address did its records, then died at the barrier with a ValueError. Both
+    commands that shard (``interp asymmetry``, ``interp run``) are refused before any
+    output exists; every combination of the variables is in tests/unit/test_launch.py.
+    """
+    env = {k: v for k, v in _env().items() if k not in
+           ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    cases = [(_asym_args(tmp_path / "run"), {"WORLD_SIZE": "2"},
+              "RANK, MASTER_ADDR and MASTER_PORT are not"),
+             (["run", str(_toml(tmp_path / "c.toml", tmp_path / "out"))],
+              {"WORLD_SIZE": "2", "RANK": "1"}, "MASTER_ADDR and MASTER_PORT are not")]
+    for cmd, have, named in cases:
+        res = _interp(*cmd, check=False, env={**env, **have})
+        assert res.returncode == 2, res.stderr[-2000:]
+        assert named in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert not (tmp_path / "run").exists() and not (tmp_path / "out").exists()
+
+
+def test_a_rank_that_never_arrives_ends_the_wait_and_keeps_the_shard(tmp_path):
+    """Rank 0 of 2 under torchrun's variables, rank 1 never started (as if killed at once).
+
+    Under a launcher without torchrun's agent (srun, a Kubernetes job, a shell loop) nothing
+    stops the group, and the barrier waited a day; now it waits INTERP_BARRIER_TIMEOUT_S
+    (here 5 s), then says so in one line, and rank 0's finished records stay on disk.
+    """
+    import socket
+
+    with socket.socket() as sock:                      # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**_env(), "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "INTERP_BARRIER_TIMEOUT_S": "5"}
+    args = [a if a != "10" else "2" for a in _asym_args(tmp_path / "run")]   # --limit 2
+    t0 = time.time()
+    res = _interp(*args, check=False, env=env)
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()          # progress lines, then the error
+    err = [line for line in lines if line.startswith("error:")]
+    assert len(err) == 1 and lines[-1] == err[0], lines
+    assert "did not reach the barrier within 5 s" in err[0], err
+    assert "0-of-2" in err[0] and "--shard I/2" in err[0]
+    shard0 = tmp_path / "run" / "shards" / "0-of-2"
+    kept, owned = _records(shard0), json.loads((shard0 / "manifest.json").read_text())["shard"]
+    assert len(kept) == len(owned["keys"]) > 0 and all(r["status"] == "ok" for r in kept)
+    assert time.time() - t0 < 300

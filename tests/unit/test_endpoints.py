@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import time
 
+import httpx
 import pytest
 from werkzeug import Response
 
 from interp.asymmetry import format_metrics
 from interp.endpoints import CACHE_FILE, Endpoint, EndpointConfig, RequestCache, RequestFailed
+from interp.endpoints.client import DeadlineTransport
 from interp.errors import ConfigError, EndpointError, ModelSpecError, RunDirError
 from interp.grading import make_oracle
 from interp.models import load_model
@@ -139,6 +141,43 @@ def test_malformed_body_and_no_choices_are_retried(httpserver):
     assert ep.chat(MSGS, prompt_version="t", max_tokens=4)["content"] == "OK"
     assert chat_posts(httpserver) - before == 3
     assert ep.failed == 0
+
+
+def test_a_trickled_reply_is_cut_at_the_total_deadline_of_each_try(httpserver, tmp_path):
+    """A 200 reply sent a few bytes at a time cannot stretch a try past ``timeout_s``.
+
+    The body (valid JSON) arrives in 16 pieces 0.25 s apart, 4 s in all: no single read waits
+    over 1 s, so httpx's per-read timeout alone let the first try take the whole 4 s and
+    succeed with ``timeout_s = 1``. Each try now ends at 1 s (:class:`DeadlineTransport`).
+    """
+    fake_server(httpserver)
+    ep = endpoint(httpserver, tmp_path, timeout_s=1, max_retries=1, max_error_rate=1.0)
+    ep.preflight()
+    body = json.dumps(completion()).encode()
+    step = -(-len(body) // 16)
+
+    def trickle(request):
+        def pieces():
+            for i in range(0, len(body), step):
+                time.sleep(0.25)
+                yield body[i:i + step]
+        return Response(pieces(), content_type="application/json")
+
+    for _ in range(2):
+        httpserver.expect_oneshot_request("/v1/chat/completions").respond_with_handler(trickle)
+    t0 = time.monotonic()
+    with pytest.raises(RequestFailed, match="Timeout"):
+        ep.chat([{"role": "user", "content": "trickle"}], prompt_version="t", max_tokens=4)
+    assert time.monotonic() - t0 < 3.5      # two tries of 1 s and the backoff between them
+    assert chat_posts(httpserver) >= 2 and (ep.requests, ep.failed) == (1, 1)
+    assert chat_lines(tmp_path) == []
+
+
+def test_deadline_transport_passes_a_prompt_reply_whole(httpserver):
+    """Within the deadline the transport changes nothing: the reply is read whole."""
+    httpserver.expect_request("/x").respond_with_data(b"a" * 100_000)
+    with httpx.Client(transport=DeadlineTransport(5.0)) as client:
+        assert client.get(httpserver.url_for("/x")).content == b"a" * 100_000
 
 
 def test_timeout_fails_the_request_after_retries_and_caches_nothing(httpserver, tmp_path):

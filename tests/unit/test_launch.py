@@ -26,7 +26,8 @@ from interp.store.io import read_json, save_tensors, write_json, write_jsonl
 def test_shard_from_the_launchers():
     assert current_shard(env={}) is None
     assert current_shard(env={"WORLD_SIZE": "1", "RANK": "0"}) is None
-    s = current_shard(env={"WORLD_SIZE": "4", "RANK": "2", "LOCAL_RANK": "0"})
+    rdv = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    s = current_shard(env={"WORLD_SIZE": "4", "RANK": "2", "LOCAL_RANK": "0", **rdv})
     assert (s.index, s.count, s.launcher, s.local_rank, s.joined) == (2, 4, "torchrun", 0, True)
     s = current_shard(env={"SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_ID": "11",
                            "SLURM_ARRAY_TASK_MIN": "10"})
@@ -39,7 +40,13 @@ def test_shard_from_the_launchers():
         with pytest.raises(ShardError, match="--shard"):
             parse_shard(bad)
     with pytest.raises(ShardError, match="outside"):
-        current_shard(env={"WORLD_SIZE": "2", "RANK": "5"})
+        current_shard(env={"WORLD_SIZE": "2", "RANK": "5", **rdv})
+    for env, named in (({"WORLD_SIZE": "2", **rdv}, "RANK is not"),
+                       ({"WORLD_SIZE": "2", "RANK": "1"}, "MASTER_ADDR and MASTER_PORT are not"),
+                       ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "h"}, "MASTER_PORT is"),
+                       ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not a whole number")):
+        with pytest.raises(ShardError, match=named):
+            current_shard(env=env)
 
 
 def test_device_follows_the_local_rank():
@@ -300,3 +307,57 @@ def test_study1_shards_and_stage_shares_deal_passages_by_one_rule():
         for i in range(n):
             owned = [ex.id for exs in assign(loaded, Shard(i, n))[0].values() for ex in exs]
             assert [r["id"] for r in own_share(records, i, n)] == owned
+
+
+@pytest.mark.parametrize("where", ["is", "inside"])
+def test_merge_into_one_of_its_own_inputs_is_refused(tmp_path, where):
+    """``--out`` naming an input shard (or a folder inside one) is refused before any write.
+
+    It used to copy the other shard's records into the input shard (shutil.SameFileError,
+    with shard 0 holding 8 records, 4 not its own). The folder that holds ``shards/`` is the
+    usual ``--out`` and merges.
+    """
+    dirs = _make_shards(tmp_path)
+    out = dirs[0] if where == "is" else dirs[0] / "merged"
+    before = _digest(tmp_path)
+    said = "is" if where == "is" else "lies inside"
+    with pytest.raises(ShardError, match=f"^merge refused: --out .* {said} the input shard"
+                       ) as err:
+        merge_shards(dirs, out, log=lambda s: None)
+    assert "\n" not in str(err.value) and str(tmp_path) in str(err.value)
+    assert _digest(tmp_path) == before and (where == "is" or not out.exists())
+    metrics = merge_shards(dirs, tmp_path, log=lambda s: None)
+    assert metrics["overall"]["n"] == 6
+    assert len((dirs[0] / "records.jsonl").read_text().splitlines()) == 4
+
+
+def test_shards_of_an_edited_data_file_are_refused(tiny, tmp_path):
+    """Two real shards of one file whose gold answer was edited between them do not merge.
+
+    Same path, ids and count, so only the content fingerprint of the global selection
+    (:func:`interp.launch.selection_sha256`) tells them apart; the finished shards are kept.
+    """
+    from interp.launch import selection_sha256
+    from interp.stages.asymmetry import AsymmetryConfig, check_inputs, run
+    from interp.testing import rehearsal_datasets
+
+    path = Path(rehearsal_datasets(tmp_path / "data", n=4, names=("squad_v2",))["squad_v2"])
+    cfg = AsymmetryConfig(datasets=[str(path)], limit=4, batch_size=2, max_new_tokens=4,
+                          n_boot=20)
+    out = tmp_path / "run"
+    run(out, tiny, cfg, log=lambda s: None, shard=Shard(0, 2, "--shard"))
+    lines = path.read_text().splitlines()
+    row = json.loads(lines[1])                       # passage 1: shard 1's record
+    row["answers"] = [row["answers"][0] + " (edited)"]
+    path.write_text("\n".join([lines[0], json.dumps(row), *lines[2:]]) + "\n")
+    run(out, tiny, cfg, log=lambda s: None, shard=Shard(1, 2, "--shard"))
+    m0, m1 = (read_json(out / "shards" / f"{i}-of-2" / "manifest.json")["shard"]
+              for i in (0, 1))
+    assert m0["data_sha256"] != m1["data_sha256"] and m0["keys"] != m1["keys"]
+    assert m1["data_sha256"] == selection_sha256(check_inputs(cfg))   # the file as it is now
+    before = _digest(out)
+    with pytest.raises(ShardError, match="^merge refused: shard 1-of-2 was made from other "
+                                         "data than 0-of-2") as err:
+        merge_shards([out / "shards/0-of-2", out / "shards/1-of-2"], out, log=lambda s: None)
+    assert "\n" not in str(err.value)
+    assert _digest(out) == before and not (out / "records.jsonl").exists()
