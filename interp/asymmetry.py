@@ -275,6 +275,9 @@ METRIC_DEFINITIONS = {
                       "(None with one class); _ci: its passage-cluster interval",
     "mcnemar": "exact McNemar test of generator-right vs judge-right (b: only the generator "
                "right, c: only the judge right); it assumes independent records",
+    "degenerate_cis": "the *_ci keys whose interval has zero width (every bootstrap resample "
+                      "gave one value: the outcome is the same on every record, or too few "
+                      "passages): no evidence of precision, read them with their counts",
     "_ci": "95% percentile cluster bootstrap over passages (interp.stats.ClusterBootstrap); "
            "None with fewer than 2 passages; a rate of 0 or 1 gets [0, 0] or [1, 1] (the "
            "bootstrap cannot leave the sample): read it with its count",
@@ -415,6 +418,10 @@ def group_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]], *, n_
     if not scored:  # never a 0 standing for "not measured"
         out.update({k: None for k in out if "forced" in k or k in _SCORE_KEYS},
                    EA_forced_unavailable=FORCED_UNAVAILABLE)
+    # an interval of zero width (every resample gave one value: constant outcomes, or too
+    # few passages) is named here as in every table and figure (interp.stats.ci_text)
+    out["degenerate_cis"] = sorted(k for k, ci in out.items()
+                                   if k.endswith("_ci") and is_degenerate(ci))
     return out
 
 

@@ -242,8 +242,9 @@ def cross_validate(X: Float[np.ndarray, "n d"], y: Bool[np.ndarray, " n"], folds
         **fit_kw: passed to :func:`fit_probe`.
 
     Returns:
-        ``(summary, oof_scores)``: metric means and ``*_std`` over folds, and the out-of-fold
-        score of every example ``[n]``.
+        ``(summary, oof_scores)``: metric means, ``*_std`` and ``*_n_folds`` over folds and
+        the undefined folds (:func:`interp.stats.fold_summary`), and the out-of-fold score of
+        every example ``[n]``.
     """
     per_fold, oof = [], np.zeros(len(y))
     for tr, te in folds:
@@ -251,7 +252,12 @@ def cross_validate(X: Float[np.ndarray, "n d"], y: Bool[np.ndarray, " n"], folds
         s = p.decision(X[te])
         oof[te] = s
         per_fold.append(binary_metrics(y[te], s > 0, s))
-    return fold_summary(per_fold, METRICS), oof
+    return fold_summary(per_fold, METRICS, _class_counts(y, folds)), oof
+
+
+def _class_counts(y: Bool[np.ndarray, " n"], folds: Folds) -> list[tuple[int, int]]:
+    """Each test fold's ``(n_correct, n_incorrect)``."""
+    return [(int(y[te].sum()), int((~y[te]).sum())) for _, te in folds]
 
 
 def judge_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]],
@@ -289,7 +295,7 @@ def judge_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]],
             m = binary_metrics(y[te], pred[te], None if score is None else score[te])
             m["accuracy"] = float(right[te].mean())
             per.append(m)
-        out["folds"] = fold_summary(per, METRICS)
+        out["folds"] = fold_summary(per, METRICS, _class_counts(y, folds))
     return out
 
 

@@ -46,34 +46,13 @@ from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
 from interp.data import passage_key
 from interp.errors import ProbeError
 
-__all__ = [
-    "DEGENERATE_MARK",
-    "MIN_FIT_CLASS",
-    "MIN_FIT_RECORDS",
-    "MIN_PASSAGES",
-    "ClusterBootstrap",
-    "binary_metrics",
-    "cluster_bootstrap_auc",
-    "cluster_bootstrap_auc_difference",
-    "cluster_bootstrap_mean",
-    "cluster_bootstrap_ratio",
-    "correlations",
-    "fold_summary",
-    "make_folds",
-    "mcnemar",
-    "passage_groups",
-    "ci_text",
-    "degenerate_note",
-    "fit_note",
-    "is_degenerate",
-    "passage_note",
-    "percentile_ci",
-    "resample_indices",
-    "roc_auc",
-    "strata_indices",
-    "stratified_auc",
-    "wilson_ci",
-]
+__all__ = ["DEGENERATE_MARK", "MIN_FIT_CLASS", "MIN_FIT_RECORDS", "MIN_PASSAGES",
+           "ClusterBootstrap", "binary_metrics", "cluster_bootstrap_auc",
+           "cluster_bootstrap_auc_difference", "cluster_bootstrap_mean",
+           "cluster_bootstrap_ratio", "correlations", "fold_summary", "make_folds", "mcnemar",
+           "passage_groups", "ci_text", "degenerate_note", "fit_note", "is_degenerate",
+           "passage_note", "percentile_ci", "resample_indices", "roc_auc", "strata_indices",
+           "stratified_auc", "wilson_ci"]
 
 Array = np.ndarray
 
@@ -517,13 +496,25 @@ def binary_metrics(y: Bool[Array, " n"], pred: Bool[Array, " n"],
     }
 
 
-def fold_summary(per_fold: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[str, Any]:
-    """Mean and standard deviation (``{key}_std``) of each metric over folds (None skipped)."""
+def fold_summary(per_fold: Sequence[Mapping[str, Any]], keys: Sequence[str],
+                 class_counts: Sequence[tuple[int, int]] | None = None) -> dict[str, Any]:
+    """Mean and spread (``{key}_std``) of each metric over folds, and ``{key}_n_folds``.
+
+    A fold where a metric is None (an AUC on a one-class test fold) is left out of its mean
+    and listed in ``undefined_folds`` (``fold``, ``metrics``, and with ``class_counts``, the
+    folds' test ``(n_correct, n_incorrect)``, its counts); ``n_folds``: all folds.
+    """
     out: dict[str, Any] = {}
     for m in keys:
         vals = [f[m] for f in per_fold if f.get(m) is not None]
-        out[m] = float(np.mean(vals)) if vals else None
-        out[f"{m}_std"] = float(np.std(vals)) if vals else None
+        out[m], out[f"{m}_std"] = (float(np.mean(vals)), float(np.std(vals))) if vals else (
+            None, None)
+        out[f"{m}_n_folds"] = len(vals)
+    counts = [{} if class_counts is None else {"n_correct": int(a), "n_incorrect": int(b)}
+              for a, b in (class_counts or [(0, 0)] * len(per_fold))]
+    out["n_folds"], out["undefined_folds"] = len(per_fold), [
+        {"fold": i, "metrics": miss, **counts[i]} for i, f in enumerate(per_fold)
+        if (miss := [m for m in keys if f.get(m) is None])]
     return out
 
 

@@ -162,7 +162,30 @@ def test_wilson_mcnemar_correlations_fold_summary():
     assert r["n"] == 4 and r["spearman"] == pytest.approx(1.0) and 0.9 < r["pearson"] < 1
     assert correlations(np.ones(5), np.arange(5.0))["pearson"] is None
     s = fold_summary([{"auc": 0.5, "f1": 1.0}, {"auc": None, "f1": 0.0}], ["auc", "f1"])
-    assert s == {"auc": 0.5, "auc_std": 0.0, "f1": 0.5, "f1_std": 0.5}
+    assert s == {"auc": 0.5, "auc_std": 0.0, "auc_n_folds": 1, "f1": 0.5, "f1_std": 0.5,
+                 "f1_n_folds": 2, "n_folds": 2, "undefined_folds": [{"fold": 1,
+                                                                     "metrics": ["auc"]}]}
+
+
+def test_a_cross_validated_mean_says_which_folds_it_left_out():
+    """A one-class test fold has no AUC: the mean says it is over 4 of 5 folds, and why."""
+    from interp.probing import cross_validate
+
+    rng = np.random.default_rng(0)
+    y = np.array([True] * 6 + [False] * 6)
+    X = rng.normal(size=(12, 3)) + y[:, None]
+    idx = np.arange(12)
+    folds = [(np.setdiff1d(idx, te), te) for te in
+             (np.array([0, 1, 2]), np.array([3, 6]), np.array([4, 7]), np.array([5, 8]),
+              np.array([9, 10, 11]))]                   # folds 0 and 4 hold one class
+    summary, _ = cross_validate(X, y, folds, "logreg")
+    assert summary["n_folds"] == 5 and summary["auc_n_folds"] == 3
+    assert summary["accuracy_n_folds"] == 5
+    undefined = {u["fold"]: u for u in summary["undefined_folds"]}
+    assert sorted(undefined) == [0, 4]
+    assert (undefined[0]["n_correct"], undefined[0]["n_incorrect"]) == (3, 0)
+    assert (undefined[4]["n_correct"], undefined[4]["n_incorrect"]) == (0, 3)
+    assert "auc" in undefined[0]["metrics"] and "accuracy" not in undefined[0]["metrics"]
 
 
 # ---------------------------------------------------------------- tiny groups are marked
@@ -177,6 +200,31 @@ def test_degenerate_interval_is_marked_wherever_formatted():
     assert ci_text([0.1, 0.3], "+.2f", ", ") == "[+0.10, +0.30]"
     assert ci_text(None) == "-"
     assert DEGENERATE_MARK in degenerate_note(3) and "on 3 passages" in degenerate_note(3)
+
+
+def test_a_constant_metric_names_its_zero_width_intervals_in_metrics():
+    """10 records (10 passages) all right and all judged right: GA = EA = 1.0 with [1.0, 1.0].
+
+    The summary (``metrics.json``) names every zero-width interval in ``degenerate_cis``, as
+    the tables and figures mark it (:data:`interp.stats.DEGENERATE_MARK`); a varied group
+    names none.
+    """
+    from interp.asymmetry import METRIC_DEFINITIONS, group_metrics
+
+    def rec(i, right, verdict):
+        return {"id": f"r{i}", "dataset": "squad_v2", "status": "ok", "context": f"passage {i}",
+                "oracle_label": right, "verdict": verdict, "verdict_source": "word",
+                "logit_diff": 1.0 + 0.1 * i if verdict else -1.0 - 0.1 * i,
+                "p_correct": 0.9 if verdict else 0.1, "verdict_coverage": 0.5,
+                "logprob_correct": -0.1 if verdict else -2.0,
+                "logprob_incorrect": -2.0 if verdict else -0.1}
+
+    same = group_metrics([rec(i, True, True) for i in range(10)], n_boot=200)
+    assert (same["GA"], same["EA"], same["GA_ci"]) == (1.0, 1.0, [1.0, 1.0])
+    assert {"GA_ci", "EA_ci", "delta_ci"} <= set(same["degenerate_cis"])
+    assert "degenerate_cis" in METRIC_DEFINITIONS
+    varied = group_metrics([rec(i, i % 2 == 0, i % 3 == 0) for i in range(10)], n_boot=200)
+    assert "GA_ci" not in varied["degenerate_cis"] and "EA_ci" not in varied["degenerate_cis"]
 
 
 def test_fit_note_flags_a_fit_on_too_few_records():
