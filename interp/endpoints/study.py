@@ -60,6 +60,19 @@ def prompt_version(template: Template) -> str:
     return f"{template.name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
+def first_line(text: str) -> str:
+    """``text`` up to and including its first newline after the first non-blank character.
+
+    The generation stop rule of the in-process harness (:func:`interp.prefill.run_prompts`,
+    a newline stop checked on the left-stripped text), applied to a served reply
+    that was generated without a server-side stop: leading blank lines are kept and skipped,
+    as there.
+    """
+    lead = len(text) - len(text.lstrip())
+    cut = text.find("\n", lead)
+    return text if cut < 0 else text[:cut + 1]
+
+
 def served_model_info(endpoint: Endpoint) -> dict[str, Any]:
     """The manifest's ``model`` entry of a served model (no key)."""
     return {"spec": endpoint.spec, "source": "openai-endpoint", "path": endpoint.base_url,
@@ -80,8 +93,10 @@ def evaluate_served(endpoint: Endpoint, ex: QAExample, *, template: Template,
     ref = ex.answers[0] if ex.answers else ""
     gen = chat_messages(template, "gen", context=ex.context, question=ex.question,
                         reference=ref)
-    raw = endpoint.chat(gen, prompt_version=pv, max_tokens=max_new_tokens,
-                        stop=["\n"])["content"]
+    # the in-process stop rule (interp.prefill): a newline ends the answer only after its
+    # first non-blank text; a server's stop=["\n"] would cut "\nParis\n" to ""
+    raw = first_line(endpoint.chat(gen, prompt_version=pv, max_tokens=max_new_tokens
+                                   )["content"] or "")
     answer = extract_answer(raw)
     graded = oracle.grade(answer, ex.answers, dataset=ex.dataset, answerable=ex.answerable,
                           extras={**ex.extras, "context": ex.context, "question": ex.question})

@@ -281,6 +281,38 @@ def test_oracle_fallback_order_without_log_probs(httpserver):
     assert oracle.endpoint.facts["forced_choice"] is None
 
 
+def test_a_served_answer_after_a_blank_line_is_read_as_in_process(httpserver, tmp_path,
+                                                                   data_file):
+    """A reply of a blank line, the gold answer, then more lines is read as that answer.
+
+    As the in-process harness reads it. The fake server honours ``stop`` as llama.cpp does
+    (cut at the first occurrence): with the old newline stop every answer was "" and graded
+    wrong (GA 0.0).
+    """
+    def chat(request):
+        body = request.get_json()
+        text = reply_for(body)
+        if body["messages"][0]["content"].startswith("You answer questions"):
+            text = f"\n{text}\nMore text."
+        for stop in body.get("stop") or []:
+            text = text.split(stop, 1)[0]
+        return Response(json.dumps(completion(text)), content_type="application/json")
+
+    httpserver.expect_request("/v1/models").respond_with_json(MODELS)
+    httpserver.expect_request("/v1/chat/completions", method="POST").respond_with_handler(chat)
+    cfg = AsymmetryConfig(model="openai:fake", datasets=[data_file], limit=3, n_boot=50,
+                          model_endpoint={"base_url": httpserver.url_for("/v1")})
+    m = run(tmp_path / "run", None, cfg, log=lambda s: None)
+    recs = RunDir(tmp_path / "run").read_records()
+    assert [r["answer"] for r in recs] == ["Paris", "Shakespeare", "blue"]
+    assert [r["generation"] for r in recs] == ["\nParis\n", "\nShakespeare\n", "\nblue\n"]
+    assert m["overall"]["GA"] == 1.0
+    from interp.endpoints.study import first_line
+
+    assert first_line("Paris\nx") == "Paris\n" and first_line(" \n\n Rome") == " \n\n Rome"
+    assert first_line("") == "" and first_line("\n\nA\nB") == "\n\nA\n"
+
+
 def test_served_study_without_scores_caches_and_never_writes_the_key(
         httpserver, tmp_path, data_file, monkeypatch, capsys):
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
