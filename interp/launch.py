@@ -114,8 +114,8 @@ def selection_sha256(loaded: Mapping[str, Sequence[QAExample]]) -> str:
     """sha256 of the selected examples' content, in selection order (step 4).
 
     Every field a record is made from enters (dataset, id, question, context, gold answers,
-    answerable), so two copies of a data file with the same path, ids and count but an edited
-    gold answer give different fingerprints; a path does not enter.
+    answerable, the dataset's extras), so two copies of a data file with the same path, ids
+    and count but an edited gold answer give different fingerprints; a path does not enter.
     """
     import hashlib
     import json
@@ -124,7 +124,8 @@ def selection_sha256(loaded: Mapping[str, Sequence[QAExample]]) -> str:
     for exs in loaded.values():
         for ex in exs:
             h.update(json.dumps([ex.dataset, ex.id, ex.question, ex.context,
-                                 list(ex.answers), ex.answerable]).encode())
+                                 list(ex.answers), ex.answerable, ex.extras],
+                                sort_keys=True, default=str).encode())
             h.update(b"\n")
     return h.hexdigest()
 
