@@ -29,6 +29,11 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def offloaded(tmp_path_factory):
+    """Its own load of the bundled SmolLM2: another placement (blocks 20-29 offloaded to disk).
+
+    Not the session's ``bundled``: a device map is fixed at load time, and the test compares
+    the two loads.
+    """
     dm = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.norm": "cpu",
           "lm_head": "cpu", **{f"model.layers.{i}": "cpu" if i < 20 else "disk"
                                for i in range(30)}}
