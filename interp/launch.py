@@ -32,6 +32,8 @@ Algorithm:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -117,9 +119,6 @@ def selection_sha256(loaded: Mapping[str, Sequence[QAExample]]) -> str:
     answerable, the dataset's extras), so two copies of a data file with the same path, ids
     and count but an edited gold answer give different fingerprints; a path does not enter.
     """
-    import hashlib
-    import json
-
     h = hashlib.sha256()
     for exs in loaded.values():
         for ex in exs:
@@ -179,8 +178,7 @@ def current_shard(spec: str | None = None, env: Mapping[str, str] | None = None
     env = os.environ if env is None else env
     if spec:
         shard = parse_shard(spec)
-    elif _whole(env, "WORLD_SIZE", 1) > 1:
-        n = _whole(env, "WORLD_SIZE", 1)
+    elif (n := _whole(env, "WORLD_SIZE", 1)) > 1:
         if missing := [k for k in TORCHRUN_VARS if not str(env.get(k, "")).strip()]:
             names = ", ".join(missing[:-1]) + " and " * (len(missing) > 1) + missing[-1]
             raise ShardError(
@@ -192,8 +190,7 @@ def current_shard(spec: str | None = None, env: Mapping[str, str] | None = None
             raise ShardError(f"RANK={i} is outside WORLD_SIZE={n}: not a torchrun environment")
         local = env.get("LOCAL_RANK")
         shard = Shard(i, n, "torchrun", _whole(env, "LOCAL_RANK", 0) if local else None)
-    elif _whole(env, "SLURM_ARRAY_TASK_COUNT", 1) > 1:
-        n = _whole(env, "SLURM_ARRAY_TASK_COUNT", 1)
+    elif (n := _whole(env, "SLURM_ARRAY_TASK_COUNT", 1)) > 1:
         i = _whole(env, "SLURM_ARRAY_TASK_ID", 0) - _whole(env, "SLURM_ARRAY_TASK_MIN", 0)
         if not 0 <= i < n:
             raise ShardError(f"SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN = {i} is outside "
@@ -308,7 +305,7 @@ def barrier(shard: Shard | None, what: str = "") -> None:
                                     timeout=timedelta(seconds=timeout))
             _GROUP.append(True)
         dist.barrier()
-    except (RuntimeError, dist.DistBackendError, TimeoutError) as err:
+    except (RuntimeError, TimeoutError) as err:   # DistBackendError, DistStoreError too
         reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err)
         raise ShardError(
             f"shard {shard.name}: the other processes did not reach the barrier within "
