@@ -25,25 +25,23 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# Every study on a small grid (both bundled models, a few records per dataset): 7 min 17 s wall,
-# 822 CPU-seconds, from a fresh clone on 2 idle CPU cores; 15 min 48 s (1661 CPU-s) on the same
-# idle machine another day, cause not yet known (docs/install.md); about 6 GB of disk.
+# Every study on a small grid (both bundled models, a few records per dataset): minutes on a CPU
+# and about 6 GB of disk (measured: docs/performance.md).
 # Figures and the summary table under runs/demo/ (the last lines say where).
 demo: $(STAMP)
 	$(BIN)/interp run experiments/demo.toml
 
-# The full committed study (30/30/4/2 records per dataset, every stage; about an hour on 2 CPU
-# cores). Resumable:
-# interrupt it and run it again, finished records and stored parts are kept. Writes figures/.
+# The full committed study (30/30/4/2 records per dataset, every stage; about an hour on a CPU).
+# Resumable: interrupt it and run it again, finished records and stored parts are kept.
+# Writes figures/.
 study: $(STAMP)
 	$(BIN)/interp run experiments/quickstart.toml
 
 # The findings study (docs/findings.md): the paper's claims, their controls and the causal tests
 # on both bundled models, 150/150/30/30 records per model (hours on a CPU; benchmarks/
-# findings_plan.py times each part on a slice). One process with a thread per core: on these
-# 2-core machines it beat 2 torchrun shards x 1 thread (138.6 s vs 152.0 s on 32 records,
-# docs/performance.md), and its run directories are the ones the state below keeps (a sharded
-# run keeps its records in out/<model>/shards/; FINDINGS_PROCS=N shards over N processes).
+# findings_plan.py times each part on a slice). One process with a thread per core (on a 2-core
+# machine it beats 2 torchrun shards of 1 thread: docs/performance.md), and its run directories
+# are the ones the state below keeps (a sharded run keeps its records in out/<model>/shards/; FINDINGS_PROCS=N shards over N processes).
 # Resumable: interrupt it and run it again. Phase 1 (Study 1 and 2 of both configs) first, so
 # the headline numbers exist early; then every stage; then the candidate swap's gap-filter
 # sensitivity on the same records (experiments/findings_gap.toml) and, for SmolLM2, on every
@@ -51,25 +49,25 @@ study: $(STAMP)
 FINDINGS_PROCS ?= 1
 FINDINGS_RUN = OMP_NUM_THREADS=$$(( $$(nproc) / $(FINDINGS_PROCS) )) $(BIN)/torchrun --standalone \
 	--nproc_per_node $(FINDINGS_PROCS) -m interp run
-# The run directories' JSON (records, parts, permutations: every costly result) is kept under
-# figures/findings/state/ and restored first, so a session on a fresh machine resumes the study
-# instead of starting it again; `make findings-state` saves it after an interrupted run.
-FINDINGS_STATE = figures/findings/state
+# The run directories' JSON (records, parts, permutations: every costly result) is kept in one
+# checksummed archive and restored first, so the study resumes on a fresh machine instead of
+# starting again; `make findings-state` saves it after an interrupted run (docs/findings.md).
+FINDINGS_STATE = experiments/findings/state.tar.xz
 FINDINGS_OUTS = findings findings_matched findings_gap findings_pool
 findings: $(STAMP)
-	$(BIN)/python -m interp.findings --restore-state $(FINDINGS_STATE) runs
+	$(BIN)/python -m experiments.findings --restore-state $(FINDINGS_STATE) runs
 	$(FINDINGS_RUN) experiments/findings.toml --only asymmetry,attention
 	$(FINDINGS_RUN) experiments/findings_matched.toml
 	$(FINDINGS_RUN) experiments/findings.toml
-	$(BIN)/python -m interp.findings --seed-run runs/findings runs/findings_gap
+	$(BIN)/python -m experiments.findings --seed-run runs/findings runs/findings_gap
 	$(FINDINGS_RUN) experiments/findings_gap.toml --only patching
-	$(BIN)/python -m interp.findings --seed-run runs/findings runs/findings_pool smollm2-135m-instruct
+	$(BIN)/python -m experiments.findings --seed-run runs/findings runs/findings_pool smollm2-135m-instruct
 	$(FINDINGS_RUN) experiments/findings_pool.toml
 	$(MAKE) findings-state
-	$(BIN)/python -m interp.findings figures/findings docs/findings.md
+	$(BIN)/python -m experiments.findings figures/findings docs/findings.md
 
 findings-state: $(STAMP)
-	$(BIN)/python -m interp.findings --save-state runs $(FINDINGS_STATE) $(FINDINGS_OUTS)
+	$(BIN)/python -m experiments.findings --save-state runs $(FINDINGS_STATE) $(FINDINGS_OUTS)
 
 # Study 3 on the bundled model (trains three LoRA adapters on CPU; resumable), figures copied.
 transfer: $(STAMP)
@@ -106,7 +104,7 @@ test: check
 	$(PYTEST) -m slow
 
 # The unit tests alone. They need no model file: tests/unit/conftest.py hides the bundled
-# models for the whole session.
+# models for the whole test run.
 test-unit: $(STAMP)
 	$(PYTEST) -m "not slow"
 

@@ -2,7 +2,7 @@
 
 On a finished asymmetry run, the patching stage's ``attribution`` sweep patches EVERY unit
 exactly and computes the attribution estimate of every unit, per pair
-(:mod:`interp.patch_sweeps`). From those tables this reports, per pair kind and sweep
+(:mod:`interp.methods.patch_sweeps`). From those tables this reports, per pair kind and sweep
 (``resid``: (layer, position) and (layer, span); ``heads``: (layer, head)) and for several
 verification budgets ``k``:
 
@@ -31,10 +31,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from interp.patch_sweeps import agreement
+from interp.core.io import read_json
+from interp.methods.patch_sweeps import agreement
 from interp.stages import load_run_model
 from interp.stages.patching import PatchingConfig, run
-from interp.store.io import read_json
 from interp.store.rundir import RunDir
 
 

@@ -59,7 +59,7 @@ def main() -> None:
 
     from interp.hooks.recorder import record_rows
     from interp.hooks.wrappers import attn_implementation, to_tlens
-    from interp.models import load_model
+    from interp.models.loading import load_model
 
     handle = load_model(device="cpu", dtype="float32")
     model = handle.model

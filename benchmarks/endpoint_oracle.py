@@ -27,10 +27,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.endpoint_setup import endpoint_table, inprocess_run, parse_args, serve  # noqa: E402
-from interp.agreement import oracle_agreement as grade_agreement  # noqa: E402
-from interp.grading import make_oracle  # noqa: E402
+from interp.core.io import write_json  # noqa: E402
+from interp.judging.grading import make_oracle  # noqa: E402
+from interp.methods.agreement import oracle_agreement as grade_agreement  # noqa: E402
 from interp.stages.asymmetry import format_oracle_agreement, oracle_agreement  # noqa: E402
-from interp.store.io import write_json  # noqa: E402
 from interp.store.rundir import RunDir  # noqa: E402
 
 QWEN = "qwen2.5-coder-0.5b-instruct"

@@ -18,7 +18,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from interp.endpoints.local import LocalServer  # noqa: E402
-from interp.models import bundled_gguf  # noqa: E402
+from interp.models.loading import bundled_gguf  # noqa: E402
 from interp.stages.asymmetry import AsymmetryConfig  # noqa: E402
 from interp.stages.asymmetry import run as run_asymmetry  # noqa: E402
 

@@ -53,7 +53,7 @@ def slice_config(cfg: dict[str, Any], fraction: int) -> tuple[dict[str, Any], di
 
 def main() -> None:
     """Time each part on the slice; write the plan (module docstring)."""
-    from interp.pipeline import load_config, run_config
+    from interp.run.pipeline import load_config, run_config
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fraction", type=int, default=30)

@@ -18,12 +18,12 @@ import time
 
 import torch
 
-from interp.asymmetry import evaluate_examples
 from interp.data import load_examples
-from interp.generation import generate
-from interp.grading import RuleOracle
-from interp.models import load_model
-from interp.prompts import get_template, render
+from interp.judging.generation import generate
+from interp.judging.grading import RuleOracle
+from interp.judging.prompts import get_template, render
+from interp.methods.asymmetry import evaluate_examples
+from interp.models.loading import load_model
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ builds what it needs), using whatever torch / transformers the machine has:
    32 layers, GQA 4:1, Llama 3.1 rope scaling and chat template, random bfloat16 weights) and
    ``--records`` bundled records per dataset (``interp.testing.rehearsal_datasets``).
 2. Run ``experiments/paper.toml`` with only its model and dataset sources swapped
-   (``interp.pipeline.swap_sources``) and the device set (``[asymmetry] device``,
+   (``interp.run.pipeline.swap_sources``) and the device set (``[asymmetry] device``,
    ``[transfer] device``), stage by stage, timing each: records/s per stage.
 3. On the records that run produced, compute on BOTH the CPU and ``--device`` (bfloat16, the
    same prompts): the last-token span mass over the band 24-31 (mean over heads and band
@@ -46,14 +46,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.shard_compare import one_vs_shards  # noqa: E402
-from interp.attention import span_mass  # noqa: E402
+from interp.analysis.span_mass import span_mass  # noqa: E402
 from interp.hooks.recorder import record_rows  # noqa: E402
-from interp.models import PAPER_MODEL, load_model, runtime_facts  # noqa: E402
-from interp.pipeline import run_config, swap_sources  # noqa: E402
-from interp.prompts import record_prompts  # noqa: E402
+from interp.judging.prompts import record_prompts  # noqa: E402
+from interp.judging.verdict import score_verdicts  # noqa: E402
+from interp.models.loading import PAPER_MODEL, load_model, runtime_facts  # noqa: E402
+from interp.run.pipeline import run_config, swap_sources  # noqa: E402
 from interp.store.rundir import RunDir  # noqa: E402
 from interp.testing import llama31_checkpoint, rehearsal_datasets  # noqa: E402
-from interp.verdict import score_verdicts  # noqa: E402
 
 SPANS = ("context", "question", "candidate", "template")
 
@@ -108,7 +108,7 @@ def measure(ckpt: Path, run: RunDir, device: str, **placement: object
             ) -> dict[str, list[float]]:
     """Step 3 on one device: band span mass per (record, task, span) and logit_diff per record.
 
-    ``placement``: ``device_map`` / ``offload_folder`` for :func:`interp.models.load_model`.
+    ``placement``: ``device_map`` / ``offload_folder`` for :func:`interp.models.loading.load_model`.
     """
     handle = load_model(str(ckpt), device=device, dtype="bfloat16", **placement)
     band = list(range(24, 32))

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from interp.models import load_model
+from interp.models.loading import load_model
 from interp.stages import attention as attention_stage
 from interp.stages.asymmetry import AsymmetryConfig
 from interp.stages.asymmetry import run as run_asymmetry
@@ -112,7 +112,7 @@ def measure(args: argparse.Namespace, dtype: str, out: Path) -> dict[str, Any]:
     wall, cpu = time.perf_counter() - t, time.process_time() - c
     roof_after = matmul_flops(shape["d_model"], shape["d_ffn"], tdtype)
     recs = RunDir(out).read_records()
-    from interp.verdict import verdict_replies
+    from interp.judging.verdict import verdict_replies
 
     extra = max(len(r) for r in verdict_replies(handle.tokenizer).ids) - 1
     flops = sum(model_flops(r, handle, shape, extra) for r in recs)

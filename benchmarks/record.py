@@ -58,8 +58,8 @@ def _setup(n: int, threads: int | None) -> tuple[Any, dict[str, Callable[[], int
 
     if threads:
         torch.set_num_threads(threads)
-    from interp.models import load_model
-    from interp.prompts import RenderedPrompt
+    from interp.judging.prompts import RenderedPrompt
+    from interp.models.loading import load_model
     from interp.stages.record import RecordConfig, record_prompt
 
     handle = load_model(device="cpu", dtype="float32")

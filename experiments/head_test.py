@@ -22,7 +22,7 @@ position and, averaged, from every position after the candidate, on both prompts
 (``attention``; the layer's other heads for comparison).
 
 The patching effects are ratios of sums over pairs with a passage-cluster bootstrap 95% CI
-(:func:`interp.stats.cluster_bootstrap_ratio`), and the share of pairs whose forced choice
+(:func:`interp.analysis.stats.cluster_bootstrap_ratio`), and the share of pairs whose forced choice
 flips. Heimersheim & Nanda 2024 ("How to use and interpret activation patching", section 3):
 denoising finds what is sufficient, noising what is necessary; a head can be one without the
 other (a backup path takes over when it is removed).
@@ -40,18 +40,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from interp.errors import ConfigError
-from interp.hooks.points import hook_name
+from interp.analysis.stats import cluster_bootstrap_mean, cluster_bootstrap_ratio
+from interp.core.errors import ConfigError
+from interp.core.io import write_json
+from interp.core.progress import tqdm
 from interp.hooks.recorder import record_stream
-from interp.pairs import align_positions
-from interp.patching import Patch, Patcher
-from interp.progress import tqdm
-from interp.prompts import get_template, render
+from interp.judging.prompts import get_template, render
+from interp.methods.pairs import align_positions
+from interp.methods.patching import Patch, Patcher
+from interp.models.points import hook_name
 from interp.stages import load_run_model
 from interp.stages.common import ok_records
-from interp.stats import cluster_bootstrap_mean, cluster_bootstrap_ratio
 from interp.store import RunDir
-from interp.store.io import write_json
 
 
 def parse_heads(specs: list[str], n_layers: int, n_heads: int) -> dict[str, tuple[int, tuple]]:
@@ -119,7 +119,7 @@ def summarise(pairs: list[dict[str, Any]], heads: dict[str, tuple[int, tuple]],
 
     ``denoise`` = ``sum s (LD_denoised - LD_corrupt) / sum |gap|`` and ``noise`` =
     ``sum s (LD_clean - LD_noised) / sum |gap|`` with ``s = sign(LD_clean - LD_corrupt)``
-    (:func:`interp.patching.ratio_of_sums`: pairs whose judge prefers the wrong answer are
+    (:func:`interp.methods.patching.ratio_of_sums`: pairs whose judge prefers the wrong answer are
     aligned, not cancelled), passage-cluster bootstrap 95% CIs; ``flips``: pairs whose forced
     choice ends on the other side of 0 than the run it was patched into.
     """
@@ -238,7 +238,7 @@ def main(run: str, out_json: str, specs: list[str]) -> None:
     write_json(out, {
         "run": str(rd.path), "model": handle.spec, "sha256": handle.info.get("sha256"),
         "pair": "candidate-swap", "positions": "every patchable position (as the heads sweep)",
-        "aggregate": "ratio of sums, sign-aligned (interp.patching.ratio_of_sums), "
+        "aggregate": "ratio of sums, sign-aligned (interp.methods.patching.ratio_of_sums), "
                      "passage-cluster bootstrap 95% CI, 2000 resamples",
         "head_sets": head_d, "n_pairs": len(pairs_out),
         "n_passages": len({p["passage"] for p in pairs_out}), "seconds": round(seconds, 1),

@@ -45,15 +45,15 @@ from typing import Any
 
 import numpy as np
 
-from interp.errors import ConfigError
-from interp.hooks.points import hook_name
-from interp.pairs import align_positions
-from interp.patching import Patch, Patcher, own_activation
-from interp.progress import tqdm
+from interp.analysis.stats import cluster_bootstrap_ratio
+from interp.core.errors import ConfigError
+from interp.core.io import write_json
+from interp.core.progress import tqdm
+from interp.methods.pairs import align_positions
+from interp.methods.patching import Patch, Patcher, own_activation
+from interp.models.points import hook_name
 from interp.stages import load_run_model
-from interp.stats import cluster_bootstrap_ratio
 from interp.store import RunDir
-from interp.store.io import write_json
 
 sys.path.insert(0, str(Path(__file__).parent))
 from head_test import parse_heads, swept_pairs  # noqa: E402

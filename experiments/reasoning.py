@@ -15,13 +15,13 @@ import sys
 import time
 from pathlib import Path
 
+from interp.core.io import atomic_write_text, write_json
+from interp.judging.reasoning import MAX_REASONING_TOKENS
+from interp.methods.reasoning_compare import format_side_by_side
 from interp.plots.reasoning import plot_reasoning_side_by_side
-from interp.reasoning import MAX_REASONING_TOKENS
-from interp.reasoning_compare import format_side_by_side
 from interp.stages import load_run_model
 from interp.stages.reasoning import ReasoningConfig, run
 from interp.store import RunDir
-from interp.store.io import atomic_write_text, write_json
 
 
 def main(out: str, runs: list[str]) -> None:

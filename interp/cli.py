@@ -1,14 +1,15 @@
 """The ``interp`` command line: every command, each a thin call into a stage.
 
 ``interp --help`` lists the commands. A stage's command (one per entry of
-:data:`interp.stages.contract.SPECS`) is built from the stage's config dataclass: one option
-per field, with the field's type, default and help (:func:`interp.options.click_params`), plus
+:data:`interp.core.contract.SPECS`) is built from the stage's config dataclass: one option
+per field, with the field's type, default and help (:func:`interp.core.options.click_params`), plus
 the run directory options every stage of its kind takes (:func:`_stage_params`). It turns the
-options given into the stage's config (:func:`interp.options.config_from_table`, the same
+options given into the stage's config (:func:`interp.core.options.config_from_table`, the same
 checks as a TOML table), checks the stage's needs and loads the run's model where it needs one
 (:func:`interp.stages.load_run_model`), runs the stage and prints its summary. Commands are
 built, and their modules (torch, transformers) imported, only when they run, so ``interp
---help`` starts at once. Errors the toolkit raises on purpose (:class:`interp.errors.InterpError`)
+--help`` starts at once. Errors the toolkit raises on purpose
+(:class:`interp.core.errors.InterpError`)
 are caught once, by the command group: ``error: <message>`` on stderr and exit status 2;
 ``interp --debug COMMAND`` shows the traceback instead.
 """
@@ -25,11 +26,11 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from interp.errors import InterpError
-from interp.inputs import kept_work, read_toml
-from interp.layers import DEFAULT_BAND
-from interp.options import cli_options, given, parse_count, split_list
-from interp.stages.contract import SPECS, StageSpec
+from interp.core.contract import SPECS, StageSpec
+from interp.core.errors import InterpError
+from interp.core.inputs import kept_work, read_toml
+from interp.core.layers import DEFAULT_BAND
+from interp.core.options import cli_options, given, parse_count, split_list
 
 __all__ = ["app", "main"]
 
@@ -56,11 +57,11 @@ class _Group(TyperGroup):
     """The command group: one error policy for every command, and one name per stage.
 
     A stage's command answers to the stage's name too (``interp steering`` is ``interp
-    steer``, :data:`interp.stages.contract.SPECS`), as ``interp run --only`` accepts both.
+    steer``, :data:`interp.core.contract.SPECS`), as ``interp run --only`` accepts both.
 
     An :class:`InterpError` or a bad option prints ``error: <message>`` and exits 2
     (``--debug``: the traceback). Ctrl-C prints one line, what finished work the command's run
-    directory keeps (:func:`interp.inputs.kept_work`) and the command that resumes it, and
+    directory keeps (:func:`interp.core.inputs.kept_work`) and the command that resumes it, and
     exits 130.
     """
 
@@ -248,7 +249,7 @@ def run_cmd(
     """Run a configured grid (models x datasets) and its stages."""
     doc = read_toml(config)  # a missing or broken file is said before the slow imports
     from interp.launch import current_shard, finish
-    from interp.pipeline import out_dir, run_config
+    from interp.run.pipeline import out_dir, run_config
 
     _watch(out or out_dir(doc, config))
     try:
@@ -267,7 +268,7 @@ def merge_cmd(
         help="replace a run in --out made with another config")] = False,
 ) -> None:
     """Join finished shards (--shard I/N, SLURM arrays, Ray tasks) into one run directory."""
-    from interp.merge import merge_shards
+    from interp.run.merge import merge_shards
     from interp.stages import asymmetry as stage
 
     metrics = merge_shards(shards, out, overwrite=overwrite, log=typer.echo)
@@ -288,9 +289,9 @@ def view_cmd(
     device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
 ) -> None:
     """A self-contained HTML page: a record's gen and eval tokens coloured by attention."""
+    from interp.run.view import find_record, write_view
     from interp.stages import load_run_model
     from interp.store.rundir import RunDir
-    from interp.view import find_record, write_view
 
     rd = RunDir(run)
     find_record(rd, record_id, dataset)  # a wrong id fails before the model loads
@@ -307,8 +308,8 @@ def heads_cmd(
     layers: Annotated[str, typer.Option(help="restrict to layers: all, last8, 22-29")] = "all",
 ) -> None:
     """List the top heads by context mass in gen, in eval, and by gen minus eval."""
-    from interp import attention
-    from interp.layers import parse_layers
+    from interp.analysis import span_mass as attention
+    from interp.core.layers import parse_layers
     from interp.stages.stored import read_attention_summary
     from interp.store.rundir import RunDir
 
@@ -359,7 +360,7 @@ def _stage_params(s: StageSpec) -> list[inspect.Parameter]:
 
 
 def _stage_command(s: StageSpec) -> click.Command:
-    """The command of a stage: its config's options (:func:`interp.options.cli_options`)."""
+    """The command of a stage: its config's options (:func:`interp.core.options.cli_options`)."""
     import typer.main
     import typer.models
 
@@ -392,7 +393,7 @@ def _count(value: str) -> int | str:
 
 def _run_stage(s: StageSpec, cls: Any, kw: dict[str, Any]) -> None:
     """Build the config from the options given, check, load the model, run, print."""
-    from interp.models import load_model
+    from interp.models.loading import load_model
     from interp.stages import load_run_model
     from interp.store.rundir import RunDir
 
@@ -433,10 +434,10 @@ def _run_asymmetry(rd: Any, handle: Any, cfg: Any, *, overwrite: bool,
 
     Returns:
         ``metrics.json`` (unsharded, or torchrun's rank 0 after the merge); None for a
-        process that only wrote its shard (:func:`interp.merge.run_asymmetry`).
+        process that only wrote its shard (:func:`interp.run.merge.run_asymmetry`).
     """
     from interp.launch import current_shard, finish
-    from interp.merge import run_asymmetry
+    from interp.run.merge import run_asymmetry
 
     try:
         return run_asymmetry(rd.path, handle, cfg, shard=current_shard(cfg.shard),
@@ -452,8 +453,8 @@ def _audit_dir(mod: Any, kw: dict[str, Any]) -> None:
         ConfigError: neither or both of ``--run`` and ``--judged``; ``--judged`` without
             ``--model`` and ``--out``.
     """
-    from interp.errors import ConfigError
-    from interp.models import load_model
+    from interp.core.errors import ConfigError
+    from interp.models.loading import load_model
 
     if (kw["run"] is None) == (kw["judged"] is None):
         raise ConfigError("give either --run DIR or --judged FILE.jsonl (with --model, --out)")

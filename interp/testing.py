@@ -30,7 +30,7 @@ Algorithm of :func:`tiny_tokenizer`:
    ``save_pretrained``). ChatML: BOS ``<|im_start|>``, EOS and pad ``<|im_end|>``, UNK
    ``<|endoftext|>``. Llama 3: BOS ``<|begin_of_text|>``, EOS ``<|end_of_text|>`` (as Llama 3's
    base tokenizer: the end of turn ``<|eot_id|>`` is NOT the EOS token, so stopping at it must
-   come from the chat template, :func:`interp.models.end_of_turn_ids`), pad ``<|eot_id|>``.
+   come from the chat template, :func:`interp.models.loading.end_of_turn_ids`), pad ``<|eot_id|>``.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from interp.models import ModelHandle
-from interp.prompts import get_template, render
+from interp.judging.prompts import get_template, render
+from interp.models.loading import ModelHandle
 from interp.store.rundir import RunDir
 
 __all__ = ["CHAT_TEMPLATE", "CORPUS", "FAMILIES", "LLAMA3_CHAT_TEMPLATE", "LLAMA31_ROPE_SCALING",
@@ -124,7 +124,7 @@ CORPUS = (
 
 def _template_texts() -> list[str]:
     """The bundled prompt templates' texts (every variant's system and user messages)."""
-    from interp.prompts import load_templates
+    from interp.judging.prompts import load_templates
 
     return [" ".join((t.gen_system, t.gen_user, t.eval_system, t.eval_user))
             for t in load_templates().values()]
@@ -235,7 +235,7 @@ def tiny_llama(
         max_positions: ``max_position_embeddings``.
 
     Returns:
-        A :class:`interp.models.ModelHandle` (spec ``"tiny-llama"`` or ``"tiny-qwen2"``,
+        A :class:`interp.models.loading.ModelHandle` (spec ``"tiny-llama"`` or ``"tiny-qwen2"``,
         sha256 None, float32, CPU).
 
     Raises:
@@ -293,7 +293,8 @@ def llama31_checkpoint(
             ``float32``).
 
     Returns:
-        ``path`` as a :class:`pathlib.Path`; ``interp.models.load_model(str(path))`` loads it.
+        ``path`` as a :class:`pathlib.Path`; ``interp.models.loading.load_model(str(path))`` loads
+        it.
     """
     return tiny_checkpoint(path, template="llama3", arch="llama", n_layers=n_layers,
                            d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, seed=seed,
@@ -308,7 +309,7 @@ def tiny_checkpoint(path: str | Path, *, template: str = "chatml", arch: str = "
     :func:`tiny_tokenizer` (``vocab_size``, ``template``) and :func:`tiny_llama` (``arch`` and
     ``shape``: ``n_layers``, ``d_model``, ``n_heads``, ``n_kv_heads``, ``seed``,
     ``rope_scaling``, ``rope_theta``, ``max_positions``, ...), written with
-    ``save_pretrained``; :func:`interp.models.load_model` loads it as a local directory.
+    ``save_pretrained``; :func:`interp.models.loading.load_model` loads it as a local directory.
 
     Args:
         path: the directory (created; files in it are overwritten).
@@ -349,7 +350,7 @@ def rehearsal_datasets(out_dir: str | Path, n: int = 3, max_chars: int | None = 
 
     Returns:
         ``{dataset name: path}``, the ``datasets`` argument of
-        :func:`interp.pipeline.swap_sources`.
+        :func:`interp.run.pipeline.swap_sources`.
     """
     from dataclasses import replace
 

@@ -64,14 +64,14 @@ def tiny_tokenizer():
 
 @pytest.fixture(scope="session")
 def bundled():
-    from interp.models import load_model
+    from interp.models.loading import load_model
 
     return load_model("smollm2-135m-instruct", device="cpu", dtype="float32")
 
 
 @pytest.fixture(scope="session")
 def qwen():
-    from interp.models import load_model
+    from interp.models.loading import load_model
 
     return load_model("qwen2.5-coder-0.5b-instruct", device="cpu", dtype="float32")
 
@@ -132,7 +132,7 @@ EIFFEL_QUESTION = "Who built the Eiffel Tower?"
 @pytest.fixture(scope="module")
 def patch_prompts(tokenizer):
     """Eval prompts of one question with a right (clean) and a wrong (corrupt) candidate."""
-    from interp.prompts import get_template, render
+    from interp.judging.prompts import get_template, render
 
     tpl = get_template()
     clean = render(tokenizer, tpl, "eval", context=EIFFEL_CONTEXT, question=EIFFEL_QUESTION,
@@ -186,7 +186,7 @@ def lora_cfg():
 @pytest.fixture(scope="session")
 def smol_tok():
     """The bundled SmolLM2 tokenizer alone (from the cached checkpoint; no weights loaded)."""
-    from interp.models import load_tokenizer
+    from interp.models.loading import load_tokenizer
 
     return load_tokenizer("smollm2-135m-instruct")
 
@@ -194,6 +194,6 @@ def smol_tok():
 @pytest.fixture(scope="session")
 def qwen_tok():
     """The bundled Qwen2.5-Coder-0.5B-Instruct tokenizer alone (no weights loaded)."""
-    from interp.models import load_tokenizer
+    from interp.models.loading import load_tokenizer
 
     return load_tokenizer("qwen2.5-coder-0.5b-instruct")

@@ -25,7 +25,7 @@ field           type         required  meaning
 ``dataset``     str          no        dataset name; default: the file's stem
                                        (``my_qa.jsonl`` -> ``"my_qa"``). ``"drop"`` selects
                                        DROP's grading rules, any other name the extractive
-                                       ones (:class:`interp.grading.RuleOracle`)
+                                       ones (:class:`interp.judging.grading.RuleOracle`)
 ``answerable``  bool         no        default: ``answers`` is non-empty
 ``split``       str          no        default: the ``split`` argument of the loader
 ``extras``      object       no        anything else, JSON-serialisable (DROP:
@@ -34,7 +34,7 @@ field           type         required  meaning
 
 Any other top-level key (as in the bundled files: ``source``, ``raw_format``, ``raw``,
 ``paragraph_key``, ``type``, ...) is also put into ``extras``. A missing required field or a
-malformed line is a :class:`~interp.errors.DataError` naming ``path:line`` and the field.
+malformed line is a :class:`~interp.core.errors.DataError` naming ``path:line`` and the field.
 
 Context strings are built the same way for every source, exactly as ``SOURCES.md`` says:
 
@@ -73,10 +73,10 @@ Hub, :func:`load_examples`).
 
 from __future__ import annotations
 
+from interp.core.errors import DataError
 from interp.data import formats, loading
 from interp.data.examples import DATASETS, QAExample
 from interp.data.formats import *  # noqa: F403 - the package's API is its modules' __all__
 from interp.data.loading import *  # noqa: F403
-from interp.errors import DataError
 
 __all__ = ["DATASETS", "DataError", "QAExample", *formats.__all__, *loading.__all__]

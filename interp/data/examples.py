@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from interp.errors import DataError
+from interp.core.errors import DataError
 
 __all__ = ["DATASETS", "QAExample"]
 

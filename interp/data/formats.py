@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from interp.core.errors import DataError
 from interp.data.examples import QAExample, _dedup, _locate, _req, _unknown_dataset
-from interp.errors import DataError
 
 __all__ = [
     "drop_answer_text",

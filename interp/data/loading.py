@@ -9,6 +9,8 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from pathlib import Path
 from typing import Any, TypeVar
 
+from interp.core.errors import DataError
+from interp.core.jsonl import json_line
 from interp.data import formats
 from interp.data.examples import (
     DATASETS,
@@ -16,8 +18,6 @@ from interp.data.examples import (
     _norm_split,
     _unknown_dataset,
 )
-from interp.errors import DataError
-from interp.jsonl import json_line
 
 __all__ = [
     "BUNDLED_DIR",
@@ -390,7 +390,7 @@ def passage_key(item: QAExample | Mapping[str, Any]) -> str:
 
     Returns:
         ``"<dataset>:<first 12 hex digits of sha1(context)>"``, the same key as
-        :func:`interp.probing.passage_groups` gives a run record.
+        :func:`interp.methods.probing.passage_groups` gives a run record.
     """
     if isinstance(item, QAExample):
         dataset, context = item.dataset, item.context

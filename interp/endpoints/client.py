@@ -48,9 +48,9 @@ from typing import Any
 
 import httpx
 
+from interp.core.errors import ConfigError, EndpointError
 from interp.endpoints.cache import RequestCache, request_key
-from interp.errors import ConfigError, EndpointError
-from interp.verdict import VERDICT_WORDS
+from interp.judging.verdict import VERDICT_WORDS
 
 __all__ = ["FORCED_METHOD", "PREFIX", "DeadlineTransport", "Endpoint", "EndpointConfig",
            "RequestFailed", "grammar", "is_endpoint_spec", "probe_forced_choice"]
@@ -398,7 +398,7 @@ class Endpoint:
         """``fn`` over ``items`` with at most ``concurrency`` in flight, in order.
 
         Each result is ``fn(item)``, or the :class:`RequestFailed` or
-        :class:`interp.errors.EndpointError` it raised (that item is left undone), so the
+        :class:`interp.core.errors.EndpointError` it raised (that item is left undone), so the
         caller keeps every finished item before it stops.
         """
         def one(item: Any) -> Any:

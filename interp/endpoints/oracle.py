@@ -1,8 +1,8 @@
 """The LLM oracle over a chat endpoint (paper section 3.1, ``y* = L*(c, q, a, a*)``).
 
-The same grading prompt as the in-process oracle (:data:`interp.grading.ORACLE_SYSTEM`,
-:data:`interp.grading.ORACLE_USER`), sent at ``temperature = 0`` with a seed, and the same
-verdict parser (:func:`interp.grading.parse_verdict`). When the reply holds no verdict, in
+The same grading prompt as the in-process oracle (:data:`interp.judging.grading.ORACLE_SYSTEM`,
+:data:`interp.judging.grading.ORACLE_USER`), sent at ``temperature = 0`` with a seed, and the same
+verdict parser (:func:`interp.judging.grading.parse_verdict`). When the reply holds no verdict, in
 this order (the grade's ``rule`` says which decided, :attr:`EndpointOracle.counts` counts):
 
 1. ``openai:reply:<reply>``: the reply's verdict;
@@ -26,7 +26,7 @@ from typing import Any
 from interp.endpoints.cache import CACHE_FILE, RequestCache
 from interp.endpoints.client import PREFIX, Endpoint, EndpointConfig
 from interp.endpoints.scoring import constrained_choice, score_replies
-from interp.grading import (
+from interp.judging.grading import (
     ORACLE_KINDS,
     ORACLE_SYSTEM,
     ORACLE_USER,
@@ -47,7 +47,7 @@ class EndpointOracle(BaseOracle):
 
     Args:
         endpoint: the served oracle model (:class:`interp.endpoints.client.Endpoint`).
-        max_new_tokens: reply cap (tokens), as :class:`interp.grading.ModelOracle`.
+        max_new_tokens: reply cap (tokens), as :class:`interp.judging.grading.ModelOracle`.
 
     Attributes:
         counts: ``{"reply", "forced_choice", "constrained", "none", "rule"}`` over its grades.
@@ -66,7 +66,7 @@ class EndpointOracle(BaseOracle):
 
         Raises:
             interp.endpoints.client.RequestFailed: a request failed after its retries.
-            interp.errors.EndpointError: as :meth:`interp.endpoints.client.Endpoint.chat`.
+            interp.core.errors.EndpointError: as :meth:`interp.endpoints.client.Endpoint.chat`.
         """
         ruled, msgs = self.rule_first(prediction, answers, dataset=dataset,
                                       answerable=answerable, extras=extras)
@@ -101,8 +101,8 @@ def endpoint_for(spec: str, table: Mapping[str, Any] | None, run: Any, where: st
         where: the table's name, for messages.
 
     Raises:
-        interp.errors.ConfigError: a bad spec or table.
-        interp.errors.EndpointError: ``api_key_env`` names an unset variable.
+        interp.core.errors.ConfigError: a bad spec or table.
+        interp.core.errors.EndpointError: ``api_key_env`` names an unset variable.
     """
     cache = RequestCache(run.path / CACHE_FILE if run is not None else None)
     return Endpoint(EndpointConfig.from_spec(spec, table, where), cache)
@@ -110,7 +110,7 @@ def endpoint_for(spec: str, table: Mapping[str, Any] | None, run: Any, where: st
 
 def _endpoint_oracle(arg: str, *, run: Any = None, endpoint: Mapping[str, Any] | None = None,
                      served: Mapping[str, Endpoint] | None = None, **_: Any) -> BaseOracle:
-    """The ``openai`` kind of :data:`interp.grading.ORACLE_KINDS` (preflighted lazily)."""
+    """The ``openai`` kind of :data:`interp.judging.grading.ORACLE_KINDS` (preflighted lazily)."""
     spec = PREFIX + arg
     ep = (served or {}).get(spec) or endpoint_for(spec, endpoint, run, "oracle_endpoint")
     return EndpointOracle(ep)

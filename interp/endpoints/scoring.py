@@ -1,6 +1,6 @@
 """The judge's verdict score over an endpoint: both whole replies, from the model's log-probs.
 
-The in-process score (:mod:`interp.verdict`) is ``log P(reply | prompt)`` summed over the
+The in-process score (:mod:`interp.judging.verdict`) is ``log P(reply | prompt)`` summed over the
 tokens the chat template gives each whole reply ("Correct", "Incorrect"); never the first
 sub-token of a word. A server gives the same number where it can be made to emit a chosen
 token sequence and report the model's own log-prob of each token:
@@ -11,7 +11,8 @@ token sequence and report the model's own log-prob of each token:
   with the prompt cache off (``cache_prompt: false``) these equal the model's own values
   (docs/endpoints.md, measured against the same GGUF). The reply's tokens come from the
   server's own template and tokenizer (``/apply-template``, ``/tokenize``), as
-  :func:`interp.verdict.verdict_replies` takes them from the local ones: render ``[user: X]``
+  :func:`interp.judging.verdict.verdict_replies` takes them from the local ones: render ``[user:
+  X]``
   with the generation prompt, and the same chat continued by the reply; the reply's tokens
   are those after the first rendering's.
 * vLLM's ``prompt_logprobs`` would give the same numbers; that path is not implemented
@@ -33,7 +34,7 @@ import json
 import math
 
 from interp.endpoints.client import Endpoint, RequestFailed, grammar
-from interp.verdict import VERDICT_WORDS
+from interp.judging.verdict import VERDICT_WORDS
 
 __all__ = ["VERDICT_SCHEMA", "constrained_choice", "score_replies"]
 

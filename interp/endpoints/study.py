@@ -1,22 +1,23 @@
 """Study 1 (paper section 3.1) of a model served behind a chat endpoint (``--model openai:M``).
 
-The same algorithm as :func:`interp.asymmetry.evaluate_examples`, with the model's replies
+The same algorithm as :func:`interp.methods.asymmetry.evaluate_examples`, with the model's replies
 from the endpoint instead of local forwards, per example (c, q, a*):
 
-1. T_gen: the generation prompt's chat messages (:func:`interp.prompts.chat_messages`; the
+1. T_gen: the generation prompt's chat messages (:func:`interp.judging.prompts.chat_messages`; the
    server applies its own chat template) at ``temperature = 0``, at most ``max_new_tokens``
    tokens, stopped at the first newline (the local harness stops at a newline after the
-   answer's first non-blank text); the answer is :func:`interp.grading.extract_answer` of it.
-2. Oracle: ``y* = L*(c, q, a, a*)``, any oracle of :func:`interp.grading.make_oracle` (rule,
+   answer's first non-blank text); the answer is :func:`interp.judging.grading.extract_answer` of
+   it.
+2. Oracle: ``y* = L*(c, q, a, a*)``, any oracle of :func:`interp.judging.grading.make_oracle` (rule,
    a local model, another endpoint).
 3. T_eval: the evaluation prompt with the model's own answer as candidate, at most
    ``verdict_max_new_tokens`` tokens; the verdict is
-   :func:`interp.asymmetry.parse_record_verdict` of the reply. Where the server scores whole
+   :func:`interp.methods.asymmetry.parse_record_verdict` of the reply. Where the server scores whole
    replies (:func:`interp.endpoints.scoring.score_replies`) the record gets
    ``logprob_correct``, ``logprob_incorrect``, ``logit_diff``, ``p_correct`` and
-   ``verdict_coverage`` exactly as in-process (:class:`interp.verdict.VerdictScores`);
+   ``verdict_coverage`` exactly as in-process (:class:`interp.judging.verdict.VerdictScores`);
    otherwise none of them and ``verdict_score: "unavailable"``, so ``EA_forced`` is reported
-   as unavailable, never as 0 (:func:`interp.asymmetry.group_metrics`).
+   as unavailable, never as 0 (:func:`interp.methods.asymmetry.group_metrics`).
 
 Records carry no ``prompts`` (no tokens are seen), so the stages that read a model's
 internals refuse such a run (:func:`interp.stages.common.load_run_model`). Every request goes
@@ -35,19 +36,19 @@ from typing import Any
 
 import torch
 
-from interp.asymmetry import _example_fields, parse_record_verdict
+from interp.core.errors import EndpointError
+from interp.core.progress import tqdm
 from interp.data import QAExample
 from interp.endpoints.cache import CACHE_FILE
 from interp.endpoints.client import Endpoint, RequestFailed
 from interp.endpoints.oracle import endpoint_for
 from interp.endpoints.scoring import score_replies
-from interp.errors import EndpointError
-from interp.grading import BaseOracle, extract_answer, make_oracle
-from interp.progress import tqdm
-from interp.prompts import Template, chat_messages
+from interp.judging.grading import BaseOracle, extract_answer, make_oracle
+from interp.judging.prompts import Template, chat_messages
+from interp.judging.verdict import VerdictScores
+from interp.methods.asymmetry import _example_fields, parse_record_verdict
 from interp.store.records import Record, qa_key
 from interp.store.rundir import RunDir
-from interp.verdict import VerdictScores
 
 __all__ = ["evaluate_served", "oracle_facts", "prompt_version", "run_served",
            "served_model_info"]
@@ -63,7 +64,7 @@ def prompt_version(template: Template) -> str:
 def first_line(text: str) -> str:
     """``text`` up to and including its first newline after the first non-blank character.
 
-    The generation stop rule of the in-process harness (:func:`interp.prefill.run_prompts`,
+    The generation stop rule of the in-process harness (:func:`interp.judging.prefill.run_prompts`,
     a newline stop checked on the left-stripped text), applied to a served reply
     that was generated without a server-side stop: leading blank lines are kept and skipped,
     as there.
@@ -87,13 +88,13 @@ def evaluate_served(endpoint: Endpoint, ex: QAExample, *, template: Template,
 
     Raises:
         interp.endpoints.client.RequestFailed: a request failed after its retries.
-        interp.errors.EndpointError: as :meth:`interp.endpoints.client.Endpoint.chat`.
+        interp.core.errors.EndpointError: as :meth:`interp.endpoints.client.Endpoint.chat`.
     """
     pv = prompt_version(template)
     ref = ex.answers[0] if ex.answers else ""
     gen = chat_messages(template, "gen", context=ex.context, question=ex.question,
                         reference=ref)
-    # the in-process stop rule (interp.prefill): a newline ends the answer only after its
+    # the in-process stop rule (interp.judging.prefill): a newline ends the answer only after its
     # first non-blank text; a server's stop=["\n"] would cut "\nParis\n" to ""
     raw = first_line(endpoint.chat(gen, prompt_version=pv, max_tokens=max_new_tokens
                                    )["content"] or "")
@@ -139,11 +140,11 @@ def run_served(config: Any, rd: RunDir, loaded: Mapping[str, list[QAExample]], *
         ``metrics.json``'s content (:func:`interp.stages.asymmetry.write_metrics`).
 
     Raises:
-        interp.errors.EndpointError: the preflight fails (before any local oracle model
+        interp.core.errors.EndpointError: the preflight fails (before any local oracle model
             loads), or the failures pass ``max_error_rate`` (finished records kept).
-        interp.errors.RunDirError: another config or server, or stale records.
+        interp.core.errors.RunDirError: another config or server, or stale records.
     """
-    from interp.prompts import get_template
+    from interp.judging.prompts import get_template
 
     template = get_template(config.template, config.templates_path)
     endpoint = endpoint_for(config.model, config.model_endpoint, rd, "asymmetry.model_endpoint")

@@ -4,8 +4,8 @@ Every backend answers the same call, :meth:`Backend.forward`: run token ids ``[b
 replace activations at hook points on per-row masks by a source activation, keep the
 activations asked for, and return the logits of the last positions (:class:`Forward`), and
 :meth:`Backend.score`: the same patched forward scored with the judge's whole-reply verdict
-score (:mod:`interp.verdict`). Hook-point names are the
-TransformerLens names of :mod:`interp.hooks.points` (``blocks.L.hook_resid_pre``,
+score (:mod:`interp.judging.verdict`). Hook-point names are the
+TransformerLens names of :mod:`interp.models.points` (``blocks.L.hook_resid_pre``,
 ``blocks.L.attn.hook_z``, ``blocks.L.hook_resid_post``, ...); a mask is ``[batch, pos]``
 (``[batch, pos, n_heads]`` for ``attn.hook_z``) and the source ``[pos, ...]`` is broadcast
 over the batch: the patched activation is ``where(mask, source, activation)``.
@@ -23,7 +23,7 @@ over the batch: the patched activation is ``where(mask, source, activation)``.
 3. ``nnsight`` (:class:`NNsightBackend`): :func:`interp.hooks.wrappers.to_nnsight` wraps the
    model in nnsight's ``TransformersModel`` (``LanguageModel`` on older nnsight), sharing its
    weights; inside a trace, module inputs/outputs are read and assigned in execution order.
-   Module paths come from :func:`interp.hooks.points.hook_site`.
+   Module paths come from :func:`interp.models.points.hook_site`.
 
 Lifetimes: :func:`get_backend` builds a backend per call (cheap); only the TransformerLens
 bridge, which wraps a COPY of the model, is cached (weakly, :mod:`interp.hooks.wrappers`), so
@@ -35,7 +35,8 @@ tokens the chat template gives them. The reply positions themselves are never pa
 read the patched prompt. Two exact ways, tested to agree:
 
 * ``hf``: the patched forward returns its key/value cache, and the replies' later tokens are
-  scored from that cache by :func:`interp.kv_cache.continuation_logprobs` (outside the hooks).
+  scored from that cache by :func:`interp.models.kv_cache.continuation_logprobs` (outside the
+  hooks).
 * full prompts (TransformerLens, nnsight, and attribution patching, which needs gradients):
   each prompt is extended by ``reply[:-1]`` of every multi-token reply (right-padded rows, so
   one forward holds every reply; causal attention makes the padding invisible), the masks are
@@ -56,20 +57,20 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from interp.errors import BackendError
+from interp.core.errors import BackendError
 from interp.hooks.capture import Edit, hooked
-from interp.hooks.devices import like
 from interp.hooks.guard import inference_guard
-from interp.hooks.points import (
+from interp.hooks.wrappers import attn_implementation, to_nnsight, to_tlens
+from interp.models.devices import like
+from interp.models.kv_cache import cache_kwarg, continuation_logprobs, output_cache
+from interp.models.loading import ModelHandle
+from interp.models.points import (
     HOOK_POINTS,
     HookSite,
     base_model,
     hook_site,
     parse_hook,
 )
-from interp.hooks.wrappers import attn_implementation, to_nnsight, to_tlens
-from interp.kv_cache import cache_kwarg, continuation_logprobs, output_cache
-from interp.models import ModelHandle
 
 __all__ = [
     "BACKENDS",
@@ -343,7 +344,8 @@ class HFBackend:
               ) -> tuple[Float[Tensor, "batch n_reply"], Float[Tensor, "batch vocab"], Cache]:
         """:meth:`Backend.score` from the patched forward's key/value cache.
 
-        The replies' later tokens are scored by :func:`interp.kv_cache.continuation_logprobs`,
+        The replies' later tokens are scored by
+        :func:`interp.models.kv_cache.continuation_logprobs`,
         run outside the hooks, so the reply positions are not patched.
         """
         out = self.forward(ids, masks=masks, sources=sources, cache_hooks=cache_hooks,

@@ -6,8 +6,8 @@ patching, cross-model patching.
 Algorithm of :func:`hooked`:
 
 1. Resolve every requested hook-point name to its module and side (input / output) with
-   :func:`interp.hooks.points.resolve`; an unknown point or a layer outside the model raises
-   :class:`interp.errors.HookError` BEFORE any hook is registered.
+   :func:`interp.models.points.resolve`; an unknown point or a layer outside the model raises
+   :class:`interp.core.errors.HookError` BEFORE any hook is registered.
 2. Register one forward pre-hook (input side) or forward hook (output side) per name. At run
    time the hook takes the tensor (``args[0]`` or the ``hidden_states`` keyword; ``output[0]``
    when a module returns a tuple), views ``attn.hook_z`` as ``[batch, pos, n_heads, head_dim]``
@@ -35,7 +35,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.hooks.guard import inference_guard
-from interp.hooks.points import n_heads_at, resolve
+from interp.models.points import n_heads_at, resolve
 
 __all__ = ["Edit", "Stream", "hooked"]
 

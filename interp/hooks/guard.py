@@ -8,9 +8,9 @@ and again around the whole work of the public entry points (nesting is cheap and
 
 Algorithm of :func:`inference_guard` (docs/measuring.md, eval mode):
 
-1. Check each model before anything changes (:func:`interp.hooks.points.check_heads`: query
+1. Check each model before anything changes (:func:`interp.models.points.check_heads`: query
    heads must be a multiple of key/value heads), so an unusable model is a one-line
-   :class:`interp.errors.ModelSpecError`, not a torch shape error inside the attention.
+   :class:`interp.core.errors.ModelSpecError`, not a torch shape error inside the attention.
 2. Remember every module's ``training`` flag.
 3. Put every model in eval mode (dropout off: a patched run and its baseline see the same
    network, so clean == corrupt gives exactly equal logit differences).
@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from interp.hooks.points import check_heads
-from interp.models import ModelHandle
+from interp.models.loading import ModelHandle
+from interp.models.points import check_heads
 
 __all__ = ["HOOK_DICTS", "hook_counts", "inference_guard"]
 
@@ -60,7 +60,7 @@ def hook_counts(model: Any) -> dict[str, tuple[int, ...]]:
     """Hooks per module: ``{module name: (n per registry of HOOK_DICTS)}`` (modules with any).
 
     Args:
-        model: a ``torch.nn.Module`` or a :class:`interp.models.ModelHandle`.
+        model: a ``torch.nn.Module`` or a :class:`interp.models.loading.ModelHandle`.
     """
     model = model.model if isinstance(model, ModelHandle) else model
     out = {}
@@ -80,7 +80,7 @@ def inference_guard(*models: Any) -> Iterator[None]:
         ...     logits = handle.model(input_ids=ids).logits
 
     Args:
-        *models: ``torch.nn.Module`` objects or :class:`interp.models.ModelHandle` s
+        *models: ``torch.nn.Module`` objects or :class:`interp.models.loading.ModelHandle` s
             (None is skipped: an optional donor model).
 
     Raises:

@@ -32,7 +32,7 @@ position that predicts the first output token):
    (the context), mean over query heads and over a band of layers; the one definition that
    patching, steering and the task-swap sweeps report.
 
-Module paths come from :mod:`interp.hooks.points` only.
+Module paths come from :mod:`interp.models.points` only.
 """
 
 from __future__ import annotations
@@ -51,14 +51,14 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from interp.errors import AttentionError
+from interp.core.errors import AttentionError
+from interp.core.layers import parse_layers
 from interp.hooks.capture import hooked
-from interp.hooks.devices import module_weight, stack_cpu
 from interp.hooks.guard import inference_guard
-from interp.hooks.points import hook_name, hook_site, resolve
 from interp.hooks.wrappers import attn_implementation, to_nnsight, to_tlens
-from interp.layers import parse_layers
-from interp.models import ModelHandle
+from interp.models.devices import module_weight, stack_cpu
+from interp.models.loading import ModelHandle
+from interp.models.points import hook_name, hook_site, resolve
 
 __all__ = ["BACKENDS", "IMPLEMENTATION", "PATTERN_CHUNK_BYTES", "PATTERN_POINT", "Recording",
            "STREAM_POINTS", "Sink", "batch_rows", "context_mass", "full_pattern", "last_row",
@@ -239,12 +239,12 @@ def batch_rows(handle: ModelHandle) -> Iterator[Callable[[], Float[Tensor, "batc
     The model runs with the recording attention function (module docstring, step 2) for the
     duration; the forward inside may be left-padded (a padded key gets probability exactly 0,
     the real keys sum to 1). Used by the harness's one-pass prefill
-    (:mod:`interp.prefill`), which cuts each prompt's padding off.
+    (:mod:`interp.judging.prefill`), which cuts each prompt's padding off.
 
     Yields:
         A function returning the rows of the LAST forward run inside the context,
         ``[batch, n_layers, n_heads, key_len]`` float32 on the CPU (the layers of a
-        device-mapped model may compute on several devices, :mod:`interp.hooks.devices`).
+        device-mapped model may compute on several devices, :mod:`interp.models.devices`).
 
     Raises:
         AttentionError: (from the returned function) a layer saw no attention call.
@@ -407,10 +407,10 @@ def record_rows(handle: ModelHandle, input_ids: Sequence[int] | Int[Tensor, " po
     Raises:
         AttentionError: an unknown backend, activations requested from a backend other than
             ``hf``, or a model whose attention does not go through ``AttentionInterface``.
-        interp.errors.LayerSpecError: an ``act_layers`` entry outside the model (names the
+        interp.core.errors.LayerSpecError: an ``act_layers`` entry outside the model (names the
             valid range).
-        interp.errors.ModelSpecError: query heads not a multiple of key/value heads.
-        interp.errors.BackendError: an architecture the ``nnsight`` / ``transformer_lens``
+        interp.core.errors.ModelSpecError: query heads not a multiple of key/value heads.
+        interp.core.errors.BackendError: an architecture the ``nnsight`` / ``transformer_lens``
             backend cannot wrap (names the supported ones).
     """
     if backend not in BACKENDS:
@@ -458,7 +458,7 @@ def record_stream(handle: ModelHandle, input_ids: Sequence[int] | Int[Tensor, " 
     Raises:
         AttentionError: a point outside :data:`STREAM_POINTS`, or a model whose attention does
             not go through ``AttentionInterface``.
-        interp.errors.HookError: a layer outside the model.
+        interp.core.errors.HookError: a layer outside the model.
     """
     if bad := set(points) - set(STREAM_POINTS):
         raise AttentionError(f"record_stream cannot send {sorted(bad)}; use points of "

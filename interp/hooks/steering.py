@@ -47,10 +47,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.errors import SteeringError
+from interp.core.errors import SteeringError
 from interp.hooks.recorder import last_row, register_attention, sdpa_forward
 from interp.hooks.wrappers import attn_implementation, to_tlens
-from interp.models import ModelHandle
+from interp.models.loading import ModelHandle
 
 __all__ = ["IMPLEMENTATION", "Steer", "control_keys", "key_mask", "register_steering", "steering",
            "tl_steered_logits"]

@@ -17,9 +17,9 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from interp.errors import BackendError
-from interp.hooks.points import check_architecture
-from interp.models import ModelHandle
+from interp.core.errors import BackendError
+from interp.models.loading import ModelHandle
+from interp.models.points import check_architecture
 
 __all__ = ["attn_implementation", "to_nnsight", "to_tlens"]
 
@@ -115,11 +115,11 @@ def to_nnsight(handle: ModelHandle) -> Any:
         ``nnsight.modeling.transformers.TransformersModel`` (task ``text-generation``), or a
         ``nnsight.LanguageModel`` on nnsight versions without it. Inside ``with lm.trace(ids):``
         read and assign module inputs/outputs in execution order; the envoy of a hook point
-        is at its module path (:func:`interp.hooks.points.hook_site`).
+        is at its module path (:func:`interp.models.points.hook_site`).
 
     Raises:
         BackendError: nnsight is missing, or an architecture interp has no module paths for
-            (the message names :data:`interp.hooks.points.ARCHITECTURES`).
+            (the message names :data:`interp.models.points.ARCHITECTURES`).
     """
     check_architecture(handle.model, "the nnsight backend", BackendError)
     try:

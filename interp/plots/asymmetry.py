@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from interp.analysis.stats import degenerate_note
 from interp.plots.common import COLORS, ci_bars, dataset_groups, passage_footnote, plt, save
-from interp.stats import degenerate_note
 
 _VERDICT_COLORS = {"accept": "#55A868", "reject": "#C44E52", "none": "0.75"}
 
@@ -55,7 +55,7 @@ def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
     starred and explained under the figure.
 
     Args:
-        metrics: the content of ``metrics.json`` (:func:`interp.asymmetry.compute_metrics`).
+        metrics: the content of ``metrics.json`` (:func:`interp.methods.asymmetry.compute_metrics`).
         out_dir: output folder.
         name: file stem.
     """

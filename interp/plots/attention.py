@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from interp.analysis.stats import degenerate_note
 from interp.plots.common import COLORS, ci_bars, dataset_groups, passage_footnote, plt, save
-from interp.stats import degenerate_note
 
 _SPAN_TITLES = {"context": "context c", "question": "question q", "candidate": "candidate a",
                 "template": "template (rest)", "reference": "reference"}
@@ -23,7 +23,7 @@ def plot_span_mass_layerwise(summary: Mapping[str, Any], out_dir: str | Path,
     grey area is the summary's layer band (paper: the last eight layers).
 
     Args:
-        summary: ``attention/summary.json`` (:func:`interp.attention.summarize`).
+        summary: ``attention/summary.json`` (:func:`interp.analysis.span_mass.summarize`).
         out_dir: output folder.
         name: file stem.
     """

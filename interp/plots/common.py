@@ -17,7 +17,7 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from interp.stats import DEGENERATE_MARK, is_degenerate  # noqa: E402
+from interp.analysis.stats import DEGENERATE_MARK, is_degenerate  # noqa: E402
 
 COLORS = {"GA": "#4C72B0", "EA": "#DD8452", "delta": "#55A868", "gen": "#4C72B0",
           "eval": "#DD8452", "correct": "#55A868", "incorrect": "#C44E52"}
@@ -73,9 +73,10 @@ def ci_bars(ax: Any, xs: Sequence[float], vals: Sequence[float | None],
     Every drawn bar gets a black line at its value (a bar of height 0 stays visible, and
     differs from a group that was not measured, ``None``, which gets nothing) and its value as
     text to the right of the whisker, at the value's height, so it is not read as a bound of
-    the interval. An interval of zero width (:func:`interp.stats.is_degenerate`) has no
-    whisker to show; its label then says :data:`interp.stats.DEGENERATE_MARK`, and the caller
-    writes :func:`interp.stats.degenerate_note` under the figure.
+    the interval. An interval of zero width (:func:`interp.analysis.stats.is_degenerate`) has no
+    whisker to show; its label then says :data:`interp.analysis.stats.DEGENERATE_MARK`, and the
+    caller
+    writes :func:`interp.analysis.stats.degenerate_note` under the figure.
 
     Args:
         ax: the axes.
@@ -137,7 +138,7 @@ def passage_footnote(fig: plt.Figure, groups: list[tuple[str, Any]],
     """Write, visibly under the figure, the notes of groups on fewer than 10 passages.
 
     Also a group's ``forced_choice_note`` (the forced choice is the same for every record),
-    then ``extra`` (e.g. :func:`interp.stats.degenerate_note`).
+    then ``extra`` (e.g. :func:`interp.analysis.stats.degenerate_note`).
     """
     notes = [f"* {d}: {g['note']}" for d, g in groups if g.get("few_passages")]
     notes += [f"{d}: {g['forced_choice_note']}" for d, g in groups

@@ -1,4 +1,4 @@
-"""Figures that put several models side by side, one colour per model (:mod:`interp.compare`).
+"""Figures that put several models side by side, one colour per model (:mod:`interp.run.compare`).
 
 Drawn from stored tables only (each model's ``metrics.json``, ``attention/summary.json``,
 ``probes/results.json``). Models of different depths share an axis of RELATIVE depth,
@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from matplotlib.patches import Patch
 
+from interp.analysis.stats import MIN_PASSAGES, degenerate_note, passage_note
 from interp.plots.common import ci_bars, footnote, plt, save
-from interp.stats import MIN_PASSAGES, degenerate_note, passage_note
 
 __all__ = ["dataset_labels", "model_colors", "plot_models_asymmetry", "plot_models_attention",
            "plot_models_probes"]
@@ -57,7 +57,8 @@ def dataset_labels(tables: Mapping[str, Mapping[str, Any]], datasets: list[str]
 
     The same label as one model's figures (:func:`interp.plots.common.dataset_groups`); where the
     models' groups differ in size the values are joined with ``,`` in the models' order. The
-    notes (one per starred dataset, :func:`interp.stats.passage_note` of its smallest group)
+    notes (one per starred dataset, :func:`interp.analysis.stats.passage_note` of its smallest
+    group)
     go under the figure (:func:`interp.plots.common.footnote`).
 
     Args:
@@ -90,7 +91,8 @@ def _grouped_bars(ax: Any, tables: Mapping[str, Mapping[str, Any]], datasets: li
     Drawn by :func:`interp.plots.common.ci_bars`: every drawn bar carries a line at its value
     and the value as text beside its whisker, so a bar of height 0 is visible (and told apart
     from a missing group, which has neither). The x ticks are :func:`dataset_labels`; returns
-    their notes (appended to ``notes``, once each), and :func:`interp.stats.degenerate_note`
+    their notes (appended to ``notes``, once each), and
+    :func:`interp.analysis.stats.degenerate_note`
     when an interval has zero width.
     """
     x, w = np.arange(len(datasets)), 0.8 / len(tables)
@@ -114,7 +116,8 @@ def plot_models_asymmetry(metrics: Mapping[str, Mapping[str, Any]], out_dir: str
     """GA, EA and Δ = EA − GA per dataset with 95% CIs, one colour per model.
 
     Args:
-        metrics: model spec -> its ``metrics.json`` (:func:`interp.asymmetry.compute_metrics`).
+        metrics: model spec -> its ``metrics.json``
+        (:func:`interp.methods.asymmetry.compute_metrics`).
         out_dir: output folder.
         name: file stem.
     """

@@ -1,13 +1,14 @@
 """Figures of cross-judging and of the judge audit, drawn from stored tables only.
 
 * :func:`plot_judge_matrix`: the judge x answer-source EA matrix (``cross_judge.json``,
-  :func:`interp.cross_judge.judge_matrix`) and each judge's "self minus other" with its paired
+  :func:`interp.methods.cross_judge.judge_matrix`) and each judge's "self minus other" with its
+  paired
   passage-bootstrap CI;
 * :func:`plot_cross_probe`: per-layer probe AUC of a judge's residual stream on another
   model's answers next to the judge's and the answers' own model's verbal judges on the same
-  folds (:func:`interp.cross_judge.cross_probe`);
+  folds (:func:`interp.run.cross_grid.cross_probe`);
 * :func:`plot_audit_roc`: ROC curves of each audit signal for predicting a wrong verdict
-  (:mod:`interp.audit`).
+  (:mod:`interp.methods.audit`).
 
 Each writes ``NAME.png`` and ``NAME.pdf`` (:func:`interp.plots.save`) and returns the PNG.
 """
@@ -20,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from interp.analysis.stats import degenerate_note
 from interp.plots.common import ci_bars, footnote, plt, save
-from interp.stats import degenerate_note
 
 __all__ = ["plot_audit_roc", "plot_cross_probe", "plot_judge_matrix"]
 
@@ -86,7 +87,7 @@ def plot_cross_probe(entries: Sequence[Mapping[str, Any]], out_dir: str | Path,
                      name: str = "cross_probe_layers") -> Path:
     """Per-layer CV AUC of judge-on-other-answers probes against both verbal judges.
 
-    One panel per :func:`interp.cross_judge.cross_probe` entry: a line per pool (the first
+    One panel per :func:`interp.run.cross_grid.cross_probe` entry: a line per pool (the first
     probe kind, mean over the test folds), the judge's verbal AUC (``logit_diff``) and the
     answers' own model's self-judge AUC on the same folds as horizontal lines, the judge's
     own-answer probe (best pool per layer) dotted when it ran, chance at 0.5.

@@ -152,7 +152,8 @@ def span_notes(effects: Any, spans: list[str], pairs: Any = None) -> list[str]:
     """Notes for the span columns no kept pair patched (their column stays, grey).
 
     ``candidate`` is patched as a whole only when the clean and corrupt answers have the same
-    token length (:meth:`interp.pairs.PatchPair.span_units`); otherwise the pair's ``middle``
+    token length (:meth:`interp.methods.pairs.PatchPair.span_units`); otherwise the pair's
+    ``middle``
     is the empty span ``[0, 0]``. With ``pairs`` (``pairs.parquet``) the note counts the kept
     pairs with an empty middle.
 

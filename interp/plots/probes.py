@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
+from interp.analysis.stats import MIN_FIT_RECORDS, fit_note
 from interp.plots.common import plt, save
-from interp.stats import MIN_FIT_RECORDS, fit_note
 
 _PROBE_METRICS = [("auc", "ROC AUC", "auc"), ("f1", "F1 (Correct)", "f1"),
                   ("accuracy", "accuracy", "accuracy"),

@@ -1,4 +1,4 @@
-"""Figure of the one-word judge vs the reasoning judge (:mod:`interp.reasoning_compare`)."""
+"""Figure of the one-word judge vs the reasoning judge (:mod:`interp.methods.reasoning_compare`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
+from interp.analysis.stats import degenerate_note
+from interp.judging.reasoning import REASONING_SPANS
 from interp.plots.common import ci_bars, footnote, plt, save
-from interp.reasoning import REASONING_SPANS
-from interp.stats import degenerate_note
 
 __all__ = ["plot_reasoning_side_by_side"]
 
@@ -50,7 +50,8 @@ def plot_reasoning_side_by_side(results: Mapping[str, Mapping[str, Any]] | Mappi
     """One row per model: judge accuracy and acceptance, verdict-position mass, reasoning mass.
 
     Args:
-        results: one :func:`interp.reasoning_compare.side_by_side` result (with ``model``) or
+        results: one :func:`interp.methods.reasoning_compare.side_by_side` result (with ``model``)
+        or
             ``{model: result}``.
         out_dir: where the PNG/PDF go.
         name: file stem.

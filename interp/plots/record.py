@@ -23,7 +23,7 @@ def plot_span_to_span(summary: Mapping[str, Any], out_dir: str | Path,
     """Gen and eval span-to-span block matrices of the band, side by side, one colour scale.
 
     Cell (i, j) is the mean attention mass query span i puts on key span j
-    (:func:`interp.attention.summarize_span_to_span`); rows sum to 1; a span no
+    (:func:`interp.analysis.span_mass.summarize_span_to_span`); rows sum to 1; a span no
     prompt has (``candidate`` in gen: its row and its column) is grey and marked ``n/a``,
     told apart from a measured 0.00.
 

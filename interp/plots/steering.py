@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from interp.analysis.stats import DEGENERATE_MARK, degenerate_note, is_degenerate, passage_note
 from interp.plots.common import COLORS, footnote, plt, save
-from interp.stats import DEGENERATE_MARK, degenerate_note, is_degenerate, passage_note
 
 __all__ = ["JUDGE_SERIES", "judge_panel", "plot_steering"]
 
@@ -97,7 +97,7 @@ def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
     panel its GA dashed, and the ``logit_diff`` panel the control's line dashed. Two rows
     (judge, generator, mass; control, ``logit_diff``). The
     title gives the records and passages (n) and the steered heads and band; under
-    :data:`interp.stats.MIN_PASSAGES` passages the count is starred and the note written
+    :data:`interp.analysis.stats.MIN_PASSAGES` passages the count is starred and the note written
     under the figure. Lines of the judge panel: :func:`judge_panel`.
 
     Returns:

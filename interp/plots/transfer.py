@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
+from interp.analysis.stats import degenerate_note
 from interp.plots.common import COLORS, ci_bars, footnote, plt, save
-from interp.stats import degenerate_note
 
 
 def _transfer_groups(table: Mapping[str, Any], kind: str = "self") -> tuple[list[str],
@@ -164,7 +164,7 @@ def plot_transfer_patching(patching: Mapping[str, Any], out_dir: str | Path,
     base -> adapter dashed).
 
     Args:
-        patching: ``transfer/patching.json`` (:func:`interp.transfer.cross_model_patching`
+        patching: ``transfer/patching.json`` (:func:`interp.methods.transfer.cross_model_patching`
             per adapter).
         out_dir: output folder.
         name: file stem.
@@ -192,4 +192,5 @@ def plot_transfer_patching(patching: Mapping[str, Any], out_dir: str | Path,
     return save(fig, out_dir, name)
 
 
-# --- Study 2: attention span mass (interp.attention) ---------------------------------------
+# --- Study 2: attention span mass (interp.analysis.span_mass)
+# ---------------------------------------

@@ -1,6 +1,6 @@
 """The studies as run-directory stages: one module per study, declared in one contract.
 
-:data:`interp.stages.contract.SPECS` declares every stage (name, command, config, the files it
+:data:`interp.core.contract.SPECS` declares every stage (name, command, config, the files it
 writes, what it needs and keeps, how its parts are keyed); each stage module provides
 ``run(run_dir, handle, cfg, *, overwrite, log)`` and ``format_summary(summary)``.
 
@@ -9,7 +9,7 @@ writes, what it needs and keeps, how its parts are keyed); each stage module pro
   run, or (``transfer``) may start in an empty folder.
 
 :func:`load_run_model` is the one way to load a run's model (it checks the manifest's sha256).
-:mod:`interp.pipeline` runs an experiment config through these stages, :mod:`interp.cli` has
+:mod:`interp.run.pipeline` runs an experiment config through these stages, :mod:`interp.cli` has
 one command per stage, built from its config. Importing this package imports no stage: the
 modules and :data:`STAGES` load when first used (so the command line starts without torch).
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from interp.stages.contract import SPECS
+from interp.core.contract import SPECS
 
 __all__ = ["STAGES", "Stage", "asymmetry", "attention", "audit", "check_run_model",
            "load_run_model", "patching", "probe", "reasoning", "record", "steering", "transfer"]

@@ -5,30 +5,30 @@ Algorithm of :func:`run`:
 0. Check the inputs before any model loads (:func:`check_inputs`): counts >= 1, the template,
    the oracle spec, and every dataset (names, files, fields; none may come out empty). A
    directory this call creates is removed again if it fails before the first record is kept
-   (:func:`interp.inputs.new_run_dir`).
+   (:func:`interp.core.inputs.new_run_dir`).
 1. Open the run directory: create ``manifest.json``, or check that the existing one was made
    with the same :data:`KEY_FIELDS` and the same result-relevant runtime facts
-   (:func:`interp.models.result_facts`: attention kernel, device, dtype, torch/transformers
+   (:func:`interp.models.loading.result_facts`: attention kernel, device, dtype, torch/transformers
    versions, TF32 and determinism flags; another model, template, oracle, decoding or any of
    these is refused unless ``overwrite``), and that the model's fingerprint (``sha256``:
    weights, config and tokenizer files, :func:`interp.stages.common.check_run_model`) is the
    run's; list datasets accumulate over invocations. The manifest stores the full
-   :func:`interp.models.runtime_facts` as ``runtime`` and the token ids and strings of the
+   :func:`interp.models.loading.runtime_facts` as ``runtime`` and the token ids and strings of the
    two whole verdict replies every score compares (``model.verdict_replies``).
 2. For each dataset: load the examples (first ``limit`` after filtering), skip those already
    in ``records.jsonl`` (resume; a larger ``limit`` only adds the new ones) unless the record
    is stale (:func:`stale_records`: its example's question, context or answers, or its
    generation prompt's length and spans, changed since; refused unless ``overwrite``, which
    drops and redoes them), and run
-   :func:`interp.asymmetry.evaluate_examples` on the rest in chunks of ``batch_size``,
+   :func:`interp.methods.asymmetry.evaluate_examples` on the rest in chunks of ``batch_size``,
    appending each chunk's records (flushed and fsynced) before the next, so an interrupt
    loses at most one batch.
-   With ``answers_from`` (cross-judging, :mod:`interp.cross_judge`) the model judges the
-   source run's answers instead (:func:`interp.cross_judge.judge_from_source`): the source
+   With ``answers_from`` (cross-judging, :mod:`interp.methods.cross_judge`) the model judges the
+   source run's answers instead (:func:`interp.methods.cross_judge.judge_from_source`): the source
    is checked in step 0, and a finished record whose source answer changed is stale too.
-3. ``metrics.json`` (:func:`interp.asymmetry.compute_metrics`) over every dataset run into the
-   directory so far, and the asymmetry figure; a cross-judged run adds ``answer_sources``
-   (:func:`interp.cross_judge.source_metrics`).
+3. ``metrics.json`` (:func:`interp.methods.asymmetry.compute_metrics`) over every dataset run into
+   the directory, and the asymmetry figure; a cross-judged run adds ``answer_sources``
+   (:func:`interp.methods.cross_judge.source_metrics`).
 """
 
 from __future__ import annotations
@@ -40,20 +40,29 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from interp.agreement import oracle_agreement as grade_agreement
-from interp.asymmetry import evaluate_examples, format_metrics
-from interp.cross_judge import (
+from interp.core.contract import spec
+from interp.core.errors import ConfigError, DataError, InterpError, RunDirError, ShardError
+from interp.core.inputs import new_run_dir
+from interp.core.io import write_json
+from interp.core.options import check_counts, config_from_table, option
+from interp.core.progress import tqdm
+from interp.data import QAExample, load_examples
+from interp.endpoints import EndpointConfig, is_endpoint_spec, oracle_facts, run_served
+from interp.judging.grading import BaseOracle, RuleOracle, make_oracle, parse_oracle_spec
+from interp.judging.prefill import Capture
+from interp.judging.prompts import Template, get_template, render
+from interp.judging.reasoning import MAX_REASONING_TOKENS
+from interp.judging.residual_features import POOLS
+from interp.judging.verdict import verdict_replies
+from interp.launch import Shard, assign, parse_shard, selection_sha256
+from interp.methods.agreement import oracle_agreement as grade_agreement
+from interp.methods.asymmetry import evaluate_examples, format_metrics
+from interp.methods.cross_judge import (
     check_answer_source,
     judge_from_source,
     load_answer_source,
 )
-from interp.data import QAExample, load_examples
-from interp.endpoints import EndpointConfig, is_endpoint_spec, oracle_facts, run_served
-from interp.errors import ConfigError, DataError, InterpError, RunDirError, ShardError
-from interp.grading import BaseOracle, RuleOracle, make_oracle, parse_oracle_spec
-from interp.inputs import new_run_dir
-from interp.launch import Shard, assign, parse_shard, selection_sha256
-from interp.models import (
+from interp.models.loading import (
     DEFAULT_MODEL,
     ModelHandle,
     check_device_map,
@@ -62,27 +71,18 @@ from interp.models import (
     result_facts,
     runtime_facts,
 )
-from interp.options import check_counts, config_from_table, option
-from interp.prefill import Capture
-from interp.progress import tqdm
-from interp.prompts import Template, get_template, render
-from interp.reasoning import MAX_REASONING_TOKENS
-from interp.residual_features import POOLS
 from interp.stages.common import check_run_model, stage_facts
-from interp.stages.contract import spec
 from interp.stages.run_metrics import write_metrics
 from interp.stages.stored import store_one_pass
-from interp.store.io import write_json
 from interp.store.records import limit_per_dataset, qa_key
 from interp.store.rundir import RunDir
-from interp.verdict import verdict_replies
 
 __all__ = ["KEY_FIELDS", "NAME", "SUMMARIES", "AsymmetryConfig", "check_inputs",
            "format_oracle_agreement", "format_summary", "oracle_agreement", "run",
            "stale_records", "store_one_pass", "write_metrics"]
 
 SPEC = spec("asymmetry")
-"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+"""This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
 NAME = SPEC.name
 SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
@@ -96,7 +96,7 @@ class AsymmetryConfig:
     """Configuration of one asymmetry run (one model, one or more datasets).
 
     Attributes:
-        model: model spec (:func:`interp.models.load_model`).
+        model: model spec (:func:`interp.models.loading.load_model`).
         datasets: dataset names (``squad_v2``, ``drop``, ``hotpotqa``, ``musique``) or paths.
         limit: examples per dataset (first N after filtering; all or None: every one), or a table
             ``{dataset: N}`` (a dataset it does not name gets all its examples; e.g. a small
@@ -110,14 +110,14 @@ class AsymmetryConfig:
         max_new_tokens: answer length cap (tokens).
         verdict_max_new_tokens: verdict length cap (tokens).
         max_reasoning_tokens: a reasoning judge's reply budget (tokens; only templates with
-            ``judge = "reasoning"`` use it, :mod:`interp.reasoning`).
+            ``judge = "reasoning"`` use it, :mod:`interp.judging.reasoning`).
         batch_size: prompts per forward pass.
         seed: seed of bootstrap resampling.
         device: where to run (default CUDA when available).
         dtype: precision (``float32``, ``bfloat16``, ...; default by device).
         device_map: a model larger than one device: ``auto``, ``balanced``, ``sequential``
             or a table module -> device (``0``, ``"cuda:1"``, ``"cpu"``, ``"disk"``),
-            :func:`interp.models.load_model` (on the command line a table is a JSON object
+            :func:`interp.models.loading.load_model` (on the command line a table is a JSON object
             or a ``.json`` file of one); recorded in the manifest, not a key field (it
             changes nothing but speed).
         max_memory: with ``device_map``: device -> memory (``{0 = "20GiB", cpu = "60GiB"}``;
@@ -143,7 +143,7 @@ class AsymmetryConfig:
             32 SQuAD records: 19.4 instead of 15.8 examples per CPU-minute), and a kill loses
             up to 4 batches.
         answers_from: a finished run directory whose answers this model judges instead of
-            generating its own (cross-judging, :mod:`interp.cross_judge`): the same records,
+            generating its own (cross-judging, :mod:`interp.methods.cross_judge`): the same records,
             template and oracle as that run, its oracle labels, and every record names its
             ``answer_source``. None: self-evaluation.
         model_endpoint: for ``model = "openai:MODEL"``: ``base_url``, ``api_key_env``,
@@ -202,7 +202,7 @@ class AsymmetryConfig:
         """Build from a mapping, refusing unknown keys (the error lists the known ones).
 
         Raises:
-            interp.errors.ConfigError: an unknown key, or a ``limit`` table naming a dataset
+            interp.core.errors.ConfigError: an unknown key, or a ``limit`` table naming a dataset
                 that is not in ``datasets``.
         """
         return config_from_table(cls, d, NAME)
@@ -246,10 +246,10 @@ def run(
 ) -> dict[str, Any]:
     """Run Study 1 into a run directory, resuming finished work; return metrics.json's content.
 
-    The stage contract's signature (:mod:`interp.stages.contract`). With ``shard``
+    The stage contract's signature (:mod:`interp.core.contract`). With ``shard``
     (:mod:`interp.launch`) only the shard's records are run, into ``run_dir/shards/I-of-N``
     (an ordinary resumable run whose manifest says which records it owns); its
-    ``metrics.json`` is left to the merge (:mod:`interp.merge`), and ``{}`` is returned.
+    ``metrics.json`` is left to the merge (:mod:`interp.run.merge`), and ``{}`` is returned.
 
     Args:
         run_dir: run directory (created when missing).
@@ -262,12 +262,12 @@ def run(
         shard: run only this shard's records (:func:`interp.launch.assign`).
 
     Raises:
-        interp.errors.ConfigError: a count below 1 or an unknown oracle spec (before any
+        interp.core.errors.ConfigError: a count below 1 or an unknown oracle spec (before any
             model loads, as every error of :func:`check_inputs`).
-        interp.errors.RunDirError: ``run_dir`` holds a run with another config or other
+        interp.core.errors.RunDirError: ``run_dir`` holds a run with another config or other
             result facts, or stale records (:func:`stale_records`), and not overwrite; or
             another process is writing it (:meth:`interp.store.rundir.RunDir.writer`).
-        interp.errors.DataError: unknown dataset, malformed file.
+        interp.core.errors.DataError: unknown dataset, malformed file.
     """
     config = cfg or AsymmetryConfig()
     out = run_dir.path if isinstance(run_dir, RunDir) else Path(run_dir)
@@ -302,14 +302,14 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
         limit and filter).
 
     Raises:
-        interp.errors.ConfigError: a count below 1, no dataset, an unknown oracle spec
-            (:func:`interp.grading.parse_oracle_spec`: ``rule``, ``model:SPEC``,
+        interp.core.errors.ConfigError: a count below 1, no dataset, an unknown oracle spec
+            (:func:`interp.judging.grading.parse_oracle_spec`: ``rule``, ``model:SPEC``,
             ``openai:MODEL``), a bad endpoint table, or an ``answers_from`` run made with
             another template or oracle.
-        interp.errors.RunDirError: an ``answers_from`` run that lacks a selected example or
-            holds another version of it (:func:`interp.cross_judge.check_answer_source`).
-        interp.errors.PromptError: an unknown template.
-        interp.errors.DataError: an unknown dataset, a missing or malformed file, a missing
+        interp.core.errors.RunDirError: an ``answers_from`` run that lacks a selected example or
+            holds another version of it (:func:`interp.methods.cross_judge.check_answer_source`).
+        interp.core.errors.PromptError: an unknown template.
+        interp.core.errors.DataError: an unknown dataset, a missing or malformed file, a missing
             field, or a dataset with no examples left after filtering.
     """
     check_counts(config, NAME)
@@ -423,7 +423,7 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
                 f"({60 * len(todo) / dt:.1f} examples/minute)")
     if shard is not None:
         return {}
-    # metrics.json describes the whole run directory: every dataset run into it so far
+    # metrics.json describes the whole run directory: every dataset run into it
     every = manifest["config"].get("datasets", config.datasets)
     return write_metrics(rd, replace(config, datasets=list(every)))
 
@@ -469,7 +469,7 @@ def oracle_agreement(run: RunDir, oracle: str | BaseOracle, *, limit: int | None
                      ) -> dict[str, Any]:
     """Agreement of the rule oracle and an LLM oracle on a run's records.
 
-    Both oracles grade every ok record's extracted answer (:func:`interp.grading.
+    Both oracles grade every ok record's extracted answer (:func:`interp.judging.grading.
     oracle_agreement`: Cohen's kappa, the confusion table, every disagreement); the result
     is written to ``DIR/oracle_agreement.json``.
 
@@ -483,13 +483,13 @@ def oracle_agreement(run: RunDir, oracle: str | BaseOracle, *, limit: int | None
         endpoint: an ``openai:`` oracle's table (:class:`interp.endpoints.EndpointConfig`).
 
     Returns:
-        The written dict: :func:`interp.agreement.oracle_agreement`'s keys plus ``run``,
+        The written dict: :func:`interp.methods.agreement.oracle_agreement`'s keys plus ``run``,
         ``stored_oracle`` (the run's own oracle) and ``oracle_b_counts`` (how often the LLM
         oracle's reply decided and how often its forced choice did, when it counts them).
 
     Raises:
         ConfigError: ``oracle`` is ``rule`` or not an oracle spec
-            (:func:`interp.grading.parse_oracle_spec`).
+            (:func:`interp.judging.grading.parse_oracle_spec`).
         RunDirError: the run has no ok records (before any model is loaded).
     """
     if isinstance(oracle, str) and parse_oracle_spec(oracle).kind == "rule":
@@ -524,4 +524,4 @@ def format_oracle_agreement(res: Mapping[str, Any]) -> str:
 
 
 format_summary = format_metrics
-"""The stage's summary as text (:func:`interp.asymmetry.format_metrics`)."""
+"""The stage's summary as text (:func:`interp.methods.asymmetry.format_metrics`)."""

@@ -1,17 +1,17 @@
 """Study 2 stage: attention recordings, span-mass tables, summary, heads and figures of a run.
 
-Algorithm of :func:`run` (the method is :mod:`interp.attention`):
+Algorithm of :func:`run` (the method is :mod:`interp.analysis.span_mass`):
 
 1. Records: the run's ``ok`` records, the first ``limit`` of each dataset
    (:func:`interp.store.records.limit_per_dataset`). The model must be the run's (sha256 check).
 2. Record (:func:`record`, i.e. :func:`interp.stages.stored.record_attention`): for each
    record, re-render both prompts
-   (:func:`interp.prompts.record_prompts`), and unless its recording is fresh, run
+   (:func:`interp.judging.prompts.record_prompts`), and unless its recording is fresh, run
    :func:`interp.hooks.recorder.record_rows` once per prompt and save the span masses
    ``mass.{gen,eval}`` ``[n_layers, n_heads, n_spans]`` (and with ``save_rows`` the rows
    ``rows.{task}`` ``[n_layers, n_heads, pos]``) to ``DIR/attention/records/<dataset>/<id>
    .safetensors``. A recording is fresh when its stored signature
-   (:func:`interp.store.io.signature` of the model and its sha256, the prompts' token ids and the
+   (:func:`interp.core.io.signature` of the model and its sha256, the prompts' token ids and the
    result-relevant runtime facts, :func:`interp.stages.common.stage_facts`) equals the one of
    now: an interrupted run resumes, and a recording made by another model, from other prompts
    (``interp asymmetry --overwrite`` with another template keeps the record ids) or under
@@ -24,8 +24,8 @@ Algorithm of :func:`run` (the method is :mod:`interp.attention`):
    .safetensors`` (``{task}.resid_pre``, ``resid_post``, ``z``, ``result_last``, with
    ``save_patterns`` ``pattern``; shapes in :mod:`interp.hooks.recorder`).
 3. Tables (:func:`write_tables`, no model): ``DIR/attention/span_mass.parquet``,
-   ``summary.json`` (:func:`interp.attention.summarize` over the band ``layers``),
-   ``heads.json`` (:func:`interp.attention.top_heads`) and the figures.
+   ``summary.json`` (:func:`interp.analysis.span_mass.summarize` over the band ``layers``),
+   ``heads.json`` (:func:`interp.analysis.span_mass.top_heads`) and the figures.
 """
 
 from __future__ import annotations
@@ -34,19 +34,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from interp.attention import (
+from interp.analysis.span_mass import (
     format_summary,
     span_mass_table,
     summarize,
     top_heads,
 )
-from interp.errors import AttentionError
+from interp.core.contract import spec
+from interp.core.errors import AttentionError
+from interp.core.io import (
+    write_json,
+    write_table,
+)
+from interp.core.layers import DEFAULT_BAND, parse_layers
+from interp.core.options import config_from_table, option
 from interp.hooks.recorder import BACKENDS
-from interp.layers import DEFAULT_BAND, parse_layers
-from interp.models import ModelHandle
-from interp.options import config_from_table, option
+from interp.models.loading import ModelHandle
 from interp.plots import attention as attention_plots
-from interp.stages.contract import spec
 from interp.stages.stored import (
     activations_path,
     load_masses,
@@ -57,10 +61,6 @@ from interp.stages.stored import (
 )
 from interp.stages.stored import read_attention_summary as read_summary
 from interp.stages.stored import record_attention as record
-from interp.store.io import (
-    write_json,
-    write_table,
-)
 from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SPEC", "SUMMARIES", "AttentionConfig", "Config", "activations_path",
@@ -69,7 +69,7 @@ __all__ = ["NAME", "SPEC", "SUMMARIES", "AttentionConfig", "Config", "activation
            "write_tables"]
 
 SPEC = spec("attention")
-"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+"""This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
 NAME = SPEC.name
 SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
@@ -81,7 +81,7 @@ class AttentionConfig:
 
     Attributes:
         backend: one of :data:`interp.hooks.recorder.BACKENDS` (``hf`` default).
-        band: band for the summary and head ranking (:func:`interp.layers.parse_layers`:
+        band: band for the summary and head ranking (:func:`interp.core.layers.parse_layers`:
             ``last8``, ``24-31``, ``all``).
         limit: records per dataset (first N ok records; all or None: every one).
         save_rows: keep every record's rows ``[n_layers, n_heads, pos]``.
@@ -119,7 +119,7 @@ class AttentionConfig:
         """Build from a config table.
 
         Raises:
-            interp.errors.ConfigError: unknown keys (the message lists the known ones).
+            interp.core.errors.ConfigError: unknown keys (the message lists the known ones).
             AttentionError: an unknown backend.
         """
         return config_from_table(cls, d, NAME)
@@ -134,7 +134,7 @@ def write_tables(run: RunDir, cfg: AttentionConfig | None = None, *,
 
     Raises:
         RunDirError: nothing recorded yet.
-        interp.errors.LayerSpecError: the band lies outside the recorded layers.
+        interp.core.errors.LayerSpecError: the band lies outside the recorded layers.
     """
     cfg = cfg or AttentionConfig()
     records, mass, spans, backends = load_masses(run, limit=cfg.limit)

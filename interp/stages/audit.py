@@ -1,13 +1,13 @@
 """Audit stage: did the judge read? Per-verdict attention signals, AUCs, a detector, flags.
 
-Algorithm of :func:`run` (the method is :mod:`interp.audit`):
+Algorithm of :func:`run` (the method is :mod:`interp.methods.audit`):
 
 1. Recordings: the attention stage's own recorder (:func:`interp.stages.stored.record_attention`)
    makes sure every selected ok record has a fresh recording of the verdict position's span
    masses (none is made again when the harness's one pass or ``interp attention`` made it).
 2. :func:`write_audit` (no model): the masses (:func:`interp.stages.stored.load_masses`),
    the signals, their AUCs for wrong verdicts per dataset and overall, the detector and the
-   flags at ``fpr`` (:mod:`interp.audit`, steps 2-6); writes ``DIR/audit/summary.json``,
+   flags at ``fpr`` (:mod:`interp.methods.audit`, steps 2-6); writes ``DIR/audit/summary.json``,
    ``DIR/audit/verdicts.csv`` (every verdict: id, dataset, question, candidate, verdict,
    oracle label, wrong, context and candidate mass, Lookback ratio, logit_diff, detector
    score, flagged; also ``.parquet``), the flagged ones as ``flagged.csv`` and ``flagged.md``
@@ -18,7 +18,7 @@ A judge dataset this project did not make (:func:`judged_run`): a JSONL file wit
 ``context``, ``question``, ``candidate``, ``label`` (the candidate's truth) and optionally
 ``verdict`` (the judge's; else the loaded model's own), ``id``, ``dataset``, ``answers``
 (gold answers), ``answer_model``. The loaded model is the judge: it judges every line with the
-one harness call of given answers (:func:`interp.cross_judge.judge_answers`, same template
+one harness call of given answers (:func:`interp.methods.cross_judge.judge_answers`, same template
 machinery, one pass recording the attention), into a run directory the audit then reads.
 
 Source: ``docs/audit.md``.
@@ -35,30 +35,30 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from interp import audit as method
-from interp.cross_judge import GivenAnswer, judge_answers
+from interp.core.contract import spec
+from interp.core.errors import ConfigError, DataError
+from interp.core.io import atomic_write_text, read_jsonl, write_json, write_table
+from interp.core.layers import DEFAULT_BAND, parse_layers
+from interp.core.options import config_from_table, option
 from interp.data import QAExample
-from interp.errors import ConfigError, DataError
-from interp.layers import DEFAULT_BAND, parse_layers
-from interp.models import ModelHandle, result_facts, runtime_facts
-from interp.options import config_from_table, option
+from interp.judging.prefill import Capture
+from interp.judging.prompts import get_template
+from interp.judging.residual_features import POOLS
+from interp.methods import audit as method
+from interp.methods.cross_judge import GivenAnswer, judge_answers
+from interp.models.loading import ModelHandle, result_facts, runtime_facts
 from interp.plots.cross import plot_audit_roc
-from interp.prefill import Capture
-from interp.prompts import get_template
-from interp.residual_features import POOLS
 from interp.stages.common import stage_facts
-from interp.stages.contract import spec
 from interp.stages.run_metrics import write_metrics
 from interp.stages.stored import load_masses, record_attention, store_one_pass
 from interp.store import RunDir
-from interp.store.io import atomic_write_text, read_jsonl, write_json, write_table
 from interp.store.records import qa_key
 
 __all__ = ["NAME", "SPEC", "SUMMARIES", "AuditConfig", "Config", "format_summary",
            "judged_run", "read_judged", "run", "write_audit"]
 
 SPEC = spec("audit")
-"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+"""This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
 NAME = SPEC.name
 SUMMARIES = SPEC.summaries
 
@@ -68,10 +68,10 @@ class AuditConfig:
     """Settings of ``interp audit`` and of the ``[audit]`` stage of ``interp run``.
 
     Attributes:
-        band: layers of the band means (:func:`interp.layers.parse_layers`; paper: the last 8).
+        band: layers of the band means (:func:`interp.core.layers.parse_layers`; paper: the last 8).
         detector_layers: layers whose heads feed the detector (``all`` by default).
         detector_features: per-head features of the detector
-            (:data:`interp.audit.DETECTOR_FEATURES`; Lookback Lens uses the ratio alone).
+            (:data:`interp.methods.audit.DETECTOR_FEATURES`; Lookback Lens uses the ratio alone).
         folds: k of the passage-grouped CV of the detector (fewer when a class has fewer
             passages; none below 2).
         fpr: the false-positive rate (share of RIGHT verdicts flagged) the flags are set at.
@@ -112,7 +112,7 @@ class AuditConfig:
         """Build from a config table, refusing unknown keys (the error lists the known ones).
 
         Raises:
-            interp.errors.ConfigError: an unknown key or a value out of range.
+            interp.core.errors.ConfigError: an unknown key or a value out of range.
         """
         return config_from_table(cls, d, NAME)
 
@@ -120,7 +120,7 @@ class AuditConfig:
         """Refuse detector layers outside the model (``band`` is checked as a layer field).
 
         Raises:
-            interp.errors.LayerSpecError: ``detector_layers`` outside ``n_layers``.
+            interp.core.errors.LayerSpecError: ``detector_layers`` outside ``n_layers``.
         """
         parse_layers(self.detector_layers, n_layers, default="all")
 
@@ -133,9 +133,10 @@ def run(run_dir: RunDir, handle: ModelHandle, cfg: AuditConfig | None = None, *,
     """Audit the verdicts of a judged run (module docstring); return ``audit/summary.json``.
 
     Raises:
-        interp.errors.RunDirError: as :func:`interp.stages.stored.record_attention` (no records,
+        interp.core.errors.RunDirError: as :func:`interp.stages.stored.record_attention` (no
+        records,
             another model, prompts that do not match their records).
-        interp.errors.LayerSpecError: a band or detector layers outside the model.
+        interp.core.errors.LayerSpecError: a band or detector layers outside the model.
     """
     cfg = cfg or AuditConfig()
     record_attention(run_dir, handle, spec("attention").config_class(
@@ -148,7 +149,7 @@ def write_audit(run: RunDir, cfg: AuditConfig | None = None, *,
     """Step 2: the audit from stored recordings (no model); the files of the module docstring.
 
     Raises:
-        interp.errors.RunDirError: no recordings (run ``interp attention``).
+        interp.core.errors.RunDirError: no recordings (run ``interp attention``).
     """
     cfg = cfg or AuditConfig()
     records, mass, spans, backends = load_masses(run, limit=cfg.limit)
@@ -325,14 +326,14 @@ def judged_run(path: str | Path, out: str | Path, handle: ModelHandle, *,
                log: Callable[[str], None] = print) -> RunDir:
     """Judge a judged JSONL file's candidates with ``handle`` into the run directory ``out``.
 
-    The loaded model judges every line (:func:`interp.cross_judge.judge_answers`, one pass
+    The loaded model judges every line (:func:`interp.methods.cross_judge.judge_answers`, one pass
     recording attention and probe features); the file's label is y*; a line's ``verdict``,
     when given, replaces the model's (kept as ``judge_verdict``; ``verdict_source`` "given").
     Lines already in ``out`` are kept (resume). ``metrics.json`` is written as for any run.
 
     Raises:
         DataError: as :func:`read_judged` (checked before any forward).
-        interp.errors.RunDirError: ``out`` holds a run made from another file, model or
+        interp.core.errors.RunDirError: ``out`` holds a run made from another file, model or
             template (and not ``overwrite``).
     """
     rows = read_judged(path)

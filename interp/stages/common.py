@@ -5,9 +5,9 @@ A stage module (``interp.stages.attention``, ``interp.stages.probe``, ...) provi
 * ``NAME``: its config table name (``[attention]`` in an experiment TOML);
 * ``SUMMARIES``: run-dir tables that ``interp run`` copies next to the figures (source -> name);
 * ``Config``: a dataclass with ``from_mapping(table)`` that refuses unknown keys
-  (:func:`interp.options.config_from_table`);
+  (:func:`interp.core.options.config_from_table`);
 * ``run(run_dir, handle, cfg, *, overwrite=False, log=print) -> summary``: the study on a
-  finished asymmetry run (resumable; fresh parts are reused, :func:`interp.store.io.is_fresh`);
+  finished asymmetry run (resumable; fresh parts are reused, :func:`interp.core.io.is_fresh`);
   it first calls :func:`stage_facts`, which refuses to reuse work computed under other
   result-relevant runtime facts unless ``overwrite``, and puts those facts into every part's
   signature;
@@ -24,12 +24,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, Protocol
 
-from interp.errors import ConfigError, InterpError, LayerSpecError, RunDirError
-from interp.layers import parse_layers
-from interp.models import ModelHandle, load_model, placement, result_facts, runtime_facts
-from interp.options import fields_of_kind
-from interp.prompts import get_template
-from interp.stages.contract import check_needs
+from interp.core.contract import check_needs
+from interp.core.errors import ConfigError, InterpError, LayerSpecError, RunDirError
+from interp.core.layers import parse_layers
+from interp.core.options import fields_of_kind
+from interp.judging.prompts import get_template
+from interp.models.loading import ModelHandle, load_model, placement, result_facts, runtime_facts
 from interp.store.records import limit_per_dataset
 from interp.store.rundir import RunDir
 
@@ -45,8 +45,8 @@ _SHARE: ContextVar[tuple[int, int] | None] = ContextVar("interp_share_of_records
 def share_of_records(index: int, count: int) -> Iterator[None]:
     """Within the body, stages work on share ``index`` of ``count`` of their selected records.
 
-    The parts phase of a stage under torchrun (:attr:`interp.stages.contract.StageSpec.
-    parts_only`, :func:`interp.pipeline.run_config`): :func:`ok_records` selects the records
+    The parts phase of a stage under torchrun (:attr:`interp.core.contract.StageSpec.
+    parts_only`, :func:`interp.run.pipeline.run_config`): :func:`ok_records` selects the records
     as an unsharded run does, then keeps this process's share (:func:`own_share`), and
     :func:`stage_facts` checks the stored facts without writing the manifest (rank 0 records
     them when it runs the stage after the barrier).
@@ -119,7 +119,8 @@ def check_against_shape(name: str, cfg: Any, n_layers: int, n_heads: int | None 
                  model: str | None = None) -> None:
     """Check a stage config against a model's shape, before the model runs (or loads).
 
-    Every field declared ``kind="layers"`` (:func:`interp.options.option`) that is set is parsed
+    Every field declared ``kind="layers"`` (:func:`interp.core.options.option`) that is set is
+    parsed
     with ``n_layers``; then the config's
     own ``check(n_layers, n_heads)``, where it has one (steering's head spec). Used by
     ``interp run`` for every configured stage and every model before the first model loads
@@ -137,7 +138,7 @@ def check_against_shape(name: str, cfg: Any, n_layers: int, n_heads: int | None 
     Raises:
         LayerSpecError: a layer selection outside the model (names the option and the table
             key, e.g. ``--layers ([attention] layers)``, and the valid range).
-        interp.errors.InterpError: what the config's own ``check`` raises.
+        interp.core.errors.InterpError: what the config's own ``check`` raises.
     """
     on = f" for {model}" if model else ""
     for f in fields_of_kind(type(cfg), "layers") if hasattr(cfg, "__dataclass_fields__") else []:
@@ -184,10 +185,12 @@ def ok_records(run: RunDir, handle: ModelHandle, limit: int | None, *, stage: st
 
 
 def run_judge(manifest: Mapping[str, Any]) -> str:
-    """The judge kind of a run's template (``word`` or ``reasoning``, :mod:`interp.reasoning`).
+    """The judge kind of a run's template: ``word`` or ``reasoning``.
+
+    See :mod:`interp.judging.reasoning`.
 
     Raises:
-        interp.errors.PromptError: the run's template is unknown.
+        interp.core.errors.PromptError: the run's template is unknown.
     """
     cfg = manifest.get("config", {})
     return get_template(cfg.get("template") or "default", cfg.get("templates_path")).judge
@@ -196,7 +199,8 @@ def run_judge(manifest: Mapping[str, Any]) -> str:
 def refuse_reasoning_judge(run: RunDir, manifest: Mapping[str, Any], stage: str) -> None:
     """Refuse a stage that reads the one-word judge's verdict position on a reasoning run.
 
-    A reasoning judge's verdict position lies after its own reasoning (:mod:`interp.reasoning`),
+    A reasoning judge's verdict position lies after its own reasoning
+    (:mod:`interp.judging.reasoning`),
     which the stage's re-rendered prompts do not hold.
 
     Raises:
@@ -212,10 +216,10 @@ def stage_facts(run: RunDir, handle: ModelHandle, stage: str, *,
                 overwrite: bool = False) -> dict[str, Any]:
     """The result-relevant runtime facts of a stage call, checked against its stored work.
 
-    Reads :func:`interp.models.runtime_facts` now, records them in the manifest under
+    Reads :func:`interp.models.loading.runtime_facts` now, records them in the manifest under
     ``stages.<stage>`` (:meth:`interp.store.RunDir.check_stage`; within
     :func:`share_of_records` only checks them: the processes share one manifest) and returns
-    :func:`interp.models.result_facts`, which every stage puts into its parts' signatures
+    :func:`interp.models.loading.result_facts`, which every stage puts into its parts' signatures
     (attention recordings, probe features, patching parts, transfer outputs): a part made under
     another attention kernel, device, dtype, torch / transformers version, TF32 or determinism
     setting is never reused.
@@ -253,28 +257,28 @@ def load_run_model(run: RunDir, device: str | None = None,
     """Load the model a run was made with (the manifest's model spec) and check its sha256.
 
     The run's big-model placement (``device_map``, ``max_memory``, ``offload_folder`` of its
-    config, :func:`interp.models.load_model`) is used again.
+    config, :func:`interp.models.loading.load_model`) is used again.
 
     Args:
         run: a run directory with ``manifest.json``.
         device: where to load it (default: the run's ``config.device``, else CUDA if available).
         dtype: precision (default: the run's ``config.dtype``, else by device).
         stage: the stage about to run: its declared needs are checked
-            (:func:`interp.stages.contract.check_needs`) and, with ``config``, its config
+            (:func:`interp.core.contract.check_needs`) and, with ``config``, its config
             against the model shape the manifest records (:func:`check_against_shape`), before
             the model loads.
         config: that stage's config.
 
     Returns:
-        The :class:`interp.models.ModelHandle`.
+        The :class:`interp.models.loading.ModelHandle`.
 
     Raises:
         RunDirError: no manifest, a manifest without a model, or weights whose sha256 differs
             from the manifest's.
         ConfigError: the run's model is served behind an endpoint (:func:`refuse_served`).
-        interp.errors.ModelSpecError: the spec cannot be loaded here.
+        interp.core.errors.ModelSpecError: the spec cannot be loaded here.
         LayerSpecError: ``config`` selects layers outside the model (:func:`check_against_shape`).
-        RunDirError: a file the stage needs is missing (:func:`interp.stages.contract.check_needs`).
+        RunDirError: a file the stage needs is missing (:func:`interp.core.contract.check_needs`).
     """
     manifest = run.manifest()
     cfg = manifest.get("config", {})

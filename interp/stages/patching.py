@@ -1,13 +1,13 @@
 """The patching stage: pairs x sweeps over a run directory, resumable, with tables and figures.
 
-Algorithm of :func:`run` (methods: :mod:`interp.pairs`, :mod:`interp.patching`,
-:mod:`interp.patch_sweeps`; summaries: :mod:`interp.stages.patching_summary`):
+Algorithm of :func:`run` (methods: :mod:`interp.methods.pairs`, :mod:`interp.methods.patching`,
+:mod:`interp.methods.patch_sweeps`; summaries: :mod:`interp.stages.patching_summary`):
 
-1. Validate the config, the layers and the band (:func:`interp.layers.parse_layers`) before
+1. Validate the config, the layers and the band (:func:`interp.core.layers.parse_layers`) before
    any model work; the oracle is the run's (manifest ``config.oracle``, ``rule`` by default)
    unless ``oracle`` is set.
 2. For each pair kind: build the pairs from the run's ``ok`` records with the run's template
-   (:func:`interp.pairs.build_pairs`, ``limit`` built pairs per dataset). Candidate swap: a
+   (:func:`interp.methods.pairs.build_pairs`, ``limit`` built pairs per dataset). Candidate swap: a
    record whose own answer is right and that stores no hard negative gets one mined
    closed-book on the fly (:class:`Miner`: Study 3's miner, seeded per record, no rotation),
    kept in ``DIR/patching/hard_negatives.jsonl`` with the signature of what produced it.
@@ -38,27 +38,27 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from interp.errors import PatchingError
-from interp.inputs import write_result
-from interp.layers import DEFAULT_BAND, parse_layers
-from interp.models import ModelHandle
-from interp.options import config_from_table, option
-from interp.pairs import PAIR_KINDS, PatchPair, build_pairs
-from interp.patch_sweeps import EXACT_MODES, agreement, head_units, resid_units, sweep
-from interp.patching import Patcher
-from interp.progress import resumed
-from interp.prompts import get_template
+from interp.core.contract import spec
+from interp.core.errors import PatchingError
+from interp.core.inputs import write_result
+from interp.core.io import is_fresh, read_json, read_jsonl, signature, write_json, write_jsonl
+from interp.core.layers import DEFAULT_BAND, parse_layers
+from interp.core.options import config_from_table, option
+from interp.core.progress import resumed
+from interp.judging.prompts import get_template
+from interp.methods.pairs import PAIR_KINDS, PatchPair, build_pairs
+from interp.methods.patch_sweeps import EXACT_MODES, agreement, head_units, resid_units, sweep
+from interp.methods.patching import Patcher
+from interp.models.loading import ModelHandle
 from interp.stages.common import ok_records, stage_facts
-from interp.stages.contract import spec
 from interp.stages.patching_summary import format_summary, summarise
-from interp.store.io import is_fresh, read_json, read_jsonl, signature, write_json, write_jsonl
 from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SUMMARIES", "Config", "Miner", "PatchingConfig", "format_summary",
            "gap_signature", "run", "run_pair"]
 
 SPEC = spec("patching")
-"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+"""This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
 NAME = SPEC.name
 SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
@@ -70,7 +70,7 @@ class PatchingConfig:
     """Settings of ``interp patch`` / the ``[patching]`` config table.
 
     Attributes:
-        pairs: pair kinds to run (:data:`interp.pairs.PAIR_KINDS`).
+        pairs: pair kinds to run (:data:`interp.methods.pairs.PAIR_KINDS`).
         kinds: sweeps: ``resid``, ``heads``, ``attribution`` (AtP* against the full exact
             sweep of both, with agreement and cost).
         limit: built pairs per dataset (all or None: every one; each pair costs many forwards).
@@ -79,7 +79,7 @@ class PatchingConfig:
             sweep's gap or ``DIR/patching/{pairs}/gaps.jsonl``), and one under ``min_gap`` is
             skipped (reason ``small_gap``, its gap listed) without a sweep, until ``limit``
             pairs per dataset are kept or the records run out.
-        layers: layers to sweep, a spec of :func:`interp.layers.parse_layers` (None: all).
+        layers: layers to sweep, a spec of :func:`interp.core.layers.parse_layers` (None: all).
         layer_stride: sweep every k-th layer (after ``layers``).
         hook: residual hook point (``hook_resid_pre`` or ``hook_resid_post``).
         per_position: also sweep single positions (not only spans) in ``resid``.
@@ -97,7 +97,7 @@ class PatchingConfig:
         n_boot: cluster-bootstrap resamples for the summary's CIs.
         max_tokens: skip pairs longer than this (CPU time).
         batch_size: patched rows per forward.
-        backend: ``hf`` (the sweeps need it; :func:`interp.patching.patch` takes all three).
+        backend: ``hf`` (the sweeps need it; :func:`interp.methods.patching.patch` takes all three).
         prefix_cache: run the positions before the first patchable one once.
         figures: draw the figures after the tables.
         progress: show progress bars.
@@ -185,7 +185,7 @@ Config = PatchingConfig
 class Miner:
     """Closed-book hard negatives for candidate-swap pairs, mined once per record and stored.
 
-    Calls :func:`interp.transfer.mine_hard_negatives` on one record at a time (without the
+    Calls :func:`interp.methods.transfer.mine_hard_negatives` on one record at a time (without the
     answer-rotation fallback), seeded with ``seed`` plus a stable hash of the record id, and
     keeps each result in ``path`` (JSON lines) under a signature of the model, oracle and
     settings, so a later call reads it back instead of sampling again.
@@ -216,7 +216,7 @@ class Miner:
         from types import SimpleNamespace
 
         from interp.data import QAExample
-        from interp.transfer import mine_hard_negatives
+        from interp.methods.transfer import mine_hard_negatives
 
         key = (rec["dataset"], str(rec["id"]))
         if key not in self.rows:
@@ -294,8 +294,9 @@ def run_pair(handle: ModelHandle, pair: PatchPair, kind: str, cfg: PatchingConfi
     Returns:
         ``{"meta": {...}, "rows": [...]}``: ``meta`` holds the pair's clean and corrupt verdict
         scores, the gap, the context masses, wall times and costs in clean forwards
-        (``attribution``: also ``agreement`` per sweep, :func:`interp.patch_sweeps.agreement`);
-        ``rows`` one per unit (:func:`interp.patch_sweeps.sweep`).
+        (``attribution``: also ``agreement`` per sweep,
+        :func:`interp.methods.patch_sweeps.agreement`);
+        ``rows`` one per unit (:func:`interp.methods.patch_sweeps.sweep`).
     """
     pt = Patcher(handle, pair.clean.input_ids, pair.corrupt.input_ids, pos_map=pair.pos_map,
                  batch_size=cfg.batch_size, prefix_cache=cfg.prefix_cache)
@@ -331,7 +332,7 @@ def part_signature(cfg: PatchingConfig, kind: str, layers: Sequence[int], band: 
                    facts: Mapping[str, Any] | None = None) -> str:
     """Signature of one pair's sweep: everything that shapes it (module docstring, step 3).
 
-    ``facts``: :func:`interp.models.result_facts` of the call.
+    ``facts``: :func:`interp.models.loading.result_facts` of the call.
     """
     return signature({"model": handle.spec, "sha256": handle.info.get("sha256"), "kind": kind,
                       "layers": list(layers), "band": list(band), "hook": cfg.hook,
@@ -348,7 +349,7 @@ def part_signature(cfg: PatchingConfig, kind: str, layers: Sequence[int], band: 
 
 def _bar(total: int | None, desc: str, enabled: bool, **kw: Any) -> Any:
     """A progress bar of the stage (``enabled`` False: silent)."""
-    from interp.progress import tqdm
+    from interp.core.progress import tqdm
 
     return tqdm(total=total, desc=desc, disable=not enabled, leave=False, **kw)
 
@@ -448,7 +449,7 @@ def _gap_filter(handle: ModelHandle, cfg: PatchingConfig, pk: str, layers: list[
 
 
 def _oracle(cfg: PatchingConfig, mcfg: Mapping[str, Any], handle: ModelHandle) -> Any:
-    from interp.grading import make_oracle
+    from interp.judging.grading import make_oracle
 
     return make_oracle(cfg.oracle or mcfg.get("oracle") or "rule", device=str(handle.device),
                        dtype=mcfg.get("dtype"), run_model=handle)

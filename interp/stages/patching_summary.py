@@ -8,8 +8,8 @@ Aggregation (docs/measuring.md; docs/stages.md, patch):
 2. Per unit (layer, and position counted from the end / span / head): the headline normalised
    effect is the ratio of sums over the kept pairs where the unit was patched exactly,
    ``sum s (LD_patched - LD_corrupt) / sum |gap|`` with ``s = sign(gap)``
-   (:func:`interp.patching.ratio_of_sums`), with a passage-cluster bootstrap CI
-   (:func:`interp.stats.cluster_bootstrap_ratio`) for the listed top units; next to it the
+   (:func:`interp.methods.patching.ratio_of_sums`), with a passage-cluster bootstrap CI
+   (:func:`interp.analysis.stats.cluster_bootstrap_ratio`) for the listed top units; next to it the
    number of pairs it rests on, the mean raw change ``d_ld`` in nats over every pair where it
    was patched, the forced-verdict flip rate (``sign(LD_patched) != sign(LD_corrupt)``), mean
    ``p_correct``, coverage and context mass, and the same ratio of the attribution estimates
@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from interp.patching import ratio_of_sums
-from interp.stats import ci_text, cluster_bootstrap_ratio, degenerate_note, is_degenerate
-from interp.store.io import write_table
+from interp.analysis.stats import ci_text, cluster_bootstrap_ratio, degenerate_note, is_degenerate
+from interp.core.io import write_table
+from interp.methods.patching import ratio_of_sums
 
 __all__ = ["UNIT_KEY", "format_summary", "summarise", "unit_table"]
 

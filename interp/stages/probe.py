@@ -1,11 +1,11 @@
 """Probe stage: features, sweeps, the probe-vs-judge comparison and saved probes of a run.
 
-Algorithm of :func:`run` (the methods are :mod:`interp.probing`, numbered there):
+Algorithm of :func:`run` (the methods are :mod:`interp.methods.probing`, numbered there):
 
 1. Records: the run's ``ok`` records (checked: unique keys, an oracle label each, made by the
    loaded model, whose sha256 is the manifest's), the first ``limit`` of each dataset
    (:func:`interp.store.records.limit_per_dataset`); labels y* and one group per passage; the CV
-   folds (:func:`interp.stats.make_folds`) shared by every probe and by the verbal judge.
+   folds (:func:`interp.analysis.stats.make_folds`) shared by every probe and by the verbal judge.
 2. Features (:func:`cached_features`): pooled ``resid_post`` of every layer, cached in
    ``DIR/probes/features_{task}.safetensors`` (``[n_records, n_layers, d_model]`` per pool).
    The cache is fresh when its signature (model, sha256, hook point, layers, version and the
@@ -13,7 +13,7 @@ Algorithm of :func:`run` (the methods are :mod:`interp.probing`, numbered there)
    now and it holds the pools asked for; a cached row is reused only while its record renders
    to the same prompt token ids (their signature is stored per row); records missing from it
    are computed and appended ``chunk`` at a time (resume by record key).
-3. Sweep of the layers (``layers``: :func:`interp.layers.parse_layers`, default all), cached in
+3. Sweep of the layers (``layers``: :func:`interp.core.layers.parse_layers`, default all), cached in
    ``DIR/probes/sweep_{task}.json`` under the signature of the settings, records, labels,
    groups and the features' signature; the permutation null likewise in
    ``permutation_{task}.json``, and while it runs each permutation's outcome in
@@ -33,12 +33,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from interp.errors import ProbeError
-from interp.layers import parse_layers
-from interp.models import ModelHandle
-from interp.options import config_from_table, option, split_list
-from interp.plots.probes import plot_probes
-from interp.probing import (
+from interp.analysis.stats import fit_note, make_folds, passage_groups
+from interp.core.contract import spec
+from interp.core.errors import ProbeError
+from interp.core.io import is_fresh, read_json, signature, write_json
+from interp.core.layers import parse_layers
+from interp.core.options import config_from_table, option, split_list
+from interp.judging.prompts import rerender
+from interp.judging.residual_features import (
+    HOOK_POINT,
+    HOOK_POINT_DOC,
+    POOLS,
+    extract_features,
+    task_pools,
+)
+from interp.methods.probing import (
     METRICS,
     PROBES,
     TASKS,
@@ -51,10 +60,9 @@ from interp.probing import (
     probe_vs_judge,
     sweep,
 )
-from interp.prompts import rerender
-from interp.residual_features import HOOK_POINT, HOOK_POINT_DOC, POOLS, extract_features, task_pools
+from interp.models.loading import ModelHandle
+from interp.plots.probes import plot_probes
 from interp.stages.common import check_run_model, refuse_reasoning_judge, stage_facts
-from interp.stages.contract import spec
 from interp.stages.stored import (
     FEATURES_VERSION,
     drop_stale_features,
@@ -64,8 +72,6 @@ from interp.stages.stored import (
     store_features,
     write_features,
 )
-from interp.stats import fit_note, make_folds, passage_groups
-from interp.store.io import is_fresh, read_json, signature, write_json
 from interp.store.records import Record, limit_per_dataset, qa_key
 from interp.store.rundir import RunDir
 
@@ -73,7 +79,7 @@ __all__ = ["NAME", "SPEC", "SUMMARIES", "Config", "ProbeConfig", "cached_feature
            "format_summary", "load_probe_records", "run", "store_features"]
 
 SPEC = spec("probe")
-"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+"""This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
 NAME = SPEC.name
 SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
@@ -85,7 +91,7 @@ class ProbeConfig:
 
     Attributes:
         folds: k of the stratified k-fold cross-validation.
-        layers: layers to probe (:func:`interp.layers.parse_layers`: ``last8``, ``0,8,12-20``,
+        layers: layers to probe (:func:`interp.core.layers.parse_layers`: ``last8``, ``0,8,12-20``,
             a list; None: all); features are always cached for all layers.
         probes: probe kinds, the first sweeps the whole (layer, pool) grid.
         pools: poolings (``candidate`` is skipped for the gen prompt).
@@ -103,19 +109,19 @@ class ProbeConfig:
         limit: use only the first N ok records of each dataset (all or None: every one); the
             cost is about two forward passes per record (eval + gen prompt).
         permutations: label permutations for the selection-aware null of the best cell
-            (:func:`interp.probing.permutation_null`; 0 = off); each costs one sweep of the
+            (:func:`interp.methods.probing.permutation_null`; 0 = off); each costs one sweep of the
             first probe.
         recompute: compute the features again even when cached (e.g. by the harness's one
             pass).
         n_jobs: processes that cross-validate the (layer, pool) cells at once, in the sweep
-            and in every permutation of the null (:func:`interp.probing.sweep`); the results
+            and in every permutation of the null (:func:`interp.methods.probing.sweep`); the results
             are those of one process, so stored sweeps and permutations stay valid.
         permute_within: ``dataset`` permutes the null's labels within each dataset
-            (:func:`interp.probing.permutation_null` ``strata``): the null then keeps each
+            (:func:`interp.methods.probing.permutation_null` ``strata``): the null then keeps each
             dataset's base rate, which a probe can read off the prompt; None: across all
             records.
         n_boot: passage-cluster bootstrap resamples of the paired probe-vs-judge AUC CIs
-            (:func:`interp.probing.probe_vs_judge`; 0: none); not part of the sweep's
+            (:func:`interp.methods.probing.probe_vs_judge`; 0: none); not part of the sweep's
             signature.
     """
 
@@ -166,12 +172,12 @@ class ProbeConfig:
         """Build from a config table, refusing unknown keys (the error lists the known ones).
 
         Raises:
-            interp.errors.ConfigError: an unknown key.
+            interp.core.errors.ConfigError: an unknown key.
         """
         return config_from_table(cls, d, NAME)
 
     def fit_kw(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`interp.probing.fit_probe`."""
+        """Keyword arguments of :func:`interp.methods.probing.fit_probe`."""
         return {"C": self.C, "mlp_hidden": self.mlp_hidden, "mlp_alpha": self.mlp_alpha,
                 "seed": self.seed}
 
@@ -187,7 +193,7 @@ def load_probe_records(run: RunDir, handle: ModelHandle | None = None) -> list[R
     """The run's ``ok`` records, checked for probing.
 
     Raises:
-        interp.errors.RunDirError: no records.jsonl (names ``interp asymmetry``).
+        interp.core.errors.RunDirError: no records.jsonl (names ``interp asymmetry``).
         ProbeError: no ok records, duplicate record keys, records without an oracle label, or
             records made by another model than ``handle``.
     """
@@ -231,7 +237,7 @@ def cached_features(run: RunDir, handle: ModelHandle, records: Sequence[Record],
         batch_size: prompts per forward.
         templates_path: the run's template file.
         chunk: records per cache write.
-        facts: :func:`interp.models.result_facts` of this call (None: not keyed on them).
+        facts: :func:`interp.models.loading.result_facts` of this call (None: not keyed on them).
         recompute: ignore the cache and compute every record's features again.
         log: progress lines.
 
@@ -241,7 +247,7 @@ def cached_features(run: RunDir, handle: ModelHandle, records: Sequence[Record],
         (``signature``: of the cache and of every record's prompt, in order).
 
     Raises:
-        interp.errors.RunDirError: a record whose re-rendered prompt does not match it.
+        interp.core.errors.RunDirError: a record whose re-rendered prompt does not match it.
     """
     pools = task_pools(task, pools)
     path = features_path(run, task)
@@ -405,10 +411,10 @@ def run(run_dir: RunDir, handle: ModelHandle, cfg: ProbeConfig | None = None, *,
         The content written to ``DIR/probes/results.json``.
 
     Raises:
-        interp.errors.RunDirError: no manifest or records (names what to run first), another
+        interp.core.errors.RunDirError: no manifest or records (names what to run first), another
             model than the run's, records that do not match their prompts, features computed
             under other runtime facts and not ``overwrite``.
-        interp.errors.LayerSpecError: layers outside the model.
+        interp.core.errors.LayerSpecError: layers outside the model.
         ProbeError: too few examples of a class for the folds (with counts), records made by
             another model.
     """
@@ -471,7 +477,7 @@ def _header(cfg: ProbeConfig, handle: ModelHandle, data: _Data) -> dict[str, Any
 def format_summary(results: Mapping[str, Any]) -> str:
     """A short plain-text summary of results.json.
 
-    A fit on too few records (:func:`interp.stats.fit_note`) gets a ``*`` on its best cells
+    A fit on too few records (:func:`interp.analysis.stats.fit_note`) gets a ``*`` on its best cells
     and the note under the first line.
     """
     j = results["judge"]["overall"]

@@ -1,22 +1,24 @@
 """Reasoning-judge stage: a judge-only rerun of a run's answers, side by side with its judge.
 
-Algorithm of :func:`run` (the method: :mod:`interp.reasoning`, :mod:`interp.reasoning_compare`):
+Algorithm of :func:`run` (the method: :mod:`interp.judging.reasoning`,
+:mod:`interp.methods.reasoning_compare`):
 
 1. Records: the run's ``ok`` records (first ``limit`` per dataset), made by a one-word judge
    (the run's template has ``judge = "word"``), and their verdict-position span masses from
    the run's attention recordings (:func:`interp.stages.stored.load_masses`: the harness
    writes them in its one pass, or ``interp attention``).
-2. Judge-only rerun (:func:`interp.asymmetry.judge_records`): the run's model judges the SAME
+2. Judge-only rerun (:func:`interp.methods.asymmetry.judge_records`): the run's model judges the
+SAME
    candidate answers with the reasoning template, in chunks of ``batch_size``; each chunk's
    records go to ``DIR/reasoning/records.jsonl`` (with ``judge_signature``: model, sha256,
    template, budget, the record's answer and prompt) and their span masses (``mass.verdict``
    and ``mass.reasoning``, ``[n_layers, n_heads, n_spans]``, spans in the metadata) to
    ``DIR/reasoning/attention/<dataset>/<id>.safetensors`` (the parts the stage contract
-   declares, :data:`interp.stages.contract.SPECS`). A record whose signature matches is kept
+   declares, :data:`interp.core.contract.SPECS`). A record whose signature matches is kept
    (resume) unless its stored reply, read by the verdict rule of now
-   (:func:`interp.reasoning.parse_final_verdict`), gives another verdict or another split
+   (:func:`interp.judging.reasoning.parse_final_verdict`), gives another verdict or another split
    of its reasoning (a record judged under an earlier rule); others are judged again.
-3. Side by side (:func:`interp.reasoning_compare.side_by_side` over the band ``layers``):
+3. Side by side (:func:`interp.methods.reasoning_compare.side_by_side` over the band ``layers``):
    ``DIR/reasoning/side_by_side.json`` and ``.md``, and the figure
    ``DIR/figures/reasoning_side_by_side.png``.
 """
@@ -31,26 +33,26 @@ from typing import Any
 import numpy as np
 from safetensors import safe_open
 
-from interp.asymmetry import judge_records
-from interp.errors import ConfigError
-from interp.layers import DEFAULT_BAND, parse_layers
-from interp.models import ModelHandle
-from interp.options import config_from_table, option
-from interp.progress import tqdm
-from interp.prompts import get_template
-from interp.reasoning import MAX_REASONING_TOKENS, REASONING_SPANS, parse_final_verdict
-from interp.reasoning_compare import format_side_by_side, side_by_side
+from interp.core.contract import spec
+from interp.core.errors import ConfigError
+from interp.core.io import atomic_write_text, save_tensors, signature, write_json
+from interp.core.layers import DEFAULT_BAND, parse_layers
+from interp.core.options import config_from_table, option
+from interp.core.progress import tqdm
+from interp.judging.prompts import get_template
+from interp.judging.reasoning import MAX_REASONING_TOKENS, REASONING_SPANS, parse_final_verdict
+from interp.methods.asymmetry import judge_records
+from interp.methods.reasoning_compare import format_side_by_side, side_by_side
+from interp.models.loading import ModelHandle
 from interp.stages.common import ok_records
-from interp.stages.contract import spec
 from interp.stages.stored import load_masses
 from interp.store import RunDir
-from interp.store.io import atomic_write_text, save_tensors, signature, write_json
 from interp.store.records import qa_key as record_key
 
 __all__ = ["NAME", "SPEC", "SUMMARIES", "Config", "ReasoningConfig", "format_summary", "run"]
 
 SPEC = spec("reasoning")
-"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+"""This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
 NAME = SPEC.name
 SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
@@ -64,9 +66,9 @@ class ReasoningConfig:
         template: the reasoning judge's template variant (``judge = "reasoning"``).
         templates_path: a TOML file of variants (None: the bundled ones).
         limit: records per dataset (first N ok records; None for all).
-        max_reasoning_tokens: token budget of a reasoning reply (:mod:`interp.reasoning`).
+        max_reasoning_tokens: token budget of a reasoning reply (:mod:`interp.judging.reasoning`).
         batch_size: prompts per forward (and records per saved chunk).
-        band: band of the span-mass means (:func:`interp.layers.parse_layers`).
+        band: band of the span-mass means (:func:`interp.core.layers.parse_layers`).
         reasoning_attention: also record the attention while reasoning (one more forward
             per record with full patterns).
         n_boot: bootstrap resamples for CIs.
@@ -90,7 +92,7 @@ class ReasoningConfig:
         """Build from a config table.
 
         Raises:
-            interp.errors.ConfigError: unknown keys (the message lists the known ones).
+            interp.core.errors.ConfigError: unknown keys (the message lists the known ones).
         """
         return config_from_table(cls, d, NAME)
 
@@ -123,7 +125,7 @@ def run(run_dir: RunDir, handle: ModelHandle, cfg: ReasoningConfig | None = None
         overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Judge a run's answers with the reasoning judge and compare (module docstring).
 
-    The stage contract's signature (:mod:`interp.stages.contract`).
+    The stage contract's signature (:mod:`interp.core.contract`).
 
     Args:
         run_dir: a finished asymmetry run of a one-word judge, with attention recordings.
@@ -137,9 +139,9 @@ def run(run_dir: RunDir, handle: ModelHandle, cfg: ReasoningConfig | None = None
         ``side_by_side.json``'s content (plus ``model`` and ``band``).
 
     Raises:
-        interp.errors.ConfigError: the template is not a reasoning judge, or the run's is not
+        interp.core.errors.ConfigError: the template is not a reasoning judge, or the run's is not
             a one-word judge (before any model forward).
-        interp.errors.RunDirError: no ok record, another model than the run's, or no
+        interp.core.errors.RunDirError: no ok record, another model than the run's, or no
             attention recordings (:func:`interp.stages.attention.load_masses`).
     """
     del overwrite

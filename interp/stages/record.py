@@ -6,7 +6,7 @@ Algorithm of :func:`run` (the tensors come from :func:`interp.hooks.recorder.rec
    the run's (sha256 check). Settings are checked before any forward (``what``,
    ``positions``, ``dtype``, layers against the model).
 2. For each record, both prompts are re-rendered and checked against the record
-   (:func:`interp.prompts.record_prompts`). A record is fresh when its index part
+   (:func:`interp.judging.prompts.record_prompts`). A record is fresh when its index part
    ``DIR/record/<dataset>/<id>/index.json`` carries the signature of now (model, prompt token
    ids, settings) and every shard it names exists with its size; fresh records are kept.
 3. Otherwise its folder is emptied (the part first, so no part ever names a deleted shard;
@@ -15,14 +15,16 @@ Algorithm of :func:`run` (the tensors come from :func:`interp.hooks.recorder.rec
    ``[n_query, d_model]``, ``blocks.L.attn.hook_pattern`` ``[n_heads, n_query, pos]``,
    ``blocks.L.attn.hook_z`` ``[n_query, n_heads, head_dim]``, ``blocks.L.hook_resid_post``
    ``[n_query, d_model]`` -- are planned into shards of at most ``shard_mb``
-   (:func:`interp.shards.plan_shards`; ``<task>-00001-of-0000N.safetensors``) whose headers are
+   (:func:`interp.store.shards.plan_shards`; ``<task>-00001-of-0000N.safetensors``) whose headers
+   are
    written first; each tensor is cast to ``dtype`` and written to its shard the moment the
-   forward produces it (:class:`interp.shards.TensorStreamWriter`), so peak memory does not
+   forward produces it (:class:`interp.store.shards.TensorStreamWriter`), so peak memory does not
    grow with the number of layers. ``n_query`` rows are the ``positions``: ``all``, ``last``
    (the verdict position), or ``spans`` (positions of the labelled fields -- context,
    question, candidate, reference -- and the last). A float16 cast that overflows is refused.
 4. From each full pattern (all query rows, float32, before the cast) the span-to-span masses
-   :func:`interp.attention.span_to_span` ``[n_layers, n_heads, n_spans + 1, n_spans]`` go to
+   :func:`interp.analysis.span_mass.span_to_span` ``[n_layers, n_heads, n_spans + 1, n_spans]`` go
+   to
    ``span_to_span.safetensors``; then the part (signature, settings, token strings, token ids,
    span labels, token spans, the positions, and per task every tensor's shard, shape, dtype)
    is written atomically: the commit point of the record.
@@ -30,7 +32,7 @@ Algorithm of :func:`run` (the tensors come from :func:`interp.hooks.recorder.rec
    record and its part), ``DIR/record/index.parquet`` (one row per tensor: id, dataset, task,
    hook, layer, shape, dtype, shard), ``span_to_span.parquet`` (id, dataset, task, layer,
    head, query_span, key_span, mass), ``span_to_span.json``
-   (:func:`interp.attention.summarize_span_to_span` over the band) and the figure
+   (:func:`interp.analysis.span_mass.summarize_span_to_span` over the band) and the figure
    ``figures/record_span_to_span.png``.
 
 Loading: :func:`interp.store.load_activations` / :func:`interp.store.load_cache`.
@@ -50,30 +52,30 @@ import pandas as pd
 import torch
 from safetensors.torch import load_file
 
-from interp.attention import TASKS, query_span_names, span_names, span_to_span
-from interp.attention import summarize_span_to_span as _summarize
-from interp.errors import ConfigError, RunDirError
+from interp.analysis.span_mass import TASKS, query_span_names, span_names, span_to_span
+from interp.analysis.span_mass import summarize_span_to_span as _summarize
+from interp.core.contract import spec
+from interp.core.errors import ConfigError, RunDirError
+from interp.core.io import read_json, save_tensors, signature, write_json, write_table
+from interp.core.layers import DEFAULT_BAND, parse_layers
+from interp.core.options import config_from_table, option, split_list
+from interp.core.progress import tqdm
+from interp.core.tokens import token_strings
 from interp.hooks.recorder import PATTERN_POINT, record_stream
-from interp.layers import DEFAULT_BAND, parse_layers
-from interp.models import ModelHandle
-from interp.options import config_from_table, option, split_list
+from interp.judging.prompts import RenderedPrompt, record_prompts
+from interp.models.loading import ModelHandle
 from interp.plots.record import plot_span_to_span
-from interp.progress import tqdm
-from interp.prompts import RenderedPrompt, record_prompts
-from interp.shards import TensorStreamWriter, plan_shards
 from interp.stages.common import ok_records
-from interp.stages.contract import spec
-from interp.store.io import read_json, save_tensors, signature, write_json, write_table
 from interp.store.recordings import RECORDINGS_DIR, recording_index_path
 from interp.store.records import Record, limit_per_dataset
 from interp.store.rundir import RunDir
-from interp.tokens import token_strings
+from interp.store.shards import TensorStreamWriter, plan_shards
 
 __all__ = ["NAME", "SUMMARIES", "Config", "RecordConfig", "format_summary", "query_positions",
            "record", "record_prompt", "run", "write_tables"]
 
 SPEC = spec("record")
-"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+"""This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
 NAME = SPEC.name
 SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
@@ -92,7 +94,7 @@ class RecordConfig:
     Attributes:
         what: any of ``attention`` (``attn.hook_pattern``), ``resid`` (``hook_resid_pre`` and
             ``hook_resid_post``), ``z`` (``attn.hook_z``); a list or a comma string.
-        layers: layers to record (:func:`interp.layers.parse_layers`; default ``all``).
+        layers: layers to record (:func:`interp.core.layers.parse_layers`; default ``all``).
         positions: query rows / positions kept: ``all``, ``last`` or ``spans`` (module
             docstring, step 3). Span-to-span masses always use every query row.
         dtype: ``float16``, ``bfloat16`` or ``float32`` on disk.
@@ -336,7 +338,7 @@ def record(run: RunDir, handle: ModelHandle, cfg: RecordConfig | None = None, *,
     Raises:
         RunDirError: no manifest / ok records, another model than the run's, a record whose
             prompts do not match it (names the record), a float16 overflow.
-        interp.errors.LayerSpecError: ``layers`` or ``band`` outside the model.
+        interp.core.errors.LayerSpecError: ``layers`` or ``band`` outside the model.
     """
     cfg = cfg or RecordConfig()
     manifest, records = ok_records(run, handle, cfg.limit, stage=NAME)

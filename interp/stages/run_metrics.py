@@ -1,9 +1,10 @@
 """A run's ``metrics.json``: the one writer, used by every stage that makes records.
 
 The asymmetry stage (:mod:`interp.stages.asymmetry`, its ``tables_only``), the merge of shards
-(:mod:`interp.merge`) and the audit of a judged file (:mod:`interp.stages.audit`) write it
+(:mod:`interp.run.merge`) and the audit of a judged file (:mod:`interp.stages.audit`) write it
 with :func:`write_metrics`. It lives apart from :mod:`interp.stages.stored` because it needs
-the cross-judge metrics (:func:`interp.cross_judge.source_metrics`), whose module reaches the
+the cross-judge metrics (:func:`interp.methods.cross_judge.source_metrics`), whose module reaches
+the
 probe stage and through it the stored parts.
 """
 
@@ -11,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from interp.asymmetry import compute_metrics
-from interp.cross_judge import source_metrics
+from interp.core.io import write_json
 from interp.data import DATASETS
+from interp.methods.asymmetry import compute_metrics
+from interp.methods.cross_judge import source_metrics
 from interp.plots.asymmetry import plot_asymmetry
-from interp.store.io import write_json
 from interp.store.rundir import RunDir
 
 __all__ = ["write_metrics"]

@@ -1,6 +1,6 @@
 """The steering stage (``interp steer``): attention steering of the judge and the generator.
 
-Algorithm of :func:`run` (methods: :mod:`interp.steering`, intervention:
+Algorithm of :func:`run` (methods: :mod:`interp.methods.steering`, intervention:
 :mod:`interp.hooks.steering`):
 
 1. Validate the config (alphas > 0, the band, the head set) before any model work; the head
@@ -8,16 +8,16 @@ Algorithm of :func:`run` (methods: :mod:`interp.steering`, intervention:
 2. For the first ``limit`` ok records of each dataset (of each dataset and oracle label with
    ``per_label``; records with prompts over ``max_tokens`` left out first,
    :func:`interp.store.records.limit_per_dataset`),
-   render the run's prompts again (:func:`interp.prompts.rerender`, checked against the
+   render the run's prompts again (:func:`interp.judging.prompts.rerender`, checked against the
    stored spans) and, per record, reuse ``DIR/steering/parts/{dataset}__{id}.json`` when fresh
    (its signature covers the model, alphas, steered units, band, tasks, answer length and the
    prompts' token ids); else steer the judge (eval prompt with the record's own answer,
-   :func:`interp.steering.steer_judge`) and the generator (gen prompt,
-   :func:`interp.steering.steer_generator`; the steered answers graded by the run's oracle)
+   :func:`interp.methods.steering.steer_judge`) and the generator (gen prompt,
+   :func:`interp.methods.steering.steer_generator`; the steered answers graded by the run's oracle)
    for every alpha, and write the part (flushed per record; a progress bar shows the ETA).
 3. Tables: ``DIR/steering/rows.parquet`` (+ csv), one row per (record, task, alpha).
 4. Summary (:func:`summarise`), per task, alpha and dataset (and overall), each with a
-   passage-cluster bootstrap 95% CI (:func:`interp.stats.cluster_bootstrap_mean`):
+   passage-cluster bootstrap 95% CI (:func:`interp.analysis.stats.cluster_bootstrap_mean`):
    judge: context mass reached, forced-choice EA (``logit_diff > 0`` against y*), acceptance
    (forced Correct) on oracle-correct and on oracle-incorrect answers, mean ``logit_diff``
    (nats), mean ``verdict_coverage``; generator: context mass reached, GA of the steered
@@ -38,14 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from interp.errors import SteeringError
-from interp.inputs import write_result
-from interp.layers import DEFAULT_BAND, parse_layers
-from interp.models import ModelHandle
-from interp.options import config_from_table, option
-from interp.stages.common import ok_records, stage_facts
-from interp.stages.contract import spec
-from interp.stats import (
+from interp.analysis.stats import (
     MIN_PASSAGES,
     ci_text,
     cluster_bootstrap_mean,
@@ -54,15 +47,22 @@ from interp.stats import (
     passage_groups,
     passage_note,
 )
-from interp.steering import ALPHAS, parse_heads, steer_generator, steer_judge, top_diff_k
-from interp.store.io import is_fresh, read_json, signature, write_json, write_table
+from interp.core.contract import spec
+from interp.core.errors import SteeringError
+from interp.core.inputs import write_result
+from interp.core.io import is_fresh, read_json, signature, write_json, write_table
+from interp.core.layers import DEFAULT_BAND, parse_layers
+from interp.core.options import config_from_table, option
+from interp.methods.steering import ALPHAS, parse_heads, steer_generator, steer_judge, top_diff_k
+from interp.models.loading import ModelHandle
+from interp.stages.common import ok_records, stage_facts
 from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SUMMARIES", "Config", "SteeringConfig", "format_summary", "make_parts",
            "run", "summarise"]
 
 SPEC = spec("steering")
-"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+"""This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
 NAME = SPEC.name
 SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
@@ -79,10 +79,10 @@ class SteeringConfig:
 
     Attributes:
         alphas: attention factors on the context keys (each > 0; 1 = unsteered).
-        band: the steered band (:func:`interp.layers.parse_layers`; default the attention
+        band: the steered band (:func:`interp.core.layers.parse_layers`; default the attention
             band ``last8``); also the band of the context mass.
         heads: ``all``, ``top-diff:K`` (top gen-minus-eval heads of ``interp heads``) or
-            ``L.H,L.H`` (:func:`interp.steering.parse_heads`).
+            ``L.H,L.H`` (:func:`interp.methods.steering.parse_heads`).
         tasks: ``eval`` (the judge) and/or ``gen`` (the generator).
         keys: the steered keys: ``context`` (the causal test) and/or ``control`` (as many
             non-context keys, :func:`interp.hooks.steering.control_keys`: does steering ANY
@@ -146,7 +146,7 @@ class SteeringConfig:
         ``top-diff:K`` needs the attention ranking; here only ``K`` is checked (an int >= 1).
 
         Raises:
-            interp.errors.LayerSpecError: the band lies outside the model.
+            interp.core.errors.LayerSpecError: the band lies outside the model.
             SteeringError: an unparseable head spec, a head outside ``0..n_heads-1`` or a layer
                 outside the model.
         """
@@ -169,7 +169,7 @@ def _units(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig
     band = parse_layers(cfg.band, handle.n_layers)
     ranked = None
     if cfg.heads.strip().lower().startswith("top-diff:"):
-        from interp.attention import top_heads
+        from interp.analysis.span_mass import top_heads
         from interp.stages.stored import read_attention_summary
 
         ranked = top_heads(read_attention_summary(run_dir), top=handle.n_layers * handle.n_heads,
@@ -183,8 +183,8 @@ def _units(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig
 def _steer_one(handle: ModelHandle, rec: Mapping[str, Any], cfg: SteeringConfig, band: list[int],
                units: Mapping[int, Any], oracle: Any, prompts: Mapping[str, Any]) -> list[dict]:
     """Step 2 for one record: one row per (task, keys, alpha)."""
-    from interp.grading import extract_answer
     from interp.hooks.steering import control_keys
+    from interp.judging.grading import extract_answer
 
     rows = []
     base = {"id": rec["id"], "dataset": rec["dataset"], "y_star": bool(rec["oracle_label"])}
@@ -337,8 +337,8 @@ def summarise(df: Any, cfg: SteeringConfig, band: list[int], units: Mapping[int,
         ...}}}``, the per-record difference of the two paired effects
         (:func:`_context_minus_control`); every statistic is ``{"mean", "ci", "n",
         "n_passages"}`` (a subgroup's, e.g. the passages of the right answers only).
-        ``few_passages`` is true under :data:`interp.stats.MIN_PASSAGES` passages, and
-        ``note`` then says so (:func:`interp.stats.passage_note`; None otherwise).
+        ``few_passages`` is true under :data:`interp.analysis.stats.MIN_PASSAGES` passages, and
+        ``note`` then says so (:func:`interp.analysis.stats.passage_note`; None otherwise).
     """
     rng = np.random.default_rng(cfg.seed)
     s: dict[str, Any] = {"model": model, "alphas": list(cfg.alphas), "band": band,
@@ -372,9 +372,9 @@ def summarise(df: Any, cfg: SteeringConfig, band: list[int], units: Mapping[int,
 def _steer_records(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig, *,
                    overwrite: bool) -> tuple[Any, ...]:
     """Steps 1-2 of the module algorithm: ``(records, rows, band, units, made now)``."""
-    from interp.grading import make_oracle
-    from interp.progress import resumed, tqdm
-    from interp.prompts import rerender
+    from interp.core.progress import resumed, tqdm
+    from interp.judging.grading import make_oracle
+    from interp.judging.prompts import rerender
 
     cfg.validate()
     manifest, records = ok_records(run_dir, handle, cfg.limit, stage=NAME,
@@ -416,7 +416,7 @@ def make_parts(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringC
                overwrite: bool = False, log: Callable[[str], None] = print) -> int:
     """Steps 1-2 only: steer every selected record whose part is not fresh; no table.
 
-    The stage contract's ``parts_only`` (:mod:`interp.stages.contract`): under torchrun each
+    The stage contract's ``parts_only`` (:mod:`interp.core.contract`): under torchrun each
     process steers its share of the records (:func:`interp.stages.common.share_of_records`)
     before rank 0 runs :func:`run`, which then steers nothing.
 
@@ -472,7 +472,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
 def format_summary(summary: Mapping[str, Any]) -> str:
     """Per alpha, overall: context mass, EA, acceptance, logit_diff, coverage; GA.
 
-    A summary on fewer than :data:`interp.stats.MIN_PASSAGES` passages gets a ``*`` on its
+    A summary on fewer than :data:`interp.analysis.stats.MIN_PASSAGES` passages gets a ``*`` on its
     passage count and the note under the lines.
     """
     def f(x: Mapping[str, Any] | None, p: str = ".2f") -> str:

@@ -6,7 +6,7 @@ pass (:mod:`interp.stages.asymmetry`, ``one_pass``, :func:`store_one_pass`), und
 signatures, so that the stages find them fresh and run no forward. The attention recorder
 (:func:`record_attention`) is here too: the audit stage (:mod:`interp.stages.audit`) uses it
 and :func:`store_one_pass` on the runs it judges. Their
-paths are the ones the stage contract declares (:data:`interp.stages.contract.SPECS`: the
+paths are the ones the stage contract declares (:data:`interp.core.contract.SPECS`: the
 attention stage's and the probe stage's ``parts``); no stage module imports another.
 """
 
@@ -21,24 +21,24 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from interp.attention import SPANS, TASKS, span_mass, span_names
-from interp.errors import RunDirError
-from interp.hooks.recorder import record_rows
-from interp.layers import parse_layers
-from interp.models import ModelHandle
-from interp.prefill import Capture
-from interp.progress import tqdm
-from interp.prompts import record_prompts
-from interp.residual_features import HOOK_POINT
-from interp.stages.common import ok_records, stage_facts
-from interp.stages.contract import spec
-from interp.store.io import (
+from interp.analysis.span_mass import SPANS, TASKS, span_mass, span_names
+from interp.core.contract import spec
+from interp.core.errors import RunDirError
+from interp.core.io import (
     is_fresh,
     load_tensors,
     read_json,
     save_tensors,
     signature,
 )
+from interp.core.layers import parse_layers
+from interp.core.progress import tqdm
+from interp.hooks.recorder import record_rows
+from interp.judging.prefill import Capture
+from interp.judging.prompts import record_prompts
+from interp.judging.residual_features import HOOK_POINT
+from interp.models.loading import ModelHandle
+from interp.stages.common import ok_records, stage_facts
 from interp.store.records import Record, limit_per_dataset, qa_key
 from interp.store.rundir import RunDir
 
@@ -247,7 +247,7 @@ def store_features(run: RunDir, handle: ModelHandle, task: str,
         task: ``eval`` or ``gen``.
         items: per record ``(key "dataset/id", prompt token ids, {pool: [n_layers, d_model]},
             candidate fell back)``; every item has the same pools.
-        facts: :func:`interp.models.result_facts` (the probe stage's, :func:`stage_facts`).
+        facts: :func:`interp.models.loading.result_facts` (the probe stage's, :func:`stage_facts`).
 
     Returns:
         The cache's path.
@@ -331,8 +331,8 @@ def record_attention(run: RunDir, handle: ModelHandle, cfg: Any, *, overwrite: b
         RunDirError: no manifest / records, no ok record, another model than the run's, a
             record whose prompts do not match it (names the record), or recordings computed
             under other runtime facts and not ``overwrite``.
-        interp.errors.LayerSpecError: ``layers`` or ``save_resid`` outside the model.
-        interp.errors.ConfigError: the run was judged by a reasoning template
+        interp.core.errors.LayerSpecError: ``layers`` or ``save_resid`` outside the model.
+        interp.core.errors.ConfigError: the run was judged by a reasoning template
             (:func:`interp.stages.common.refuse_reasoning_judge`).
     """
     manifest, records = ok_records(run, handle, cfg.limit, stage=_ATTENTION.name)
@@ -372,7 +372,7 @@ def store_one_pass(run: RunDir, handle: ModelHandle, records: Sequence[Record],
         run: the run directory.
         handle: the model.
         records: the records of the chunk (``template`` set), in the order given to
-            :func:`interp.asymmetry.evaluate_examples`.
+            :func:`interp.methods.asymmetry.evaluate_examples`.
         capture: what it recorded.
         facts: the stages' result facts (:func:`interp.stages.common.stage_facts`).
 

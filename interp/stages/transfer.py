@@ -6,14 +6,18 @@ outputs a changed setting invalidates, or refuses a changed training setting; th
 include the :func:`provenance` of the outputs: model sha256, result-relevant runtime facts,
 template texts and the token ids of the training and evaluation prompts):
 
-1. **Training pool** (:func:`interp.transfer.training_pool`).
-2. **Hard negatives** (``hard_negatives.jsonl``, :func:`interp.transfer.mine_hard_negatives`):
+1. **Training pool** (:func:`interp.methods.transfer.training_pool`).
+2. **Hard negatives** (``hard_negatives.jsonl``,
+:func:`interp.methods.transfer.mine_hard_negatives`):
    every closed-book attempt with the reason it was kept or rejected, and the fallback.
-3. **Training sets** (``train_sets/<adapter>.jsonl``, :func:`interp.transfer.build_training_sets`).
+3. **Training sets** (``train_sets/<adapter>.jsonl``,
+:func:`interp.methods.transfer.build_training_sets`).
 4. **Training** (``adapters/<adapter>/``, checkpoints in ``checkpoints/<adapter>/``):
-   :func:`interp.lora.train_adapter` for LoRA-Gen, LoRA-Eval and LoRA-Both. With ``lr_grid`` the
+   :func:`interp.methods.lora.train_adapter` for LoRA-Gen, LoRA-Eval and LoRA-Both. With
+   ``lr_grid`` the
    learning rate is chosen on held-out TRAIN records first
-   (:func:`interp.stages.transfer_select.select_learning_rates`, :mod:`interp.transfer` step 4): per
+   (:func:`interp.stages.transfer_select.select_learning_rates`, :mod:`interp.methods.transfer`
+   step 4): per
    candidate rate, the three adapters are trained on the pool less its last ``select_holdout``
    records (``select/lr_<rate>/``) and run Study 1 on those held-out records
    (``select/lr_<rate>/heldout/<adapter>.jsonl``, the base model's in
@@ -21,17 +25,20 @@ template texts and the token ids of the training and evaluation prompts):
    ``adapters/<adapter>/`` and every candidate's held-out score is in ``select.json``. The
    validation records are never used to choose.
 5. **Evaluation** (``eval/<model>__<dataset>.jsonl``): ``base`` and each adapter run Study 1
-   unchanged (:func:`interp.asymmetry.evaluate_examples`: T_gen, the oracle, T_eval on its OWN
+   unchanged (:func:`interp.methods.asymmetry.evaluate_examples`: T_gen, the oracle, T_eval on its
+   OWN
    answers) on the first ``eval_limit`` validation records of each dataset; additionally each
    adapter judges the BASE model's answers (``..__judge_base_answers.jsonl``), which separates a
    change of judge from a change of the answers being judged. Adapters are loaded onto a fresh
-   copy of the base model and checked against its fingerprint (:func:`interp.lora.load_adapter`).
+   copy of the base model and checked against its fingerprint
+   (:func:`interp.methods.lora.load_adapter`).
 6. **Table** (``table.json``, :func:`build_table`): per model and dataset
-   :func:`interp.asymmetry.group_metrics` (``GA``, ``EA``, ``delta``, acceptance rates on
+   :func:`interp.methods.asymmetry.group_metrics` (``GA``, ``EA``, ``delta``, acceptance rates on
    oracle-correct and oracle-incorrect answers, bootstrap / Wilson 95% CIs), the same for
    ``judge_base_answers``, training seconds and the hard-negative fallback rate.
 7. **Patching across models** (``patching.json``): on the base model's eval prompts of the
-   first ``patch_examples`` ok records, :func:`interp.transfer.cross_model_patching` per adapter
+   first ``patch_examples`` ok records, :func:`interp.methods.transfer.cross_model_patching` per
+   adapter
    (resid_post at ``patch_layers``, ``patch_positions`` = ``all`` or ``last``).
 8. **Figures** (``figures/transfer_matrix.png``, ``transfer_acceptance.png``,
    ``transfer_patching.png``) drawn from ``table.json`` / ``patching.json``; ``summary.json``.
@@ -46,17 +53,31 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from interp.asymmetry import evaluate_examples
+from interp.core.contract import spec
+from interp.core.errors import TransferError
+from interp.core.io import (
+    read_json,
+    read_jsonl,
+    signature,
+    write_json,
+    write_jsonl,
+    write_jsonl_once,
+)
+from interp.core.layers import parse_layers
+from interp.core.names import safe_name
 from interp.data import QAExample, load_examples
-from interp.errors import TransferError
-from interp.grading import BaseOracle, make_oracle
-from interp.layers import parse_layers
-from interp.lora import load_adapter
-from interp.models import ModelHandle, result_facts, runtime_facts
-from interp.names import safe_name
-from interp.prompts import Template, get_template, render
+from interp.judging.grading import BaseOracle, make_oracle
+from interp.judging.prompts import Template, get_template, render
+from interp.methods.asymmetry import evaluate_examples
+from interp.methods.lora import load_adapter
+from interp.methods.transfer import (
+    build_training_sets,
+    cross_model_patching,
+    mine_hard_negatives,
+    training_pool,
+)
+from interp.models.loading import ModelHandle, result_facts, runtime_facts
 from interp.stages.common import stage_facts
-from interp.stages.contract import spec
 from interp.stages.transfer_config import (
     _ALL_OUTPUTS,
     EVAL_FIELDS,
@@ -75,25 +96,11 @@ from interp.stages.transfer_select import (
     selection_candidates,
 )
 from interp.stages.transfer_table import build_table, format_table
-from interp.store.io import (
-    read_json,
-    read_jsonl,
-    signature,
-    write_json,
-    write_jsonl,
-    write_jsonl_once,
-)
 from interp.store.rundir import RunDir
-from interp.transfer import (
-    build_training_sets,
-    cross_model_patching,
-    mine_hard_negatives,
-    training_pool,
-)
 
 MODELS = ("base",) + ADAPTERS
 SPEC = spec("transfer")
-"""This stage's declared contract (:data:`interp.stages.contract.SPECS`)."""
+"""This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
 NAME = SPEC.name
 SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
@@ -114,7 +121,7 @@ def provenance(handle: ModelHandle, config: TransferConfig, template: Template,
                ) -> dict[str, Any]:
     """What the stored outputs were made from, besides the config (flat, JSON-safe).
 
-    ``model_sha256``, ``runtime.<fact>`` (:func:`interp.models.result_facts`), ``templates``
+    ``model_sha256``, ``runtime.<fact>`` (:func:`interp.models.loading.result_facts`), ``templates``
     (signature of the study's and the closed-book template's texts), ``train_prompts`` (token
     ids of the pool's gen and closed-book prompts and their gold answers) and
     ``eval_prompts`` (the same for the validation records): a new tokenizer, template text or
@@ -191,7 +198,7 @@ def _hard_negatives(tdir: Path, handle: ModelHandle, pool: list[QAExample], orac
     """Step 2, read back when ``hard_negatives.jsonl`` exists for the same pool.
 
     Mined only when the file is missing; written only when it is still missing then
-    (:func:`interp.store.io.write_jsonl_once`), so processes that mine at once use one file.
+    (:func:`interp.core.io.write_jsonl_once`), so processes that mine at once use one file.
     """
     path = tdir / "hard_negatives.jsonl"
     if not path.exists():
@@ -252,7 +259,7 @@ def _evaluate(tdir: Path, handle: ModelHandle, template: Template, oracle: BaseO
     evals: dict[str, dict[str, list[dict[str, Any]]]] = {"self": {}, "judge_base_answers": {}}
     kw = _eval_kw(template, oracle, config)
     base_answers: dict[str, list[str | None]] = {}
-    from interp.progress import tqdm
+    from interp.core.progress import tqdm
 
     # one bar over the models (base and each adapter), each evaluated on every dataset
     for mname in tqdm(MODELS, desc="transfer eval", unit="model", leave=False):
@@ -365,7 +372,7 @@ def make_parts(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferC
     """The stage contract's ``parts_only``: this process's share of the training.
 
     Within :func:`interp.stages.common.share_of_records` ``(index, count)`` (the parts phase
-    of :func:`interp.pipeline.run_config` under torchrun), steps 1-2 as :func:`run` does them,
+    of :func:`interp.run.pipeline.run_config` under torchrun), steps 1-2 as :func:`run` does them,
     then: with ``lr_grid``, the :func:`selection_candidates` ``k`` with ``k mod count ==
     index`` (each trained into ``select/lr_<rate>/`` and run on the held-out records); without
     it, the adapters of :data:`ADAPTERS` dealt out the same way (``adapters/<adapter>/``).
@@ -485,9 +492,9 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     In a full experiment config (with ``[asymmetry]`` etc.) only ``[transfer]`` is read.
 
     Raises:
-        interp.errors.ConfigError: the file is missing or not TOML.
+        interp.core.errors.ConfigError: the file is missing or not TOML.
     """
-    from interp.inputs import read_toml
+    from interp.core.inputs import read_toml
 
     data = read_toml(path)
     return dict(data[NAME]) if NAME in data else data

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from interp.errors import TransferError
-from interp.options import config_from_table, option, split_list
+from interp.core.errors import TransferError
+from interp.core.options import config_from_table, option, split_list
 
 __all__ = ["EVAL_FIELDS", "KEY_FIELDS", "PATCH_FIELDS", "SELECT_FIELDS", "TransferConfig"]
 
@@ -57,7 +57,7 @@ class TransferConfig:
         template: Study 1 template variant (training prompts AND evaluation).
         templates_path: TOML file of template variants (None: the bundled ``paper.toml``).
         hard_negative_template: variant whose gen prompt has no context (``closed_book``).
-        oracle: ``"rule"`` or ``"model:SPEC"`` (:func:`interp.grading.make_oracle`).
+        oracle: ``"rule"`` or ``"model:SPEC"`` (:func:`interp.judging.grading.make_oracle`).
         max_train_examples: training items per adapter (= pool records; default 80).
         max_length: longest training sequence in tokens (prompt + target); records whose eval
             item would be longer are left out of the pool (default 512).
@@ -91,7 +91,7 @@ class TransferConfig:
         judge_base_answers: also let every adapter judge the base model's answers.
         patch_examples: eval prompts used for cross-model patching (0 disables it).
         patch_positions: ``"all"`` or ``"last"`` (module docstring, step 6).
-        patch_layers: layers to patch, a spec of :func:`interp.layers.parse_layers` or a list
+        patch_layers: layers to patch, a spec of :func:`interp.core.layers.parse_layers` or a list
             (None: all).
         n_boot: bootstrap resamples of the CIs.
         device, dtype: where the CLI loads the model.

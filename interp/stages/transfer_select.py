@@ -1,7 +1,7 @@
 """Steps 3-4 of the transfer stage: training, and the learning rate chosen on held-out records.
 
 Paper section 3.3; the stage is :mod:`interp.stages.transfer`, the rule
-:mod:`interp.transfer_selection`. :func:`select_learning_rates` runs the whole selection in
+:mod:`interp.methods.transfer_selection`. :func:`select_learning_rates` runs the whole selection in
 one process; :func:`selection_candidates` lists its parts so that
 :func:`interp.stages.transfer.make_parts` can deal them out to processes
 (:class:`_Selection` makes one candidate's files, which no other part writes).
@@ -16,22 +16,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from interp.asymmetry import evaluate_examples
+from interp.core.errors import TransferError
+from interp.core.io import read_json, read_jsonl, write_json, write_jsonl
 from interp.data import QAExample
-from interp.errors import TransferError
-from interp.grading import BaseOracle
-from interp.lora import encode_example, load_adapter, train_adapter
-from interp.models import ModelHandle, end_of_turn_ids
-from interp.prompts import Template
-from interp.stages.transfer_config import KEY_FIELDS, TransferConfig
-from interp.store.io import read_json, read_jsonl, write_json, write_jsonl
-from interp.transfer import build_training_sets
-from interp.transfer_selection import (
+from interp.judging.grading import BaseOracle
+from interp.judging.prompts import Template
+from interp.methods.asymmetry import evaluate_examples
+from interp.methods.lora import encode_example, load_adapter, train_adapter
+from interp.methods.transfer import build_training_sets
+from interp.methods.transfer_selection import (
     SELECTION_RULE,
     choose_learning_rates,
     holdout_split,
     selection_score,
 )
+from interp.models.loading import ModelHandle, end_of_turn_ids
+from interp.stages.transfer_config import KEY_FIELDS, TransferConfig
 
 ADAPTERS = ("lora_gen", "lora_eval", "lora_both")
 """The three adapters of the paper (section 3.3)."""
@@ -136,7 +136,7 @@ class _Selection:
     def score(self, lr: float | None, name: str) -> dict[str, Any]:
         """Candidate ``(lr, name)``'s held-out score, its records made first when missing.
 
-        :func:`interp.transfer_selection.selection_score`; the base model (``lr`` None) is
+        :func:`interp.methods.transfer_selection.selection_score`; the base model (``lr`` None) is
         scored by LoRA-Both's rule.
         """
         loaded: list[ModelHandle] = []
@@ -170,14 +170,16 @@ def select_learning_rates(tdir: Path, handle: ModelHandle, template: Template,
                           ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """Step 4 with ``lr_grid``: each adapter's learning rate, chosen on held-out TRAIN records.
 
-    :func:`interp.transfer.holdout_split` holds ``select_holdout`` pool records out; for every
+    :func:`interp.methods.transfer.holdout_split` holds ``select_holdout`` pool records out; for
+    every
     rate of ``lr_grid`` each adapter trains on the rest (``select/lr_<rate>/``, resumable like
-    step 4) and is scored (:func:`interp.transfer.selection_score`) from its records on the
+    step 4) and is scored (:func:`interp.methods.transfer.selection_score`) from its records on the
     held-out ones, stored in ``select/lr_<rate>/heldout/``: ``<adapter>.jsonl``, Study 1 on
     its own answers (LoRA-Gen, LoRA-Both), and ``<adapter>__judge.jsonl``, its verdicts on
     each held-out record's gold answer and hard negative (LoRA-Eval, LoRA-Both); the base
     model's are ``select/heldout_base[__judge].jsonl``.
-    :func:`interp.transfer.choose_learning_rates` picks, and the chosen candidate is copied to
+    :func:`interp.methods.transfer.choose_learning_rates` picks, and the chosen candidate is copied
+    to
     ``adapters/<adapter>/`` (kept when it is already there, so a resume with stored held-out
     records trains nothing). A candidate is trained only while its held-out records are
     missing, or to be copied. The chosen adapter's training metadata is also kept in

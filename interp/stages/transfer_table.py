@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from interp.asymmetry import group_metrics
+from interp.methods.asymmetry import group_metrics
 
 __all__ = ["VS_BASE", "build_table", "format_table", "paired_vs_base"]
 
@@ -21,7 +21,7 @@ def build_table(evals: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]], 
     Args:
         evals: ``{kind: {model: records}}`` with kind ``"self"`` (self-evaluation) or
             ``"judge_base_answers"``; records of several datasets are grouped by ``dataset``.
-        n_boot: bootstrap resamples of :func:`interp.asymmetry.group_metrics`.
+        n_boot: bootstrap resamples of :func:`interp.methods.asymmetry.group_metrics`.
         seed: bootstrap seed.
     """
     out: dict[str, Any] = {}
@@ -70,7 +70,8 @@ def paired_vs_base(evals: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]
     Args:
         evals: ``{"self" | "judge_base_answers": {model: records}}`` (step 5), ``base``
             among the models.
-        n_boot: passage-cluster bootstrap resamples (:func:`interp.stats.cluster_bootstrap_mean`).
+        n_boot: passage-cluster bootstrap resamples
+        (:func:`interp.analysis.stats.cluster_bootstrap_mean`).
         seed: bootstrap seed.
 
     Returns:
@@ -80,7 +81,7 @@ def paired_vs_base(evals: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]
     """
     import numpy as np
 
-    from interp.stats import cluster_bootstrap_mean, passage_groups
+    from interp.analysis.stats import cluster_bootstrap_mean, passage_groups
 
     def ok(recs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], Mapping[str, Any]]:
         return {(r["dataset"], r["id"]): r for r in recs if r.get("status") == "ok"}

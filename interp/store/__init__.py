@@ -12,7 +12,7 @@ JSON files are written to a temporary file and renamed (atomic). ``records.jsonl
 line by line with a flush and fsync after each batch; a line cut by a crash is reported and
 dropped on the next read, so that record is simply redone.
 
-One concern a module: :mod:`interp.store.io` (atomic writers, readers, signatures of stored
+One concern a module: :mod:`interp.core.io` (atomic writers, readers, signatures of stored
 parts), :mod:`interp.store.records` (the QA record schema), :mod:`interp.store.rundir`
 (:class:`RunDir`: the manifest and the record log) and :mod:`interp.store.recordings` (loading
 what ``interp record`` wrote). The names below are the public API of the run directory.

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from interp.errors import RunDirError
-from interp.names import safe_name
-from interp.stages.contract import spec
-from interp.store.io import read_json
+from interp.core.contract import spec
+from interp.core.errors import RunDirError
+from interp.core.io import read_json
+from interp.core.names import safe_name
 from interp.store.rundir import RunDir
 
 RECORDINGS_DIR = spec("record").folder

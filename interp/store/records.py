@@ -1,6 +1,7 @@
 """The QA record: one line of ``records.jsonl``, its typed schema and its identity.
 
-A QA record is the row the harness writes per example (:func:`interp.asymmetry.evaluate_examples`)
+A QA record is the row the harness writes per example
+(:func:`interp.methods.asymmetry.evaluate_examples`)
 and every study reads; not to be confused with a recording of ``interp record``
 (:mod:`interp.store.recordings`).
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, Required, TypedDict
 
-from interp.errors import ConfigError, RunDirError
+from interp.core.errors import ConfigError, RunDirError
 
 
 class PromptSummary(TypedDict):
@@ -33,7 +34,7 @@ class OracleResult(TypedDict):
         name: ``rule`` or ``model:SPEC``.
         em: exact match with the best gold answer (0 or 1).
         f1: token F1 with the best gold answer.
-        rule: the rule that decided the label (``interp.grading``).
+        rule: the rule that decided the label (``interp.judging.grading``).
     """
 
     name: str
@@ -45,7 +46,8 @@ class OracleResult(TypedDict):
 class Record(TypedDict, total=False):
     """One line of ``records.jsonl``: the contract between the harness and every analysis.
 
-    Written by :func:`interp.asymmetry.evaluate_examples` (plus ``template`` by the asymmetry
+    Written by :func:`interp.methods.asymmetry.evaluate_examples` (plus ``template`` by the
+    asymmetry
     stage); read by the attention, patching, probe and transfer studies. A ``skipped`` record
     has the example fields and ``reason`` only.
 
@@ -57,22 +59,23 @@ class Record(TypedDict, total=False):
         model: the model spec that judged (and, without ``answer_source``, generated);
             template: the template variant.
         answer_source: ``{"model", "run"}`` that generated the answer, when the model judged
-            another run's answers (:mod:`interp.cross_judge`); absent: its own.
+            another run's answers (:mod:`interp.methods.cross_judge`); absent: its own.
         generation: the raw generated text; answer: the extracted answer (the candidate the
             judge saw).
         oracle_label: y* (True = Correct); oracle: how it was graded.
         verdict: the parsed verdict (True = "Correct", False = "Incorrect", None = neither);
             verdict_source: what decided it (``word``, ``restated_answer`` or ``none``,
-            :func:`interp.asymmetry.parse_record_verdict`, or ``given`` for a verdict read
+            :func:`interp.methods.asymmetry.parse_record_verdict`, or ``given`` for a verdict read
             from a judged file, :func:`interp.stages.audit.judged_run`, whose model's own
             verdict is then ``judge_verdict``); verdict_text: the judge's raw reply.
         logprob_correct, logprob_incorrect: ``log P(reply | eval prompt)`` of the whole
-            replies "Correct" and "Incorrect" (nats, :mod:`interp.verdict`).
+            replies "Correct" and "Incorrect" (nats, :mod:`interp.judging.verdict`).
         logit_diff: ``logprob_correct - logprob_incorrect`` (nats).
         p_correct: ``sigmoid(logit_diff)``, the forced choice between the two replies.
         verdict_coverage: ``P(Correct) + P(Incorrect)`` in ``(0, 1]``.
         verdict_reply_ids: the token ids of the two whole replies those scores compare,
-            ``{"Correct": [...], "Incorrect": [...]}`` (:func:`interp.verdict.verdict_replies`;
+            ``{"Correct": [...], "Incorrect": [...]}``
+            (:func:`interp.judging.verdict.verdict_replies`;
             the manifest's ``model.verdict_replies`` also names their token strings).
         prompts: ``{"gen": PromptSummary, "eval": PromptSummary}``.
     """
@@ -109,13 +112,13 @@ class Record(TypedDict, total=False):
 
 VERDICT_SCORE_FIELDS = ("logprob_correct", "logprob_incorrect", "logit_diff", "p_correct",
                         "verdict_coverage")
-"""The whole-reply verdict score of a record (:meth:`interp.verdict.VerdictScores.rows`)."""
+"""The whole-reply verdict score of a record (:meth:`interp.judging.verdict.VerdictScores.rows`)."""
 
 
 def check_verdict_scores(records: Iterable[Mapping[str, Any]]) -> None:
     """Refuse records without the whole-reply verdict score.
 
-    Runs made before :mod:`interp.verdict` stored ``p_correct`` from the first sub-token of
+    Runs made before :mod:`interp.judging.verdict` stored ``p_correct`` from the first sub-token of
     each verdict word ("Correct" vs "In"), a different number under the same name. A record
     marked ``verdict_score: "unavailable"`` (a served model whose server cannot score whole
     replies, docs/endpoints.md) passes: its group reports the forced-choice metrics as

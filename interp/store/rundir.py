@@ -18,9 +18,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from interp.errors import RunDirError
-from interp.jsonl import json_line, parse_jsonl
-from interp.store.io import _parse, nan_to_none, read_json, write_json, write_jsonl
+from interp.core.errors import RunDirError
+from interp.core.io import _parse, nan_to_none, read_json, write_json, write_jsonl
+from interp.core.jsonl import json_line, parse_jsonl
 from interp.store.records import Record, qa_key
 
 _PACKAGES = ("interp", "torch", "transformers", "transformer-lens", "nnsight", "peft",
@@ -132,14 +132,14 @@ class RunDir:
 
         Args:
             config: the run's configuration (JSON-safe).
-            model_info: :attr:`interp.models.ModelHandle.info`.
+            model_info: :attr:`interp.models.loading.ModelHandle.info`.
             overwrite: replace a manifest (and its records) made with another config.
             key_fields: config keys that must match an existing manifest; others (``limit``,
                 ``datasets``, ``batch_size``) may change between invocations.
             merge_fields: list-valued keys that accumulate over invocations (ordered union):
                 a run extended with another dataset still reports on all of its datasets.
-            runtime: :func:`interp.models.runtime_facts` now (stored as ``runtime``).
-            result_facts: its result-relevant part (:func:`interp.models.result_facts`),
+            runtime: :func:`interp.models.loading.runtime_facts` now (stored as ``runtime``).
+            result_facts: its result-relevant part (:func:`interp.models.loading.result_facts`),
                 stored as ``result_facts`` and compared like a key field: a run made under
                 another attention kernel, device, dtype, torch/transformers version, TF32 or
                 determinism setting is refused unless ``overwrite`` (a manifest made before
@@ -218,8 +218,8 @@ class RunDir:
 
         Args:
             stage: the stage name (``attention``, ``probe``, ``patching``, ``transfer``).
-            runtime: :func:`interp.models.runtime_facts` now.
-            result_facts: :func:`interp.models.result_facts` of it.
+            runtime: :func:`interp.models.loading.runtime_facts` now.
+            result_facts: :func:`interp.models.loading.result_facts` of it.
             overwrite: allow the change (the stage redoes its parts).
             record: write the new entry; False: only check (a process of a launcher making
                 its share of the parts, :func:`interp.stages.common.share_of_records`).
@@ -296,7 +296,7 @@ class RunDir:
     def read_records(self, *, status: str | None = "ok") -> list[Record]:
         r"""Records of the run, optionally only those with a given ``status``.
 
-        Read with :func:`interp.jsonl.parse_jsonl` (split on ``\n`` only, so U+2028,
+        Read with :func:`interp.core.jsonl.parse_jsonl` (split on ``\n`` only, so U+2028,
         U+2029 and U+0085 inside a string are text). A last line cut by a crash (inside a
         document or a UTF-8 character) is dropped with a warning (it will be redone); a
         complete last line without its newline is kept.

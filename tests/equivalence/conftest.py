@@ -14,7 +14,7 @@ def tokenizer(tiny_tokenizer):
 @pytest.fixture(scope="module")
 def tiny_on_disk(tiny, tmp_path_factory):
     """The tiny model saved and loaded back: TransformerLens boots a bridge from a checkpoint."""
-    from interp.models import load_model
+    from interp.models.loading import load_model
 
     path = tmp_path_factory.mktemp("tiny_checkpoint")
     tiny.model.save_pretrained(path)
@@ -29,7 +29,7 @@ def multi_on_disk(tmp_path_factory):
     Correct = C + orrect, Incorrect = I + nc + orrect: the whole-reply score needs the
     replies' later tokens.
     """
-    from interp.models import load_model
+    from interp.models.loading import load_model
     from interp.testing import tiny_llama, tiny_tokenizer
 
     tok = tiny_tokenizer(vocab_size=280)
@@ -43,7 +43,7 @@ def multi_on_disk(tmp_path_factory):
 @pytest.fixture(scope="module")
 def multi_prompts(multi_on_disk):
     """Eval prompts (Paris: clean, Rome: corrupt) in the split-reply tokenizer."""
-    from interp.prompts import get_template, render
+    from interp.judging.prompts import get_template, render
 
     kw = {"context": "The Eiffel Tower is in Paris.", "question": "Where is it?"}
     tok = multi_on_disk.tokenizer

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.generation import generate
-from interp.prompts import get_template, render
-from interp.residual_features import POOLS, extract_features, residual_stream
+from interp.judging.generation import generate
+from interp.judging.prompts import get_template, render
+from interp.judging.residual_features import POOLS, extract_features, residual_stream
 from tests.unit.test_generation import prompts_of
 
 GOOD = ["Paris", "Rome", "Berlin", "Madrid", "banana", "seven", "blue sky", "a dog"]

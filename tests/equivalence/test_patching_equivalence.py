@@ -18,17 +18,17 @@ import numpy as np
 import pytest
 import torch
 
-from interp.errors import PatchingError
-from interp.hooks.points import decoder_layers
-from interp.pairs import align_positions
-from interp.patching import Patch, Patcher
-from interp.transfer import cross_model_patching
+from interp.core.errors import PatchingError
+from interp.methods.pairs import align_positions
+from interp.methods.patching import Patch, Patcher
+from interp.methods.transfer import cross_model_patching
+from interp.models.points import decoder_layers
 
 
 def test_patch_every_position_restores_the_clean_run(multi_on_disk, multi_prompts):
     h = multi_on_disk
     clean, corrupt = multi_prompts
-    from interp.prompts import get_template, render
+    from interp.judging.prompts import get_template, render
 
     kw = {"context": "The Eiffel Tower is in Paris.", "question": "Where is it?"}
     same_len = render(h.tokenizer, get_template(), "eval", answer="Berlin", **kw)
@@ -116,7 +116,7 @@ def perturbed(tiny):
     """
     import copy
 
-    from interp.models import ModelHandle
+    from interp.models.loading import ModelHandle
 
     model = copy.deepcopy(tiny.model)
     g = torch.Generator().manual_seed(0)
@@ -141,8 +141,8 @@ def test_cross_model_patching_ground_truths(tiny, perturbed, patch_prompts):
     # a model patched with a copy of itself does not change; with itself it is refused
     import copy
 
-    from interp.errors import TransferError
-    from interp.models import ModelHandle
+    from interp.core.errors import TransferError
+    from interp.models.loading import ModelHandle
 
     twin = ModelHandle(model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer, spec="twin",
                        info=dict(tiny.info))

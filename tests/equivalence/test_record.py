@@ -15,7 +15,7 @@ import torch
 from interp.hooks.capture import hooked
 from interp.hooks.recorder import record_rows
 from interp.hooks.wrappers import attn_implementation
-from interp.prompts import record_prompts
+from interp.judging.prompts import record_prompts
 from interp.stages import record as stage
 from interp.store.recordings import load_activations
 from interp.testing import synthetic_probe_run

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.attention import span_mass
+from interp.analysis.span_mass import span_mass
 from interp.hooks.recorder import record_rows
-from interp.prompts import get_template, record_prompts, render
+from interp.judging.prompts import get_template, record_prompts, render
 
 
 def _prompt(tokenizer):
@@ -59,7 +59,7 @@ def test_backends_agree_on_a_tiny_checkpoint(tiny, tmp_path):
 
     The bridge boots from a checkpoint on disk, so the tiny model is saved and loaded back.
     """
-    from interp.models import load_model
+    from interp.models.loading import load_model
 
     tiny.model.save_pretrained(tmp_path)
     tiny.tokenizer.save_pretrained(tmp_path)

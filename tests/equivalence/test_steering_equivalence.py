@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from interp.steering import steer_judge
+from interp.methods.steering import steer_judge
 
 
 @pytest.mark.parametrize("units", [{0: None, 1: None}, {1: [0, 3]}])

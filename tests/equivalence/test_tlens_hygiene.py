@@ -11,13 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.errors import BackendError, HookError
+from interp.core.errors import BackendError, HookError
 from interp.hooks.backends import get_backend
 from interp.hooks.guard import hook_counts
 from interp.hooks.recorder import record_rows
 from interp.hooks.wrappers import to_tlens
-from interp.models import load_model
-from interp.patching import Patch, Patcher, patch
+from interp.methods.patching import Patch, Patcher, patch
+from interp.models.loading import load_model
 from interp.testing import tiny_llama
 
 

@@ -60,11 +60,11 @@ UPDATE = bool(os.environ.get("INTERP_UPDATE_PINS"))
 pytestmark = pytest.mark.integration
 
 # --- API under test ------------------------------------------------------------------------
-from interp.residual_features import POOLS  # noqa: E402
+from interp.core.io import load_tensors, read_json  # noqa: E402
+from interp.judging.residual_features import POOLS  # noqa: E402
 from interp.stages import asymmetry as asymmetry_stage  # noqa: E402
 from interp.stages import attention as attention_stage  # noqa: E402
 from interp.stages import probe as probe_stage  # noqa: E402
-from interp.store.io import load_tensors, read_json  # noqa: E402
 from interp.store.rundir import RunDir  # noqa: E402
 from interp.testing import synthetic_probe_run, tiny_llama  # noqa: E402
 

@@ -38,8 +38,8 @@ def test_record_scores_are_teacher_forced_whole_replies(quick_run, bundled):
     scored left-padded batches in float32, so the two agree to 1e-4 nats (as batched and
     single forwards do, tests/equivalence/test_batching.py), not bit for bit.
     """
-    from interp.prompts import rerender
-    from interp.verdict import verdict_replies
+    from interp.judging.prompts import rerender
+    from interp.judging.verdict import verdict_replies
     from tests.unit.test_verdict import _teacher_forced
 
     r = verdict_replies(bundled.tokenizer)

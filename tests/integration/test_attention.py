@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from interp import cli
-from interp.errors import LayerSpecError, RunDirError
+from interp.core.errors import LayerSpecError, RunDirError
 from interp.stages import attention as stage
 from interp.store.rundir import RunDir
 

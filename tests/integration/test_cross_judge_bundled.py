@@ -12,15 +12,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from interp.cross_judge import cross_probe, format_matrix, judge_matrix
-from interp.errors import ProbeError
+from interp.core.errors import ProbeError
+from interp.core.io import write_jsonl
+from interp.methods.cross_judge import format_matrix, judge_matrix
 from interp.plots.cross import plot_cross_probe, plot_judge_matrix
+from interp.run.cross_grid import cross_probe
 from interp.stages import attention as attention_stage
 from interp.stages import audit as audit_stage
 from interp.stages import probe as probe_stage
 from interp.stages.asymmetry import AsymmetryConfig, run
 from interp.store import RunDir
-from interp.store.io import write_jsonl
 from interp.testing import rehearsal_datasets
 
 pytestmark = pytest.mark.integration
@@ -100,7 +101,7 @@ def test_cross_model_probes_next_to_both_verbal_judges(grid):
         assert len(e["per_layer"]["layers"]) == handles[judge].n_layers
         assert set(e["per_layer"]["pools"]) == {"last", "candidate", "mean", "max", "min"}
         # the source's self-judge is scored on the same records: its pooled AUC is its own
-        from interp.stats import roc_auc
+        from interp.analysis.stats import roc_auc
 
         y = np.array([r["oracle_label"] for r in src])
         ld = np.array([r["logit_diff"] for r in src])

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from interp.data.loading import load_examples
-from interp.models import load_tokenizer
-from interp.prompts import get_template, render
+from interp.judging.prompts import get_template, render
+from interp.models.loading import load_tokenizer
 
 DEMO = tomllib.loads((Path(__file__).resolve().parents[2] / "experiments" / "demo.toml"
                       ).read_text())

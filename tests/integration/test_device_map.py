@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 import torch
 
-from interp.attention import span_mass
+from interp.analysis.span_mass import span_mass
+from interp.core.errors import ModelSpecError
 from interp.data import load_examples
-from interp.errors import ModelSpecError
 from interp.hooks.recorder import record_rows
-from interp.models import check_device_map, load_model, result_facts, runtime_facts
-from interp.pairs import align_positions
-from interp.patching import patch
-from interp.prompts import get_template, render
-from interp.steering import steer_judge
-from interp.verdict import score_verdicts
+from interp.judging.prompts import get_template, render
+from interp.judging.verdict import score_verdicts
+from interp.methods.pairs import align_positions
+from interp.methods.patching import patch
+from interp.methods.steering import steer_judge
+from interp.models.loading import check_device_map, load_model, result_facts, runtime_facts
 
 pytestmark = pytest.mark.integration
 

@@ -15,15 +15,15 @@ import pytest
 
 pytest.importorskip("xllamacpp")
 
+from interp.core.errors import EndpointError  # noqa: E402
 from interp.endpoints import CACHE_FILE  # noqa: E402
 from interp.endpoints.local import LocalServer  # noqa: E402
 from interp.endpoints.oracle import endpoint_for  # noqa: E402
 from interp.endpoints.scoring import score_replies  # noqa: E402
-from interp.errors import EndpointError  # noqa: E402
-from interp.models import bundled_gguf  # noqa: E402
+from interp.judging.verdict import score_verdicts  # noqa: E402
+from interp.models.loading import bundled_gguf  # noqa: E402
 from interp.stages.asymmetry import AsymmetryConfig, run  # noqa: E402
 from interp.store.rundir import RunDir  # noqa: E402
-from interp.verdict import score_verdicts  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.served]
 
@@ -53,7 +53,7 @@ def test_forced_choice_is_the_models_own_whole_reply_logprob(server, bundled):
     fc = ep.preflight()["forced_choice"]
     assert fc["method"].startswith("llama.cpp token grammar")
     # the server's template gives the same reply tokens as the local one ("In" + "correct")
-    from interp.verdict import verdict_replies
+    from interp.judging.verdict import verdict_replies
 
     local = verdict_replies(bundled.tokenizer)
     assert (fc["reply_ids"]["Correct"], fc["reply_ids"]["Incorrect"]) == (

@@ -12,9 +12,9 @@ import unicodedata
 
 import pytest
 
+from interp.core.errors import ModelSpecError
 from interp.data import load_examples
-from interp.errors import ModelSpecError
-from interp.gguf import (
+from interp.models.gguf import (
     CACHE_VERSION,
     GGUFTokenizerMeta,
     apply_declared_pretokenizer,
@@ -22,7 +22,7 @@ from interp.gguf import (
     read_tokenizer_meta,
     verify_tokenizer,
 )
-from interp.models import bundled_gguf, load_model
+from interp.models.loading import bundled_gguf, load_model
 
 pytestmark = pytest.mark.integration  # these tests read the bundled model files
 

@@ -40,16 +40,16 @@ from typing import Any
 import pytest
 import torch
 
+from interp.core.layers import parse_layers
 from interp.data import load_examples
-from interp.grading import RuleOracle
-from interp.layers import parse_layers
-from interp.models import ModelHandle
-from interp.pairs import candidate_swap_pair, gen_eval_pair
-from interp.prompts import get_template, render
+from interp.judging.grading import RuleOracle
+from interp.judging.prompts import get_template, render
+from interp.methods.pairs import candidate_swap_pair, gen_eval_pair
+from interp.methods.transfer import build_training_sets, cross_model_patching, mine_hard_negatives
+from interp.models.loading import ModelHandle
 from interp.stages.patching import PatchingConfig, run_pair
 from interp.stages.patching_summary import summarise
 from interp.stages.transfer import TransferConfig
-from interp.transfer import build_training_sets, cross_model_patching, mine_hard_negatives
 
 pytestmark = pytest.mark.integration
 

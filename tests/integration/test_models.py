@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from interp.models import bundled_gguf, sha256_file
+from interp.models.loading import bundled_gguf, sha256_file
 
 pytestmark = pytest.mark.integration
 

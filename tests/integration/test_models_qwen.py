@@ -12,11 +12,11 @@ import json
 import pytest
 import torch
 
+from interp.core.errors import ModelSpecError
 from interp.data import load_examples
-from interp.errors import ModelSpecError
-from interp.gguf import BUNDLED, bundled_file
-from interp.models import end_of_turn_ids, load_tokenizer, runtime_facts
-from interp.prompts import get_template, render
+from interp.judging.prompts import get_template, render
+from interp.models.gguf import BUNDLED, bundled_file
+from interp.models.loading import end_of_turn_ids, load_tokenizer, runtime_facts
 
 pytestmark = pytest.mark.integration  # these tests read the bundled model files
 

@@ -16,7 +16,7 @@ import shutil
 import numpy as np
 import pytest
 
-from interp.models import result_facts, runtime_facts
+from interp.models.loading import result_facts, runtime_facts
 from interp.stages import attention as attention_stage
 from interp.stages import probe as probe_stage
 from interp.stages.asymmetry import AsymmetryConfig

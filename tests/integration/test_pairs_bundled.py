@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from interp.errors import PairError
-from interp.grading import RuleOracle
-from interp.pairs import candidate_swap_pair, gen_eval_pair
-from interp.prompts import get_template
+from interp.core.errors import PairError
+from interp.judging.grading import RuleOracle
+from interp.judging.prompts import get_template
+from interp.methods.pairs import candidate_swap_pair, gen_eval_pair
 
 pytestmark = pytest.mark.integration
 

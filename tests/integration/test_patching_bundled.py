@@ -7,7 +7,7 @@ import shutil
 import pandas as pd
 import pytest
 
-from interp.grading import RuleOracle
+from interp.judging.grading import RuleOracle
 from interp.stages.patching import PatchingConfig, run
 from interp.store.rundir import RunDir
 

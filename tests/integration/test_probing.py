@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from interp.errors import ProbeError
-from interp.prompts import rerender
+from interp.analysis.stats import passage_groups
+from interp.core.errors import ProbeError
+from interp.judging.prompts import rerender
 from interp.stages.probe import ProbeConfig
 from interp.stages.probe import run as run_probes
-from interp.stats import passage_groups
 from interp.store.rundir import RunDir
 from tests.equivalence.test_batching import hook_outputs
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from interp.prompts import get_template, render
+from interp.judging.prompts import get_template, render
 from tests.unit.test_prompts import *  # noqa: F403 - the same tests, collected with this `tok`
 from tests.unit.test_prompts import CTX, Q
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from interp.data import load_examples
-from interp.prompts import get_template, render
-from interp.reasoning import REASONING_SPANS, judge_reasoning, verdict_endings
+from interp.judging.prompts import get_template, render
+from interp.judging.reasoning import REASONING_SPANS, judge_reasoning, verdict_endings
 
 
 def test_reasoning_judge_bundled(bundled):
@@ -61,7 +61,7 @@ def test_reasoning_split_on_the_bundled_tokenizer(bundled, reply):
     Exactly, for a verdict line (it starts after a newline); for an inline verdict, up to the
     space that BPE joins to the token of ``Verdict`` or of its opening quote.
     """
-    from interp.reasoning import parse_final_verdict, split_reasoning
+    from interp.judging.reasoning import parse_final_verdict, split_reasoning
 
     tok = bundled.tokenizer
     ids = tok(reply, add_special_tokens=False)["input_ids"]

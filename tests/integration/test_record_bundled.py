@@ -12,11 +12,11 @@ from typer.testing import CliRunner
 
 from interp import cli
 from interp.hooks.recorder import record_rows
-from interp.prompts import record_prompts
+from interp.judging.prompts import record_prompts
+from interp.run.view import write_view
 from interp.stages import record as stage
 from interp.store.recordings import load_activations
 from interp.store.rundir import RunDir
-from interp.view import write_view
 
 pytestmark = pytest.mark.integration
 

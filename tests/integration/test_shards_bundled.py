@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file
 
-from interp.pipeline import run_config
+from interp.run.pipeline import run_config
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from interp.data import load_examples
-from interp.prompts import get_template, label_positions, render
+from interp.judging.prompts import get_template, label_positions, render
 
 pytestmark = pytest.mark.integration  # these tests read the bundled model files
 

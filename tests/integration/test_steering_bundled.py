@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from interp.data import load_examples
-from interp.prompts import get_template, render
-from interp.steering import steer_judge
-from interp.verdict import score_verdicts
+from interp.judging.prompts import get_template, render
+from interp.judging.verdict import score_verdicts
+from interp.methods.steering import steer_judge
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from interp.grading import RuleOracle
-from interp.prompts import get_template
+from interp.judging.grading import RuleOracle
+from interp.judging.prompts import get_template
 from interp.stages.transfer import TransferConfig, run
 
 
@@ -38,8 +38,8 @@ def test_transfer_stage_end_to_end(bundled, tmp_path):
     assert len(hn) == 2
     assert s["hard_negative_fallback_rate"] == sum(r["fallback"] for r in hn) / 2
     # the base evaluation equals Study 1's harness on the same records
-    from interp.asymmetry import evaluate_examples
     from interp.data import load_examples
+    from interp.methods.asymmetry import evaluate_examples
 
     recs = evaluate_examples(bundled, load_examples("squad_v2", limit=2),
                              template=get_template("default"), oracle=RuleOracle(),

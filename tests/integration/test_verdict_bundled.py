@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from interp.verdict import score_verdicts, verdict_replies
+from interp.judging.verdict import score_verdicts, verdict_replies
 from tests.unit.test_verdict import _teacher_forced
 
 pytestmark = pytest.mark.integration
@@ -29,8 +29,8 @@ def test_score_equals_teacher_forcing_bundled(bundled):
     import copy
 
     from interp.data import load_examples
-    from interp.models import ModelHandle
-    from interp.prompts import get_template, render
+    from interp.judging.prompts import get_template, render
+    from interp.models.loading import ModelHandle
 
     tpl = get_template()
     exs = load_examples("squad_v2", limit=1)

@@ -1,7 +1,8 @@
 """Rehearsal of the paper configuration: experiments/paper.toml end to end on a stand-in model.
 
 ``experiments/paper.toml`` runs as written except for its model and dataset sources
-(:func:`interp.pipeline.swap_sources`): the model (and the LLM oracle, which the config points at
+(:func:`interp.run.pipeline.swap_sources`): the model (and the LLM oracle, which the config points
+at
 the same model) becomes a tiny random Llama-3.1-shaped checkpoint saved to a local directory
 (:func:`interp.testing.llama31_checkpoint`: 32 layers, GQA 4:1, Llama 3.1 rope scaling,
 Llama-3-style tokenizer and chat template, bfloat16), the four datasets become files of 3
@@ -25,10 +26,10 @@ import torch
 from transformers import LlamaForCausalLM
 from transformers.generation.utils import GenerationMixin
 
-from interp import prefill
-from interp.errors import ProbeError
-from interp.models import PAPER_MODEL
-from interp.pipeline import load_config, run_config, swap_sources
+from interp.core.errors import ProbeError
+from interp.judging import prefill
+from interp.models.loading import PAPER_MODEL
+from interp.run.pipeline import load_config, run_config, swap_sources
 from interp.stages import steering as steering_stage
 from interp.store.rundir import RunDir
 from interp.testing import llama31_checkpoint, rehearsal_datasets
@@ -42,7 +43,8 @@ its labels are coin flips fixed by the seed and by the CPU's bfloat16 kernels: s
 6 of the 12 records Correct and 6 Incorrect on one machine and 4/8 on another (an Intel Xeon
 with AMX, where bfloat16 matmuls take other kernels). The probe stage's 5-fold
 cross-validation needs >= 5 passages per class, so the fixture runs Study 1 for each seed in
-turn and keeps the first whose labels the probe stage accepts (:func:`interp.stats.make_folds`,
+turn and keeps the first whose labels the probe stage accepts
+(:func:`interp.analysis.stats.make_folds`,
 the stage's own check), then runs every stage on it, resuming those records. Also measured:
 seed 1 labels 6/6 but for one record its oracle accepts every closed-book answer and every
 other record's gold answer, so the transfer stage refuses ("no hard negative ... use more
@@ -51,7 +53,7 @@ training records"), as it should."""
 
 def _first_balanced_seed(root: Path, data: dict[str, str], log) -> tuple[Path, dict]:
     """The stand-in checkpoint and swapped config of the first seed the probe stage accepts."""
-    from interp.stats import make_folds, passage_groups
+    from interp.analysis.stats import make_folds, passage_groups
 
     paper, counts = load_config(PAPER), []
     for seed in SEEDS:
@@ -74,7 +76,8 @@ def _first_balanced_seed(root: Path, data: dict[str, str], log) -> tuple[Path, d
 class Watch:
     """Records what every forward and generate call of a LlamaForCausalLM was given.
 
-    Also the stop ids of interp's own greedy decoder (:func:`interp.prefill.eos_ids`, used by
+    Also the stop ids of interp's own greedy decoder (:func:`interp.judging.prefill.eos_ids`, used
+    by
     the harness, the oracle, the judge and steering); ``generate`` is still used for sampling
     (hard negatives).
     """
@@ -208,8 +211,9 @@ def test_every_stage_ran_on_the_llama31_shaped_model(rehearsal):
 def test_every_fresh_sequence_has_exactly_one_bos(rehearsal):
     """Every forward of every stage: one BOS first in a fresh sequence, none after a cache.
 
-    A decoding step (``generate``, or interp's own greedy loops ``interp.prefill._decode``
-    and ``interp.steering.steer_generator``) feeds the token the model just produced, which a
+    A decoding step (``generate``, or interp's own greedy loops ``interp.judging.prefill._decode``
+    and ``interp.methods.steering.steer_generator``) feeds the token the model just produced, which
+    a
     random model may well pick as ``<|begin_of_text|>`` (it did: one step after 346 cached
     positions): those steps are not
     checked; the prompts they start from are.

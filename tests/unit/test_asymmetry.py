@@ -7,15 +7,15 @@ import json
 import numpy as np
 import pytest
 
-from interp.asymmetry import compute_metrics, evaluate_examples, group_metrics
+from interp.core.errors import ConfigError, RunDirError
 from interp.data import load_examples
-from interp.errors import ConfigError, RunDirError
-from interp.grading import RuleOracle
-from interp.prompts import get_template, rerender
+from interp.judging.grading import RuleOracle
+from interp.judging.prompts import get_template, rerender
+from interp.judging.verdict import score_verdicts
+from interp.methods.asymmetry import compute_metrics, evaluate_examples, group_metrics
 from interp.stages.asymmetry import AsymmetryConfig
 from interp.stages.asymmetry import run as run_asymmetry
 from interp.store.rundir import RunDir
-from interp.verdict import score_verdicts
 
 
 def _rec(y, v, p=0.5, ds="squad_v2", i=0, ctx=None):
@@ -142,7 +142,7 @@ def test_evaluate_examples_records(tiny):
         assert 0.0 < r["verdict_coverage"] <= 1.0
         assert r["logit_diff"] == pytest.approx(r["logprob_correct"] - r["logprob_incorrect"])
         assert r["verdict_source"] in ("word", "restated_answer", "none")
-    # the record's score is the whole-reply score of its eval prompt (interp.verdict)
+    # the record's score is the whole-reply score of its eval prompt (interp.judging.verdict)
     ids = [rerender(r, "eval", tiny.tokenizer).input_ids for r in recs]
     sc = score_verdicts(tiny, ids).rows()
     for r, row in zip(recs, sc):
@@ -226,7 +226,7 @@ def test_run_config_runs_stages_and_copies_figures_and_tables(tiny, tmp_path):
     Only with ``publish = true``: without it the figures stay in the run directory. An unknown
     stage, or an unknown key in a stage table, is refused before anything runs.
     """
-    from interp.pipeline import run_config
+    from interp.run.pipeline import run_config
 
     model_dir = tmp_path / "tiny-model"
     tiny.model.save_pretrained(model_dir)
@@ -301,7 +301,7 @@ def test_rerender_checks_the_stored_spans(tiny, tmp_path):
 
 def test_model_oracle_falls_back_to_the_forced_choice(tiny):
     """A reply without a verdict: the oracle model's whole-reply forced choice decides."""
-    from interp.grading import ORACLE_SYSTEM, ORACLE_USER, ModelOracle
+    from interp.judging.grading import ORACLE_SYSTEM, ORACLE_USER, ModelOracle
 
     oracle = ModelOracle(tiny, max_new_tokens=3)
     ctx, q = "The Eiffel Tower is in Paris.", "Where is the Eiffel Tower?"
@@ -334,7 +334,7 @@ def test_oracle_agreement_on_a_run(tiny, tmp_path):
     from typer.testing import CliRunner
 
     from interp import cli
-    from interp.grading import ModelOracle
+    from interp.judging.grading import ModelOracle
     from interp.stages.asymmetry import format_oracle_agreement, oracle_agreement
     from interp.testing import GOOD, synthetic_probe_run
 

@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 import torch
 
-from interp.attention import SPANS, span_mass, summarize, top_heads
-from interp.errors import AttentionError, ConfigError, LayerSpecError
+from interp.analysis.span_mass import SPANS, span_mass, summarize, top_heads
+from interp.core.errors import AttentionError, ConfigError, LayerSpecError
 from interp.hooks.recorder import record_rows
-from interp.prompts import get_template, render
+from interp.judging.prompts import get_template, render
 from interp.stages import attention as stage
 from interp.store.rundir import RunDir
 from interp.testing import synthetic_probe_run

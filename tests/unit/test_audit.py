@@ -7,19 +7,19 @@ import pandas as pd
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from interp import audit as method
-from interp.errors import ConfigError, DataError
-from interp.stages import attention as attention_stage
-from interp.stages import audit as audit_stage
-from interp.stats import (
+from interp.analysis.stats import (
     ClusterBootstrap,
     cluster_bootstrap_auc,
     cluster_bootstrap_auc_difference,
     passage_groups,
     stratified_auc,
 )
+from interp.core.errors import ConfigError, DataError
+from interp.core.io import read_json, write_jsonl
+from interp.methods import audit as method
+from interp.stages import attention as attention_stage
+from interp.stages import audit as audit_stage
 from interp.store import RunDir
-from interp.store.io import read_json, write_jsonl
 from interp.testing import synthetic_probe_run
 
 

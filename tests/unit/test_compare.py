@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from interp.compare import comparison_rows, format_markdown, write_comparison
-from interp.pipeline import model_slug, run_config
 from interp.plots.compare import model_colors
+from interp.run.compare import comparison_rows, format_markdown, write_comparison
+from interp.run.pipeline import model_slug, run_config
 from interp.stages.asymmetry import write_metrics
 from interp.stages.probe import ProbeConfig
 from interp.stages.probe import run as run_probes
@@ -113,7 +113,7 @@ def test_probe_columns_and_figure(tiny, tiny_tokenizer, tmp_path):
 
 def test_probe_headline_names_the_permuted_cell():
     """The permutation p is reported with its count and the probe kind whose cell it tests."""
-    from interp.compare import probe_headline
+    from interp.run.compare import probe_headline
     cell = {"probe": "svm", "layer": 3, "pool": "candidate", "auc": 0.85}
     res = {"tasks": {"eval": {
         "best": cell, "grid": [cell, {**cell, "probe": "logreg", "auc": 0.83},
@@ -182,7 +182,7 @@ def test_comparison_md_is_one_markdown_table_with_a_cell_per_column(source):
     """A pipe inside a header or cell (``acc|y*=I``) must not split it into two cells."""
     from pathlib import Path
 
-    from interp.compare import _MD_COLUMNS
+    from interp.run.compare import _MD_COLUMNS
 
     if source == "committed":
         text = (Path(__file__).parents[2] / "figures" / "comparison.md").read_text()

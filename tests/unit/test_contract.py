@@ -1,4 +1,4 @@
-"""The stage contract (interp.stages.contract): one declared spec per stage, and its uses."""
+"""The stage contract (interp.core.contract): one declared spec per stage, and its uses."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from interp import cli, pipeline, stages
-from interp.errors import ConfigError, RunDirError
-from interp.stages import contract
-from interp.stages.contract import SPECS, check_needs, kept_work, spec
+from interp import cli, stages
+from interp.core import contract
+from interp.core.contract import SPECS, check_needs, kept_work, spec
+from interp.core.errors import ConfigError, RunDirError
+from interp.run import pipeline
 from interp.store import RunDir
 from interp.store.recordings import recording_index_path
 

@@ -7,12 +7,13 @@ import json
 import numpy as np
 import pytest
 
-from interp.asymmetry import group_metrics
-from interp.cross_judge import cross_probe, judge_matrix, load_answer_source, source_metrics
-from interp.errors import ConfigError, RunDirError
+from interp.core.errors import ConfigError, RunDirError
+from interp.core.io import read_json, write_jsonl
+from interp.methods.asymmetry import group_metrics
+from interp.methods.cross_judge import judge_matrix, load_answer_source, source_metrics
+from interp.run.cross_grid import cross_probe
 from interp.stages.asymmetry import AsymmetryConfig, run
 from interp.store import RunDir
-from interp.store.io import read_json, write_jsonl
 from interp.testing import rehearsal_datasets, tiny_checkpoint
 
 N = 8
@@ -139,7 +140,7 @@ def test_answer_source_chains_through_a_cross_judged_source(grid):
 
 def test_interp_run_cross_judge_fills_the_matrix(grid, tmp_path):
     """`interp run` with two models and cross_judge = true: cross runs, stages, matrix, figure."""
-    from interp.pipeline import run_config
+    from interp.run.pipeline import run_config
 
     root, models, base = grid
     cfg = {"name": "cross", "out": str(tmp_path / "grid"), "cross_judge": True,
@@ -166,7 +167,7 @@ def test_interp_run_cross_judge_fills_the_matrix(grid, tmp_path):
 
 
 def test_cross_stage_config_keeps_the_probe_eval_task_only():
-    from interp.cross_grid import cross_stage_config
+    from interp.run.cross_grid import cross_stage_config
     from interp.stages.attention import AttentionConfig
     from interp.stages.probe import ProbeConfig
 
@@ -199,11 +200,11 @@ def test_cli_answers_from(grid, tmp_path):
 
 def test_cross_probe_scores_both_judges_on_the_probe_folds(grid):
     """Probes of A's residual stream on B's answers, A's and B's verbal judges on its folds."""
-    from interp.models import load_model
+    from interp.analysis.stats import make_folds, passage_groups
+    from interp.methods.probing import judge_metrics
+    from interp.models.loading import load_model
     from interp.plots.cross import plot_cross_probe
-    from interp.probing import judge_metrics
     from interp.stages import probe as probe_stage
-    from interp.stats import make_folds, passage_groups
 
     root, models, _ = grid
     handle = load_model(models["A"], device="cpu")
@@ -229,7 +230,7 @@ def test_steering_record_and_audit_stages_run_on_a_cross_judged_run(grid, tmp_pa
     """The eval prompt of a cross-judged record has the usual shape: the stages run unchanged."""
     import shutil
 
-    from interp.models import load_model
+    from interp.models.loading import load_model
     from interp.stages import STAGES
 
     root, models, _ = grid
@@ -250,8 +251,8 @@ def test_steering_record_and_audit_stages_run_on_a_cross_judged_run(grid, tmp_pa
 
 def test_findings_report_reads_the_matrix_it_is_given(grid, tmp_path):
     """The findings report's self-vs-other rows are the matrix's own numbers, per model."""
-    from interp.findings import claims
-    from interp.names import model_slug
+    from experiments.findings.report import claims
+    from interp.core.names import model_slug
 
     root, models, _ = grid
     runs = {models["A"]: {models["A"]: root / "A", models["B"]: root / "A_on_B"},

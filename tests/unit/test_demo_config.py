@@ -42,7 +42,7 @@ def test_every_shipped_config_passes_the_pipelines_check():
     """
     import pytest
 
-    from interp.pipeline import _check, load_config
+    from interp.run.pipeline import _check, load_config
     from interp.stages.asymmetry import AsymmetryConfig
 
     configs = sorted(DEMO.parent.glob("*.toml"))

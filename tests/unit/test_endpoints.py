@@ -13,12 +13,12 @@ import httpx
 import pytest
 from werkzeug import Response
 
-from interp.asymmetry import format_metrics
+from interp.core.errors import ConfigError, EndpointError, ModelSpecError, RunDirError
 from interp.endpoints import CACHE_FILE, Endpoint, EndpointConfig, RequestCache, RequestFailed
 from interp.endpoints.client import DeadlineTransport
-from interp.errors import ConfigError, EndpointError, ModelSpecError, RunDirError
-from interp.grading import make_oracle
-from interp.models import load_model
+from interp.judging.grading import make_oracle
+from interp.methods.asymmetry import format_metrics
+from interp.models.loading import load_model
 from interp.stages.asymmetry import AsymmetryConfig, oracle_agreement, run
 from interp.stages.common import load_run_model
 from interp.store import RunDir

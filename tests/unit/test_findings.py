@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from interp.findings import BEGIN, END, claims, render, update_doc
+from experiments.findings.report import BEGIN, END, claims, render, update_doc
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]
@@ -29,7 +29,7 @@ def test_docs_findings_is_the_table_of_the_committed_summaries():
     assert BEGIN in doc and END in doc
     block = doc.split(BEGIN, 1)[1].split(END, 1)[0].strip()
     assert block == render(ROOT / "figures/findings", MODELS).strip(), (
-        "docs/findings.md is stale: run `python -m interp.findings figures/findings "
+        "docs/findings.md is stale: run `python -m experiments.findings figures/findings "
         "docs/findings.md`")
 
 
@@ -262,7 +262,7 @@ def test_update_doc_keeps_the_prose_and_refuses_a_doc_without_markers(tmp_path):
 
 
 def test_collect_publishes_what_a_partial_study_has(tmp_path):
-    from interp.findings import collect
+    from experiments.findings.report import collect
 
     run = tmp_path / "out" / "m"
     (run / "attention").mkdir(parents=True)
@@ -325,7 +325,7 @@ def test_transfer_cells_read_the_paired_differences_and_the_selection(tmp_path):
 
 
 def test_state_keeps_the_json_of_a_run_and_restores_it_without_overwriting(tmp_path):
-    from interp.findings_state import STATE_MAX_PART_BYTES, restore_state, save_state
+    from experiments.findings.state import STATE_MAX_PART_BYTES, restore_state, save_state
 
     run = tmp_path / "runs" / "findings" / "m"
     files = {"records.jsonl": "{}\n", "manifest.json": "{}", "steering/parts/a.json": "{}",
@@ -400,8 +400,8 @@ def test_state_keeps_the_json_of_a_run_and_restores_it_without_overwriting(tmp_p
 
 
 def test_seed_run_starts_a_second_run_from_study_1_and_never_overwrites(tmp_path, capsys):
-    from interp.findings import main
-    from interp.findings_state import seed_run
+    from experiments.findings.report import main
+    from experiments.findings.state import seed_run
 
     src, dst = tmp_path / "findings", tmp_path / "findings_gap"
     files = {"m/records.jsonl": "{}\n", "m/manifest.json": "{}", "m/metrics.json": "{}",
@@ -437,7 +437,7 @@ def test_seed_run_starts_a_second_run_from_study_1_and_never_overwrites(tmp_path
 
 
 def test_findings_command_refuses_wrong_calls_in_one_line(tmp_path, capsys):
-    from interp.findings import main
+    from experiments.findings.report import main
 
     for argv in (["--restore-state", "x"], ["--save-state", "a", "b"], ["--bogus", "a", "b"],
                  ["only-one"], ["--seed-run", "a"]):
@@ -498,3 +498,39 @@ def test_a_judge_with_one_reply_for_every_answer_is_flagged(tmp_path):
     _write(tmp_path, "m__asymmetry_metrics.json", {"per_dataset": {"musique": g2}})
     mu2 = _cells(tmp_path, ["m"])["MuSiQue the exception: EA >= GA (3.1)"]["m"].verdict
     assert "by construction" not in mu2 and "10 of 30 replies without a verdict" in mu2
+
+
+def test_the_state_archive_is_deterministic_checked_and_round_trips(tmp_path):
+    from experiments.findings import restore_archived, save_archived
+    from experiments.findings.state import UNPACKED, pack_state, unpack_state
+
+    run = tmp_path / "runs/findings/m"
+    (run / "steering/parts").mkdir(parents=True)
+    (run / "records.jsonl").write_text('{"id": 1}\n')
+    (run / "steering/parts/a.json").write_text('{"x": 2}')
+    archive = tmp_path / "git/state.tar.xz"
+    assert save_archived(tmp_path / "runs", archive, ["findings"]).startswith("2 files kept in")
+    first = archive.read_bytes()
+    # the same files pack to the same bytes (git keeps one copy), whatever their mtimes
+    import os
+    os.utime(run / "records.jsonl", (1, 1))
+    save_archived(tmp_path / "runs", archive, ["findings"])
+    assert archive.read_bytes() == first
+    assert pack_state(tmp_path / "runs" / UNPACKED, tmp_path / "again.tar.xz") == \
+        (archive.parent / "state.tar.xz.sha256").read_text().split()[0]
+    # a fresh machine restores it; a run that exists is kept
+    fresh = tmp_path / "fresh"
+    assert restore_archived(archive, fresh) == f"2 files restored from {archive}"
+    assert (fresh / "findings/m/steering/parts/a.json").read_text() == '{"x": 2}'
+    # a stale part goes from the archive too
+    (run / "steering/parts/a.json").unlink()
+    save_archived(tmp_path / "runs", archive, ["findings"])
+    assert unpack_state(archive, tmp_path / "u") == 1
+    assert not (tmp_path / "u/findings/m/steering/parts/a.json").exists()
+    # a damaged archive is refused in one line, and nothing is unpacked
+    archive.write_bytes(archive.read_bytes()[:-8] + b"\0" * 8)
+    with pytest.raises(ValueError, match="not .* as state.tar.xz.sha256 records"):
+        unpack_state(archive, tmp_path / "v")
+    assert not (tmp_path / "v").exists()
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        unpack_state(tmp_path / "none.tar.xz", tmp_path / "w")

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from interp.errors import ConfigError, HookError, InterpError, LayerSpecError
-from interp.hooks.points import HOOK_POINTS, decoder_layers, hook_name, parse_hook, resolve
-from interp.layers import parse_layers
-from interp.store.io import atomic_path, is_fresh, read_jsonl, signature, write_json, write_jsonl
+from interp.core.errors import ConfigError, HookError, InterpError, LayerSpecError
+from interp.core.io import atomic_path, is_fresh, read_jsonl, signature, write_json, write_jsonl
+from interp.core.layers import parse_layers
+from interp.models.points import HOOK_POINTS, decoder_layers, hook_name, parse_hook, resolve
 from interp.store.records import limit_per_dataset
 
 

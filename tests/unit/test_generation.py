@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from interp.generation import generate
-from interp.kv_cache import left_pad
-from interp.prompts import get_template, render
+from interp.judging.generation import generate
+from interp.judging.prompts import get_template, render
+from interp.models.kv_cache import left_pad
 
 
 def prompts_of(tok, n=5):

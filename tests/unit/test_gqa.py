@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.errors import ModelSpecError
+from interp.core.errors import ModelSpecError
 from interp.hooks.capture import hooked
-from interp.hooks.points import HEAD_POINTS, kv_head, n_heads_at, query_heads
+from interp.models.points import HEAD_POINTS, kv_head, n_heads_at, query_heads
 from interp.testing import tiny_llama
 
 

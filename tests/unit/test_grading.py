@@ -1,4 +1,4 @@
-"""Tests for interp.grading: official SQuAD/DROP metrics, parsers and the rule oracle."""
+"""Tests for interp.judging.grading: official SQuAD/DROP metrics, parsers and the rule oracle."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from interp.agreement import label_agreement, oracle_agreement
-from interp.errors import GradingError
-from interp.grading import (
+from interp.core.errors import GradingError
+from interp.judging.grading import (
     BaseOracle,
     OracleResult,
     RuleOracle,
@@ -25,6 +24,7 @@ from interp.grading import (
     squad_em,
     squad_f1,
 )
+from interp.methods.agreement import label_agreement, oracle_agreement
 
 BUNDLED = Path(__file__).resolve().parents[2] / "interp" / "bundled"
 
@@ -795,8 +795,8 @@ def test_rule_oracle_yes_no_choice_and_plurals(pred, gold, question, expected):
 
 def test_oracle_spec_is_parsed_in_one_place(tiny, monkeypatch):
     """Rule | model:SPEC, checked without loading; a registered kind is accepted everywhere."""
-    from interp.errors import ConfigError
-    from interp.grading import (
+    from interp.core.errors import ConfigError
+    from interp.judging.grading import (
         ORACLE_KINDS,
         ModelOracle,
         OracleSpec,

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from interp.errors import (
+from interp.core.errors import (
     BackendError,
     HookError,
     InterpError,
@@ -29,15 +29,15 @@ from interp.errors import (
 from interp.hooks.backends import get_backend
 from interp.hooks.capture import hooked
 from interp.hooks.guard import hook_counts, inference_guard
-from interp.hooks.points import decoder_layers
 from interp.hooks.recorder import record_rows
-from interp.models import ModelHandle, load_model
-from interp.patching import Patch, Patcher, patch
-from interp.prompts import get_template, render
-from interp.residual_features import extract_features, residual_stream
-from interp.steering import steer_judge
+from interp.judging.prompts import get_template, render
+from interp.judging.residual_features import extract_features, residual_stream
+from interp.methods.patching import Patch, Patcher, patch
+from interp.methods.steering import steer_judge
+from interp.methods.transfer import cross_model_patching
+from interp.models.loading import ModelHandle, load_model
+from interp.models.points import decoder_layers
 from interp.testing import tiny_llama
-from interp.transfer import cross_model_patching
 
 CTX = "The Eiffel Tower is in Paris. It was finished in 1889."
 Q = "When was the Eiffel Tower finished?"

@@ -1,4 +1,4 @@
-"""The package's import graph, built from the source: no cycle; and no module over 600 lines.
+"""The package's import graph, built from the source: no cycle (the rooms: test_layout.py).
 
 Every ``import`` and ``from ... import`` counts, at module level or inside a function, absolute
 (``from interp.x import y``, ``from interp import x``) or relative (``from . import x``). An
@@ -100,10 +100,3 @@ def test_the_graph_sees_every_kind_of_import(tmp_path):
 def test_no_import_cycle():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
-
-
-
-def test_no_module_over_600_lines():
-    long = {name: n for name, (path, _) in _modules().items()
-            if (n := len(path.read_text(encoding="utf-8").splitlines())) > 600}
-    assert not long, f"modules over 600 lines: {long}"

@@ -12,10 +12,10 @@ import torch
 from typer.testing import CliRunner
 
 from interp import cli
+from interp.core.errors import ConfigError, DataError, InterpError, ModelSpecError
+from interp.core.inputs import check_device, check_dtype
 from interp.data import load_examples
-from interp.errors import ConfigError, DataError, InterpError, ModelSpecError
-from interp.inputs import check_device, check_dtype
-from interp.models import load_model
+from interp.models.loading import load_model
 from interp.stages import STAGES
 
 
@@ -156,8 +156,8 @@ def test_asymmetry_into_another_models_run_is_refused_before_loading(tmp_path):
 
 
 def test_run_config_checks_every_stage_against_the_model_before_any_stage_runs(tiny, tmp_path):
-    from interp.errors import LayerSpecError, SteeringError
-    from interp.pipeline import run_config
+    from interp.core.errors import LayerSpecError, SteeringError
+    from interp.run.pipeline import run_config
 
     model_dir = tmp_path / "tiny-model"
     tiny.model.save_pretrained(model_dir)
@@ -178,9 +178,9 @@ def test_run_config_checks_every_stage_against_the_model_before_any_stage_runs(t
 def test_run_config_checks_every_models_shape_before_the_first_model_runs(tiny, tiny_tokenizer,
                                                                            tmp_path):
     """A layer the second model lacks fails before the first model's harness runs."""
-    from interp.errors import LayerSpecError
-    from interp.models import model_shape
-    from interp.pipeline import run_config
+    from interp.core.errors import LayerSpecError
+    from interp.models.loading import model_shape
+    from interp.run.pipeline import run_config
     from interp.testing import tiny_llama
 
     deep, shallow = tmp_path / "deep", tmp_path / "shallow"
@@ -199,7 +199,7 @@ def test_run_config_checks_every_models_shape_before_the_first_model_runs(tiny, 
 
 
 def test_a_grid_folder_names_its_runs(tmp_path):
-    from interp.errors import RunDirError
+    from interp.core.errors import RunDirError
     from interp.store.rundir import RunDir
 
     grid = tmp_path / "demo"
@@ -215,8 +215,8 @@ def test_a_grid_folder_names_its_runs(tmp_path):
 
 
 def test_messages_name_the_cli_option():
-    from interp.errors import ProbeError
-    from interp.stats import make_folds
+    from interp.analysis.stats import make_folds
+    from interp.core.errors import ProbeError
 
     with pytest.raises(DataError, match=r"--from-hub; config key from_hub = true"):
         load_examples("drop", split="train")
@@ -230,7 +230,7 @@ def test_messages_name_the_cli_option():
 
 
 def test_load_activations_says_a_record_lies_outside_the_limit(tmp_path):
-    from interp.errors import RunDirError
+    from interp.core.errors import RunDirError
     from interp.store.recordings import load_activations
 
     run = _manifest_run(tmp_path / "run")
@@ -262,7 +262,7 @@ def test_commands_on_a_grid_folder_name_its_runs_and_never_advise_writing_into_i
 
 def test_kept_work_of_a_grid_counts_its_model_folders(tmp_path):
     """Ctrl-C under ``interp run``: the work kept under out/<model>/ is reported, not nothing."""
-    from interp.inputs import kept_work
+    from interp.core.inputs import kept_work
 
     grid = tmp_path / "demo"
     run = _manifest_run(grid / "smollm2")

@@ -1,4 +1,4 @@
-"""interp.inputs: the checks every command shares (issue 17), and the CLI's use of them."""
+"""interp.core.inputs: the checks every command shares (issue 17), and the CLI's use of them."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import typer.main
 from typer.testing import CliRunner
 
 from interp import cli
-from interp.errors import ConfigError, InterpError
-from interp.inputs import kept_work, new_run_dir, read_toml, write_result
-from interp.options import check_counts
+from interp.core.errors import ConfigError, InterpError
+from interp.core.inputs import kept_work, new_run_dir, read_toml, write_result
+from interp.core.options import check_counts
 from interp.stages import STAGES
 from interp.stages.asymmetry import AsymmetryConfig
 

@@ -7,8 +7,8 @@ import warnings
 
 import pytest
 
-from interp.jsonl import json_line, parse_jsonl
-from interp.store.io import read_jsonl, write_jsonl, write_jsonl_once
+from interp.core.io import read_jsonl, write_jsonl, write_jsonl_once
+from interp.core.jsonl import json_line, parse_jsonl
 from interp.store.rundir import RunDir
 
 ODD = "line\u2028sep para\u2029sep next\x85line form\x0cfeed vt\x0b gs\x1d 東京 🗼"
@@ -73,7 +73,7 @@ def test_torn_tail_is_reported_and_repaired_with_nothing_finished_lost(tmp_path,
 
 
 def test_a_damaged_middle_line_is_an_error_naming_it(tmp_path):
-    from interp.errors import RunDirError
+    from interp.core.errors import RunDirError
 
     run = RunDir(tmp_path / "run")
     run.append_records([_rec(1), _rec(2)])
@@ -111,7 +111,7 @@ def test_two_processes_one_run_dir_second_writer_refused_then_lock_freed_by_deat
     import subprocess
     import sys
 
-    from interp.errors import RunDirError
+    from interp.core.errors import RunDirError
     from interp.stages.asymmetry import AsymmetryConfig
     from interp.stages.asymmetry import run as run_asymmetry
 

@@ -1,4 +1,4 @@
-"""Shard identity and record assignment (interp.launch), and merging shards (interp.merge).
+"""Shard identity and record assignment (interp.launch), and merging shards (interp.run.merge).
 
 The merges here join hand-made shard directories (manifests, records, per-record parts and a
 rows-keyed feature cache), so no model runs; the bundled-model runs are in
@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from interp.core.errors import ShardError
+from interp.core.io import read_json, save_tensors, write_json, write_jsonl
 from interp.data import QAExample, passage_key
-from interp.errors import ShardError
 from interp.launch import Shard, assign, check_count, current_shard, parse_shard
-from interp.merge import merge_shards
+from interp.run.merge import merge_shards
 from interp.stages.common import own_share, share_of_records
-from interp.store.io import read_json, save_tensors, write_json, write_jsonl
 
 
 def test_shard_from_the_launchers():
@@ -229,7 +229,7 @@ def test_merge_copies_every_per_record_part_the_contract_declares(tmp_path):
     """The parts come from the stage contract: a new stage's parts merge without a new table."""
     import re
 
-    from interp.stages.contract import SPECS
+    from interp.core.contract import SPECS
 
     dirs = _make_shards(tmp_path)
     parts = [p for s in SPECS for p in s.parts if p.keyed == "record"]
@@ -257,8 +257,8 @@ def test_merge_copies_every_per_record_part_the_contract_declares(tmp_path):
 
 
 def test_placement_and_shard_options_come_from_the_config_fields(tmp_path):
-    from interp.errors import ConfigError
-    from interp.options import cli_options
+    from interp.core.errors import ConfigError
+    from interp.core.options import cli_options
     from interp.stages.asymmetry import AsymmetryConfig
 
     decls = {o.name: o.decls for o in cli_options(AsymmetryConfig)}
@@ -296,7 +296,7 @@ def test_shares_of_a_stage_keep_passages_together_and_cover_every_record_once():
 
 
 def test_study1_shards_and_stage_shares_deal_passages_by_one_rule():
-    from interp.stats import passage_groups
+    from interp.analysis.stats import passage_groups
 
     loaded = {"squad_v2": _examples(7, 2), "drop": _examples(5, 3, "drop")}
     records = [{"id": ex.id, "dataset": ex.dataset, "context": ex.context}

@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.generation import generate
-from interp.models import end_of_turn_ids, load_model
-from interp.prompts import get_template, render
-from interp.steering import steer_generator
+from interp.judging.generation import generate
+from interp.judging.prompts import get_template, render
+from interp.methods.steering import steer_generator
+from interp.methods.transfer import sample_answers
+from interp.models.loading import end_of_turn_ids, load_model
 from interp.testing import LLAMA31_ROPE_SCALING, llama31_checkpoint, tiny_llama, tiny_tokenizer
-from interp.transfer import sample_answers
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def _llama3_release_tokenizer():
 @pytest.mark.parametrize("follow", ["<|eot_id|>", "<|start_header_id|>"])
 def test_reply_stops_at_template_turn_end_even_if_not_a_named_special(follow):
     """"Paris" then the end of turn (or, missed, the next header): the answer is "Paris"."""
-    from interp.models import stop_ids
+    from interp.models.loading import stop_ids
 
     tok, eot = _llama3_release_tokenizer()
     assert end_of_turn_ids(tok) == [eot, tok.eos_token_id]

@@ -7,16 +7,16 @@ import json
 import pytest
 import torch
 
-from interp.errors import TransferError
-from interp.lora import (
+from interp.core.errors import TransferError
+from interp.judging.prompts import get_template
+from interp.methods.lora import (
     encode_example,
     load_adapter,
     model_fingerprint,
     train_adapter,
 )
-from interp.models import end_of_turn_ids
-from interp.prompts import get_template
-from interp.transfer import build_training_sets
+from interp.methods.transfer import build_training_sets
+from interp.models.loading import end_of_turn_ids
 
 
 def test_loss_mask_covers_only_the_answer(tokenizer):
@@ -33,7 +33,7 @@ def test_loss_mask_covers_only_the_answer(tokenizer):
     assert enc["labels"][n_prompt:] == enc["input_ids"][n_prompt:]
     # the full sequence equals the chat template's own rendering of the exchange
     sys_msg = [{"role": "system", "content": tpl.gen_system}]
-    from interp.prompts import render
+    from interp.judging.prompts import render
 
     user = render(tokenizer, tpl, "gen", context=item["context"], question=item["question"])
     full = tokenizer.apply_chat_template(
@@ -109,7 +109,7 @@ def test_training_resumes_and_base_model_is_untouched(tiny, tokenizer, tmp_path,
         assert torch.equal(v, state_before[k]), k
     assert not any("lora" in n for n, _ in tiny.model.named_modules())
     # the PeftModel (forward(**kwargs)) takes its cache under the base model's keyword
-    from interp.kv_cache import cache_kwarg
+    from interp.models.kv_cache import cache_kwarg
     assert cache_kwarg(adapted.model) == cache_kwarg(tiny.model)
     # a finished adapter is not retrained
     again = train_adapter(tiny, enc, cfg, tmp_path / "a" / "adapters" / "x", name="x",
@@ -164,7 +164,7 @@ def test_a_checkpoint_of_another_training_or_with_mixed_files_is_started_again(
     """A checkpoint restored from elsewhere is resumed only if it is this training's, whole."""
     import shutil
 
-    from interp.store.io import read_json, write_json
+    from interp.core.io import read_json, write_json
 
     enc = _encoded(tokenizer, qa_example)
     cfg = lora_cfg()

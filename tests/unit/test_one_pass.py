@@ -4,7 +4,7 @@
   features, equal to what those stages write with their own forwards (exactly with one prompt
   per forward; in padded batches to float32 rounding), and the stages then run no forward.
 * The prefill loop decodes exactly what transformers' ``generate`` decodes, scores verdicts as
-  :func:`interp.verdict.score_verdicts` does, and computes logits only at the last position.
+  :func:`interp.judging.verdict.score_verdicts` does, and computes logits only at the last position.
 * A harness killed with SIGKILL and run again holds every record exactly once.
 """
 
@@ -22,18 +22,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from interp.core.io import read_jsonl
 from interp.data import load_examples
-from interp.generation import generate
-from interp.kv_cache import left_pad
-from interp.models import result_facts, runtime_facts
-from interp.prefill import eos_ids, run_prompts
+from interp.judging.generation import generate
+from interp.judging.prefill import eos_ids, run_prompts
+from interp.judging.verdict import score_verdicts, verdict_replies
+from interp.models.kv_cache import left_pad
+from interp.models.loading import result_facts, runtime_facts
 from interp.stages import attention as attention_stage
 from interp.stages import probe as probe_stage
 from interp.stages.asymmetry import AsymmetryConfig
 from interp.stages.asymmetry import run as run_asymmetry
-from interp.store.io import read_jsonl
 from interp.store.rundir import RunDir
-from interp.verdict import score_verdicts, verdict_replies
 
 QUIET = {"log": lambda s: None}
 

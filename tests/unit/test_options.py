@@ -1,4 +1,4 @@
-"""interp.options: each config field is declared once and drives its table key and option."""
+"""interp.core.options: each config field is declared once and drives its table key and option."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import typer.main
 from typer.testing import CliRunner
 
 from interp import cli
-from interp.errors import InterpError
-from interp.options import cli_options, field_help, split_list
-from interp.stages.contract import SPECS, spec
+from interp.core.contract import SPECS, spec
+from interp.core.errors import InterpError
+from interp.core.options import cli_options, field_help, split_list
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,7 +102,7 @@ def test_cli_limit_all_and_a_bad_count(tmp_path):
 
 def test_toml_values_are_what_they_say(tmp_path):
     """include_unanswerable = "false" is refused in one line before any model loads."""
-    from interp.pipeline import run_config
+    from interp.run.pipeline import run_config
 
     cfg = tmp_path / "c.toml"
     cfg.write_text('[asymmetry]\nmodels = ["no-such-model"]\ndatasets = "squad_v2"\n'
@@ -119,9 +119,9 @@ def test_the_band_has_one_name_and_its_former_name_still_reads_with_a_warning():
     In [attention], [steering] and [reasoning] it is read as `band` with one warning line (and
     offered as `--layers`); giving both is refused.
     """
-    from interp.errors import ConfigError
-    from interp.layers import DEFAULT_BAND
-    from interp.options import config_from_table
+    from interp.core.errors import ConfigError
+    from interp.core.layers import DEFAULT_BAND
+    from interp.core.options import config_from_table
 
     for s in SPECS:  # a field whose default is the late band is called band, in every stage
         banded = [f.name for f in dataclasses.fields(s.config_class)

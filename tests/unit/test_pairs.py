@@ -6,16 +6,16 @@ from dataclasses import replace
 
 import pytest
 
-from interp.errors import PairError, PatchingError
-from interp.grading import RuleOracle
-from interp.pairs import (
+from interp.core.errors import PairError, PatchingError
+from interp.judging.grading import RuleOracle
+from interp.judging.prompts import get_template
+from interp.methods.pairs import (
     align_positions,
     build_pairs,
     candidate_swap_pair,
     control_pair,
     gen_eval_pair,
 )
-from interp.prompts import get_template
 
 
 def test_align_positions_prefix_suffix_and_middle():

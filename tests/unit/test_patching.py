@@ -18,16 +18,16 @@ import pandas as pd
 import pytest
 import torch
 
-from interp.errors import BackendError, HookError, LayerSpecError, PatchingError
+from interp.core.errors import BackendError, HookError, LayerSpecError, PatchingError
+from interp.core.io import read_jsonl, write_json, write_jsonl
 from interp.hooks.backends import BACKENDS, get_backend
-from interp.hooks.points import decoder_layers
-from interp.pairs import align_positions
-from interp.patching import Patch, Patcher, patch, ratio_of_sums
+from interp.judging.verdict import score_verdicts, verdict_replies
+from interp.methods.pairs import align_positions
+from interp.methods.patching import Patch, Patcher, patch, ratio_of_sums
+from interp.models.points import decoder_layers
 from interp.stages.patching import PatchingConfig, run
-from interp.store.io import read_jsonl, write_json, write_jsonl
 from interp.store.rundir import RunDir
 from interp.testing import tiny_llama, tiny_tokenizer
-from interp.verdict import score_verdicts, verdict_replies
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def multi():
 
 @pytest.fixture(scope="module")
 def multi_prompts(multi):
-    from interp.prompts import get_template, render
+    from interp.judging.prompts import get_template, render
 
     kw = {"context": "The Eiffel Tower is in Paris.", "question": "Where is it?"}
     clean = render(multi.tokenizer, get_template(), "eval", answer="Paris", **kw)
@@ -210,7 +210,7 @@ def test_backends_are_named_once_leave_no_hooks_and_keep_no_model(tiny, patch_pr
     assert hooks() == before
     import copy
 
-    from interp.models import ModelHandle
+    from interp.models.loading import ModelHandle
 
     other = ModelHandle(model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer,
                         spec="copy", info=dict(tiny.info))
@@ -435,7 +435,7 @@ def test_stage_limit_kept_counts_pairs_over_min_gap_and_sweeps_no_other(tiny, to
                 log=lambda s: None)["gen-to-eval/resid"]
     assert [g["id"] for g in built["gaps"]] == ["r1", "r2"]
     # no pair reaches min_gap: the summary says so, with every scored pair and the closest
-    from interp.findings import claims
+    from experiments.findings.report import claims
     from interp.plots.patching import nothing_to_show
 
     high = max(abs(g) for g in gaps.values()) + 1.0
@@ -462,8 +462,8 @@ def test_held_unit_at_its_own_value_changes_nothing_and_blocks_paths(multi, mult
     layer 1's heads, so the senders' effect changes; rows without the held hook are as a
     plain :class:`Patcher`'s.
     """
-    from interp.hooks.points import hook_name
-    from interp.patching import own_activation
+    from interp.methods.patching import own_activation
+    from interp.models.points import hook_name
 
     clean, corrupt = multi_prompts
     pm, _, _ = align_positions(clean.input_ids, corrupt.input_ids)

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from interp.analysis.stats import DEGENERATE_MARK, degenerate_note
 from interp.plots.common import plt
-from interp.stats import DEGENERATE_MARK, degenerate_note
 
 
 @pytest.fixture

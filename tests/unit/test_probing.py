@@ -9,13 +9,13 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from interp import probing
-from interp.errors import LayerSpecError, ProbeError
-from interp.probing import FittedProbe, best_row, fit_probe, permutation_null, sweep
-from interp.residual_features import POOLS, pool_resid
+from interp.analysis.stats import make_folds
+from interp.core.errors import LayerSpecError, ProbeError
+from interp.judging.residual_features import POOLS, pool_resid
+from interp.methods import probing
+from interp.methods.probing import FittedProbe, best_row, fit_probe, permutation_null, sweep
 from interp.stages.probe import ProbeConfig, format_summary
 from interp.stages.probe import run as run_probes
-from interp.stats import make_folds
 from interp.store.rundir import RunDir
 from interp.testing import synthetic_probe_run
 
@@ -79,7 +79,7 @@ def test_probe_matches_sklearn_and_roundtrips(kind, tmp_path):
 
 
 def test_run_probes_end_to_end_and_resume(tiny, tmp_path):
-    from interp.asymmetry import group_metrics
+    from interp.methods.asymmetry import group_metrics
 
     run, recs = _synthetic_run(tmp_path, tiny)
     cfg = ProbeConfig(folds=3, top_k=1, batch_size=4, seed=0, pools=["last", "candidate", "max"],
@@ -142,7 +142,7 @@ def test_run_probes_end_to_end_and_resume(tiny, tmp_path):
     # saved weights reproduce the refitted probe on the cached features
     w = res["weights"]["eval/logreg"]
     probe = FittedProbe.load(run.path / w["json"].removesuffix(".json"))
-    from interp.store.io import load_tensors
+    from interp.core.io import load_tensors
 
     feats = load_tensors(out / "features_eval.safetensors")
     b = res["tasks"]["eval"]["best_by_probe"]["logreg"]

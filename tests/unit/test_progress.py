@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from interp import progress
+from interp.core import progress
 from interp.stages.asymmetry import AsymmetryConfig
 from interp.stages.asymmetry import run as run_asymmetry
 
@@ -46,7 +46,7 @@ def test_line_interval_and_forced_forms(capsys, monkeypatch):
 
 
 def test_model_loading_writes_no_library_bar_into_a_log(tmp_path, capsys, monkeypatch):
-    from interp.models import load_model
+    from interp.models.loading import load_model
     from interp.testing import tiny_checkpoint
 
     monkeypatch.delenv("INTERP_PROGRESS", raising=False)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from interp.prompts import (
+from interp.judging.prompts import (
     PromptError,
     Template,
     get_template,

@@ -20,8 +20,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from interp.errors import RunDirError, TransferError
-from interp.models import CUDA_RESULT_FACTS, RESULT_FACTS, result_facts, runtime_facts
+from interp.core.errors import RunDirError, TransferError
+from interp.core.io import load_tensors
+from interp.models.loading import CUDA_RESULT_FACTS, RESULT_FACTS, result_facts, runtime_facts
 from interp.stages import attention as attention_stage
 from interp.stages import patching as patching_stage
 from interp.stages import probe as probe_stage
@@ -29,7 +30,6 @@ from interp.stages import transfer as transfer_stage
 from interp.stages.asymmetry import AsymmetryConfig
 from interp.stages.asymmetry import run as run_asymmetry
 from interp.stages.common import stage_facts
-from interp.store.io import load_tensors
 from interp.store.rundir import RunDir
 from interp.testing import synthetic_probe_run
 
@@ -157,8 +157,8 @@ def test_probe_and_patching_refuse_before_any_work(tiny, run_copy, stage):
 
 
 def test_patching_parts_are_keyed_on_runtime_facts(tiny, toy_records, tmp_path):
-    from interp.pairs import build_pairs
-    from interp.prompts import get_template
+    from interp.judging.prompts import get_template
+    from interp.methods.pairs import build_pairs
 
     pairs, _ = build_pairs(toy_records, "candidate-swap", get_template(), tiny.tokenizer,
                            limit=1, max_tokens=None, log=lambda s: None)
@@ -250,7 +250,7 @@ def test_another_template_with_the_same_ids_redoes_recordings_and_features(tiny,
 
 
 def test_probe_rows_of_changed_records_are_replaced_the_others_kept(tiny, run_copy):
-    from interp.prompts import get_template, render
+    from interp.judging.prompts import get_template, render
 
     recs = run_copy.read_records()
     before, info = probe_stage.cached_features(run_copy, tiny, recs, "eval", **QUIET)
@@ -316,9 +316,9 @@ def test_records_and_manifest_name_the_scored_reply_tokens(local_ck, tmp_path):
 
     The manifest names them with their strings; scoring those ids again gives the score.
     """
-    from interp.models import load_model
-    from interp.prompts import rerender
-    from interp.verdict import VerdictReplies, score_verdicts, verdict_replies
+    from interp.judging.prompts import rerender
+    from interp.judging.verdict import VerdictReplies, score_verdicts, verdict_replies
+    from interp.models.loading import load_model
 
     out = tmp_path / "run"
     run_asymmetry(out, None, _small_cfg(local_ck, limit=2), **QUIET)
@@ -367,7 +367,7 @@ def test_resume_refuses_a_checkpoint_whose_config_or_template_changed(local_ck, 
     assert RunDir(out).manifest()["model"]["sha256"] == before
     assert len(RunDir(out).read_records()) == 1                     # nothing lost
     # a README is not a result file: adding one changes nothing
-    from interp.models import checkpoint_sha256
+    from interp.models.loading import checkpoint_sha256
 
     fp = checkpoint_sha256(local_ck)
     (local_ck / "README.md").write_text("notes")

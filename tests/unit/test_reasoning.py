@@ -1,6 +1,6 @@
 """The reasoning judge on a tiny random Llama: final-line parser, forced choice, spans, masses.
 
-* :func:`interp.reasoning.parse_final_verdict` reads the LAST verdict line (several lines,
+* :func:`interp.judging.reasoning.parse_final_verdict` reads the LAST verdict line (several lines,
   none, negated, markdown, an echo of the instruction), or an inline verdict ending the last
   line (replies of the bundled models, quoted), never an echo naming both verdicts.
 * The forced choice after the judge's reasoning equals an independent teacher-forced
@@ -8,7 +8,7 @@
 * Every position of the verdict sequence has one span label; span masses sum to 1 per row and
   equal the masses of rows recorded independently; the reasoning-token mean equals a mean
   over eager attention rows.
-* A judge-only rerun (:func:`interp.asymmetry.judge_records`) of the harness's own records
+* A judge-only rerun (:func:`interp.methods.asymmetry.judge_records`) of the harness's own records
   with the one-word template gives the harness's verdicts and scores exactly.
 """
 
@@ -18,22 +18,22 @@ import numpy as np
 import pytest
 import torch
 
-import interp.reasoning as reasoning
-from interp.asymmetry import evaluate_examples, group_metrics, judge_records
-from interp.attention import span_mass
+import interp.judging.reasoning as reasoning
+from interp.analysis.span_mass import span_mass
+from interp.core.errors import PromptError
 from interp.data import QAExample
-from interp.errors import PromptError
-from interp.grading import RuleOracle
 from interp.hooks.recorder import record_rows
-from interp.prefill import PromptPass
-from interp.prompts import get_template, render
-from interp.reasoning import (
+from interp.judging.grading import RuleOracle
+from interp.judging.prefill import PromptPass
+from interp.judging.prompts import get_template, render
+from interp.judging.reasoning import (
     REASONING_SPANS,
     judge_reasoning,
     parse_final_verdict,
     split_reasoning,
     verdict_endings,
 )
+from interp.methods.asymmetry import evaluate_examples, group_metrics, judge_records
 
 CTX = "The Eiffel Tower is in Paris. It was built in 1889 by Gustave Eiffel's company."
 
@@ -274,8 +274,8 @@ def test_judge_records_rerun_equals_harness(tiny):
 
 
 def test_harness_refuses_one_pass_with_reasoning_judge(tiny):
-    from interp.errors import ConfigError
-    from interp.prefill import Capture
+    from interp.core.errors import ConfigError
+    from interp.judging.prefill import Capture
 
     ex = QAExample(id="q", dataset="toy", context=CTX, question="Where?", answers=("Paris",),
                    answerable=True, split="validation")
@@ -288,7 +288,7 @@ def test_stage_side_by_side_resumes(tiny, tmp_path):
     """The stage on a tiny run: paired table, figure, stored masses, resume, bad template."""
     import json
 
-    from interp.errors import ConfigError
+    from interp.core.errors import ConfigError
     from interp.stages.asymmetry import AsymmetryConfig
     from interp.stages.asymmetry import run as run_asymmetry
     from interp.stages.reasoning import ReasoningConfig
@@ -343,8 +343,9 @@ def test_reasoning_run_is_refused_by_attention_and_the_stage_is_a_command(tiny, 
     """
     from typer.testing import CliRunner
 
-    from interp import cli, pipeline
-    from interp.errors import ConfigError
+    from interp import cli
+    from interp.core.errors import ConfigError
+    from interp.run import pipeline
     from interp.stages import attention
     from interp.stages.asymmetry import AsymmetryConfig
     from interp.stages.asymmetry import run as run_asymmetry
@@ -387,7 +388,7 @@ def test_discrimination_is_the_acceptance_gap_not_ea():
     """
     import numpy as np
 
-    from interp.reasoning_compare import side_by_side
+    from interp.methods.reasoning_compare import side_by_side
 
     y = [i < 3 for i in range(12)]
 

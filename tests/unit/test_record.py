@@ -9,14 +9,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from interp.attention import LAST, span_to_span
-from interp.errors import AttentionError, ConfigError, LayerSpecError, RunDirError
+from interp.analysis.span_mass import LAST, span_to_span
+from interp.core.errors import AttentionError, ConfigError, LayerSpecError, RunDirError
+from interp.core.io import is_tmp_path
 from interp.hooks.recorder import record_stream
-from interp.prompts import get_template, render
-from interp.shards import TensorStreamWriter, nbytes, plan_shards
+from interp.judging.prompts import get_template, render
 from interp.stages import record as stage
-from interp.store.io import is_tmp_path
 from interp.store.recordings import load_activations, load_cache, recording_index_path
+from interp.store.shards import TensorStreamWriter, nbytes, plan_shards
 from interp.testing import synthetic_probe_run, tiny_llama
 
 # -- the stream writer ------------------------------------------------------------------------
@@ -251,8 +251,8 @@ def test_bad_layers_fail_before_recording(tiny3, run3):
 def test_record_table_of_an_experiment_config_and_cli_errors(tmp_path):
     from typer.testing import CliRunner
 
-    from interp import cli, pipeline
-
+    from interp import cli
+    from interp.run import pipeline
     got = pipeline._check({"record": {"what": ["attention"], "layers": "last2",
                                       "positions": "last"}}, "x.toml", None)
     assert got["record"] == stage.RecordConfig(what=["attention"], layers="last2",

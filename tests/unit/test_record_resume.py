@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from interp.models import load_model
+from interp.core.io import is_tmp_path, read_json
+from interp.models.loading import load_model
 from interp.stages import record as stage
-from interp.store.io import is_tmp_path, read_json
 from interp.testing import synthetic_probe_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ KILL_AT = 37
 ARGS = ["--dtype", "float32", "--band", "all", "--shard-mb", "0.02", "--layers", "all"]
 CHILD = f"""
 import os, signal, sys
-from interp.shards import TensorStreamWriter
+from interp.store.shards import TensorStreamWriter
 calls = [0]
 write = TensorStreamWriter.write
 def dying_write(self, *a, **k):

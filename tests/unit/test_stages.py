@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from interp import cli, pipeline, stages
-from interp.errors import RunDirError
+from interp import cli, stages
+from interp.core.errors import RunDirError
+from interp.core.io import read_json, write_json
+from interp.run import pipeline
 from interp.stages import check_run_model, load_run_model
-from interp.store.io import read_json, write_json
 from interp.store.rundir import RunDir
 
 
@@ -26,7 +27,7 @@ def test_stage_list_is_explicit_and_complete():
 @pytest.fixture()
 def tiny_run(tiny, tmp_path):
     """A manifest whose model is the tiny Llama saved as a local checkpoint."""
-    from interp.models import load_model
+    from interp.models.loading import load_model
 
     model_dir = tmp_path / "tiny-model"
     tiny.model.save_pretrained(model_dir)
@@ -86,7 +87,7 @@ def test_cli_prints_one_line_errors_and_exit_2(tmp_path):
 
 
 def test_run_config_refuses_unknown_only(tmp_path):
-    from interp.errors import ConfigError
+    from interp.core.errors import ConfigError
 
     cfg = tmp_path / "c.toml"
     cfg.write_text('name = "x"\n[asymmetry]\nmodels = ["m"]\n[probe]\nfolds = 3\n')

@@ -1,12 +1,11 @@
-"""interp.stats against hand computations, scipy and scikit-learn."""
+"""interp.analysis.stats against hand computations, scipy and scikit-learn."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from interp.errors import ProbeError
-from interp.stats import (
+from interp.analysis.stats import (
     MIN_PASSAGES,
     ClusterBootstrap,
     binary_metrics,
@@ -21,6 +20,7 @@ from interp.stats import (
     roc_auc,
     wilson_ci,
 )
+from interp.core.errors import ProbeError
 
 
 def test_folds_disjoint_and_class_count_error():
@@ -169,7 +169,7 @@ def test_wilson_mcnemar_correlations_fold_summary():
 
 def test_a_cross_validated_mean_says_which_folds_it_left_out():
     """A one-class test fold has no AUC: the mean says it is over 4 of 5 folds, and why."""
-    from interp.probing import cross_validate
+    from interp.methods.probing import cross_validate
 
     rng = np.random.default_rng(0)
     y = np.array([True] * 6 + [False] * 6)
@@ -192,7 +192,7 @@ def test_a_cross_validated_mean_says_which_folds_it_left_out():
 
 
 def test_degenerate_interval_is_marked_wherever_formatted():
-    from interp.stats import DEGENERATE_MARK, ci_text, degenerate_note, is_degenerate
+    from interp.analysis.stats import DEGENERATE_MARK, ci_text, degenerate_note, is_degenerate
 
     assert is_degenerate([1.0, 1.0]) and is_degenerate((0.25, 0.25))
     assert not is_degenerate([0.9, 1.0]) and not is_degenerate(None)
@@ -206,10 +206,10 @@ def test_a_constant_metric_names_its_zero_width_intervals_in_metrics():
     """10 records (10 passages) all right and all judged right: GA = EA = 1.0 with [1.0, 1.0].
 
     The summary (``metrics.json``) names every zero-width interval in ``degenerate_cis``, as
-    the tables and figures mark it (:data:`interp.stats.DEGENERATE_MARK`); a varied group
+    the tables and figures mark it (:data:`interp.analysis.stats.DEGENERATE_MARK`); a varied group
     names none.
     """
-    from interp.asymmetry import METRIC_DEFINITIONS, group_metrics
+    from interp.methods.asymmetry import METRIC_DEFINITIONS, group_metrics
 
     def rec(i, right, verdict):
         return {"id": f"r{i}", "dataset": "squad_v2", "status": "ok", "context": f"passage {i}",
@@ -228,7 +228,7 @@ def test_a_constant_metric_names_its_zero_width_intervals_in_metrics():
 
 
 def test_fit_note_flags_a_fit_on_too_few_records():
-    from interp.stats import MIN_FIT_RECORDS, fit_note
+    from interp.analysis.stats import MIN_FIT_RECORDS, fit_note
 
     assert "only 6 records, 3 of the rarer class" in fit_note(6, {"correct": 3, "incorrect": 3})
     assert fit_note(MIN_FIT_RECORDS - 1) is not None

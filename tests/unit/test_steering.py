@@ -13,15 +13,15 @@ import pandas as pd
 import pytest
 import torch
 
-from interp.errors import SteeringError
+from interp.core.errors import SteeringError
 from interp.hooks.recorder import record_rows
 from interp.hooks.steering import Steer, steering
-from interp.kv_cache import continuation_logprobs, output_cache
-from interp.prompts import get_template, render
+from interp.judging.prompts import get_template, render
+from interp.judging.verdict import verdict_replies
+from interp.methods.steering import parse_heads, steer_generator, steer_judge
+from interp.models.kv_cache import continuation_logprobs, output_cache
 from interp.stages.steering import SteeringConfig, run
-from interp.steering import parse_heads, steer_generator, steer_judge
 from interp.testing import synthetic_probe_run
-from interp.verdict import verdict_replies
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_parse_heads():
 
 
 def test_generator_at_alpha_one_decodes_the_unsteered_answer(tiny):
-    from interp.generation import generate
+    from interp.judging.generation import generate
 
     p = render(tiny.tokenizer, get_template(), "gen",
                context="The Eiffel Tower is in Paris.", question="Where is it?")

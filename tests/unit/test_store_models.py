@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.errors import RunDirError
-from interp.models import ModelSpecError, load_model
-from interp.store.io import read_json, write_json
+from interp.core.errors import RunDirError
+from interp.core.io import read_json, write_json
+from interp.models.loading import ModelSpecError, load_model
 from interp.store.rundir import RunDir
 
 
@@ -62,7 +62,7 @@ def test_config_from_table_names_section_and_keys():
     """One helper refuses unknown config keys for every stage, naming section and known keys."""
     from dataclasses import dataclass
 
-    from interp.options import config_from_table
+    from interp.core.options import config_from_table
 
     @dataclass
     class Cfg:
@@ -92,8 +92,8 @@ def test_merged_weights_with_a_stale_adapter_config_are_refused(tmp_path):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from interp.errors import ModelSpecError
-    from interp.models import load_model
+    from interp.core.errors import ModelSpecError
+    from interp.models.loading import load_model
 
     base = _tiny_ck(tmp_path / "base")
     torch.manual_seed(0)
@@ -122,8 +122,8 @@ def test_sharded_checkpoint_whose_shard_lacks_a_tensor_is_refused(tmp_path):
 
     from safetensors.torch import load_file, save_file
 
-    from interp.errors import ModelSpecError
-    from interp.models import load_model
+    from interp.core.errors import ModelSpecError
+    from interp.models.loading import load_model
 
     ck = _tiny_ck(tmp_path / "ck")
     w = load_file(str(ck / "model.safetensors"))
@@ -148,7 +148,7 @@ def test_sharded_checkpoint_whose_shard_lacks_a_tensor_is_refused(tmp_path):
 
 
 def test_bundled_aliases_ignore_case_and_the_upstream_id_is_the_bundled_model():
-    from interp.models import canonical_spec
+    from interp.models.loading import canonical_spec
 
     assert canonical_spec("SmolLM2-135M-Instruct") == "smollm2-135m-instruct"
     assert canonical_spec("HuggingFaceTB/SmolLM2-135M-Instruct") == "smollm2-135m-instruct"
@@ -168,8 +168,8 @@ def test_offline_hub_id_is_refused_at_once(monkeypatch):
     import socket
     import time
 
-    import interp.model_files as mf
-    from interp.models import load_tokenizer, model_shape
+    import interp.models.files as mf
+    from interp.models.loading import load_tokenizer, model_shape
 
     def unreachable(*a, **k):
         raise OSError("Network is unreachable")

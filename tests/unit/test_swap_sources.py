@@ -1,4 +1,4 @@
-"""interp.pipeline.swap_sources: a rehearsal config differs from the original in sources only."""
+"""interp.run.pipeline.swap_sources: a rehearsal config differs from its source in sources only."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from interp.errors import ConfigError
-from interp.pipeline import load_config, swap_sources
+from interp.core.errors import ConfigError
+from interp.run.pipeline import load_config, swap_sources
 
 CFG = {"name": "x", "out": "runs/x", "figures": "figs",
        "asymmetry": {"models": ["org/big", "other"], "datasets": ["squad_v2", "drop"],

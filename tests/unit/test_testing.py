@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from interp.errors import ModelSpecError
-from interp.models import load_model
-from interp.prompts import get_template, render
+from interp.core.errors import ModelSpecError
+from interp.judging.prompts import get_template, render
+from interp.judging.verdict import verdict_replies
+from interp.models.loading import load_model
 from interp.testing import tiny_llama
 from interp.testing import tiny_tokenizer as make_tokenizer
-from interp.verdict import verdict_replies
 
 
 def test_bundled_model_is_out_of_reach():

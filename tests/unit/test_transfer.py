@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from interp.errors import TransferError
-from interp.grading import RuleOracle, normalize_answer
-from interp.prompts import get_template
-from interp.stages.transfer import TransferConfig
-from interp.transfer import (
+from interp.core.errors import TransferError
+from interp.judging.grading import RuleOracle, normalize_answer
+from interp.judging.prompts import get_template
+from interp.methods.transfer import (
     build_training_sets,
     is_refusal,
     mine_hard_negatives,
     rotation_answer,
     training_pool,
 )
-from interp.transfer_selection import (
+from interp.methods.transfer_selection import (
     choose_learning_rates,
     holdout_split,
     judge_balanced_accuracy,
     selection_score,
 )
+from interp.stages.transfer import TransferConfig
 
 # --- config and refusals ---------------------------------------------------------------------
 

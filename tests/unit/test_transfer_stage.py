@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from interp.errors import LayerSpecError, TransferError
+from interp.core.errors import LayerSpecError, TransferError
 from interp.stages.transfer import TransferConfig, run
 
 

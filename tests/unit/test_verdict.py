@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.errors import PromptError
-from interp.verdict import score_verdicts, verdict_replies
+from interp.core.errors import PromptError
+from interp.judging.verdict import score_verdicts, verdict_replies
 
 
 def _teacher_forced(model, prompt, reply) -> float:

@@ -13,12 +13,12 @@ import re
 import numpy as np
 import pytest
 
-from interp.errors import LayerSpecError, RunDirError
+from interp.core.errors import LayerSpecError, RunDirError
 from interp.hooks.recorder import record_rows
-from interp.prompts import get_template, render
+from interp.judging.prompts import get_template, render
+from interp.run.view import find_record, page_data, render_page, write_view
 from interp.stages import record as record_stage
 from interp.testing import synthetic_probe_run
-from interp.view import find_record, page_data, render_page, write_view
 from tests import chromium
 
 
@@ -48,7 +48,7 @@ def test_page_is_self_contained_and_carries_exact_rows(tiny, view_run, tmp_path)
     for task in ("gen", "eval"):
         t = data["tasks"][task]
         rows = np.frombuffer(base64.b64decode(t["rows"]), dtype="<f4")
-        from interp.prompts import record_prompts
+        from interp.judging.prompts import record_prompts
         p = record_prompts(rec, tiny.tokenizer)[task]
         want = record_rows(tiny, p.input_ids).rows.numpy()
         assert np.array_equal(rows.reshape(want.shape), want)
@@ -136,7 +136,7 @@ EMOJI_CJK = "The tower 🗼 stands in 東京 (Tōkyō) 👩‍👩‍👧; café
 
 def test_token_strings_show_each_multibyte_character_once(tiny):
     """Byte-level BPE splits emoji and CJK characters over several tokens."""
-    from interp.tokens import PIECE, token_strings
+    from interp.core.tokens import PIECE, token_strings
 
     tok = tiny.tokenizer
     ids = tok(EMOJI_CJK, add_special_tokens=False)["input_ids"]

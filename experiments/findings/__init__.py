@@ -1,0 +1,22 @@
+"""The findings study (docs/findings.md): an experiment written against interp, not part of it.
+
+:mod:`experiments.findings.report` writes the claims table, :mod:`experiments.findings.claims`
+reads each claim, :mod:`experiments.findings.state` keeps the resumable state (one checksummed
+archive, ``experiments/findings/state.tar.xz``). Run as ``python -m experiments.findings``.
+"""
+
+from experiments.findings.report import (
+    BEGIN,
+    END,
+    Cell,
+    claims,
+    collect,
+    main,
+    render,
+    restore_archived,
+    save_archived,
+    update_doc,
+)
+
+__all__ = ["BEGIN", "END", "Cell", "claims", "collect", "main", "render", "restore_archived",
+           "save_archived", "update_doc"]

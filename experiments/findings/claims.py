@@ -1,0 +1,583 @@
+"""The claims of the findings report and how each cell is read from a published summary.
+
+:data:`CLAIMS` is the report's rows, in order: ``(claim, measured quantity, extractor)``; an
+extractor reads one model's :class:`Cell` from a published findings folder (the ``figures/
+findings`` files of :mod:`experiments.findings.report`), and nothing else. Each cell is ``value
+[95% CI]
+(n, passages)`` and a verdict against the claim: ``yes`` / ``no`` only when the CI excludes
+the other side, ``undecided`` when it spans it, ``not measured`` when the study has not
+produced the file.
+
+Claims (paper section in brackets, PAPER.md): Study 1 (3.1), Study 2 and its controls (3.2),
+transfer (3.3); then what the paper did not ask: steering with its non-context control,
+activation patching, probes, the audit, the reasoning judge, self vs other.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from interp.core.names import cross_name, model_slug
+
+__all__ = ["CLAIMS", "Cell", "Extract"]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One model's measurement of one claim.
+
+    Attributes:
+        value: the point estimate (None: not measured).
+        ci: its 95% passage-cluster bootstrap interval (None: none).
+        n: records (or pairs) behind it.
+        n_passages: distinct passages behind it.
+        verdict: ``yes`` / ``no`` / ``undecided`` / ``not measured`` (or a short phrase).
+        source: the published file and key it was read from.
+        fmt: the number format.
+    """
+
+    value: float | None
+    ci: Sequence[float] | None = None
+    n: int | None = None
+    n_passages: int | None = None
+    verdict: str = "not measured"
+    source: str = ""
+    fmt: str = ".2f"
+
+    def text(self) -> str:
+        """``value [lo, hi] (n=, p=)``, or ``-`` when not measured."""
+        if self.value is None:
+            return "-"
+        out = f"{self.value:{self.fmt}}"
+        if self.ci is not None and None not in self.ci:
+            out += f" [{self.ci[0]:{self.fmt}}, {self.ci[1]:{self.fmt}}]"
+        if self.n is not None:
+            out += f" (n={self.n}" + (f", p={self.n_passages}" if self.n_passages else "") + ")"
+        return out
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _get(d: Any, *keys: Any) -> Any:
+    for k in keys:
+        if not isinstance(d, Mapping) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def _side(ci: Sequence[float] | None, below: float, above: float | None = None) -> str:
+    """Which side of a threshold a CI lies on.
+
+    ``yes`` when the whole CI lies over ``above`` (default ``below``), ``no`` when it lies
+    under ``below``, ``undecided`` when it touches or spans them; a CI of zero width is
+    ``degenerate`` (every resample gave the same value: a constant, not an interval).
+    """
+    if ci is None or None in ci:
+        return "undecided (no CI)"
+    if ci[0] == ci[1]:
+        return "degenerate (CI of zero width)"
+    above = below if above is None else above
+    if ci[0] > above:
+        return "yes"
+    if ci[1] < below:
+        return "no"
+    return "undecided"
+
+
+def _few(v: str, n_passages: int | None) -> str:
+    """Mark a verdict resting on fewer than :data:`interp.analysis.stats.MIN_PASSAGES` passages."""
+    from interp.analysis.stats import MIN_PASSAGES
+
+    return v + (f" ({n_passages} passages only)" if n_passages is not None and
+                n_passages < MIN_PASSAGES else "")
+
+
+def _flip(v: str) -> str:
+    return {"yes": "no", "no": "yes"}.get(v, v)
+
+
+Extract = Callable[[Path, str], Cell]
+
+
+_ACCEPTANCE = {"delta": "acceptance_rate", "delta_forced": "acceptance_rate_forced",
+               "delta_valid": "acceptance_rate_valid"}
+"""The acceptance rate behind each EA - GA of the metrics (generated, forced, parsed only)."""
+
+
+def _one_reply(g: Mapping[str, Any], key: str) -> str | None:
+    """Say so when the judge behind ``key`` accepted, or rejected, every answer it scored.
+
+    Then EA = GA (accepts all) or EA = 1 - GA (rejects all) by construction, whatever the
+    answers: the row measures GA, not judging. A generated verdict with replies that have no
+    verdict is not one reply (those count wrong whatever the label).
+    """
+    rate = g.get(_ACCEPTANCE[key])
+    if rate not in (0.0, 1.0) or (key == "delta" and _get(g, "verdicts", "none")):
+        return None
+    who = "the forced choice" if key == "delta_forced" else "the judge"
+    return (f"{who} {'accepts' if rate else 'rejects'} every answer, so EA = "
+            f"{'GA' if rate else '1 - GA'} by construction")
+
+
+def _delta(dataset: str, key: str = "delta", exception: bool = False) -> Extract:
+    """EA - GA of one dataset: the claim GA > EA (or, ``exception``, not GA > EA).
+
+    ``key`` ``delta_valid`` reads it on the records whose verdict was parsed (the control for
+    counting an unparseable reply as a wrong verdict); ``delta`` says how many replies had no
+    verdict. A judge that gave one reply to every record, and an exception that holds because
+    GA is 0 on every record, say so: Δ is then set by GA alone (:func:`_one_reply`).
+    """
+    def f(d: Path, m: str) -> Cell:
+        name = f"{m}__asymmetry_metrics.json"
+        g = _get(_read(d / name), "per_dataset", dataset)
+        if g is None or g.get(key) is None:
+            return Cell(None, source=name)
+        v = _side(g.get(f"{key}_ci"), 0.0)  # yes: EA > GA
+        v = v if exception else _flip(v)
+        if one := _one_reply(g, key):
+            v = f"{v}: {one}" + (" (a control, not a finding)" if exception else "")
+        elif exception and g.get("GA") == 0.0:
+            v = f"{v}, by construction: GA = 0 of {g.get('n')} (a control, not a finding)"
+        none = _get(g, "verdicts", "none")
+        if key == "delta" and none:
+            v = f"{v}; {none} of {g.get('n')} replies without a verdict, counted wrong"
+        n, p = g.get("n"), g.get("n_passages")
+        if key == "delta_valid":  # the parsed records and their passages (older runs: None)
+            n, p = g.get("n_valid"), g.get("n_passages_valid")
+        return Cell(g[key], g.get(f"{key}_ci"), n, p, _few(v, p),
+                    f"{name}: per_dataset.{dataset}.{key}")
+    return f
+
+
+def _judge_auc(dataset: str) -> Extract:
+    """How well the judge's verdict score separates right from wrong answers on one dataset.
+
+    The control of the GA > EA rows: EA mixes judging with the base rate (a judge that rejects
+    most answers scores well where most are wrong). The AUC of the whole-reply ``logit_diff``
+    against y* does not depend on the base rate; the verdict adds the generated verdicts'
+    acceptance of right and of wrong answers.
+    """
+    def f(d: Path, m: str) -> Cell:
+        name = f"{m}__asymmetry_metrics.json"
+        g = _get(_read(d / name), "per_dataset", dataset)
+        if g is None or g.get("auc_logit_diff") is None:
+            return Cell(None, source=name)
+        v = {"yes": "separates them", "no": "reversed"}.get(
+            _side(g.get("auc_logit_diff_ci"), 0.5), "not distinguishable from chance")
+        r, w = g.get("acceptance_rate_correct"), g.get("acceptance_rate_incorrect")
+        if r is not None and w is not None:
+            v += (f"; it accepts {r:.0%} of the {g.get('n_oracle_correct')} right and {w:.0%} "
+                  f"of the {g.get('n_oracle_incorrect')} wrong answers")
+        return Cell(g["auc_logit_diff"], g.get("auc_logit_diff_ci"), g.get("n"),
+                    g.get("n_passages"), _few(v, g.get("n_passages")),
+                    f"{name}: per_dataset.{dataset}.auc_logit_diff")
+    return f
+
+
+def _ratio(key: str, sub: str = "", lo: float = 3.0, hi: float = 5.0,
+           control: bool = False, dataset: str | None = None) -> Extract:
+    """A gen/eval ratio of the attention summary over the band (overall, or one dataset).
+
+    The claim (3-5x) is checked against ``lo``/``hi``; a ``control`` asks whether the ratio
+    stays over 1, and then whether it stays at ``lo`` or more.
+    """
+    def f(d: Path, m: str) -> Cell:
+        name = f"{sub}{m}__attention_summary.json"
+        where = ("per_dataset", dataset) if dataset else ("overall",)
+        o = _get(_read(d / name), *where)
+        if o is None or o.get(key) is None:
+            return Cell(None, source=name)
+        ci = o.get(f"{key}_ci")
+        v = _side(ci, 1.0)
+        if control and v == "yes" and ci is not None:
+            v = ("survives (gen > eval, 3x or more)" if ci[0] >= lo else
+                 "gen > eval, but under 3x" if ci[1] < lo else "gen > eval; the CI crosses 3x")
+        elif control:
+            v = {"no": "reversed (eval > gen)", "undecided": "gone (CI spans 1)"}.get(v, v)
+        elif v == "yes" and ci is not None:
+            v = "yes, 3-5x" if ci[0] >= lo and ci[1] <= hi else (
+                "less: under 3x" if ci[1] < lo else "more: over 5x" if ci[0] > hi else
+                "yes; the CI crosses 3x or 5x")
+        return Cell(o[key], ci, o.get("n"), o.get("n_passages"), _few(v, o.get("n_passages")),
+                    f"{name}: {'.'.join(where)}.{key}", ".2f")
+    return f
+
+
+def _candidate(d: Path, m: str) -> Cell:
+    """The judge's attention mass on the candidate.
+
+    ``barely reads`` holds when the candidate gets less attention per token than the context.
+    """
+    name = f"{m}__attention_summary.json"
+    o = _get(_read(d / name), "overall")
+    mpt = _get(o, "mass_per_token", "eval")
+    cand, ctx = _get(o, "eval", "candidate"), _get(mpt, "context", "mean")
+    if not cand or ctx is None or _get(mpt, "candidate", "mean") is None:
+        return Cell(None, source=name)
+    per = mpt["candidate"]["mean"] / ctx
+    return Cell(cand["mean"], cand.get("ci"), o.get("n"), o.get("n_passages"),
+                f"yes in total; per token {per:.1f}x the context's" if per >= 1 else
+                f"yes, also per token ({per:.2f}x the context's)",
+                f"{name}: overall.eval.candidate, mass_per_token.eval", ".3f")
+
+
+def _transfer(adapter: str, metric: str, claim_sign: float) -> Extract:
+    """Study 3: an adapter minus the base model, paired per record (``vs_base``, overall).
+
+    ``claim_sign`` is the side the paper's claim predicts (+1: the adapter is higher). The
+    verdict adds the learning rate the held-out selection chose and whether its judge
+    collapsed to one reply there (``lr_selection``): a collapsed judge "over-accepts" by
+    construction.
+    """
+    def f(d: Path, m: str) -> Cell:
+        name = f"{m}__transfer_table.json"
+        t = _read(d / name)
+        e = _get(t, "vs_base", adapter, "overall", metric)
+        if e is None or e.get("mean") is None:
+            return Cell(None, source=name)
+        v = _side(e.get("ci"), 0.0)
+        v = v if claim_sign > 0 else _flip(v)
+        lr = _get(t, "lr", adapter)
+        sel = _get(t, "lr_selection", "candidates", f"{lr:g}" if lr is not None else "",
+                   adapter)
+        by = _get(t, "lr_selection", "chosen_by", adapter) or "held-out score"
+        if lr is not None:
+            v += f" (lr {lr:g}" + ((", chosen on held-out train records"
+                                    if by == "held-out score" else f", {by}") if sel else "") + (
+                "; its judge collapsed to one reply there" if sel and sel.get("collapsed")
+                else "") + ")"
+        if "base_answers" in metric:  # a reply without a verdict is not an acceptance
+            groups = (_get(t, "judge_base_answers", adapter) or {}).values()
+            if none := sum(_get(g, "verdicts", "none") or 0 for g in groups):
+                n = sum(g.get("n", 0) for g in groups)
+                v += f"; its judge gave no verdict on {none} of {n}"
+        return Cell(e["mean"], e.get("ci"), e.get("n"), e.get("n_passages"), v,
+                    f"{name}: vs_base.{adapter}.overall.{metric}", "+.2f")
+    return f
+
+
+def _steer(task: str, key: str, alpha: str, control: bool = False) -> Extract:
+    """A paired effect of steering at ``alpha`` vs 1 (``vs_alpha1``), overall."""
+    def f(d: Path, m: str) -> Cell:
+        name = f"{m}__steering_summary.json"
+        s = _read(d / name)
+        part = _get(s, "control") if control else s
+        g = _get(part, task, alpha, "overall")
+        e = _get(g, "vs_alpha1", key)
+        if e is None or e.get("mean") is None:
+            return Cell(None, source=name)
+        v = _side(e.get("ci"), 0.0)
+        v = {"yes": "up", "no": "down"}.get(v, v)
+        if v.startswith("degenerate") and e["mean"] == 0.0 and key != "logit_diff":
+            v += ": no verdict flipped"
+        return Cell(e["mean"], e.get("ci"), e.get("n"), e.get("n_passages", g.get("n_passages")),
+                    v, f"{name}: {'control.' if control else ''}{task}.{alpha}.overall."
+                    f"vs_alpha1.{key}", "+.3f")
+    return f
+
+
+def _steer_vs_control(task: str, key: str, alpha: str, right: float = 0.0) -> Extract:
+    """The context keys' paired effect minus the control's, per record (overall).
+
+    ``right`` (+1 or -1) is the side that would help the judge (``logit_diff`` up on the
+    oracle's right answers, down on its wrong ones); the verdict then says which way it went.
+    """
+    def f(d: Path, m: str) -> Cell:
+        name = f"{m}__steering_summary.json"
+        e = _get(_read(d / name), "context_minus_control", task, alpha, "overall", key)
+        if e is None or e.get("mean") is None:
+            return Cell(None, source=name)
+        side = _side(e.get("ci"), 0.0)
+        v = {"yes": "context moves it more up", "no": "context moves it more down"}.get(
+            side, "undecided: no more than the control")
+        if right and side in ("yes", "no"):
+            v += (": the right way" if (side == "yes") == (right > 0) else ": the wrong way")
+        return Cell(e["mean"], e.get("ci"), e.get("n"), e.get("n_passages"), v,
+                    f"{name}: context_minus_control.{task}.{alpha}.overall.{key}", "+.3f")
+    return f
+
+
+def _patch(kind: str, sub: str = "") -> Extract:
+    """The top unit's share of the clean - corrupt logit difference it restores.
+
+    ``sub``: the published folder of another run (``gap/``: the candidate swap at another
+    ``min_gap``, experiments/findings_gap.toml; ``pool/``: on every bundled record,
+    experiments/findings_pool.toml).
+
+    With ``exact = "topk"`` each pair patches only its own top units, so a unit's ratio can
+    rest on one pair; the cell takes the first-ranked unit patched on at least half the kept
+    pairs, or else the one patched on the most (and says which), with that unit's own pairs
+    and passages.
+    """
+    def f(d: Path, m: str) -> Cell:
+        name = f"{sub}{m}__patching_summary.json"
+        s = _get(_read(d / name), kind)
+        field = "top_units" if s and s.get("top_units") else "top_spans"
+        if s is not None and s.get("n_pairs_kept") == 0:   # measured: no pair reached min_gap
+            small = s.get("small_gaps") or {}
+            gaps = [abs(g["gap"]) for g in s.get("gaps", [])] + (
+                [small["max_abs"]] if small.get("max_abs") is not None else [])
+            most = f" (largest |gap| {max(gaps):.2f})" if gaps else ""
+            return Cell(None, n=0, verdict=f"no pair to sweep: 0 of "
+                        f"{s.get('n_pairs', 0) + small.get('n', 0)} scored pairs reach "
+                        f"{s.get('min_gap')} nat{most}", source=name)
+        if s is None or not s.get(field):
+            return Cell(None, source=name)
+        kept = s.get("n_pairs_kept") or 0
+        units = s[field]   # the residual stream without per_position: its units are spans
+        i = next((j for j, u in enumerate(units) if (u.get("n_pairs") or kept) >= kept / 2),
+                 None)
+        note = "" if kept >= 30 else f" (under 30 kept pairs: {kept})"
+        if i is None:   # no unit among each pair's top ones in half the pairs
+            i = max(range(len(units)), key=lambda j: (units[j].get("n_pairs") or 0, -j))
+            note += (f"; no listed unit is patched in half the {kept} pairs, this one in "
+                     f"{units[i].get('n_pairs')}")
+        elif i:
+            note += f"; rank {i + 1}: the {i} above rest on under half the {kept} pairs"
+        u = units[i]
+        where = f"L{u['layer']}" + (f".H{u['head']}" if u.get("head", -1) >= 0 else "") + (
+            f" {u['span']}" if u.get("span") else "" if u.get("head", -1) >= 0
+            else f" pos {u.get('rel_position')}")
+        return Cell(u["ratio"], u.get("ci"), u.get("n_pairs", kept),
+                    u.get("n_passages", s.get("n_passages")), f"top unit {where}{note}",
+                    f"{name}: {kind}.{field}[{i}].ratio")
+    return f
+
+
+def _probe(task: str) -> Extract:
+    """The best probe's AUC minus the verbal judge's, paired, within datasets (with CI).
+
+    ``task``: the probe of the judge's prompt (``eval``) or of the generation prompt (``gen``);
+    the judge's score is its ``logit_diff`` on the same records either way. Pooled over
+    datasets a probe also gains from knowing the dataset (their base rates differ), so the
+    cell compares pairs within a dataset; the verdict gives the pooled difference and the AUC
+    of the dataset alone beside it. Falls back to the pooled paired AUC, then to the best
+    cell's fold-mean AUC (no CI), for summaries made before those.
+    """
+    def f(d: Path, m: str) -> Cell:
+        name = f"{m}__probes_results.json"
+        r = _read(d / name)
+        e = _get(r, "tasks", task)
+        if e is None or _get(e, "best", "auc") is None:
+            return Cell(None, source=name)
+        perm = e.get("permutation") or {}
+        pv = perm.get("p_value")
+        within = "within datasets" if perm.get("within") else "pooled"
+        perms = (f"permutation p={pv if pv is None else format(pv, '.2g')} "
+                 f"({perm.get('n', 0)} perms, {within})")
+        vs = e.get("vs_judge") or {}
+        key = next((k for k in ("auc_paired_within_dataset", "auc_paired")
+                    if (vs.get(k) or {}).get("probe_minus_judge") is not None), None)
+        if key:
+            pa = vs[key]
+            side = {"yes": "probe higher", "no": "judge higher"}.get(_side(pa.get("ci"), 0.0),
+                                                                     "undecided")
+            extra = ""
+            if key == "auc_paired_within_dataset" and vs.get("auc_paired"):
+                pool = vs["auc_paired"]
+                extra = (f"; pooled {pool['probe_minus_judge']:+.2f}, the dataset alone "
+                         f"{vs.get('auc_dataset_only', float('nan')):.2f}")
+            return Cell(pa["probe_minus_judge"], pa.get("ci"), pa.get("n"), pa.get("n_passages"),
+                        f"{side}: probe {pa['probe']:.2f}, judge {pa['judge']:.2f}{extra}; {perms}",
+                        f"{name}: tasks.{task}.vs_judge.{key}.probe_minus_judge", "+.3f")
+        judge = _get(e, "vs_judge", "judge_same_folds", "auc")
+        v = f"judge AUC {judge:.2f}; {perms}" if judge is not None else "no judge AUC"
+        return Cell(e["best"]["auc"], None, r.get("n_records"), r.get("n_passages"), v,
+                    f"{name}: tasks.{task}.best.auc")
+    return f
+
+
+def _probe_across(d: Path, m: str) -> Cell:
+    """:func:`_probe` (``eval``) of the model judging the OTHER model's answers.
+
+    Reads the cross-judged run's published ``{m}__judges__{other}__probes_results.json``: the
+    judge's residual-stream probe against its own verbal score on another model's answers
+    (paired, within datasets); the verdict adds the answers' own model's self-judge AUC on
+    the same folds from ``cross_probe.json`` when it is there.
+    """
+    hits = sorted(d.glob(f"{cross_name(m, '*')}__probes_results.json"))
+    if not hits:
+        return Cell(None, source=f"{cross_name(m, '<other>')}__probes_results.json")
+    prefix = hits[0].name[:-len("__probes_results.json")]
+    other = prefix[len(cross_name(m, "")):]
+    cell = _probe("eval")(d, prefix)
+    if cell.value is None:
+        return cell
+    verdict = f"{cell.verdict}; on {other}'s answers"
+    for e in _get(_read(d / "cross_probe.json"), "entries") or []:
+        if model_slug(str(e.get("judge"))) == m and model_slug(str(e.get("answers_of"))) == other:
+            own = _get(e, "source_self_judge_folds", "auc")
+            if own is not None:
+                verdict += f"; {other} judging them itself {own:.2f} (same folds)"
+    return Cell(cell.value, cell.ci, cell.n, cell.n_passages, verdict, cell.source, cell.fmt)
+
+
+def _audit(d: Path, m: str) -> Cell:
+    """The AUC of low context mass at the verdict position for a wrong verdict (the audit).
+
+    Reads ``overall.signals.context_mass`` (oriented: low mass scores high); the verdict says
+    how many of the wrong verdicts are replies without one, which count as wrong there too.
+    """
+    name = f"{m}__audit_summary.json"
+    s = _read(d / name)
+    o = _get(s, "overall")
+    a = _get(o, "signals", "context_mass")
+    if not a or a.get("auc") is None:
+        return Cell(None, source=name)
+    v = {"yes": "predicts, pooled over datasets", "no": "anti-predicts, pooled over datasets"
+         }.get(_side(a.get("ci"), 0.5), "undecided")
+    if s.get("n_unparseable"):
+        v += f"; {s['n_unparseable']} of the {s.get('n_wrong')} wrong verdicts are no verdict"
+    return Cell(a["auc"], a.get("ci"), a.get("n"), o.get("n_passages"), v,
+                f"{name}: overall.signals.context_mass.auc")
+
+
+def _reasoning(key: str, fmt: str = "+.2f") -> Extract:
+    """Reasoning minus one-word judge, paired; EA says the no-verdict shares (counted wrong)."""
+    def f(d: Path, m: str) -> Cell:
+        name = f"{m}__reasoning_side_by_side.json"
+        r = _read(d / name)
+        o = _get(r, m, "overall") or _get(r, "overall")
+        g = _get(o, key)
+        if not isinstance(g, Mapping) or g.get("delta") is None:
+            return Cell(None, source=name)
+        v = {"yes": "reasoning higher", "no": "reasoning lower"}.get(
+            _side(g.get("delta_ci"), 0.0), "undecided")
+        nv = _get(o, "no_verdict_share")
+        if isinstance(nv, Mapping) and nv.get("reasoning") is not None and key == "EA":
+            v += (f" ({g['reasoning']:.2f} vs {g['word']:.2f}); no verdict: reasoning "
+                  f"{nv['reasoning']:.0%}, one word {nv['word']:.0%}, counted wrong")
+        return Cell(g["delta"], g.get("delta_ci"), o.get("n"), o.get("n_passages"), v,
+                    f"{name}: overall.{key}.delta", fmt)
+    return f
+
+
+def _cross(key: str) -> Extract:
+    """Cross-judging (``cross_judge.json``, :func:`interp.methods.cross_judge.judge_matrix`).
+
+    ``self_minus_other``: the model's EA on its own answers minus its EA on the other model's
+    answers (different answers, so the cell gives both answer sets' GA);
+    ``self_judge_minus_other``: the model judging its own answers minus the other model
+    judging the SAME answers. Both paired over the records the runs share, passage-cluster CI.
+    The matrix is keyed by model spec; ``m`` is its slug (the file prefix).
+    """
+    name = "cross_judge.json"
+
+    def f(d: Path, m: str) -> Cell:
+        table = _get(_read(d / name), key) or {}
+        spec = next((s for s in table if model_slug(s) == m), None)
+        row = table.get(spec) if spec is not None else None
+        if not isinstance(row, Mapping) or not row:
+            return Cell(None, source=name)
+        other, e = next(iter(row.items()))
+        if not isinstance(e, Mapping) or e.get("EA_diff") is None:
+            return Cell(None, source=name)
+        side = _side(e.get("EA_diff_ci"), 0.0)
+        v = {"yes": "self higher", "no": "self lower"}.get(side, "undecided")
+        if key == "self_minus_other":
+            v += f" (GA of its answers {e['GA_self']:.2f}, of {model_slug(other)}'s " \
+                 f"{e['GA_other']:.2f})"
+        else:
+            v += f" (judged by {model_slug(other)})"
+        return Cell(e["EA_diff"], e.get("EA_diff_ci"), e.get("n"), e.get("n_passages"), v,
+                    f"{name}: {key}.{spec}.{other}.EA_diff", "+.2f")
+    return f
+
+
+CLAIMS: tuple[tuple[str, str, Extract], ...] = (
+    ("GA > EA on SQuAD 2.0 (3.1)", "EA - GA", _delta("squad_v2")),
+    ("GA > EA on DROP (3.1)", "EA - GA", _delta("drop")),
+    ("GA > EA on HotpotQA (3.1)", "EA - GA", _delta("hotpotqa")),
+    ("MuSiQue the exception: EA >= GA (3.1)", "EA - GA", _delta("musique", exception=True)),
+    ("GA > EA with the forced choice, SQuAD 2.0", "EA_forced - GA",
+     _delta("squad_v2", "delta_forced")),
+    ("... SQuAD 2.0, replies with a verdict only (control)", "EA - GA, parsed verdicts",
+     _delta("squad_v2", "delta_valid")),
+    ("... DROP, replies with a verdict only (control)", "EA - GA, parsed verdicts",
+     _delta("drop", "delta_valid")),
+    ("... does the judge tell right from wrong? SQuAD 2.0 (control)",
+     "AUC of logit_diff against y*", _judge_auc("squad_v2")),
+    ("... DROP (control)", "AUC of logit_diff against y*", _judge_auc("drop")),
+    ("the judge reads the context 3-5x less (3.2)", "gen / eval context mass",
+     _ratio("context_ratio")),
+    ("... SQuAD 2.0", "gen / eval context mass", _ratio("context_ratio", dataset="squad_v2")),
+    ("... DROP", "gen / eval context mass", _ratio("context_ratio", dataset="drop")),
+    ("... HotpotQA", "gen / eval context mass", _ratio("context_ratio", dataset="hotpotqa")),
+    ("... MuSiQue", "gen / eval context mass", _ratio("context_ratio", dataset="musique")),
+    ("... under the matched template (control)", "gen / eval context mass",
+     _ratio("context_ratio", "matched/", control=True)),
+    ("... renormalised to context+question+candidate (control)", "gen / eval content share",
+     _ratio("content_context_share_ratio", control=True)),
+    ("... renormalised to context+question, the spans both prompts have (control)",
+     "gen / eval context share", _ratio("context_question_share_ratio", control=True)),
+    ("... matched template, renormalised to context+question (control)", "gen / eval context share",
+     _ratio("context_question_share_ratio", "matched/", control=True)),
+    ("the judge barely reads the candidate (3.2)", "eval candidate mass", _candidate),
+    ("LoRA-Gen over-accepts (3.3)", "acceptance of the base's wrong answers, LoRA-Gen - base",
+     _transfer("lora_gen", "accept_wrong_base_answers", +1)),
+    ("LoRA-Eval degrades generation (3.3)", "GA, LoRA-Eval - base",
+     _transfer("lora_eval", "GA", -1)),
+    ("steering the judge's context up (x4) makes it right more often", "dEA_forced, alpha 4",
+     _steer("eval", "ea_forced", "4.0")),
+    ("... and reject wrong answers more", "d acceptance given wrong, alpha 4",
+     _steer("eval", "accept_incorrect", "4.0")),
+    ("... and keep accepting right answers", "d acceptance given right, alpha 4",
+     _steer("eval", "accept_correct", "4.0")),
+    ("... and lower its logit difference on the verdict", "d mean logit_diff (nats), alpha 4",
+     _steer("eval", "logit_diff", "4.0")),
+    ("... control: the NON-context keys x4 (n_keys in the summary)", "dEA_forced, alpha 4",
+     _steer("eval", "ea_forced", "4.0", control=True)),
+    ("... control: its logit difference", "d mean logit_diff (nats), alpha 4",
+     _steer("eval", "logit_diff", "4.0", control=True)),
+    ("... context minus control, per record", "d logit_diff context - control, alpha 4",
+     _steer_vs_control("eval", "logit_diff", "4.0")),
+    ("... on right answers (helping would raise it)", "the same, oracle-correct answers",
+     _steer_vs_control("eval", "logit_diff_correct", "4.0", right=+1)),
+    ("... on wrong answers (helping would lower it)", "the same, oracle-incorrect answers",
+     _steer_vs_control("eval", "logit_diff_incorrect", "4.0", right=-1)),
+    ("lowering the generator's context attention (x0.25) lowers GA", "dGA, alpha 0.25",
+     _steer("gen", "ga", "0.25")),
+    ("where the verdict is decided: candidate swap, residual stream", "restored share",
+     _patch("candidate-swap/resid")),
+    ("... attention heads", "restored share", _patch("candidate-swap/heads")),
+    ("... candidate swap on every bundled SQuAD 2.0 and DROP record, residual stream",
+     "restored share", _patch("candidate-swap/resid", "pool/")),
+    ("... candidate swap on every bundled SQuAD 2.0 and DROP record, attention heads",
+     "restored share", _patch("candidate-swap/heads", "pool/")),
+    ("... candidate swap kept at 0.5 nat, residual stream (the gap filter's sensitivity)",
+     "restored share", _patch("candidate-swap/resid", "gap/")),
+    ("... candidate swap kept at 0.5 nat, attention heads (the gap filter's sensitivity)",
+     "restored share", _patch("candidate-swap/heads", "gap/")),
+    ("... generator's run into the judge's: residual stream", "restored share",
+     _patch("gen-to-eval/resid")),
+    ("... generator's run into the judge's: attention heads", "restored share",
+     _patch("gen-to-eval/heads")),
+    ("... system-prompt control", "restored share", _patch("system-prompt-control/resid")),
+    ("a probe on the judge's residual stream beats its verdict score",
+     "AUC within datasets, probe - judge's logit_diff (paired)", _probe("eval")),
+    ("... a probe on the generation prompt, before the answer",
+     "AUC within datasets, probe - judge's logit_diff (paired)", _probe("gen")),
+    ("... on the other model's answers (across models)",
+     "AUC within datasets, probe - judge's logit_diff (paired)", _probe_across),
+    ("low context reading flags a wrong verdict (audit)", "AUC, low context mass", _audit),
+    ("a reasoning judge judges better", "EA, reasoning - one word", _reasoning("EA")),
+    ("... forced choice after its reasoning (control)", "EA_forced, reasoning - one word",
+     _reasoning("EA_forced")),
+    ("... tells right from wrong better (forced choice)", "acceptance gap right - wrong, "
+     "reasoning - one word", _reasoning("discrimination_forced")),
+    ("... and reads the context more at its verdict (3.2, reasoning judge)",
+     "verdict-position context mass, reasoning - one word", _reasoning("verdict_context_mass",
+                                                                       "+.3f")),
+    ("a model judges its own answers better than another's (3.1, self vs other)",
+     "EA on own - on other's answers", _cross("self_minus_other")),
+    ("... better than the other model judges them (same answers)",
+     "EA, self-judge - other judge", _cross("self_judge_minus_other")),
+)
+"""``(claim, measured quantity, extractor)``: the rows of the report, in order."""

@@ -1,0 +1,48 @@
+"""File-safe names for datasets, record ids and models: the one rule every stored path follows.
+
+A leaf module (it imports nothing from ``interp``), so the run-directory store and the stage
+contract (:mod:`interp.core.contract`) name the same files without importing each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+__all__ = ["CROSS_JUDGES", "cross_name", "flat_key", "model_slug", "safe_name"]
+
+
+def safe_name(name: str) -> str:
+    """A file name for a dataset or record id (``_`` for unsafe characters, + sha1 if changed)."""
+    s = re.sub(r"[^A-Za-z0-9_.-]", "_", str(name))
+    if s != str(name) or not s:
+        s = f"{s[:60]}-{hashlib.sha1(str(name).encode()).hexdigest()[:8]}"
+    return s
+
+
+def flat_key(dataset: str, record_id: str) -> str:
+    """A record's file-safe key ``dataset__id`` (characters outside ``[A-Za-z0-9_.-]`` -> ``_``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{dataset}__{record_id}")
+
+
+def model_slug(spec: str) -> str:
+    """A folder name for a model spec.
+
+    ``meta-llama/Llama-3.1-8B-Instruct`` -> ``Llama-3.1-8B-Instruct``; an existing path -> its
+    stem.
+    """
+    if Path(spec).exists():
+        return Path(spec).stem
+    return spec.rstrip("/").replace("/", "__").replace("@", "_").removesuffix(".gguf").split(
+        "__")[-1]
+
+
+CROSS_JUDGES = "__judges__"
+"""What joins a judge's and a generator's model slugs in the name of a cross-judged run
+(``<judge>__judges__<source>``, :mod:`interp.run.cross_grid`) and of its published files."""
+
+
+def cross_name(judge_slug: str, source_slug: str) -> str:
+    """``<judge>__judges__<source>``: the name of one judge's run on another model's answers."""
+    return f"{judge_slug}{CROSS_JUDGES}{source_slug}"
