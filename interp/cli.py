@@ -331,7 +331,7 @@ def _stage_params(s: StageSpec) -> list[inspect.Parameter]:
 
     overwrite = opt("overwrite", bool, False, help=(
         _OVERWRITE_STAGE if s.needs_run else "discard work made with another config"))
-    if s.name == "audit":  # a run directory, or a judge dataset judged into a new one
+    if s.judged_input:  # a run directory, or a judge dataset judged into a new one
         return [opt("run", Path | None, None, help="a judged run directory (self- or "
                                                    "cross-judged)"),
                 opt("judged", Path | None, None, help=(
@@ -352,7 +352,7 @@ def _stage_params(s: StageSpec) -> list[inspect.Parameter]:
                 "only rebuild the tables and figures from the stored parts (no model)")))
         return params
     params = [opt("out", Path, Path(f"runs/{s.name}"), help="run directory"), overwrite]
-    if s.name == "transfer":
+    if s.config_file:
         params.insert(0, opt("config", Path | None, None, help=(
             "TOML: a [transfer] table or flat TransferConfig keys (options given override "
             "it)")))
@@ -395,6 +395,7 @@ def _run_stage(s: StageSpec, cls: Any, kw: dict[str, Any]) -> None:
     """Build the config from the options given, check, load the model, run, print."""
     from interp.models.loading import load_model
     from interp.stages import load_run_model
+    from interp.stages.common import check_capabilities
     from interp.store.rundir import RunDir
 
     values = given(cls, kw)
@@ -404,7 +405,7 @@ def _run_stage(s: StageSpec, cls: Any, kw: dict[str, Any]) -> None:
         values = {**s.load().load_config_file(kw["config"]), **values}
     cfg = cls.from_mapping(values)  # every bad value is refused before any file is read
     mod = s.load()
-    if s.name == "audit":
+    if s.judged_input:
         _audit_dir(mod, kw)
     where = Path(kw.get("run") or kw["out"])
     rd = RunDir(_watch(where))
@@ -415,11 +416,12 @@ def _run_stage(s: StageSpec, cls: Any, kw: dict[str, Any]) -> None:
         summary = getattr(mod, s.tables_only)(rd, cfg)  # type: ignore[arg-type]
     else:
         run, handle = mod.run, None
-        if s.needs_run:
+        if s.model_from == "run":
             handle = load_run_model(rd, device=kw["device"], stage=s.name, config=cfg)
-        elif s.name == "asymmetry":  # loaded by the stage after its checks; maybe sharded
+        elif s.model_from == "stage":  # loaded by the stage after its checks; maybe sharded
             run = _run_asymmetry
-        else:
+        else:  # "config"
+            check_capabilities(s.name, cfg.model)
             handle = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
         summary = run(rd, handle, cfg, overwrite=kw["overwrite"], log=typer.echo)
         if summary is None:  # a shard's records only: the merge writes metrics.json
@@ -463,6 +465,9 @@ def _audit_dir(mod: Any, kw: dict[str, Any]) -> None:
     if not kw["model"] or kw["out"] is None:
         raise ConfigError("--judged needs --model (the judge) and --out (its run directory)")
     mod.read_judged(kw["judged"])  # a malformed file fails before the model loads
+    from interp.stages.common import check_capabilities
+
+    check_capabilities("audit", kw["model"], where="interp audit --judged")
     kw["judged_handle"] = handle = load_model(kw["model"], device=kw["device"])
     mod.judged_run(kw["judged"], _watch(kw["out"]), handle, template=kw["template"],
                    overwrite=kw["overwrite"], log=typer.echo)

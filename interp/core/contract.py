@@ -158,6 +158,16 @@ class StageSpec:
             the reasoning judge's ``records.jsonl``).
         needs_run: it works on a finished asymmetry run (loads the run's model); False: it
             creates its own (``asymmetry``) or may start in an empty folder (``transfer``).
+        model_needs: what it needs the model to do (:mod:`interp.core.capabilities`); a
+            stage is refused on a model that cannot, before the model loads
+            (:func:`interp.stages.common.check_capabilities`).
+        model_from: where its command gets the model: ``run`` (the run's manifest,
+            :func:`interp.stages.load_run_model`), ``config`` (the config's ``model``, loaded
+            by the command) or ``stage`` (the stage loads it after its own checks, maybe in a
+            shard of a launcher: Study 1).
+        config_file: its command also takes ``--config FILE`` (a TOML table of its config).
+        judged_input: its command may instead judge a JSONL judge dataset into a new run
+            (``--judged FILE --model M --out DIR``).
     """
 
     name: str
@@ -174,6 +184,10 @@ class StageSpec:
     tables_only: str | None = None
     parts_only: str | None = None
     needs_run: bool = True
+    model_needs: frozenset[str] = frozenset({"attention", "activations"})
+    model_from: str = "run"
+    config_file: bool = False
+    judged_input: bool = False
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -212,6 +226,7 @@ _RECORDS = Need("asymmetry", "records.jsonl")
 SPECS: tuple[StageSpec, ...] = (
     StageSpec(
         name="asymmetry", command="asymmetry", module="interp.stages.asymmetry",
+        model_needs=frozenset({"generate", "judge"}), model_from="stage",
         config="AsymmetryConfig", folder="", needs_run=False,
         help="Study 1: generate, grade with the oracle, self-evaluate; write GA/EA/Delta.",
         parts=(Part("records.jsonl", "records", "lines", "the record's own fields (question, "
@@ -221,6 +236,7 @@ SPECS: tuple[StageSpec, ...] = (
         figures=("figures/asymmetry.png",), tables_only="write_metrics"),
     StageSpec(
         name="attention", command="attention", module="interp.stages.attention",
+        model_needs=frozenset({"attention"}),
         config="AttentionConfig", folder="attention", needs=(_RECORDS,),
         help="Study 2: last-token attention rows and span mass per layer and head.",
         parts=(Part("attention/records/{dataset}/{id}.safetensors", "attention recordings",
@@ -233,6 +249,7 @@ SPECS: tuple[StageSpec, ...] = (
         figures=("figures/attention_*.png",), tables_only="write_tables", parts_only="record"),
     StageSpec(
         name="probe", command="probe", module="interp.stages.probe", config="ProbeConfig",
+        model_needs=frozenset({"activations"}),
         folder="probes", needs=(_RECORDS,),
         help="Probes on the residual stream predicting y*: the representation as a judge.",
         parts=(Part("probes/features_{task}.safetensors", "probe feature caches", "rows",
@@ -242,6 +259,7 @@ SPECS: tuple[StageSpec, ...] = (
         figures=("figures/probes.png",)),
     StageSpec(
         name="transfer", command="transfer", module="interp.stages.transfer",
+        model_needs=frozenset({"weights"}), model_from="config", config_file=True,
         config="TransferConfig", folder="transfer", needs_run=False,
         help="Study 3: hard negatives, LoRA-Gen/Eval/Both adapters, transfer table and figures.",
         parts=(Part("transfer/adapters/{adapter}/adapter_config.json", "trained adapters",
@@ -256,6 +274,7 @@ SPECS: tuple[StageSpec, ...] = (
         figures=("figures/transfer_*.png",), parts_only="make_parts"),
     StageSpec(
         name="patching", command="patch", module="interp.stages.patching",
+        model_needs=frozenset({"activations"}),
         config="PatchingConfig", folder="patching", needs=(_RECORDS,),
         help="Activation / attribution patching between the judge and the generator.",
         parts=(Part("patching/{pairs}/{kind}/parts/{dataset}__{id}.json", "patching parts",
@@ -266,6 +285,7 @@ SPECS: tuple[StageSpec, ...] = (
         figures=("figures/patching_*.png",)),
     StageSpec(
         name="steering", command="steer", module="interp.stages.steering",
+        model_needs=frozenset({"attention"}),
         config="SteeringConfig", folder="steering",
         needs=(_RECORDS, Need("attention", "attention/summary.json", ("heads", "top-diff:"))),
         help="Attention steering: scale the context attention of the judge's verdict position.",
@@ -277,6 +297,7 @@ SPECS: tuple[StageSpec, ...] = (
         figures=("figures/steering.png",), parts_only="make_parts"),
     StageSpec(
         name="record", command="record", module="interp.stages.record", config="RecordConfig",
+        model_needs=frozenset({"attention", "activations"}),
         folder="record", needs=(_RECORDS,),
         help="Full attention patterns, residual streams and head outputs of every prompt, on "
              "disk.",
@@ -289,6 +310,7 @@ SPECS: tuple[StageSpec, ...] = (
         parts_only="record"),
     StageSpec(
         name="audit", command="audit", module="interp.stages.audit", config="AuditConfig",
+        model_needs=frozenset({"attention"}), judged_input=True,
         folder="audit", needs=(_RECORDS,),
         help="Did the judge read? Attention on context/candidate per verdict, AUCs, flagged "
              "verdicts.",
@@ -298,6 +320,7 @@ SPECS: tuple[StageSpec, ...] = (
         figures=("figures/audit_roc.png",), tables_only="write_audit"),
     StageSpec(
         name="reasoning", command="reasoning", module="interp.stages.reasoning",
+        model_needs=frozenset({"generate", "judge", "attention"}),
         config="ReasoningConfig", folder="reasoning", needs=(_RECORDS,),
         help="A reasoning judge on the run's answers, side by side with its one-word judge.",
         parts=(Part("reasoning/records.jsonl", "reasoning judgments", "lines",

@@ -48,6 +48,7 @@ from typing import Any
 
 import httpx
 
+from interp.core.capabilities import SERVED, SERVED_PREFIX, is_served
 from interp.core.errors import ConfigError, EndpointError
 from interp.endpoints.cache import RequestCache, request_key
 from interp.judging.verdict import VERDICT_WORDS
@@ -104,8 +105,8 @@ class DeadlineTransport(httpx.BaseTransport):
         self.inner.close()
 
 
-PREFIX = "openai:"
-"""The spec prefix of a served model: ``openai:MODEL``."""
+PREFIX = SERVED_PREFIX
+"""The spec prefix of a served model: ``openai:MODEL`` (:mod:`interp.core.capabilities`)."""
 FORCED_METHOD = "llama.cpp token grammar, cache_prompt false"
 """The ``forced_choice.method`` of a server that scores whole replies
 (:mod:`interp.endpoints.scoring`)."""
@@ -114,9 +115,8 @@ MIN_REQUESTS_FOR_RATE = 20
 long run does not stop it)."""
 
 
-def is_endpoint_spec(spec: Any) -> bool:
-    """Whether ``spec`` names a served model (``openai:MODEL``)."""
-    return isinstance(spec, str) and spec.startswith(PREFIX)
+is_endpoint_spec = is_served
+"""Whether ``spec`` names a served model (:func:`interp.core.capabilities.is_served`)."""
 
 
 class RequestFailed(Exception):  # noqa: N818 - a request outcome, not an interp input error
@@ -233,6 +233,9 @@ class Endpoint:
 
     def __repr__(self) -> str:
         return f"Endpoint({self.config.model!r} at {self.base_url!r})"
+
+    capabilities = SERVED
+    """What it can do (:mod:`interp.core.capabilities`): replies and log-probs, no internals."""
 
     @property
     def spec(self) -> str:

@@ -193,7 +193,8 @@ def fit_probe(X: Float[np.ndarray, "n d"], y: Bool[np.ndarray, " n"], kind: str 
         C: inverse regularisation of logreg and svm.
         mlp_hidden: hidden units of the MLP.
         mlp_alpha: L2 penalty of the MLP.
-        seed: MLP initialisation seed.
+        seed: the MLP's initialisation and the SVM's coordinate-descent order (so a fit is
+            reproducible).
 
     Returns:
         The :class:`FittedProbe`.
@@ -220,7 +221,8 @@ def fit_probe(X: Float[np.ndarray, "n d"], y: Bool[np.ndarray, " n"], kind: str 
         if kind == "logreg":
             clf = LogisticRegression(C=C, class_weight="balanced", max_iter=2000).fit(Z, y)
         else:
-            clf = LinearSVC(C=C, class_weight="balanced", max_iter=5000, dual="auto").fit(Z, y)
+            clf = LinearSVC(C=C, class_weight="balanced", max_iter=5000, dual="auto",
+                            random_state=seed).fit(Z, y)
     return FittedProbe(kind, scaler.mean_, scaler.scale_, coef=clf.coef_[0].copy(),
                        intercept=float(clf.intercept_[0]))
 

@@ -50,6 +50,7 @@ import math
 import random
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 import torch
@@ -68,6 +69,7 @@ from interp.models.points import hook_name
 __all__ = [
     "REFUSAL_PATTERNS",
     "VERDICT_WORDS",
+    "HardNegativeSettings",
     "TransferSettings",
         "build_training_sets",
     "cross_model_patching",
@@ -105,6 +107,47 @@ class TransferSettings(Protocol):
 # ---------------------------------------------------------------------------------------------
 # Step 2: hard negatives
 # ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HardNegativeSettings:
+    """What the closed-book miner reads (:func:`mine_hard_negatives`): one type for both users.
+
+    The transfer study mines one hard negative per training record; the patching study's
+    candidate swap mines one per record, one record at a time, with its own seed per record.
+    Both configs carry the ``hard_negative_*`` fields (their docstrings explain each):
+    :meth:`from_config` takes them, and ``overrides`` replace any field.
+
+    Attributes:
+        hard_negative_template: the template whose generation prompt has no context.
+        hard_negative_attempts: sampled answers per record before the fallback.
+        hard_negative_temperature, hard_negative_top_p: sampling settings.
+        hard_negative_max_new_tokens: length cap of an answer (tokens).
+        hard_negative_max_words: longer answers are rejected.
+        seed: the sampling seed.
+        batch_size: prompts per forward.
+        templates_path: a TOML of extra templates (None: the built-in ones).
+    """
+
+    hard_negative_template: str = "closed_book"
+    hard_negative_attempts: int = 5
+    hard_negative_temperature: float = 0.7
+    hard_negative_top_p: float = 0.9
+    hard_negative_max_new_tokens: int = 16
+    hard_negative_max_words: int = 12
+    seed: int = 0
+    batch_size: int = 8
+    templates_path: str | None = None
+
+    @classmethod
+    def from_config(cls, config: Any, **overrides: Any) -> HardNegativeSettings:
+        """The settings of a stage config (any object with these attributes), then ``overrides``.
+
+        Raises:
+            AttributeError: ``config`` lacks a field that ``overrides`` does not give.
+        """
+        names = [f.name for f in fields(cls)]
+        return cls(**{n: overrides[n] if n in overrides else getattr(config, n) for n in names})
 
 REFUSAL_PATTERNS: tuple[str, ...] = (
     r"\bi need more\b",
@@ -233,7 +276,8 @@ def rotation_answer(k: int, pool: Sequence[QAExample], oracle: BaseOracle, *,
 
 
 def mine_hard_negatives(handle: ModelHandle, pool: Sequence[QAExample], oracle: BaseOracle,
-                        config: TransferSettings, *, rotation: bool = True,
+                        config: HardNegativeSettings | TransferSettings, *,
+                        rotation: bool = True,
                         log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Step 2 of the module algorithm: one hard negative per pool record.
 
@@ -241,7 +285,8 @@ def mine_hard_negatives(handle: ModelHandle, pool: Sequence[QAExample], oracle: 
         handle: the base model (asked WITHOUT the context).
         pool: training records (answerable).
         oracle: judges whether a sampled answer matches the gold.
-        config: ``hard_negative_*`` settings, ``seed``, ``templates_path``.
+        config: the miner's settings (:class:`HardNegativeSettings`, or a config that has
+            them all: :meth:`HardNegativeSettings.from_config` takes them).
         rotation: fall back to answer rotation when no attempt is usable (Study 3); without
             it such a record keeps ``hard_negative`` None (the patching study skips it).
         log: progress lines.
@@ -255,6 +300,8 @@ def mine_hard_negatives(handle: ModelHandle, pool: Sequence[QAExample], oracle: 
         TransferError: with ``rotation``, no usable negative at all for a record (all golds
             in the pool equal).
     """
+    if not isinstance(config, HardNegativeSettings):
+        config = HardNegativeSettings.from_config(config)
     tpl = get_template(config.hard_negative_template, config.templates_path)
     prompts = [render(handle.tokenizer, tpl, "gen", context=ex.context, question=ex.question)
                .input_ids for ex in pool]

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from interp.core.capabilities import IN_PROCESS, is_served
 from interp.core.errors import ModelSpecError
 from interp.models.files import (
     check_folder,
@@ -85,6 +86,9 @@ class ModelHandle:
     tokenizer: Any
     spec: str
     info: dict[str, Any] = field(default_factory=dict)
+
+    capabilities = IN_PROCESS
+    """What it can do (:mod:`interp.core.capabilities`): everything, weights and hooks."""
 
     @property
     def device(self) -> torch.device:
@@ -166,7 +170,7 @@ def _resolve(spec: str, revision: str | None) -> tuple[Path | str, dict[str, Any
     """
     spec = canonical_spec(spec)
     info: dict[str, Any] = {"spec": spec}
-    if spec.startswith("openai:"):
+    if is_served(spec):
         raise ModelSpecError(f"{spec} is a model served behind an endpoint: it has no weights "
                              f"to load here; only Study 1 (interp asymmetry) and the oracle "
                              f"run on it (docs/endpoints.md)")

@@ -51,6 +51,7 @@ from typing import Any
 
 from interp import stages
 from interp.core import contract
+from interp.core.capabilities import is_served
 from interp.core.errors import ConfigError
 from interp.core.inputs import new_run_dir, read_toml
 from interp.core.io import atomic_write_text, write_json
@@ -62,7 +63,7 @@ from interp.run.compare import write_comparison
 from interp.run.cross_grid import CrossJudgeConfig, run_cross
 from interp.run.merge import run_asymmetry
 from interp.stages import asymmetry
-from interp.stages.common import Stage, check_against_shape, refuse_served
+from interp.stages.common import Stage, check_against_shape, check_capabilities
 from interp.store.rundir import RunDir
 
 __all__ = ["STAGES", "load_config", "model_slug", "out_dir", "publish_run_dir", "run_config",
@@ -279,8 +280,8 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
                           f"a one-word template and compare with the [reasoning] stage")
     for spec in acfgs:  # every model's shape and needs against every stage, before any runs
         for name, _ in runs:
-            refuse_served(f"[{name}]", spec)
-        if spec.startswith("openai:"):
+            check_capabilities(name, spec, where=f"[{name}]")
+        if is_served(spec):
             continue
         n_layers, n_heads = model_shape(spec)
         for name, scfg in runs:
@@ -359,7 +360,7 @@ def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Pa
         if shard is not None and (only and "asymmetry" not in only) and not lead and not group:
             continue  # stages only, a shard of an array: they run on the merged run
         device = shard.device(acfg.device) if shard is not None else acfg.device
-        handle = None if spec.startswith("openai:") else load_model(  # served: no weights
+        handle = None if is_served(spec) else load_model(  # served: no weights
             spec, device=device, dtype=acfg.dtype, **placement(acfg))
         log(f"== {spec} -> {run_dir}")
         t0 = time.perf_counter()

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, Protocol
 
+from interp.core import contract
+from interp.core.capabilities import capabilities, is_served
 from interp.core.contract import check_needs
 from interp.core.errors import ConfigError, InterpError, LayerSpecError, RunDirError
 from interp.core.layers import parse_layers
@@ -34,7 +36,7 @@ from interp.store.records import limit_per_dataset
 from interp.store.rundir import RunDir
 
 __all__ = ["Stage", "check_against_shape", "check_run_model", "current_share", "load_run_model",
-           "ok_records", "own_share", "refuse_reasoning_judge", "refuse_served", "run_judge",
+           "ok_records", "own_share", "refuse_reasoning_judge", "check_capabilities", "run_judge",
            "share_of_records", "stage_facts"]
 
 _SHARE: ContextVar[tuple[int, int] | None] = ContextVar("interp_share_of_records", default=None)
@@ -235,20 +237,29 @@ def stage_facts(run: RunDir, handle: ModelHandle, stage: str, *,
     return rf
 
 
-def refuse_served(stage: str | None, spec: str) -> None:
-    """Refuse a stage that reads a model's internals on a model served behind an endpoint.
+def check_capabilities(stage: str | None, spec: str, *, where: str | None = None) -> None:
+    """Refuse a stage whose model cannot do what the stage needs, before the model loads.
 
-    Every stage but Study 1 reads attention, activations or weights; a served model
-    (``openai:MODEL``, :mod:`interp.endpoints`) gives only its replies and log-probs.
+    The stage's needs are declared in its contract
+    (:attr:`interp.core.contract.StageSpec.model_needs`); the model's capabilities follow from
+    its spec (:func:`interp.core.capabilities.capabilities`): a model served behind an endpoint
+    (``openai:MODEL``) gives its replies and log-probs, not attention, activations or weights.
+
+    Args:
+        stage: the stage's name (or command); None: a command that loads the weights.
+        spec: the model spec.
+        where: how the error names the stage (default: ``stage``).
 
     Raises:
-        ConfigError: ``spec`` is an ``openai:`` spec (one line naming the stage and why).
+        ConfigError: the model lacks a capability the stage needs (one line naming both).
     """
-    if spec.startswith("openai:"):
-        raise ConfigError(f"{stage or 'this command'} needs the model's internals (attention, "
-                          f"activations or weights); {spec} is served behind an endpoint, "
-                          f"which gives only replies and log-probs: only Study 1 (interp "
-                          f"asymmetry) runs on it (docs/endpoints.md)")
+    needs = contract.spec(stage).model_needs if stage else frozenset({"weights"})
+    if missing := sorted(needs - capabilities(spec)):
+        served = " (served behind an endpoint: replies and log-probs only)" if is_served(
+            spec) else ""
+        raise ConfigError(f"{where or stage or 'this command'} needs the model's "
+                          f"{', '.join(missing)}; {spec}{served} cannot give them: run it on "
+                          f"a model loaded in this process (docs/endpoints.md)")
 
 
 def load_run_model(run: RunDir, device: str | None = None,
@@ -275,7 +286,8 @@ def load_run_model(run: RunDir, device: str | None = None,
     Raises:
         RunDirError: no manifest, a manifest without a model, or weights whose sha256 differs
             from the manifest's.
-        ConfigError: the run's model is served behind an endpoint (:func:`refuse_served`).
+        ConfigError: the run's model cannot do what the stage needs
+            (:func:`check_capabilities`).
         interp.core.errors.ModelSpecError: the spec cannot be loaded here.
         LayerSpecError: ``config`` selects layers outside the model (:func:`check_against_shape`).
         RunDirError: a file the stage needs is missing (:func:`interp.core.contract.check_needs`).
@@ -286,7 +298,7 @@ def load_run_model(run: RunDir, device: str | None = None,
     if not spec:
         raise RunDirError(f"{run.manifest_path} names no model (neither model.spec nor "
                           f"config.model)")
-    refuse_served(stage, spec)
+    check_capabilities(stage, spec)
     if config is not None and (n_layers := manifest.get("model", {}).get("n_layers")):
         check_against_shape(stage or "stage", config, int(n_layers),
                             manifest["model"].get("n_heads"))

@@ -213,19 +213,15 @@ class Miner:
 
     def __call__(self, rec: Mapping[str, Any]) -> list[str]:
         """The record's closed-book hard negatives (0 or 1), graded Incorrect by the oracle."""
-        from types import SimpleNamespace
-
         from interp.data import QAExample
-        from interp.methods.transfer import mine_hard_negatives
+        from interp.methods.transfer import HardNegativeSettings, mine_hard_negatives
 
         key = (rec["dataset"], str(rec["id"]))
         if key not in self.rows:
             h = int(hashlib.sha1(key[1].encode()).hexdigest()[:6], 16)
             c = self.cfg
-            settings = SimpleNamespace(**{k: v for k, v in asdict(c).items()
-                                          if k.startswith("hard_negative")},
-                                       seed=c.seed * 7919 + h, batch_size=1,
-                                       templates_path=self.templates_path)
+            settings = HardNegativeSettings.from_config(
+                c, seed=c.seed * 7919 + h, batch_size=1, templates_path=self.templates_path)
             ex = QAExample(id=key[1], dataset=key[0], context=rec["context"],
                            question=rec["question"], answers=tuple(rec["answers"]),
                            answerable=True, split=rec.get("split", "validation"))

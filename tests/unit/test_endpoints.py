@@ -350,7 +350,7 @@ def test_served_study_without_scores_caches_and_never_writes_the_key(
     again = run(out, None, AsymmetryConfig(**{**cfg.__dict__, "limit": 3}))
     assert seen["chat"] == posts and again["overall"]["EA"] == 1.0
     # the stages that read internals refuse the run in one line
-    with pytest.raises(ConfigError, match="attention needs the model's internals"):
+    with pytest.raises(ConfigError, match="attention needs the model's attention; openai:"):
         load_run_model(RunDir(out), stage="attention")
 
 

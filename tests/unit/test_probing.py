@@ -331,3 +331,11 @@ def test_cells_in_parallel_processes_give_the_rows_and_null_of_one_process():
     pk = {"n_permutations": 3, "folds": 3, "seed": 1, "log": lambda s: None}
     assert (permutation_null(feats, y, range(n_layers), 0.6, n_jobs=2, **pk)
             == permutation_null(feats, y, range(n_layers), 0.6, **pk))
+
+
+def test_an_svm_probe_fit_is_reproducible():
+    """LinearSVC's dual coordinate descent shuffles with numpy's global state unless seeded."""
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(40, 300)), rng.random(40) < 0.5
+    a, b = fit_probe(X, y, "svm", seed=1), fit_probe(X, y, "svm", seed=1)
+    np.testing.assert_array_equal(a.coef, b.coef)
