@@ -45,7 +45,8 @@ study: $(STAMP)
 # Resumable: interrupt it and run it again. Phase 1 (Study 1 and 2 of both configs) first, so
 # the headline numbers exist early; then every stage; then the candidate swap's gap-filter
 # sensitivity on the same records (experiments/findings_gap.toml) and, for SmolLM2, on every
-# bundled SQuAD 2.0 and DROP record (experiments/findings_pool.toml); then the report's table.
+# bundled SQuAD 2.0 and DROP record (experiments/findings_pool.toml); then steering at x8 and x16
+# (experiments/findings_steer.toml); then the report's table.
 FINDINGS_PROCS ?= 1
 FINDINGS_RUN = OMP_NUM_THREADS=$$(( $$(nproc) / $(FINDINGS_PROCS) )) $(BIN)/torchrun --standalone \
 	--nproc_per_node $(FINDINGS_PROCS) -m interp run
@@ -53,7 +54,7 @@ FINDINGS_RUN = OMP_NUM_THREADS=$$(( $$(nproc) / $(FINDINGS_PROCS) )) $(BIN)/torc
 # checksummed archive and restored first, so the study resumes on a fresh machine instead of
 # starting again; `make findings-state` saves it after an interrupted run (docs/findings.md).
 FINDINGS_STATE = experiments/findings/state.tar.xz
-FINDINGS_OUTS = findings findings_matched findings_gap findings_pool
+FINDINGS_OUTS = findings findings_matched findings_gap findings_pool findings_steer
 findings: $(STAMP)
 	$(BIN)/python -m experiments.findings --restore-state $(FINDINGS_STATE) runs
 	$(FINDINGS_RUN) experiments/findings.toml --only asymmetry,attention
@@ -63,6 +64,8 @@ findings: $(STAMP)
 	$(FINDINGS_RUN) experiments/findings_gap.toml --only patching
 	$(BIN)/python -m experiments.findings --seed-run runs/findings runs/findings_pool smollm2-135m-instruct
 	$(FINDINGS_RUN) experiments/findings_pool.toml
+	$(BIN)/python -m experiments.findings --seed-run runs/findings runs/findings_steer
+	$(FINDINGS_RUN) experiments/findings_steer.toml --only steering
 	$(MAKE) findings-state
 	$(BIN)/python -m experiments.findings figures/findings docs/findings.md
 

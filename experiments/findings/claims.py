@@ -23,7 +23,46 @@ from typing import Any
 
 from interp.core.names import cross_name, model_slug
 
-__all__ = ["CLAIMS", "Cell", "Extract"]
+__all__ = ["CLAIMS", "DECISIONS", "MIN_COVERAGE", "Cell", "Extract", "decide"]
+
+DECISIONS = ("supported", "contradicted", "undecided", "not measurable", "control",
+             "not measured")
+"""What a row can read. ``supported`` / ``contradicted``: the 95% CI lies wholly on the
+claim's side of its threshold (zero, 0.5 for an AUC, the claim's own bounds) or wholly on the
+other; ``undecided``: it includes the threshold; ``not measurable``: the measurement is
+degenerate (coverage under :data:`MIN_COVERAGE`, one class, a judge that gives one reply to
+every answer, a value that is not what its name says), and the row says why; ``control``: a
+row whose outcome is fixed or nearly so by construction, shown so a reader can check the
+machinery, not counted as evidence; ``not measured``: the study has no such file."""
+MIN_COVERAGE = 0.5
+"""A judge that gives a verdict on fewer than this share of its answers is not measured as a
+judge: its EA is mostly the no-verdict replies counted wrong."""
+
+
+def decide(ci: Sequence[float] | None, threshold: float = 0.0, sign: int = +1) -> str:
+    """What a 95% CI decides about a claim on the side of a threshold.
+
+    ``sign`` +1: the claim is that the quantity lies above ``threshold``; -1: below it; 0: not
+    below it (no decrease).
+
+    A CI of zero width (every passage resample gave one value) decides only when the claim is
+    about that value's side: a constant 0 contradicts "up" and "down" and supports "no
+    decrease".
+
+    Returns:
+        ``supported``, ``contradicted`` or ``undecided`` (no CI: ``undecided``).
+    """
+    if ci is None or None in ci:
+        return "undecided"
+    lo, hi = ci
+    if sign == 0:
+        return "contradicted" if hi < threshold else "supported" if lo >= threshold else \
+            "undecided"
+    if sign < 0:
+        lo, hi, threshold = -hi, -lo, -threshold
+    return "supported" if lo > threshold else "contradicted" if hi < threshold or (
+        lo == hi == threshold) else "undecided"
+
 
 
 @dataclass(frozen=True)
@@ -35,9 +74,12 @@ class Cell:
         ci: its 95% passage-cluster bootstrap interval (None: none).
         n: records (or pairs) behind it.
         n_passages: distinct passages behind it.
-        verdict: ``yes`` / ``no`` / ``undecided`` / ``not measured`` (or a short phrase).
+        verdict: the reading in words: which side the CI lies on, and why a case is
+            degenerate (``yes`` / ``no`` / ``undecided`` / ``not measured`` or a short phrase).
         source: the published file and key it was read from.
         fmt: the number format.
+        decision: what the named control decides about the claim, one of :data:`DECISIONS`
+            (:func:`decide`; ``not measured`` when there is no value).
     """
 
     value: float | None
@@ -47,6 +89,7 @@ class Cell:
     verdict: str = "not measured"
     source: str = ""
     fmt: str = ".2f"
+    decision: str = "not measured"
 
     def text(self) -> str:
         """``value [lo, hi] (n=, p=)``, or ``-`` when not measured."""
@@ -126,33 +169,46 @@ def _one_reply(g: Mapping[str, Any], key: str) -> str | None:
             f"{'GA' if rate else '1 - GA'} by construction")
 
 
-def _delta(dataset: str, key: str = "delta", exception: bool = False) -> Extract:
+def _delta(dataset: str, key: str = "delta", exception: bool = False, sub: str = "") -> Extract:
     """EA - GA of one dataset: the claim GA > EA (or, ``exception``, not GA > EA).
 
     ``key`` ``delta_valid`` reads it on the records whose verdict was parsed (the control for
     counting an unparseable reply as a wrong verdict); ``delta`` says how many replies had no
     verdict. A judge that gave one reply to every record, and an exception that holds because
-    GA is 0 on every record, say so: Δ is then set by GA alone (:func:`_one_reply`).
+    GA is 0 on every record, say so: Δ is then set by GA alone (:func:`_one_reply`), and the
+    row is ``not measurable``, as it is when fewer than :data:`MIN_COVERAGE` of the replies
+    have a verdict. ``sub``: another published run (``matched/``: the template control).
     """
     def f(d: Path, m: str) -> Cell:
-        name = f"{m}__asymmetry_metrics.json"
+        name = f"{sub}{m}__asymmetry_metrics.json"
         g = _get(_read(d / name), "per_dataset", dataset)
         if g is None or g.get(key) is None:
             return Cell(None, source=name)
         v = _side(g.get(f"{key}_ci"), 0.0)  # yes: EA > GA
         v = v if exception else _flip(v)
+        decision = decide(g.get(f"{key}_ci"), 0.0, +1 if exception else -1)
         if one := _one_reply(g, key):
             v = f"{v}: {one}" + (" (a control, not a finding)" if exception else "")
+            decision = "not measurable"
         elif exception and g.get("GA") == 0.0:
             v = f"{v}, by construction: GA = 0 of {g.get('n')} (a control, not a finding)"
+            decision = "not measurable"
+        cov = g.get("mean_verdict_coverage")
+        if key == "delta_forced" and cov is not None and cov < MIN_COVERAGE:
+            decision = "not measurable"
+            v += (f"; the two verdict replies hold {cov:.0%} of the probability (under "
+                  f"{MIN_COVERAGE:.0%}): a choice between replies the judge would not give")
         none = _get(g, "verdicts", "none")
         if key == "delta" and none:
             v = f"{v}; {none} of {g.get('n')} replies without a verdict, counted wrong"
+            if g.get("n") and 1 - none / g["n"] < MIN_COVERAGE:
+                decision = "not measurable"
+                v += f" (a verdict on {1 - none / g['n']:.0%}, under {MIN_COVERAGE:.0%})"
         n, p = g.get("n"), g.get("n_passages")
         if key == "delta_valid":  # the parsed records and their passages (older runs: None)
             n, p = g.get("n_valid"), g.get("n_passages_valid")
         return Cell(g[key], g.get(f"{key}_ci"), n, p, _few(v, p),
-                    f"{name}: per_dataset.{dataset}.{key}")
+                    f"{name}: per_dataset.{dataset}.{key}", decision=decision)
     return f
 
 
@@ -171,13 +227,14 @@ def _judge_auc(dataset: str) -> Extract:
             return Cell(None, source=name)
         v = {"yes": "separates them", "no": "reversed"}.get(
             _side(g.get("auc_logit_diff_ci"), 0.5), "not distinguishable from chance")
+        decision = decide(g.get("auc_logit_diff_ci"), 0.5)
         r, w = g.get("acceptance_rate_correct"), g.get("acceptance_rate_incorrect")
         if r is not None and w is not None:
             v += (f"; it accepts {r:.0%} of the {g.get('n_oracle_correct')} right and {w:.0%} "
                   f"of the {g.get('n_oracle_incorrect')} wrong answers")
         return Cell(g["auc_logit_diff"], g.get("auc_logit_diff_ci"), g.get("n"),
                     g.get("n_passages"), _few(v, g.get("n_passages")),
-                    f"{name}: per_dataset.{dataset}.auc_logit_diff")
+                    f"{name}: per_dataset.{dataset}.auc_logit_diff", decision=decision)
     return f
 
 
@@ -196,6 +253,10 @@ def _ratio(key: str, sub: str = "", lo: float = 3.0, hi: float = 5.0,
             return Cell(None, source=name)
         ci = o.get(f"{key}_ci")
         v = _side(ci, 1.0)
+        # the claim, 3-5x, decides a control row too: within both bounds, or wholly outside
+        decision = ("supported" if ci and None not in ci and lo <= ci[0] and ci[1] <= hi else
+                    "contradicted" if ci and None not in ci and (ci[1] < lo or ci[0] > hi)
+                    else "undecided")
         if control and v == "yes" and ci is not None:
             v = ("survives (gen > eval, 3x or more)" if ci[0] >= lo else
                  "gen > eval, but under 3x" if ci[1] < lo else "gen > eval; the CI crosses 3x")
@@ -206,7 +267,7 @@ def _ratio(key: str, sub: str = "", lo: float = 3.0, hi: float = 5.0,
                 "less: under 3x" if ci[1] < lo else "more: over 5x" if ci[0] > hi else
                 "yes; the CI crosses 3x or 5x")
         return Cell(o[key], ci, o.get("n"), o.get("n_passages"), _few(v, o.get("n_passages")),
-                    f"{name}: {'.'.join(where)}.{key}", ".2f")
+                    f"{name}: {'.'.join(where)}.{key}", ".2f", decision)
     return f
 
 
@@ -225,7 +286,8 @@ def _candidate(d: Path, m: str) -> Cell:
     return Cell(cand["mean"], cand.get("ci"), o.get("n"), o.get("n_passages"),
                 f"yes in total; per token {per:.1f}x the context's" if per >= 1 else
                 f"yes, also per token ({per:.2f}x the context's)",
-                f"{name}: overall.eval.candidate, mass_per_token.eval", ".3f")
+                f"{name}: overall.eval.candidate, mass_per_token.eval", ".3f",
+                "supported" if per < 1 else "undecided")
 
 
 def _transfer(adapter: str, metric: str, claim_sign: float) -> Extract:
@@ -244,6 +306,7 @@ def _transfer(adapter: str, metric: str, claim_sign: float) -> Extract:
             return Cell(None, source=name)
         v = _side(e.get("ci"), 0.0)
         v = v if claim_sign > 0 else _flip(v)
+        decision = decide(e.get("ci"), 0.0, claim_sign)
         lr = _get(t, "lr", adapter)
         sel = _get(t, "lr_selection", "candidates", f"{lr:g}" if lr is not None else "",
                    adapter)
@@ -253,20 +316,31 @@ def _transfer(adapter: str, metric: str, claim_sign: float) -> Extract:
                                     if by == "held-out score" else f", {by}") if sel else "") + (
                 "; its judge collapsed to one reply there" if sel and sel.get("collapsed")
                 else "") + ")"
+        if sel and sel.get("collapsed") and "base_answers" in metric:
+            decision = "not measurable"
         if "base_answers" in metric:  # a reply without a verdict is not an acceptance
             groups = (_get(t, "judge_base_answers", adapter) or {}).values()
             if none := sum(_get(g, "verdicts", "none") or 0 for g in groups):
                 n = sum(g.get("n", 0) for g in groups)
                 v += f"; its judge gave no verdict on {none} of {n}"
+                if n and 1 - none / n < MIN_COVERAGE:
+                    decision = "not measurable"
+                    v += f" (a verdict on {1 - none / n:.0%}: no judge to measure)"
         return Cell(e["mean"], e.get("ci"), e.get("n"), e.get("n_passages"), v,
-                    f"{name}: vs_base.{adapter}.overall.{metric}", "+.2f")
+                    f"{name}: vs_base.{adapter}.overall.{metric}", "+.2f", decision)
     return f
 
 
-def _steer(task: str, key: str, alpha: str, control: bool = False) -> Extract:
-    """A paired effect of steering at ``alpha`` vs 1 (``vs_alpha1``), overall."""
+def _steer(task: str, key: str, alpha: str, control: bool = False, sign: int = +1,
+           sub: str = "") -> Extract:
+    """A paired effect of steering at ``alpha`` vs 1 (``vs_alpha1``), overall.
+
+    ``sign``: the side the claim predicts (+1 up, -1 down, 0 no decrease); a ``control`` row
+    (the non-context keys) reads ``control``: the row that decides is context minus control.
+    ``sub``: another published run (``steer/``: the factors past x4).
+    """
     def f(d: Path, m: str) -> Cell:
-        name = f"{m}__steering_summary.json"
+        name = f"{sub}{m}__steering_summary.json"
         s = _read(d / name)
         part = _get(s, "control") if control else s
         g = _get(part, task, alpha, "overall")
@@ -277,20 +351,25 @@ def _steer(task: str, key: str, alpha: str, control: bool = False) -> Extract:
         v = {"yes": "up", "no": "down"}.get(v, v)
         if v.startswith("degenerate") and e["mean"] == 0.0 and key != "logit_diff":
             v += ": no verdict flipped"
+        decision = "control" if control else decide(e.get("ci"), 0.0, sign)
         return Cell(e["mean"], e.get("ci"), e.get("n"), e.get("n_passages", g.get("n_passages")),
                     v, f"{name}: {'control.' if control else ''}{task}.{alpha}.overall."
-                    f"vs_alpha1.{key}", "+.3f")
+                    f"vs_alpha1.{key}", "+.3f", decision)
     return f
 
 
-def _steer_vs_control(task: str, key: str, alpha: str, right: float = 0.0) -> Extract:
+def _steer_vs_control(task: str, key: str, alpha: str, right: float = 0.0,
+                      sub: str = "") -> Extract:
     """The context keys' paired effect minus the control's, per record (overall).
 
     ``right`` (+1 or -1) is the side that would help the judge (``logit_diff`` up on the
-    oracle's right answers, down on its wrong ones); the verdict then says which way it went.
+    oracle's right answers, down on its wrong ones); the verdict then says which way it went,
+    and the claim (the context's attention helps the judge) is supported only the right way.
+    Without ``right`` the claim is that the context keys move it more than the control's, in
+    either direction.
     """
     def f(d: Path, m: str) -> Cell:
-        name = f"{m}__steering_summary.json"
+        name = f"{sub}{m}__steering_summary.json"
         e = _get(_read(d / name), "context_minus_control", task, alpha, "overall", key)
         if e is None or e.get("mean") is None:
             return Cell(None, source=name)
@@ -299,8 +378,11 @@ def _steer_vs_control(task: str, key: str, alpha: str, right: float = 0.0) -> Ex
             side, "undecided: no more than the control")
         if right and side in ("yes", "no"):
             v += (": the right way" if (side == "yes") == (right > 0) else ": the wrong way")
+        decision = decide(e.get("ci"), 0.0, int(right)) if right else (
+            "supported" if side in ("yes", "no") else "undecided")
         return Cell(e["mean"], e.get("ci"), e.get("n"), e.get("n_passages"), v,
-                    f"{name}: context_minus_control.{task}.{alpha}.overall.{key}", "+.3f")
+                    f"{name}: context_minus_control.{task}.{alpha}.overall.{key}", "+.3f",
+                    decision)
     return f
 
 
@@ -315,6 +397,12 @@ def _patch(kind: str, sub: str = "") -> Extract:
     rest on one pair; the cell takes the first-ranked unit patched on at least half the kept
     pairs, or else the one patched on the most (and says which), with that unit's own pairs
     and passages.
+
+    The claim of a row is that one unit carries most of the swap's effect (its share's CI
+    lies over 0.5). A share outside [-0.05, 1.05] is not a share (``not measurable``); a
+    residual-stream unit at the verdict position restoring nearly all of it is close to
+    automatic there (it feeds the output directly): ``control``. Fewer than
+    :data:`interp.analysis.stats.MIN_PASSAGES` passages are flagged.
     """
     def f(d: Path, m: str) -> Cell:
         name = f"{sub}{m}__patching_summary.json"
@@ -345,9 +433,18 @@ def _patch(kind: str, sub: str = "") -> Extract:
         where = f"L{u['layer']}" + (f".H{u['head']}" if u.get("head", -1) >= 0 else "") + (
             f" {u['span']}" if u.get("span") else "" if u.get("head", -1) >= 0
             else f" pos {u.get('rel_position')}")
-        return Cell(u["ratio"], u.get("ci"), u.get("n_pairs", kept),
-                    u.get("n_passages", s.get("n_passages")), f"top unit {where}{note}",
-                    f"{name}: {kind}.{field}[{i}].ratio")
+        n_pass = u.get("n_passages", s.get("n_passages"))
+        decision = "control" if kind.startswith("system-prompt-control") else decide(
+            u.get("ci"), 0.5)
+        if not -0.05 <= u["ratio"] <= 1.05:
+            decision = "not measurable"
+            note += f"; {u['ratio']:.2f} is not a share of the gap"
+        elif kind.endswith("resid") and u.get("span") == "verdict" and u["ratio"] >= 0.9:
+            decision = "control"
+            note += "; the verdict position's residual stream feeds the output: near automatic"
+        return Cell(u["ratio"], u.get("ci"), u.get("n_pairs", kept), n_pass,
+                    _few(f"top unit {where}{note}", n_pass),
+                    f"{name}: {kind}.{field}[{i}].ratio", decision=decision)
     return f
 
 
@@ -385,8 +482,11 @@ def _probe(task: str) -> Extract:
                 extra = (f"; pooled {pool['probe_minus_judge']:+.2f}, the dataset alone "
                          f"{vs.get('auc_dataset_only', float('nan')):.2f}")
             return Cell(pa["probe_minus_judge"], pa.get("ci"), pa.get("n"), pa.get("n_passages"),
-                        f"{side}: probe {pa['probe']:.2f}, judge {pa['judge']:.2f}{extra}; {perms}",
-                        f"{name}: tasks.{task}.vs_judge.{key}.probe_minus_judge", "+.3f")
+                        f"{side}: probe {pa['probe']:.2f}, judge {pa['judge']:.2f}{extra}; {perms}"
+                        f" tests the best logistic-regression cell against shuffled labels, "
+                        f"not this difference",
+                        f"{name}: tasks.{task}.vs_judge.{key}.probe_minus_judge", "+.3f",
+                        decide(pa.get("ci"), 0.0))
         judge = _get(e, "vs_judge", "judge_same_folds", "auc")
         v = f"judge AUC {judge:.2f}; {perms}" if judge is not None else "no judge AUC"
         return Cell(e["best"]["auc"], None, r.get("n_records"), r.get("n_passages"), v,
@@ -416,7 +516,8 @@ def _probe_across(d: Path, m: str) -> Cell:
             own = _get(e, "source_self_judge_folds", "auc")
             if own is not None:
                 verdict += f"; {other} judging them itself {own:.2f} (same folds)"
-    return Cell(cell.value, cell.ci, cell.n, cell.n_passages, verdict, cell.source, cell.fmt)
+    return Cell(cell.value, cell.ci, cell.n, cell.n_passages, verdict, cell.source, cell.fmt,
+                cell.decision)
 
 
 def _audit(d: Path, m: str) -> Cell:
@@ -436,7 +537,7 @@ def _audit(d: Path, m: str) -> Cell:
     if s.get("n_unparseable"):
         v += f"; {s['n_unparseable']} of the {s.get('n_wrong')} wrong verdicts are no verdict"
     return Cell(a["auc"], a.get("ci"), a.get("n"), o.get("n_passages"), v,
-                f"{name}: overall.signals.context_mass.auc")
+                f"{name}: overall.signals.context_mass.auc", decision=decide(a.get("ci"), 0.5))
 
 
 def _reasoning(key: str, fmt: str = "+.2f") -> Extract:
@@ -450,12 +551,25 @@ def _reasoning(key: str, fmt: str = "+.2f") -> Extract:
             return Cell(None, source=name)
         v = {"yes": "reasoning higher", "no": "reasoning lower"}.get(
             _side(g.get("delta_ci"), 0.0), "undecided")
+        decision = decide(g.get("delta_ci"), 0.0)
+        forced = key.endswith("forced")
+        cov = _get(o, "mean_verdict_coverage") if forced else {
+            j: 1 - s for j, s in (_get(o, "no_verdict_share") or {}).items()
+            if j in ("word", "reasoning") and isinstance(s, (int, float))}
+        low = {j: c for j, c in (cov or {}).items() if j in ("word", "reasoning")
+               and isinstance(c, (int, float)) and c < MIN_COVERAGE}
         nv = _get(o, "no_verdict_share")
         if isinstance(nv, Mapping) and nv.get("reasoning") is not None and key == "EA":
             v += (f" ({g['reasoning']:.2f} vs {g['word']:.2f}); no verdict: reasoning "
                   f"{nv['reasoning']:.0%}, one word {nv['word']:.0%}, counted wrong")
+        if key in ("EA", "EA_forced", "discrimination", "discrimination_forced") and low:
+            decision = "not measurable"
+            what = "the verdict replies hold" if forced else "a verdict on"
+            v += "; " + ", ".join(f"{'one-word' if j == 'word' else 'reasoning'} judge: {what} "
+                                  f"{c:.0%}" for j, c in sorted(low.items())) + (
+                f" (under {MIN_COVERAGE:.0%})")
         return Cell(g["delta"], g.get("delta_ci"), o.get("n"), o.get("n_passages"), v,
-                    f"{name}: overall.{key}.delta", fmt)
+                    f"{name}: overall.{key}.delta", fmt, decision)
     return f
 
 
@@ -487,97 +601,136 @@ def _cross(key: str) -> Extract:
         else:
             v += f" (judged by {model_slug(other)})"
         return Cell(e["EA_diff"], e.get("EA_diff_ci"), e.get("n"), e.get("n_passages"), v,
-                    f"{name}: {key}.{spec}.{other}.EA_diff", "+.2f")
+                    f"{name}: {key}.{spec}.{other}.EA_diff", "+.2f",
+                    decide(e.get("EA_diff_ci"), 0.0))
     return f
 
 
-CLAIMS: tuple[tuple[str, str, Extract], ...] = (
-    ("GA > EA on SQuAD 2.0 (3.1)", "EA - GA", _delta("squad_v2")),
-    ("GA > EA on DROP (3.1)", "EA - GA", _delta("drop")),
-    ("GA > EA on HotpotQA (3.1)", "EA - GA", _delta("hotpotqa")),
-    ("MuSiQue the exception: EA >= GA (3.1)", "EA - GA", _delta("musique", exception=True)),
-    ("GA > EA with the forced choice, SQuAD 2.0", "EA_forced - GA",
-     _delta("squad_v2", "delta_forced")),
+_T1 = "matched template; replies with a verdict"
+_S1 = "the judge's AUC against y* (base-rate free)"
+_ST = "the same factor on as many non-context keys"
+
+CLAIMS: tuple[tuple[str, str, str, Extract], ...] = (
+    ("GA > EA on SQuAD 2.0 (3.1)", "EA - GA", _T1, _delta("squad_v2")),
+    ("... SQuAD 2.0 under the matched template (control)", "EA - GA", "the template itself",
+     _delta("squad_v2", sub="matched/")),
     ("... SQuAD 2.0, replies with a verdict only (control)", "EA - GA, parsed verdicts",
-     _delta("squad_v2", "delta_valid")),
+     "no-verdict replies", _delta("squad_v2", "delta_valid")),
+    ("... SQuAD 2.0, matched template, replies with a verdict only (control)",
+     "EA - GA, parsed verdicts",
+     "template and no-verdict replies", _delta("squad_v2", "delta_valid", sub="matched/")),
+    ("GA > EA on DROP (3.1)", "EA - GA", _T1, _delta("drop")),
+    ("... DROP under the matched template (control)", "EA - GA", "the template itself",
+     _delta("drop", sub="matched/")),
     ("... DROP, replies with a verdict only (control)", "EA - GA, parsed verdicts",
-     _delta("drop", "delta_valid")),
+     "no-verdict replies", _delta("drop", "delta_valid")),
+    ("GA > EA on HotpotQA (3.1)", "EA - GA", _T1, _delta("hotpotqa")),
+    ("MuSiQue the exception: EA >= GA (3.1)", "EA - GA", "a judge that accepts or rejects all",
+     _delta("musique", exception=True)),
+    ("GA > EA with the forced choice, SQuAD 2.0", "EA_forced - GA", "a forced choice that accepts "
+     "all", _delta("squad_v2", "delta_forced")),
     ("... does the judge tell right from wrong? SQuAD 2.0 (control)",
-     "AUC of logit_diff against y*", _judge_auc("squad_v2")),
-    ("... DROP (control)", "AUC of logit_diff against y*", _judge_auc("drop")),
+     "AUC of logit_diff against y*", _S1, _judge_auc("squad_v2")),
+    ("... DROP (control)", "AUC of logit_diff against y*", _S1, _judge_auc("drop")),
     ("the judge reads the context 3-5x less (3.2)", "gen / eval context mass",
-     _ratio("context_ratio")),
-    ("... SQuAD 2.0", "gen / eval context mass", _ratio("context_ratio", dataset="squad_v2")),
-    ("... DROP", "gen / eval context mass", _ratio("context_ratio", dataset="drop")),
-    ("... HotpotQA", "gen / eval context mass", _ratio("context_ratio", dataset="hotpotqa")),
-    ("... MuSiQue", "gen / eval context mass", _ratio("context_ratio", dataset="musique")),
+     "matched template; renormalised shares", _ratio("context_ratio")),
+    ("... SQuAD 2.0", "gen / eval context mass", "as above", _ratio("context_ratio",
+                                                                   dataset="squad_v2")),
+    ("... DROP", "gen / eval context mass", "as above", _ratio("context_ratio", dataset="drop")),
+    ("... HotpotQA", "gen / eval context mass", "as above", _ratio("context_ratio",
+                                                                  dataset="hotpotqa")),
+    ("... MuSiQue", "gen / eval context mass", "as above", _ratio("context_ratio",
+                                                                 dataset="musique")),
     ("... under the matched template (control)", "gen / eval context mass",
-     _ratio("context_ratio", "matched/", control=True)),
+     "one system prompt for both tasks", _ratio("context_ratio", "matched/", control=True)),
     ("... renormalised to context+question+candidate (control)", "gen / eval content share",
-     _ratio("content_context_share_ratio", control=True)),
+     "the spans' total mass", _ratio("content_context_share_ratio", control=True)),
     ("... renormalised to context+question, the spans both prompts have (control)",
-     "gen / eval context share", _ratio("context_question_share_ratio", control=True)),
+     "gen / eval context share", "the template's tokens", _ratio(
+         "context_question_share_ratio", control=True)),
     ("... matched template, renormalised to context+question (control)", "gen / eval context share",
-     _ratio("context_question_share_ratio", "matched/", control=True)),
-    ("the judge barely reads the candidate (3.2)", "eval candidate mass", _candidate),
+     "template and its tokens", _ratio("context_question_share_ratio", "matched/", control=True)),
+    ("the judge barely reads the candidate (3.2)", "eval candidate mass", "mass per token",
+     _candidate),
     ("LoRA-Gen over-accepts (3.3)", "acceptance of the base's wrong answers, LoRA-Gen - base",
-     _transfer("lora_gen", "accept_wrong_base_answers", +1)),
-    ("LoRA-Eval degrades generation (3.3)", "GA, LoRA-Eval - base",
+     "judge coverage of the adapter", _transfer("lora_gen", "accept_wrong_base_answers", +1)),
+    ("LoRA-Eval degrades generation (3.3)", "GA, LoRA-Eval - base", "paired base model",
      _transfer("lora_eval", "GA", -1)),
     ("steering the judge's context up (x4) makes it right more often", "dEA_forced, alpha 4",
-     _steer("eval", "ea_forced", "4.0")),
-    ("... and reject wrong answers more", "d acceptance given wrong, alpha 4",
-     _steer("eval", "accept_incorrect", "4.0")),
-    ("... and keep accepting right answers", "d acceptance given right, alpha 4",
-     _steer("eval", "accept_correct", "4.0")),
+     _ST, _steer("eval", "ea_forced", "4.0")),
+    ("... and reject wrong answers more", "d acceptance given wrong, alpha 4", _ST,
+     _steer("eval", "accept_incorrect", "4.0", sign=-1)),
+    ("... and keep accepting right answers", "d acceptance given right, alpha 4", _ST,
+     _steer("eval", "accept_correct", "4.0", sign=0)),
     ("... and lower its logit difference on the verdict", "d mean logit_diff (nats), alpha 4",
-     _steer("eval", "logit_diff", "4.0")),
+     _ST, _steer("eval", "logit_diff", "4.0", sign=-1)),
     ("... control: the NON-context keys x4 (n_keys in the summary)", "dEA_forced, alpha 4",
-     _steer("eval", "ea_forced", "4.0", control=True)),
+     "(this row is the control)", _steer("eval", "ea_forced", "4.0", control=True)),
     ("... control: its logit difference", "d mean logit_diff (nats), alpha 4",
-     _steer("eval", "logit_diff", "4.0", control=True)),
-    ("... context minus control, per record", "d logit_diff context - control, alpha 4",
+     "(this row is the control)", _steer("eval", "logit_diff", "4.0", control=True)),
+    ("... context minus control, per record",
+     "d logit_diff context - control, alpha 4", _ST,
      _steer_vs_control("eval", "logit_diff", "4.0")),
-    ("... on right answers (helping would raise it)", "the same, oracle-correct answers",
+    ("... on right answers (helping would raise it)", "the same, oracle-correct answers", _ST,
      _steer_vs_control("eval", "logit_diff_correct", "4.0", right=+1)),
-    ("... on wrong answers (helping would lower it)", "the same, oracle-incorrect answers",
+    ("... on wrong answers (helping would lower it)", "the same, oracle-incorrect answers", _ST,
      _steer_vs_control("eval", "logit_diff_incorrect", "4.0", right=-1)),
-    ("lowering the generator's context attention (x0.25) lowers GA", "dGA, alpha 0.25",
-     _steer("gen", "ga", "0.25")),
+    ("steering the judge's context x8 makes it right more often", "dEA_forced, alpha 8", _ST,
+     _steer("eval", "ea_forced", "8.0", sub="steer/")),
+    ("... x8: acceptance of wrong answers", "d acceptance given wrong, alpha 8", _ST,
+     _steer("eval", "accept_incorrect", "8.0", sign=-1, sub="steer/")),
+    ("... x8: acceptance of right answers", "d acceptance given right, alpha 8", _ST,
+     _steer("eval", "accept_correct", "8.0", sign=0, sub="steer/")),
+    ("... x8, context minus control, on wrong answers", "d logit_diff context - control, wrong",
+     _ST, _steer_vs_control("eval", "logit_diff_incorrect", "8.0", right=-1, sub="steer/")),
+    ("steering the judge's context x16 makes it right more often", "dEA_forced, alpha 16", _ST,
+     _steer("eval", "ea_forced", "16.0", sub="steer/")),
+    ("... x16: acceptance of wrong answers", "d acceptance given wrong, alpha 16", _ST,
+     _steer("eval", "accept_incorrect", "16.0", sign=-1, sub="steer/")),
+    ("... x16, context minus control, on wrong answers", "d logit_diff context - control, wrong",
+     _ST, _steer_vs_control("eval", "logit_diff_incorrect", "16.0", right=-1, sub="steer/")),
+    ("lowering the generator's context attention (x0.25) lowers GA", "dGA, alpha 0.25", _ST,
+     _steer("gen", "ga", "0.25", sign=-1)),
     ("where the verdict is decided: candidate swap, residual stream", "restored share",
-     _patch("candidate-swap/resid")),
-    ("... attention heads", "restored share", _patch("candidate-swap/heads")),
+     "system-prompt control", _patch("candidate-swap/resid")),
+    ("... attention heads", "restored share", "system-prompt control",
+     _patch("candidate-swap/heads")),
     ("... candidate swap on every bundled SQuAD 2.0 and DROP record, residual stream",
-     "restored share", _patch("candidate-swap/resid", "pool/")),
+     "restored share", "system-prompt control", _patch("candidate-swap/resid", "pool/")),
     ("... candidate swap on every bundled SQuAD 2.0 and DROP record, attention heads",
-     "restored share", _patch("candidate-swap/heads", "pool/")),
+     "restored share", "system-prompt control", _patch("candidate-swap/heads", "pool/")),
     ("... candidate swap kept at 0.5 nat, residual stream (the gap filter's sensitivity)",
-     "restored share", _patch("candidate-swap/resid", "gap/")),
+     "restored share", "system-prompt control", _patch("candidate-swap/resid", "gap/")),
     ("... candidate swap kept at 0.5 nat, attention heads (the gap filter's sensitivity)",
-     "restored share", _patch("candidate-swap/heads", "gap/")),
+     "restored share", "system-prompt control", _patch("candidate-swap/heads", "gap/")),
     ("... generator's run into the judge's: residual stream", "restored share",
-     _patch("gen-to-eval/resid")),
+     "system-prompt control", _patch("gen-to-eval/resid")),
     ("... generator's run into the judge's: attention heads", "restored share",
-     _patch("gen-to-eval/heads")),
-    ("... system-prompt control", "restored share", _patch("system-prompt-control/resid")),
+     "system-prompt control", _patch("gen-to-eval/heads")),
+    ("... system-prompt control", "restored share", "(this row is the control)",
+     _patch("system-prompt-control/resid")),
     ("a probe on the judge's residual stream beats its verdict score",
-     "AUC within datasets, probe - judge's logit_diff (paired)", _probe("eval")),
+     "AUC within datasets, probe - judge's logit_diff (paired)", "the judge on the same records "
+     "and folds", _probe("eval")),
     ("... a probe on the generation prompt, before the answer",
-     "AUC within datasets, probe - judge's logit_diff (paired)", _probe("gen")),
+     "AUC within datasets, probe - judge's logit_diff (paired)", "the same", _probe("gen")),
     ("... on the other model's answers (across models)",
-     "AUC within datasets, probe - judge's logit_diff (paired)", _probe_across),
-    ("low context reading flags a wrong verdict (audit)", "AUC, low context mass", _audit),
-    ("a reasoning judge judges better", "EA, reasoning - one word", _reasoning("EA")),
+     "AUC within datasets, probe - judge's logit_diff (paired)", "the same", _probe_across),
+    ("low context reading flags a wrong verdict (audit)", "AUC, low context mass",
+     "chance (0.5), pooled over datasets", _audit),
+    ("a reasoning judge judges better", "EA, reasoning - one word", "the one-word judge, paired",
+     _reasoning("EA")),
     ("... forced choice after its reasoning (control)", "EA_forced, reasoning - one word",
-     _reasoning("EA_forced")),
+     "the one-word judge, paired", _reasoning("EA_forced")),
     ("... tells right from wrong better (forced choice)", "acceptance gap right - wrong, "
-     "reasoning - one word", _reasoning("discrimination_forced")),
+     "reasoning - one word", "the one-word judge, paired", _reasoning("discrimination_forced")),
     ("... and reads the context more at its verdict (3.2, reasoning judge)",
-     "verdict-position context mass, reasoning - one word", _reasoning("verdict_context_mass",
-                                                                       "+.3f")),
+     "verdict-position context mass, reasoning - one word", "the one-word judge, paired",
+     _reasoning("verdict_context_mass", "+.3f")),
     ("a model judges its own answers better than another's (3.1, self vs other)",
-     "EA on own - on other's answers", _cross("self_minus_other")),
+     "EA on own - on other's answers", "the other model's answers' GA",
+     _cross("self_minus_other")),
     ("... better than the other model judges them (same answers)",
-     "EA, self-judge - other judge", _cross("self_judge_minus_other")),
+     "EA, self-judge - other judge", "the same answers", _cross("self_judge_minus_other")),
 )
-"""``(claim, measured quantity, extractor)``: the rows of the report, in order."""
+"""``(claim, measured quantity, deciding control, extractor)``: the rows of the report."""

@@ -47,7 +47,7 @@ def test_every_shipped_config_passes_the_pipelines_check():
 
     configs = sorted(DEMO.parent.glob("*.toml"))
     assert {"findings.toml", "findings_gap.toml", "findings_matched.toml",
-            "findings_pool.toml"} <= {p.name for p in configs}
+            "findings_pool.toml", "findings_steer.toml"} <= {p.name for p in configs}
     for path in configs:
         cfg = load_config(path)
         stages = _check(cfg, path, None)
@@ -69,5 +69,13 @@ def test_every_shipped_config_passes_the_pipelines_check():
         k: v for k, v in sa.items() if k not in ("limit", "models")}
     p = PatchingConfig.from_mapping(pool["patching"])
     assert p.min_gap == s.min_gap and p.limit >= max(pa["limit"].values())
+    # steering past x4 selects the study's steering records: the same records, filters and
+    # band, only the factors differ (x1 stays: the unsteered reference)
+    steer = tomllib.loads((DEMO.parent / "findings_steer.toml").read_text())
+    assert steer["asymmetry"] == study["asymmetry"]
+    assert {k: v for k, v in steer["steering"].items() if k != "alphas"} == {
+        k: v for k, v in study["steering"].items() if k != "alphas"}
+    assert 1 in steer["steering"]["alphas"] and min(steer["steering"]["alphas"][1:]) > max(
+        study["steering"]["alphas"])
     with pytest.raises(Exception, match="bogus"):
         _check({**gap, "patching": {**gap["patching"], "bogus": 1}}, "x.toml", None)

@@ -102,7 +102,9 @@ def test_controls_of_study_1_and_2_are_rows_of_their_own(tmp_path):
         "per_dataset": {"hotpotqa": ratio}})
     cells = _cells(tmp_path, ["m"])
     c = cells["GA > EA on SQuAD 2.0 (3.1)"]["m"]
-    assert c.verdict == "yes; 57 of 150 replies without a verdict, counted wrong"
+    assert c.verdict == ("yes; 57 of 150 replies without a verdict, counted wrong; its control "
+                         "(SQuAD 2.0, replies with a verdict only) reads undecided")
+    assert c.decision == "undecided"  # supported by itself, not by its control
     v = cells["... SQuAD 2.0, replies with a verdict only (control)"]["m"]
     assert (v.value, v.n, v.verdict) == (0.02, 93, "undecided")
     mc = cells["MuSiQue the exception: EA >= GA (3.1)"]["m"].verdict
@@ -110,7 +112,10 @@ def test_controls_of_study_1_and_2_are_rows_of_their_own(tmp_path):
     h = cells["... HotpotQA"]["m"]
     assert (h.value, h.n, h.verdict) == (2.5, 30, "less: under 3x")
     assert h.source.endswith("per_dataset.hotpotqa.context_ratio")
-    assert cells["the judge reads the context 3-5x less (3.2)"]["m"].verdict == "yes, 3-5x"
+    head = cells["the judge reads the context 3-5x less (3.2)"]["m"]
+    assert head.verdict == ("yes, 3-5x; its control (renormalised to context+question, the "
+                            "spans both prompts have) reads contradicted")
+    assert head.decision == "undecided"  # 3.4x in mass, 1.04x relative to the question
     like = cells["... renormalised to context+question, the spans both prompts have (control)"]
     assert like["m"].verdict == "gone (CI spans 1)"
     # over 1 but far under the claim: said so, not "survives"
@@ -179,7 +184,9 @@ def test_steering_patching_and_probe_cells(tmp_path):
             {"layer": 28, "head": -1, "span": "verdict", "ratio": 1.05, "ci": [0.98, 1.13]}]}})
     sp = _cells(tmp_path, ["m"])["where the verdict is decided: candidate swap, residual stream"]
     assert (sp["m"].value, sp["m"].n) == (1.05, 23)
-    assert sp["m"].verdict == "top unit L28 verdict (under 30 kept pairs: 23)"
+    assert sp["m"].verdict == ("top unit L28 verdict (under 30 kept pairs: 23); the verdict "
+                               "position's residual stream feeds the output: near automatic")
+    assert sp["m"].decision == "control"
     # a unit patched on one pair of 30 is passed over for one patched on 20
     _write(tmp_path, "m__patching_summary.json", {"gen-to-eval/heads": {
         "n_pairs_kept": 30, "n_passages": 28, "top_units": [
@@ -189,7 +196,8 @@ def test_steering_patching_and_probe_cells(tmp_path):
     g = _cells(tmp_path, ["m"])["... generator's run into the judge's: attention heads"]["m"]
     assert (g.value, g.n, g.n_passages) == (-0.2, 20, 19)
     assert g.verdict == ("top unit L16.H4; rank 2: the 1 above rest on under half the 30 "
-                         "pairs")
+                         "pairs; -0.20 is not a share of the gap")
+    assert g.decision == "not measurable"
     assert g.source.endswith("gen-to-eval/heads.top_units[1].ratio")
     _write(tmp_path, "m__patching_summary.json", {"gen-to-eval/heads": {
         "n_pairs_kept": 30, "n_passages": 28, "top_units": [
@@ -197,7 +205,8 @@ def test_steering_patching_and_probe_cells(tmp_path):
             {"layer": 16, "head": 4, "ratio": -0.2, "n_pairs": 5, "n_passages": 5}]}})
     g = _cells(tmp_path, ["m"])["... generator's run into the judge's: attention heads"]["m"]
     assert (g.value, g.n) == (-0.2, 5) and g.verdict == (
-        "top unit L16.H4; no listed unit is patched in half the 30 pairs, this one in 5")
+        "top unit L16.H4; no listed unit is patched in half the 30 pairs, this one in 5; "
+        "-0.20 is not a share of the gap (5 passages only)")  # flagged: under 10 passages
     assert sp["m"].source.endswith("candidate-swap/resid.top_spans[0].ratio")
     pr = cells["a probe on the judge's residual stream beats its verdict score"]["m"]
     assert pr.value == 0.8 and "judge AUC 0.60" in pr.verdict
@@ -320,8 +329,9 @@ def test_transfer_cells_read_the_paired_differences_and_the_selection(tmp_path):
     t["judge_base_answers"] = {"lora_gen": {"squad_v2": {"n": 100, "verdicts": {
         "accept": 0, "reject": 0, "none": 100}}}}
     _write(tmp_path, "m__transfer_table.json", t)
-    assert _cells(tmp_path, ["m"])["LoRA-Gen over-accepts (3.3)"]["m"].verdict.endswith(
-        "; its judge gave no verdict on 100 of 100")
+    lg = _cells(tmp_path, ["m"])["LoRA-Gen over-accepts (3.3)"]["m"]
+    assert "; its judge gave no verdict on 100 of 100 (a verdict on 0%" in lg.verdict
+    assert lg.decision == "not measurable"  # a degenerate judge, not a finding
 
 
 def test_state_keeps_the_json_of_a_run_and_restores_it_without_overwriting(tmp_path):
@@ -468,7 +478,8 @@ def test_reasoning_cells_say_the_no_verdict_shares_and_have_the_forced_control(t
     ea = cells["a reasoning judge judges better"]["m"]
     assert (ea.value, ea.n, ea.n_passages) == (pytest.approx(-0.40), 120, 84)
     assert ea.verdict == ("reasoning lower (0.05 vs 0.45); no verdict: reasoning 95%, one word "
-                          "30%, counted wrong")
+                          "30%, counted wrong; reasoning judge: a verdict on 5% (under 50%)")
+    assert ea.decision == "not measurable"  # a judge that gives a verdict on 5% of its answers
     fc = cells["... forced choice after its reasoning (control)"]["m"]
     assert (fc.value, fc.verdict) == (pytest.approx(0.04), "undecided")
     assert fc.source.endswith("overall.EA_forced.delta")
@@ -534,3 +545,54 @@ def test_the_state_archive_is_deterministic_checked_and_round_trips(tmp_path):
     assert not (tmp_path / "v").exists()
     with pytest.raises(FileNotFoundError, match="does not exist"):
         unpack_state(tmp_path / "none.tar.xz", tmp_path / "w")
+
+
+
+@pytest.mark.parametrize("ci, threshold, sign, want", [
+    ([0.1, 0.3], 0.0, +1, "supported"), ([-0.3, -0.1], 0.0, +1, "contradicted"),
+    ([-0.1, 0.2], 0.0, +1, "undecided"), ([0.0, 0.0], 0.0, +1, "contradicted"),
+    ([-0.3, -0.1], 0.0, -1, "supported"), ([0.1, 0.3], 0.0, -1, "contradicted"),
+    ([0.0, 0.0], 0.0, -1, "contradicted"), ([0.0, 0.0], 0.0, 0, "supported"),
+    ([-0.2, 0.1], 0.0, 0, "undecided"), ([-0.2, -0.1], 0.0, 0, "contradicted"),
+    ([0.55, 0.7], 0.5, +1, "supported"), ([0.45, 0.6], 0.5, +1, "undecided"),
+    (None, 0.0, +1, "undecided"), ([None, 0.2], 0.0, +1, "undecided"),
+])
+def test_a_ci_decides_a_claim_only_when_it_excludes_the_threshold(ci, threshold, sign, want):
+    from experiments.findings.claims import decide
+
+    assert decide(ci, threshold, sign) == want
+
+
+def test_a_claim_is_supported_only_when_its_controls_agree():
+    from experiments.findings.claims import Cell
+    from experiments.findings.report import controlled
+
+    def row(claim, decision):
+        return {"claim": claim, "cells": {"m": Cell(1.0, [0.5, 1.5], 10, 10, "yes",
+                                                    decision=decision)}}
+
+    rows = controlled([row("A", "supported"), row("... a control (control)", "undecided"),
+                       row("B", "supported"), row("... a subgroup", "contradicted"),
+                       row("... another control (control)", "supported"),
+                       row("C", "contradicted"), row("... its control (control)", "undecided")])
+    a, b, c = (rows[i]["cells"]["m"] for i in (0, 2, 5))
+    assert (a.decision, a.verdict) == ("undecided", "yes; its control (a control) reads undecided")
+    assert b.decision == "supported"  # a subgroup is not a control; the control agrees
+    assert c.decision == "contradicted"  # a control never upgrades a claim
+
+
+def test_a_degenerate_measurement_is_not_measurable_and_says_why(tmp_path):
+    g = {"n": 30, "n_passages": 30, "GA": 0.0, "EA": 0.8, "delta": 0.8, "delta_ci": [0.6, 0.9],
+         "acceptance_rate": 0.2, "verdicts": {"accept": 6, "reject": 8, "none": 16}}
+    one = {"n": 30, "n_passages": 30, "GA": 0.4, "EA": 0.6, "delta": 0.2,
+           "delta_ci": [0.1, 0.3], "acceptance_rate": 0.0}
+    _write(tmp_path, "m__asymmetry_metrics.json", {"per_dataset": {"musique": g, "drop": one}})
+    cells = _cells(tmp_path, ["m"])
+    mu = cells["MuSiQue the exception: EA >= GA (3.1)"]["m"]
+    assert mu.decision == "not measurable" and "GA = 0 of 30" in mu.verdict
+    dr = cells["GA > EA on DROP (3.1)"]["m"]
+    assert dr.decision == "not measurable" and "rejects every answer" in dr.verdict
+    low = {**one, "acceptance_rate": 0.3, "verdicts": {"accept": 5, "reject": 5, "none": 20}}
+    _write(tmp_path, "m__asymmetry_metrics.json", {"per_dataset": {"drop": low}})
+    dr = _cells(tmp_path, ["m"])["GA > EA on DROP (3.1)"]["m"]
+    assert dr.decision == "not measurable" and "a verdict on 33%, under 50%" in dr.verdict
