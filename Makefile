@@ -62,6 +62,9 @@ findings: $(STAMP)
 	$(FINDINGS_RUN) experiments/findings.toml
 	$(BIN)/python -m experiments.findings --seed-run runs/findings runs/findings_gap
 	$(FINDINGS_RUN) experiments/findings_gap.toml --only patching
+	for m in smollm2-135m-instruct qwen2.5-coder-0.5b-instruct; do $(BIN)/python -m \
+		experiments.findings.held_out_heads runs/findings_gap/$$m \
+		figures/findings/gap/$${m}__head_test.json figures/findings/gap/$${m}__heads_held_out.json; done
 	$(BIN)/python -m experiments.findings --seed-run runs/findings runs/findings_pool smollm2-135m-instruct
 	$(FINDINGS_RUN) experiments/findings_pool.toml
 	$(BIN)/python -m experiments.findings --seed-run runs/findings runs/findings_steer

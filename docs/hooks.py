@@ -87,9 +87,12 @@ def on_files(files: Any, config: Any) -> Any:
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     """Replace the CLI-reference marker with the generated reference; point figure links.
 
-    Pages link the committed figures as ``../figures/...`` (right when the Markdown is read in
-    the repository); the site serves them under ``figures/`` (:func:`on_files`).
+    Pages link the committed figures relative to the repository (``../figures/...`` from
+    ``docs/``, ``../../figures/...`` from ``docs/findings/``: right when the Markdown is read in
+    the repository); the site serves them under ``figures/`` (:func:`on_files`), one level
+    nearer.
     """
     if MARKER in markdown:
         markdown = markdown.replace(MARKER, cli_reference())
-    return markdown.replace("](../figures/", "](figures/")
+    up = "../" * page.file.src_uri.count("/")
+    return markdown.replace(f"](../{up}figures/", f"]({up}figures/")

@@ -448,6 +448,39 @@ def _patch(kind: str, sub: str = "") -> Extract:
     return f
 
 
+def _held_out_head(d: Path, m: str) -> Cell:
+    """The candidate swap's top head, chosen on half the passages, on the other half.
+
+    Reads ``gap/{m}__heads_held_out.json`` (:mod:`experiments.findings.held_out_heads`): the
+    cell is the first half's held-out share; supported when both halves choose the same head
+    and both held-out CIs lie over 0.5, contradicted when both lie under it, not measurable
+    when a chosen head has no held-out run (the head test did not patch it).
+    """
+    name = f"gap/{m}__heads_held_out.json"
+    r = _read(d / name)
+    rows = _get(r, "halves")
+    if not rows:
+        return Cell(None, source=name)
+    heads = [h["chosen"]["head"] for h in rows]
+    outs = [h["held_out"] for h in rows]
+    picked = " and ".join(f"{h['chosen']['head']} on half {h['select_on']} "
+                          f"({h['chosen']['ratio']:.2f} there)" for h in rows)
+    if any(o is None for o in outs):
+        same = "the same head" if len(set(heads)) == 1 else "different heads"
+        return Cell(None, n=0, verdict=f"{same} chosen: {picked}; no held-out run of "
+                    f"{', '.join(sorted({h for h, o in zip(heads, outs) if o is None}))}",
+                    source=name, decision="not measurable")
+    sides = [decide(o.get("ci"), 0.5) for o in outs]
+    decision = ("supported" if len(set(heads)) == 1 and set(sides) == {"supported"} else
+                "contradicted" if set(sides) == {"contradicted"} else "undecided")
+    other = outs[1]
+    v = (f"{picked}; held out: {outs[0]['value']:.2f} on half B, {other['value']:.2f} "
+         f"[{other['ci'][0]:.2f}, {other['ci'][1]:.2f}] on half A")
+    o = outs[0]
+    return Cell(o["value"], o.get("ci"), o.get("n"), o.get("n_clusters"), _few(v, o.get(
+        "n_clusters")), f"{name}: halves[0].held_out.value", decision=decision)
+
+
 def _probe(task: str) -> Extract:
     """The best probe's AUC minus the verbal judge's, paired, within datasets (with CI).
 
@@ -703,6 +736,8 @@ CLAIMS: tuple[tuple[str, str, str, Extract], ...] = (
      "restored share", "system-prompt control", _patch("candidate-swap/resid", "gap/")),
     ("... candidate swap kept at 0.5 nat, attention heads (the gap filter's sensitivity)",
      "restored share", "system-prompt control", _patch("candidate-swap/heads", "gap/")),
+    ("... the top head, chosen on half the passages, restores it on the other half (held out)",
+     "restored share, held-out passages", "selection on disjoint passages", _held_out_head),
     ("... generator's run into the judge's: residual stream", "restored share",
      "system-prompt control", _patch("gen-to-eval/resid")),
     ("... generator's run into the judge's: attention heads", "restored share",

@@ -24,13 +24,23 @@ def _cells(fig_dir: Path, models=MODELS) -> dict[str, dict]:
 
 
 def test_docs_findings_is_the_table_of_the_committed_summaries():
-    """Every number in docs/findings.md's table is the number in figures/findings/*.json."""
-    doc = (ROOT / "docs/findings.md").read_text()
-    assert BEGIN in doc and END in doc
-    block = doc.split(BEGIN, 1)[1].split(END, 1)[0].strip()
-    assert block == render(ROOT / "figures/findings", MODELS).strip(), (
-        "docs/findings.md is stale: run `python -m experiments.findings figures/findings "
-        "docs/findings.md`")
+    """Every number of the report's tables is the number in figures/findings/*.json.
+
+    The main page holds the headline table, its claims page the full one; the main page stays
+    a page a reader reads in minutes (at most 12 KB).
+    """
+    from experiments.findings.report import HEAD_BEGIN, HEAD_END, render_headline, report_pages
+
+    stale = ("stale: run `python -m experiments.findings figures/findings docs/findings.md`")
+    main = (ROOT / "docs/findings.md").read_text()
+    head = main.split(HEAD_BEGIN, 1)[1].split(HEAD_END, 1)[0].strip()
+    assert head == render_headline(ROOT / "figures/findings", MODELS).strip(), stale
+    full = (ROOT / "docs/findings/claims.md").read_text()
+    block = full.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    assert block == render(ROOT / "figures/findings", MODELS).strip(), stale
+    assert [p.name for p in report_pages(ROOT / "docs/findings.md")] == ["findings.md",
+                                                                         "claims.md"]
+    assert len(main.encode()) <= 12_000
 
 
 def test_cells_read_the_published_fields_on_real_summaries():
@@ -596,3 +606,28 @@ def test_a_degenerate_measurement_is_not_measurable_and_says_why(tmp_path):
     _write(tmp_path, "m__asymmetry_metrics.json", {"per_dataset": {"drop": low}})
     dr = _cells(tmp_path, ["m"])["GA > EA on DROP (3.1)"]["m"]
     assert dr.decision == "not measurable" and "a verdict on 33%, under 50%" in dr.verdict
+
+
+def test_the_held_out_head_is_chosen_on_one_half_and_measured_on_the_other():
+    from experiments.findings.held_out_heads import choose, halves, held_out
+
+    passages = [f"p{i}" for i in range(8)]
+    a, b = halves(passages)
+    assert a | b == set(passages) and not a & b and len(a) == len(b) == 4
+
+    def part(passage, effects):  # clean 2, corrupt 0: a head's ld is its restored share x 2
+        return {"meta": {"passage": passage, "clean_ld": 2.0, "corrupt_ld": 0.0},
+                "rows": [{"layer": 1, "head": h, "verified": True, "ld": 2.0 * e}
+                         for h, e in effects.items()]}
+
+    parts = [part(p, {0: 0.9, 1: 0.95} if p in a else {0: 0.9}) for p in passages]
+    parts[0]["rows"] = parts[0]["rows"][:1] if passages[0] in a else parts[0]["rows"]
+    got = choose(parts, a)
+    assert got["head"] in ("L1.H0", "L1.H1") and got["n_selection_pairs"] == 4
+    assert choose(parts, b) == {"head": "L1.H0", "ratio": pytest.approx(0.9), "n_pairs": 4,
+                                "n_selection_pairs": 4}
+    test = {"pairs": [{"passage": p, "clean_ld": 2.0, "corrupt_ld": 0.0,
+                       "heads": {"L1.H0": {"denoised_ld": 1.6}}} for p in passages]}
+    r = held_out(test, "L1.H0", b)
+    assert r["value"] == pytest.approx(0.8) and r["n"] == 4
+    assert held_out(test, "L9.H9", b) is None  # the head test did not patch it
