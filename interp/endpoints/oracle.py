@@ -34,6 +34,7 @@ from interp.judging.grading import (
     OracleResult,
     parse_verdict,
 )
+from interp.judging.parsing import strip_reasoning
 
 __all__ = ["ORACLE_PROMPT_VERSION", "EndpointOracle", "endpoint_for"]
 
@@ -87,7 +88,7 @@ class EndpointOracle(BaseOracle):
             how = "none"
         self.counts[how.split("(")[0]] += 1
         return OracleResult(label=bool(verdict), em=ruled.em, f1=ruled.f1,
-                            rule=f"openai:{how}:{text.strip()[:40]}")
+                            rule=f"openai:{how}:{(strip_reasoning(text) or '').strip()[:40]}")
 
 
 def endpoint_for(spec: str, table: Mapping[str, Any] | None, run: Any, where: str) -> Endpoint:

@@ -53,6 +53,7 @@ from interp.judging.parsing import (
     is_abstention,
     negated_at,
     parse_verdict,
+    strip_reasoning,
 )
 from interp.judging.qa_metrics import (
     GOLD_SPAN_SEP,
@@ -454,7 +455,7 @@ class ModelOracle(BaseOracle):
             verdict, how = p > 0.5, f"forced_choice(p_correct={p:.3f})"
         self.counts[how.split("(")[0]] += 1
         return OracleResult(label=bool(verdict), em=ruled.em, f1=ruled.f1,
-                            rule=f"model:{how}:{g.text.strip()[:40]}")
+                            rule=f"model:{how}:{(strip_reasoning(g.text) or '').strip()[:40]}")
 
 
 # --------------------------------------------------------------------------------------------

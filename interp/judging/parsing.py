@@ -70,6 +70,32 @@ _WRAPPERS = (("**", "**"), ('"', '"'), ("'", "'"), ("\u201c", "\u201d"), ("\u201
 _ABBREV = re.compile(r"(?:[A-Za-z]{1,3}\.){2,}$")
 
 
+REASONING_OPEN = re.compile(r"<(think|thinking|reasoning)>", re.I)
+REASONING_CLOSE = re.compile(r"</(think|thinking|reasoning)>", re.I)
+"""The reasoning markup of reasoning models (DeepSeek-R1, Qwen3, QwQ style ``<think>``)."""
+
+
+def strip_reasoning(text: str) -> str | None:
+    """The part of a reply after its reasoning: the one rule every verdict and answer reader uses.
+
+    * ``<think> ... </think> reply`` and ``... </think> reply`` (the opening tag sent in the
+      chat template, only the closing one generated): the text after the LAST closing tag.
+    * ``<think> ...`` without a closing tag (the reply was cut inside its reasoning): None, so
+      nothing written inside the reasoning decides a verdict or becomes an answer.
+    * No markup: the text unchanged.
+
+    Args:
+        text: a raw reply.
+
+    Returns:
+        The reply after its reasoning, or None when the reasoning was cut.
+    """
+    closes = list(REASONING_CLOSE.finditer(text))
+    if closes:
+        return text[closes[-1].end():]
+    return None if REASONING_OPEN.search(text) else text
+
+
 def _unwrap(s: str) -> str:
     for left, right in _WRAPPERS:
         if len(s) > len(left) + len(right) and s.startswith(left) and s.endswith(right):
@@ -82,10 +108,12 @@ def _unwrap(s: str) -> str:
 def extract_answer(text: str) -> str:
     """Turn a raw greedy generation into the answer string.
 
-    Steps, in order: strip whitespace; repeatedly drop a leading answer prefix ("Answer:",
-    "A:", "Ans:", "The answer is", "The final answer is:", also wrapped in ``**``); cut at the
-    first newline (the generation stop rule); unwrap one pair of surrounding quotes, backticks
-    or ``**``; drop ONE trailing sentence period; unwrap once more (for ``"Paris".``).
+    Steps, in order: keep only the text after the reasoning markup (:func:`strip_reasoning`; an
+    answer cut inside its reasoning is ""); strip whitespace; repeatedly drop a leading answer
+    prefix ("Answer:", "A:", "Ans:", "The answer is", "The final answer is:", also wrapped in
+    ``**``); cut at the first newline (the generation stop rule); unwrap one pair of surrounding
+    quotes, backticks or ``**``; drop ONE trailing sentence period; unwrap once more (for
+    ``"Paris".``).
 
     The period is kept only when the last token is an abbreviation made of dotted letters
     ("U.S.", "D.C.", "e.g."); numbers keep their inner dots and commas ("3.5", "$1,000.50")
@@ -100,7 +128,10 @@ def extract_answer(text: str) -> str:
     Source:
         Project rule (no official counterpart); the newline stop matches the generation stop.
     """
-    s = text.strip()
+    after = strip_reasoning(text)
+    if after is None:  # cut inside its reasoning: no answer
+        return ""
+    s = after.strip()
     while (m := _ANSWER_PREFIX.match(s)) and m.end() > 0:
         s = s[m.end():].lstrip()
     s = _unwrap(s.split("\n", 1)[0].strip())
@@ -269,7 +300,9 @@ def _is_noun_phrase_use(tokens: tuple[tuple[str, int], ...], i: int) -> bool:
 def parse_verdict(text: str, candidate: str | None = None) -> bool | None:
     """Parse a judge reply into a verdict.
 
-    Rule, in order:
+    First the reasoning markup goes (:func:`strip_reasoning`): only the text after
+    ``</think>`` is read, and a reply cut inside its reasoning has no verdict. Then the rule,
+    in order:
 
     1. Find the verdict words ``correct`` / ``incorrect`` (whole words, any case; markdown
        such as ``**Correct**`` is fine; "correctly" is not a verdict word).
@@ -310,6 +343,10 @@ def parse_verdict(text: str, candidate: str | None = None) -> bool | None:
     Source:
         Project rule (no official counterpart).
     """
+    after = strip_reasoning(text)
+    if after is None:  # cut inside its reasoning: nothing in it decides
+        return None
+    text = after
     tokens = words(text)
     pairs = _pair_members(tokens)
     for i, (w, _) in enumerate(tokens):

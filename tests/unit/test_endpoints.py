@@ -415,3 +415,28 @@ def test_oracle_agreement_served_from_the_cache(httpserver, tmp_path, data_file)
                              endpoint={"base_url": httpserver.url_for("/v1")})
     assert again["confusion"] == first["confusion"] and again["kappa"] == first["kappa"]
     assert again["oracle_b_counts"] == first["oracle_b_counts"]
+
+
+def test_a_served_oracle_reads_its_verdict_after_the_reasoning_markup(httpserver):
+    """A reasoning model's verdict is read after ``</think>``; a cut reasoning decides nothing.
+
+    The next fallback (the constrained choice) decides a reply cut inside its reasoning.
+    """
+    replies = {"Lyon": "<think>Paris? That looks Correct.</think>\nIncorrect",
+               "Marseille": "<think>The candidate is Correct because"}
+
+    def chat(request):
+        body = request.get_json()
+        user = body["messages"][-1]["content"]
+        text = json.dumps({"verdict": "Incorrect"}) if "response_format" in body else next(
+            (r for k, r in replies.items() if k in user), "OK")
+        return Response(json.dumps(completion(text)), content_type="application/json")
+
+    httpserver.expect_request("/v1/models").respond_with_json(MODELS)
+    httpserver.expect_request("/v1/chat/completions", method="POST").respond_with_handler(chat)
+    oracle = make_oracle("openai:fake", endpoint={"base_url": httpserver.url_for("/v1")})
+    kw = {"dataset": "squad", "extras": {"context": "c", "question": "q"}}
+    g = oracle.grade("Lyon", ["Paris"], **kw)
+    assert (g.label, g.rule) == (False, "openai:reply:Incorrect")
+    g = oracle.grade("Marseille", ["Paris"], **kw)
+    assert (g.label, g.rule) == (False, "openai:constrained:Incorrect")

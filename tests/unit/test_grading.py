@@ -821,3 +821,24 @@ def test_oracle_spec_is_parsed_in_one_place(tiny, monkeypatch):
     # kinds other modules registered (openai:, once interp.endpoints is imported) stand between
     with pytest.raises(ConfigError, match=r"'rule' or 'model:SPEC' or (\S+ or )*'fixed'"):
         parse_oracle_spec("nope")
+
+
+@pytest.mark.parametrize("reply, verdict", [
+    ("<think>The candidate looks Correct at first.</think>\nIncorrect", False),
+    ("It says Paris, so Incorrect would be wrong... </think> Correct", True),  # opening sent
+    ("<think>Checking: the answer is Correct because", None),                  # cut inside
+    ("<THINK>correct?</THINK><think>no, incorrect</think>Correct.", True),    # the last close
+    ("Incorrect", False),                                                      # no markup
+])
+def test_reasoning_markup_never_decides_a_verdict(reply, verdict):
+    from interp.judging.parsing import parse_verdict
+
+    assert parse_verdict(reply) is verdict
+
+
+def test_an_answer_is_read_after_its_reasoning_and_a_cut_one_is_empty():
+    from interp.judging.parsing import extract_answer, strip_reasoning
+
+    assert extract_answer("<think>Maybe Lyon? No.</think>\nParis") == "Paris"
+    assert extract_answer("<think>Maybe Lyon") == ""
+    assert strip_reasoning("no markup") == "no markup"
