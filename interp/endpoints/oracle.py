@@ -77,7 +77,8 @@ class EndpointOracle(BaseOracle):
         kw: dict[str, Any] = {"prompt_version": ORACLE_PROMPT_VERSION}
         text = self.endpoint.chat(msgs, max_tokens=self.max_new_tokens, **kw)["content"]
         verdict, how = parse_verdict(text), "reply"
-        if verdict is None and (sc := score_replies(self.endpoint, msgs, **kw)) is not None:
+        if verdict is None and (sc := score_replies(self.endpoint, msgs, **kw)) is not None \
+                and "unavailable" not in sc:
             d = sc["logprob_correct"] - sc["logprob_incorrect"]
             p = 1 / (1 + math.exp(-d))
             verdict, how = p > 0.5, f"forced_choice(p_correct={p:.3f})"

@@ -36,7 +36,36 @@ import math
 from interp.endpoints.client import Endpoint, RequestFailed, grammar
 from interp.judging.verdict import VERDICT_WORDS
 
-__all__ = ["VERDICT_SCHEMA", "constrained_choice", "score_replies"]
+__all__ = ["LOGPROB_TOLERANCE", "VERDICT_SCHEMA", "check_logprobs", "constrained_choice",
+           "score_replies"]
+
+LOGPROB_TOLERANCE = 1e-6
+"""Slack for float rounding in :func:`check_logprobs` (nats, and probability mass)."""
+
+
+def check_logprobs(per_token: dict[str, list[float]]) -> str | None:
+    """Why a server's returned log-probs are not log-probabilities of the two replies, or None.
+
+    Each token's value must be finite and at most 0 (a value above 0 is a probability, or a
+    score of another kind), and the two whole replies, which exclude each other, must hold at
+    most all of the probability: ``exp(lp_correct) + exp(lp_incorrect) <= 1``.
+
+    Args:
+        per_token: ``{"Correct": [lp, ...], "Incorrect": [lp, ...]}`` in nats.
+
+    Returns:
+        A one-line reason, or None when the values are valid.
+    """
+    for word, lps in per_token.items():
+        bad = [x for x in lps if not math.isfinite(x) or x > LOGPROB_TOLERANCE]
+        if bad:
+            return (f"the server returned {bad[0]!r} as a log-probability of a {word!r} token "
+                    f"(must be finite and <= 0): probabilities or scores of another kind")
+    mass = math.fsum(math.exp(math.fsum(lps)) for lps in per_token.values())
+    if mass > 1 + LOGPROB_TOLERANCE:
+        return (f"the two verdict replies' probabilities sum to {mass:.4g} > 1: the server's "
+                f"log-probs are not the model's (a one-token grammar reports 0, for one)")
+    return None
 
 VERDICT_SCHEMA = {"type": "json_schema", "json_schema": {
     "name": "verdict", "strict": True,
@@ -56,8 +85,9 @@ def score_replies(endpoint: Endpoint, messages: list[dict[str, str]], *,
 
     Returns:
         ``{"logprob_correct", "logprob_incorrect"}`` in nats (the sum over each reply's
-        tokens; the end-of-turn token the grammar lets follow is not part of it), or None
-        when the preflight found no forced choice.
+        tokens; the end-of-turn token the grammar lets follow is not part of it); None when
+        the preflight found no forced choice; ``{"unavailable": reason}`` when the returned
+        values are not log-probabilities (:func:`check_logprobs`).
 
     Raises:
         RequestFailed: a request failed, or a reply came back with other tokens than forced.
@@ -65,7 +95,7 @@ def score_replies(endpoint: Endpoint, messages: list[dict[str, str]], *,
     fc = endpoint.known_facts().get("forced_choice")
     if not fc:
         return None
-    out = {}
+    out, per_token = {}, {}
     for word, key in zip(VERDICT_WORDS, ("logprob_correct", "logprob_incorrect")):
         ids = fc["reply_ids"][word]
         r = endpoint.chat(messages, prompt_version=prompt_version, max_tokens=len(ids) + 1,
@@ -74,7 +104,10 @@ def score_replies(endpoint: Endpoint, messages: list[dict[str, str]], *,
         if [t[0] for t in got] != ids:
             raise RequestFailed(f"the forced reply {word!r} came back as "
                                 f"{[t[1] for t in got]}")
-        out[key] = math.fsum(t[2] for t in got)
+        per_token[word] = [float(t[2]) for t in got]
+        out[key] = math.fsum(per_token[word])
+    if reason := check_logprobs(per_token):
+        return {"unavailable": reason}
     return out
 
 

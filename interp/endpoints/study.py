@@ -107,9 +107,15 @@ def evaluate_served(endpoint: Endpoint, ex: QAExample, *, template: Template,
                                  max_tokens=verdict_max_new_tokens)["content"]
     verdict, source = parse_record_verdict(verdict_text, answer)
     sc = score_replies(endpoint, ev, prompt_version=pv)
-    scores: dict[str, Any] = {"verdict_score": "unavailable"} if sc is None else \
-        VerdictScores(torch.tensor([sc["logprob_correct"]], dtype=torch.float64),
-                      torch.tensor([sc["logprob_incorrect"]], dtype=torch.float64)).rows()[0]
+    scores: dict[str, Any]
+    if sc is None or "unavailable" in sc:  # no method, or values that are not log-probs
+        scores = {"verdict_score": "unavailable"}
+        if sc is not None:
+            scores["verdict_score_reason"] = sc["unavailable"]
+    else:
+        scores = VerdictScores(torch.tensor([sc["logprob_correct"]], dtype=torch.float64),
+                               torch.tensor([sc["logprob_incorrect"]], dtype=torch.float64)
+                               ).rows()[0]
     return {  # type: ignore[typeddict-item]
         **_example_fields(ex), "status": "ok", "model": endpoint.spec, "generation": raw,
         "answer": answer, "oracle_label": bool(graded.label),

@@ -267,7 +267,8 @@ METRIC_DEFINITIONS = {
                        "verdicts; _correct / _incorrect: among answers with y* Correct / "
                        "Incorrect; _forced: p_correct > 0.5 instead of the generated verdict",
     "EA_forced_unavailable": "set (and every forced-choice and score key None) when the "
-                             "model's server cannot score the two whole replies",
+                             "model's server cannot score the two whole replies, or returns "
+                             "values that are not log-probabilities (the reason)",
     "forced_choice_note": "set when the forced choice is the same for every record, so "
                           "EA_forced is GA or 1 - GA by construction (a control, no finding)",
     "mean_verdict_coverage": "mean over records of P(Correct) + P(Incorrect), the judge's "
@@ -419,8 +420,10 @@ def group_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]], *, n_
         "mcnemar": mcnemar(y, right),
     }
     if not scored:  # never a 0 standing for "not measured"
+        why = next((r["verdict_score_reason"] for r in records
+                    if r.get("verdict_score_reason")), None)
         out.update({k: None for k in out if "forced" in k or k in _SCORE_KEYS},
-                   EA_forced_unavailable=FORCED_UNAVAILABLE)
+                   EA_forced_unavailable=f"unavailable: {why}" if why else FORCED_UNAVAILABLE)
     # an interval of zero width (every resample gave one value: constant outcomes, or too
     # few passages) is named here as in every table and figure (interp.analysis.stats.ci_text)
     out["degenerate_cis"] = sorted(k for k, ci in out.items()

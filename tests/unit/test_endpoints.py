@@ -440,3 +440,62 @@ def test_a_served_oracle_reads_its_verdict_after_the_reasoning_markup(httpserver
     assert (g.label, g.rule) == (False, "openai:reply:Incorrect")
     g = oracle.grade("Marseille", ["Paris"], **kw)
     assert (g.label, g.rule) == (False, "openai:constrained:Incorrect")
+
+
+def forced_choice_server(httpserver, logprob):
+    """A fake llama.cpp: its template, tokenizer and token-grammar replies with ``logprob``.
+
+    ``logprob(word)`` is the value the server reports for the reply's one token; the replies
+    to the gen and eval prompts are the fake model's (:func:`reply_for`).
+    """
+    head, ids = "<u>X</u><a>", {"Correct": 100, "Incorrect": 101}
+
+    def template(request):
+        msgs = request.get_json()["messages"]
+        tail = msgs[-1]["content"] + "</a>" if msgs[-1]["role"] == "assistant" else ""
+        return Response(json.dumps({"prompt": head + tail}), content_type="application/json")
+
+    def tokenize(request):
+        text = request.get_json()["content"]
+        toks = [{"id": 1, "piece": head}] + [{"id": ids[w], "piece": w} for w in ids
+                                              if text == head + w]
+        return Response(json.dumps({"tokens": toks}), content_type="application/json")
+
+    def chat(request):
+        body = request.get_json()
+        if "grammar" in body:
+            tid = int(body["grammar"].split("[")[1].split("]")[0])
+            word = next(w for w, i in ids.items() if i == tid)
+            out = completion(word)
+            out["choices"][0]["logprobs"] = {"content": [
+                {"id": tid, "token": word, "logprob": logprob(word)}]}
+            return Response(json.dumps(out), content_type="application/json")
+        return Response(json.dumps(completion(reply_for(body))), content_type="application/json")
+
+    httpserver.expect_request("/v1/models").respond_with_json(MODELS)
+    httpserver.expect_request("/apply-template", method="POST").respond_with_handler(template)
+    httpserver.expect_request("/tokenize", method="POST").respond_with_handler(tokenize)
+    httpserver.expect_request("/v1/chat/completions", method="POST").respond_with_handler(chat)
+
+
+@pytest.mark.parametrize("logprob, valid", [
+    (lambda w: -0.2 if w == "Correct" else -2.0, True),   # log-probabilities: kept
+    (lambda w: 0.8 if w == "Correct" else 0.1, False),    # probabilities in the field
+    (lambda w: 0.0, False),                               # 0 under a one-token grammar: mass 2
+])
+def test_returned_logprobs_are_checked_before_they_become_a_forced_choice(
+        httpserver, tmp_path, data_file, logprob, valid):
+    forced_choice_server(httpserver, logprob)
+    cfg = AsymmetryConfig(model="openai:fake", datasets=[data_file], limit=3, n_boot=50,
+                          model_endpoint={"base_url": httpserver.url_for("/v1")})
+    m = run(tmp_path / "run", None, cfg, log=lambda s: None)
+    recs = RunDir(tmp_path / "run").read_records()
+    if valid:
+        assert all(r["logit_diff"] == pytest.approx(1.8) for r in recs)
+        assert m["overall"]["EA_forced"] == 1.0
+        return
+    assert all(r["verdict_score"] == "unavailable" for r in recs)
+    reason = recs[0]["verdict_score_reason"]
+    assert ("<= 0" in reason) if logprob("Correct") > 0 else ("sum to 2 > 1" in reason)
+    assert m["overall"]["EA_forced"] is None
+    assert m["overall"]["EA_forced_unavailable"] == f"unavailable: {reason}"
