@@ -230,6 +230,7 @@ class Endpoint:
         self._lock = threading.Lock()
         self.requests = self.failed = 0
         self.facts: dict[str, Any] | None = None
+        self._assumed: dict[str, Any] | None = None  # the cache's facts, taken without a request
 
     def __repr__(self) -> str:
         return f"Endpoint({self.config.model!r} at {self.base_url!r})"
@@ -278,6 +279,13 @@ class Endpoint:
         self.facts = {"base_url": self.base_url, "model": self.config.model,
                       "models": entry or served, "system_fingerprint": r.system_fingerprint}
         self.facts["forced_choice"] = probe_forced_choice(self)
+        if self._assumed is not None and _result_fields(self._assumed) != _result_fields(
+                self.facts):
+            raise EndpointError(
+                f"{self.base_url} now reports other facts than the run's cached ones "
+                f"({_result_fields(self._assumed)} -> {_result_fields(self.facts)}): the cached "
+                f"replies came from another server or model; rerun with --overwrite (or into "
+                f"a new --out) to redo them against this one")
         self.cache.put(self._facts_key, {"preflight": self.base_url,
                                          "model": self.config.model}, self.facts, replace=True)
         return self.facts
@@ -290,18 +298,24 @@ class Endpoint:
         """The preflight's facts: this object's, else the run's last (cached), else a preflight.
 
         A rerun answered from the cache learns from it whether the server scores whole
-        replies, with no request.
+        replies, with no request: a fully cached run needs no server. When a request is then
+        sent after all, its preflight must find the same facts (else :meth:`preflight` refuses
+        in one line: the cached replies are another server's).
         """
         if self.facts is not None:
             return self.facts
-        return self.cache.peek(self._facts_key) or self.preflight()
+        if (cached := self.cache.peek(self._facts_key)) is not None:
+            self._assumed = cached
+            return cached
+        return self.preflight()
 
     def result_facts(self) -> dict[str, Any]:
-        """The facts a changed server changes (stored work under other ones is refused)."""
-        f = self.preflight()
-        return {"endpoint_model": f["model"], "endpoint_models": f["models"],
-                "system_fingerprint": f["system_fingerprint"],
-                "forced_choice": (f["forced_choice"] or {}).get("method")}
+        """The facts a changed server changes (stored work under other ones is refused).
+
+        From :meth:`known_facts`: the cache's when it has them, so checking a finished run
+        sends no request.
+        """
+        return _result_fields(self.known_facts())
 
     def _fatal(self, err: Exception, what: str) -> EndpointError:
         """One line for a failed preflight step (never the key or the server's body)."""
@@ -435,6 +449,13 @@ def _reply(r: Any) -> dict[str, Any]:
 def _root(endpoint: Endpoint) -> str:
     url = endpoint.base_url
     return url[:-3] if url.endswith("/v1") else url
+
+
+def _result_fields(f: Mapping[str, Any]) -> dict[str, Any]:
+    """The facts that change a result (:meth:`Endpoint.result_facts`)."""
+    return {"endpoint_model": f["model"], "endpoint_models": f["models"],
+            "system_fingerprint": f["system_fingerprint"],
+            "forced_choice": (f["forced_choice"] or {}).get("method")}
 
 
 def _server_reply_ids(endpoint: Endpoint, client: httpx.Client, word: str) -> list[int]:

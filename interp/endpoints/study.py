@@ -78,7 +78,7 @@ def served_model_info(endpoint: Endpoint) -> dict[str, Any]:
     """The manifest's ``model`` entry of a served model (no key)."""
     return {"spec": endpoint.spec, "source": "openai-endpoint", "path": endpoint.base_url,
             "sha256": None, "revision": None, "endpoint": endpoint.config.public(),
-            "server": endpoint.preflight()}
+            "server": endpoint.known_facts()}
 
 
 def evaluate_served(endpoint: Endpoint, ex: QAExample, *, template: Template,

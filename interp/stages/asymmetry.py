@@ -348,7 +348,7 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     served = None  # an endpoint oracle is preflighted before the model loads
     if is_endpoint_spec(config.oracle):
         served = make_oracle(config.oracle, run=rd, endpoint=config.oracle_endpoint)
-        served.endpoint.preflight()  # type: ignore[attr-defined]
+        served.endpoint.known_facts()  # type: ignore[attr-defined]  # cached: no request
     handle = handle or load_model(config.model, device=config.device, dtype=config.dtype,
                                   **placement(config))
     facts = runtime_facts(handle)

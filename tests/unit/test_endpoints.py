@@ -13,7 +13,7 @@ import httpx
 import pytest
 from werkzeug import Response
 
-from interp.core.errors import ConfigError, EndpointError, ModelSpecError, RunDirError
+from interp.core.errors import ConfigError, EndpointError, ModelSpecError
 from interp.endpoints import CACHE_FILE, Endpoint, EndpointConfig, RequestCache, RequestFailed
 from interp.endpoints.client import DeadlineTransport
 from interp.judging.grading import make_oracle
@@ -397,8 +397,10 @@ def test_run_stops_past_max_error_rate_keeping_finished_records(httpserver, tmp_
     extra = {"id": "q3", "question": "Q?", "context": "C.", "answers": ["C"]}
     with open(data_file, "a") as f:
         f.write(json.dumps(extra) + "\n")
-    with pytest.raises(RunDirError, match="runtime.endpoint_models"):
+    # (the check uses the cached facts; the first request sent finds the server changed)
+    with pytest.raises(EndpointError, match="now reports other facts than the run's cached"):
         run(out, None, AsymmetryConfig(**{**cfg.__dict__, "limit": 4}))
+    assert len(RunDir(out).read_records()) == 3  # nothing of the other server's kept
 
 
 def test_oracle_agreement_served_from_the_cache(httpserver, tmp_path, data_file):
@@ -499,3 +501,22 @@ def test_returned_logprobs_are_checked_before_they_become_a_forced_choice(
     assert ("<= 0" in reason) if logprob("Correct") > 0 else ("sum to 2 > 1" in reason)
     assert m["overall"]["EA_forced"] is None
     assert m["overall"]["EA_forced_unavailable"] == f"unavailable: {reason}"
+
+
+def test_a_finished_served_run_reruns_from_its_cache_with_the_server_gone(httpserver, tmp_path,
+                                                                       data_file):
+    """Every request is in RUN/requests.jsonl: the rerun needs no preflight and no server."""
+    fake_server(httpserver)
+    base = httpserver.url_for("/v1")
+    cfg = AsymmetryConfig(model="openai:fake", datasets=[data_file], limit=3, n_boot=50,
+                          oracle="openai:fake", oracle_endpoint={"base_url": base},
+                          model_endpoint={"base_url": base})
+    first = run(tmp_path / "run", None, cfg, log=lambda s: None)
+    before = RunDir(tmp_path / "run").read_records()
+    httpserver.clear()  # the server stops: every request would fail
+    httpserver.expect_request("/v1/models").respond_with_data("down", status=503)
+    httpserver.expect_request("/v1/chat/completions").respond_with_data("down", status=503)
+    again = run(tmp_path / "run", None, cfg, log=lambda s: None)
+    assert again["overall"] == first["overall"]
+    assert RunDir(tmp_path / "run").read_records() == before
+    assert not httpserver.log  # not one request
