@@ -202,13 +202,19 @@ def _root(ctx: typer.Context, debug: Annotated[bool, typer.Option(
 
 @app.command()
 def metrics(run: Annotated[Path, typer.Option(help="run directory")]) -> None:
-    """Recompute metrics.json and the asymmetry figure from a run's records."""
+    """Recompute metrics.json and the asymmetry figure from a run's records (read-only: print)."""
+    from interp.core.io import unwritable
     from interp.stages import asymmetry as stage
     from interp.store.rundir import RunDir
 
     rd = RunDir(run)
     cfg = stage.AsymmetryConfig.from_mapping(rd.manifest()["config"])
-    typer.echo(stage.format_summary(stage.write_metrics(rd, cfg)))
+    if (err := unwritable(rd.path)) is None:
+        typer.echo(stage.format_summary(stage.write_metrics(rd, cfg)))
+        return
+    typer.echo(stage.format_summary(stage.write_metrics(rd, cfg, write=False)))
+    typer.echo(f"{rd.path} cannot be written ({err.strerror or err}): the table above was "
+               f"computed from its records; metrics.json and the figure were left as they are")
 
 
 @app.command("oracle-agreement")
@@ -289,12 +295,15 @@ def view_cmd(
     device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
 ) -> None:
     """A self-contained HTML page: a record's gen and eval tokens coloured by attention."""
+    from interp.core.io import check_writable
     from interp.run.view import find_record, write_view
     from interp.stages import load_run_model
     from interp.store.rundir import RunDir
 
     rd = RunDir(run)
-    find_record(rd, record_id, dataset)  # a wrong id fails before the model loads
+    rec = find_record(rd, record_id, dataset)  # a wrong id fails before the model loads
+    check_writable((out.parent if out else rd.path / "view" / rec["dataset"]),
+                   "the record's page (give --out FILE in a writable folder)")
     path = write_view(rd, load_run_model(rd, device=device), record_id, out, dataset=dataset,
                       band=band)
     typer.echo(f"wrote {path} (open it in a browser; it needs no server or network)")
@@ -408,6 +417,9 @@ def _run_stage(s: StageSpec, cls: Any, kw: dict[str, Any]) -> None:
     if s.judged_input:
         _audit_dir(mod, kw)
     where = Path(kw.get("run") or kw["out"])
+    from interp.core.io import check_writable
+
+    check_writable(where, f"interp {s.command}")  # before any model loads
     rd = RunDir(_watch(where))
     if kw.get("judged"):
         summary = mod.run(rd, kw["judged_handle"], cfg, overwrite=kw["overwrite"],

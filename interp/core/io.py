@@ -54,6 +54,45 @@ def is_tmp_path(path: str | Path) -> bool:
     return name.startswith(".") and ".tmp" in name
 
 
+def unwritable(folder: str | Path) -> OSError | None:
+    """Why files cannot be created in ``folder`` (a read-only file system, its modes), or None.
+
+    Tried for real (a temporary file created and removed), as the OS decides: root ignores
+    file modes but not a read-only mount. A folder that does not exist yet is judged by its
+    nearest existing parent.
+    """
+    p = Path(folder)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        probe = tmp_path_for(p / ".write-check")
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        return err
+    return None
+
+
+def check_writable(folder: str | Path, what: str) -> None:
+    """Refuse, in one line and before any work, a write into a folder that cannot be written.
+
+    Args:
+        folder: where the command would write.
+        what: what it would write there, for the message.
+
+    Raises:
+        RunDirError: ``folder`` is read-only (the message names the OS reason and what can be
+            done: read the run, or write elsewhere).
+    """
+    from interp.core.errors import RunDirError
+
+    if (err := unwritable(folder)) is not None:
+        raise RunDirError(f"{folder} cannot be written ({err.strerror or err}): {what} needs a "
+                          f"writable folder; a finished run there can still be read (interp "
+                          f"metrics prints its table, interp view and interp merge read it "
+                          f"with --out elsewhere), or copy it to a writable folder")
+
+
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Write text to ``path`` through a temporary file in the same folder and a rename.
 

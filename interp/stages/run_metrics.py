@@ -22,8 +22,11 @@ from interp.store.rundir import RunDir
 __all__ = ["write_metrics"]
 
 
-def write_metrics(run: RunDir, config: Any = None) -> dict[str, Any]:
+def write_metrics(run: RunDir, config: Any = None, *, write: bool = True) -> dict[str, Any]:
     """Recompute ``metrics.json`` from the records and draw the asymmetry figure.
+
+    ``write`` False computes them only (a run on a read-only file system is read, not
+    written).
 
     With a config (:class:`interp.stages.asymmetry.AsymmetryConfig`: ``datasets``, ``seed``,
     ``n_boot``), only the configured datasets' records count (unless a dataset is given as a
@@ -40,6 +43,7 @@ def write_metrics(run: RunDir, config: Any = None) -> dict[str, Any]:
     metrics = compute_metrics(records, n_boot=n_boot, seed=seed)
     if any(r.get("answer_source") for r in records):  # cross-judged: metrics per source
         metrics["answer_sources"] = source_metrics(records, n_boot=n_boot, seed=seed)
-    write_json(run.path / "metrics.json", metrics)
-    plot_asymmetry(metrics, run.sub("figures"))
+    if write:
+        write_json(run.path / "metrics.json", metrics)
+        plot_asymmetry(metrics, run.sub("figures"))
     return metrics

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.core.errors import RunDirError
-from interp.core.io import _parse, nan_to_none, read_json, write_json, write_jsonl
+from interp.core.io import _parse, check_writable, nan_to_none, read_json, write_json, write_jsonl
 from interp.core.jsonl import json_line, parse_jsonl
 from interp.store.records import Record, qa_key
 
@@ -260,10 +260,12 @@ class RunDir:
         one process. See https://py-filelock.readthedocs.io/.
 
         Raises:
-            RunDirError: another process holds the lock (one line naming it).
+            RunDirError: another process holds the lock (one line naming it), or the folder
+                cannot be written (a read-only mount: :func:`interp.core.io.check_writable`).
         """
         from filelock import FileLock, Timeout
 
+        check_writable(self.path, "writing this run")
         self.path.mkdir(parents=True, exist_ok=True)
         lock = _LOCKS.setdefault(str(self.path.resolve()),
                                  FileLock(str(self.path / ".writer.lock"), timeout=0))
