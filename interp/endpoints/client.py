@@ -54,7 +54,8 @@ from interp.endpoints.cache import RequestCache, request_key
 from interp.judging.verdict import VERDICT_WORDS
 
 __all__ = ["FORCED_METHOD", "PREFIX", "DeadlineTransport", "Endpoint", "EndpointConfig",
-           "RequestFailed", "grammar", "is_endpoint_spec", "probe_forced_choice"]
+           "RequestFailed", "grammar", "is_endpoint_spec", "probe_forced_choice",
+           "without_system_role"]
 
 class DeadlineTransport(httpx.BaseTransport):
     """An httpx transport that bounds a whole request, reply body included, by ``deadline_s``.
@@ -139,6 +140,9 @@ class EndpointConfig:
             malformed replies).
         max_error_rate: share of failed requests that stops the run (0 to 1).
         seed: sent with every request (servers that take one sample reproducibly); None: none.
+        system_role: False for a server whose chat template rejects the system role ("System
+            role not supported"): a system message is sent as the start of the first user
+            message instead (the system text, a blank line, then the user's).
     """
 
     model: str
@@ -149,6 +153,7 @@ class EndpointConfig:
     max_retries: int = 4
     max_error_rate: float = 0.05
     seed: int | None = 0
+    system_role: bool = True
 
     @classmethod
     def from_spec(cls, spec: str, table: Mapping[str, Any] | None = None,
@@ -174,7 +179,8 @@ class EndpointConfig:
                          ("max_retries", isinstance(cfg.max_retries, int) and
                           cfg.max_retries >= 0),
                          ("max_error_rate", isinstance(cfg.max_error_rate, int | float) and
-                          0 <= cfg.max_error_rate <= 1)):
+                          0 <= cfg.max_error_rate <= 1),
+                         ("system_role", isinstance(cfg.system_role, bool))):
             if not ok:
                 raise ConfigError(f"[{where}] {name} = {getattr(cfg, name)!r} is out of range")
         return cfg
@@ -231,6 +237,8 @@ class Endpoint:
         self.requests = self.failed = 0
         self.facts: dict[str, Any] | None = None
         self._assumed: dict[str, Any] | None = None  # the cache's facts, taken without a request
+        self._last_error: tuple[int, str] | None = None
+        self._same = 0  # failures in a row with the message _last_error
 
     def __repr__(self) -> str:
         return f"Endpoint({self.config.model!r} at {self.base_url!r})"
@@ -356,6 +364,8 @@ class Endpoint:
             RequestFailed: the request failed after its retries (counted).
             EndpointError: a 401/403/404, or the failures passed ``max_error_rate``.
         """
+        if not self.config.system_role:
+            messages = without_system_role(messages)
         body = {"temperature": 0, "max_tokens": max_tokens, **params}
         if self.config.seed is not None:
             body["seed"] = self.config.seed
@@ -383,6 +393,9 @@ class Endpoint:
         kwargs = {k: v for k, v in body.items() if k in std}
         extra = {k: v for k, v in body.items() if k not in std}
         last: Exception | None = None
+        # a feature the server may not have (a JSON schema, a token grammar): its 4xx says so,
+        # and the caller falls back (interp.endpoints.scoring)
+        optional = "response_format" in body or "grammar" in body
         for attempt in range(self.config.max_retries + 1):
             try:
                 r = self._client.chat.completions.create(
@@ -394,7 +407,14 @@ class Endpoint:
             except (openai.AuthenticationError, openai.PermissionDeniedError,
                     openai.NotFoundError) as err:
                 raise self._fatal(err, "a chat request") from None
-            except openai.APIError as err:  # already retried by the client (or a 4xx)
+            except openai.APIStatusError as err:  # a 4xx, or a 5xx the client retried
+                if 400 <= err.status_code < 500 and err.status_code not in (408, 409, 429) \
+                        and not optional:
+                    raise self._refused(err) from None  # the same request fails every time
+                last = err
+                self._repeat(err)
+                break
+            except openai.APIError as err:  # a connection failure the client retried
                 last = err
                 break
             except (ValueError, TypeError, AttributeError) as err:  # malformed body: retry
@@ -402,14 +422,34 @@ class Endpoint:
                 time.sleep(min(0.5 * 2 ** attempt, 8.0))
         raise RequestFailed(f"{type(last).__name__}: {_status(last)}")
 
+    def _refused(self, err: Any) -> EndpointError:
+        """One line for a request the server refuses as such: its own message, and the fix."""
+        msg = _server_message(err, self._key)
+        return EndpointError(f"{self.base_url} refused a chat request to model "
+                             f"{self.config.model!r} ({err.status_code}: {msg}); finished "
+                             f"records are kept.{_fix(msg)}")
+
+    def _repeat(self, err: Any) -> None:
+        """Stop at the third failure in a row with the same 5xx message: it is not transient."""
+        msg = (err.status_code, _server_message(err, self._key))
+        with self._lock:
+            same = self._last_error == msg
+            self._last_error, self._same = msg, (self._same + 1 if same else 1)
+            again = self._same
+        if again >= 3:
+            raise self._refused(err)
+
     def _count_failure(self) -> None:
         with self._lock:
             self.failed += 1
             failed, n = self.failed, self.requests
         if failed > self.config.max_error_rate * max(n, MIN_REQUESTS_FOR_RATE):
-            raise EndpointError(f"{failed} of {n} requests to {self.base_url} failed (more "
-                                f"than max_error_rate {self.config.max_error_rate}); finished "
-                                f"records are kept: fix the server and run again to resume")
+            last = self._last_error
+            why = f" (the last: {last[0]}: {last[1]})" if last else ""
+            raise EndpointError(f"{failed} of {n} requests to {self.base_url} failed{why}, "
+                                f"more than max_error_rate {self.config.max_error_rate}; "
+                                f"finished records are kept: fix the server and run again to "
+                                f"resume.{_fix(last[1] if last else '')}")
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
         """``fn`` over ``items`` with at most ``concurrency`` in flight, in order.
@@ -428,9 +468,47 @@ class Endpoint:
             return list(pool.map(one, items))
 
 
+def _fix(message: str) -> str:
+    """The fix a server's error message points to, as a sentence (or "")."""
+    m = message.lower()
+    if "system" in m and "role" in m:
+        return (" Set system_role = false in the endpoint table: the system prompt then goes "
+                "at the start of the user message.")
+    return ""
+
+
+def without_system_role(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The messages with their system message put at the start of the first user message.
+
+    For servers whose chat template rejects the system role (``system_role = false``).
+    """
+    system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+    rest = [dict(m) for m in messages if m["role"] != "system"]
+    if system:
+        first = next((m for m in rest if m["role"] == "user"), None)
+        if first is None:
+            rest.insert(0, {"role": "user", "content": system})
+        else:
+            first["content"] = f"{system}\n\n{first['content']}"
+    return rest
+
+
+def _server_message(err: Any, key: str | None = None) -> str:
+    """The server's error message in one line (at most 200 characters; never the key)."""
+    body = getattr(err, "body", None)
+    msg = body.get("message") or body.get("error") if isinstance(body, dict) else body
+    if isinstance(msg, dict):
+        msg = msg.get("message") or str(msg)
+    text = " ".join(str(msg or getattr(err, "message", "") or err).split())
+    if key:
+        text = text.replace(key, "***")
+    return text[:200]
+
+
 def _status(err: Exception | None) -> str:
     code = getattr(err, "status_code", None)
-    return f"status {code}" if code else (str(err).splitlines()[0][:120] if err else "?")
+    return f"status {code}: {_server_message(err)}" if code else (
+        str(err).splitlines()[0][:120] if err else "?")
 
 
 def _reply(r: Any) -> dict[str, Any]:

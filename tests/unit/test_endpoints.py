@@ -520,3 +520,46 @@ def test_a_finished_served_run_reruns_from_its_cache_with_the_server_gone(httpse
     assert again["overall"] == first["overall"]
     assert RunDir(tmp_path / "run").read_records() == before
     assert not httpserver.log  # not one request
+
+
+@pytest.mark.parametrize("status", [400, 500])
+def test_a_server_that_rejects_the_system_role_says_so_and_system_role_false_runs(
+        httpserver, tmp_path, data_file, status):
+    """llama.cpp's chat templates without a system role answer 400 (or 500, repeatedly)."""
+    def chat(request):
+        body = request.get_json()
+        if any(m["role"] == "system" for m in body["messages"]):
+            return Response(json.dumps({"error": {"code": status, "type": "server_error",
+                                                  "message": "System role not supported"}}),
+                            status=status, content_type="application/json")
+        return Response(json.dumps(completion(reply_for_user(body))),
+                        content_type="application/json")
+
+    httpserver.expect_request("/v1/models").respond_with_json(MODELS)
+    httpserver.expect_request("/v1/chat/completions", method="POST").respond_with_handler(chat)
+    base = httpserver.url_for("/v1")
+    cfg = AsymmetryConfig(model="openai:fake", datasets=[data_file], limit=3, n_boot=50,
+                          model_endpoint={"base_url": base, "max_retries": 0,
+                                          "concurrency": 1})
+    with pytest.raises(EndpointError) as err:
+        run(tmp_path / "run", None, cfg, log=lambda s: None)
+    line = str(err.value)
+    assert "\n" not in line and f"{status}: System role not supported)" in line
+    assert "Set system_role = false" in line
+    cfg = AsymmetryConfig(**{**cfg.__dict__, "model_endpoint": {
+        "base_url": base, "system_role": False}})
+    m = run(tmp_path / "run2", None, cfg, log=lambda s: None)
+    assert m["overall"]["GA"] == 1.0
+    sent = [json.loads(r.get_data())["messages"] for r, _ in httpserver.log
+            if r.path.endswith("/chat/completions")]
+    ok = [s for s in sent if not any(m["role"] == "system" for m in s)]
+    assert ok and ok[-1][0]["content"].startswith("You ")  # the system text, then the user's
+
+
+def reply_for_user(body: dict) -> str:
+    """:func:`reply_for` for a server without a system role: the system text leads the user's."""
+    user = body["messages"][-1]["content"]
+    system, _, rest = user.partition("\n\n")
+    return reply_for({"messages": [{"role": "system", "content": system},
+                                   {"role": "user", "content": rest}], **{
+        k: v for k, v in body.items() if k != "messages"}})
