@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import string
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -169,6 +169,37 @@ def _fill(fmt: str, values: dict[str, str]) -> tuple[str, dict[str, tuple[int, i
             out.append(val)
             pos += len(val)
     return "".join(out), spans
+
+
+def check_spans(text: str, offsets: Sequence[tuple[int, int]],
+                char_spans: Mapping[str, tuple[int, int]],
+                token_spans: Mapping[str, tuple[int, int]]) -> None:
+    """Refuse a span whose tokens do not hold every non-whitespace character of its field.
+
+    Offsets vary between tokenizers: a byte-level ``Ġword`` token may include the space before
+    the word (then it belongs to the field it starts, :func:`label_positions`), and some
+    tokenizers report offsets one character off. Whatever the tokenizer, the field's first
+    and last non-whitespace characters, and every one between, must lie inside the offsets
+    of the span's tokens; otherwise a token was lost (or a wrong one taken) at its edge.
+
+    Raises:
+        PromptError: a field with non-whitespace text that its tokens do not cover (one line
+            naming the field and the first character they miss).
+    """
+    for name, (fs, fe) in char_spans.items():
+        need = [i for i in range(fs, fe) if not text[i].isspace()]
+        if not need or name not in token_spans:
+            continue
+        a, b = token_spans[name]
+        covered = set()
+        for s, e in offsets[a:b]:
+            covered.update(range(s, e))
+        if missing := [i for i in need if i not in covered]:
+            i = missing[0]
+            raise PromptError(
+                f"span {name!r} loses its text at character {i - fs} ({text[i]!r} of "
+                f"{text[fs:fe][:30]!r}): the tokenizer's offsets do not cover the field "
+                f"(tokens {a}-{b}); a tokenizer with other offsets, not supported")
 
 
 def label_positions(text: str, offsets: list[tuple[int, int]],
@@ -311,6 +342,7 @@ def render(
             if pos[-1] - pos[0] + 1 != len(pos):
                 raise PromptError(f"span {name!r} is not contiguous in tokens")
             token_spans[name] = (pos[0], pos[-1] + 1)
+    check_spans(text, offsets, char_spans, token_spans)
     return RenderedPrompt(task=task, text=text, input_ids=ids, char_spans=char_spans,
                           token_spans=token_spans, labels=labels)
 

@@ -81,3 +81,37 @@ def test_template_errors(tmp_path):
         Template(name="x", gen_user="{context}", eval_user="{question}{answer}")
     with pytest.raises(PromptError, match="known"):
         get_template("nope")
+
+
+def test_a_byte_level_token_with_its_leading_space_belongs_to_the_field_it_starts():
+    from interp.judging.prompts import check_spans, label_positions
+
+    text = "Context: Sample input"
+    spans = {"context": (9, 21)}
+    offsets = [(0, 8), (8, 15), (15, 21)]  # "Context:", "ĠSample" with its space, "Ġinput"
+    labels = label_positions(text, offsets, spans)
+    assert labels == ["template", "context", "context"]
+    check_spans(text, offsets, spans, {"context": (1, 3)})
+
+
+def test_a_span_whose_tokens_lose_its_text_is_refused_in_one_line():
+    from interp.judging.prompts import check_spans, label_positions
+
+    text = "Context: Sample input"
+    spans = {"context": (9, 21)}
+    # offsets one character late: "ĠSample" reported at (10, 16), so "S" is in no token
+    offsets = [(0, 9), (10, 16), (16, 21)]
+    labels = label_positions(text, offsets, spans)
+    token_spans = {"context": (labels.index("context"), len(labels))}
+    with pytest.raises(PromptError, match=r"^span 'context' loses its text at character 0 "
+                                          r"\('S' of 'Sample input'\)"):
+        check_spans(text, offsets, spans, token_spans)
+
+
+def test_every_bundled_tokenizer_covers_its_fields(tokenizer):
+    from interp.judging.prompts import get_template, render
+
+    p = render(tokenizer, get_template("default"), "eval", context="Sample input text.",
+               question="What is it?", answer="Sample")
+    for name, (a, b) in p.token_spans.items():
+        assert a < b, name
