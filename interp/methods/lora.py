@@ -48,6 +48,7 @@ from interp.models.loading import ModelHandle, end_of_turn_ids
 
 __all__ = [
     "LORA_FIELDS",
+    "check_in_memory",
     "LoraSettings",
     "encode_example",
     "check_adapter_state",
@@ -259,6 +260,29 @@ def _step(model: Any, opt: Any, batch: Sequence[Mapping[str, list[int]]], lr: fl
     return float(loss.detach())
 
 
+def check_in_memory(handle: ModelHandle, what: str) -> None:
+    """Refuse LoRA on a model whose weights are not all in memory (an offloading device map).
+
+    accelerate keeps offloaded blocks on the ``meta`` device between forwards; peft cannot wrap
+    them and a gradient cannot flow into them, so training and loading an adapter need every
+    weight loaded.
+
+    Raises:
+        TransferError: some weights are on the ``meta`` device (one line naming the device
+            map's offloaded modules and what to do).
+    """
+    meta = [n for n, p in handle.model.named_parameters() if p.device.type == "meta"]
+    if not meta:
+        return
+    dm = handle.info.get("device_map") or {}
+    off = sorted({k for k, v in dm.items() if v in ("disk", "meta")}) or sorted(
+        {n.rsplit(".", 2)[0] for n in meta})
+    raise TransferError(f"{what} needs every weight of {handle.spec} in memory, but its "
+                        f"device_map offloads {len(off)} modules ({', '.join(off[:3])}"
+                        f"{', ...' if len(off) > 3 else ''}): load it without disk offload "
+                        f"(device_map 'auto' with enough memory, or max_memory) for LoRA")
+
+
 def train_adapter(handle: ModelHandle, encoded: Sequence[Mapping[str, list[int]]],
                   config: LoraSettings, out_dir: str | Path, *,
                   checkpoint_dir: str | Path | None = None, name: str = "adapter",
@@ -288,7 +312,8 @@ def train_adapter(handle: ModelHandle, encoded: Sequence[Mapping[str, list[int]]
         that resumed it.
 
     Raises:
-        TransferError: an empty training set.
+        TransferError: an empty training set, or a model with offloaded weights
+            (:func:`check_in_memory`).
     """
     from peft import get_peft_model
 
@@ -298,6 +323,7 @@ def train_adapter(handle: ModelHandle, encoded: Sequence[Mapping[str, list[int]]
         return read_json(out_dir / "interp_adapter.json")
     if not encoded:
         raise TransferError(f"adapter {name}: empty training set")
+    check_in_memory(handle, f"training the LoRA adapter {name}")
     torch.manual_seed(config.seed)
     model = get_peft_model(copy.deepcopy(handle.model), _lora_config(config))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
@@ -399,8 +425,10 @@ def load_adapter(handle: ModelHandle, adapter_dir: str | Path, *, name: str | No
     Raises:
         TransferError: the folder is not an adapter, it was trained on another base model
             (the message shows both fingerprints), or its weight file's keys do not load
-            exactly (:func:`check_adapter_state`).
+            exactly (:func:`check_adapter_state`), or the base model has offloaded weights
+            (:func:`check_in_memory`).
     """
+    check_in_memory(handle, "loading a LoRA adapter")
     from peft import PeftModel
 
     adapter_dir = Path(adapter_dir)

@@ -69,7 +69,7 @@ from interp.data import QAExample, load_examples
 from interp.judging.grading import BaseOracle, make_oracle
 from interp.judging.prompts import Template, get_template, render
 from interp.methods.asymmetry import evaluate_examples
-from interp.methods.lora import load_adapter
+from interp.methods.lora import check_in_memory, load_adapter
 from interp.methods.transfer import (
     build_training_sets,
     cross_model_patching,
@@ -353,6 +353,7 @@ def _prepare(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferCon
     cfg = replace(cfg, model=handle.spec)  # the base model is the one given
     tdir = run_dir.sub("transfer")
     parse_layers(cfg.patch_layers, handle.n_layers, default="all")  # fail before slow work
+    check_in_memory(handle, "the transfer stage (LoRA training)")
     template = get_template(cfg.template, cfg.templates_path)
     pool = training_pool(cfg, handle.tokenizer, template, log=log)
     val = {ds: load_examples(ds, split="validation", limit=cfg.eval_limit,
