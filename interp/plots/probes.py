@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from interp.analysis.stats import MIN_FIT_RECORDS, fit_note
-from interp.plots.common import plt, save
+from interp.plots.common import footnote, plt, save
 
 _PROBE_METRICS = [("auc", "ROC AUC", "auc"), ("f1", "F1 (Correct)", "f1"),
                   ("accuracy", "accuracy", "accuracy"),
@@ -126,10 +126,19 @@ def plot_probes(results: Mapping[str, Any], out_dir: str | Path, name: str = "pr
                  f"Incorrect {cc['incorrect']}), {results['folds']}-fold CV grouped by passage; "
                  f"lines: mean over test folds, bands ±1 std; best cell by CV "
                  f"{results['select_by'].upper()}", fontsize=11)
+    notes = []
+    for task in tasks:  # a mean over folds says when some folds could not be scored
+        grid = results["tasks"][task].get("grid") or []
+        short = [r for r in grid if r.get("undefined_folds")]
+        if short:
+            k = max(len(r["undefined_folds"]) for r in short)
+            notes.append(f"{task}: {len(short)} of {len(grid)} cells average over fewer folds "
+                         f"(up to {k} of {results['folds']} held one class, so no AUC there)")
     fig.tight_layout(rect=(0, 0.09, 1, 1))
     fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=min(5, len(seen)),
                fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.0),
                bbox_transform=fig.transFigure)   # stays put when saving grows the box
+    footnote(fig, notes)
     return save(fig, out_dir, name)
 
 

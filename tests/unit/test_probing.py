@@ -339,3 +339,27 @@ def test_an_svm_probe_fit_is_reproducible():
     X, y = rng.normal(size=(40, 300)), rng.random(40) < 0.5
     a, b = fit_probe(X, y, "svm", seed=1), fit_probe(X, y, "svm", seed=1)
     np.testing.assert_array_equal(a.coef, b.coef)
+
+
+def test_the_probe_figure_says_when_a_mean_leaves_out_folds(tmp_path, monkeypatch):
+    """A cell whose test fold held one class averages over fewer folds: the figure says so."""
+    import copy
+    from pathlib import Path
+
+    from interp.plots import probes as probe_plots
+
+    results = json.loads((Path(__file__).resolve().parents[2] / "figures"
+                          / "smollm2-135m-instruct__probes_results.json").read_text())
+    kept: list = []
+    monkeypatch.setattr(probe_plots, "save", lambda fig, d, n: kept.append(fig) or n)
+    probe_plots.plot_probes(results, tmp_path)
+    notes = [t.get_text() for t in kept[-1].texts if t.get_gid() == "footnote"]
+    assert not any("fewer folds" in n for n in notes)
+    short = copy.deepcopy(results)
+    task = next(iter(short["tasks"]))
+    short["tasks"][task]["grid"][0]["undefined_folds"] = [{"fold": 1, "correct": 0,
+                                                           "incorrect": 4}]
+    probe_plots.plot_probes(short, tmp_path)
+    notes = [t.get_text() for t in kept[-1].texts if t.get_gid() == "footnote"]
+    assert any(f"{task}: 1 of {len(short['tasks'][task]['grid'])} cells average over fewer "
+               f"folds (up to 1 of {short['folds']}" in n.replace("\n", " ") for n in notes)
