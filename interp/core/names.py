@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from pathlib import Path
+from collections.abc import Iterable
+from pathlib import Path, PurePath
 
-__all__ = ["CROSS_JUDGES", "cross_name", "flat_key", "model_slug", "safe_name"]
+__all__ = ["CROSS_JUDGES", "cross_name", "did_you_mean", "flat_key", "model_slug", "safe_name"]
 
 
 def safe_name(name: str) -> str:
@@ -46,3 +47,29 @@ CROSS_JUDGES = "__judges__"
 def cross_name(judge_slug: str, source_slug: str) -> str:
     """``<judge>__judges__<source>``: the name of one judge's run on another model's answers."""
     return f"{judge_slug}{CROSS_JUDGES}{source_slug}"
+
+
+def did_you_mean(given: str | Iterable[str], known: Iterable[str]) -> str:
+    """`` (did you mean 'limit'?)`` for names close to a known one, else ``""``.
+
+    For a path (``data/squad_v3.jsonl``) its stem is compared too. Closeness is
+    :func:`difflib.get_close_matches` (ratio >= 0.6), the rule of Python's own "Did you mean".
+
+    Args:
+        given: the unknown name, or several.
+        known: the names it should have been.
+
+    Returns:
+        The suggestion, with a leading space, for the end of an error's phrase.
+    """
+    import difflib
+
+    known = sorted({str(k) for k in known})
+    names = [given] if isinstance(given, str) else list(given)
+    hits = []
+    for name in names:
+        for cand in (str(name), PurePath(str(name)).stem):
+            if m := difflib.get_close_matches(cand, known, n=1, cutoff=0.6):
+                hits.append(f"{m[0]!r} for {str(name)!r}" if len(names) > 1 else repr(m[0]))
+                break
+    return f" (did you mean {', '.join(hits)}?)" if hits else ""

@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from interp.core.errors import ConfigError
+from interp.core.names import did_you_mean
 
 __all__ = ["ALL", "CliOption", "allows_none", "check_counts", "check_numbers", "cli_options",
            "config_from_table", "conform",
@@ -230,8 +231,8 @@ def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
     known = set(cls.__dataclass_fields__)
     table = renamed_keys(cls, table, section, error)
     if unknown := set(table) - known:
-        raise error(f"[{section}]: unknown config keys {sorted(unknown)}; known: "
-                    f"{sorted(known)}")
+        raise error(f"[{section}]: unknown config keys {sorted(unknown)}"
+                    f"{did_you_mean(sorted(unknown), known)}; known: {sorted(known)}")
     table = conform(cls, table, section, error)
     if "device" in known:  # a config that loads a model: its device and precision
         check_device(table.get("device"), error)

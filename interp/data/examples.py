@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from interp.core.errors import DataError
+from interp.core.names import did_you_mean
 
 __all__ = ["DATASETS", "QAExample"]
 
@@ -218,7 +219,8 @@ def _block(title: str, text: str) -> str:
 
 def _unknown_dataset(name: str) -> DataError:
     return DataError(
-        f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)}. "
+        f"unknown dataset {name!r}{did_you_mean(name, DATASETS)}; known datasets: "
+        f"{', '.join(DATASETS)}. "
         "A path to a data file (our JSONL, or an official SQuAD v2.0 / DROP / HotpotQA / "
         "MuSiQue file) is also accepted."
     )

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from interp.core.errors import DataError
 from interp.core.jsonl import json_line
+from interp.core.names import did_you_mean
 from interp.data import formats
 from interp.data.examples import (
     DATASETS,
@@ -374,7 +375,8 @@ def load_examples(
             )
         if not p.exists():
             if os.sep in name or "/" in name or p.suffix:
-                raise DataError(f"no such file: {p}")
+                raise DataError(f"no such file: {p}{did_you_mean(name, DATASETS)}; the bundled "
+                                f"datasets are {', '.join(DATASETS)} (a name, not a path)")
             raise _unknown_dataset(name)
         it = _iter_file(p, split)
     if limit == 0:

@@ -41,6 +41,7 @@ from typing import Any
 
 from interp.core.errors import PromptError, RunDirError
 from interp.core.inputs import read_toml
+from interp.core.names import did_you_mean
 
 SPANS = ("context", "question", "candidate", "template")
 """Span labels; every prompt position has exactly one. ``reference`` counts as its own field
@@ -119,7 +120,8 @@ def get_template(name: str = "default", path: str | Path | None = None) -> Templ
     """
     templates = load_templates(path)
     if name not in templates:
-        raise PromptError(f"unknown template {name!r}; known: {sorted(templates)}")
+        raise PromptError(f"unknown template {name!r}{did_you_mean(name, templates)}; known: "
+                          f"{sorted(templates)}")
     return templates[name]
 
 

@@ -35,6 +35,7 @@ import torch
 
 from interp.core.capabilities import IN_PROCESS, is_served
 from interp.core.errors import ModelSpecError
+from interp.core.names import did_you_mean
 from interp.models.files import (
     check_folder,
     check_loaded,
@@ -205,7 +206,8 @@ def _resolve(spec: str, revision: str | None) -> tuple[Path | str, dict[str, Any
         return repo, hub_info(repo, revision or rev or None, info)
     else:
         raise ModelSpecError(
-            f"unknown model spec {spec!r}: use a bundled alias {sorted(BUNDLED)}, a .gguf "
+            f"unknown model spec {spec!r}{did_you_mean(spec, BUNDLED)}: use a bundled alias "
+            f"{sorted(BUNDLED)}, a .gguf "
             f"file, a checkpoint directory, or a hub id like {PAPER_MODEL!r}")
     source = read_source(path)
     info.update(cached_checkpoint=str(path), tokenizer_pre=source["tokenizer"]["pre"],

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from interp.core.errors import HookError, ModelSpecError
+from interp.core.names import did_you_mean
 
 __all__ = [
     "ARCHITECTURES",
@@ -128,7 +129,8 @@ def hook_name(layer: int, point: str) -> str:
         HookError: an unknown point (the message lists the known ones).
     """
     if point not in HOOK_POINTS:
-        raise HookError(f"unknown hook point {point!r}; known: {list(HOOK_POINTS)}")
+        raise HookError(f"unknown hook point {point!r}{did_you_mean(point, HOOK_POINTS)}; known: "
+                        f"{list(HOOK_POINTS)}")
     return f"blocks.{int(layer)}.{point}"
 
 

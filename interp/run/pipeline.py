@@ -55,7 +55,7 @@ from interp.core.capabilities import is_served
 from interp.core.errors import ConfigError
 from interp.core.inputs import new_run_dir, read_toml
 from interp.core.io import atomic_write_text, write_json
-from interp.core.names import model_slug
+from interp.core.names import did_you_mean, model_slug
 from interp.judging.prompts import get_template
 from interp.launch import Shard, current_shard
 from interp.models.loading import DEFAULT_MODEL, load_model, model_shape, placement
@@ -181,14 +181,14 @@ def _check(cfg: Mapping[str, Any], path: str | Path, only: Sequence[str] | None
     """Step 1: refuse unknown keys, stages and ``--only`` names; the stage configs."""
     known = set(TOP_LEVEL) | set(STAGES)
     if unknown := set(cfg) - known:
-        raise ConfigError(f"{path}: unknown keys or stages {sorted(unknown)}; known: "
-                          f"{sorted(known)}")
+        raise ConfigError(f"{path}: unknown keys or stages {sorted(unknown)}"
+                          f"{did_you_mean(sorted(unknown), known)}; known: {sorted(known)}")
     configured = ["asymmetry", *(name for name in STAGES if name in cfg)]
     only = canonical(only)
     if only and (bad := [name for name in only if name not in configured]):
         what = "not configured in this file" if set(bad) <= set(STAGES) else "unknown"
-        raise ConfigError(f"--only: {what}: {', '.join(bad)}; valid stages here: "
-                          f"{', '.join(configured)}")
+        raise ConfigError(f"--only: {what}: {', '.join(bad)}{did_you_mean(bad, configured)}; "
+                          f"valid stages here: {', '.join(configured)}")
     if not isinstance(cfg.get("publish", False), bool):
         raise ConfigError(f"{path}: publish must be true or false, not {cfg['publish']!r}")
     return {name: stage.Config.from_mapping(dict(cfg[name]))

@@ -109,3 +109,26 @@ def test_cli_refuses_limit_zero_before_reading_the_run(tmp_path, args):
     assert res.output.startswith("error: --") and "must be a whole number >= 1" in res.output
     assert len(res.output.strip().splitlines()) == 1
     assert not (tmp_path / "none").exists()
+
+
+def test_an_unknown_name_gets_the_nearest_known_one(tmp_path):
+    from interp.core.names import did_you_mean
+
+    assert did_you_mean("limt", ["limit", "seed"]) == " (did you mean 'limit'?)"
+    assert did_you_mean("data/squad_v3.jsonl", ["squad_v2", "drop"]) == (
+        " (did you mean 'squad_v2'?)")
+    assert did_you_mean("zzz", ["limit"]) == ""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('name = "c"\n[asymmetry]\nlimt = 3\n')
+    for argv, want in ((["run", str(cfg)], "unknown config keys ['limt'] (did you mean "
+                                           "'limit'?)"),
+                       (["asymmetry", "--dataset", "squad_v3", "--out", str(tmp_path / "o")],
+                        "unknown dataset 'squad_v3' (did you mean 'squad_v2'?)"),
+                       (["asymmetry", "--dataset", "my/squad_v3.jsonl", "--out",
+                         str(tmp_path / "o")], "(did you mean 'squad_v2'?); the bundled "
+                                                "datasets are squad_v2, drop"),
+                       (["asymmetry", "--model", "smollm2-135m", "--out", str(tmp_path / "o")],
+                        "unknown model spec 'smollm2-135m' (did you mean "
+                        "'smollm2-135m-instruct'?)")):
+        res = CliRunner().invoke(cli.app, argv)
+        assert res.exit_code == 2 and want in res.output, (argv, res.output)
