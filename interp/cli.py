@@ -53,6 +53,12 @@ def _is_usage_error(err: Exception) -> bool:
     return hasattr(err, "format_message") and isinstance(getattr(err, "exit_code", None), int)
 
 
+ORDER = ("run", "asymmetry", "metrics", "view", "heads", "attention", "probe", "patch", "steer",
+         "record", "audit", "reasoning", "transfer", "merge", "serve", "oracle-agreement")
+"""The order of ``interp --help`` and the CLI reference: the one a user meets the commands in
+(the demo's ``run`` first, then Study 1 and its outputs, the stages, scale and servers)."""
+
+
 class _Group(TyperGroup):
     """The command group: one error policy for every command, and one name per stage.
 
@@ -84,8 +90,10 @@ class _Group(TyperGroup):
     _listing = False
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        """The command names, in the order of creation (building none)."""
-        return list(self.commands)
+        """The command names in the order a user meets them (:data:`ORDER`; building none)."""
+        names = list(self.commands)
+        rank = {n: i for i, n in enumerate(ORDER)}
+        return sorted(names, key=lambda n: (rank.get(n, len(ORDER)), names.index(n)))
 
     def format_help(self, ctx: click.Context, formatter: Any) -> None:
         """The group's help, listing the stage commands from their specs."""
@@ -265,6 +273,43 @@ def run_cmd(
         finish()
 
 
+@app.command("serve")
+def serve_cmd(
+    model: Annotated[str, typer.Argument(help="a bundled alias (smollm2-135m-instruct, "
+                                              "qwen2.5-coder-0.5b-instruct) or a .gguf file")],
+    port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 8080,
+    alias: Annotated[str | None, typer.Option(
+        help="the model name the server answers to (default: MODEL's name)")] = None,
+    threads: Annotated[int, typer.Option(help="CPU threads of the server")] = 1,
+    n_ctx: Annotated[int, typer.Option(help="context length (tokens)")] = 4096,
+) -> None:
+    """Serve a GGUF on 127.0.0.1 as an OpenAI-compatible server (llama.cpp; Ctrl-C stops it)."""
+    import importlib.util
+
+    if importlib.util.find_spec("xllamacpp") is None:
+        raise typer.BadParameter("the llama.cpp server is not installed: pip install -e "
+                                 "'.[serve]' (the xllamacpp wheel)")
+    if not 1 <= port <= 65535 or threads < 1 or n_ctx < 16:
+        raise typer.BadParameter(f"--port must be 1-65535, --threads >= 1, --n-ctx >= 16; "
+                                 f"got {port}, {threads}, {n_ctx}")
+    if model.endswith(".gguf"):
+        gguf = Path(model)
+        if not gguf.is_file():
+            raise typer.BadParameter(f"{gguf} does not exist")
+    else:
+        from interp.models.loading import bundled_gguf
+
+        gguf = bundled_gguf(model)
+    name = alias or (Path(model).stem if model.endswith(".gguf") else model)
+    base = f"http://127.0.0.1:{port}/v1"
+    typer.echo(f"serving {gguf.name} as openai:{name} at {base} (Ctrl-C stops it); in a run: "
+               f"--model openai:{name} with INTERP_OPENAI_BASE_URL={base}")
+    from interp.endpoints.local import _serve
+
+    _serve([str(gguf), "--port", str(port), "--alias", name, "--threads", str(threads),
+            "--n-ctx", str(n_ctx)])
+
+
 @app.command("merge")
 def merge_cmd(
     shards: Annotated[list[Path], typer.Argument(
@@ -283,7 +328,15 @@ def merge_cmd(
                f"stages on {out} (interp run CONFIG, or interp attention/probe/... --run {out})")
 
 
-@app.command("view")
+_VIEW_HELP = ("A self-contained HTML page: a record's gen and eval tokens coloured by attention."
+              "\n\nOpen the page in a browser: the menus above the two prompts choose the layer "
+              "(a layer, or the mean over --band) and the head (a query head, or the mean over "
+              "heads) whose last-token attention colours every token, and the colour scale; a "
+              "box sets the first token (the attention sink) aside when scaling. Each span's "
+              "mass is listed beside its prompt.")
+
+
+@app.command("view", help=_VIEW_HELP)
 def view_cmd(
     run: Annotated[Path, typer.Option(help="asymmetry run directory")],
     record_id: Annotated[str, typer.Option("--id", help="the record's id")],
@@ -294,7 +347,13 @@ def view_cmd(
     band: Annotated[str, typer.Option(help="layers of the 'band mean' choice")] = DEFAULT_BAND,
     device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
 ) -> None:
-    """A self-contained HTML page: a record's gen and eval tokens coloured by attention."""
+    """A self-contained HTML page: a record's gen and eval tokens coloured by attention.
+
+    Open the page in a browser: the menus above the two prompts choose the layer (a layer, or
+    the mean over --band) and the head (a query head, or the mean over heads) whose last-token
+    attention colours every token, and the colour scale; a box sets the first token (the
+    attention sink) aside when scaling. Each span's mass is listed beside its prompt.
+    """
     from interp.core.io import check_writable
     from interp.run.view import find_record, write_view
     from interp.stages import load_run_model

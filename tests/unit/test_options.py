@@ -154,3 +154,13 @@ def test_every_boolean_option_can_be_turned_on_and_off(monkeypatch):
         seen.clear()
         res = CliRunner().invoke(cli.app, ["patch", "--run", "/nonexistent/run", *args])
         assert res.exit_code == 0 and seen["mine"] is mine, (args, res.output)
+
+
+def test_the_commands_are_listed_in_the_order_a_user_meets_them():
+    import click
+    import typer.main
+
+    group = typer.main.get_command(cli.app)
+    names = group.list_commands(click.Context(group))
+    assert set(names) == set(cli.ORDER) and names == list(cli.ORDER)
+    assert names[0] == "run" and names.index("asymmetry") < names.index("attention")
