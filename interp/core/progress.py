@@ -14,14 +14,18 @@ See https://tqdm.github.io/docs/tqdm/ (``mininterval``, ``bar_format``).
 
 from __future__ import annotations
 
+import contextvars
 import os
 import sys
 from typing import Any
 
 from tqdm import tqdm as _std_tqdm
 
-__all__ = ["LINE_INTERVAL_S", "LineProgress", "is_terminal", "quiet_library_bars", "resumed",
-           "tqdm"]
+__all__ = ["LINE_INTERVAL_S", "LineProgress", "Share", "advance", "is_terminal",
+           "quiet_library_bars", "resumed", "tqdm"]
+
+_SHARE: contextvars.ContextVar[Any] = contextvars.ContextVar("interp_progress_share",
+                                                          default=None)
 
 LINE_INTERVAL_S = 30.0
 """Least seconds between two progress lines of one loop in a log."""
@@ -145,3 +149,51 @@ def tqdm(*args: Any, **kwargs: Any) -> Any:
         return auto(*args, **kwargs)
     quiet_library_bars()
     return LineProgress(*args, **kwargs)
+
+
+class Share:
+    """The part of a bar one chunk of work may advance, in small steps from deep inside it.
+
+    A stage's bar counts examples; the forwards that make them (each prompt's prefill and
+    every decoding step, :func:`interp.judging.prefill.run_prompts`) report fractions through
+    :func:`advance`, so the bar moves within seconds instead of once per chunk of batches.
+    The chunk's own update then sets the bar to its exact count (:meth:`done`), and
+    :func:`advance` never passes the chunk's end.
+
+    Args:
+        bar: the bar (a :func:`tqdm`), or None (nothing is shown).
+        n: examples in the chunk.
+        prompts_per_example: prompts each example runs (generation and judge: 2).
+    """
+
+    def __init__(self, bar: Any, n: int, prompts_per_example: int = 2):
+        self.bar, self.start, self.n = bar, float(getattr(bar, "n", 0) or 0), n
+        self.per_prompt = 1.0 / prompts_per_example
+        self._acc = 0.0
+        self._token: Any = None
+
+    def advance(self, examples: float) -> None:
+        """Add ``examples`` (fractional); the bar shows the whole examples, short of the end."""
+        if self.bar is None or examples <= 0:
+            return
+        self._acc = min(self._acc + examples, self.n - 1)
+        if (step := int(self.start + self._acc) - int(self.bar.n)) > 0:
+            self.bar.update(step)
+
+    def done(self) -> None:
+        """Set the bar to the chunk's end exactly."""
+        if self.bar is not None:
+            self.bar.update(int(self.start) + self.n - int(self.bar.n))
+
+    def __enter__(self) -> Share:
+        self._token = _SHARE.set(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _SHARE.reset(self._token)
+
+
+def advance(prompts: float) -> None:
+    """Report ``prompts`` (fractional) finished to the enclosing :class:`Share`, if any."""
+    if (share := _SHARE.get()) is not None:
+        share.advance(prompts * share.per_prompt)

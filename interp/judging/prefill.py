@@ -44,6 +44,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.core.progress import advance
 from interp.hooks.capture import hooked
 from interp.hooks.guard import inference_guard
 from interp.models.kv_cache import (
@@ -142,9 +143,12 @@ def _pooling(handle: ModelHandle, lengths: Sequence[int], width: int,
 
 
 def _decode(handle: ModelHandle, logits: Tensor, cache: object, mask: Tensor, *,
-            max_new_tokens: int, stop_strings: Sequence[str], eos: set[int], pad_id: int
-            ) -> list[tuple[list[int], str]]:
-    """Step 4: greedy decoding of a prefilled batch; ``(tokens, stop)`` per row."""
+            max_new_tokens: int, stop_strings: Sequence[str], eos: set[int], pad_id: int,
+            on_step: Callable[[], None] = lambda: None) -> list[tuple[list[int], str]]:
+    """Step 4: greedy decoding of a prefilled batch; ``(tokens, stop)`` per row.
+
+    ``on_step`` is called after each decoding forward (progress inside a batch).
+    """
     model, tok = handle.model, handle.tokenizer
     b = mask.shape[0]
     toks: list[list[int]] = [[] for _ in range(b)]
@@ -172,6 +176,7 @@ def _decode(handle: ModelHandle, logits: Tensor, cache: object, mask: Tensor, *,
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
                     **{kw: cache})
         logits = out.logits[:, -1]
+        on_step()
     return list(zip(toks, stop))
 
 
@@ -251,14 +256,23 @@ def run_prompts(
                                    logits_to_keep=tail + 1)
                 got_rows = get_rows().float().cpu() if rows else None
             last, cache = res.logits[:, -1], output_cache(res)
+            n, first = len(idx), (0.3 if max_new_tokens > 0 else 1.0)
+            advance(first * n)  # the enclosing stage's bar moves within the batch
+            steps = [0]
+
+            def on_step(n: int = n, steps: list[int] = steps) -> None:
+                steps[0] += 1
+                advance(0.7 * n / max(max_new_tokens - 1, 1))
             tails = None if not tail else torch.log_softmax(
                 res.logits[:, :-1].float(), dim=-1).gather(
                 -1, ids[:, -tail:, None])[..., 0].double().sum(-1).cpu()
             lp = None if continuations is None else continuation_logprobs(
                 handle.model, last, cache, mask, continuations).double().cpu()
             dec = _decode(handle, last, cache, mask, max_new_tokens=max_new_tokens,
-                          stop_strings=stop_strings, eos=eos, pad_id=pad_id) \
+                          stop_strings=stop_strings, eos=eos, pad_id=pad_id, on_step=on_step) \
                 if max_new_tokens > 0 else [([], "max_new_tokens")] * len(idx)
+            if max_new_tokens > 0:  # a batch that stopped early: the rest of its share
+                advance(0.7 * n * (1 - steps[0] / max(max_new_tokens - 1, 1)))
             for row, i in enumerate(idx):
                 p = out[i]
                 p.token_ids, p.stop = dec[row]

@@ -45,7 +45,7 @@ from interp.core.errors import ConfigError, DataError, InterpError, RunDirError,
 from interp.core.inputs import new_run_dir
 from interp.core.io import write_json
 from interp.core.options import check_counts, config_from_table, option
-from interp.core.progress import tqdm
+from interp.core.progress import Share, tqdm
 from interp.data import QAExample, load_examples
 from interp.endpoints import EndpointConfig, is_endpoint_spec, oracle_facts, run_served
 from interp.judging.grading import BaseOracle, RuleOracle, make_oracle, parse_oracle_spec
@@ -402,9 +402,10 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
             kw = dict(template=template, max_new_tokens=config.max_new_tokens,
                       verdict_max_new_tokens=config.verdict_max_new_tokens,
                       batch_size=config.batch_size, capture=cap)
-            recs = (judge_from_source(handle, part, source, **kw) if source is not None else
-                    evaluate_examples(handle, part, oracle=oracle,
-                                      max_reasoning_tokens=config.max_reasoning_tokens, **kw))
+            with Share(bar, len(part), prompts_per_example=1 if source is not None else 2) as share:
+                recs = (judge_from_source(handle, part, source, **kw) if source is not None else
+                        evaluate_examples(handle, part, oracle=oracle,
+                                          max_reasoning_tokens=config.max_reasoning_tokens, **kw))
             for r in recs:
                 r["template"] = config.template
                 r.setdefault("model", handle.spec)
@@ -412,7 +413,7 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
                 store_one_pass(rd, handle, recs, cap, facts)  # whose outputs are then replaced
             rd.append_records(recs)
             done.update(qa_key(r) for r in recs)
-            bar.update(len(part))
+            share.done()
             for r in recs:
                 if r["status"] != "ok":
                     log(f"[{ds}] skipped {r['id']}: {r['reason']}")

@@ -94,3 +94,26 @@ def test_resumed_items_move_the_count_but_not_the_rate(capsys, monkeypatch):
     bar.close()
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) <= 3 and lines[-1].startswith("steer: 100/100"), lines
+
+
+def test_a_stage_bar_moves_inside_a_batch_and_ends_exact(tiny):
+    """The harness's bar advances on each prefill and decoding step, not once per chunk."""
+    from interp.core.progress import Share
+    from interp.judging.prefill import run_prompts
+
+    class Bar:
+        def __init__(self):
+            self.n, self.steps = 0, []
+
+        def update(self, k):
+            self.n += k
+            self.steps.append(self.n)
+
+    bar = Bar()
+    prompts = [[1, 5, 6, 7]] * 4
+    with Share(bar, 2, prompts_per_example=2) as share:  # 2 examples x 2 prompts
+        run_prompts(tiny, prompts, max_new_tokens=12, batch_size=4, stop_strings=())
+        assert 0 < bar.n < 2  # moved within the chunk, never to its end before it is done
+        share.done()
+    assert bar.n == 2 and bar.steps == sorted(bar.steps)
+    run_prompts(tiny, prompts, max_new_tokens=2)  # no share: nothing to report to
