@@ -8,8 +8,7 @@ Algorithm:
    mask), so a padded prompt sees exactly the positions it sees alone.
 3. Greedy decoding (``do_sample=False``) from the prefill's key/value cache
    (:func:`interp.judging.prefill.run_prompts`) until EOS, a stop string (default: a newline after
-   at
-   least one non-blank character) or ``max_new_tokens``; each sequence stops on its own.
+   at least one non-blank character) or ``max_new_tokens``; each sequence stops on its own.
 4. Return the decoded continuation of every prompt in the caller's order, and (on request) the
    raw logits of the first generated step (the logits at the prompt's last position). The
    judge's verdict score is NOT read from these first-token logits ("Incorrect" often starts

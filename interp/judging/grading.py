@@ -200,8 +200,7 @@ class RuleOracle(BaseOracle):
        and only true thousands groups lose their commas ("1,000" = "1000"). Everything below
        compares these tokens. A worked sum that holds counts as its result
        (:func:`interp.judging.oracle_rules.arithmetic_results`: "14,506 + 6,000 = 20,506" is
-       "20,506").
-       The reported ``em``/``f1`` stay the official SQuAD / DROP values.
+       "20,506"). The reported ``em``/``f1`` stay the official SQuAD / DROP values.
     3. Per gold answer (the label is True if any gold passes, reported with the first passing
        rule; else the first failing rule):
 

@@ -90,8 +90,7 @@ class GivenOracle(BaseOracle):
     """An oracle that returns the stored grade of a given answer (no grading).
 
     Keyed by (question, context, answer): :func:`interp.methods.asymmetry.evaluate_examples` passes
-    the
-    question and context in ``extras``.
+    the question and context in ``extras``.
 
     Args:
         given: ``{(question, context, answer): GivenAnswer}``.

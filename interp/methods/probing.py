@@ -246,8 +246,7 @@ def cross_validate(X: Float[np.ndarray, "n d"], y: Bool[np.ndarray, " n"], folds
     Returns:
         ``(summary, oof_scores)``: metric means, ``*_std`` and ``*_n_folds`` over folds and
         the undefined folds (:func:`interp.analysis.stats.fold_summary`), and the out-of-fold score
-        of
-        every example ``[n]``.
+        of every example ``[n]``.
     """
     per_fold, oof = [], np.zeros(len(y))
     for tr, te in folds:
@@ -269,8 +268,7 @@ def judge_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]],
 
     ``EA`` = accuracy of the parsed verdict against y* (an unparseable verdict counts as wrong,
     as in :func:`interp.methods.asymmetry.group_metrics`); for F1 and balanced accuracy an
-    unparseable
-    verdict counts as "Incorrect"; the AUC is that of the whole-reply verdict score
+    unparseable verdict counts as "Incorrect"; the AUC is that of the whole-reply verdict score
     ``logit_diff`` = log P("Correct") - log P("Incorrect") (:mod:`interp.judging.verdict`), and
     ``EA_forced`` the accuracy of its forced choice ``p_correct > 0.5``.
 

@@ -164,8 +164,7 @@ REFUSAL_PATTERNS: tuple[str, ...] = (
 )
 """Refusal / non-answer phrases (searched case-insensitively) that disqualify a closed-book
 answer as a hard negative, on top of :func:`interp.judging.grading.is_abstention`'s list: "I need
-more
-information", "cannot be determined", "without more context", "as an AI", "I'm not sure",
+more information", "cannot be determined", "without more context", "as an AI", "I'm not sure",
 "not enough information", "please provide", "it depends", "there is no way to know",
 "that's impossible", and an echo of the template's instruction ("A short phrase...")."""
 

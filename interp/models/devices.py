@@ -1,8 +1,7 @@
 """Where a module computes, for models spread over several devices (a ``device_map``).
 
 A model loaded with a device map (:func:`interp.models.loading.load_model` ``device_map=...``,
-through
-transformers' big-model loading and accelerate's dispatch) may run its blocks on different
+through transformers' big-model loading and accelerate's dispatch) may run its blocks on different
 GPUs, on the CPU, or from an offload folder on disk: an offloaded module keeps its parameters
 on the ``meta`` device and accelerate's hook (``module._hf_hook``, an ``AlignDevicesHook``)
 loads them onto its *execution device* for each forward. Hooks therefore see each block's

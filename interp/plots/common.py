@@ -75,8 +75,7 @@ def ci_bars(ax: Any, xs: Sequence[float], vals: Sequence[float | None],
     text to the right of the whisker, at the value's height, so it is not read as a bound of
     the interval. An interval of zero width (:func:`interp.analysis.stats.is_degenerate`) has no
     whisker to show; its label then says :data:`interp.analysis.stats.DEGENERATE_MARK`, and the
-    caller
-    writes :func:`interp.analysis.stats.degenerate_note` under the figure.
+    caller writes :func:`interp.analysis.stats.degenerate_note` under the figure.
 
     Args:
         ax: the axes.

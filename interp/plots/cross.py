@@ -2,8 +2,7 @@
 
 * :func:`plot_judge_matrix`: the judge x answer-source EA matrix (``cross_judge.json``,
   :func:`interp.methods.cross_judge.judge_matrix`) and each judge's "self minus other" with its
-  paired
-  passage-bootstrap CI;
+  paired passage-bootstrap CI;
 * :func:`plot_cross_probe`: per-layer probe AUC of a judge's residual stream on another
   model's answers next to the judge's and the answers' own model's verbal judges on the same
   folds (:func:`interp.run.cross_grid.cross_probe`);

@@ -235,8 +235,7 @@ def format_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     """The main columns of :func:`comparison_rows` as a Markdown table (3 decimals, '-').
 
     Rows on fewer than :data:`interp.analysis.stats.MIN_PASSAGES` passages get a ``*`` on their
-    passage
-    count, explained under the table with the per-model summaries' wording
+    passage count, explained under the table with the per-model summaries' wording
     (:func:`interp.analysis.stats.passage_note`); the probe columns say what the best-of-N AUC is.
     Every cell's ``|`` is escaped (``acc|y*=I``), so each row has one cell per column.
     """

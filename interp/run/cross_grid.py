@@ -190,8 +190,7 @@ def cross_probe(cross_run: str | Path, source_run: str | Path, *,
     Reads the probe stage's ``probes/results.json`` of the cross-judged run (the judge J's
     features on the eval prompts of the source model G's answers: J never generated them) and
     scores, on the SAME records and the SAME folds (:func:`interp.analysis.stats.make_folds` with
-    the
-    probe run's folds, seed and passage groups), G's own verdicts on those answers
+    the probe run's folds, seed and passage groups), G's own verdicts on those answers
     (:func:`interp.methods.probing.judge_metrics` of the source records).
 
     Args:

@@ -122,8 +122,7 @@ def check_against_shape(name: str, cfg: Any, n_layers: int, n_heads: int | None 
     """Check a stage config against a model's shape, before the model runs (or loads).
 
     Every field declared ``kind="layers"`` (:func:`interp.core.options.option`) that is set is
-    parsed
-    with ``n_layers``; then the config's
+    parsed with ``n_layers``; then the config's
     own ``check(n_layers, n_heads)``, where it has one (steering's head spec). Used by
     ``interp run`` for every configured stage and every model before the first model loads
     (so a typo in a later stage's table, or a band one of the models lacks, fails before any

@@ -16,16 +16,14 @@ Algorithm of :func:`run` (the tensors come from :func:`interp.hooks.recorder.rec
    ``blocks.L.attn.hook_z`` ``[n_query, n_heads, head_dim]``, ``blocks.L.hook_resid_post``
    ``[n_query, d_model]`` -- are planned into shards of at most ``shard_mb``
    (:func:`interp.store.shards.plan_shards`; ``<task>-00001-of-0000N.safetensors``) whose headers
-   are
-   written first; each tensor is cast to ``dtype`` and written to its shard the moment the
+   are written first; each tensor is cast to ``dtype`` and written to its shard the moment the
    forward produces it (:class:`interp.store.shards.TensorStreamWriter`), so peak memory does not
    grow with the number of layers. ``n_query`` rows are the ``positions``: ``all``, ``last``
    (the verdict position), or ``spans`` (positions of the labelled fields -- context,
    question, candidate, reference -- and the last). A float16 cast that overflows is refused.
 4. From each full pattern (all query rows, float32, before the cast) the span-to-span masses
    :func:`interp.analysis.span_mass.span_to_span` ``[n_layers, n_heads, n_spans + 1, n_spans]`` go
-   to
-   ``span_to_span.safetensors``; then the part (signature, settings, token strings, token ids,
+   to ``span_to_span.safetensors``; then the part (signature, settings, token strings, token ids,
    span labels, token spans, the positions, and per task every tensor's shard, shape, dtype)
    is written atomically: the commit point of the record.
 5. Tables (:func:`write_tables`, no model): ``DIR/record/index.json`` (settings, one entry per

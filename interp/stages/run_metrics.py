@@ -4,8 +4,7 @@ The asymmetry stage (:mod:`interp.stages.asymmetry`, its ``tables_only``), the m
 (:mod:`interp.run.merge`) and the audit of a judged file (:mod:`interp.stages.audit`) write it
 with :func:`write_metrics`. It lives apart from :mod:`interp.stages.stored` because it needs
 the cross-judge metrics (:func:`interp.methods.cross_judge.source_metrics`), whose module reaches
-the
-probe stage and through it the stored parts.
+the probe stage and through it the stored parts.
 """
 
 from __future__ import annotations

@@ -26,8 +26,7 @@ template texts and the token ids of the training and evaluation prompts):
    validation records are never used to choose.
 5. **Evaluation** (``eval/<model>__<dataset>.jsonl``): ``base`` and each adapter run Study 1
    unchanged (:func:`interp.methods.asymmetry.evaluate_examples`: T_gen, the oracle, T_eval on its
-   OWN
-   answers) on the first ``eval_limit`` validation records of each dataset; additionally each
+   OWN answers) on the first ``eval_limit`` validation records of each dataset; additionally each
    adapter judges the BASE model's answers (``..__judge_base_answers.jsonl``), which separates a
    change of judge from a change of the answers being judged. Adapters are loaded onto a fresh
    copy of the base model and checked against its fingerprint
@@ -38,8 +37,7 @@ template texts and the token ids of the training and evaluation prompts):
    ``judge_base_answers``, training seconds and the hard-negative fallback rate.
 7. **Patching across models** (``patching.json``): on the base model's eval prompts of the
    first ``patch_examples`` ok records, :func:`interp.methods.transfer.cross_model_patching` per
-   adapter
-   (resid_post at ``patch_layers``, ``patch_positions`` = ``all`` or ``last``).
+   adapter (resid_post at ``patch_layers``, ``patch_positions`` = ``all`` or ``last``).
 8. **Figures** (``figures/transfer_matrix.png``, ``transfer_acceptance.png``,
    ``transfer_patching.png``) drawn from ``table.json`` / ``patching.json``; ``summary.json``.
 """

@@ -171,16 +171,14 @@ def select_learning_rates(tdir: Path, handle: ModelHandle, template: Template,
     """Step 4 with ``lr_grid``: each adapter's learning rate, chosen on held-out TRAIN records.
 
     :func:`interp.methods.transfer.holdout_split` holds ``select_holdout`` pool records out; for
-    every
-    rate of ``lr_grid`` each adapter trains on the rest (``select/lr_<rate>/``, resumable like
+    every rate of ``lr_grid`` each adapter trains on the rest (``select/lr_<rate>/``, resumable like
     step 4) and is scored (:func:`interp.methods.transfer.selection_score`) from its records on the
     held-out ones, stored in ``select/lr_<rate>/heldout/``: ``<adapter>.jsonl``, Study 1 on
     its own answers (LoRA-Gen, LoRA-Both), and ``<adapter>__judge.jsonl``, its verdicts on
     each held-out record's gold answer and hard negative (LoRA-Eval, LoRA-Both); the base
     model's are ``select/heldout_base[__judge].jsonl``.
     :func:`interp.methods.transfer.choose_learning_rates` picks, and the chosen candidate is copied
-    to
-    ``adapters/<adapter>/`` (kept when it is already there, so a resume with stored held-out
+    to ``adapters/<adapter>/`` (kept when it is already there, so a resume with stored held-out
     records trains nothing). A candidate is trained only while its held-out records are
     missing, or to be copied. The chosen adapter's training metadata is also kept in
     ``select/chosen/<adapter>.json``: when ``need_weights(adapter)`` is false (its

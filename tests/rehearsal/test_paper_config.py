@@ -2,8 +2,7 @@
 
 ``experiments/paper.toml`` runs as written except for its model and dataset sources
 (:func:`interp.run.pipeline.swap_sources`): the model (and the LLM oracle, which the config points
-at
-the same model) becomes a tiny random Llama-3.1-shaped checkpoint saved to a local directory
+at the same model) becomes a tiny random Llama-3.1-shaped checkpoint saved to a local directory
 (:func:`interp.testing.llama31_checkpoint`: 32 layers, GQA 4:1, Llama 3.1 rope scaling,
 Llama-3-style tokenizer and chat template, bfloat16), the four datasets become files of 3
 bundled records each (:func:`interp.testing.rehearsal_datasets`). Every forward pass and every
@@ -77,8 +76,7 @@ class Watch:
     """Records what every forward and generate call of a LlamaForCausalLM was given.
 
     Also the stop ids of interp's own greedy decoder (:func:`interp.judging.prefill.eos_ids`, used
-    by
-    the harness, the oracle, the judge and steering); ``generate`` is still used for sampling
+    by the harness, the oracle, the judge and steering); ``generate`` is still used for sampling
     (hard negatives).
     """
 
@@ -213,8 +211,7 @@ def test_every_fresh_sequence_has_exactly_one_bos(rehearsal):
 
     A decoding step (``generate``, or interp's own greedy loops ``interp.judging.prefill._decode``
     and ``interp.methods.steering.steer_generator``) feeds the token the model just produced, which
-    a
-    random model may well pick as ``<|begin_of_text|>`` (it did: one step after 346 cached
+    a random model may well pick as ``<|begin_of_text|>`` (it did: one step after 346 cached
     positions): those steps are not
     checked; the prompts they start from are.
     """
