@@ -57,7 +57,7 @@ HEADLINE: tuple[tuple[str, str], ...] = (
     ("LoRA-Gen over-accepts (3.3)", "over-accepts"),
     ("LoRA-Eval degrades generation (3.3)", "degrades"),
     ("steering the judge's context up (x4) makes it right more often", "not asked"),
-    ("steering the judge's context x8 makes it right more often", "not asked"),
+    ("steering the judge's context x16 makes it right more often", "not asked"),
     ("a probe on the judge's residual stream beats its verdict score", "not asked"),
     ("... the top head, chosen on half the passages, restores it on the other half (held out)",
      "not asked"),
