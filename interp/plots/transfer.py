@@ -64,7 +64,7 @@ def plot_transfer_matrix(table: Mapping[str, Any], out_dir: str | Path,
     degenerate judges are named under the figure (:func:`judge_notes`).
 
     Args:
-        table: ``transfer/table.json`` (:func:`interp.stages.transfer_table.build_table`).
+        table: ``transfer/table.json`` (:func:`interp.stages.transfer.table.build_table`).
         out_dir: output folder.
         name: file stem.
         model: the base model's name, for the title.

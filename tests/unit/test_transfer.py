@@ -9,16 +9,14 @@ from interp.judging.grading import RuleOracle, normalize_answer
 from interp.judging.prompts import get_template
 from interp.methods.transfer import (
     build_training_sets,
-    is_refusal,
-    mine_hard_negatives,
-    rotation_answer,
-    training_pool,
-)
-from interp.methods.transfer_selection import (
     choose_learning_rates,
     holdout_split,
+    is_refusal,
     judge_balanced_accuracy,
+    mine_hard_negatives,
+    rotation_answer,
     selection_score,
+    training_pool,
 )
 from interp.stages.transfer import TransferConfig
 

@@ -146,7 +146,7 @@ def test_lr_grid_chooses_on_held_out_train_records(tiny, tmp_path):
 
 
 def test_paired_vs_base_pairs_records_and_judges_the_same_answers():
-    from interp.stages.transfer_table import paired_vs_base
+    from interp.stages.transfer.table import paired_vs_base
 
     def r(i, y, v, ld=0.0, ctx="c"):
         return {"dataset": "squad_v2", "id": str(i), "status": "ok", "context": f"{ctx}{i % 3}",

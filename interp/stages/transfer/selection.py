@@ -1,7 +1,7 @@
 """Steps 3-4 of the transfer stage: training, and the learning rate chosen on held-out records.
 
 Paper section 3.3; the stage is :mod:`interp.stages.transfer`, the rule
-:mod:`interp.methods.transfer_selection`. :func:`select_learning_rates` runs the whole selection in
+:mod:`interp.methods.transfer`. :func:`select_learning_rates` runs the whole selection in
 one process; :func:`selection_candidates` lists its parts so that
 :func:`interp.stages.transfer.make_parts` can deal them out to processes
 (:class:`_Selection` makes one candidate's files, which no other part writes).
@@ -23,15 +23,15 @@ from interp.judging.grading import BaseOracle
 from interp.judging.prompts import Template
 from interp.methods.asymmetry import evaluate_examples
 from interp.methods.lora import encode_example, load_adapter, train_adapter
-from interp.methods.transfer import build_training_sets
-from interp.methods.transfer_selection import (
+from interp.methods.transfer import (
     SELECTION_RULE,
+    build_training_sets,
     choose_learning_rates,
     holdout_split,
     selection_score,
 )
 from interp.models.loading import ModelHandle, end_of_turn_ids
-from interp.stages.transfer_config import KEY_FIELDS, TransferConfig
+from interp.stages.transfer.config import KEY_FIELDS, TransferConfig
 
 ADAPTERS = ("lora_gen", "lora_eval", "lora_both")
 """The three adapters of the paper (section 3.3)."""
@@ -136,7 +136,7 @@ class _Selection:
     def score(self, lr: float | None, name: str) -> dict[str, Any]:
         """Candidate ``(lr, name)``'s held-out score, its records made first when missing.
 
-        :func:`interp.methods.transfer_selection.selection_score`; the base model (``lr`` None) is
+        :func:`interp.methods.transfer.selection_score`; the base model (``lr`` None) is
         scored by LoRA-Both's rule.
         """
         loaded: list[ModelHandle] = []

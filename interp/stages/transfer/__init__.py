@@ -16,7 +16,7 @@ template texts and the token ids of the training and evaluation prompts):
    :func:`interp.methods.lora.train_adapter` for LoRA-Gen, LoRA-Eval and LoRA-Both. With
    ``lr_grid`` the
    learning rate is chosen on held-out TRAIN records first
-   (:func:`interp.stages.transfer_select.select_learning_rates`, :mod:`interp.methods.transfer`
+   (:func:`interp.stages.transfer.selection.select_learning_rates`, :mod:`interp.methods.transfer`
    step 4): per
    candidate rate, the three adapters are trained on the pool less its last ``select_holdout``
    records (``select/lr_<rate>/``) and run Study 1 on those held-out records
@@ -76,7 +76,7 @@ from interp.methods.transfer import (
 )
 from interp.models.loading import ModelHandle, result_facts, runtime_facts
 from interp.stages.common import stage_facts
-from interp.stages.transfer_config import (
+from interp.stages.transfer.config import (
     _ALL_OUTPUTS,
     EVAL_FIELDS,
     KEY_FIELDS,
@@ -85,7 +85,7 @@ from interp.stages.transfer_config import (
     TransferConfig,
     _heldout,
 )
-from interp.stages.transfer_select import (
+from interp.stages.transfer.selection import (
     ADAPTERS,
     _eval_kw,
     _Selection,
@@ -93,7 +93,7 @@ from interp.stages.transfer_select import (
     select_learning_rates,
     selection_candidates,
 )
-from interp.stages.transfer_table import build_table, format_table
+from interp.stages.transfer.table import build_table, format_table
 from interp.store.rundir import RunDir
 
 MODELS = ("base",) + ADAPTERS
