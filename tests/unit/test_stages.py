@@ -91,7 +91,8 @@ def test_run_config_refuses_unknown_only(tmp_path):
 
     cfg = tmp_path / "c.toml"
     cfg.write_text('name = "x"\n[asymmetry]\nmodels = ["m"]\n[probe]\nfolds = 3\n')
-    with pytest.raises(ConfigError, match=r"^--only: unknown: probes; valid stages here: "
+    with pytest.raises(ConfigError, match=r"^--only: unknown: probes \(did you mean 'probe'\?\); "
+                                          r"valid stages here: "
                                           r"asymmetry, probe$"):
         pipeline.run_config(cfg, only=["probes"])
     with pytest.raises(ConfigError, match=r"^--only: not configured in this file: attention; "

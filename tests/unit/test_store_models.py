@@ -74,7 +74,8 @@ def test_config_from_table_names_section_and_keys():
     class MyError(ValueError):
         pass
 
-    with pytest.raises(MyError, match=r"\[demo\]: unknown config keys \['alpah'\]; known: "
+    with pytest.raises(MyError, match=r"\[demo\]: unknown config keys \['alpah'\] "
+                                      r"\(did you mean 'alpha'\?\); known: "
                                       r"\['alpha', 'beta'\]"):
         config_from_table(Cfg, {"alpah": 3}, "demo", MyError)
 
