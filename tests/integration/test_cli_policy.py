@@ -128,7 +128,8 @@ def test_published_figures_only_from_a_complete_run(ws):
     cfg = _config(ws, "study", publish=True)
     figs = ws / "figs_study"
     proc = cli(ws, "run", str(cfg), "--only", "steerin")
-    assert one_error(proc) == ("error: --only: unknown: steerin; valid stages here: asymmetry, "
+    assert one_error(proc) == ("error: --only: unknown: steerin (did you mean 'steering'?); "
+                               "valid stages here: asymmetry, "
                                "steering")
     assert "transfer" in one_error(cli(ws, "run", str(cfg), "--only", "transfer"))
     assert not figs.exists() and not (ws / "runs" / "study").exists()
