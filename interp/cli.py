@@ -53,7 +53,7 @@ def _is_usage_error(err: Exception) -> bool:
     return hasattr(err, "format_message") and isinstance(getattr(err, "exit_code", None), int)
 
 
-ORDER = ("run", "asymmetry", "metrics", "view", "heads", "attention", "probe", "patch", "steer",
+ORDER = ("run", "asymmetry", "metrics", "view", "attention", "heads", "probe", "patch", "steer",
          "record", "audit", "reasoning", "transfer", "merge", "serve", "oracle-agreement")
 """The order of ``interp --help`` and the CLI reference: the one a user meets the commands in
 (the demo's ``run`` first, then Study 1 and its outputs, the stages, scale and servers)."""
@@ -210,7 +210,11 @@ def _root(ctx: typer.Context, debug: Annotated[bool, typer.Option(
 
 @app.command()
 def metrics(run: Annotated[Path, typer.Option(help="run directory")]) -> None:
-    """Recompute metrics.json and the asymmetry figure from a run's records (read-only: print)."""
+    """Recompute metrics.json and the asymmetry figure from a run's records.
+
+    A run that cannot be written (a read-only mount) is read: its table is printed and its
+    files are left as they are.
+    """
     from interp.core.io import unwritable
     from interp.stages import asymmetry as stage
     from interp.store.rundir import RunDir
@@ -219,6 +223,7 @@ def metrics(run: Annotated[Path, typer.Option(help="run directory")]) -> None:
     cfg = stage.AsymmetryConfig.from_mapping(rd.manifest()["config"])
     if (err := unwritable(rd.path)) is None:
         typer.echo(stage.format_summary(stage.write_metrics(rd, cfg)))
+        typer.echo(f"wrote {rd.path / 'metrics.json'}, {rd.path / 'figures/asymmetry.png'}")
         return
     typer.echo(stage.format_summary(stage.write_metrics(rd, cfg, write=False)))
     typer.echo(f"{rd.path} cannot be written ({err.strerror or err}): the table above was "

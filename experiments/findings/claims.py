@@ -666,7 +666,7 @@ CLAIMS: tuple[tuple[str, str, str, Extract], ...] = (
      "AUC of logit_diff against y*", _S1, _judge_auc("squad_v2")),
     ("... DROP (control)", "AUC of logit_diff against y*", _S1, _judge_auc("drop")),
     ("the judge reads the context 3-5x less (3.2)", "gen / eval context mass",
-     "matched template; renormalised shares", _ratio("context_ratio")),
+     "shares renormalised to the spans both prompts have", _ratio("context_ratio")),
     ("... SQuAD 2.0", "gen / eval context mass", "as above", _ratio("context_ratio",
                                                                    dataset="squad_v2")),
     ("... DROP", "gen / eval context mass", "as above", _ratio("context_ratio", dataset="drop")),
