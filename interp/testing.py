@@ -184,7 +184,7 @@ def _config(tokenizer: Any, arch: str, **kw: Any) -> Any:
         intermediate_size=2 * kw["d_model"], num_hidden_layers=kw["n_layers"],
         num_attention_heads=kw["n_heads"], num_key_value_heads=kw["n_kv_heads"],
         max_position_embeddings=kw["max_positions"], rope_theta=kw["rope_theta"],
-        initializer_range=kw["init_std"], tie_word_embeddings=False,
+        initializer_range=kw["init_std"], tie_word_embeddings=kw.get("tied", False),
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, attn_implementation=kw["attn_implementation"],
         attention_dropout=kw["attention_dropout"])
@@ -212,6 +212,7 @@ def tiny_llama(
     rope_scaling: dict[str, Any] | None = None,
     rope_theta: float = 10000.0,
     max_positions: int = 4096,
+    tied: bool = False,
 ) -> ModelHandle:
     """A tiny random GQA causal LM (``LlamaForCausalLM`` by default) built from a config.
 
@@ -233,6 +234,7 @@ def tiny_llama(
         rope_scaling: the config's ``rope_scaling`` (e.g. :data:`LLAMA31_ROPE_SCALING`).
         rope_theta: RoPE base.
         max_positions: ``max_position_embeddings``.
+        tied: tie the unembedding to the embedding (``tie_word_embeddings``, as SmolLM2 does).
 
     Returns:
         A :class:`interp.models.loading.ModelHandle` (spec ``"tiny-llama"`` or ``"tiny-qwen2"``,
@@ -245,7 +247,7 @@ def tiny_llama(
                        n_kv_heads=n_kv_heads, init_std=init_std,
                        attn_implementation=attn_implementation,
                        attention_dropout=attention_dropout, rope_scaling=rope_scaling,
-                       rope_theta=rope_theta, max_positions=max_positions)
+                       rope_theta=rope_theta, max_positions=max_positions, tied=tied)
     torch.manual_seed(seed)
     model = cls(cfg).eval()
     model.requires_grad_(False)

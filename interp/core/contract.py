@@ -296,6 +296,21 @@ SPECS: tuple[StageSpec, ...] = (
         summaries={"steering/summary.json": "steering_summary.json"},
         figures=("figures/steering.png",), parts_only="make_parts"),
     StageSpec(
+        name="lens", command="lens", module="interp.stages.lens", config="LensConfig",
+        model_needs=frozenset({"activations", "weights"}),
+        folder="lens", needs=(_RECORDS,),
+        help="Verdict lens: logit lens, tuned lens and direct logit attribution of the verdict "
+             "at every layer.",
+        parts=(Part("lens/parts/{dataset}__{id}.json", "lens parts", "record",
+                    "JSON key 'signature' (model, runtime facts, the tuned lens's signature, "
+                    "verdict replies, prompts' token ids)", naming="flat"),
+               Part("lens/tuned_lens.safetensors", "tuned lens translators", "step",
+                    "lens/tuned_lens.json key 'signature' (model, runtime facts, training "
+                    "settings)")),
+        tables=("lens/summary.json", "lens/tuned_lens.json"),
+        summaries={"lens/summary.json": "lens_summary.json"},
+        figures=("figures/lens_*.png",)),
+    StageSpec(
         name="record", command="record", module="interp.stages.record", config="RecordConfig",
         model_needs=frozenset({"attention", "activations"}),
         folder="record", needs=(_RECORDS,),

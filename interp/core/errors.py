@@ -21,6 +21,7 @@ __all__ = [
     "HookError",
     "InterpError",
     "LayerSpecError",
+    "LensError",
     "ModelSpecError",
     "PairError",
     "PatchingError",
@@ -110,6 +111,10 @@ class PairError(PatchingError):
     def __init__(self, message: str, reason: str = "other"):
         super().__init__(message)
         self.reason = reason
+
+
+class LensError(InterpError):
+    """Bad verdict-lens input (positions outside a prompt, a model without a final norm)."""
 
 
 class ProbeError(InterpError):

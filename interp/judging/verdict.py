@@ -53,6 +53,7 @@ __all__ = [
     "VERDICT_WORDS",
     "VerdictReplies",
     "VerdictScores",
+    "reply_tokens",
     "score_verdicts",
     "verdict_replies",
 ]
@@ -113,6 +114,16 @@ def _reply_tokens(tokenizer: Any, word: str) -> list[int]:
         raise PromptError(f"the reply {word!r} does not tokenize on its own in this chat "
                           f"template (got {tokenizer.convert_ids_to_tokens(reply)})")
     return reply
+
+
+def reply_tokens(tokenizer: Any, text: str) -> list[int]:
+    """The tokens the chat template gives the assistant reply ``text`` (module docstring, step 1).
+
+    Raises:
+        PromptError: a reply that cannot be separated from the template or does not tokenize
+            on its own.
+    """
+    return _reply_tokens(tokenizer, text)
 
 
 def verdict_replies(tokenizer: Any) -> VerdictReplies:

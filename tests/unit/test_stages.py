@@ -15,7 +15,7 @@ from interp.store.rundir import RunDir
 
 def test_stage_list_is_explicit_and_complete():
     assert list(stages.STAGES) == [
-        "attention", "probe", "transfer", "patching", "steering", "record", "audit",
+        "attention", "probe", "transfer", "patching", "steering", "lens", "record", "audit",
         "reasoning"]
     for name, stage in pipeline.STAGES.items():
         assert stage.NAME == name
