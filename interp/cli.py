@@ -465,10 +465,11 @@ def _count(value: str) -> int | str:
 
 
 def _run_stage(s: StageSpec, cls: Any, kw: dict[str, Any]) -> None:
-    """Build the config from the options given, check, load the model, run, print."""
-    from interp.models.loading import load_model
-    from interp.stages import load_run_model
-    from interp.stages.common import check_capabilities
+    """Build the config from the options given, check, load the model, run, print.
+
+    Every check that needs no model (the config's values, its inputs, the run directory)
+    comes before the stage's module, and torch and transformers with it, is imported.
+    """
     from interp.store.rundir import RunDir
 
     values = given(cls, kw)
@@ -477,6 +478,15 @@ def _run_stage(s: StageSpec, cls: Any, kw: dict[str, Any]) -> None:
     if kw.get("config"):
         values = {**s.load().load_config_file(kw["config"]), **values}
     cfg = cls.from_mapping(values)  # every bad value is refused before any file is read
+    if callable(getattr(cfg, "check_inputs", None)):
+        cfg.check_inputs()  # datasets, template, oracle: before the stage's libraries load
+    where = Path(kw.get("run") or kw["out"]) if kw.get("run") or kw.get("out") else None
+    if where is not None and s.needs_run and not kw.get("judged"):
+        RunDir(where).require_run()  # not a run: said before the stage's libraries load
+    from interp.models.loading import load_model
+    from interp.stages import load_run_model
+    from interp.stages.common import check_capabilities
+
     mod = s.load()
     if s.judged_input:
         _audit_dir(mod, kw)

@@ -168,6 +168,8 @@ class StageSpec:
         config_file: its command also takes ``--config FILE`` (a TOML table of its config).
         judged_input: its command may instead judge a JSONL judge dataset into a new run
             (``--judged FILE --model M --out DIR``).
+        config_module: the light module holding ``config`` (:mod:`interp.stages.configs`),
+            so a config is checked before the stage's module and its libraries load.
     """
 
     name: str
@@ -188,6 +190,7 @@ class StageSpec:
     model_from: str = "run"
     config_file: bool = False
     judged_input: bool = False
+    config_module: str = "interp.stages.configs"
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -200,8 +203,8 @@ class StageSpec:
 
     @property
     def config_class(self) -> Any:
-        """The stage's config dataclass (imports the module)."""
-        return getattr(self.load(), self.config)
+        """The stage's config dataclass, from ``config_module`` (imports no stage module)."""
+        return getattr(importlib.import_module(self.config_module), self.config)
 
     def table(self, name: str) -> str:
         """The declared table (or part pattern) whose file name is ``name``, run-dir relative.
@@ -260,7 +263,8 @@ SPECS: tuple[StageSpec, ...] = (
     StageSpec(
         name="transfer", command="transfer", module="interp.stages.transfer",
         model_needs=frozenset({"weights"}), model_from="config", config_file=True,
-        config="TransferConfig", folder="transfer", needs_run=False,
+        config="TransferConfig", config_module="interp.stages.transfer.config",
+        folder="transfer", needs_run=False,
         help="Study 3: hard negatives, LoRA-Gen/Eval/Both adapters, transfer table and figures.",
         parts=(Part("transfer/adapters/{adapter}/adapter_config.json", "trained adapters",
                     "step", "transfer/config.json (settings and provenance)"),

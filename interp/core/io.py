@@ -17,9 +17,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
-
 from interp.core.errors import RunDirError
 from interp.core.jsonl import JsonlLineError, JsonlRead, json_lines, parse_jsonl
 
@@ -195,6 +192,8 @@ def save_tensors(path: str | Path, tensors: Mapping[str, Any],
                  metadata_: Mapping[str, str] | None = None) -> Path:
     """Atomically save a dict of tensors as safetensors (contiguous CPU copies)."""
     with atomic_path(path) as tmp:
+        from safetensors.torch import save_file  # torch: imported when tensors are saved
+
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp),
                   metadata=dict(metadata_ or {}))
     return Path(path)
@@ -222,6 +221,8 @@ def stored_signature(path: str | Path) -> str | None:
         return None
     try:
         if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
             with safe_open(str(path), "pt") as f:
                 return (f.metadata() or {}).get("signature")
         obj = read_json(path)
@@ -239,6 +240,8 @@ def is_fresh(path: str | Path, sig: str) -> bool:
 
 def load_tensors(path: str | Path) -> dict[str, Any]:
     """Load a safetensors file into CPU tensors."""
+    from safetensors.torch import load_file
+
     return load_file(str(path))
 
 

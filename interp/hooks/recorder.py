@@ -53,6 +53,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from interp.core.errors import AttentionError
 from interp.core.layers import parse_layers
+from interp.core.vocab import ATTENTION_BACKENDS
 from interp.hooks.capture import hooked
 from interp.hooks.guard import inference_guard
 from interp.hooks.wrappers import attn_implementation, to_nnsight, to_tlens
@@ -66,7 +67,7 @@ __all__ = ["BACKENDS", "IMPLEMENTATION", "PATTERN_CHUNK_BYTES", "PATTERN_POINT",
            "record_rows",
            "record_stream", "register_attention", "register_recorder"]
 
-BACKENDS = ("hf", "eager", "transformer_lens", "nnsight")
+BACKENDS = ATTENTION_BACKENDS
 """Recorder backends: ``hf`` (exact rows inside the attention function) and the check paths."""
 IMPLEMENTATION = "interp_last_row"
 """Name under which the recording attention function is registered with transformers."""

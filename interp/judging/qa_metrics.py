@@ -19,9 +19,7 @@ import re
 import string
 from collections import Counter
 from collections.abc import Sequence
-
-import numpy as np
-from scipy.optimize import linear_sum_assignment
+from typing import Any
 
 __all__ = [
     "GOLD_SPAN_SEP",
@@ -167,7 +165,10 @@ def _match_numbers_if_present(gold: set[str], pred: set[str]) -> bool:
     return not gold_nums or bool(gold_nums & {w for w in pred if _is_number(w)})
 
 
-def _align_bags(pred: list[set[str]], gold: list[set[str]]) -> np.ndarray:
+def _align_bags(pred: list[set[str]], gold: list[set[str]]) -> Any:
+    import numpy as np  # numpy and scipy load with the first DROP score, not with the module
+    from scipy.optimize import linear_sum_assignment
+
     scores = np.zeros((len(gold), len(pred)))
     for i, g in enumerate(gold):
         for j, p in enumerate(pred):
@@ -184,7 +185,8 @@ def _drop_get_metrics(pred: Sequence[str], gold: Sequence[str]) -> tuple[float, 
     pred_spans, pred_bags = _answer_to_bags(pred)
     gold_spans, gold_bags = _answer_to_bags(gold)
     em = float(set(pred_spans) == set(gold_spans) and len(pred_spans) == len(gold_spans))
-    return em, round(float(np.mean(_align_bags(pred_bags, gold_bags))), 2)
+    aligned = _align_bags(pred_bags, gold_bags)
+    return em, round(float(aligned.mean()), 2)
 
 
 def split_spans(text: str) -> list[str]:

@@ -61,6 +61,7 @@ from torch import Tensor
 
 from interp.analysis.span_mass import SPANS, span_mass
 from interp.core.errors import PromptError
+from interp.core.vocab import MAX_REASONING_TOKENS
 from interp.judging.parsing import parse_verdict
 from interp.judging.prefill import run_prompts
 from interp.judging.prompts import RenderedPrompt
@@ -71,8 +72,6 @@ __all__ = ["MAX_REASONING_TOKENS", "REASONING_SPANS", "FinalVerdict", "Reasoning
            "VerdictEndings", "judge_reasoning", "parse_final_verdict", "sequence_labels",
            "split_reasoning", "verdict_endings"]
 
-MAX_REASONING_TOKENS = 192
-"""Default token budget of a reasoning reply (step 1)."""
 REASONING_SPANS = (*SPANS, "reasoning")
 """Span order of the reasoning judge's masses (``reasoning``: its own generated tokens)."""
 VERDICT_LINE_FORMAT = "Verdict: {}"

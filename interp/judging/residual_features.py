@@ -26,6 +26,7 @@ from torch import Tensor
 
 from interp.core.errors import ProbeError
 from interp.core.progress import tqdm
+from interp.core.vocab import POOLS
 from interp.hooks.capture import hooked
 from interp.judging.prompts import RenderedPrompt
 from interp.models.devices import stack_cpu
@@ -40,8 +41,6 @@ HOOK_POINT = "resid_post"
 HOOK_POINT_DOC = ("resid_post (TransformerLens blocks.L.hook_resid_post): output of decoder "
                   "layer L before the final norm, read with a forward hook on every decoder "
                   "layer (transformers' hidden_states[-1] is after the final norm)")
-POOLS = ("last", "candidate", "mean", "max", "min")
-"""The pools of :func:`pool_resid`."""
 
 
 @torch.inference_mode()

@@ -62,6 +62,7 @@ from interp.analysis.stats import (
     passage_note,
 )
 from interp.core.errors import ProbeError
+from interp.core.vocab import DETECTOR_FEATURES
 from interp.methods.probing import cross_validate
 
 __all__ = ["DEFINITIONS", "DETECTOR_FEATURES", "ORIENTATION", "SIGNALS", "detector",
@@ -72,8 +73,6 @@ SIGNALS = ("context_mass", "candidate_mass", "lookback_ratio", "logit_diff_margi
 ORIENTATION = {"context_mass": -1.0, "candidate_mass": -1.0, "lookback_ratio": -1.0,
                "logit_diff_margin": -1.0, "logit_diff": 1.0}
 """Sign applied to each signal so that a higher oriented score means "wrong" (step 4)."""
-DETECTOR_FEATURES = ("lookback_ratio", "context", "candidate")
-"""Per-head features the detector may use (the band is not applied: ``detector_layers``)."""
 
 DEFINITIONS = {
     "wrong": "verdict != y* (an unparseable verdict counts as wrong, as in EA)",

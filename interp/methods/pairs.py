@@ -52,6 +52,7 @@ from typing import Any
 from interp.analysis.stats import passage_groups
 from interp.core.contract import flat_key
 from interp.core.errors import PairError, PatchingError
+from interp.core.vocab import PAIR_KINDS
 from interp.judging.prompts import RenderedPrompt, Template, render
 
 __all__ = [
@@ -66,7 +67,6 @@ __all__ = [
     "gen_eval_pair",
 ]
 
-PAIR_KINDS = ("candidate-swap", "gen-to-eval", "eval-to-gen", "system-prompt-control")
 CORRUPT_SOURCES = ("own", "hard_negative", "mined")
 """Where a candidate-swap corrupt answer came from (module docstring, kind 1)."""
 SKIP_REASONS = ("no_gold", "no_incorrect_answer", "identical_prompts", "too_long",

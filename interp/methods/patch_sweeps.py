@@ -45,6 +45,7 @@ import numpy as np
 from interp.analysis.stats import correlations
 from interp.core.errors import PatchingError
 from interp.core.tokens import token_strings
+from interp.core.vocab import EXACT_MODES
 from interp.hooks.recorder import context_mass
 from interp.hooks.steering import Steer, steering
 from interp.methods.pairs import PatchPair
@@ -54,8 +55,6 @@ from interp.models.points import hook_name
 __all__ = ["EXACT_MODES", "Unit", "agreement", "head_units", "resid_units",
            "sweep"]
 
-EXACT_MODES = ("topk", "all")
-"""``topk``: AtP* (attribution, then exact top-k); ``all``: every unit exactly."""
 
 
 @dataclass(frozen=True)

@@ -73,13 +73,13 @@ from interp.analysis.stats import (
 from interp.core.errors import ProbeError
 from interp.core.io import atomic_path, read_json, write_json
 from interp.core.progress import tqdm
+from interp.core.vocab import PROBES
 from interp.store.records import Record, check_verdict_scores
 
 __all__ = ["METRICS", "PROBES", "TASKS", "FittedProbe", "balanced_weights", "best_row",
            "cross_dataset_transfer", "cross_validate", "fit_probe", "judge_metrics",
            "permutation_null", "probe_vs_judge", "sweep"]
 
-PROBES = ("logreg", "svm", "mlp")
 TASKS = ("eval", "gen")
 METRICS = ("accuracy", "balanced_accuracy", "f1", "f1_macro", "auc")
 

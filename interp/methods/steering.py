@@ -37,6 +37,7 @@ import torch
 from jaxtyping import Float
 
 from interp.core.errors import SteeringError
+from interp.core.vocab import ALPHAS
 from interp.hooks.backends import extend_prompts, reply_extensions, reply_logprobs
 from interp.hooks.recorder import context_mass
 from interp.hooks.steering import Steer, steering, tl_steered_logits
@@ -46,8 +47,6 @@ from interp.models.loading import ModelHandle, stop_ids
 
 __all__ = ["ALPHAS", "parse_heads", "steer_generator", "steer_judge", "top_diff_k"]
 
-ALPHAS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
-"""The default grid of attention factors (docs/stages.md, steer)."""
 
 Units = Mapping[int, Sequence[int] | None]
 

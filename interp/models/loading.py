@@ -36,6 +36,7 @@ import torch
 from interp.core.capabilities import IN_PROCESS, is_served
 from interp.core.errors import ModelSpecError
 from interp.core.names import did_you_mean
+from interp.core.vocab import DEFAULT_MODEL
 from interp.models.files import (
     check_folder,
     check_loaded,
@@ -62,7 +63,6 @@ __all__ = ["BUNDLED", "DEFAULT_MODEL", "PAPER_MODEL", "PLACEMENT_FIELDS", "RESUL
            "load_model", "load_tokenizer", "placement", "result_facts", "runtime_facts",
            "sha256_file", "stop_ids"]
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
 PAPER_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 

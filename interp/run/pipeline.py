@@ -49,24 +49,19 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from interp import stages
 from interp.core import contract
 from interp.core.capabilities import is_served
 from interp.core.errors import ConfigError
 from interp.core.inputs import new_run_dir, read_toml
 from interp.core.io import atomic_write_text, write_json
 from interp.core.names import did_you_mean, model_slug
+from interp.core.vocab import DEFAULT_MODEL
 from interp.judging.prompts import get_template
 from interp.launch import Shard, current_shard
-from interp.models.loading import DEFAULT_MODEL, load_model, model_shape, placement
-from interp.run.compare import write_comparison
-from interp.run.cross_grid import CrossJudgeConfig, run_cross
-from interp.run.merge import run_asymmetry
-from interp.stages import asymmetry
-from interp.stages.common import Stage, check_against_shape, check_capabilities
+from interp.stages.configs import ASYMMETRY_KEY_FIELDS, AsymmetryConfig
 from interp.store.rundir import RunDir
 
-__all__ = ["STAGES", "load_config", "model_slug", "out_dir", "publish_run_dir", "run_config",
+__all__ = ["STAGE_NAMES", "load_config", "model_slug", "out_dir", "publish_run_dir", "run_config",
            "swap_sources"]
 
 TOP_LEVEL = ("name", "out", "figures", "publish", "description", "asymmetry", "cross_judge")
@@ -77,8 +72,21 @@ CROSS_FILES = ("cross_judge.json", "cross_probe.json", "figures/cross_judge.png"
                "figures/cross_probe_layers.png")
 """What cross-judging leaves in ``out`` that a published run copies next to the figures."""
 
-STAGES: dict[str, Stage] = dict(stages.STAGES)
+STAGE_NAMES = tuple(s.name for s in contract.SPECS if s.name != "asymmetry")
 """Every stage ``interp run`` knows, by config-table name, in the order they run."""
+
+
+def __getattr__(name: str) -> Any:
+    """``STAGES`` (name -> stage module, in :data:`STAGE_NAMES` order), imported on first use.
+
+    The config checks of :func:`run_config` need none of them, so a bad config is refused
+    before torch and transformers load.
+    """
+    if name == "STAGES":
+        from interp import stages
+
+        return dict(stages.STAGES)
+    raise AttributeError(f"module 'interp.run.pipeline' has no attribute {name!r}")
 
 
 def out_dir(cfg: Mapping[str, Any], path: str | Path) -> Path:
@@ -179,20 +187,20 @@ def canonical(names: Sequence[str] | None) -> list[str] | None:
 def _check(cfg: Mapping[str, Any], path: str | Path, only: Sequence[str] | None
            ) -> dict[str, Any]:
     """Step 1: refuse unknown keys, stages and ``--only`` names; the stage configs."""
-    known = set(TOP_LEVEL) | set(STAGES)
+    known = set(TOP_LEVEL) | set(STAGE_NAMES)
     if unknown := set(cfg) - known:
         raise ConfigError(f"{path}: unknown keys or stages {sorted(unknown)}"
                           f"{did_you_mean(sorted(unknown), known)}; known: {sorted(known)}")
-    configured = ["asymmetry", *(name for name in STAGES if name in cfg)]
+    configured = ["asymmetry", *(name for name in STAGE_NAMES if name in cfg)]
     only = canonical(only)
     if only and (bad := [name for name in only if name not in configured]):
-        what = "not configured in this file" if set(bad) <= set(STAGES) else "unknown"
+        what = "not configured in this file" if set(bad) <= set(STAGE_NAMES) else "unknown"
         raise ConfigError(f"--only: {what}: {', '.join(bad)}{did_you_mean(bad, configured)}; "
                           f"valid stages here: {', '.join(configured)}")
     if not isinstance(cfg.get("publish", False), bool):
         raise ConfigError(f"{path}: publish must be true or false, not {cfg['publish']!r}")
-    return {name: stage.Config.from_mapping(dict(cfg[name]))
-            for name, stage in STAGES.items() if name in cfg}
+    return {s.name: s.config_class.from_mapping(dict(cfg[s.name]))
+            for s in contract.SPECS if s.name in cfg and s.name in STAGE_NAMES}
 
 
 def publish_run_dir(run_dir: Path, dest: Path, names: Sequence[str], prefix: str) -> None:
@@ -202,6 +210,8 @@ def publish_run_dir(run_dir: Path, dest: Path, names: Sequence[str], prefix: str
     ``dest/{prefix}{name}``.
     """
     dest.mkdir(parents=True, exist_ok=True)
+    from interp.stages import STAGES, asymmetry
+
     tables = dict(asymmetry.SUMMARIES)
     for name in names:
         tables.update(STAGES[name].SUMMARIES)
@@ -260,15 +270,19 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
     out = out_dir(cfg, path)
     asym = dict(cfg.get("asymmetry", {}))
     models = asym.pop("models", [asym.pop("model", DEFAULT_MODEL)])
-    acfgs = {spec: asymmetry.AsymmetryConfig.from_mapping({**asym, "model": spec})
+    acfgs = {spec: AsymmetryConfig.from_mapping({**asym, "model": spec})
              for spec in models}
     if shard is None and asym.get("shard"):  # [asymmetry] shard = "I/N"
         shard = current_shard(asym["shard"])
-    cross = CrossJudgeConfig.from_value(cfg.get("cross_judge"), models)
+    cross = None
+    if cfg.get("cross_judge") not in (None, False):
+        from interp.run.cross_grid import CrossJudgeConfig
+
+        cross = CrossJudgeConfig.from_value(cfg.get("cross_judge"), models)
     for spec, acfg in acfgs.items():
-        asymmetry.check_inputs(acfg)
+        acfg.check_inputs()
         if not overwrite and (not only or "asymmetry" in only):  # before any model loads
-            RunDir(out / model_slug(spec)).check_same_config(asdict(acfg), asymmetry.KEY_FIELDS)
+            RunDir(out / model_slug(spec)).check_same_config(asdict(acfg), ASYMMETRY_KEY_FIELDS)
         if only and "asymmetry" not in only:  # the stages need a finished asymmetry run
             RunDir(out / model_slug(spec)).read_records()
     runs = [(name, scfg) for name, scfg in stage_cfgs.items() if not only or name in only]
@@ -278,6 +292,9 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
                           f"reasoning judge, whose verdict position follows its reasoning; the "
                           f"stages {[n for n, _ in runs]} read the one-word judge's: run them on "
                           f"a one-word template and compare with the [reasoning] stage")
+    from interp.models.loading import model_shape  # the checks that need the model's files
+    from interp.stages.common import check_against_shape, check_capabilities
+
     for spec in acfgs:  # every model's shape and needs against every stage, before any runs
         for name, _ in runs:
             check_capabilities(name, spec, where=f"[{name}]")
@@ -291,6 +308,9 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
                              in_config=True)
     if cfg.get("description"):
         log(f"== {cfg.get('name', Path(path).stem)}: {cfg['description']}")
+    from interp.run.compare import write_comparison
+    from interp.run.cross_grid import run_cross
+
     texts: list[str] = []
     with new_run_dir(out):
         summary = _run_models(acfgs, stage_cfgs, out, overwrite=overwrite, only=only, log=log,
@@ -349,6 +369,9 @@ def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Pa
     each step, so a stage reads what the one before it wrote.
     """
     from interp.launch import barrier
+    from interp.models.loading import load_model, placement
+    from interp.run.merge import run_asymmetry
+    from interp.stages import STAGES, asymmetry
     from interp.stages.common import share_of_records
 
     group = shard is not None and shard.joined and shard.count > 1

@@ -33,45 +33,40 @@ Algorithm of :func:`run`:
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from interp.core.contract import spec
-from interp.core.errors import ConfigError, DataError, InterpError, RunDirError, ShardError
+from interp.core.errors import ConfigError, RunDirError, ShardError
 from interp.core.inputs import new_run_dir
 from interp.core.io import write_json
-from interp.core.options import check_counts, config_from_table, option
 from interp.core.progress import Share, tqdm
-from interp.data import QAExample, load_examples
-from interp.endpoints import EndpointConfig, is_endpoint_spec, oracle_facts, run_served
+from interp.data import QAExample
+from interp.endpoints import is_endpoint_spec, oracle_facts, run_served
 from interp.judging.grading import BaseOracle, RuleOracle, make_oracle, parse_oracle_spec
 from interp.judging.prefill import Capture
 from interp.judging.prompts import Template, get_template, render
-from interp.judging.reasoning import MAX_REASONING_TOKENS
 from interp.judging.residual_features import POOLS
 from interp.judging.verdict import verdict_replies
-from interp.launch import Shard, assign, parse_shard, selection_sha256
+from interp.launch import Shard, assign, selection_sha256
 from interp.methods.agreement import oracle_agreement as grade_agreement
 from interp.methods.asymmetry import evaluate_examples, format_metrics
 from interp.methods.cross_judge import (
-    check_answer_source,
     judge_from_source,
     load_answer_source,
 )
 from interp.models.loading import (
-    DEFAULT_MODEL,
     ModelHandle,
-    check_device_map,
     load_model,
     placement,
     result_facts,
     runtime_facts,
 )
 from interp.stages.common import check_run_model, stage_facts
+from interp.stages.configs import ASYMMETRY_KEY_FIELDS, AsymmetryConfig
 from interp.stages.run_metrics import write_metrics
 from interp.stages.stored import store_one_pass
 from interp.store.records import limit_per_dataset, qa_key
@@ -86,152 +81,8 @@ SPEC = spec("asymmetry")
 NAME = SPEC.name
 SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
-KEY_FIELDS = ("model", "template", "templates_path", "oracle", "include_unanswerable", "split",
-              "max_new_tokens", "verdict_max_new_tokens", "dtype", "from_hub", "answers_from")
+KEY_FIELDS = ASYMMETRY_KEY_FIELDS
 """Config fields that must match to reuse a run directory (others may change freely)."""
-
-
-@dataclass
-class AsymmetryConfig:
-    """Configuration of one asymmetry run (one model, one or more datasets).
-
-    Attributes:
-        model: model spec (:func:`interp.models.loading.load_model`).
-        datasets: dataset names (``squad_v2``, ``drop``, ``hotpotqa``, ``musique``) or paths.
-        limit: examples per dataset (first N after filtering; all or None: every one), or a table
-            ``{dataset: N}`` (a dataset it does not name gets all its examples; e.g. a small
-            grid that keeps the ~3k-token MuSiQue prompts few).
-        template: template variant name; ``templates_path`` a TOML file of variants.
-        templates_path: a TOML file of template variants (None: the bundled ones).
-        oracle: ``"rule"``, ``"model:SPEC"`` (an LLM oracle) or ``"openai:MODEL"`` (an LLM
-            oracle behind an OpenAI-compatible endpoint, docs/endpoints.md).
-        include_unanswerable: keep SQuAD 2.0 unanswerable questions (abstaining is correct).
-        split: dataset split.
-        max_new_tokens: answer length cap (tokens).
-        verdict_max_new_tokens: verdict length cap (tokens).
-        max_reasoning_tokens: a reasoning judge's reply budget (tokens; only templates with
-            ``judge = "reasoning"`` use it, :mod:`interp.judging.reasoning`).
-        batch_size: prompts per forward pass.
-        seed: seed of bootstrap resampling.
-        device: where to run (default CUDA when available).
-        dtype: precision (``float32``, ``bfloat16``, ...; default by device).
-        device_map: a model larger than one device: ``auto``, ``balanced``, ``sequential``
-            or a table module -> device (``0``, ``"cuda:1"``, ``"cpu"``, ``"disk"``),
-            :func:`interp.models.loading.load_model` (on the command line a table is a JSON object
-            or a ``.json`` file of one); recorded in the manifest, not a key field (it
-            changes nothing but speed).
-        max_memory: with ``device_map``: device -> memory (``{0 = "20GiB", cpu = "60GiB"}``;
-            on the command line ``0=20GiB,cpu=60GiB``).
-        offload_folder: with ``device_map``: the folder of modules mapped to ``"disk"``.
-        shard: run shard ``I/N`` (``I`` from 0): its records only, into
-            ``OUT/shards/I-of-N``; None: from torchrun/accelerate (``RANK``, ``WORLD_SIZE``)
-            or a SLURM array, else unsharded (:func:`interp.launch.current_shard`).
-        from_hub: read dataset names from the Hugging Face hub instead of the bundled files.
-        n_boot: bootstrap resamples for CIs.
-        one_pass: in the harness's own prefill forwards, also record what the attention and
-            probe stages read: the exact last-token attention rows (saved as span masses,
-            ``DIR/attention/records/``) and the pooled ``resid_post`` of every layer
-            (``DIR/probes/features_{gen,eval}.safetensors``), under those stages' own
-            signatures, so ``interp attention`` / ``interp probe`` afterwards run no model
-            forward (unless another backend or ``recompute`` is asked for). Costs no
-            measurable harness time (SmolLM2, 16 SQuAD records: 20.1 examples per CPU-minute
-            with and without) and ``n_layers x d_model x 5`` floats per prompt on disk.
-            False: the stages compute them with their own forwards.
-        chunk_batches: batches per chunk of examples: a chunk's prompts are sorted by length
-            into batches and its records are appended together. 1 (default): records are saved
-            after every batch, but the sort only orders one batch; 4: less padding (SmolLM2,
-            32 SQuAD records: 19.4 instead of 15.8 examples per CPU-minute), and a kill loses
-            up to 4 batches.
-        answers_from: a finished run directory whose answers this model judges instead of
-            generating its own (cross-judging, :mod:`interp.methods.cross_judge`): the same records,
-            template and oracle as that run, its oracle labels, and every record names its
-            ``answer_source``. None: self-evaluation.
-        model_endpoint: for ``model = "openai:MODEL"``: ``base_url``, ``api_key_env``,
-            ``concurrency``, ``timeout_s``, ``max_retries``, ``max_error_rate``, ``seed``
-            (:class:`interp.endpoints.EndpointConfig`; None: defaults and the environment).
-        oracle_endpoint: the same table for ``oracle = "openai:MODEL"`` (both tables are
-            config keys only; on the command line the base URL comes from
-            ``$INTERP_OPENAI_BASE_URL`` or ``$OPENAI_BASE_URL``).
-    """
-
-    model: str = DEFAULT_MODEL
-    datasets: list[str] = option(["squad_v2"], flag="dataset", short="d")
-    limit: int | dict[str, int] | None = option(None, kind="count")
-    template: str = "default"
-    templates_path: str | None = None
-    oracle: str = "rule"
-    include_unanswerable: bool = False
-    split: str = "validation"
-    max_new_tokens: int = option(48, kind="count")
-    verdict_max_new_tokens: int = option(12, kind="count")
-    max_reasoning_tokens: int = option(MAX_REASONING_TOKENS, kind="count")
-    batch_size: int = option(8, kind="count")
-    seed: int = 0
-    device: str | None = None
-    dtype: str | None = None
-    device_map: str | dict[str, Any] | None = None
-    max_memory: dict[str, Any] | str | None = None
-    offload_folder: str | None = None
-    shard: str | None = None
-    from_hub: bool = False
-    n_boot: int = option(2000, kind="count")
-    one_pass: bool = True
-    chunk_batches: int = 1
-    model_endpoint: dict[str, Any] | None = option(None, cli=False)
-    oracle_endpoint: dict[str, Any] | None = option(None, cli=False)
-    answers_from: str | None = None
-
-    def __post_init__(self) -> None:
-        self.device_map, self.max_memory = _placement_text(self.device_map, self.max_memory)
-        if self.shard is not None:
-            parse_shard(self.shard)  # a malformed I/N is refused with the config
-        try:
-            check_device_map(self.device_map, self.max_memory, self.offload_folder)
-        except InterpError as err:
-            raise ConfigError(f"[asymmetry] {err}") from None
-        if isinstance(self.chunk_batches, bool) or not isinstance(self.chunk_batches, int) or \
-                self.chunk_batches < 1:
-            raise ConfigError(f"[asymmetry] chunk_batches must be a whole number >= 1, not "
-                              f"{self.chunk_batches!r}")
-        if isinstance(self.limit, Mapping) and (bad := set(self.limit) - set(self.datasets)):
-            raise ConfigError(f"limit names datasets {sorted(bad)} that are not in datasets "
-                              f"{self.datasets}")
-
-    @classmethod
-    def from_mapping(cls, d: Mapping[str, Any]) -> AsymmetryConfig:
-        """Build from a mapping, refusing unknown keys (the error lists the known ones).
-
-        Raises:
-            interp.core.errors.ConfigError: an unknown key, or a ``limit`` table naming a dataset
-                that is not in ``datasets``.
-        """
-        return config_from_table(cls, d, NAME)
-
-
-def _placement_text(device_map: Any, max_memory: Any) -> tuple[Any, Any]:
-    """The command line's text forms of ``device_map`` and ``max_memory`` as config values.
-
-    ``--device-map`` is a strategy, a JSON object or a ``.json`` file of one;
-    ``--max-memory`` is ``DEVICE=SIZE,...`` (``0=20GiB,cpu=60GiB``). Other values pass as
-    they are.
-
-    Raises:
-        ConfigError: malformed JSON, a missing file, or a memory entry without ``=``.
-    """
-    if isinstance(device_map, str) and device_map.strip().startswith("{"):
-        try:
-            device_map = json.loads(device_map)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"--device-map is not a JSON object ({err})") from None
-    elif isinstance(device_map, str) and device_map.endswith(".json"):
-        if not Path(device_map).is_file():
-            raise ConfigError(f"--device-map {device_map}: no such file")
-        device_map = json.loads(Path(device_map).read_text(encoding="utf-8"))
-    if isinstance(max_memory, str):
-        if bad := [x for x in max_memory.split(",") if "=" not in x]:
-            raise ConfigError(f"--max-memory {bad[0]!r}: use DEVICE=SIZE, e.g. 0=20GiB,cpu=60GiB")
-        max_memory = dict(x.strip().split("=", 1) for x in max_memory.split(","))
-    return device_map, max_memory
 
 
 def run(
@@ -312,28 +163,7 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
         interp.core.errors.DataError: an unknown dataset, a missing or malformed file, a missing
             field, or a dataset with no examples left after filtering.
     """
-    check_counts(config, NAME)
-    if not config.datasets:
-        raise ConfigError("no dataset given: pass --dataset squad_v2 (or a JSONL file)")
-    parse_oracle_spec(config.oracle)
-    for model_spec, table, where in ((config.model, config.model_endpoint, "model_endpoint"),
-                               (config.oracle, config.oracle_endpoint, "oracle_endpoint")):
-        if is_endpoint_spec(model_spec):
-            EndpointConfig.from_spec(model_spec, table, f"asymmetry.{where}")
-    get_template(config.template, config.templates_path)
-    loaded = {}
-    for ds in config.datasets:
-        loaded[ds] = load_examples(ds, split=config.split, limit=_limit(config, ds),
-                                   include_unanswerable=config.include_unanswerable,
-                                   from_hub=config.from_hub)
-        if not loaded[ds]:
-            raise DataError(f"{ds}: no examples to run (every example is unanswerable? pass "
-                            f"--include-unanswerable to keep them)")
-    if config.answers_from:
-        check_answer_source(load_answer_source(config.answers_from), loaded,
-                            template=config.template, templates_path=config.templates_path,
-                            oracle=config.oracle)
-    return loaded
+    return config.check_inputs()
 
 
 def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExample]], *,

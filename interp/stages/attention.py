@@ -30,8 +30,7 @@ Algorithm of :func:`run` (the method is :mod:`interp.analysis.span_mass`):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from interp.analysis.span_mass import (
@@ -41,16 +40,14 @@ from interp.analysis.span_mass import (
     top_heads,
 )
 from interp.core.contract import spec
-from interp.core.errors import AttentionError
 from interp.core.io import (
     write_json,
     write_table,
 )
-from interp.core.layers import DEFAULT_BAND, parse_layers
-from interp.core.options import config_from_table, option
-from interp.hooks.recorder import BACKENDS
+from interp.core.layers import parse_layers
 from interp.models.loading import ModelHandle
 from interp.plots import attention as attention_plots
+from interp.stages.configs import AttentionConfig
 from interp.stages.stored import (
     activations_path,
     load_masses,
@@ -73,56 +70,6 @@ SPEC = spec("attention")
 NAME = SPEC.name
 SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
-
-
-@dataclass
-class AttentionConfig:
-    """Settings of the attention stage (``[attention]`` table of a config).
-
-    Attributes:
-        backend: one of :data:`interp.hooks.recorder.BACKENDS` (``hf`` default).
-        band: band for the summary and head ranking (:func:`interp.core.layers.parse_layers`:
-            ``last8``, ``24-31``, ``all``).
-        limit: records per dataset (first N ok records; all or None: every one).
-        save_rows: keep every record's rows ``[n_layers, n_heads, pos]``.
-        save_resid: layer spec whose residual streams / head outputs to save (None: none).
-        save_patterns: with ``save_resid``, also save full patterns of those layers.
-        n_boot: bootstrap resamples for CIs.
-        seed: seed of the bootstrap resamples.
-        figures: draw the figures into ``DIR/figures``.
-        top: heads listed per ranking in ``DIR/attention/heads.json``.
-        recompute: record every selected record again, even when a fresh recording exists
-            (e.g. the one the harness made in its one pass).
-        progress: show a progress bar while recording.
-    """
-
-    backend: str = "hf"
-    band: str = option(DEFAULT_BAND, kind="layers", was="layers")
-    limit: int | None = option(None, kind="count")
-    save_rows: bool = False
-    save_resid: str | None = option(None, kind="layers")
-    save_patterns: bool = False
-    n_boot: int = option(1000, kind="count")
-    seed: int = 0
-    figures: bool = True
-    top: int = option(10, kind="count")
-    recompute: bool = False
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise AttentionError(f"unknown backend {self.backend!r}; use one of "
-                                 f"{list(BACKENDS)}")
-
-    @classmethod
-    def from_mapping(cls, d: Mapping[str, Any]) -> AttentionConfig:
-        """Build from a config table.
-
-        Raises:
-            interp.core.errors.ConfigError: unknown keys (the message lists the known ones).
-            AttentionError: an unknown backend.
-        """
-        return config_from_table(cls, d, NAME)
 
 
 Config = AttentionConfig

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +36,9 @@ import numpy as np
 import pandas as pd
 
 from interp.core.contract import spec
-from interp.core.errors import ConfigError, DataError
+from interp.core.errors import DataError
 from interp.core.io import atomic_write_text, read_jsonl, write_json, write_table
-from interp.core.layers import DEFAULT_BAND, parse_layers
-from interp.core.options import config_from_table, option
+from interp.core.layers import parse_layers
 from interp.data import QAExample
 from interp.judging.prefill import Capture
 from interp.judging.prompts import get_template
@@ -49,6 +48,7 @@ from interp.methods.cross_judge import GivenAnswer, judge_answers
 from interp.models.loading import ModelHandle, result_facts, runtime_facts
 from interp.plots.cross import plot_audit_roc
 from interp.stages.common import stage_facts
+from interp.stages.configs import AuditConfig
 from interp.stages.run_metrics import write_metrics
 from interp.stages.stored import load_masses, record_attention, store_one_pass
 from interp.store import RunDir
@@ -61,68 +61,6 @@ SPEC = spec("audit")
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
 NAME = SPEC.name
 SUMMARIES = SPEC.summaries
-
-
-@dataclass
-class AuditConfig:
-    """Settings of ``interp audit`` and of the ``[audit]`` stage of ``interp run``.
-
-    Attributes:
-        band: layers of the band means (:func:`interp.core.layers.parse_layers`; paper: the last 8).
-        detector_layers: layers whose heads feed the detector (``all`` by default).
-        detector_features: per-head features of the detector
-            (:data:`interp.methods.audit.DETECTOR_FEATURES`; Lookback Lens uses the ratio alone).
-        folds: k of the passage-grouped CV of the detector (fewer when a class has fewer
-            passages; none below 2).
-        fpr: the false-positive rate (share of RIGHT verdicts flagged) the flags are set at.
-        C: inverse L2 strength of the detector's logistic regression.
-        limit: first N ok records per dataset (None: all).
-        n_boot: bootstrap resamples of passages for the AUC CIs.
-        seed: seed of the folds and the bootstrap.
-        figures: draw ``DIR/figures/audit_roc.png``.
-    """
-
-    band: str = option(DEFAULT_BAND, kind="layers")
-    detector_layers: str = option("all", kind="layers")
-    detector_features: list[str] = field(default_factory=lambda: ["lookback_ratio"])
-    folds: int = 5
-    fpr: float = 0.1
-    C: float = 1.0
-    limit: int | None = option(None, kind="count")
-    n_boot: int = option(1000, kind="count")
-    seed: int = 0
-    figures: bool = True
-
-    def __post_init__(self) -> None:
-        if isinstance(self.detector_features, str):
-            self.detector_features = [f.strip() for f in self.detector_features.split(",")
-                                      if f.strip()]
-        if bad := [f for f in self.detector_features if f not in method.DETECTOR_FEATURES]:
-            raise ConfigError(f"[audit] detector_features {bad}: choose from "
-                              f"{list(method.DETECTOR_FEATURES)}")
-        if not self.detector_features:
-            raise ConfigError("[audit] detector_features is empty")
-        if not 0.0 < float(self.fpr) < 1.0:
-            raise ConfigError(f"[audit] fpr must lie strictly between 0 and 1, not {self.fpr}")
-        if self.folds < 2:
-            raise ConfigError(f"[audit] folds must be >= 2, not {self.folds}")
-
-    @classmethod
-    def from_mapping(cls, d: Mapping[str, Any]) -> AuditConfig:
-        """Build from a config table, refusing unknown keys (the error lists the known ones).
-
-        Raises:
-            interp.core.errors.ConfigError: an unknown key or a value out of range.
-        """
-        return config_from_table(cls, d, NAME)
-
-    def check(self, n_layers: int, n_heads: int | None = None) -> None:
-        """Refuse detector layers outside the model (``band`` is checked as a layer field).
-
-        Raises:
-            interp.core.errors.LayerSpecError: ``detector_layers`` outside ``n_layers``.
-        """
-        parse_layers(self.detector_layers, n_layers, default="all")
 
 
 Config = AuditConfig

@@ -34,23 +34,22 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from interp.core.contract import spec
-from interp.core.errors import PatchingError
 from interp.core.inputs import write_result
 from interp.core.io import is_fresh, read_json, read_jsonl, signature, write_json, write_jsonl
-from interp.core.layers import DEFAULT_BAND, parse_layers
-from interp.core.options import config_from_table, option
+from interp.core.layers import parse_layers
 from interp.core.progress import resumed
 from interp.judging.prompts import get_template
-from interp.methods.pairs import PAIR_KINDS, PatchPair, build_pairs
-from interp.methods.patch_sweeps import EXACT_MODES, agreement, head_units, resid_units, sweep
+from interp.methods.pairs import PatchPair, build_pairs
+from interp.methods.patch_sweeps import agreement, head_units, resid_units, sweep
 from interp.methods.patching import Patcher
 from interp.models.loading import ModelHandle
 from interp.stages.common import ok_records, stage_facts
+from interp.stages.configs import PatchingConfig
 from interp.stages.patching_summary import format_summary, summarise
 from interp.store.rundir import RunDir
 
@@ -62,115 +61,6 @@ SPEC = spec("patching")
 NAME = SPEC.name
 SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
-SWEEP_KINDS = ("resid", "heads", "attribution")
-
-
-@dataclass
-class PatchingConfig:
-    """Settings of ``interp patch`` / the ``[patching]`` config table.
-
-    Attributes:
-        pairs: pair kinds to run (:data:`interp.methods.pairs.PAIR_KINDS`).
-        kinds: sweeps: ``resid``, ``heads``, ``attribution`` (AtP* against the full exact
-            sweep of both, with agreement and cost).
-        limit: built pairs per dataset (all or None: every one; each pair costs many forwards).
-        limit_kept: ``limit`` counts kept pairs (``|gap| >= min_gap``) instead of built ones:
-            each built pair is scored first (its clean and corrupt forwards, or a stored
-            sweep's gap or ``DIR/patching/{pairs}/gaps.jsonl``), and one under ``min_gap`` is
-            skipped (reason ``small_gap``, its gap listed) without a sweep, until ``limit``
-            pairs per dataset are kept or the records run out.
-        layers: layers to sweep, a spec of :func:`interp.core.layers.parse_layers` (None: all).
-        layer_stride: sweep every k-th layer (after ``layers``).
-        hook: residual hook point (``hook_resid_pre`` or ``hook_resid_post``).
-        per_position: also sweep single positions (not only spans) in ``resid``.
-        exact: ``topk`` (AtP*: attribution ranks every unit, the ``top_k`` are patched
-            exactly) or ``all`` (every unit exactly).
-        top_k: units patched exactly per pair and sweep with ``exact = "topk"``.
-        min_gap: pairs whose ``|LD_clean - LD_corrupt|`` (nats) is below it are left out of
-            the headline ratio of sums (and listed with their gaps).
-        band: layers averaged for the judge's context attention mass.
-        oracle: grades candidate-swap answers (None: the run's oracle; ``rule`` or
-            ``model:SPEC``).
-        mine: mine closed-book hard negatives for records without a wrong answer.
-        hard_negative_*: the miner's settings (as in the transfer study).
-        seed: seeds the miner (per record) and the bootstrap.
-        n_boot: cluster-bootstrap resamples for the summary's CIs.
-        max_tokens: skip pairs longer than this (CPU time).
-        batch_size: patched rows per forward.
-        backend: ``hf`` (the sweeps need it; :func:`interp.methods.patching.patch` takes all three).
-        prefix_cache: run the positions before the first patchable one once.
-        figures: draw the figures after the tables.
-        progress: show progress bars.
-    """
-
-    pairs: list[str] = field(default_factory=lambda: ["candidate-swap"])
-    kinds: list[str] = option(["resid"], flag="kind")
-    limit: int | None = option(5, kind="count")
-    limit_kept: bool = False
-    layers: str | list[int] | None = option(None, kind="layers")
-    layer_stride: int = option(1, kind="count")
-    hook: str = "hook_resid_pre"
-    per_position: bool = True
-    exact: str = "topk"
-    top_k: int = option(16, kind="count")
-    min_gap: float = 1.0
-    band: str | list[int] = option(DEFAULT_BAND, kind="layers")
-    oracle: str | None = None
-    mine: bool = True
-    hard_negative_template: str = "closed_book"
-    hard_negative_attempts: int = option(5, kind="count")
-    hard_negative_temperature: float = 0.7
-    hard_negative_top_p: float = 0.9
-    hard_negative_max_new_tokens: int = option(16, kind="count")
-    hard_negative_max_words: int = 12
-    seed: int = 0
-    n_boot: int = option(1000, kind="count")
-    max_tokens: int | None = option(1024, kind="count")
-    batch_size: int = option(16, kind="count")
-    backend: str = "hf"
-    prefix_cache: bool = True
-    figures: bool = True
-    progress: bool = True
-
-    @classmethod
-    def from_mapping(cls, d: Mapping[str, Any]) -> PatchingConfig:
-        """Build from a mapping, refusing unknown keys and values (lists the known ones).
-
-        Raises:
-            ConfigError: unknown keys (the message lists the known ones).
-            PatchingError: unknown pair kinds, sweep kinds, hooks, modes or backends.
-        """
-        cfg = config_from_table(cls, d, NAME)
-        cfg.validate()
-        return cfg
-
-    def validate(self) -> None:
-        """Raises PatchingError on unknown kinds, hooks, modes, backends or bad numbers."""
-        for p in self.pairs:
-            if p not in PAIR_KINDS:
-                raise PatchingError(f"unknown pair kind {p!r}; valid: {list(PAIR_KINDS)}")
-        for k in self.kinds:
-            if k not in SWEEP_KINDS:
-                raise PatchingError(f"unknown kind {k!r}; valid: {list(SWEEP_KINDS)}")
-        if self.hook not in ("hook_resid_pre", "hook_resid_post"):
-            raise PatchingError(f"hook must be hook_resid_pre or hook_resid_post, not "
-                                f"{self.hook!r}")
-        if self.exact not in EXACT_MODES:
-            raise PatchingError(f"exact must be one of {list(EXACT_MODES)}, not {self.exact!r}")
-        if self.top_k < 1 or self.min_gap < 0 or self.batch_size < 1:
-            raise PatchingError(f"top_k and batch_size must be >= 1 and min_gap >= 0, got "
-                                f"{self.top_k}, {self.batch_size}, {self.min_gap}")
-        if self.backend != "hf":
-            raise PatchingError("sweeps run on the hf backend (use patch() for the others)")
-
-    def layer_list(self, n_layers: int) -> list[int]:
-        """The swept layers.
-
-        Raises:
-            LayerSpecError: a bad spec or a layer out of range (names the valid range).
-        """
-        layers = parse_layers(self.layers, n_layers, default="all")
-        return layers[:: max(1, self.layer_stride)]
 
 
 Config = PatchingConfig

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,15 +35,15 @@ from safetensors import safe_open
 from interp.core.contract import spec
 from interp.core.errors import ConfigError
 from interp.core.io import atomic_write_text, save_tensors, signature, write_json
-from interp.core.layers import DEFAULT_BAND, parse_layers
-from interp.core.options import config_from_table, option
+from interp.core.layers import parse_layers
 from interp.core.progress import tqdm
 from interp.judging.prompts import get_template
-from interp.judging.reasoning import MAX_REASONING_TOKENS, REASONING_SPANS, parse_final_verdict
+from interp.judging.reasoning import REASONING_SPANS, parse_final_verdict
 from interp.methods.asymmetry import judge_records
 from interp.methods.reasoning_compare import format_side_by_side, side_by_side
 from interp.models.loading import ModelHandle
 from interp.stages.common import ok_records
+from interp.stages.configs import ReasoningConfig
 from interp.stages.stored import load_masses
 from interp.store import RunDir
 from interp.store.records import qa_key as record_key
@@ -56,45 +55,6 @@ SPEC = spec("reasoning")
 NAME = SPEC.name
 SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
-
-
-@dataclass
-class ReasoningConfig:
-    """Settings of the reasoning-judge stage (``[reasoning]`` table of a config).
-
-    Attributes:
-        template: the reasoning judge's template variant (``judge = "reasoning"``).
-        templates_path: a TOML file of variants (None: the bundled ones).
-        limit: records per dataset (first N ok records; None for all).
-        max_reasoning_tokens: token budget of a reasoning reply (:mod:`interp.judging.reasoning`).
-        batch_size: prompts per forward (and records per saved chunk).
-        band: band of the span-mass means (:func:`interp.core.layers.parse_layers`).
-        reasoning_attention: also record the attention while reasoning (one more forward
-            per record with full patterns).
-        n_boot: bootstrap resamples for CIs.
-        seed: bootstrap seed.
-        figures: draw the figure into ``DIR/figures``.
-    """
-
-    template: str = "reasoning"
-    templates_path: str | None = None
-    limit: int | None = option(None, kind="count")
-    max_reasoning_tokens: int = option(MAX_REASONING_TOKENS, kind="count")
-    batch_size: int = option(8, kind="count")
-    band: str = option(DEFAULT_BAND, kind="layers", was="layers")
-    reasoning_attention: bool = True
-    n_boot: int = option(1000, kind="count")
-    seed: int = 0
-    figures: bool = True
-
-    @classmethod
-    def from_mapping(cls, d: Mapping[str, Any]) -> ReasoningConfig:
-        """Build from a config table.
-
-        Raises:
-            interp.core.errors.ConfigError: unknown keys (the message lists the known ones).
-        """
-        return config_from_table(cls, d, NAME)
 
 
 Config = ReasoningConfig

@@ -41,7 +41,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +54,7 @@ from interp.analysis.span_mass import summarize_span_to_span as _summarize
 from interp.core.contract import spec
 from interp.core.errors import ConfigError, RunDirError
 from interp.core.io import read_json, save_tensors, signature, write_json, write_table
-from interp.core.layers import DEFAULT_BAND, parse_layers
-from interp.core.options import config_from_table, option, split_list
+from interp.core.layers import parse_layers
 from interp.core.progress import tqdm
 from interp.core.tokens import token_strings
 from interp.hooks.recorder import PATTERN_POINT, record_stream
@@ -64,6 +62,7 @@ from interp.judging.prompts import RenderedPrompt, record_prompts
 from interp.models.loading import ModelHandle
 from interp.plots.record import plot_span_to_span
 from interp.stages.common import ok_records
+from interp.stages.configs import POSITIONS, RecordConfig
 from interp.store.recordings import RECORDINGS_DIR, recording_index_path
 from interp.store.records import Record, limit_per_dataset
 from interp.store.rundir import RunDir
@@ -79,65 +78,8 @@ SUMMARIES = SPEC.summaries
 """Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 RECORD_VERSION = "1"
 """Part of every record's signature: bump it when what a recording holds changes."""
-WHAT = ("attention", "resid", "z")
-POSITIONS = ("all", "last", "spans")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 S2S_FILE = "span_to_span.safetensors"
-
-
-@dataclass
-class RecordConfig:
-    """Settings of ``interp record`` (``[record]`` table of a config).
-
-    Attributes:
-        what: any of ``attention`` (``attn.hook_pattern``), ``resid`` (``hook_resid_pre`` and
-            ``hook_resid_post``), ``z`` (``attn.hook_z``); a list or a comma string.
-        layers: layers to record (:func:`interp.core.layers.parse_layers`; default ``all``).
-        positions: query rows / positions kept: ``all``, ``last`` or ``spans`` (module
-            docstring, step 3). Span-to-span masses always use every query row.
-        dtype: ``float16``, ``bfloat16`` or ``float32`` on disk.
-        limit: records per dataset (first N ok records; all or None: every one).
-        shard_mb: largest shard in MiB (a bigger tensor gets a shard of its own).
-        band: layers of the span-to-span summary and figure (default the last eight; only
-            recorded layers count, and all recorded layers when none of the band is).
-        figures: draw ``figures/record_span_to_span.png``.
-    """
-
-    what: list[str] = field(default_factory=lambda: list(WHAT))
-    layers: str = option("all", kind="layers")
-    positions: str = "all"
-    dtype: str = "float16"
-    limit: int | None = option(None, kind="count")
-    shard_mb: float = 512.0
-    band: str = option(DEFAULT_BAND, kind="layers")
-    figures: bool = True
-
-    def __post_init__(self) -> None:
-        self.what = split_list(self.what)
-        if not self.what or set(self.what) - set(WHAT):
-            raise ConfigError(f"record: what must be a non-empty subset of {list(WHAT)}, not "
-                              f"{self.what}")
-        if self.positions not in POSITIONS:
-            raise ConfigError(f"record: positions must be one of {list(POSITIONS)}, not "
-                              f"{self.positions!r}")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"record: dtype must be one of {list(DTYPES)}, not {self.dtype!r}")
-        if not self.shard_mb > 0:
-            raise ConfigError(f"record: shard_mb must be > 0, not {self.shard_mb}")
-
-    @classmethod
-    def from_mapping(cls, d: Mapping[str, Any]) -> RecordConfig:
-        """Build from a config table.
-
-        Raises:
-            ConfigError: unknown keys or invalid values (the message lists the valid ones).
-        """
-        return config_from_table(cls, d, NAME)
-
-    def settings(self, layers: Sequence[int]) -> dict[str, Any]:
-        """What decides the recorded bytes (part of the signature)."""
-        return {"what": sorted(self.what), "layers": list(layers), "positions": self.positions,
-                "dtype": self.dtype, "shard_mb": self.shard_mb}
 
 
 Config = RecordConfig

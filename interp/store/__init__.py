@@ -18,8 +18,20 @@ parts), :mod:`interp.store.records` (the QA record schema), :mod:`interp.store.r
 what ``interp record`` wrote). The names below are the public API of the run directory.
 """
 
-from interp.store.recordings import Activations, load_activations, load_cache
+from typing import Any
+
 from interp.store.records import Record
 from interp.store.rundir import RunDir
 
 __all__ = ["Activations", "Record", "RunDir", "load_activations", "load_cache"]
+
+_RECORDINGS = ("Activations", "load_activations", "load_cache")
+
+
+def __getattr__(name: str) -> Any:
+    """The recordings' names, imported on first use (they need torch; the rest does not)."""
+    if name in _RECORDINGS:
+        from interp.store import recordings
+
+        return getattr(recordings, name)
+    raise AttributeError(f"module 'interp.store' has no attribute {name!r}")

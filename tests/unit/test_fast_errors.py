@@ -1,0 +1,64 @@
+"""A bad option or config is refused in one line before torch or transformers is imported.
+
+Each case runs the command line in a fresh interpreter and reads which heavy libraries were
+imported by the time it exited, so the check is about imports, not about seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "transformers", "safetensors", "scipy", "sklearn", "pandas", "matplotlib")
+PROBE = """
+import json, sys
+from interp.cli import main
+heavy = json.loads(sys.argv[2])
+sys.argv = ["interp", *json.loads(sys.argv[1])]
+try:
+    main()
+    code = 0
+except SystemExit as e:
+    code = e.code if isinstance(e.code, int) else 1
+print(json.dumps({"code": code, "heavy": [m for m in heavy if m in sys.modules]}))
+"""
+
+
+def _run(argv, cwd):
+    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv), json.dumps(HEAVY)],
+                         capture_output=True, text=True, cwd=cwd, timeout=120)
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["asymmetry", "--dataset", "squad_v3"], "did you mean 'squad_v2'"),
+    (["asymmetry", "--limit", "-3"], "must be a whole number >= 1"),
+    (["asymmetry", "--template", "nope"], "unknown template 'nope'"),
+    (["asymmetry", "--oracle", "gpt"], "unknown oracle 'gpt'"),
+    (["steer", "--run", "EMPTY"], "has no manifest.json"),
+    (["lens", "--run", "EMPTY", "--heldout", "2"], "heldout must lie strictly between"),
+    (["attention", "--run", "EMPTY", "--backend", "hff"], "unknown backend 'hff'"),
+    (["run", "TYPO"], "did you mean 'limit'"),
+    (["run", "BAD_STAGE_VALUE"], "heldout must lie strictly between"),
+])
+def test_a_bad_input_is_one_line_before_any_heavy_import(argv, said, tmp_path):
+    (tmp_path / "EMPTY").mkdir()
+    (tmp_path / "TYPO").write_text('[asymmetry]\ndatasets = ["squad_v2"]\nlimt = 3\n')
+    (tmp_path / "BAD_STAGE_VALUE").write_text('[asymmetry]\ndatasets = ["squad_v2"]\n'
+                                              '[lens]\nheldout = 3\n')
+    res, err = _run(argv, tmp_path)
+    assert res["code"] == 2, err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and said in lines[0], err
+    assert res["heavy"] == [], f"{argv}: imported {res['heavy']} before refusing"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["steer", "--help"], ["lens", "--help"],
+                                  ["asymmetry", "--help"], ["run", "--help"]])
+def test_help_imports_no_heavy_library(argv, tmp_path):
+    res, err = _run(argv, tmp_path)
+    assert res["code"] == 0, err
+    assert res["heavy"] == []
