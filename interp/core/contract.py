@@ -315,6 +315,18 @@ SPECS: tuple[StageSpec, ...] = (
         summaries={"lens/summary.json": "lens_summary.json"},
         figures=("figures/lens_*.png",)),
     StageSpec(
+        name="pairwise", command="pairwise", module="interp.stages.pairwise",
+        config="PairwiseConfig", model_needs=frozenset({"attention", "activations", "weights"}),
+        folder="pairwise", needs=(_RECORDS,),
+        help="Pairwise judge with order swap: position consistency, content and position "
+             "terms, and the heads that carry the order.",
+        parts=(Part("pairwise/parts/{dataset}__{id}.json", "pairwise parts", "record",
+                    "JSON key 'signature' (model, runtime facts, letter replies, both orders' "
+                    "token ids, band)", naming="flat"),),
+        tables=("pairwise/summary.json", "pairwise/pairs.jsonl"),
+        summaries={"pairwise/summary.json": "pairwise_summary.json"},
+        figures=("figures/pairwise_*.png",)),
+    StageSpec(
         name="record", command="record", module="interp.stages.record", config="RecordConfig",
         model_needs=frozenset({"attention", "activations"}),
         folder="record", needs=(_RECORDS,),

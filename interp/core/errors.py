@@ -22,6 +22,7 @@ __all__ = [
     "InterpError",
     "LayerSpecError",
     "LensError",
+    "PairwiseError",
     "ModelSpecError",
     "PairError",
     "PatchingError",
@@ -115,6 +116,10 @@ class PairError(PatchingError):
 
 class LensError(InterpError):
     """Bad verdict-lens input (positions outside a prompt, a model without a final norm)."""
+
+
+class PairwiseError(InterpError):
+    """Bad pairwise-judge input (an unknown pair source, letters that tokenize alike)."""
 
 
 class ProbeError(InterpError):

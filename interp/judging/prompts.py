@@ -158,7 +158,8 @@ class RenderedPrompt:
                 "token_spans": {k: list(v) for k, v in self.token_spans.items()}}
 
 
-def _fill(fmt: str, values: dict[str, str]) -> tuple[str, dict[str, tuple[int, int]]]:
+def _fill(fmt: str, values: dict[str, str], spans_of: Mapping[str, str] = _FIELD_TO_SPAN
+          ) -> tuple[str, dict[str, tuple[int, int]]]:
     out, spans, pos = [], {}, 0
     for literal, name, _, _ in string.Formatter().parse(fmt):
         out.append(literal)
@@ -167,7 +168,7 @@ def _fill(fmt: str, values: dict[str, str]) -> tuple[str, dict[str, tuple[int, i
             if name not in values:
                 raise PromptError(f"no value for template field {{{name}}}")
             val = values[name]
-            spans[_FIELD_TO_SPAN[name]] = (pos, pos + len(val))
+            spans[spans_of[name]] = (pos, pos + len(val))
             out.append(val)
             pos += len(val)
     return "".join(out), spans
@@ -310,6 +311,14 @@ def render(
     messages, values, user_spans = _messages(template, task, context=context,
                                              question=question, answer=answer,
                                              reference=reference)
+    return _tokenize(tokenizer, task, messages, user_spans,
+                     {k: values["answer" if k == "candidate" else k] for k in user_spans})
+
+
+def _tokenize(tokenizer: Any, task: str, messages: list[dict[str, str]],
+              user_spans: Mapping[str, tuple[int, int]], span_text: Mapping[str, str]
+              ) -> RenderedPrompt:
+    """Steps 2-3 of the module algorithm: render the chat, locate the fields, label tokens."""
     user = messages[-1]["content"]
     templated = bool(getattr(tokenizer, "chat_template", None))
     if templated:
@@ -326,8 +335,7 @@ def render(
         text, base, shift = user + "\n", 0, 0
     char_spans = {k: (s + base - shift, e + base - shift) for k, (s, e) in user_spans.items()}
     for k, (s, e) in char_spans.items():
-        expected = values["answer" if k == "candidate" else k]
-        if text[s:e] != expected:
+        if text[s:e] != span_text[k]:
             raise PromptError(f"span {k!r} not found at its place in the rendered prompt")
     bos = getattr(tokenizer, "bos_token", None)
     add_special = not templated and not (bos and text.startswith(bos))
@@ -347,6 +355,80 @@ def render(
     check_spans(text, offsets, char_spans, token_spans)
     return RenderedPrompt(task=task, text=text, input_ids=ids, char_spans=char_spans,
                           token_spans=token_spans, labels=labels)
+
+
+PAIRWISE_FIELDS = {"context": "context", "question": "question", "answer_a": "answer_a",
+                   "answer_b": "answer_b"}
+"""Fields of a pairwise template -> their span labels (:func:`render_pairwise`)."""
+
+
+@dataclass(frozen=True)
+class PairwiseTemplate:
+    """The pairwise judge's messages: question, context and answers A and B, a one-letter reply.
+
+    Attributes:
+        name: the variant's name in its TOML file.
+        user: the user message format with ``{context}``, ``{question}``, ``{answer_a}`` and
+            ``{answer_b}``, each exactly once.
+        system: the system message ("" leaves the chat template's default).
+        description: what the variant is for.
+
+    Raises:
+        PromptError: a format with unknown, missing or repeated fields.
+    """
+
+    name: str
+    user: str
+    system: str = ""
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        names = [f for _, f, _, _ in string.Formatter().parse(self.user) if f is not None]
+        if sorted(names) != sorted(PAIRWISE_FIELDS):
+            raise PromptError(f"pairwise template {self.name!r} must use each of "
+                              f"{sorted(PAIRWISE_FIELDS)} exactly once, has {names}")
+
+
+def get_pairwise_template(name: str = "pairwise", path: str | Path | None = None
+                          ) -> PairwiseTemplate:
+    """A pairwise template by name (default file: the bundled ``templates/pairwise.toml``).
+
+    Raises:
+        interp.core.errors.ConfigError: a missing or malformed file.
+        PromptError: an unknown name (lists the known ones) or a bad variant.
+    """
+    if path is None:
+        data = tomllib.loads(resources.files("interp").joinpath("templates/pairwise.toml")
+                             .read_text())
+    else:
+        data = read_toml(path, "pairwise templates")
+    if name not in data:
+        raise PromptError(f"unknown pairwise template {name!r}{did_you_mean(name, data)}; "
+                          f"known: {sorted(data)}")
+    try:
+        return PairwiseTemplate(name=name, **data[name])
+    except TypeError as err:
+        raise PromptError(f"pairwise template [{name}]: {err}") from None
+
+
+def render_pairwise(tokenizer: Any, template: PairwiseTemplate, *, context: str, question: str,
+                    answer_a: str, answer_b: str) -> RenderedPrompt:
+    """Render a pairwise prompt and label every position, as :func:`render` does.
+
+    Spans: ``context``, ``question``, ``answer_a``, ``answer_b`` and ``template``; the last
+    position is the verdict position, where the reply "A" or "B" is predicted.
+
+    Raises:
+        PromptError: an empty answer, or a field the chat template moves (see :func:`render`).
+    """
+    if not answer_a.strip() or not answer_b.strip():
+        raise PromptError("a pairwise prompt needs two non-empty answers")
+    values = {"context": context, "question": question, "answer_a": answer_a,
+              "answer_b": answer_b}
+    user, spans = _fill(template.user, values, PAIRWISE_FIELDS)
+    messages = ([{"role": "system", "content": template.system}] if template.system else []) \
+        + [{"role": "user", "content": user}]
+    return _tokenize(tokenizer, "pairwise", messages, spans, values)
 
 
 def rerender(record: Mapping[str, Any], task: str, tokenizer: Any, *,

@@ -66,7 +66,7 @@ from interp.hooks.capture import hooked
 from interp.models.points import base_model
 
 __all__ = ["Readout", "TunedLens", "direct_logit_attribution", "first_agreeing_layer",
-           "fit_tuned_lens", "lens_kl", "readout", "reply_lens", "residual_stack",
+           "fit_tuned_lens", "lens_kl", "lens_logits", "readout", "reply_lens", "residual_stack",
            "stack_names", "token_lens"]
 
 
@@ -168,8 +168,13 @@ def residual_stack(handle: Any, ids: Sequence[int], positions: Sequence[int]
             out.logits[0, keep - (n - tail)].float().cpu())
 
 
-def _lens_logits(ro: Readout, stack: Float[Tensor, "layer pos d_model"],
-                 lens: TunedLens | None) -> Float[Tensor, "layer pos vocab"]:
+def lens_logits(ro: Readout, stack: Float[Tensor, "layer pos d_model"],
+                lens: TunedLens | None) -> Float[Tensor, "layer pos vocab"]:
+    """Lens logits of a residual stack: through ``lens`` (None: the logit lens), then readout.
+
+    ``stack`` is :func:`residual_stack`'s (embeddings first); the readout applies the final
+    norm with each position's own scale and the unembedding the model uses (float32 out).
+    """
     if lens is not None:
         stack = lens.translate(stack)
     return ro.logits(stack).float()
@@ -216,7 +221,7 @@ def reply_lens(handle: Any, prompt: Sequence[int], replies: Sequence[Sequence[in
         stack, logits = residual_stack(handle, seq, pos)
         tok = torch.tensor(list(r))
         for k, t in named.items():
-            lp = _lens_logits(ro, stack, t).log_softmax(-1)       # [layer, pos, vocab]
+            lp = lens_logits(ro, stack, t).log_softmax(-1)       # [layer, pos, vocab]
             per[k].append(lp[:, torch.arange(len(r)), tok].sum(-1))
             first[k].append(lp[:, 0, tok[0]])
         own.append(logits.log_softmax(-1)[torch.arange(len(r)), tok].sum())
@@ -262,7 +267,7 @@ def token_lens(handle: Any, prompt: Sequence[int], target: int, *,
     named = dict(lens) if isinstance(lens, Mapping) else {"": lens}
     diff = {}
     for k, t in named.items():
-        lg = _lens_logits(ro, stack, t)[:, 0]
+        lg = lens_logits(ro, stack, t)[:, 0]
         diff[k] = (lg[:, target] - lg[:, distractor]).double()
     return {"logit_diff": diff if isinstance(lens, Mapping) else diff[""],
             "model": float(logits[0, target] - logits[0, distractor]),
@@ -289,8 +294,8 @@ def first_agreeing_layer(curve: Sequence[float]) -> int:
 
 
 @torch.no_grad()
-def direct_logit_attribution(handle: Any, prompt: Sequence[int], a: int, b: int
-                             ) -> dict[str, Any]:
+def direct_logit_attribution(handle: Any, prompt: Sequence[int], a: int, b: int, *,
+                             stack: bool = False) -> dict[str, Any]:
     """Each head's and MLP's direct contribution to ``logit[a] - logit[b]`` at the last position.
 
     With ``h`` the final residual stream at the prompt's last position and ``s`` its final-norm
@@ -309,6 +314,9 @@ def direct_logit_attribution(handle: Any, prompt: Sequence[int], a: int, b: int
         prompt: ``[seq]`` token ids.
         a: the token scored up (the first token of "Correct").
         b: the token scored down (the first token of "Incorrect").
+        stack: also return ``"stack"``, the residual stream at the last position before
+            block 0 and after every block, ``[n_layers + 1, d_model]`` (float64), summed from
+            the same components (what :func:`residual_stack` reads, from this one forward).
 
     Returns:
         ``{"heads": [n_layers, n_heads], "mlp": [n_layers], "attn_bias": [n_layers],
@@ -340,6 +348,7 @@ def direct_logit_attribution(handle: Any, prompt: Sequence[int], a: int, b: int
     direction = ro.scale(h).double() * g * (w[a] - w[b])             # [d_model]
     heads = torch.zeros(n, handle.n_heads, dtype=torch.float64)
     mlp = torch.zeros(n, dtype=torch.float64)
+    resid = [rows["blocks.0.hook_resid_pre"]]
     attn_bias = torch.zeros(n, dtype=torch.float64)
     for i, layer in enumerate(base.model.layers):
         o = layer.self_attn.o_proj
@@ -351,12 +360,16 @@ def direct_logit_attribution(handle: Any, prompt: Sequence[int], a: int, b: int
         if o.bias is not None:
             attn_bias[i] = o.bias.double().cpu() @ direction
         mlp[i] = rows[f"blocks.{i}.hook_mlp_out"] @ direction
+        if stack:
+            out_i = per_head.sum(0) + (o.bias.double().cpu() if o.bias is not None else 0.0)
+            resid.append(resid[-1] + out_i + rows[f"blocks.{i}.hook_mlp_out"])
     embed = float(rows["blocks.0.hook_resid_pre"] @ direction)
     lm_bias = float(ro.bias[a] - ro.bias[b]) if ro.bias is not None else 0.0
     total = float(out.logits[0, -1, a].double() - out.logits[0, -1, b].double())
     s = float(heads.sum() + mlp.sum() + attn_bias.sum()) + embed + lm_bias
     return {"heads": heads, "mlp": mlp, "attn_bias": attn_bias, "embed": embed,
-            "lm_bias": lm_bias, "total": total, "sum": s}
+            "lm_bias": lm_bias, "total": total, "sum": s,
+            **({"stack": torch.stack(resid)} if stack else {})}
 
 
 class TunedLens(torch.nn.Module):
@@ -433,7 +446,7 @@ def lens_kl(ro: Readout, stack: Float[Tensor, "layer n d_model"],
     with torch.no_grad():
         for s in range(0, stack.shape[1], chunk):
             p = final_logits[s:s + chunk].float().log_softmax(-1)             # [c, vocab]
-            q = _lens_logits(ro, stack[:, s:s + chunk], lens).log_softmax(-1)  # [L, c, vocab]
+            q = lens_logits(ro, stack[:, s:s + chunk], lens).log_softmax(-1)  # [L, c, vocab]
             total += (p.exp() * (p - q)).sum(-1).sum(-1).double()
     return total / stack.shape[1]
 
@@ -496,7 +509,7 @@ def fit_tuned_lens(ro: Readout, stack: Float[Tensor, "layer n d_model"],
         target = final_logits.float().log_softmax(-1)
         for step in range(kl_steps):
             idx = torch.randint(0, n, (min(batch, n),), generator=gen)
-            q = _lens_logits(ro, stack[:, idx], lens)[:-1].log_softmax(-1)   # [L, b, vocab]
+            q = lens_logits(ro, stack[:, idx], lens)[:-1].log_softmax(-1)   # [L, b, vocab]
             p = target[idx]
             loss = (p.exp() * (p - q)).sum(-1).mean(-1).sum()
             opt.zero_grad()

@@ -99,6 +99,14 @@ def test_direct_logit_attribution_sums_to_the_first_token_logit_difference(model
     assert float(d["heads"].abs().sum()) > 0 and float(d["mlp"].abs().sum()) > 0
 
 
+def test_the_attributions_components_sum_to_the_residual_stream_at_every_layer(model, prompt):
+    r = verdict_replies(model.tokenizer)
+    d = direct_logit_attribution(model, prompt, r.correct[0], r.incorrect[0], stack=True)
+    stack, _ = residual_stack(model, prompt, [-1])                 # [layer, 1, d_model]
+    assert d["stack"].shape == (model.n_layers + 1, stack.shape[-1])
+    assert torch.allclose(d["stack"].float(), stack[:, 0].float(), atol=1e-4)
+
+
 def test_token_lens_targets_the_gold_token_against_the_models_best_other(model, prompt):
     out = token_lens(model, prompt, target=5)
     logits = residual_stack(model, prompt, [-1])[1][0]

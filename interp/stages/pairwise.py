@@ -1,0 +1,402 @@
+"""The pairwise-judge stage (``interp pairwise``): two answers, both orders, and what carries order.
+
+Methods: :mod:`interp.methods.pairwise` (pairs, letter scores, outcomes, the per-pair
+measurements).
+
+Algorithm of :func:`run`:
+
+1. Validate the config and the band before any model work; select the run's ok records
+   (prompts over ``max_tokens`` left out first) and build up to ``limit`` pairs per dataset
+   (:func:`interp.methods.pairwise.build_judge_pairs`; hard negatives from
+   ``DIR/patching/hard_negatives.jsonl`` and the records' own ``hard_negative`` fields:
+   ``interp patch --pairs candidate-swap`` mines them). Every built and skipped pair is
+   listed in ``DIR/pairwise/pairs.jsonl``.
+2. Per pair, reuse ``DIR/pairwise/parts/{dataset}__{id}__{source}.json`` when fresh, else
+   measure it (:func:`interp.methods.pairwise.measure_pair`: both orders' letter scores, the
+   swapped-order patching of the verdict position by layer and by head, the attribution, the
+   attention masses and the logit lens) and write the part atomically.
+3. Summary (:func:`summarise`), per dataset and over all, each with a passage-cluster
+   bootstrap 95% CI: accuracy (an inconsistent pair is a miss), position consistency, each
+   order's accuracy, flips towards first and second, preference fairness, content and
+   position terms (nats); the band's attention on A and B in both orders; the patching
+   shares per layer and head (ratio of sums); the position term by unit. Held out: passages
+   are split in two by a stable hash (:func:`interp.methods.pairwise.split_passages`); the
+   ``top_k`` heads by patching share, and the smallest set of units carrying half the
+   position term, are chosen on the ``select`` passages and measured on the ``test`` ones.
+4. Figures ``DIR/figures/pairwise_orders.png`` and ``DIR/figures/pairwise_heads.png``
+   (:mod:`interp.plots.pairwise`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from interp.analysis.stats import (
+    MIN_PASSAGES,
+    ci_text,
+    cluster_bootstrap_mean,
+    cluster_bootstrap_ratio,
+    passage_groups,
+    passage_note,
+)
+from interp.core.contract import spec
+from interp.core.inputs import write_result
+from interp.core.io import is_fresh, read_json, read_jsonl, signature, write_json, write_jsonl
+from interp.core.layers import parse_layers
+from interp.models.loading import ModelHandle
+from interp.stages.common import ok_records, stage_facts
+from interp.stages.configs import PairwiseConfig
+from interp.store.rundir import RunDir
+
+__all__ = ["NAME", "SUMMARIES", "Config", "PairwiseConfig", "format_summary", "run",
+           "summarise"]
+
+SPEC = spec("pairwise")
+"""This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
+NAME = SPEC.name
+SUMMARIES = SPEC.summaries
+"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
+Config = PairwiseConfig
+"""The stage's config class (the Stage protocol's name for it)."""
+
+OUTCOMES = ("accurate", "consistent", "right_first", "right_second", "flip_first",
+            "flip_second", "content", "position")
+
+
+def _negatives(run_dir: RunDir, records: Sequence[Mapping[str, Any]]
+               ) -> dict[tuple[str, str], str]:
+    """Step 1's hard negatives: the patching stage's store, then the records' own."""
+    out: dict[tuple[str, str], str] = {}
+    store = run_dir.path / "patching" / "hard_negatives.jsonl"
+    for row in read_jsonl(store) if store.is_file() else []:
+        if row.get("hard_negative"):
+            out[(row["dataset"], str(row["id"]))] = row["hard_negative"]
+    for rec in records:
+        hn = rec.get("hard_negative") or next(iter(rec.get("hard_negatives") or []), None)
+        if hn:
+            out.setdefault((rec["dataset"], str(rec["id"])), hn)
+    return out
+
+
+def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwrite: bool,
+           log: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """Steps 1-2: ``(parts, skipped, made now)``."""
+    from interp.core.progress import resumed, tqdm
+    from interp.judging.prompts import get_pairwise_template
+    from interp.methods.pairwise import build_judge_pairs, letter_replies, measure_pair
+
+    cfg.validate()
+    band = parse_layers(cfg.band, handle.n_layers)
+    _, records = ok_records(run_dir, handle, None, stage=NAME, max_tokens=cfg.max_tokens)
+    template = get_pairwise_template(cfg.template, cfg.templates_path)
+    pairs, skipped = build_judge_pairs(records, passage_groups(records),
+                                       _negatives(run_dir, records), sources=cfg.sources,
+                                       limit=cfg.limit)
+    root = run_dir.sub(SPEC.folder)
+    write_jsonl(root / "pairs.jsonl",
+                [{"dataset": p.dataset, "id": p.record_id, "source": p.source,
+                  "passage": p.passage, "right": p.right, "wrong": p.wrong, "built": True}
+                 for p in pairs] + [{**s, "built": False} for s in skipped])
+    if not pairs:
+        from interp.core.errors import PairwiseError
+
+        raise PairwiseError(f"no pair builds from {run_dir.path}: its records have no wrong "
+                            f"answer and no hard negative (interp patch --pairs candidate-swap "
+                            f"mines them); skipped {len(skipped)}")
+    log(f"[pairwise] {len(pairs)} pairs over {len({p.passage for p in pairs})} passages "
+        f"({len(skipped)} skipped)")
+    facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
+    replies = letter_replies(handle.tokenizer)
+    parts, made = [], 0
+    with tqdm(total=len(pairs), desc="pairwise", unit="pair", disable=not cfg.progress) as bar:
+        for pair in pairs:
+            from interp.methods.pairwise import render_orders
+
+            ids = [p.input_ids for p in render_orders(handle.tokenizer, template, pair)]
+            sig = signature({"model": handle.spec, "sha256": handle.info.get("sha256"), **facts,
+                             "replies": replies.id_lists(), "ids": ids, "band": band})
+            f = SPEC.parts[0].path(run_dir.path, pair.dataset, pair.key)
+            if is_fresh(f, sig):
+                part = read_json(f)["pairwise"]
+                resumed(bar)
+            else:
+                part = measure_pair(handle, pair, template, replies, band,
+                                    batch_size=cfg.batch_size)
+                write_json(f, {"signature": sig, "pairwise": part})
+                made += 1
+                bar.update(1)
+            parts.append({**part, "dataset": pair.dataset, "id": pair.record_id,
+                          "source": pair.source, "passage": pair.passage})
+    return parts, skipped, made
+
+
+def _stat(x: Any, groups: Sequence[str], rng: np.random.Generator, n_boot: int
+          ) -> dict[str, Any]:
+    r = cluster_bootstrap_mean(np.asarray(x, dtype=float), list(groups), rng, n_boot)
+    return {"mean": r["mean"], "ci": r["ci"], "n": r["n"], "n_passages": r["n_clusters"]}
+
+
+def _ratio(num: Any, den: Any, groups: Sequence[str], rng: np.random.Generator, n_boot: int
+           ) -> dict[str, Any]:
+    r = cluster_bootstrap_ratio(np.asarray(num, dtype=float), np.asarray(den, dtype=float),
+                                list(groups), rng, n_boot)
+    return {"share": r["value"], "ci": r["ci"], "n": r["n"], "n_passages": r["n_clusters"]}
+
+
+def _outcomes(parts: Sequence[Mapping[str, Any]], rng: np.random.Generator, n_boot: int
+              ) -> dict[str, Any]:
+    from interp.methods.pairwise import order_outcomes
+
+    o = order_outcomes([p["s1"] for p in parts], [p["s2"] for p in parts])
+    g = [p["passage"] for p in parts]
+    out = {k: _stat(o[k], g, rng, n_boot) for k in OUTCOMES}
+    out["fairness"] = _stat(o["flip_second"] - o["flip_first"], g, rng, n_boot)
+    out.update(n=len(parts), n_passages=len(set(g)))
+    return out
+
+
+def _unit_names(n_layers: int, n_heads: int, band: Sequence[int]) -> list[tuple[str, Any]]:
+    return [(f"L{i}.H{j}", (i, j)) for i in band for j in range(n_heads)] + \
+        [(f"L{i}.MLP", (i, None)) for i in band]
+
+
+def _position_units(parts: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """Per pair: each unit's position term (mean of its two orders' attributions), nats."""
+    from interp.methods.pairwise import ORDERS
+
+    h = np.mean([[p["dla"][o]["heads"] for o in ORDERS] for p in parts], 1)   # [n, L, H]
+    m = np.mean([[p["dla"][o]["mlp"] for o in ORDERS] for p in parts], 1)     # [n, L]
+    tot = np.mean([[p["dla"][o]["total"] for o in ORDERS] for p in parts], 1)  # [n]
+    return {"heads": h, "mlp": m, "total": tot}
+
+
+def _held_out(parts: Sequence[Mapping[str, Any]], n_layers: int, n_heads: int,
+              band: Sequence[int], k: int, rng: np.random.Generator, n_boot: int
+              ) -> dict[str, Any]:
+    """Step 3's held-out tests: heads chosen on ``select`` passages, measured on ``test``."""
+    from interp.methods.pairwise import split_passages
+
+    side = split_passages([p["passage"] for p in parts])
+    sel = [p for p, s in zip(parts, side) if s == "select"]
+    test = [p for p, s in zip(parts, side) if s == "test"]
+    out: dict[str, Any] = {"n_select": len(sel), "n_test": len(test),
+                           "n_passages_select": len({p["passage"] for p in sel}),
+                           "n_passages_test": len({p["passage"] for p in test})}
+    if not sel or not test:
+        out["note"] = "too few passages to split into selection and test"
+        return out
+
+    def head_shares(ps: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        hp = np.array([p["patch"]["heads"] for p in ps])                    # [n, L, H]
+        s1 = np.array([p["s1"] for p in ps])[:, None, None]
+        gap = np.array([p["s2"] - p["s1"] for p in ps])[:, None, None]
+        return (np.sign(gap) * (hp - s1)).sum(0) / max(float(np.abs(gap).sum()), 1e-12)
+
+    share = head_shares(sel)                                                # [band, H]
+    order = np.argsort(-share, axis=None)[:k]
+    chosen = [(int(i // n_heads), int(i % n_heads)) for i in order]         # (band row, head)
+    hl = list(parts[0]["patch"]["head_layers"])
+    g = [p["passage"] for p in test]
+    gap = np.array([p["s2"] - p["s1"] for p in test])
+    out["order_heads"] = [
+        {"unit": f"L{hl[i]}.H{j}", "select_share": float(share[i, j]),
+         "test": _ratio(np.sign(gap) * (np.array([p["patch"]["heads"][i][j] for p in test])
+                                        - np.array([p["s1"] for p in test])),
+                        np.abs(gap), g, rng, n_boot)} for i, j in chosen]
+    # position term: the fewest band units (by select mean) carrying half of it
+    ps, pt = _position_units(sel), _position_units(test)
+    sign = 1.0 if ps["total"].mean() >= 0 else -1.0
+    units = _unit_names(n_layers, n_heads, band)
+
+    def val(d: Mapping[str, np.ndarray], u: tuple[int, Any]) -> np.ndarray:
+        return d["heads"][:, u[0], u[1]] if u[1] is not None else d["mlp"][:, u[0]]
+
+    ranked = sorted(units, key=lambda u: -sign * float(val(ps, u[1]).mean()))
+    total = sign * float(ps["total"].mean())
+    picked, acc = [], 0.0
+    for name, u in ranked:
+        if total <= 0 or acc >= total / 2:
+            break
+        c = sign * float(val(ps, u).mean())
+        if c <= 0:
+            break
+        picked.append((name, u))
+        acc += c
+    out["position_units"] = {
+        "units": [n for n, _ in picked], "select_share": acc / total if total > 0 else None,
+        "select_total": float(ps["total"].mean()),
+        "test": _ratio(sum((val(pt, u) for _, u in picked), np.zeros(len(test))),
+                       pt["total"], g, rng, n_boot) if picked else None,
+        "reaches_half": bool(total > 0 and acc >= total / 2)}
+    return out
+
+
+def summarise(parts: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str, Any]],
+              cfg: PairwiseConfig, handle_info: Mapping[str, Any]) -> dict[str, Any]:
+    """Step 3 of the module algorithm from the per-pair parts.
+
+    Returns:
+        ``{"model", "n_layers", "n_heads", "band", "n_pairs", "n_passages", "few_passages",
+        "note", "skipped", "metric", "outcomes": {"all" | dataset | source: {outcome: {"mean",
+        "ci", "n", "n_passages"}, "fairness", "n", "n_passages"}}, "mass": {order: {span:
+        stat}}, "mass_terms": {"first_minus_second", "right_minus_wrong"}, "patching":
+        {"resid": [per layer {"share", "ci", ...}], "head_layers": the band, "heads":
+        [len(band)][n_heads] shares, "gap"}, "position": {"total", "heads_mean", "mlp_mean",
+        "top_units"}, "lens": {"s1",
+        "s2", "content", "position": [per layer stat]}, "held_out", "checks"}``. Accuracy
+        and consistency near 0 or 1 with a position term near its extreme mean a judge that
+        answers one letter whatever it reads (a degenerate case the report names).
+    """
+    from interp.methods.pairwise import ORDERS, order_outcomes
+
+    rng = np.random.default_rng(cfg.seed)
+    n_layers, n_heads = int(handle_info["n_layers"]), int(handle_info["n_heads"])
+    band = parse_layers(cfg.band, n_layers)
+    g = [p["passage"] for p in parts]
+    reasons: dict[str, int] = {}
+    for s in skipped:
+        reasons[s["reason"]] = reasons.get(s["reason"], 0) + 1
+    s: dict[str, Any] = {
+        "model": handle_info.get("spec"), "n_layers": n_layers, "n_heads": n_heads,
+        "band": band, "n_pairs": len(parts), "n_passages": len(set(g)), "skipped": reasons,
+        "metric": "letter score s = log P(A) - log P(B) (whole replies, nats); s1 with the "
+                  "right answer as A, s2 with it as B; content (s1 - s2)/2, position "
+                  "(s1 + s2)/2 (> 0: prefers the first slot)"}
+    s["few_passages"] = s["n_passages"] < MIN_PASSAGES
+    s["note"] = passage_note(s["n_passages"])
+    if not parts:
+        return s
+    groups: dict[str, list[Mapping[str, Any]]] = {"all": list(parts)}
+    for p in parts:
+        groups.setdefault(p["dataset"], []).append(p)
+        groups.setdefault(f"source:{p['source']}", []).append(p)
+    s["outcomes"] = {k: _outcomes(v, rng, cfg.n_boot) for k, v in groups.items()}
+    mass = {o: {k: np.array([p["mass"][o][k] for p in parts]) for k in
+                ("answer_a", "answer_b", "context")} for o in ORDERS}
+    s["mass"] = {o: {k: _stat(v, g, rng, cfg.n_boot) for k, v in d.items()}
+                 for o, d in mass.items()}
+    first = (mass["right_first"]["answer_a"] + mass["right_second"]["answer_a"]) / 2
+    second = (mass["right_first"]["answer_b"] + mass["right_second"]["answer_b"]) / 2
+    right = (mass["right_first"]["answer_a"] + mass["right_second"]["answer_b"]) / 2
+    wrong = (mass["right_first"]["answer_b"] + mass["right_second"]["answer_a"]) / 2
+    s["mass_terms"] = {"first_minus_second": _stat(first - second, g, rng, cfg.n_boot),
+                       "right_minus_wrong": _stat(right - wrong, g, rng, cfg.n_boot)}
+    s1 = np.array([p["s1"] for p in parts])
+    s2 = np.array([p["s2"] for p in parts])
+    gap = s2 - s1
+    resid = np.array([p["patch"]["resid"] for p in parts])                   # [n, L]
+    heads = np.array([p["patch"]["heads"] for p in parts])                   # [n, band, H]
+    den = np.abs(gap)
+    s["patching"] = {
+        "what": "swapped order (right answer as B) patched into the original (right as A) at "
+                "the verdict position; share = sum sign(gap)(s_patched - s1) / sum |s2 - s1|; "
+                "heads of the band's layers only",
+        "gap": _stat(gap, g, rng, cfg.n_boot),
+        "resid": [_ratio(np.sign(gap) * (resid[:, i] - s1), den, g, rng, cfg.n_boot)
+                  for i in range(n_layers)],
+        "head_layers": list(parts[0]["patch"]["head_layers"]),
+        "heads": ((np.sign(gap)[:, None, None] * (heads - s1[:, None, None])).sum(0)
+                  / max(float(den.sum()), 1e-12)).tolist(),
+        "last_layer_is_control": "patching the last block's residual stream gives s2 "
+                                 "exactly: share 1 by construction"}
+    pu = _position_units(parts)
+    units = _unit_names(n_layers, n_heads, band)
+    vals = [(name, pu["heads"][:, i, j] if j is not None else pu["mlp"][:, i])
+            for name, (i, j) in units]
+    ranked = sorted(vals, key=lambda u: -abs(float(u[1].mean())))
+    s["position"] = {
+        "target": "position term of the letters' first-token logit difference, mean of both "
+                  "orders' direct logit attributions (final norm's scale frozen per prompt)",
+        "total": _stat(pu["total"], g, rng, cfg.n_boot),
+        "heads_mean": pu["heads"].mean(0).tolist(), "mlp_mean": pu["mlp"].mean(0).tolist(),
+        "top_units": [{"unit": u, **_stat(x, g, rng, cfg.n_boot)} for u, x in ranked[:12]]}
+    lens = {o: np.array([p["lens"][o] for p in parts]) for o in ORDERS}
+    s["lens"] = {
+        "s1": [_stat(lens["right_first"][:, i], g, rng, cfg.n_boot)
+               for i in range(n_layers + 1)],
+        "s2": [_stat(lens["right_second"][:, i], g, rng, cfg.n_boot)
+               for i in range(n_layers + 1)],
+        "content": [_stat((lens["right_first"][:, i] - lens["right_second"][:, i]) / 2, g, rng,
+                          cfg.n_boot) for i in range(n_layers + 1)],
+        "position": [_stat((lens["right_first"][:, i] + lens["right_second"][:, i]) / 2, g, rng,
+                           cfg.n_boot) for i in range(n_layers + 1)]}
+    s["held_out"] = _held_out(parts, n_layers, n_heads, band, cfg.top_k, rng, cfg.n_boot)
+    o = order_outcomes(s1, s2)
+    s["checks"] = {
+        "max_abs_last_resid_patch_minus_s2": float(np.abs(resid[:, -1] - s2).max()),
+        "max_abs_attribution_sum_minus_total": float(max(
+            abs(p["dla"][k]["sum"] - p["dla"][k]["total"]) for p in parts for k in ORDERS)),
+        "max_abs_lens_last_minus_score": float(max(
+            np.abs(lens["right_first"][:, -1] - s1).max(),
+            np.abs(lens["right_second"][:, -1] - s2).max())),
+        "outcome_terms_sum": float(np.abs((o["content"] + o["position"]) - s1).max())}
+    return s
+
+
+def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PairwiseConfig, *,
+        overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The pairwise judge on a run's records, both orders (module docstring).
+
+    ``overwrite``: redo parts stored under other result-relevant runtime facts instead of
+    refusing (:func:`interp.stages.common.stage_facts`).
+
+    Returns:
+        The summary (also ``DIR/pairwise/summary.json``).
+
+    Raises:
+        PairwiseError: a bad setting, or no pair builds.
+        PromptError: an unknown pairwise template.
+        RunDirError: the run has no manifest or records; another model than the run's; parts
+            stored under other runtime facts and not ``overwrite``.
+    """
+    run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    parts, skipped, _ = _parts(run_dir, handle, cfg, overwrite=overwrite, log=log)
+    s = summarise(parts, skipped, cfg, {**handle.info, "n_layers": handle.n_layers,
+                                        "n_heads": handle.n_heads})
+    write_result(run_dir.sub(SPEC.folder) / "summary.json", s, n=len(parts), log=log)
+    if cfg.figures and parts:
+        try:
+            from interp.plots.pairwise import plot_pairwise
+
+            plot_pairwise(s, run_dir.sub("figures"))
+        except Exception as err:  # noqa: BLE001 - figures never block the tables
+            log(f"[pairwise] figure failed: {err}")
+    return s
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    """Accuracy, position consistency, the two terms, the held-out heads and the checks."""
+    def f(x: Mapping[str, Any] | None, key: str = "mean", p: str = ".2f") -> str:
+        if not x or x.get(key) is None:
+            return "-"
+        return f"{x[key]:{p}}" + (f" {ci_text(x.get('ci'), p)}" if x.get("ci") else "")
+
+    star = "*" if summary.get("few_passages") else ""
+    lines = [f"pairwise judge: {summary.get('n_pairs')} pairs, {summary.get('n_passages')} "
+             f"passages{star}, both orders"]
+    for k, o in (summary.get("outcomes") or {}).items():
+        lines.append(f"{k:<22} accuracy {f(o['accurate'])}  consistency {f(o['consistent'])}  "
+                     f"flips to first {f(o['flip_first'])} / second {f(o['flip_second'])}  "
+                     f"content {f(o['content'])}  position {f(o['position'])} nats")
+    h = summary.get("held_out") or {}
+    if h.get("order_heads"):
+        lines.append("order heads (chosen on selection passages, share on test passages): "
+                     + ", ".join(f"{u['unit']} {f(u['test'], 'share')}"
+                                 for u in h["order_heads"]))
+    if (pu := h.get("position_units")) and pu.get("units"):
+        lines.append(f"units carrying half the position term on selection passages: "
+                     f"{', '.join(pu['units'])}; their share on test passages "
+                     f"{f(pu.get('test'), 'share')}")
+    c = summary.get("checks") or {}
+    if c:
+        lines.append(f"checks: last-block patch - s2 {c['max_abs_last_resid_patch_minus_s2']:.1e}"
+                     f", attribution sum - total "
+                     f"{c['max_abs_attribution_sum_minus_total']:.1e}, lens last - score "
+                     f"{c['max_abs_lens_last_minus_score']:.1e}")
+    if star:
+        lines.append(f"* {summary.get('note') or passage_note(summary['n_passages'])}")
+    return "\n".join(lines)

@@ -1,0 +1,159 @@
+"""The pairwise judge with order swap: pairs, prompts, outcomes, the stage (tiny models)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from interp.core.errors import PairwiseError, PromptError
+from interp.judging.prompts import PairwiseTemplate, get_pairwise_template, render_pairwise
+from interp.judging.verdict import score_verdicts
+from interp.methods.pairwise import (
+    build_judge_pairs,
+    letter_replies,
+    measure_pair,
+    order_outcomes,
+    render_orders,
+    split_passages,
+)
+from interp.testing import tiny_llama, tiny_tokenizer
+
+REC = {"dataset": "squad_v2", "id": "r1", "context": "The Eiffel Tower is in Paris.",
+       "question": "Where is the tower?", "answers": ["Paris"], "answer": "Lyon",
+       "oracle_label": False}
+
+
+@pytest.fixture(scope="module")
+def handle():
+    tok = tiny_tokenizer(vocab_size=280)
+    return tiny_llama(tok, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, seed=5)
+
+
+def test_spans_hold_exactly_each_answer_and_the_orders_trade_places(handle):
+    pair = build_judge_pairs([REC], ["p1"], {}, sources=["model"])[0][0]
+    p1, p2 = render_orders(handle.tokenizer, get_pairwise_template(), pair)
+    for p, (a, b) in ((p1, ("Paris", "Lyon")), (p2, ("Lyon", "Paris"))):
+        for span, text in (("answer_a", a), ("answer_b", b), ("question", REC["question"])):
+            s, e = p.token_spans[span]
+            assert handle.tokenizer.decode(p.input_ids[s:e]).strip() == text
+    swap = {"Answer A: Paris": "Answer A: Lyon", "Answer B: Lyon": "Answer B: Paris"}
+    text = p1.text
+    for a, b in swap.items():
+        text = text.replace(a, b)
+    assert text == p2.text
+    assert p1.input_ids[-3:] == p2.input_ids[-3:]
+
+
+def test_pair_building_keeps_only_a_wrong_answer_that_differs_from_gold():
+    recs = [REC, {**REC, "id": "r2", "oracle_label": True},
+            {**REC, "id": "r3", "answer": " paris. "}, {**REC, "id": "r4", "answers": []}]
+    pairs, skipped = build_judge_pairs(recs, ["a", "b", "c", "d"], {("squad_v2", "r2"): "Rome"})
+    assert [(p.record_id, p.source, p.wrong) for p in pairs] == [("r1", "model", "Lyon"),
+                                                               ("r2", "hard_negative", "Rome")]
+    why = {(s["id"], s["source"]): s["reason"] for s in skipped}
+    assert why[("r2", "model")] == "no_wrong_answer" and why[("r3", "model")] == "same_answers"
+    assert why[("r4", "model")] == "no_gold"
+    assert len(build_judge_pairs(recs * 3, list("abcdefghijkl"), {}, limit=2)[0]) == 2
+    with pytest.raises(PairwiseError, match="unknown pair source"):
+        build_judge_pairs(recs, list("abcd"), {}, sources=["gold"])
+
+
+def test_outcomes_follow_the_definitions_on_constructed_scores():
+    # s1 > 0 right in order 1; s2 < 0 right in order 2
+    o = order_outcomes([2.0, 1.0, -1.0, -2.0], [-2.0, 3.0, -1.0, 0.5])
+    assert o["accurate"].tolist() == [1, 0, 0, 0]
+    assert o["consistent"].tolist() == [1, 0, 0, 1]
+    assert o["flip_first"].tolist() == [0, 1, 0, 0]
+    assert o["flip_second"].tolist() == [0, 0, 1, 0]
+    assert np.allclose(o["content"] + o["position"], [2.0, 1.0, -1.0, -2.0])
+    assert np.allclose(o["position"] - o["content"], [-2.0, 3.0, -1.0, 0.5])
+
+
+def test_the_passage_split_is_stable_and_disjoint():
+    ps = [f"p{i}" for i in range(200)] * 2
+    side = split_passages(ps)
+    by = {}
+    for p, s in zip(ps, side):
+        by.setdefault(p, set()).add(s)
+    assert all(len(v) == 1 for v in by.values())
+    assert 60 < side.count("select") / 2 < 140
+    assert split_passages(ps[::-1]) == side[::-1]
+
+
+def test_a_template_must_use_every_field_once():
+    with pytest.raises(PromptError, match="exactly once"):
+        PairwiseTemplate(name="x", user="{context} {question} {answer_a}")
+    with pytest.raises(PromptError, match="unknown pairwise template 'pairwse'.*pairwise"):
+        get_pairwise_template("pairwse")
+    with pytest.raises(PromptError, match="two non-empty answers"):
+        render_pairwise(None, get_pairwise_template(), context="c", question="q",
+                        answer_a=" ", answer_b="b")
+
+
+def test_measurements_agree_with_the_model_and_patching_the_last_block_is_the_swap(handle):
+    pair = build_judge_pairs([REC], ["p1"], {}, sources=["model"])[0][0]
+    tpl = get_pairwise_template()
+    replies = letter_replies(handle.tokenizer)
+    m = measure_pair(handle, pair, tpl, replies, [0, 1], batch_size=4)
+    p1, p2 = render_orders(handle.tokenizer, tpl, pair)
+    with torch.no_grad():
+        own = score_verdicts(handle, [p1.input_ids, p2.input_ids], replies=replies)
+    ld = (own.logprob_correct - own.logprob_incorrect).tolist()
+    assert m["s1"] == pytest.approx(ld[0], abs=1e-4) and m["s2"] == pytest.approx(ld[1], abs=1e-4)
+    assert m["patch"]["resid"][-1] == pytest.approx(m["s2"], abs=1e-4)   # the control
+    assert len(m["patch"]["heads"]) == 2 and len(m["patch"]["heads"][0]) == 4
+    assert m["patch"]["head_layers"] == [0, 1]
+    for order in ("right_first", "right_second"):
+        d = m["dla"][order]
+        assert d["sum"] == pytest.approx(d["total"], abs=1e-6)
+        assert m["lens"][order][-1] == pytest.approx(m["s1" if order == "right_first"
+                                                       else "s2"], abs=1e-4)
+        assert all(0 <= v <= 1 for v in m["mass"][order].values())
+
+
+def test_the_stage_writes_outcomes_held_out_heads_and_figures_and_resumes(tmp_path, handle):
+    from interp.stages import pairwise as stage
+    from interp.testing import synthetic_probe_run
+
+    run = synthetic_probe_run(tmp_path / "run", handle, n_good=6, n_bad=6)
+    recs = run.read_records()
+    (run.path / "patching").mkdir()
+    (run.path / "patching" / "hard_negatives.jsonl").write_text("".join(
+        json.dumps({"dataset": r["dataset"], "id": r["id"], "hard_negative": "Nowhere"}) + "\n"
+        for r in recs))
+    cfg = stage.PairwiseConfig(limit=None, band="all", top_k=2, batch_size=8, n_boot=50,
+                               progress=False)
+    logs: list[str] = []
+    s = stage.run(run, handle, cfg, log=logs.append)
+    assert s["n_pairs"] == 12 and s["skipped"] == {"no_wrong_answer": 6, "same_answers": 6}
+    o = s["outcomes"]["all"]
+    assert o["accurate"]["mean"] <= o["consistent"]["mean"]
+    assert o["consistent"]["mean"] + o["flip_first"]["mean"] + o["flip_second"]["mean"] \
+        == pytest.approx(1.0)
+    assert all(v < 1e-4 for v in s["checks"].values()), s["checks"]
+    assert s["patching"]["resid"][-1]["share"] == pytest.approx(1.0, abs=1e-4)
+    h = s["held_out"]
+    assert h["n_select"] + h["n_test"] == 12 and len(h.get("order_heads", [])) in (0, 2)
+    for name in ("pairwise_orders", "pairwise_heads"):
+        assert (run.path / "figures" / f"{name}.png").is_file()
+    built = [json.loads(line) for line in (run.path / "pairwise" / "pairs.jsonl").open()]
+    assert sum(b["built"] for b in built) == 12
+    parts = sorted((run.path / "pairwise" / "parts").glob("*.json"))
+    before = {p: p.stat().st_mtime_ns for p in parts}
+    assert stage._parts(run, handle, cfg, overwrite=False, log=logs.append)[2] == 0
+    assert {p: p.stat().st_mtime_ns for p in parts} == before
+    assert "consistency" in stage.format_summary(s)
+
+
+def test_the_config_refuses_bad_values_before_model_work():
+    from interp.stages.configs import PairwiseConfig
+
+    with pytest.raises(PairwiseError, match="did you mean 'model'"):
+        PairwiseConfig(sources=["modle"]).validate()
+    with pytest.raises(PairwiseError, match="sources is empty"):
+        PairwiseConfig.from_mapping({"sources": []})
+    with pytest.raises(PromptError, match="unknown pairwise template"):
+        PairwiseConfig(template="x").validate()
