@@ -31,7 +31,9 @@ Algorithm (the run-directory work, caches and ``results.json`` are
 6. Questions answered in ``DIR/probes/results.json``: the best (probe, layer, pool) of the eval
    prompt; the probe against the verbal judge on the same records and folds (EA, F1 of the
    verdict, ROC AUC of the whole-reply ``logit_diff``, and McNemar on out-of-fold
-   predictions); a gen-prompt probe (does the residual stream before answering predict
+   predictions), also with the cell chosen by nested cross-validation
+   (:func:`nested_selection`: each test fold's cell chosen on its training records alone); a
+   gen-prompt probe (does the residual stream before answering predict
    whether the model's own answer will be right?); cross-dataset transfer of the best eval
    probe (train on all records of one dataset, test on another's, for datasets with both
    classes).
@@ -78,7 +80,7 @@ from interp.store.records import Record, check_verdict_scores
 
 __all__ = ["METRICS", "PROBES", "TASKS", "FittedProbe", "balanced_weights", "best_row",
            "cross_dataset_transfer", "cross_validate", "fit_probe", "judge_metrics",
-           "permutation_null", "probe_vs_judge", "sweep"]
+           "nested_selection", "paired_auc", "permutation_null", "probe_vs_judge", "sweep"]
 
 TASKS = ("eval", "gen")
 METRICS = ("accuracy", "balanced_accuracy", "f1", "f1_macro", "auc")
@@ -312,7 +314,9 @@ def probe_vs_judge(best: Mapping[str, Any], oof: Float[np.ndarray, " n"],
     ``logit_diff`` on the same records, their difference, and passage-cluster bootstrap CIs
     from the same resamples (:func:`interp.analysis.stats.cluster_bootstrap_auc_difference`). The
     probe's cell was selected on these folds, so its AUC is optimistic by the selection; the
-    permutation null (:func:`permutation_null`) is the test that accounts for it.
+    permutation null (:func:`permutation_null`) tests the best cell against shuffled labels,
+    and :func:`nested_selection` gives out-of-fold scores whose cell never saw its test fold,
+    for the same paired comparison (:func:`paired_auc`) with the selection held out.
 
     Pooled over datasets, an AUC also rewards knowing WHICH dataset a record is from (their
     GAs differ: 0.40 on SQuAD 2.0 and 0 on MuSiQue for SmolLM2), which the probe can read off
@@ -340,17 +344,7 @@ def probe_vs_judge(best: Mapping[str, Any], oof: Float[np.ndarray, " n"],
     probe_right = (oof > 0) == y
     v = [r.get("verdict") for r in records]
     judge_right = np.array([x is not None and x == t for x, t in zip(v, y)])
-    ld = np.array([float(r["logit_diff"]) for r in records])
     ds = [r.get("dataset", "") for r in records]
-    grp = list(range(len(y))) if groups is None else list(groups)
-
-    def paired(strata: Sequence[Any] | None) -> dict[str, Any]:
-        d = cluster_bootstrap_auc_difference(y, oof, ld, grp, np.random.default_rng(seed),
-                                             n_boot, strata=strata)
-        return {"probe": d["auc_a"], "probe_ci": d["ci_a"], "judge": d["auc_b"],
-                "judge_ci": d["ci_b"], "probe_minus_judge": d["difference"], "ci": d["ci"],
-                "n": d["n"], "n_passages": d["n_clusters"]}
-
     base = np.empty(len(y))
     for idx in strata_indices(ds):   # each record scored by its dataset's base rate
         base[idx] = y[idx].mean()
@@ -360,12 +354,46 @@ def probe_vs_judge(best: Mapping[str, Any], oof: Float[np.ndarray, " n"],
         "delta_accuracy_probe_minus_EA": best["accuracy"] - judge_folds["accuracy"],
         "delta_auc_probe_minus_p_correct": (best["auc"] - judge_folds["auc"])
         if best["auc"] is not None and judge_folds["auc"] is not None else None,
-        "auc_paired": paired(None),
-        "auc_paired_within_dataset": paired(ds),
+        **paired_auc(oof, y, records, groups=groups, n_boot=n_boot, seed=seed),
         "auc_dataset_only": roc_auc(y, base),
         "mcnemar_probe_vs_verdict": mcnemar(probe_right, judge_right),
         "oof_accuracy": float(probe_right.mean()),
     }
+
+
+def paired_auc(scores: Float[np.ndarray, " n"], y: Bool[np.ndarray, " n"],
+               records: Sequence[Mapping[str, Any]], *, groups: Sequence[Any] | None = None,
+               n_boot: int = 2000, seed: int = 0) -> dict[str, dict[str, Any]]:
+    """A probe's out-of-fold scores against the judge's ``logit_diff``: paired AUCs with CIs.
+
+    Both AUCs and their difference come from the same passage-cluster resamples
+    (:func:`interp.analysis.stats.cluster_bootstrap_auc_difference`), pooled and within
+    datasets (pairs of one dataset only, which knowing the dataset cannot raise).
+
+    Args:
+        scores: ``[n]`` the probe's out-of-fold decision scores.
+        y: ``[n]`` labels.
+        records: the ``n`` records (``logit_diff``, ``dataset``).
+        groups: ``[n]`` passage ids (None: one per record).
+        n_boot: bootstrap resamples (0: no CIs).
+        seed: seed of the resamples.
+
+    Returns:
+        ``{"auc_paired", "auc_paired_within_dataset"}``, each ``{"probe", "probe_ci", "judge",
+        "judge_ci", "probe_minus_judge", "ci", "n", "n_passages"}``.
+    """
+    ld = np.array([float(r["logit_diff"]) for r in records])
+    ds = [r.get("dataset", "") for r in records]
+    grp = list(range(len(y))) if groups is None else list(groups)
+
+    def paired(strata: Sequence[Any] | None) -> dict[str, Any]:
+        d = cluster_bootstrap_auc_difference(y, scores, ld, grp, np.random.default_rng(seed),
+                                             n_boot, strata=strata)
+        return {"probe": d["auc_a"], "probe_ci": d["ci_a"], "judge": d["auc_b"],
+                "judge_ci": d["ci_b"], "probe_minus_judge": d["difference"], "ci": d["ci"],
+                "n": d["n"], "n_passages": d["n_clusters"]}
+
+    return {"auc_paired": paired(None), "auc_paired_within_dataset": paired(ds)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,6 +482,71 @@ def best_row(rows: Sequence[Mapping[str, Any]], select_by: str,
     other = "f1" if select_by == "auc" else "auc"
     cand = [r for r in rows if probe is None or r["probe"] == probe]
     return dict(max(cand, key=lambda r: (r[select_by] or 0.0, r[other] or 0.0, -r["layer"])))
+
+
+def nested_selection(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"],
+                     layers: Sequence[int], folds: Folds, groups: Sequence[Any], *,
+                     inner_folds: int, seed: int, probes: Sequence[str] = PROBES,
+                     select_by: str = "auc", top_k: int = 5, sweep_all: bool = False,
+                     fit_kw: Mapping[str, Any] | None = None, n_jobs: int = 1,
+                     log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Out-of-fold scores of a probe whose cell is chosen without its test fold (nested CV).
+
+    The sweep's best cell (:func:`best_row`) is the maximum over many cells scored on the very
+    folds that rank them, so its score is optimistic. Here each outer fold's cell is chosen
+    on that fold's training records alone, by the same sweep (:func:`sweep`: same probes,
+    ``select_by``, ``top_k``) cross-validated on ``inner_folds`` folds built from those records
+    and their passages; the chosen cell is then fitted on the whole training part and scores
+    the outer test fold. The outer test folds see neither the selection nor the fit, so the
+    pooled out-of-fold scores estimate the whole procedure "sweep, pick the best, use it"
+    (nested cross-validation: Varma & Simon 2006; Cawley & Talbot 2010, section 5.3).
+
+    Args:
+        feats: ``{pool: [n, n_layers, d]}``.
+        y: ``[n]`` bool labels.
+        layers: layers swept.
+        folds: the outer ``(train, test)`` folds (the sweep's own, so the judge is read on the
+            same folds).
+        groups: ``[n]`` passage ids (the inner folds keep passages whole too).
+        inner_folds: k of the inner folds.
+        seed: seed of the inner folds.
+        probes: probe kinds; the first runs at every cell (as for :func:`sweep`).
+        select_by: ``auc`` or ``f1``: what chooses each fold's cell.
+        top_k: cells at which the other probes run.
+        sweep_all: every probe at every cell instead.
+        fit_kw: passed to :func:`fit_probe`.
+        n_jobs: processes per inner sweep (the result does not depend on it).
+        log: progress lines.
+
+    Returns:
+        ``{"oof": [n] out-of-fold scores, "chosen": one {probe, layer, pool, inner
+        select_by value} per outer fold, "n_distinct": distinct cells chosen, "inner_folds"}``.
+
+    Raises:
+        ProbeError: an outer training part with too few passages of a class for the inner
+            folds (:func:`interp.analysis.stats.make_folds`).
+    """
+    g = np.asarray(groups)
+    oof = np.zeros(len(y))
+    chosen: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    for k, (tr, te) in enumerate(tqdm(folds, desc="nested selection", unit="fold",
+                                      leave=False)):
+        inner = make_folds(y[tr], inner_folds, seed + 1 + k, groups=g[tr],
+                           what=f"outer fold {k + 1}'s training records")
+        sub = {p: f[tr] for p, f in feats.items()}
+        rows = sweep(sub, y[tr], layers, inner, probes=probes, select_by=select_by,
+                     top_k=top_k, sweep_all=sweep_all, fit_kw=fit_kw, log=lambda _: None,
+                     progress=False, n_jobs=n_jobs)
+        b = best_row(rows, select_by)
+        fp = fit_probe(feats[b["pool"]][tr, b["layer"]], y[tr], b["probe"], **dict(fit_kw or {}))
+        oof[te] = fp.decision(feats[b["pool"]][te, b["layer"]])
+        chosen.append({"probe": b["probe"], "layer": b["layer"], "pool": b["pool"],
+                       select_by: b[select_by]})
+    log(f"[probe] nested selection: {len(folds)} outer folds in "
+        f"{time.perf_counter() - t0:.0f} s")
+    return {"oof": oof, "chosen": chosen, "inner_folds": inner_folds,
+            "n_distinct": len({(c["probe"], c["layer"], c["pool"]) for c in chosen})}
 
 
 def permutation_null(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"],

@@ -17,8 +17,10 @@ Algorithm of :func:`run` (the methods are :mod:`interp.methods.probing`, numbere
    ``DIR/probes/sweep_{task}.json`` under the signature of the settings, records, labels,
    groups and the features' signature; the permutation null likewise in
    ``permutation_{task}.json``, and while it runs each permutation's outcome in
-   ``permutation_{task}.partial.json``, so an interrupted null resumes where it stopped.
-4. ``results.json``: the best cell, the probe vs the judge on the same folds, the gen-prompt
+   ``permutation_{task}.partial.json``, so an interrupted null resumes where it stopped; the
+   nested selection (the cell chosen without each test fold) in ``nested_{task}.json``.
+4. ``results.json``: the best cell, the probe vs the judge on the same folds (also with the
+   cell chosen by nested cross-validation: ``vs_judge.nested``), the gen-prompt
    probe, cross-dataset transfer; the best probe of each kind refitted on all records and
    saved (``probe_{task}_{kind}.npz`` + ``.json``); the figure ``DIR/figures/probes.png``.
 """
@@ -53,6 +55,8 @@ from interp.methods.probing import (
     cross_validate,
     fit_probe,
     judge_metrics,
+    nested_selection,
+    paired_auc,
     permutation_null,
     probe_vs_judge,
     sweep,
@@ -259,6 +263,43 @@ def _permutation_cached(run: RunDir, cfg: ProbeConfig, data: _Data, task: str,
     return result
 
 
+def _nested_cached(run: RunDir, cfg: ProbeConfig, data: _Data, task: str,
+                   feats: Mapping[str, np.ndarray], sweep_sig: str,
+                   log: Callable[[str], None]) -> dict[str, Any]:
+    """The probe against the judge with the cell chosen without the test fold (nested CV).
+
+    :func:`interp.methods.probing.nested_selection` on the sweep's own outer folds, cached in
+    ``DIR/probes/nested_{task}.json`` under the sweep's signature; then the paired AUCs of its
+    out-of-fold scores against the judge's ``logit_diff`` (:func:`paired_auc`). The inner
+    folds are ``folds``, or fewer where an outer training part has fewer passages of a class;
+    with fewer than 2 possible, ``{"skipped": reason}``.
+    """
+    counts = [min(len(set(data.groups[tr][data.y[tr]].tolist())),
+                  len(set(data.groups[tr][~data.y[tr]].tolist()))) for tr, _ in data.folds]
+    inner = min(cfg.folds, *counts)
+    if inner < 2:
+        return {"skipped": f"an outer training part has {min(counts)} passage(s) of a class: "
+                           f"too few for inner folds"}
+    cache = run.sub("probes") / f"nested_{task}.json"
+    sig = signature({"sweep": sweep_sig, "inner_folds": inner, "version": 1})
+    if is_fresh(cache, sig):
+        res = read_json(cache)["result"]
+    else:
+        res = nested_selection(feats, data.y, data.layers, data.folds, data.groups,
+                               inner_folds=inner, seed=cfg.seed, probes=cfg.probes,
+                               select_by=cfg.select_by, top_k=cfg.top_k,
+                               sweep_all=cfg.sweep_all, fit_kw=cfg.fit_kw(), n_jobs=cfg.n_jobs,
+                               log=log)
+        res["oof"] = res["oof"].tolist()
+        write_json(cache, {"signature": sig, "result": res})
+    return {"chosen": res["chosen"], "n_distinct": res["n_distinct"],
+            "inner_folds": res["inner_folds"],
+            "note": "each outer fold's (probe, layer, pool) chosen by the sweep on that fold's "
+                    "training records alone, so these AUCs are not optimistic by the selection",
+            **paired_auc(np.asarray(res["oof"]), data.y, data.records, groups=data.groups,
+                         n_boot=cfg.n_boot, seed=cfg.seed)}
+
+
 def _run_task(run: RunDir, handle: ModelHandle, cfg: ProbeConfig, data: _Data, task: str,
               templates_path: str | None, log: Callable[[str], None]
               ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -279,6 +320,7 @@ def _run_task(run: RunDir, handle: ModelHandle, cfg: ProbeConfig, data: _Data, t
     _, oof = cross_validate(X, data.y, data.folds, best["probe"], **cfg.fit_kw())
     tres["vs_judge"] = probe_vs_judge(best, oof, data.y, data.records, data.judge["folds"],
                                       groups=data.groups, n_boot=cfg.n_boot, seed=cfg.seed)
+    tres["vs_judge"]["nested"] = _nested_cached(run, cfg, data, task, feats, sig, log)
     if task == "eval":
         tres["transfer"] = cross_dataset_transfer(
             X, data.y, data.ds, best["probe"], folds=cfg.folds, seed=cfg.seed,

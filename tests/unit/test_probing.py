@@ -13,7 +13,14 @@ from interp.analysis.stats import make_folds
 from interp.core.errors import LayerSpecError, ProbeError
 from interp.judging.residual_features import POOLS, pool_resid
 from interp.methods import probing
-from interp.methods.probing import FittedProbe, best_row, fit_probe, permutation_null, sweep
+from interp.methods.probing import (
+    FittedProbe,
+    best_row,
+    fit_probe,
+    nested_selection,
+    permutation_null,
+    sweep,
+)
 from interp.stages.probe import ProbeConfig, format_summary
 from interp.stages.probe import run as run_probes
 from interp.store.rundir import RunDir
@@ -166,6 +173,14 @@ def test_run_probes_end_to_end_and_resume(tiny, tmp_path):
     longer = run_probes(run, tiny, cfg, log=logs.append)["tasks"]["eval"]["permutation"]
     assert any("3 permutations of an interrupted null kept" in s for s in logs)
     assert longer["n"] + longer["skipped"] == 5 and longer["null"][:pm["n"]] == pm["null"]
+    # the nested selection: one chosen cell per outer fold, reused from its cache on resume
+    ne = res["tasks"]["eval"]["vs_judge"]["nested"]
+    assert len(ne["chosen"]) == 3 and ne["inner_folds"] >= 2
+    assert ne["auc_paired"]["probe"] > 0.75   # 16 training records choose the cell
+    assert ne["auc_paired_within_dataset"]["n"] == 24
+    assert ne["auc_paired"]["judge"] == pytest.approx(pa["judge"])   # the same judge, records
+    assert (out / "nested_eval.json").exists() and (out / "nested_gen.json").exists()
+    assert longer is not None and not any("nested selection" in s for s in logs)
 
 
 def test_too_few_examples_error_and_bad_config(tiny, tmp_path):
@@ -363,3 +378,49 @@ def test_the_probe_figure_says_when_a_mean_leaves_out_folds(tmp_path, monkeypatc
     notes = [t.get_text() for t in kept[-1].texts if t.get_gid() == "footnote"]
     assert any(f"{task}: 1 of {len(short['tasks'][task]['grid'])} cells average over fewer "
                f"folds (up to 1 of {short['folds']}" in n.replace("\n", " ") for n in notes)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_nested_selection_finds_a_real_cell_and_is_not_fooled_by_noise():
+    """Signal in one cell is chosen in every fold; noise over many cells is not rewarded.
+
+    With the signal, every outer fold chooses its cell and the held-out AUC is high. Over pure
+    noise the sweep's best cell looks better than chance, the nested scores (the cell chosen
+    without the test fold) do not.
+    """
+    from interp.analysis.stats import roc_auc
+
+    rng = np.random.default_rng(0)
+    n, n_layers = 80, 12
+    y = np.zeros(n, bool)
+    y[rng.choice(n, 32, replace=False)] = True
+    groups = np.arange(n) // 2                        # two records a passage
+    noise = {p: rng.normal(size=(n, n_layers, 6)) for p in ("last", "max")}
+    signal = {k: v.copy() for k, v in noise.items()}
+    signal["max"][:, 7, 2] += 2.5 * y                  # layer 7, max pool carries y
+    folds = make_folds(y, 4, 0, groups=groups)
+    kw = dict(inner_folds=3, seed=0, probes=["logreg"], log=lambda s: None)
+    sig = nested_selection(signal, y, range(n_layers), folds, groups, **kw)
+    assert [(c["layer"], c["pool"]) for c in sig["chosen"]] == [(7, "max")] * 4
+    assert sig["n_distinct"] == 1 and roc_auc(y, sig["oof"]) > 0.9
+    rows = sweep(noise, y, range(n_layers), folds, probes=["logreg"], log=lambda s: None)
+    best = best_row(rows, "auc")["auc"]
+    nested = roc_auc(y, nested_selection(noise, y, range(n_layers), folds, groups, **kw)["oof"])
+    assert best > 0.6 and nested < best - 0.1     # selection inflates; nesting removes it
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_nested_selection_never_reads_the_test_fold():
+    """The test fold's features never change its chosen cell: only its own scores move."""
+    y, feats = _noise(2, 4, 5, pools=("last", "mean"), n=48, pos=20)
+    groups = np.arange(48)
+    folds = make_folds(y, 3, 0, groups=groups)
+    kw = dict(inner_folds=3, seed=1, probes=["logreg"], log=lambda s: None)
+    a = nested_selection(feats, y, range(4), folds, groups, **kw)
+    te = folds[0][1]
+    moved = {p: f.copy() for p, f in feats.items()}
+    for f in moved.values():
+        f[te] = np.random.default_rng(9).normal(size=f[te].shape) * 5
+    b = nested_selection(moved, y, range(4), folds, groups, **kw)
+    assert b["chosen"][0] == a["chosen"][0]
+    assert not np.allclose(b["oof"][te], a["oof"][te])
