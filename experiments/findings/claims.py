@@ -482,14 +482,20 @@ def _held_out_head(d: Path, m: str) -> Cell:
 
 
 def _probe(task: str) -> Extract:
-    """The best probe's AUC minus the verbal judge's, paired, within datasets (with CI).
+    """The probe's AUC minus the verbal judge's, paired, within datasets (with CI).
 
     ``task``: the probe of the judge's prompt (``eval``) or of the generation prompt (``gen``);
     the judge's score is its ``logit_diff`` on the same records either way. Pooled over
     datasets a probe also gains from knowing the dataset (their base rates differ), so the
     cell compares pairs within a dataset; the verdict gives the pooled difference and the AUC
-    of the dataset alone beside it. Falls back to the pooled paired AUC, then to the best
-    cell's fold-mean AUC (no CI), for summaries made before those.
+    of the dataset alone beside it.
+
+    The probe is the one whose (probe, layer, pool) cell each test fold's training records
+    chose (``vs_judge.nested``, nested cross-validation), so selection and test never share a
+    record. Summaries without it fall back to the best cell of the whole grid, chosen on the
+    folds it is scored on: optimistic by the selection, so that difference can read
+    contradicted or undecided but never supported. Older summaries without a paired
+    comparison give the best cell's fold-mean AUC (no CI).
     """
     def f(d: Path, m: str) -> Cell:
         name = f"{m}__probes_results.json"
@@ -503,23 +509,39 @@ def _probe(task: str) -> Extract:
         perms = (f"permutation p={pv if pv is None else format(pv, '.2g')} "
                  f"({perm.get('n', 0)} perms, {within})")
         vs = e.get("vs_judge") or {}
+        nested = vs.get("nested") or {}
+        at = "vs_judge"
+        if (nested.get("auc_paired_within_dataset") or {}).get("probe_minus_judge") is not None:
+            vs, at = nested, "vs_judge.nested"
         key = next((k for k in ("auc_paired_within_dataset", "auc_paired")
                     if (vs.get(k) or {}).get("probe_minus_judge") is not None), None)
         if key:
             pa = vs[key]
+            decision = decide(pa.get("ci"), 0.0)
             side = {"yes": "probe higher", "no": "judge higher"}.get(_side(pa.get("ci"), 0.0),
                                                                      "undecided")
             extra = ""
             if key == "auc_paired_within_dataset" and vs.get("auc_paired"):
                 pool = vs["auc_paired"]
-                extra = (f"; pooled {pool['probe_minus_judge']:+.2f}, the dataset alone "
-                         f"{vs.get('auc_dataset_only', float('nan')):.2f}")
+                extra = f"; pooled {pool['probe_minus_judge']:+.2f}"
+                if (alone := (e.get("vs_judge") or {}).get("auc_dataset_only")) is not None:
+                    extra += f", the dataset alone {alone:.2f}"
+            if at == "vs_judge.nested":
+                best = (e["vs_judge"].get(key) or {}).get("probe_minus_judge")
+                how = (f"; each test fold's cell chosen on its training records "
+                       f"({nested.get('n_distinct')} distinct of {len(nested.get('chosen', []))}"
+                       f" folds)" + (f"; the grid's best cell, chosen on all folds, "
+                                     f"{best:+.2f}" if best is not None else ""))
+            else:
+                how = "; the best cell of the grid, chosen on the folds it is scored on"
+                if decision == "supported":
+                    decision = "undecided"
+                    side = "undecided (the selection is not held out)"
             return Cell(pa["probe_minus_judge"], pa.get("ci"), pa.get("n"), pa.get("n_passages"),
-                        f"{side}: probe {pa['probe']:.2f}, judge {pa['judge']:.2f}{extra}; {perms}"
-                        f" tests the best logistic-regression cell against shuffled labels, "
-                        f"not this difference",
-                        f"{name}: tasks.{task}.vs_judge.{key}.probe_minus_judge", "+.3f",
-                        decide(pa.get("ci"), 0.0))
+                        f"{side}: probe {pa['probe']:.2f}, judge {pa['judge']:.2f}{extra}{how};"
+                        f" {perms} tests the best logistic-regression cell against shuffled "
+                        f"labels, not this difference",
+                        f"{name}: tasks.{task}.{at}.{key}.probe_minus_judge", "+.3f", decision)
         judge = _get(e, "vs_judge", "judge_same_folds", "auc")
         v = f"judge AUC {judge:.2f}; {perms}" if judge is not None else "no judge AUC"
         return Cell(e["best"]["auc"], None, r.get("n_records"), r.get("n_passages"), v,
@@ -733,13 +755,17 @@ CLAIMS: tuple[tuple[str, str, str, Extract], ...] = (
      "system-prompt control", _patch("candidate-swap/resid")),
     ("... attention heads", "restored share", "system-prompt control",
      _patch("candidate-swap/heads")),
-    ("... candidate swap on every bundled SQuAD 2.0 and DROP record, residual stream",
+    ("... candidate swap on every bundled SQuAD 2.0 and DROP record, residual stream (a "
+     "larger sample that contains the study's pairs: not a replication)",
      "restored share", "system-prompt control", _patch("candidate-swap/resid", "pool/")),
-    ("... candidate swap on every bundled SQuAD 2.0 and DROP record, attention heads",
+    ("... candidate swap on every bundled SQuAD 2.0 and DROP record, attention heads (a "
+     "larger sample that contains the study's pairs: not a replication)",
      "restored share", "system-prompt control", _patch("candidate-swap/heads", "pool/")),
-    ("... candidate swap kept at 0.5 nat, residual stream (the gap filter's sensitivity)",
+    ("... candidate swap kept at 0.5 nat, residual stream (the gap filter's sensitivity; "
+     "its pairs contain the 1-nat pairs: not a replication)",
      "restored share", "system-prompt control", _patch("candidate-swap/resid", "gap/")),
-    ("... candidate swap kept at 0.5 nat, attention heads (the gap filter's sensitivity)",
+    ("... candidate swap kept at 0.5 nat, attention heads (the gap filter's sensitivity; "
+     "its pairs contain the 1-nat pairs: not a replication)",
      "restored share", "system-prompt control", _patch("candidate-swap/heads", "gap/")),
     ("... the top head, chosen on half the passages, restores it on the other half (held out)",
      "restored share, held-out passages", "selection on disjoint passages", _held_out_head),

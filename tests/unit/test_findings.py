@@ -38,9 +38,42 @@ def test_docs_findings_is_the_table_of_the_committed_summaries():
     full = (ROOT / "docs/findings/claims.md").read_text()
     block = full.split(BEGIN, 1)[1].split(END, 1)[0].strip()
     assert block == render(ROOT / "figures/findings", MODELS).strip(), stale
-    assert [p.name for p in report_pages(ROOT / "docs/findings.md")] == ["findings.md",
-                                                                         "claims.md"]
+    from experiments.findings.report import REPRO_BEGIN, REPRO_END, render_reproduce
+
+    repro = (ROOT / "docs/findings/reproduce.md").read_text()
+    block = repro.split(REPRO_BEGIN, 1)[1].split(REPRO_END, 1)[0].strip()
+    assert block == render_reproduce(ROOT / "figures/findings", MODELS).strip(), stale
+    assert [p.name for p in report_pages(ROOT / "docs/findings.md")] == [
+        "findings.md", "claims.md", "reproduce.md"]
     assert len(main.encode()) <= 12_000
+
+
+def test_each_source_names_the_commands_that_make_it():
+    """A summary's folder and name give its config, stage, seed run and publishing step."""
+    from experiments.findings.report import reproduce_command
+
+    assert reproduce_command("m__attention_summary.json: overall.context_ratio") == (
+        "interp run experiments/findings.toml --only attention && "
+        "python -m experiments.findings --collect runs/findings figures/findings")
+    assert reproduce_command("matched/m__asymmetry_metrics.json: x") == (
+        "interp run experiments/findings_matched.toml --only asymmetry && "
+        "python -m experiments.findings --collect runs/findings_matched figures/findings/matched")
+    assert reproduce_command("steer/m__steering_summary.json: x").startswith(
+        "python -m experiments.findings --seed-run runs/findings runs/findings_steer && "
+        "interp run experiments/findings_steer.toml --only steering && ")
+    # the pool runs whole (Study 1 on more records, then patching) and publishes itself
+    assert reproduce_command("pool/m__patching_summary.json: x") == (
+        "python -m experiments.findings --seed-run runs/findings runs/findings_pool "
+        "smollm2-135m-instruct && interp run experiments/findings_pool.toml")
+    assert reproduce_command("m__judges__o__probes_results.json: x") == (
+        "interp run experiments/findings.toml")
+    assert reproduce_command("gap/m__heads_held_out.json: x").startswith(
+        "python -m experiments.findings.held_out_heads runs/findings_gap/m ")
+    assert reproduce_command("m__pairwise_summary.json: x").startswith(
+        "interp run experiments/findings.toml --only pairwise && ")
+    for bad in ("other/m__attention_summary.json: x", "m__unknown.json: x"):
+        with pytest.raises(ValueError):
+            reproduce_command(bad)
 
 
 def test_cells_read_the_published_fields_on_real_summaries():
@@ -230,8 +263,31 @@ def test_steering_patching_and_probe_cells(tmp_path):
     pr = _cells(tmp_path, ["m"])[
         "a probe on the judge's residual stream beats its verdict score"]["m"]
     assert (pr.value, pr.ci, pr.n, pr.n_passages) == (0.17, [0.05, 0.3], 300, 190)
-    assert pr.verdict.startswith("probe higher: probe 0.78, judge 0.61")
+    # the grid's best cell was chosen on the folds it is scored on: never supported
+    assert pr.verdict.startswith("undecided (the selection is not held out): probe 0.78, "
+                                 "judge 0.61") and pr.decision == "undecided"
     assert "p=0.0099 (100 perms, pooled)" in pr.verdict
+    assert "chosen on the folds it is scored on" in pr.verdict
+    # with the nested selection (each test fold's cell chosen on its training records), that
+    # comparison decides, and the optimistic one is said beside it
+    r = json.loads((tmp_path / "m__probes_results.json").read_text())
+    nested = {"chosen": [{"probe": "mlp", "layer": 3, "pool": "last"}] * 4 +
+              [{"probe": "logreg", "layer": 5, "pool": "max"}], "n_distinct": 2,
+              "auc_paired_within_dataset": {"probe": 0.7, "judge": 0.61,
+                                            "probe_minus_judge": 0.09, "ci": [0.01, 0.2],
+                                            "n": 300, "n_passages": 190},
+              "auc_paired": {"probe": 0.72, "judge": 0.61, "probe_minus_judge": 0.11,
+                             "ci": [0.02, 0.2], "n": 300, "n_passages": 190}}
+    r["tasks"]["eval"]["vs_judge"]["nested"] = nested
+    _write(tmp_path, "m__probes_results.json", r)
+    pn = _cells(tmp_path, ["m"])[
+        "a probe on the judge's residual stream beats its verdict score"]["m"]
+    assert (pn.value, pn.ci, pn.decision) == (0.09, [0.01, 0.2], "supported")
+    assert pn.verdict.startswith("probe higher: probe 0.70, judge 0.61; pooled +0.11")
+    assert "(2 distinct of 5 folds)" in pn.verdict and pn.source.endswith(
+        "tasks.eval.vs_judge.nested.auc_paired_within_dataset.probe_minus_judge")
+    del r["tasks"]["eval"]["vs_judge"]["nested"]
+    _write(tmp_path, "m__probes_results.json", r)
     # within datasets, when the summary has it, decides; the pooled one and the dataset's own
     # AUC are said beside it
     r = json.loads((tmp_path / "m__probes_results.json").read_text())
