@@ -6,8 +6,9 @@ Algorithm of :func:`run`:
 
 1. Validate the config before any model work; select the first ``limit`` ok records of each
    dataset (prompts over ``max_tokens`` left out first).
-2. Tuned lens (``tuned``): reuse ``DIR/lens/tuned_lens.safetensors`` when its signature
-   (model, runtime facts, training settings) matches; else build training positions from the
+2. Tuned lens (``tuned``), when a record of step 3 needs it: reuse
+   ``DIR/lens/tuned_lens.safetensors`` when its signature (model, runtime facts, training
+   settings) matches; else build training positions from the
    bundled TRAIN split of ``train_datasets`` (never the run's records): for the first
    ``train_limit`` examples of each, the generation prompt and the eval prompt (the candidate
    is the gold answer on even examples, the next example's gold answer on odd ones); of each
@@ -16,7 +17,8 @@ Algorithm of :func:`run`:
    are split ``heldout`` : ``1 - heldout`` (every k-th passage held out); translators are
    fitted on the rest (:func:`interp.methods.lens.fit_tuned_lens`) and both lenses' KL from
    the model's final distribution is measured per layer on the held-out positions
-   (``DIR/lens/tuned_lens.json``).
+   (``DIR/lens/tuned_lens.json``). Parts carry the lens's signature, so a run whose parts are
+   all fresh reads only that report and needs neither the translators nor their training.
 3. Per record, reuse ``DIR/lens/parts/{dataset}__{id}.json`` when fresh, else:
    the judge: whole-reply lens logit difference ``log P_L(Correct) - log P_L(Incorrect)`` at
    every layer through the logit lens and the tuned lens (:func:`interp.methods.lens.
@@ -121,6 +123,12 @@ def _training_positions(handle: ModelHandle, cfg: LensConfig, log: Callable[[str
     return out, groups
 
 
+def _tuned_signature(handle: ModelHandle, cfg: LensConfig, facts: Mapping[str, Any]) -> str:
+    """The tuned lens's signature: model, runtime facts and training settings (step 2)."""
+    return signature({"model": handle.spec, "sha256": handle.info.get("sha256"), **facts,
+                      **_train_settings(cfg)})
+
+
 def _tuned_lens(run_dir: RunDir, handle: ModelHandle, cfg: LensConfig, facts: Mapping[str, Any],
                 log: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
     """Step 2: the tuned lens and its held-out report (reused when fresh)."""
@@ -131,8 +139,7 @@ def _tuned_lens(run_dir: RunDir, handle: ModelHandle, cfg: LensConfig, facts: Ma
 
     root = run_dir.sub(SPEC.folder)
     path, rep = root / "tuned_lens.safetensors", root / "tuned_lens.json"
-    sig = signature({"model": handle.spec, "sha256": handle.info.get("sha256"), **facts,
-                     **_train_settings(cfg)})
+    sig = _tuned_signature(handle, cfg, facts)
     if path.is_file() and is_fresh(rep, sig):
         return TunedLens.load(path), read_json(rep)
     t0 = time.perf_counter()
@@ -222,7 +229,13 @@ def _records(run_dir: RunDir, handle: ModelHandle, cfg: LensConfig, *, overwrite
     manifest, records = ok_records(run_dir, handle, cfg.limit, stage=NAME,
                                    max_tokens=cfg.max_tokens)
     facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
-    lens, report = _tuned_lens(run_dir, handle, cfg, facts, log) if cfg.tuned else (None, None)
+    # the tuned lens is trained (or loaded) only when a record needs it: parts made with it
+    # carry its signature, so a run whose parts are all fresh needs neither its weights nor
+    # its training (only its report, tuned_lens.json)
+    tuned_sig = _tuned_signature(handle, cfg, facts) if cfg.tuned else None
+    rep = run_dir.sub(SPEC.folder) / "tuned_lens.json"
+    report = read_json(rep) if cfg.tuned and is_fresh(rep, tuned_sig) else None
+    lens = None
     replies = verdict_replies(handle.tokenizer)
     tp = manifest.get("config", {}).get("templates_path")
     parts, made = [], 0
@@ -231,7 +244,7 @@ def _records(run_dir: RunDir, handle: ModelHandle, cfg: LensConfig, *, overwrite
             prompts = {t: rerender(rec, t, handle.tokenizer, templates_path=tp)
                        for t in ("gen", "eval")}
             sig = signature({"model": handle.spec, "sha256": handle.info.get("sha256"), **facts,
-                             "tuned": report["signature"] if report else None,
+                             "tuned": tuned_sig,
                              "replies": replies.id_lists(),
                              "ids": {t: p.input_ids for t, p in prompts.items()}})
             f = SPEC.parts[0].path(run_dir.path, rec["dataset"], rec["id"])
@@ -239,12 +252,16 @@ def _records(run_dir: RunDir, handle: ModelHandle, cfg: LensConfig, *, overwrite
                 part = read_json(f)["lens"]
                 resumed(bar)
             else:
+                if cfg.tuned and lens is None:
+                    lens, report = _tuned_lens(run_dir, handle, cfg, facts, log)
                 part = _lens_one(handle, rec, prompts, replies, lens)
                 write_json(f, {"signature": sig, "lens": part})
                 made += 1
                 bar.update(1)
             parts.append({**part, "passage": passage,
                           "verdict": bool(part["judge"]["model"] > 0)})
+    if cfg.tuned and report is None:   # no record needed it, and its report is not stored
+        lens, report = _tuned_lens(run_dir, handle, cfg, facts, log)
     return parts, report, made
 
 

@@ -201,7 +201,7 @@ def test_first_token_reading_at_the_last_layer_is_the_attribution_target(model, 
     assert abs(float(first[-1]) - d["total"]) < 1e-4
 
 
-def test_the_stage_writes_curves_checks_and_figures_and_resumes(tmp_path):
+def test_the_stage_writes_curves_checks_and_figures_and_resumes(tmp_path, monkeypatch):
     from interp.stages import lens as stage
     from interp.testing import synthetic_probe_run
 
@@ -225,6 +225,20 @@ def test_the_stage_writes_curves_checks_and_figures_and_resumes(tmp_path):
     before = {p: p.stat().st_mtime_ns for p in parts}
     again = stage._records(run, handle, cfg, overwrite=False, log=logs.append)
     assert again[2] == 0 and {p: p.stat().st_mtime_ns for p in parts} == before
+    # a restored state keeps the parts and the lens's report, not its weights: with every part
+    # fresh, nothing is trained again and the summary is the same
+    (run.path / "lens" / "tuned_lens.safetensors").unlink()
+    def no_training(*a, **k):
+        raise AssertionError("the tuned lens was trained again")
+    with monkeypatch.context() as m:
+        m.setattr(stage, "_training_positions", no_training)
+        s2 = stage.run(run, handle, cfg, log=logs.append)
+    assert s2["judge"] == s["judge"] and s2["tuned_lens"] == s["tuned_lens"]
+    assert not (run.path / "lens" / "tuned_lens.safetensors").exists()
+    # one stale part (removed) needs the lens: it is trained again, to the same translators
+    parts[0].unlink()
+    s3 = stage.run(run, handle, cfg, log=logs.append)
+    assert s3["judge"] == s["judge"] and (run.path / "lens" / "tuned_lens.safetensors").exists()
     assert "constant" in stage.format_summary(s) or 0 < s["judge"]["logit"][
         "final_positive_share"] < 1
 
