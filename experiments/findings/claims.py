@@ -662,6 +662,130 @@ def _cross(key: str) -> Extract:
 
 
 _T1 = "matched template; replies with a verdict"
+CONSTANT_SHARE = 0.95
+"""A final verdict with this share or more of one sign (either way) is constant: agreement
+with it, layer by layer, is agreement with one class, not the verdict forming."""
+
+
+def _lens_depth(lens: str) -> Extract:
+    """When the judge's verdict keeps its final sign, against the generator's answer.
+
+    The first layer (as a share of depth) from which the lens reading has the last layer's
+    sign, through one lens. Reads ``{m}__lens_summary.json``:
+    ``judge.{lens}.first_agreeing_depth`` and the same of ``gen``. Supported (the verdict
+    forms later) when the judge's 95% CI lies wholly above the generator's, contradicted when
+    wholly below, undecided when they overlap (two intervals that do not overlap: a
+    conservative reading). Not measurable when the judge's final
+    verdict is constant (:data:`CONSTANT_SHARE`): agreement with it is then about one class.
+    """
+    def f(d: Path, m: str) -> Cell:
+        name = f"{m}__lens_summary.json"
+        r = _read(d / name)
+        j, g = _get(r, "judge", lens), _get(r, "gen", lens)
+        if not j or not g:
+            return Cell(None, source=name)
+        jd, gd = j["first_agreeing_depth"], g["first_agreeing_depth"]
+        src = f"{name}: judge.{lens}.first_agreeing_depth.mean"
+        v = (f"judge {jd['mean']:.2f} [{jd['ci'][0]:.2f}, {jd['ci'][1]:.2f}] of depth, "
+             f"generator {gd['mean']:.2f} [{gd['ci'][0]:.2f}, {gd['ci'][1]:.2f}] "
+             f"({g['n']} records with a gold answer)")
+        share = j.get("final_positive_share")
+        if share is not None and max(share, 1 - share) >= CONSTANT_SHARE:
+            return Cell(jd["mean"], jd["ci"], jd["n"], jd["n_passages"],
+                        f"{v}; the final verdict is {'Correct' if share >= 0.5 else 'Incorrect'}"
+                        f" on {max(share, 1 - share):.0%} of records: agreement with it is "
+                        f"about one class", src, decision="not measurable")
+        decision = ("supported" if jd["ci"][0] > gd["ci"][1] else "contradicted"
+                    if jd["ci"][1] < gd["ci"][0] else "undecided")
+        return Cell(jd["mean"], jd["ci"], jd["n"], jd["n_passages"],
+                    _few(v, jd["n_passages"]), src, decision=decision)
+    return f
+
+
+def _pairwise(term: str) -> Extract:
+    """One outcome of the pairwise judge over all pairs, both orders (``pairwise_summary``).
+
+    ``term``: ``content`` (> 0: prefers the right answer wherever it is), ``position`` (not 0:
+    prefers a slot whatever it holds; the verdict says which) or ``consistent`` (the share of
+    pairs whose winner survives the swap; the claim is that it exceeds half). A judge that
+    picks the same letter in both orders of every pair (all its flips on one side) has a
+    consistency and an accuracy of 0 by construction: those rows read not measurable.
+    """
+    def f(d: Path, m: str) -> Cell:
+        name = f"{m}__pairwise_summary.json"
+        o = _get(_read(d / name), "outcomes", "all")
+        if not o or term not in o:
+            return Cell(None, source=name)
+        x = o[term]
+        flips = (o["flip_first"]["mean"], o["flip_second"]["mean"])
+        v = (f"consistency {o['consistent']['mean']:.2f}, accuracy {o['accurate']['mean']:.2f}, "
+             f"flips to first {flips[0]:.2f} / second {flips[1]:.2f}; content "
+             f"{o['content']['mean']:+.2f}, position {o['position']['mean']:+.2f} nats")
+        src = f"{name}: outcomes.all.{term}.mean"
+        fmt = ".2f" if term == "consistent" else "+.2f"
+        if term == "consistent" and max(flips) == 1.0:
+            return Cell(x["mean"], x["ci"], x["n"], x["n_passages"],
+                        f"{v}: the judge answers {'A' if flips[0] == 1.0 else 'B'} in both "
+                        f"orders of every pair", src, fmt, "not measurable")
+        if term == "position":
+            decision = "supported" if decide(x["ci"], 0.0, +1) == "supported" or decide(
+                x["ci"], 0.0, -1) == "supported" else "undecided"
+            side = "first" if x["mean"] > 0 else "second"
+            v = f"towards the {side} slot; {v}"
+        else:
+            decision = decide(x["ci"], 0.5 if term == "consistent" else 0.0)
+        return Cell(x["mean"], x["ci"], x["n"], x["n_passages"], _few(v, x["n_passages"]), src,
+                    fmt, decision)
+    return f
+
+
+MIN_GAP_NATS = 1.0
+"""The mean change of the letter score under the swap below which patching shares of it are
+not read (the patching stage's ``min_gap`` of the findings study)."""
+
+
+def _pairwise_held_out(what: str) -> Extract:
+    """Units chosen on half the passages, measured on the other half (``held_out``).
+
+    ``what``: ``order_heads`` (the top head by patching share of the swapped order, against
+    0: it carries part of the swap on passages it was not chosen on) or ``position_units``
+    (the fewest units whose position terms reach half the total on the selection passages;
+    against 0.5: they carry half of it on the test passages too). The patching share rests on
+    the swap's change ``s2 - s1``: where it moves the score by less than :data:`MIN_GAP_NATS`
+    on average (a position-only judge), the shares rest on a small denominator and the row is
+    not measurable.
+    """
+    def f(d: Path, m: str) -> Cell:
+        name = f"{m}__pairwise_summary.json"
+        r = _read(d / name)
+        h = _get(r, "held_out", what)
+        if not h:
+            return Cell(None, source=name)
+        if what == "order_heads":
+            top = h[0]
+            t, unit = top["test"], top["unit"]
+            gap = _get(r, "patching", "gap") or {}
+            v = (f"{unit} ({top['select_share']:.2f} on the selection passages); the swap moves"
+                 f" the score by {gap.get('mean', float('nan')):+.2f} nats on average")
+            src, thr = f"{name}: held_out.order_heads[0].test.share", 0.0
+            if abs(gap.get("mean", 0.0)) < MIN_GAP_NATS:
+                t = top["test"] or {}
+                return Cell(t.get("share"), t.get("ci"), t.get("n"), t.get("n_passages"),
+                            f"{v}: under {MIN_GAP_NATS:g} nat, a share of a small denominator",
+                            src, decision="not measurable")
+        else:
+            t, units = h["test"], h["units"]
+            v = (f"{', '.join(units)} ({h['select_share']:.2f} of the position term on the "
+                 f"selection passages)")
+            src, thr = f"{name}: held_out.position_units.test.share", 0.5
+        if t is None or t.get("share") is None:
+            return Cell(None, verdict=f"{v}; no test pairs", source=src,
+                        decision="not measurable")
+        return Cell(t["share"], t["ci"], t["n"], t["n_passages"], _few(v, t["n_passages"]),
+                    src, decision=decide(t["ci"], thr))
+    return f
+
+
 _S1 = "the judge's AUC against y* (base-rate free)"
 _ST = "the same factor on as many non-context keys"
 
@@ -793,6 +917,22 @@ CLAIMS: tuple[tuple[str, str, str, Extract], ...] = (
     ("... and reads the context more at its verdict (3.2, reasoning judge)",
      "verdict-position context mass, reasoning - one word", "the one-word judge, paired",
      _reasoning("verdict_context_mass", "+.3f")),
+    ("the judge's verdict forms later than the generator's answer (logit lens)",
+     "first layer from which the sign is the final one, share of depth", "the generator's "
+     "answer token on the same records", _lens_depth("logit")),
+    ("... through the tuned lens", "the same, tuned lens", "the same", _lens_depth("tuned")),
+    ("a pairwise judge prefers the right answer wherever it stands", "content term "
+     "(s1 - s2) / 2, nats", "the swapped order of the same pair", _pairwise("content")),
+    ("... and one slot whatever it holds (position bias)", "position term (s1 + s2) / 2, nats",
+     "the swapped order of the same pair", _pairwise("position")),
+    ("... its verdict survives the swap more often than not", "position consistency",
+     "the swapped order of the same pair", _pairwise("consistent")),
+    ("... the top head of the swap, chosen on half the passages, carries it on the other half "
+     "(held out)", "restored share of s2 - s1, test passages", "selection on disjoint passages",
+     _pairwise_held_out("order_heads")),
+    ("... the fewest units carrying half the position term, chosen on half the passages, "
+     "carry half on the other half (held out)", "share of the position term, test passages",
+     "selection on disjoint passages", _pairwise_held_out("position_units")),
     ("a model judges its own answers better than another's (3.1, self vs other)",
      "EA on own - on other's answers", "the other model's answers' GA",
      _cross("self_minus_other")),

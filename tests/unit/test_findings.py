@@ -687,3 +687,77 @@ def test_the_held_out_head_is_chosen_on_one_half_and_measured_on_the_other():
     r = held_out(test, "L1.H0", b)
     assert r["value"] == pytest.approx(0.8) and r["n"] == 4
     assert held_out(test, "L9.H9", b) is None  # the head test did not patch it
+
+
+def _stat(mean, lo, hi, n=200, p=60):
+    return {"mean": mean, "ci": [lo, hi], "n": n, "n_passages": p}
+
+
+def test_lens_cells_compare_the_judge_with_the_generator_and_name_a_constant_verdict(tmp_path):
+    row, tuned = ("the judge's verdict forms later than the generator's answer (logit lens)",
+                  "... through the tuned lens")
+    assert _cells(tmp_path, ["m"])[row]["m"].value is None
+    curves = {"first_agreeing_depth": _stat(0.8, 0.75, 0.85), "final_positive_share": 0.6,
+              "n": 200, "n_passages": 60}
+    gen = {"first_agreeing_depth": _stat(0.5, 0.4, 0.6), "n": 150, "n_passages": 50}
+    _write(tmp_path, "m__lens_summary.json", {"judge": {"logit": curves, "tuned": {
+        **curves, "first_agreeing_depth": _stat(0.55, 0.5, 0.62)}},
+        "gen": {"logit": gen, "tuned": gen}})
+    cells = _cells(tmp_path, ["m"])
+    c = cells[row]["m"]
+    assert (c.value, c.decision) == (0.8, "supported")    # 0.75 > 0.6: wholly above
+    assert c.verdict.startswith("judge 0.80 [0.75, 0.85] of depth, generator 0.50")
+    assert cells[tuned]["m"].decision == "undecided"       # the intervals overlap
+    # a judge whose final verdict is Correct on 97% of records: agreement is about one class
+    curves["final_positive_share"] = 0.97
+    _write(tmp_path, "m__lens_summary.json", {"judge": {"logit": curves}, "gen": {"logit": gen}})
+    c = _cells(tmp_path, ["m"])[row]["m"]
+    assert c.decision == "not measurable" and "Correct on 97% of records" in c.verdict
+
+
+def test_pairwise_cells_read_both_orders_and_call_a_one_letter_judge_so(tmp_path):
+    content = "a pairwise judge prefers the right answer wherever it stands"
+    position = "... and one slot whatever it holds (position bias)"
+    consistent = "... its verdict survives the swap more often than not"
+    heads = ("... the top head of the swap, chosen on half the passages, carries it on the "
+             "other half (held out)")
+    units = ("... the fewest units carrying half the position term, chosen on half the "
+             "passages, carry half on the other half (held out)")
+    assert _cells(tmp_path, ["m"])[content]["m"].value is None
+
+    def summary(flip_first, flip_second, consistent_, content_, position_, gap):
+        return {"outcomes": {"all": {
+            "consistent": _stat(consistent_, consistent_ - 0.05, consistent_ + 0.05),
+            "accurate": _stat(0.5, 0.45, 0.55), "flip_first": _stat(flip_first, 0, 1),
+            "flip_second": _stat(flip_second, 0, 1),
+            "content": _stat(content_, content_ - 0.3, content_ + 0.3),
+            "position": _stat(position_, position_ - 0.2, position_ + 0.2)}},
+            "patching": {"gap": _stat(gap, gap - 0.5, gap + 0.5)},
+            "held_out": {"order_heads": [{"unit": "L3.H1", "select_share": 0.6,
+                                          "test": {"share": 0.4, "ci": [0.2, 0.6], "n": 100,
+                                                   "n_passages": 30}}],
+                         "position_units": {"units": ["L4.H0", "L5.MLP"], "select_share": 0.7,
+                                            "test": {"share": 0.45, "ci": [0.3, 0.6], "n": 100,
+                                                     "n_passages": 30}}}}
+
+    _write(tmp_path, "m__pairwise_summary.json", summary(0.2, 0.1, 0.7, 1.5, -0.5, -3.0))
+    cells = _cells(tmp_path, ["m"])
+    assert (cells[content]["m"].value, cells[content]["m"].decision) == (1.5, "supported")
+    p = cells[position]["m"]
+    assert p.decision == "supported" and p.verdict.startswith("towards the second slot")
+    assert cells[consistent]["m"].decision == "supported"            # 0.65 > 0.5
+    h = cells[heads]["m"]
+    assert (h.value, h.decision) == (0.4, "supported") and h.verdict.startswith("L3.H1")
+    u = cells[units]["m"]
+    assert (u.value, u.decision) == (0.45, "undecided") and "L4.H0, L5.MLP" in u.verdict
+    # a judge that answers A in both orders of every pair: consistency 0 by construction, and
+    # a swap that moves its score by 0.1 nat leaves the patching shares without a denominator
+    _write(tmp_path, "m__pairwise_summary.json", summary(1.0, 0.0, 0.0, 0.05, 2.2, -0.1))
+    cells = _cells(tmp_path, ["m"])
+    c = cells[consistent]["m"]
+    assert c.decision == "not measurable" and c.verdict.endswith(
+        "the judge answers A in both orders of every pair")
+    assert cells[position]["m"].verdict.startswith("towards the first slot")
+    assert cells[content]["m"].decision == "undecided"
+    h = cells[heads]["m"]
+    assert h.decision == "not measurable" and "under 1 nat" in h.verdict
