@@ -67,7 +67,7 @@ def dataset_groups(table: Mapping[str, Any]) -> tuple[list[tuple[str, Any]], lis
 def ci_bars(ax: Any, xs: Sequence[float], vals: Sequence[float | None],
             cis: Sequence[Sequence[float] | None], width: float, *, color: Any,
             label: str | None = None, alpha: float = 1.0, capsize: float = 3,
-            fmt: str = ".2f") -> bool:
+            fmt: str = ".2f", upright: bool = False) -> bool:
     """Bars with their 95% intervals, each value marked and written beside its whisker.
 
     Every drawn bar gets a black line at its value (a bar of height 0 stays visible, and
@@ -88,6 +88,9 @@ def ci_bars(ax: Any, xs: Sequence[float], vals: Sequence[float | None],
         alpha: bar opacity.
         capsize: whisker cap half-width (points); the label starts right of it.
         fmt: format spec of the value labels.
+        upright: write each label on one line, turned upright, just above the bar's top or its
+            whisker, whichever is higher (for bars too narrow for a label beside them; the
+            caller leaves room above the highest bar).
 
     Returns:
         Whether any drawn interval has zero width.
@@ -103,10 +106,16 @@ def ci_bars(ax: Any, xs: Sequence[float], vals: Sequence[float | None],
         ax.hlines(v, x - width / 2, x + width / 2, colors="black", lw=1.0)
         zero = is_degenerate(ci)
         degenerate |= zero
+        box = {"fc": "white", "ec": "none", "alpha": 0.7, "pad": 0.2}
+        if upright:
+            top = max(v, ci[1]) if ci is not None and None not in ci else v
+            ax.annotate(f"{v:{fmt}}" + (f" {DEGENERATE_MARK}" if zero else ""), (x, top),
+                        xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                        rotation=90, fontsize=6.5, gid="value_label", bbox=box)
+            continue
         ax.annotate(f"{v:{fmt}}" + (f"\n{DEGENERATE_MARK}" if zero else ""), (x, v),
                     xytext=(capsize + 2.5, 0), textcoords="offset points", ha="left",
-                    va="center", fontsize=6.5, gid="value_label",
-                    bbox={"fc": "white", "ec": "none", "alpha": 0.7, "pad": 0.2})
+                    va="center", fontsize=6.5, gid="value_label", bbox=box)
     return degenerate
 
 

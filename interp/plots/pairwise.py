@@ -11,7 +11,11 @@ import numpy as np
 from interp.analysis.stats import degenerate_note
 from interp.plots.common import COLORS, ci_bars, footnote, plt, save
 
-__all__ = ["plot_pairwise"]
+__all__ = ["SMALL_SWAP_NATS", "plot_pairwise"]
+
+SMALL_SWAP_NATS = 1.0
+"""A mean change of the letter score under the swap below which the heads figure says that its
+patching shares are shares of a small change."""
 
 _BARS = (("accurate", "accuracy (both orders right)", COLORS["correct"]),
          ("consistent", "position consistency", "#4C72B0"),
@@ -56,20 +60,22 @@ def plot_pairwise(summary: Mapping[str, Any], out_dir: str | Path) -> list[Path]
     """
     out = summary.get("outcomes") or {}
     keys = [k for k in out if not k.startswith("source:") and k != "all"] + ["all"]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2),
-                                 gridspec_kw={"width_ratios": [1.5, 1]})
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(8 + 1.3 * len(keys), 4.4),
+                                 gridspec_kw={"width_ratios": [0.6 * len(keys), 2.6]})
     w = 0.8 / len(_BARS)
     degenerate = False
     for j, (k, label, color) in enumerate(_BARS):
         xs = np.arange(len(keys)) + (j - (len(_BARS) - 1) / 2) * w
         degenerate |= ci_bars(a1, xs, [out[d][k]["mean"] for d in keys],
-                              [out[d][k]["ci"] for d in keys], w, color=color, label=label)
+                              [out[d][k]["ci"] for d in keys], w, color=color, label=label,
+                              upright=True)
     a1.set_xticks(np.arange(len(keys)))
     a1.set_xticklabels([f"{d}\nn={out[d]['n']}\n{out[d]['n_passages']} passages"
                         for d in keys], fontsize=7.5)
-    a1.set_ylim(0, 1.12)
+    a1.set_ylim(0, 1.62)   # the legend sits above the highest bar (1.0) and its label
+    a1.set_yticks(np.linspace(0, 1, 6))
     a1.set_ylabel("share of pairs")
-    a1.legend(fontsize=7, loc="upper left", ncol=2)
+    a1.legend(fontsize=7, loc="upper center", ncol=2, frameon=False, borderaxespad=0.2)
     a1.set_title(f"{summary.get('model')}: pairwise judge, each pair in both orders",
                  fontsize=9)
     lens = summary.get("lens") or {}
@@ -104,8 +110,12 @@ def plot_pairwise(summary: Mapping[str, Any], out_dir: str | Path) -> list[Path]
     pu = (h.get("position_units") or {}).get("units") or []
     fig.suptitle(f"{summary.get('model')}: which heads carry the order ({summary['n_pairs']} "
                  f"pairs, {summary['n_passages']} passages)", fontsize=9)
-    footnote(fig, [f"chosen on selection passages: order heads {heads or '-'}; position-term "
-                   f"units {', '.join(pu) or '-'} (tested on the other passages: "
-                   f"summary.json held_out)"])
+    notes = [f"chosen on selection passages: order heads {heads or '-'}; position-term units "
+             f"{', '.join(pu) or '-'} (tested on the other passages: summary.json held_out)"]
+    gap = (summary["patching"].get("gap") or {}).get("mean")
+    if gap is not None and abs(gap) < SMALL_SWAP_NATS:
+        notes.append(f"the swap changes the letter score by {gap:+.2f} nats on average: the "
+                     f"patching shares (left) are shares of that small change")
+    footnote(fig, notes)
     paths.append(save(fig, out_dir, "pairwise_heads"))
     return paths

@@ -251,3 +251,52 @@ def test_figure_legends_stay_clear_of_the_footnote_in_the_saved_file(captured):
     fig = captured[-1]
     assert fig.legends and [t for t in fig.texts if t.get_gid() == "footnote"]
     assert _overlaps_when_saved(fig) == []
+
+
+def test_pairwise_labels_stand_upright_above_narrow_bars_and_a_small_swap_is_named(
+        monkeypatch):
+    """Narrow bars get upright labels over them; a swap under 1 nat is named.
+
+    Four bars a group: each value label stands over its own bar, above the bar and its
+    whisker, overlapping no other label; the heads figure says when the swap moves the
+    letter score by under 1 nat.
+    """
+    import interp.plots.pairwise as pw
+
+    figs: list = []
+
+    def keep(fig, out_dir, name):
+        fig.canvas.draw()
+        figs.append(fig)
+        return name
+    monkeypatch.setattr(pw, "save", keep)
+
+    def st(m, lo, hi):
+        return {"mean": m, "ci": [lo, hi], "n": 40, "n_passages": 30}
+    group = {"accurate": st(0.0, 0.0, 0.0), "consistent": st(0.1, 0.02, 0.2),
+             "flip_first": st(0.85, 0.7, 0.95), "flip_second": st(0.05, 0.0, 0.1),
+             "n": 40, "n_passages": 30}
+    lens = [st(0.1 * i, 0.1 * i - 0.1, 0.1 * i + 0.1) for i in range(5)]
+    summary = {"model": "m", "band": [2, 3], "n_pairs": 80, "n_passages": 60, "outcomes": {
+        "squad_v2": group, "drop": group, "all": group},
+        "lens": {"content": lens, "position": lens},
+        "patching": {"heads": [[0.1, 0.2], [0.3, -0.1]], "gap": st(-0.2, -0.3, -0.1)},
+        "position": {"heads_mean": [[0, 0], [0, 0], [0.5, 0.1], [0.2, -0.3]]},
+        "held_out": {"order_heads": [{"unit": "L3.H0"}], "position_units": {"units": ["L2.H0"]}}}
+    pw.plot_pairwise(summary, "unused")
+    orders, heads = figs
+    labels = _value_labels(orders)
+    assert len(labels) == 12 and all(t.get_rotation() == 90 for t in labels)
+    r = _px(orders)
+    boxes = [t.get_window_extent(r) for t in labels]
+    for i, (t, b) in enumerate(zip(labels, boxes)):
+        ax = t.axes
+        x_px, top_px = ax.transData.transform(t.xy)
+        assert b.x0 < x_px < b.x1 and b.y0 >= top_px            # over its bar, above its top
+        value = float(t.get_text().split()[0])
+        assert t.xy[1] >= value                                   # the whisker's top or higher
+        assert not any(b.overlaps(o) for o in boxes[i + 1:]), t.get_text()
+    notes = " ".join(t.get_text() for t in heads.texts if t.get_gid() == "footnote")
+    assert "-0.20 nats on average" in " ".join(notes.split())
+    for f in figs:
+        plt.close(f)
