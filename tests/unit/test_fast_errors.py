@@ -62,3 +62,19 @@ def test_help_imports_no_heavy_library(argv, tmp_path):
     res, err = _run(argv, tmp_path)
     assert res["code"] == 0, err
     assert res["heavy"] == []
+
+
+def test_study_1_says_what_it_is_about_to_do_before_the_model_loads(tmp_path):
+    """Study 1's first line says which model, how many records of which datasets, and where.
+
+    A bare ``interp asymmetry`` starts a long run; it says so once the inputs are checked,
+    before any model work.
+    """
+    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(
+        ["asymmetry", "--limit", "2", "--dataset", "drop", "--model", "no-such-model"]),
+        json.dumps(HEAVY)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    first = out.stdout.splitlines()[0]
+    assert first == ("Study 1: no-such-model answers and judges 2 drop records into "
+                     "runs/asymmetry (interrupted, the same command resumes)"), out.stdout
+    assert json.loads(out.stdout.strip().splitlines()[-1])["code"] == 2   # then refused
+    assert not (tmp_path / "runs" / "asymmetry" / "records.jsonl").exists()
