@@ -46,7 +46,8 @@ study: $(STAMP)
 # the headline numbers exist early; then every stage; then the candidate swap's gap-filter
 # sensitivity on the same records (experiments/findings_gap.toml) and, for SmolLM2, on every
 # bundled SQuAD 2.0 and DROP record (experiments/findings_pool.toml); then steering at x8 and x16
-# (experiments/findings_steer.toml); then the report's table.
+# (experiments/findings_steer.toml); then the verdict lens and the pairwise judge
+# (experiments/findings_views.toml); then the report's table.
 FINDINGS_PROCS ?= 1
 FINDINGS_RUN = OMP_NUM_THREADS=$$(( $$(nproc) / $(FINDINGS_PROCS) )) $(BIN)/torchrun --standalone \
 	--nproc_per_node $(FINDINGS_PROCS) -m interp run
@@ -54,9 +55,15 @@ FINDINGS_RUN = OMP_NUM_THREADS=$$(( $$(nproc) / $(FINDINGS_PROCS) )) $(BIN)/torc
 # checksummed archive and restored first, so the study resumes on a fresh machine instead of
 # starting again; `make findings-state` saves it after an interrupted run (docs/findings.md).
 FINDINGS_STATE = experiments/findings/state.tar.xz
-FINDINGS_OUTS = findings findings_matched findings_gap findings_pool findings_steer
+FINDINGS_OUTS = findings findings_matched findings_gap findings_pool findings_steer findings_views
+# Each run folder's stored work was made under one transformers version, which its stages check
+# (a part made under another version is refused, never mixed in); each config runs under its
+# own: the study, its matched, gap and pool runs under 5.24.0, the steering past x4 and the two
+# new views (experiments/findings_views.toml) under 5.25.0.
+FINDINGS_TF = $(BIN)/pip install -q --no-deps transformers==$(1)
 findings: $(STAMP)
 	$(BIN)/python -m experiments.findings --restore-state $(FINDINGS_STATE) runs
+	$(call FINDINGS_TF,5.24.0)
 	$(FINDINGS_RUN) experiments/findings.toml --only asymmetry,attention
 	$(FINDINGS_RUN) experiments/findings_matched.toml
 	$(FINDINGS_RUN) experiments/findings.toml
@@ -67,8 +74,13 @@ findings: $(STAMP)
 		figures/findings/gap/$${m}__head_test.json figures/findings/gap/$${m}__heads_held_out.json; done
 	$(BIN)/python -m experiments.findings --seed-run runs/findings runs/findings_pool smollm2-135m-instruct
 	$(FINDINGS_RUN) experiments/findings_pool.toml
+	$(call FINDINGS_TF,5.25.0)
 	$(BIN)/python -m experiments.findings --seed-run runs/findings runs/findings_steer
 	$(FINDINGS_RUN) experiments/findings_steer.toml --only steering
+	$(BIN)/python -m experiments.findings --collect runs/findings_steer figures/findings/steer
+	$(BIN)/python -m experiments.findings --seed-run runs/findings runs/findings_views
+	$(FINDINGS_RUN) experiments/findings_views.toml --only lens,pairwise
+	$(BIN)/python -m experiments.findings --collect runs/findings_views figures/findings/views
 	$(MAKE) findings-state
 	$(BIN)/python -m experiments.findings figures/findings docs/findings.md
 

@@ -671,30 +671,38 @@ def _lens_depth(lens: str) -> Extract:
     """When the judge's verdict keeps its final sign, against the generator's answer.
 
     The first layer (as a share of depth) from which the lens reading has the last layer's
-    sign, through one lens. Reads ``{m}__lens_summary.json``:
-    ``judge.{lens}.first_agreeing_depth`` and the same of ``gen``. Supported (the verdict
-    forms later) when the judge's 95% CI lies wholly above the generator's, contradicted when
-    wholly below, undecided when they overlap (two intervals that do not overlap: a
-    conservative reading). Not measurable when the judge's final
-    verdict is constant (:data:`CONSTANT_SHARE`): agreement with it is then about one class.
+    sign, through one lens. Reads ``views/{m}__lens_summary.json``:
+    ``judge_first.{lens}.first_agreeing_depth`` (the verdict's first token, the token the
+    verdict is decided on) and the same of ``gen`` (the gold answer's first token against the
+    best other). The whole reply's depth is said beside it: its later tokens are read, teacher-
+    forced, at positions where an early layer still predicts the token it sits on, so its
+    early layers say more about copying than about the verdict. Supported (the verdict forms
+    later) when the judge's 95% CI lies wholly above the generator's, contradicted when wholly
+    below, undecided when they overlap (two intervals that do not overlap: a conservative
+    reading). Not measurable when the judge's or the generator's final reading has one sign
+    on :data:`CONSTANT_SHARE` of records or more: agreement with it is then about one class.
     """
     def f(d: Path, m: str) -> Cell:
-        name = f"{m}__lens_summary.json"
+        name = f"views/{m}__lens_summary.json"
         r = _read(d / name)
-        j, g = _get(r, "judge", lens), _get(r, "gen", lens)
+        j, g = _get(r, "judge_first", lens), _get(r, "gen", lens)
         if not j or not g:
             return Cell(None, source=name)
         jd, gd = j["first_agreeing_depth"], g["first_agreeing_depth"]
-        src = f"{name}: judge.{lens}.first_agreeing_depth.mean"
-        v = (f"judge {jd['mean']:.2f} [{jd['ci'][0]:.2f}, {jd['ci'][1]:.2f}] of depth, "
-             f"generator {gd['mean']:.2f} [{gd['ci'][0]:.2f}, {gd['ci'][1]:.2f}] "
+        whole = _get(r, "judge", lens, "first_agreeing_depth", "mean")
+        src = f"{name}: judge_first.{lens}.first_agreeing_depth.mean"
+        v = (f"judge {jd['mean']:.2f} [{jd['ci'][0]:.2f}, {jd['ci'][1]:.2f}] of depth"
+             + (f" (whole reply {whole:.2f})" if whole is not None else "") +
+             f", generator {gd['mean']:.2f} [{gd['ci'][0]:.2f}, {gd['ci'][1]:.2f}] "
              f"({g['n']} records with a gold answer)")
-        share = j.get("final_positive_share")
-        if share is not None and max(share, 1 - share) >= CONSTANT_SHARE:
-            return Cell(jd["mean"], jd["ci"], jd["n"], jd["n_passages"],
-                        f"{v}; the final verdict is {'Correct' if share >= 0.5 else 'Incorrect'}"
-                        f" on {max(share, 1 - share):.0%} of records: agreement with it is "
-                        f"about one class", src, decision="not measurable")
+        for who, c, yes, no in (("judge", j, "Correct", "Incorrect"),
+                                ("generator", g, "the gold token", "another token")):
+            share = c.get("final_positive_share")
+            if share is not None and max(share, 1 - share) >= CONSTANT_SHARE:
+                return Cell(jd["mean"], jd["ci"], jd["n"], jd["n_passages"],
+                            f"{v}; the {who}'s final reading favours {yes if share >= 0.5 else no}"
+                            f" on {max(share, 1 - share):.0%} of records: agreement with it is "
+                            f"about one class", src, decision="not measurable")
         decision = ("supported" if jd["ci"][0] > gd["ci"][1] else "contradicted"
                     if jd["ci"][1] < gd["ci"][0] else "undecided")
         return Cell(jd["mean"], jd["ci"], jd["n"], jd["n_passages"],
@@ -703,7 +711,9 @@ def _lens_depth(lens: str) -> Extract:
 
 
 def _pairwise(term: str) -> Extract:
-    """One outcome of the pairwise judge over all pairs, both orders (``pairwise_summary``).
+    """One outcome of the pairwise judge over all pairs, both orders.
+
+    Reads ``views/{m}__pairwise_summary.json`` (experiments/findings_views.toml).
 
     ``term``: ``content`` (> 0: prefers the right answer wherever it is), ``position`` (not 0:
     prefers a slot whatever it holds; the verdict says which) or ``consistent`` (the share of
@@ -712,7 +722,7 @@ def _pairwise(term: str) -> Extract:
     consistency and an accuracy of 0 by construction: those rows read not measurable.
     """
     def f(d: Path, m: str) -> Cell:
-        name = f"{m}__pairwise_summary.json"
+        name = f"views/{m}__pairwise_summary.json"
         o = _get(_read(d / name), "outcomes", "all")
         if not o or term not in o:
             return Cell(None, source=name)
@@ -756,7 +766,7 @@ def _pairwise_held_out(what: str) -> Extract:
     not measurable.
     """
     def f(d: Path, m: str) -> Cell:
-        name = f"{m}__pairwise_summary.json"
+        name = f"views/{m}__pairwise_summary.json"
         r = _read(d / name)
         h = _get(r, "held_out", what)
         if not h:

@@ -60,7 +60,8 @@ STAGE_OF = {"asymmetry_metrics": "asymmetry", "attention_summary": "attention",
 CONFIG_OF = {"": ("findings", "", True), "matched/": ("findings_matched", "", True),
              "gap/": ("findings_gap", "runs/findings", True),
              "pool/": ("findings_pool", "runs/findings smollm2-135m-instruct", False),
-             "steer/": ("findings_steer", "runs/findings", True)}
+             "steer/": ("findings_steer", "runs/findings", True),
+             "views/": ("findings_views", "runs/findings", True)}
 """A findings subfolder -> its config (``experiments/<name>.toml``, run into ``runs/<name>``),
 the run (and models) whose Study 1 it starts from (``--seed-run``, empty: none), and whether
 one stage of it is run (``--only``, then published by ``--collect``) or the whole config (it

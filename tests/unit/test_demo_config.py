@@ -47,7 +47,8 @@ def test_every_shipped_config_passes_the_pipelines_check():
 
     configs = sorted(DEMO.parent.glob("*.toml"))
     assert {"findings.toml", "findings_gap.toml", "findings_matched.toml",
-            "findings_pool.toml", "findings_steer.toml"} <= {p.name for p in configs}
+            "findings_pool.toml", "findings_steer.toml", "findings_views.toml"} <= {
+                p.name for p in configs}
     for path in configs:
         cfg = load_config(path)
         stages = _check(cfg, path, None)
@@ -77,5 +78,9 @@ def test_every_shipped_config_passes_the_pipelines_check():
         k: v for k, v in study["steering"].items() if k != "alphas"}
     assert 1 in steer["steering"]["alphas"] and min(steer["steering"]["alphas"][1:]) > max(
         study["steering"]["alphas"])
+    # the two new views read the study's records and its mined hard negatives (seeded)
+    views = tomllib.loads((DEMO.parent / "findings_views.toml").read_text())
+    assert views["asymmetry"] == study["asymmetry"] and {"lens", "pairwise"} <= set(views)
+    assert not {"lens", "pairwise"} & set(study)    # one run folder each: one library version
     with pytest.raises(Exception, match="bogus"):
         _check({**gap, "patching": {**gap["patching"], "bogus": 1}}, "x.toml", None)

@@ -69,8 +69,10 @@ def test_each_source_names_the_commands_that_make_it():
         "interp run experiments/findings.toml")
     assert reproduce_command("gap/m__heads_held_out.json: x").startswith(
         "python -m experiments.findings.held_out_heads runs/findings_gap/m ")
-    assert reproduce_command("m__pairwise_summary.json: x").startswith(
-        "interp run experiments/findings.toml --only pairwise && ")
+    assert reproduce_command("views/m__pairwise_summary.json: x") == (
+        "python -m experiments.findings --seed-run runs/findings runs/findings_views && "
+        "interp run experiments/findings_views.toml --only pairwise && "
+        "python -m experiments.findings --collect runs/findings_views figures/findings/views")
     for bad in ("other/m__attention_summary.json: x", "m__unknown.json: x"):
         with pytest.raises(ValueError):
             reproduce_command(bad)
@@ -105,7 +107,7 @@ def test_cells_read_the_published_fields_on_real_summaries():
 
 
 def _write(d: Path, name: str, obj: dict) -> None:
-    d.mkdir(parents=True, exist_ok=True)
+    (d / name).parent.mkdir(parents=True, exist_ok=True)
     (d / name).write_text(json.dumps(obj))
 
 
@@ -699,20 +701,32 @@ def test_lens_cells_compare_the_judge_with_the_generator_and_name_a_constant_ver
     assert _cells(tmp_path, ["m"])[row]["m"].value is None
     curves = {"first_agreeing_depth": _stat(0.8, 0.75, 0.85), "final_positive_share": 0.6,
               "n": 200, "n_passages": 60}
-    gen = {"first_agreeing_depth": _stat(0.5, 0.4, 0.6), "n": 150, "n_passages": 50}
-    _write(tmp_path, "m__lens_summary.json", {"judge": {"logit": curves, "tuned": {
-        **curves, "first_agreeing_depth": _stat(0.55, 0.5, 0.62)}},
-        "gen": {"logit": gen, "tuned": gen}})
+    whole = {**curves, "first_agreeing_depth": _stat(0.02, 0.0, 0.05)}
+    gen = {"first_agreeing_depth": _stat(0.5, 0.4, 0.6), "final_positive_share": 0.3,
+           "n": 150, "n_passages": 50}
+    _write(tmp_path, "views/m__lens_summary.json", {
+        "judge_first": {"logit": curves, "tuned": {
+            **curves, "first_agreeing_depth": _stat(0.55, 0.5, 0.62)}},
+        "judge": {"logit": whole}, "gen": {"logit": gen, "tuned": gen}})
     cells = _cells(tmp_path, ["m"])
     c = cells[row]["m"]
     assert (c.value, c.decision) == (0.8, "supported")    # 0.75 > 0.6: wholly above
-    assert c.verdict.startswith("judge 0.80 [0.75, 0.85] of depth, generator 0.50")
+    assert c.verdict.startswith("judge 0.80 [0.75, 0.85] of depth (whole reply 0.02), "
+                                "generator 0.50")
+    assert c.source.endswith("judge_first.logit.first_agreeing_depth.mean")
     assert cells[tuned]["m"].decision == "undecided"       # the intervals overlap
     # a judge whose final verdict is Correct on 97% of records: agreement is about one class
-    curves["final_positive_share"] = 0.97
-    _write(tmp_path, "m__lens_summary.json", {"judge": {"logit": curves}, "gen": {"logit": gen}})
+    _write(tmp_path, "views/m__lens_summary.json", {
+        "judge_first": {"logit": {**curves, "final_positive_share": 0.97}},
+        "gen": {"logit": gen}})
     c = _cells(tmp_path, ["m"])[row]["m"]
-    assert c.decision == "not measurable" and "Correct on 97% of records" in c.verdict
+    assert c.decision == "not measurable" and "favours Correct on 97% of records" in c.verdict
+    # ... and a generator whose gold token loses to another on 96% of records
+    _write(tmp_path, "views/m__lens_summary.json", {
+        "judge_first": {"logit": curves},
+        "gen": {"logit": {**gen, "final_positive_share": 0.04}}})
+    c = _cells(tmp_path, ["m"])[row]["m"]
+    assert c.decision == "not measurable" and "favours another token on 96%" in c.verdict
 
 
 def test_pairwise_cells_read_both_orders_and_call_a_one_letter_judge_so(tmp_path):
@@ -740,7 +754,7 @@ def test_pairwise_cells_read_both_orders_and_call_a_one_letter_judge_so(tmp_path
                                             "test": {"share": 0.45, "ci": [0.3, 0.6], "n": 100,
                                                      "n_passages": 30}}}}
 
-    _write(tmp_path, "m__pairwise_summary.json", summary(0.2, 0.1, 0.7, 1.5, -0.5, -3.0))
+    _write(tmp_path, "views/m__pairwise_summary.json", summary(0.2, 0.1, 0.7, 1.5, -0.5, -3.0))
     cells = _cells(tmp_path, ["m"])
     assert (cells[content]["m"].value, cells[content]["m"].decision) == (1.5, "supported")
     p = cells[position]["m"]
@@ -752,7 +766,7 @@ def test_pairwise_cells_read_both_orders_and_call_a_one_letter_judge_so(tmp_path
     assert (u.value, u.decision) == (0.45, "undecided") and "L4.H0, L5.MLP" in u.verdict
     # a judge that answers A in both orders of every pair: consistency 0 by construction, and
     # a swap that moves its score by 0.1 nat leaves the patching shares without a denominator
-    _write(tmp_path, "m__pairwise_summary.json", summary(1.0, 0.0, 0.0, 0.05, 2.2, -0.1))
+    _write(tmp_path, "views/m__pairwise_summary.json", summary(1.0, 0.0, 0.0, 0.05, 2.2, -0.1))
     cells = _cells(tmp_path, ["m"])
     c = cells[consistent]["m"]
     assert c.decision == "not measurable" and c.verdict.endswith(
