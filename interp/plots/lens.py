@@ -52,7 +52,7 @@ def plot_lens(summary: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
         The PNG paths written.
     """
     n = int(summary["n_layers"])
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(7.5, 6.2), sharex=True)
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(11, 6.2), sharex=True)
     notes = []
     for task, label, color in _TASKS:
         for lens, cur in (summary.get(task) or {}).items():
@@ -62,19 +62,24 @@ def plot_lens(summary: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
             _line(a2, cur["agreement"], color, style, marker,
                   f"{task} {name}: agrees from layer index {first['mean']:.1f} on average")
             share = cur["final_positive_share"]
-            note = (f"the judge's final verdict is Correct on {share:.0%} of "
-                    f"{cur['n']} records: agreement is about (nearly) one class")
-            if task == "judge" and (share < 0.05 or share > 0.95) and note not in notes:
+            who, yes, no = (("the generator's gold token", "beats", "loses to")
+                            if task == "gen" else ("the judge's final verdict", "is Correct",
+                                                   "is Incorrect"))
+            note = (f"{who} {yes if share >= 0.5 else no}"
+                    f"{' the best other token' if task == 'gen' else ''} on "
+                    f"{max(share, 1 - share):.0%} of {cur['n']} records: agreement with the "
+                    f"final sign is about (nearly) one class")
+            if task != "judge_first" and max(share, 1 - share) >= 0.95 and note not in notes:
                 notes.append(note)
     a1.axhline(0, color="grey", linewidth=0.6)
     a1.set_ylabel("lens logit difference (nats)")
-    a1.legend(fontsize=7, loc="best")
+    a1.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     a1.set_title(f"{summary.get('model')}: where the verdict becomes readable "
                  f"({summary.get('n_records')} records, {summary.get('n_passages')} passages)",
                  fontsize=9)
     a2.set_ylim(-0.02, 1.02)
     a2.set_ylabel("share with the final sign")
-    a2.legend(fontsize=7, loc="lower right")
+    a2.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     _layer_ticks(a2, n)
     if summary.get("note"):
         notes.append(summary["note"])
