@@ -760,10 +760,11 @@ def _pairwise_held_out(what: str) -> Extract:
     ``what``: ``order_heads`` (the top head by patching share of the swapped order, against
     0: it carries part of the swap on passages it was not chosen on) or ``position_units``
     (the fewest units whose position terms reach half the total on the selection passages;
-    against 0.5: they carry half of it on the test passages too). The patching share rests on
-    the swap's change ``s2 - s1``: where it moves the score by less than :data:`MIN_GAP_NATS`
-    on average (a position-only judge), the shares rest on a small denominator and the row is
-    not measurable.
+    against 0.5: they carry half of it on the test passages too; a value outside [0, 1] is
+    not a share, since the units' terms cancel, and reads not measurable). The patching share
+    rests on the swap's change ``s2 - s1``: where it moves the score by less than
+    :data:`MIN_GAP_NATS` on average (a position-only judge), the shares rest on a small
+    denominator and the row is not measurable.
     """
     def f(d: Path, m: str) -> Cell:
         name = f"views/{m}__pairwise_summary.json"
@@ -790,6 +791,11 @@ def _pairwise_held_out(what: str) -> Extract:
             src, thr = f"{name}: held_out.position_units.test.share", 0.5
         if t is None or t.get("share") is None:
             return Cell(None, verdict=f"{v}; no test pairs", source=src,
+                        decision="not measurable")
+        if what == "position_units" and not 0.0 <= t["share"] <= 1.0:
+            return Cell(t["share"], t["ci"], t["n"], t["n_passages"],
+                        f"{v}: {t['share']:.2f} is not a share: the units' position terms "
+                        f"cancel, and one of them exceeds their sum", src,
                         decision="not measurable")
         return Cell(t["share"], t["ci"], t["n"], t["n_passages"], _few(v, t["n_passages"]),
                     src, decision=decide(t["ci"], thr))

@@ -82,6 +82,8 @@ HEADLINE: tuple[tuple[str, ...], ...] = (
     ("steering the judge's context up (x4) makes it right more often", "not asked"),
     ("steering the judge's context x16 makes it right more often", "not asked"),
     ("a probe on the judge's residual stream beats its verdict score", "not asked"),
+    ("... and one slot whatever it holds (position bias)", "not asked",
+     "a pairwise judge prefers one slot whatever it holds (position bias, both orders)"),
     ("... the top head, chosen on half the passages, restores it on the other half (held out)",
      "not asked", "the candidate swap's top head, chosen on half the passages, restores its "
                   "effect on the other half (held out)"),

@@ -775,3 +775,9 @@ def test_pairwise_cells_read_both_orders_and_call_a_one_letter_judge_so(tmp_path
     assert cells[content]["m"].decision == "undecided"
     h = cells[heads]["m"]
     assert h.decision == "not measurable" and "under 1 nat" in h.verdict
+    # one unit carrying 4x the total: its terms and the others' cancel, it is not a share
+    r = summary(1.0, 0.0, 0.0, 0.05, 2.2, -0.1)
+    r["held_out"]["position_units"]["test"]["share"] = 4.2
+    _write(tmp_path, "views/m__pairwise_summary.json", r)
+    u = _cells(tmp_path, ["m"])[units]["m"]
+    assert u.decision == "not measurable" and "4.20 is not a share" in u.verdict
