@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.core.names import cross_name, model_slug
+from interp.methods.pairwise import MIN_SWAP_NATS
 
 __all__ = ["CLAIMS", "DECISIONS", "MIN_COVERAGE", "Cell", "Extract", "decide"]
 
@@ -749,11 +750,6 @@ def _pairwise(term: str) -> Extract:
     return f
 
 
-MIN_GAP_NATS = 1.0
-"""The mean change of the letter score under the swap below which patching shares of it are
-not read (the patching stage's ``min_gap`` of the findings study)."""
-
-
 def _pairwise_held_out(what: str) -> Extract:
     """Units chosen on half the passages, measured on the other half (``held_out``).
 
@@ -763,7 +759,7 @@ def _pairwise_held_out(what: str) -> Extract:
     against 0.5: they carry half of it on the test passages too; a value outside [0, 1] is
     not a share, since the units' terms cancel, and reads not measurable). The patching share
     rests on the swap's change ``s2 - s1``: where it moves the score by less than
-    :data:`MIN_GAP_NATS` on average (a position-only judge), the shares rest on a small
+    :data:`MIN_SWAP_NATS` on average (a position-only judge), the shares rest on a small
     denominator and the row is not measurable.
     """
     def f(d: Path, m: str) -> Cell:
@@ -779,10 +775,10 @@ def _pairwise_held_out(what: str) -> Extract:
             v = (f"{unit} ({top['select_share']:.2f} on the selection passages); the swap moves"
                  f" the score by {gap.get('mean', float('nan')):+.2f} nats on average")
             src, thr = f"{name}: held_out.order_heads[0].test.share", 0.0
-            if abs(gap.get("mean", 0.0)) < MIN_GAP_NATS:
+            if abs(gap.get("mean", 0.0)) < MIN_SWAP_NATS:
                 t = top["test"] or {}
                 return Cell(t.get("share"), t.get("ci"), t.get("n"), t.get("n_passages"),
-                            f"{v}: under {MIN_GAP_NATS:g} nat, a share of a small denominator",
+                            f"{v}: under {MIN_SWAP_NATS:g} nat, a share of a small denominator",
                             src, decision="not measurable")
         else:
             t, units = h["test"], h["units"]

@@ -64,7 +64,7 @@ import numpy as np
 
 from interp.core.errors import PairwiseError
 
-__all__ = ["ORDERS", "SOURCES", "JudgePair", "build_judge_pairs", "letter_replies",
+__all__ = ["MIN_SWAP_NATS", "ORDERS", "SOURCES", "JudgePair", "build_judge_pairs", "letter_replies",
            "measure_pair", "order_outcomes", "render_orders", "split_passages"]
 
 SOURCES = ("hard_negative", "model")
@@ -72,6 +72,10 @@ SOURCES = ("hard_negative", "model")
 ORDERS = ("right_first", "right_second")
 """The two orders every pair is judged in."""
 LETTERS = ("A", "B")
+MIN_SWAP_NATS = 1.0
+"""The mean change of the letter score under the swap (``s2 - s1``, nats) below which
+patching shares of it rest on a small denominator (the patching stage's ``min_gap`` of the
+findings study): the heads figure says so, and the findings report does not read them."""
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,10 @@ from typing import Any
 import numpy as np
 
 from interp.analysis.stats import degenerate_note
+from interp.methods.pairwise import MIN_SWAP_NATS
 from interp.plots.common import COLORS, ci_bars, footnote, plt, save
 
-__all__ = ["SMALL_SWAP_NATS", "plot_pairwise"]
-
-SMALL_SWAP_NATS = 1.0
-"""A mean change of the letter score under the swap below which the heads figure says that its
-patching shares are shares of a small change."""
+__all__ = ["plot_pairwise"]
 
 _BARS = (("accurate", "accuracy (both orders right)", COLORS["correct"]),
          ("consistent", "position consistency", "#4C72B0"),
@@ -113,7 +110,7 @@ def plot_pairwise(summary: Mapping[str, Any], out_dir: str | Path) -> list[Path]
     notes = [f"chosen on selection passages: order heads {heads or '-'}; position-term units "
              f"{', '.join(pu) or '-'} (tested on the other passages: summary.json held_out)"]
     gap = (summary["patching"].get("gap") or {}).get("mean")
-    if gap is not None and abs(gap) < SMALL_SWAP_NATS:
+    if gap is not None and abs(gap) < MIN_SWAP_NATS:
         notes.append(f"the swap changes the letter score by {gap:+.2f} nats on average: the "
                      f"patching shares (left) are shares of that small change")
     footnote(fig, notes)
