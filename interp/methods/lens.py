@@ -51,6 +51,7 @@ Pitfalls, each covered by a test (``tests/unit/test_lens.py``):
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -295,7 +296,7 @@ def first_agreeing_layer(curve: Sequence[float]) -> int:
 
 @torch.no_grad()
 def direct_logit_attribution(handle: Any, prompt: Sequence[int], a: int, b: int, *,
-                             stack: bool = False) -> dict[str, Any]:
+                             stack: bool = False, rows: bool = False) -> dict[str, Any]:
     """Each head's and MLP's direct contribution to ``logit[a] - logit[b]`` at the last position.
 
     With ``h`` the final residual stream at the prompt's last position and ``s`` its final-norm
@@ -317,11 +318,15 @@ def direct_logit_attribution(handle: Any, prompt: Sequence[int], a: int, b: int,
         stack: also return ``"stack"``, the residual stream at the last position before
             block 0 and after every block, ``[n_layers + 1, d_model]`` (float64), summed from
             the same components (what :func:`residual_stack` reads, from this one forward).
+        rows: also return ``"rows"``, the last position's attention rows ``[n_layers, n_heads,
+            seq]`` float32 (:func:`interp.hooks.recorder.batch_rows`, exact rows of the SDPA
+            forward) from this one forward.
 
     Returns:
         ``{"heads": [n_layers, n_heads], "mlp": [n_layers], "attn_bias": [n_layers],
         "embed": float, "lm_bias": float, "total": float, "sum": float}`` (nats): ``sum`` is
-        the sum of every attribution and ``total`` the model's own logit difference.
+        the sum of every attribution and ``total`` the model's own logit difference; with
+        ``stack`` and ``rows`` also those.
 
     Raises:
         LensError: an unsupported model (see :func:`readout`).
@@ -333,43 +338,47 @@ def direct_logit_attribution(handle: Any, prompt: Sequence[int], a: int, b: int,
     names = (["blocks.0.hook_resid_pre", f"blocks.{n - 1}.hook_resid_post"]
              + [f"blocks.{i}.attn.hook_z" for i in range(n)]
              + [f"blocks.{i}.hook_mlp_out" for i in range(n)])
-    rows: dict[str, Tensor] = {}
+    last: dict[str, Tensor] = {}
 
     def stream(name: str, value: Tensor) -> None:
-        rows[name] = value[0, -1].double().cpu()
+        last[name] = value[0, -1].double().cpu()
 
+    if rows:
+        from interp.hooks.recorder import batch_rows
     x = torch.tensor([list(prompt)], device=handle.device)
-    with hooked(model, cache=names, stream=stream):
+    with (batch_rows(handle) if rows else contextlib.nullcontext()) as read_rows, \
+            hooked(model, cache=names, stream=stream):
         out = model(input_ids=x, use_cache=False, logits_to_keep=1)
-    h = rows[f"blocks.{n - 1}.hook_resid_post"]
+    extra: dict[str, Any] = {"rows": read_rows()[0]} if rows else {}
+    h = last[f"blocks.{n - 1}.hook_resid_post"]
     gamma = getattr(ro.norm, "weight", None)
     g = gamma.double().cpu() if gamma is not None else torch.ones_like(h)
     w = ro.weight.double().cpu()
     direction = ro.scale(h).double() * g * (w[a] - w[b])             # [d_model]
     heads = torch.zeros(n, handle.n_heads, dtype=torch.float64)
     mlp = torch.zeros(n, dtype=torch.float64)
-    resid = [rows["blocks.0.hook_resid_pre"]]
+    resid = [last["blocks.0.hook_resid_pre"]]
     attn_bias = torch.zeros(n, dtype=torch.float64)
     for i, layer in enumerate(base.model.layers):
         o = layer.self_attn.o_proj
         wo = o.weight.double().cpu()                                  # [d_model, heads*hd]
-        z = rows[f"blocks.{i}.attn.hook_z"]                           # [heads, hd]
+        z = last[f"blocks.{i}.attn.hook_z"]                           # [heads, hd]
         hd = z.shape[-1]
         per_head = torch.einsum("hk,dhk->hd", z, wo.view(wo.shape[0], -1, hd))
         heads[i] = per_head @ direction
         if o.bias is not None:
             attn_bias[i] = o.bias.double().cpu() @ direction
-        mlp[i] = rows[f"blocks.{i}.hook_mlp_out"] @ direction
+        mlp[i] = last[f"blocks.{i}.hook_mlp_out"] @ direction
         if stack:
             out_i = per_head.sum(0) + (o.bias.double().cpu() if o.bias is not None else 0.0)
-            resid.append(resid[-1] + out_i + rows[f"blocks.{i}.hook_mlp_out"])
-    embed = float(rows["blocks.0.hook_resid_pre"] @ direction)
+            resid.append(resid[-1] + out_i + last[f"blocks.{i}.hook_mlp_out"])
+    embed = float(last["blocks.0.hook_resid_pre"] @ direction)
     lm_bias = float(ro.bias[a] - ro.bias[b]) if ro.bias is not None else 0.0
     total = float(out.logits[0, -1, a].double() - out.logits[0, -1, b].double())
     s = float(heads.sum() + mlp.sum() + attn_bias.sum()) + embed + lm_bias
     return {"heads": heads, "mlp": mlp, "attn_bias": attn_bias, "embed": embed,
             "lm_bias": lm_bias, "total": total, "sum": s,
-            **({"stack": torch.stack(resid)} if stack else {})}
+            **({"stack": torch.stack(resid)} if stack else {}), **extra}
 
 
 class TunedLens(torch.nn.Module):

@@ -47,7 +47,7 @@ Inside (:func:`measure_pair`), at the verdict position:
    term is the mean of its two attributions, its content term half their difference, so the
    units' position terms sum to the total position term (up to the folded norm).
 3. Attention: the verdict position's mass on answer A and on answer B over the band, in both
-   orders (:func:`interp.hooks.recorder.context_mass`).
+   orders (:func:`interp.hooks.recorder.context_mass`), from step 2's forward.
 4. The logit lens of ``s`` at every layer in both orders, hence the content and position
    terms per layer: for one-token letters read from step 2's forward (the residual stream
    summed from its components), else :func:`interp.methods.lens.reply_lens`.
@@ -238,7 +238,7 @@ def measure_pair(handle: Any, pair: JudgePair, template: Any, replies: Any,
     Raises:
         PromptError: a pair that cannot be rendered.
     """
-    from interp.hooks.recorder import context_mass, record_rows
+    from interp.hooks.recorder import context_mass
     from interp.methods.lens import (
         direct_logit_attribution,
         lens_logits,
@@ -267,10 +267,10 @@ def measure_pair(handle: Any, pair: JudgePair, template: Any, replies: Any,
     one = all(len(r) == 1 for r in replies.ids)
     for order, p in zip(ORDERS, (p1, p2)):
         d = direct_logit_attribution(handle, p.input_ids, replies.correct[0],
-                                     replies.incorrect[0], stack=one)
+                                     replies.incorrect[0], stack=one, rows=True)
         out["dla"][order] = {"heads": d["heads"].tolist(), "mlp": d["mlp"].tolist(),
                              "total": d["total"], "sum": d["sum"]}
-        rec = record_rows(handle, p.input_ids).rows
+        rec = d["rows"]   # the attention rows of the attribution's own forward
         out["mass"][order] = {k: float(context_mass(rec, band, tuple(p.token_spans[k])))
                               for k in ("answer_a", "answer_b", "context")}
         if one:   # one-token letters: the lens reads the attribution's own forward

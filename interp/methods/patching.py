@@ -27,8 +27,9 @@ Algorithm (:class:`Patcher`):
    the shared prefix, a position mapped to -1, a row with no position) raises
    :class:`~interp.core.errors.PatchingError` naming the position, before any forward.
 3. Caching: one clean forward (on the ``donor`` model when there is one) stores the activations
-   at the hook points a sweep needs and scores the clean prompt; one corrupt forward scores the
-   corrupt prompt.
+   at the hook points a sweep needs and scores the clean prompt; the corrupt prompt is scored
+   once, through the prefix cache of step 4 when there is one (so an unpatched row would read
+   exactly the corrupt score).
 4. Exact activation patching: each patched row replaces activations of the corrupt run by the
    clean ones at a hook point (:data:`PATCH_POINTS`) on a mask of positions (``resid``:
    ``blocks.L.hook_resid_pre`` / ``hook_resid_post``) or of (position, head) (``heads``:
@@ -321,9 +322,22 @@ class Patcher:
             self.clean_lp = lp.double().cpu()
             self._clean_cache.update({k: v[0] for k, v in acts.items()})
         if self.corrupt_lp is None:
+            # with the prefix cache, the corrupt run is scored as every patched row is: the
+            # cached prefix, then the suffix (an unpatched row reads exactly corrupt_ld)
+            off = self._offset()
             with torch.no_grad():
-                lp, _, _ = self.be.score(self.corrupt_ids[None], self.replies.ids)
+                lp, _, _ = self.be.score(self.corrupt_ids[None, off:], self.replies.ids,
+                                         prefix=self._prefix_cache())
             self.corrupt_lp = lp.double().cpu()
+
+    def _prefix_cache(self) -> Any:
+        """Module step 4's key/value cache of the corrupt prompt before ``start``, run once.
+
+        None without ``prefix_cache``.
+        """
+        if self.use_prefix and self._prefix is None:
+            self._prefix = self.be.prefix_cache(self.corrupt_ids[None, :self._offset()])
+        return self._prefix
 
     def source(self, hook: str) -> Float[Tensor, "pos ..."]:
         """Clean activation mapped onto corrupt positions ``[S_corrupt, ...]`` (or the held one)."""
@@ -436,8 +450,6 @@ class Patcher:
         hooks = sorted({p.hook for r in rows for p in r}, key=_hook_order)
         self.ensure_clean(hooks)
         off = self._offset()
-        if self.use_prefix and self._prefix is None:
-            self._prefix = self.be.prefix_cache(self.corrupt_ids[None, :off])
         sources = {h: self.source(h)[off:] for h in hooks}
         suffix = self.corrupt_ids[off:]
         lps, logits = [], []
@@ -449,7 +461,8 @@ class Patcher:
             with torch.no_grad():
                 lp, last, _ = self.be.score(suffix[None].expand(len(chunk), -1),
                                             self.replies.ids, masks=masks, sources=sources,
-                                            prefix=self._prefix, extra_hooks=extra)
+                                            prefix=self._prefix_cache(),
+                                            extra_hooks=extra)
             lps.append(lp.double().cpu())
             if keep_logits:
                 logits.append(last.float().cpu())

@@ -318,8 +318,10 @@ def _gap_filter(handle: ModelHandle, cfg: PatchingConfig, pk: str, layers: list[
                 e.get("signature") == sig:
             gap = float(e["gap"])
         if gap is None:
+            # scored as the sweep scores it (the corrupt run through the prefix cache), so a
+            # pair's gap is the same number whether it was kept or left out
             pt = Patcher(handle, pair.clean.input_ids, pair.corrupt.input_ids,
-                         pos_map=pair.pos_map, batch_size=cfg.batch_size, prefix_cache=False)
+                         pos_map=pair.pos_map, batch_size=cfg.batch_size)
             pt.ensure_clean([])
             gap = pt.clean_ld - pt.corrupt_ld
             stored[(pair.dataset, pair.record_id)] = {

@@ -107,6 +107,22 @@ def test_the_attributions_components_sum_to_the_residual_stream_at_every_layer(m
     assert torch.allclose(d["stack"].float(), stack[:, 0].float(), atol=1e-4)
 
 
+def test_the_attributions_forward_records_the_attention_rows_the_recorder_records(model,
+                                                                                  prompt):
+    from interp.hooks.recorder import record_rows
+
+    r = verdict_replies(model.tokenizer)
+    plain = direct_logit_attribution(model, prompt, r.correct[0], r.incorrect[0])
+    d = direct_logit_attribution(model, prompt, r.correct[0], r.incorrect[0], rows=True)
+    rows = record_rows(model, prompt).rows
+    assert d["rows"].shape == (model.n_layers, model.n_heads, len(prompt))
+    assert torch.allclose(d["rows"], rows, atol=1e-6)
+    assert torch.allclose(d["rows"].sum(-1), torch.ones(model.n_layers, model.n_heads),
+                          atol=1e-5)
+    assert d["total"] == pytest.approx(plain["total"], abs=1e-5)
+    assert torch.allclose(d["heads"], plain["heads"], atol=1e-5)
+
+
 def test_token_lens_targets_the_gold_token_against_the_models_best_other(model, prompt):
     out = token_lens(model, prompt, target=5)
     logits = residual_stack(model, prompt, [-1])[1][0]

@@ -23,7 +23,7 @@ from interp.core.io import read_jsonl, write_json, write_jsonl
 from interp.hooks.backends import BACKENDS, get_backend
 from interp.judging.verdict import score_verdicts, verdict_replies
 from interp.methods.pairs import align_positions
-from interp.methods.patching import Patch, Patcher, patch, ratio_of_sums
+from interp.methods.patching import Patch, Patcher, own_activation, patch, ratio_of_sums
 from interp.models.points import decoder_layers
 from interp.stages.patching import PatchingConfig, run
 from interp.store.rundir import RunDir
@@ -57,6 +57,14 @@ def test_whole_reply_metric_equals_the_harness_scorer(multi, multi_prompts):
     ref = score_verdicts(multi, [clean.input_ids, corrupt.input_ids]).logit_diff
     assert pt.clean_ld == pytest.approx(float(ref[0]), abs=1e-5)
     assert pt.corrupt_ld == pytest.approx(float(ref[1]), abs=1e-5)
+    assert pt.use_prefix and pt.start > 0   # the corrupt score went through the prefix cache
+    # a patch that writes the corrupt run's own activation back reads the corrupt score
+    # itself: the baseline and the patched rows share one computation
+    hook = "blocks.1.hook_resid_pre"
+    own = Patcher(multi, clean.input_ids, corrupt.input_ids, pos_map=pm,
+                  held={hook: own_activation(multi, corrupt.input_ids, hook)})
+    res = own.run([Patch(hook)])
+    assert float(res.patched[0]) == pytest.approx(own.corrupt_ld, abs=1e-6)
     sc = pt.scores()["clean"]
     assert sc["p_correct"] == pytest.approx(1 / (1 + np.exp(-pt.clean_ld)), abs=1e-9)
     assert 0 < sc["verdict_coverage"] <= 1
