@@ -97,7 +97,8 @@ def plot_pairwise(summary: Mapping[str, Any], out_dir: str | Path) -> list[Path]
     band = list(summary["band"])
     patch = np.array(summary["patching"]["heads"], dtype=float)   # already the band's layers
     pos = np.array(summary["position"]["heads_mean"], dtype=float)[band]
-    fig, (b1, b2) = plt.subplots(1, 2, figsize=(11, 4.0))
+    # room between the panels for the first colorbar's label and the second's layer axis
+    fig, (b1, b2) = plt.subplots(1, 2, figsize=(12, 4.0), gridspec_kw={"wspace": 0.45})
     _heat(b1, patch, band, "activation patching of the order (verdict position, one head)",
           "share of the swap's change", fig)
     _heat(b2, pos, band, "position term by direct logit attribution", "nats (> 0: towards A)",
