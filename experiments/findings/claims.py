@@ -680,9 +680,16 @@ def _lens_depth(lens: str) -> Extract:
     early layers say more about copying than about the verdict. Supported (the verdict forms
     later) when the judge's 95% CI lies wholly above the generator's, contradicted when wholly
     below, undecided when they overlap (two intervals that do not overlap: a conservative
-    reading). Not measurable when the judge's or the generator's final reading has one sign
-    on :data:`CONSTANT_SHARE` of records or more: agreement with it is then about one class.
+    reading). The decision must also hold for the depths that let one later layer disagree
+    (``first_agreeing_depth_skip1``): a decision that one layer's reading makes alone (one
+    tuned-lens translator that flips most records, say) reads undecided, with both depths
+    said. Not measurable when the judge's or the generator's final reading has one sign on
+    :data:`CONSTANT_SHARE` of records or more: agreement with it is then about one class.
     """
+    def decide_depths(jd: Mapping[str, Any], gd: Mapping[str, Any]) -> str:
+        return ("supported" if jd["ci"][0] > gd["ci"][1] else "contradicted"
+                if jd["ci"][1] < gd["ci"][0] else "undecided")
+
     def f(d: Path, m: str) -> Cell:
         name = f"views/{m}__lens_summary.json"
         r = _read(d / name)
@@ -704,8 +711,14 @@ def _lens_depth(lens: str) -> Extract:
                             f"{v}; the {who}'s final reading favours {yes if share >= 0.5 else no}"
                             f" on {max(share, 1 - share):.0%} of records: agreement with it is "
                             f"about one class", src, decision="not measurable")
-        decision = ("supported" if jd["ci"][0] > gd["ci"][1] else "contradicted"
-                    if jd["ci"][1] < gd["ci"][0] else "undecided")
+        decision = decide_depths(jd, gd)
+        j1, g1 = j.get("first_agreeing_depth_skip1"), g.get("first_agreeing_depth_skip1")
+        if j1 and g1 and decide_depths(j1, g1) != decision:
+            v = (f"{v}; one layer decides it: letting one later layer disagree, judge "
+                 f"{j1['mean']:.2f} [{j1['ci'][0]:.2f}, {j1['ci'][1]:.2f}], generator "
+                 f"{g1['mean']:.2f} [{g1['ci'][0]:.2f}, {g1['ci'][1]:.2f}] "
+                 f"({decide_depths(j1, g1)})")
+            decision = "undecided"
         return Cell(jd["mean"], jd["ci"], jd["n"], jd["n_passages"],
                     _few(v, jd["n_passages"]), src, decision=decision)
     return f

@@ -275,23 +275,40 @@ def token_lens(handle: Any, prompt: Sequence[int], target: int, *,
             "distractor": distractor, "rank": rank}
 
 
-def first_agreeing_layer(curve: Sequence[float]) -> int:
+def first_agreeing_layer(curve: Sequence[float], skip: int = 0) -> int:
     """The first layer index from which the sign of ``curve`` stays the last layer's.
 
     ``curve`` is a lens logit difference per layer (index 0 the embeddings). Returns
     ``len(curve) - 1`` when only the last layer has the final sign; a value of 0 means every
-    layer agrees. Zero counts as its own sign (never agreeing with a non-zero final).
+    layer agrees. Zero counts as its own sign (never agreeing with a non-zero final). This is
+    the "prediction depth" of Belrose et al. 2023 (section 4) for a two-token contrast.
+
+    ``skip``: how many later layers may disagree with the final sign (default 0, the strict
+    reading). With ``skip=1`` the result is the first agreeing layer from which at most one
+    later layer disagrees: a depth that one layer's reading (one translator of a tuned lens,
+    say) sets alone moves a lot between ``skip=0`` and ``skip=1``.
 
     Raises:
-        LensError: an empty curve.
+        LensError: an empty curve or a negative ``skip``.
     """
     if not len(curve):
         raise LensError("empty lens curve")
-    final = math.copysign(1.0, curve[-1]) if curve[-1] else 0.0
-    i = len(curve) - 1
-    while i > 0 and (math.copysign(1.0, curve[i - 1]) if curve[i - 1] else 0.0) == final:
-        i -= 1
-    return i
+    if skip < 0:
+        raise LensError(f"skip must be >= 0, got {skip}")
+
+    def sign(x: float) -> float:
+        return math.copysign(1.0, x) if x else 0.0
+
+    final = sign(curve[-1])
+    best, wrong = len(curve) - 1, 0
+    for i in range(len(curve) - 2, -1, -1):
+        if sign(curve[i]) != final:
+            wrong += 1
+            if wrong > skip:
+                break
+        else:
+            best = i
+    return best
 
 
 @torch.no_grad()

@@ -71,6 +71,12 @@ def plot_lens(summary: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
                     f"final sign is about (nearly) one class")
             if task != "judge_first" and max(share, 1 - share) >= 0.95 and note not in notes:
                 notes.append(note)
+    whole, first = summary.get("judge") or {}, summary.get("judge_first") or {}
+    if whole and all(lens in first and [x["mean"] for x in cur["logit_diff"]]
+                     == [x["mean"] for x in first[lens]["logit_diff"]]
+                     for lens, cur in whole.items()):
+        notes.append("the judge's whole-reply curves lie under its first-token ones: both "
+                     "replies are one token for this tokenizer")
     a1.axhline(0, color="grey", linewidth=0.6)
     a1.set_ylabel("lens logit difference (nats)")
     a1.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))

@@ -50,6 +50,7 @@ from interp.analysis.stats import (
     MIN_PASSAGES,
     ci_text,
     cluster_bootstrap_mean,
+    cluster_bootstrap_ratio,
     passage_groups,
     passage_note,
 )
@@ -271,6 +272,13 @@ def _stat(x: Any, groups: Sequence[str], rng: np.random.Generator, n_boot: int
     return {"mean": r["mean"], "ci": r["ci"], "n": r["n"], "n_passages": r["n_clusters"]}
 
 
+def _ratio_stat(num: Any, den: Any, groups: Sequence[str], rng: np.random.Generator,
+                n_boot: int) -> dict[str, Any]:
+    r = cluster_bootstrap_ratio(np.asarray(num, dtype=float), np.asarray(den, dtype=float),
+                                list(groups), rng, n_boot)
+    return {"share": r["value"], "ci": r["ci"], "n": r["n"], "n_passages": r["n_clusters"]}
+
+
 def _curves(rows: Sequence[Mapping[str, Any]], lens: str, rng: np.random.Generator,
             n_boot: int) -> dict[str, Any] | None:
     """One task's curves under one lens (step 4); None when no record has them."""
@@ -284,6 +292,7 @@ def _curves(rows: Sequence[Mapping[str, Any]], lens: str, rng: np.random.Generat
     final = np.sign(c[:, -1])
     agree = np.sign(c) == final[:, None]
     first = np.array([first_agreeing_layer(list(x)) for x in c], dtype=float)
+    lenient = np.array([first_agreeing_layer(list(x), skip=1) for x in c], dtype=float)
     depth = c.shape[1] - 1
     return {"n": len(rows), "n_passages": len(set(g)),
             "logit_diff": [_stat(c[:, i], g, rng, n_boot) for i in range(c.shape[1])],
@@ -291,6 +300,7 @@ def _curves(rows: Sequence[Mapping[str, Any]], lens: str, rng: np.random.Generat
             "first_agreeing_layer": _stat(first, g, rng, n_boot),
             "first_agreeing_depth": _stat(first / depth, g, rng, n_boot),
             "first_agreeing_layers": first.astype(int).tolist(),
+            "first_agreeing_depth_skip1": _stat(lenient / depth, g, rng, n_boot),
             "final_positive_share": float((final > 0).mean())}
 
 
@@ -305,7 +315,9 @@ def summarise(parts: Sequence[Mapping[str, Any]], cfg: LensConfig, handle_info: 
         "tuned_lens", "metric"}`` where each ``curves`` is ``{"n", "n_passages",
         "logit_diff": [per layer {"mean", "ci", "n", "n_passages"}], "agreement": [...],
         "first_agreeing_layer", "first_agreeing_depth", "first_agreeing_layers" (per record),
-        "final_positive_share"}`` (layer index 0 is the embeddings, ``L + 1`` block ``L``).
+        "first_agreeing_depth_skip1" (one later layer may disagree:
+        :func:`interp.methods.lens.first_agreeing_layer`), "final_positive_share"}`` (layer
+        index 0 is the embeddings, ``L + 1`` block ``L``).
         ``final_positive_share`` near 0 or 1 means the final verdict is (nearly) constant:
         agreement is then about one class (a degenerate case the report names).
     """
@@ -341,8 +353,9 @@ def summarise(parts: Sequence[Mapping[str, Any]], cfg: LensConfig, handle_info: 
             "target": "first-token logit difference logit(Correct[0]) - logit(Incorrect[0]), "
                       "final norm's scale frozen per record",
             "total": _stat(total, groups, rng, cfg.n_boot),
-            "band_share": _stat(band_total / np.where(total == 0, np.nan, total), groups, rng,
-                                cfg.n_boot),
+            # a ratio of sums (a mean of per-record ratios explodes where a record's total is
+            # near 0); above 1 when the layers before the band write against the total
+            "band_share": _ratio_stat(band_total, total, groups, rng, cfg.n_boot),
             "heads_mean": h.mean(0).tolist(), "mlp_mean": m.mean(0).tolist(),
             "top_units": [{"unit": u, **_stat(x, groups, rng, cfg.n_boot)}
                           for u, x in ranked[:12]],
@@ -393,10 +406,10 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: LensConfig, *,
 
 def format_summary(summary: Mapping[str, Any]) -> str:
     """Per task and lens: the first layer agreeing with the final verdict, and the checks."""
-    def f(x: Mapping[str, Any] | None, p: str = ".2f") -> str:
-        if not x or x.get("mean") is None:
+    def f(x: Mapping[str, Any] | None, p: str = ".2f", key: str = "mean") -> str:
+        if not x or x.get(key) is None:
             return "-"
-        return f"{x['mean']:{p}}" + (f" {ci_text(x.get('ci'), p)}" if x.get("ci") else "")
+        return f"{x[key]:{p}}" + (f" {ci_text(x.get('ci'), p)}" if x.get("ci") else "")
 
     star = "*" if summary.get("few_passages") else ""
     lines = [f"verdict lens, {summary.get('n_layers')} layers: {summary.get('n_records')} "
@@ -415,7 +428,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     if a.get("top_units"):
         top = ", ".join(f"{u['unit']} {u['mean']:+.2f}" for u in a["top_units"][:4])
         lines.append(f"attribution of the first-token logit difference (band {summary['band']}):"
-                     f" {top}; band share {f(a.get('band_share'))}")
+                     f" {top}; band share {f(a.get('band_share'), key='share')}")
     c = summary.get("checks") or {}
     if c:
         lines.append(f"checks: last-layer lens - model {c['max_abs_last_layer_minus_model']:.1e}"

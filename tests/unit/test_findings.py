@@ -715,6 +715,23 @@ def test_lens_cells_compare_the_judge_with_the_generator_and_name_a_constant_ver
                                 "generator 0.50")
     assert c.source.endswith("judge_first.logit.first_agreeing_depth.mean")
     assert cells[tuned]["m"].decision == "undecided"       # the intervals overlap
+    # one layer decides it: letting one later layer disagree, the judge's depth falls under
+    # the generator's, so a strict "supported" is not a finding
+    _write(tmp_path, "views/m__lens_summary.json", {
+        "judge_first": {"logit": {**curves, "first_agreeing_depth_skip1": _stat(
+            0.1, 0.05, 0.15)}},
+        "gen": {"logit": {**gen, "first_agreeing_depth_skip1": _stat(0.45, 0.35, 0.55)}}})
+    c = _cells(tmp_path, ["m"])[row]["m"]
+    assert (c.value, c.decision) == (0.8, "undecided")
+    assert "one layer decides it: letting one later layer disagree, judge 0.10 [0.05, 0.15], " \
+           "generator 0.45 [0.35, 0.55] (contradicted)" in c.verdict
+    # ... and where both readings decide alike, the strict one stands
+    _write(tmp_path, "views/m__lens_summary.json", {
+        "judge_first": {"logit": {**curves, "first_agreeing_depth_skip1": _stat(
+            0.7, 0.65, 0.75)}},
+        "gen": {"logit": {**gen, "first_agreeing_depth_skip1": _stat(0.45, 0.35, 0.55)}}})
+    c = _cells(tmp_path, ["m"])[row]["m"]
+    assert c.decision == "supported" and "one layer" not in c.verdict
     # a judge whose final verdict is Correct on 97% of records: agreement is about one class
     _write(tmp_path, "views/m__lens_summary.json", {
         "judge_first": {"logit": {**curves, "final_positive_share": 0.97}},

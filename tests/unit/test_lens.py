@@ -142,6 +142,21 @@ def test_first_agreeing_layer(curve, layer):
     assert first_agreeing_layer(curve) == layer
 
 
+@pytest.mark.parametrize(("curve", "strict", "skip1"), [
+    ([1.0, -2.0, 3.0], 2, 0),                 # one disagreeing layer forgiven
+    ([-1.0, -1.0, -1.0, 1.0, -1.0], 4, 0),    # one layer before the last flips every reading
+    ([1.0, -1.0, -1.0, 1.0, -1.0], 4, 1),     # the forgiven layer is the only one
+    ([1.0, -1.0, 1.0, 1.0, -1.0], 4, 4),      # two disagreeing layers: nothing forgiven
+    ([1.0, 2.0, -3.0], 2, 2), ([5.0], 0, 0)])
+def test_first_agreeing_layer_letting_one_layer_disagree(curve, strict, skip1):
+    assert first_agreeing_layer(curve) == strict
+    assert first_agreeing_layer(curve, skip=1) == skip1
+    assert first_agreeing_layer(curve, skip=len(curve)) == next(
+        i for i, x in enumerate(curve) if (x > 0) == (curve[-1] > 0))
+    with pytest.raises(LensError, match="skip must be >= 0"):
+        first_agreeing_layer(curve, skip=-1)
+
+
 def _training_stack(model, n_prompts=12):
     texts = [f"Question {i}: what is {i} plus {i + 1}? The context says many things." * 2
              for i in range(n_prompts)]
