@@ -218,10 +218,15 @@ class StageSpec:
         raise KeyError(f"the {self.name} stage declares no file {name}")
 
     def written(self, run_dir: str | Path) -> str:
-        """What the stage writes, as the ``wrote ...`` line of its command."""
+        """What the stage wrote, as the ``wrote ...`` line of its command.
+
+        Only the declared tables and figure patterns that exist in ``run_dir`` are named (a
+        stage may skip one: the lens's ``tuned_lens.json`` under ``--no-tuned``).
+        """
         root = Path(run_dir)
-        files = [str(root / t) for t in self.tables] + [str(root / f) for f in self.figures]
-        return "wrote " + ", ".join(files)
+        files = [str(root / t) for t in self.tables if (root / t).exists()] + \
+            [str(root / f) for f in self.figures if any(root.glob(f))]
+        return "wrote " + (", ".join(files) or "nothing")
 
 
 _RECORDS = Need("asymmetry", "records.jsonl")

@@ -90,6 +90,10 @@ def plot_pairwise(summary: Mapping[str, Any], out_dir: str | Path) -> list[Path]
         a2.legend(fontsize=7)
         a2.set_title("letter score log P(A) - log P(B), split into two terms", fontsize=9)
     notes = [degenerate_note()] if degenerate else []
+    if ol := summary.get("one_letter"):
+        notes.append(f"a one-letter judge: it answers {ol['letter']} in both orders on "
+                     f"{ol['share']:.0%} of pairs, so consistency and accuracy count the other "
+                     f"pairs, not how well it reads the answers")
     if summary.get("note"):
         notes.append(summary["note"])
     footnote(fig, notes)

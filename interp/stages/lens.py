@@ -40,6 +40,7 @@ Algorithm of :func:`run`:
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -321,7 +322,11 @@ def summarise(parts: Sequence[Mapping[str, Any]], cfg: LensConfig, handle_info: 
         ``final_positive_share`` near 0 or 1 means the final verdict is (nearly) constant:
         agreement is then about one class (a degenerate case the report names).
     """
-    rng = np.random.default_rng(cfg.seed)
+    def rng(block: str) -> np.random.Generator:
+        # one stream per block of statistics, so a block's intervals do not depend on which
+        # other blocks were computed (a --no-tuned run has no tuned blocks)
+        return np.random.default_rng([cfg.seed, zlib.crc32(block.encode())])
+
     n_layers = int(handle_info["n_layers"])
     band = parse_layers(cfg.band, n_layers)
     groups = [p["passage"] for p in parts]
@@ -340,8 +345,10 @@ def summarise(parts: Sequence[Mapping[str, Any]], cfg: LensConfig, handle_info: 
         rows = [{**(p[task] or {}), "passage": p["passage"]} for p in parts
                 if p.get(task) is not None]
         s[task] = {lens: cur for lens in LENSES
-                   if (cur := _curves(rows, lens, rng, cfg.n_boot)) is not None}
+                   if (cur := _curves(rows, lens, rng(f"{task}/{lens}"), cfg.n_boot))
+                   is not None}
     if parts:
+        r_attr = rng("attribution")
         h = np.array([p["dla"]["heads"] for p in parts], dtype=float)      # [n, L, H]
         m = np.array([p["dla"]["mlp"] for p in parts], dtype=float)        # [n, L]
         units = [(f"L{i}.H{j}", h[:, i, j]) for i in band for j in range(h.shape[2])] + \
@@ -352,14 +359,14 @@ def summarise(parts: Sequence[Mapping[str, Any]], cfg: LensConfig, handle_info: 
         s["attribution"] = {
             "target": "first-token logit difference logit(Correct[0]) - logit(Incorrect[0]), "
                       "final norm's scale frozen per record",
-            "total": _stat(total, groups, rng, cfg.n_boot),
+            "total": _stat(total, groups, r_attr, cfg.n_boot),
             # a ratio of sums (a mean of per-record ratios explodes where a record's total is
             # near 0); above 1 when the layers before the band write against the total
-            "band_share": _ratio_stat(band_total, total, groups, rng, cfg.n_boot),
+            "band_share": _ratio_stat(band_total, total, groups, r_attr, cfg.n_boot),
             "heads_mean": h.mean(0).tolist(), "mlp_mean": m.mean(0).tolist(),
-            "top_units": [{"unit": u, **_stat(x, groups, rng, cfg.n_boot)}
+            "top_units": [{"unit": u, **_stat(x, groups, r_attr, cfg.n_boot)}
                           for u, x in ranked[:12]],
-            "continuation": _stat([p["dla"]["continuation"] for p in parts], groups, rng,
+            "continuation": _stat([p["dla"]["continuation"] for p in parts], groups, r_attr,
                                   cfg.n_boot)}
         s["checks"] = {
             "max_abs_last_layer_minus_model": float(max(

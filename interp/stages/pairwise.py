@@ -63,6 +63,10 @@ SUMMARIES = SPEC.summaries
 Config = PairwiseConfig
 """The stage's config class (the Stage protocol's name for it)."""
 
+ONE_LETTER_SHARE = 0.95
+"""The share of pairs answered with the same letter in both orders from which the summary,
+its printout and its figure name a one-letter judge (a degenerate case: its consistency and
+accuracy count the pairs it does not answer so, not how well it reads the answers)."""
 OUTCOMES = ("accurate", "consistent", "right_first", "right_second", "flip_first",
             "flip_second", "content", "position")
 
@@ -96,17 +100,21 @@ def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwri
     pairs, skipped = build_judge_pairs(records, passage_groups(records),
                                        _negatives(run_dir, records), sources=cfg.sources,
                                        limit=cfg.limit)
+    if not pairs:   # refused before anything is written: a finished run's files stay
+        from interp.core.errors import PairwiseError
+
+        why = {r["reason"] for r in skipped}
+        hint = ("none of its records has a hard negative: `interp patch --pairs "
+                "candidate-swap` mines them" if set(cfg.sources) == {"hard_negative"} else
+                "its records have no wrong answer and no hard negative (interp patch --pairs "
+                "candidate-swap mines them)")
+        raise PairwiseError(f"no pair builds from {run_dir.path}: {hint}; skipped "
+                            f"{len(skipped)} ({', '.join(sorted(why)) or 'no record'})")
     root = run_dir.sub(SPEC.folder)
     write_jsonl(root / "pairs.jsonl",
                 [{"dataset": p.dataset, "id": p.record_id, "source": p.source,
                   "passage": p.passage, "right": p.right, "wrong": p.wrong, "built": True}
                  for p in pairs] + [{**s, "built": False} for s in skipped])
-    if not pairs:
-        from interp.core.errors import PairwiseError
-
-        raise PairwiseError(f"no pair builds from {run_dir.path}: its records have no wrong "
-                            f"answer and no hard negative (interp patch --pairs candidate-swap "
-                            f"mines them); skipped {len(skipped)}")
     log(f"[pairwise] {len(pairs)} pairs over {len({p.passage for p in pairs})} passages "
         f"({len(skipped)} skipped)")
     facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
@@ -242,7 +250,8 @@ def summarise(parts: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str,
     Returns:
         ``{"model", "n_layers", "n_heads", "band", "n_pairs", "n_passages", "few_passages",
         "note", "skipped", "metric", "outcomes": {"all" | dataset | source: {outcome: {"mean",
-        "ci", "n", "n_passages"}, "fairness", "n", "n_passages"}}, "mass": {order: {span:
+        "ci", "n", "n_passages"}, "fairness", "n", "n_passages"}}, "one_letter": None or
+        {"letter", "share"} (:data:`ONE_LETTER_SHARE`), "mass": {order: {span:
         stat}}, "mass_terms": {"first_minus_second", "right_minus_wrong"}, "patching":
         {"resid": [per layer {"share", "ci", ...}], "head_layers": the band, "heads":
         [len(band)][n_heads] shares, "gap"}, "position": {"total", "heads_mean", "mlp_mean",
@@ -275,6 +284,11 @@ def summarise(parts: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str,
         groups.setdefault(p["dataset"], []).append(p)
         groups.setdefault(f"source:{p['source']}", []).append(p)
     s["outcomes"] = {k: _outcomes(v, rng, cfg.n_boot) for k, v in groups.items()}
+    o_all = s["outcomes"]["all"]
+    side = max(("A", o_all["flip_first"]["mean"]), ("B", o_all["flip_second"]["mean"]),
+               key=lambda x: x[1])
+    s["one_letter"] = ({"letter": side[0], "share": side[1]}
+                       if side[1] >= ONE_LETTER_SHARE else None)
     mass = {o: {k: np.array([p["mass"][o][k] for p in parts]) for k in
                 ("answer_a", "answer_b", "context")} for o in ORDERS}
     s["mass"] = {o: {k: _stat(v, g, rng, cfg.n_boot) for k, v in d.items()}
@@ -382,11 +396,23 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         lines.append(f"{k:<22} accuracy {f(o['accurate'])}  consistency {f(o['consistent'])}  "
                      f"flips to first {f(o['flip_first'])} / second {f(o['flip_second'])}  "
                      f"content {f(o['content'])}  position {f(o['position'])} nats")
+    if ol := summary.get("one_letter"):
+        lines.append(f"a one-letter judge: {ol['letter']} in both orders on {ol['share']:.0%} "
+                     f"of pairs; its consistency and accuracy count the other pairs, not how "
+                     f"well it reads the answers")
     h = summary.get("held_out") or {}
+    gap = ((summary.get("patching") or {}).get("gap") or {}).get("mean")
     if h.get("order_heads"):
+        from interp.methods.pairwise import MIN_SWAP_NATS
+
+        small = (f" (shares of a swap that moves the score by {gap:+.2f} nats on average, "
+                 f"under {MIN_SWAP_NATS:g})" if gap is not None and abs(gap) < MIN_SWAP_NATS
+                 else "")
         lines.append("order heads (chosen on selection passages, share on test passages): "
                      + ", ".join(f"{u['unit']} {f(u['test'], 'share')}"
-                                 for u in h["order_heads"]))
+                                 for u in h["order_heads"]) + small)
+    elif h.get("note"):
+        lines.append(f"held out: {h['note']}")
     if (pu := h.get("position_units")) and pu.get("units"):
         lines.append(f"units carrying half the position term on selection passages: "
                      f"{', '.join(pu['units'])}; their share on test passages "

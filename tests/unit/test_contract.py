@@ -169,3 +169,17 @@ def test_a_stage_answers_to_its_name_and_its_command():
     for name in ("steering", "steer", "patching", "patch"):
         res = runner.invoke(cli.app, [name, "--help"])
         assert res.exit_code == 0 and "--run" in res.output, (name, res.output)
+
+
+def test_the_wrote_line_names_only_the_files_the_stage_wrote(tmp_path):
+    from interp.core.contract import spec
+
+    lens = spec("lens")
+    assert lens.written(tmp_path) == "wrote nothing"
+    (tmp_path / "lens").mkdir()
+    (tmp_path / "lens" / "summary.json").write_text("{}")
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "lens_layers.png").write_bytes(b"")
+    line = lens.written(tmp_path)
+    # no tuned lens was trained (--no-tuned): its report is not claimed
+    assert line == f"wrote {tmp_path / 'lens/summary.json'}, {tmp_path / 'figures/lens_*.png'}"

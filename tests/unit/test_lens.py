@@ -272,6 +272,18 @@ def test_the_stage_writes_curves_checks_and_figures_and_resumes(tmp_path, monkey
     assert s3["judge"] == s["judge"] and (run.path / "lens" / "tuned_lens.safetensors").exists()
     assert "constant" in stage.format_summary(s) or 0 < s["judge"]["logit"][
         "final_positive_share"] < 1
+    # the logit lens's intervals and the attribution's do not depend on whether the tuned
+    # lens's blocks were computed beside them (one bootstrap stream per block)
+    rows = stage._records(run, handle, cfg, overwrite=False, log=logs.append)[0]
+    info = {**handle.info, "n_layers": handle.n_layers}
+    both = stage.summarise(rows, cfg, info, None)
+    plain = stage.summarise([{**r, **{t: {k: v for k, v in r[t].items() if k != "tuned"}
+                                      for t in stage.TASKS if r.get(t)}} for r in rows],
+                            cfg, info, None)
+    assert set(plain["judge"]) == {"logit"}
+    for t in stage.TASKS:
+        assert plain[t]["logit"] == both[t]["logit"]
+    assert plain["attribution"] == both["attribution"]
 
 
 def test_the_stage_refuses_a_bad_setting_before_model_work(tmp_path):

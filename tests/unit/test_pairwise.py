@@ -146,6 +146,21 @@ def test_the_stage_writes_outcomes_held_out_heads_and_figures_and_resumes(tmp_pa
     assert stage._parts(run, handle, cfg, overwrite=False, log=logs.append)[2] == 0
     assert {p: p.stat().st_mtime_ns for p in parts} == before
     assert "consistency" in stage.format_summary(s)
+    # a judge that answers one letter in both orders of (nearly) every pair is named so
+    side = max(o["flip_first"]["mean"], o["flip_second"]["mean"])
+    assert (s["one_letter"] is not None) == (side >= stage.ONE_LETTER_SHARE)
+    one = {**s, "one_letter": {"letter": "A", "share": 0.96}}
+    assert "a one-letter judge: A in both orders on 96% of pairs" in stage.format_summary(one)
+    # a run that builds no pair is refused before it writes anything: the finished run's
+    # list of pairs stays as it was
+    (run.path / "patching" / "hard_negatives.jsonl").unlink()
+    listed = (run.path / "pairwise" / "pairs.jsonl").read_bytes()
+    with pytest.raises(PairwiseError, match="none of its records has a hard negative: "
+                                            "`interp patch --pairs candidate-swap` mines them"):
+        stage.run(run, handle, stage.PairwiseConfig(sources=("hard_negative",), limit=None,
+                                                    band="all", progress=False),
+                  log=logs.append)
+    assert (run.path / "pairwise" / "pairs.jsonl").read_bytes() == listed
 
 
 def test_the_config_refuses_bad_values_before_model_work():
