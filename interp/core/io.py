@@ -20,6 +20,11 @@ from typing import Any
 from interp.core.errors import RunDirError
 from interp.core.jsonl import JsonlLineError, JsonlRead, json_lines, parse_jsonl
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+"""The process's file-creation mask, read once at import (os.umask can only be read by
+setting it)."""
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
@@ -34,6 +39,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp = tmp_path_for(path)
     try:
         yield tmp
+        # the modes a plain open() gives (some writers, safetensors among them, create 0600):
+        # results are meant to be shared
+        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

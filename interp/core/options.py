@@ -361,7 +361,8 @@ def check_counts(cfg: Any, section: str, error: type[Exception] = ConfigError) -
                 hint = ""
                 if name.endswith("limit"):
                     hint = (" (leave it out to use every record)" if every else
-                            " (or all to use every record)")
+                            " (or all to use every record)"
+                            if allows_none(type(cfg), name) else "")
                 raise error(f"--{name.replace('_', '-')} ([{section}] {name}) must be a whole "
                             f"number >= 1{hint}, not {value!r}")
 

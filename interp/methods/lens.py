@@ -430,16 +430,9 @@ class TunedLens(torch.nn.Module):
 
     def save(self, path: str | Path, metadata: Mapping[str, str] | None = None) -> Path:
         """Write the translators as safetensors (``weight``, ``bias``) with ``metadata``."""
-        from safetensors.torch import save_file
+        from interp.core.io import save_tensors
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        save_file({"weight": self.weight.detach().contiguous(),
-                   "bias": self.bias.detach().contiguous()}, str(tmp),
-                  metadata=dict(metadata or {}))
-        tmp.replace(path)
-        return path
+        return save_tensors(path, {"weight": self.weight, "bias": self.bias}, metadata)
 
     @classmethod
     def load(cls, path: str | Path) -> TunedLens:

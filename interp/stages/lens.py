@@ -420,12 +420,13 @@ def format_summary(summary: Mapping[str, Any]) -> str:
 
     star = "*" if summary.get("few_passages") else ""
     lines = [f"verdict lens, {summary.get('n_layers')} layers: {summary.get('n_records')} "
-             f"records, {summary.get('n_passages')} passages{star}"]
+             f"records, {summary.get('n_passages')} passages{star} (layer index 0: the "
+             f"embeddings, L + 1: after block L)"]
     for task, label in (("judge", "judge (Correct - Incorrect)"),
                         ("judge_first", "judge, first tokens (C - In)"),
                         ("gen", "generator (gold - best other)")):
         for lens, cur in (summary.get(task) or {}).items():
-            lines.append(f"{label:<30} {lens:>5} lens: first agreeing layer "
+            lines.append(f"{label:<30} {lens:>5} lens: first agreeing layer index "
                          f"{f(cur['first_agreeing_layer'], '.1f')} (depth "
                          f"{f(cur['first_agreeing_depth'])}), final > 0 in "
                          f"{cur['final_positive_share']:.0%} of {cur['n']}"
@@ -435,7 +436,10 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     if a.get("top_units"):
         top = ", ".join(f"{u['unit']} {u['mean']:+.2f}" for u in a["top_units"][:4])
         lines.append(f"attribution of the first-token logit difference (band {summary['band']}):"
-                     f" {top}; band share {f(a.get('band_share'), key='share')}")
+                     f" {top}; band share {f(a.get('band_share'), key='share')}"
+                     + (" (the total's CI spans 0: a share of a total that may be 0)"
+                        if (ci := (a.get("total") or {}).get("ci")) and ci[0] <= 0 <= ci[1]
+                        else ""))
     c = summary.get("checks") or {}
     if c:
         lines.append(f"checks: last-layer lens - model {c['max_abs_last_layer_minus_model']:.1e}"

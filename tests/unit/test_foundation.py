@@ -128,3 +128,23 @@ def test_limit_per_dataset_per_label_and_max_tokens():
     assert [r["id"] for r in limit_per_dataset(recs, None, max_tokens=100)] == [0, 1, 4]
     with pytest.raises(ConfigError, match="max_tokens"):
         limit_per_dataset(recs, 1, max_tokens=0)
+
+
+def test_atomic_writers_leave_files_with_the_modes_a_plain_open_gives(tmp_path):
+    """The safetensors library creates its file 0600; results are shared like the rest."""
+    import os
+
+    import torch
+
+    from interp.core.io import save_tensors, write_json
+    from interp.methods.lens import TunedLens
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    want = plain.stat().st_mode & 0o777
+    save_tensors(tmp_path / "t.safetensors", {"x": torch.zeros(2)})
+    write_json(tmp_path / "s.json", {"a": 1})
+    TunedLens(2, 4).save(tmp_path / "lens.safetensors", {"signature": "s"})
+    for name in ("t.safetensors", "s.json", "lens.safetensors"):
+        assert os.stat(tmp_path / name).st_mode & 0o777 == want, name
+    assert TunedLens.load(tmp_path / "lens.safetensors").weight.shape[0] == 2
