@@ -30,13 +30,18 @@ def _curve(ax: Any, stats: list[Mapping[str, Any]], color: str, label: str,
     ax.fill_between(x, lo, hi, color=color, alpha=0.15, linewidth=0)
 
 
-def _heat(ax: Any, m: np.ndarray, band: list[int], title: str, label: str, fig: Any) -> None:
+def _heat(ax: Any, m: np.ndarray, band: list[int], title: str, label: str, fig: Any,
+          mlp: bool = False) -> None:
+    """A band x head heat map; with ``mlp`` its last column is each layer's MLP."""
     lim = float(max(np.nanmax(np.abs(m)), 1e-9))
     im = ax.imshow(m, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
     ax.set_yticks(range(len(band)))
     ax.set_yticklabels([str(b) for b in band])
     ax.set_xticks(range(m.shape[1]))
-    ax.set_xlabel("head")
+    if mlp:
+        ax.set_xticklabels([str(j) for j in range(m.shape[1] - 1)] + ["MLP"])
+        ax.axvline(m.shape[1] - 1.5, color="black", linewidth=0.8)
+    ax.set_xlabel("head" + (" (last column: the layer's MLP)" if mlp else ""))
     ax.set_ylabel("layer")
     ax.set_title(title, fontsize=8.5)
     fig.colorbar(im, ax=ax, shrink=0.8, label=label)
@@ -101,12 +106,15 @@ def plot_pairwise(summary: Mapping[str, Any], out_dir: str | Path) -> list[Path]
     band = list(summary["band"])
     patch = np.array(summary["patching"]["heads"], dtype=float)   # already the band's layers
     pos = np.array(summary["position"]["heads_mean"], dtype=float)[band]
+    mlp = summary["position"].get("mlp_mean")
+    if mlp is not None:
+        pos = np.concatenate([pos, np.array(mlp, dtype=float)[band][:, None]], axis=1)
     # room between the panels for the first colorbar's label and the second's layer axis
     fig, (b1, b2) = plt.subplots(1, 2, figsize=(12, 4.0), gridspec_kw={"wspace": 0.45})
     _heat(b1, patch, band, "activation patching of the order (verdict position, one head)",
           "share of the swap's change", fig)
     _heat(b2, pos, band, "position term by direct logit attribution", "nats (> 0: towards A)",
-          fig)
+          fig, mlp=mlp is not None)
     h = summary.get("held_out") or {}
     heads = ", ".join(f"{u['unit']}" for u in h.get("order_heads") or [])
     pu = (h.get("position_units") or {}).get("units") or []

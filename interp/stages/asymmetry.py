@@ -139,7 +139,7 @@ def run(
     with new_run_dir(out), RunDir(out).writer():  # a second writer is refused here, at once
         log(f"Study 1: {config.model} answers and judges "
             f"{', '.join(f'{len(v)} {k}' for k, v in loaded.items())} records into {out} "
-            f"(interrupted, the same command resumes)")
+            f"(if interrupted, the same command resumes)")
         if is_endpoint_spec(config.model):  # a served model: its replies, no internals
             return run_served(config, RunDir(out), loaded, overwrite=overwrite, log=log,
                               chunk=chunk, key_fields=KEY_FIELDS, stale=stale_records,

@@ -75,6 +75,6 @@ def test_study_1_says_what_it_is_about_to_do_before_the_model_loads(tmp_path):
         json.dumps(HEAVY)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     first = out.stdout.splitlines()[0]
     assert first == ("Study 1: no-such-model answers and judges 2 drop records into "
-                     "runs/asymmetry (interrupted, the same command resumes)"), out.stdout
+                     "runs/asymmetry (if interrupted, the same command resumes)"), out.stdout
     assert json.loads(out.stdout.strip().splitlines()[-1])["code"] == 2   # then refused
     assert not (tmp_path / "runs" / "asymmetry" / "records.jsonl").exists()
