@@ -281,7 +281,9 @@ def first_agreeing_layer(curve: Sequence[float], skip: int = 0) -> int:
     ``curve`` is a lens logit difference per layer (index 0 the embeddings). Returns
     ``len(curve) - 1`` when only the last layer has the final sign; a value of 0 means every
     layer agrees. Zero counts as its own sign (never agreeing with a non-zero final). This is
-    the "prediction depth" of Belrose et al. 2023 (section 4) for a two-token contrast.
+    the "prediction depth" of Baldock et al. 2021 (the first layer from which an early read-out
+    keeps the final prediction), read through a lens as Belrose et al. 2023 do, for a two-token
+    contrast.
 
     ``skip``: how many later layers may disagree with the final sign (default 0, the strict
     reading). With ``skip=1`` the result is the first agreeing layer from which at most one
