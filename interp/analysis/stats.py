@@ -50,6 +50,7 @@ __all__ = ["DEGENERATE_MARK", "MIN_FIT_CLASS", "MIN_FIT_RECORDS", "MIN_PASSAGES"
            "ClusterBootstrap", "binary_metrics", "cluster_bootstrap_auc",
            "cluster_bootstrap_auc_difference", "cluster_bootstrap_mean",
            "cluster_bootstrap_ratio", "correlations", "fold_summary", "make_folds", "mcnemar",
+           "mean_stat", "ratio_stat",
            "passage_groups", "ci_text", "degenerate_note", "fit_note", "is_degenerate",
            "passage_note", "percentile_ci", "resample_indices", "roc_auc", "strata_indices",
            "stratified_auc", "wilson_ci"]
@@ -315,6 +316,29 @@ def cluster_bootstrap_mean(x: Float[Array, " n"], groups: Sequence[Any],
     x = np.asarray(x, dtype=np.float64)
     r = cluster_bootstrap_ratio(x, np.where(np.isfinite(x), 1.0, np.nan), groups, rng, n_boot)
     return {"mean": r["value"], "ci": r["ci"], "n": r["n"], "n_clusters": r["n_clusters"]}
+
+
+def mean_stat(x: Float[Array, " n"], groups: Sequence[Any], rng: np.random.Generator,
+              n_boot: int) -> dict[str, Any]:
+    """:func:`cluster_bootstrap_mean` as the stages' summaries write it.
+
+    Returns:
+        ``{"mean", "ci", "n", "n_passages"}``.
+    """
+    r = cluster_bootstrap_mean(np.asarray(x, dtype=float), list(groups), rng, n_boot)
+    return {"mean": r["mean"], "ci": r["ci"], "n": r["n"], "n_passages": r["n_clusters"]}
+
+
+def ratio_stat(num: Float[Array, " n"], den: Float[Array, " n"], groups: Sequence[Any],
+               rng: np.random.Generator, n_boot: int) -> dict[str, Any]:
+    """:func:`cluster_bootstrap_ratio` (a ratio of sums) as the stages' summaries write it.
+
+    Returns:
+        ``{"share", "ci", "n", "n_passages"}``.
+    """
+    r = cluster_bootstrap_ratio(np.asarray(num, dtype=float), np.asarray(den, dtype=float),
+                                list(groups), rng, n_boot)
+    return {"share": r["value"], "ci": r["ci"], "n": r["n"], "n_passages": r["n_clusters"]}
 
 
 def cluster_bootstrap_auc(y: Bool[Array, " n"], score: Float[Array, " n"],

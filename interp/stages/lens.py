@@ -50,10 +50,10 @@ import numpy as np
 from interp.analysis.stats import (
     MIN_PASSAGES,
     ci_text,
-    cluster_bootstrap_mean,
-    cluster_bootstrap_ratio,
+    mean_stat,
     passage_groups,
     passage_note,
+    ratio_stat,
 )
 from interp.core.contract import spec
 from interp.core.errors import LensError
@@ -267,19 +267,6 @@ def _records(run_dir: RunDir, handle: ModelHandle, cfg: LensConfig, *, overwrite
     return parts, report, made
 
 
-def _stat(x: Any, groups: Sequence[str], rng: np.random.Generator, n_boot: int
-          ) -> dict[str, Any]:
-    r = cluster_bootstrap_mean(np.asarray(x, dtype=float), list(groups), rng, n_boot)
-    return {"mean": r["mean"], "ci": r["ci"], "n": r["n"], "n_passages": r["n_clusters"]}
-
-
-def _ratio_stat(num: Any, den: Any, groups: Sequence[str], rng: np.random.Generator,
-                n_boot: int) -> dict[str, Any]:
-    r = cluster_bootstrap_ratio(np.asarray(num, dtype=float), np.asarray(den, dtype=float),
-                                list(groups), rng, n_boot)
-    return {"share": r["value"], "ci": r["ci"], "n": r["n"], "n_passages": r["n_clusters"]}
-
-
 def _curves(rows: Sequence[Mapping[str, Any]], lens: str, rng: np.random.Generator,
             n_boot: int) -> dict[str, Any] | None:
     """One task's curves under one lens (step 4); None when no record has them."""
@@ -296,12 +283,12 @@ def _curves(rows: Sequence[Mapping[str, Any]], lens: str, rng: np.random.Generat
     lenient = np.array([first_agreeing_layer(list(x), skip=1) for x in c], dtype=float)
     depth = c.shape[1] - 1
     return {"n": len(rows), "n_passages": len(set(g)),
-            "logit_diff": [_stat(c[:, i], g, rng, n_boot) for i in range(c.shape[1])],
-            "agreement": [_stat(agree[:, i], g, rng, n_boot) for i in range(c.shape[1])],
-            "first_agreeing_layer": _stat(first, g, rng, n_boot),
-            "first_agreeing_depth": _stat(first / depth, g, rng, n_boot),
+            "logit_diff": [mean_stat(c[:, i], g, rng, n_boot) for i in range(c.shape[1])],
+            "agreement": [mean_stat(agree[:, i], g, rng, n_boot) for i in range(c.shape[1])],
+            "first_agreeing_layer": mean_stat(first, g, rng, n_boot),
+            "first_agreeing_depth": mean_stat(first / depth, g, rng, n_boot),
             "first_agreeing_layers": first.astype(int).tolist(),
-            "first_agreeing_depth_skip1": _stat(lenient / depth, g, rng, n_boot),
+            "first_agreeing_depth_skip1": mean_stat(lenient / depth, g, rng, n_boot),
             "final_positive_share": float((final > 0).mean())}
 
 
@@ -359,14 +346,14 @@ def summarise(parts: Sequence[Mapping[str, Any]], cfg: LensConfig, handle_info: 
         s["attribution"] = {
             "target": "first-token logit difference logit(Correct[0]) - logit(Incorrect[0]), "
                       "final norm's scale frozen per record",
-            "total": _stat(total, groups, r_attr, cfg.n_boot),
+            "total": mean_stat(total, groups, r_attr, cfg.n_boot),
             # a ratio of sums (a mean of per-record ratios explodes where a record's total is
             # near 0); above 1 when the layers before the band write against the total
-            "band_share": _ratio_stat(band_total, total, groups, r_attr, cfg.n_boot),
+            "band_share": ratio_stat(band_total, total, groups, r_attr, cfg.n_boot),
             "heads_mean": h.mean(0).tolist(), "mlp_mean": m.mean(0).tolist(),
-            "top_units": [{"unit": u, **_stat(x, groups, r_attr, cfg.n_boot)}
+            "top_units": [{"unit": u, **mean_stat(x, groups, r_attr, cfg.n_boot)}
                           for u, x in ranked[:12]],
-            "continuation": _stat([p["dla"]["continuation"] for p in parts], groups, r_attr,
+            "continuation": mean_stat([p["dla"]["continuation"] for p in parts], groups, r_attr,
                                   cfg.n_boot)}
         s["checks"] = {
             "max_abs_last_layer_minus_model": float(max(

@@ -38,10 +38,10 @@ import numpy as np
 from interp.analysis.stats import (
     MIN_PASSAGES,
     ci_text,
-    cluster_bootstrap_mean,
-    cluster_bootstrap_ratio,
+    mean_stat,
     passage_groups,
     passage_note,
+    ratio_stat,
 )
 from interp.core.contract import spec
 from interp.core.inputs import write_result
@@ -142,27 +142,14 @@ def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwri
     return parts, skipped, made
 
 
-def _stat(x: Any, groups: Sequence[str], rng: np.random.Generator, n_boot: int
-          ) -> dict[str, Any]:
-    r = cluster_bootstrap_mean(np.asarray(x, dtype=float), list(groups), rng, n_boot)
-    return {"mean": r["mean"], "ci": r["ci"], "n": r["n"], "n_passages": r["n_clusters"]}
-
-
-def _ratio(num: Any, den: Any, groups: Sequence[str], rng: np.random.Generator, n_boot: int
-           ) -> dict[str, Any]:
-    r = cluster_bootstrap_ratio(np.asarray(num, dtype=float), np.asarray(den, dtype=float),
-                                list(groups), rng, n_boot)
-    return {"share": r["value"], "ci": r["ci"], "n": r["n"], "n_passages": r["n_clusters"]}
-
-
 def _outcomes(parts: Sequence[Mapping[str, Any]], rng: np.random.Generator, n_boot: int
               ) -> dict[str, Any]:
     from interp.methods.pairwise import order_outcomes
 
     o = order_outcomes([p["s1"] for p in parts], [p["s2"] for p in parts])
     g = [p["passage"] for p in parts]
-    out = {k: _stat(o[k], g, rng, n_boot) for k in OUTCOMES}
-    out["fairness"] = _stat(o["flip_second"] - o["flip_first"], g, rng, n_boot)
+    out = {k: mean_stat(o[k], g, rng, n_boot) for k in OUTCOMES}
+    out["fairness"] = mean_stat(o["flip_second"] - o["flip_first"], g, rng, n_boot)
     out.update(n=len(parts), n_passages=len(set(g)))
     return out
 
@@ -212,7 +199,7 @@ def _held_out(parts: Sequence[Mapping[str, Any]], n_layers: int, n_heads: int,
     gap = np.array([p["s2"] - p["s1"] for p in test])
     out["order_heads"] = [
         {"unit": f"L{hl[i]}.H{j}", "select_share": float(share[i, j]),
-         "test": _ratio(np.sign(gap) * (np.array([p["patch"]["heads"][i][j] for p in test])
+         "test": ratio_stat(np.sign(gap) * (np.array([p["patch"]["heads"][i][j] for p in test])
                                         - np.array([p["s1"] for p in test])),
                         np.abs(gap), g, rng, n_boot)} for i, j in chosen]
     # position term: the fewest band units (by select mean) carrying half of it
@@ -237,7 +224,7 @@ def _held_out(parts: Sequence[Mapping[str, Any]], n_layers: int, n_heads: int,
     out["position_units"] = {
         "units": [n for n, _ in picked], "select_share": acc / total if total > 0 else None,
         "select_total": float(ps["total"].mean()),
-        "test": _ratio(sum((val(pt, u) for _, u in picked), np.zeros(len(test))),
+        "test": ratio_stat(sum((val(pt, u) for _, u in picked), np.zeros(len(test))),
                        pt["total"], g, rng, n_boot) if picked else None,
         "reaches_half": bool(total > 0 and acc >= total / 2)}
     return out
@@ -291,14 +278,14 @@ def summarise(parts: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str,
                        if side[1] >= ONE_LETTER_SHARE else None)
     mass = {o: {k: np.array([p["mass"][o][k] for p in parts]) for k in
                 ("answer_a", "answer_b", "context")} for o in ORDERS}
-    s["mass"] = {o: {k: _stat(v, g, rng, cfg.n_boot) for k, v in d.items()}
+    s["mass"] = {o: {k: mean_stat(v, g, rng, cfg.n_boot) for k, v in d.items()}
                  for o, d in mass.items()}
     first = (mass["right_first"]["answer_a"] + mass["right_second"]["answer_a"]) / 2
     second = (mass["right_first"]["answer_b"] + mass["right_second"]["answer_b"]) / 2
     right = (mass["right_first"]["answer_a"] + mass["right_second"]["answer_b"]) / 2
     wrong = (mass["right_first"]["answer_b"] + mass["right_second"]["answer_a"]) / 2
-    s["mass_terms"] = {"first_minus_second": _stat(first - second, g, rng, cfg.n_boot),
-                       "right_minus_wrong": _stat(right - wrong, g, rng, cfg.n_boot)}
+    s["mass_terms"] = {"first_minus_second": mean_stat(first - second, g, rng, cfg.n_boot),
+                       "right_minus_wrong": mean_stat(right - wrong, g, rng, cfg.n_boot)}
     s1 = np.array([p["s1"] for p in parts])
     s2 = np.array([p["s2"] for p in parts])
     gap = s2 - s1
@@ -309,8 +296,8 @@ def summarise(parts: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str,
         "what": "swapped order (right answer as B) patched into the original (right as A) at "
                 "the verdict position; share = sum sign(gap)(s_patched - s1) / sum |s2 - s1|; "
                 "heads of the band's layers only",
-        "gap": _stat(gap, g, rng, cfg.n_boot),
-        "resid": [_ratio(np.sign(gap) * (resid[:, i] - s1), den, g, rng, cfg.n_boot)
+        "gap": mean_stat(gap, g, rng, cfg.n_boot),
+        "resid": [ratio_stat(np.sign(gap) * (resid[:, i] - s1), den, g, rng, cfg.n_boot)
                   for i in range(n_layers)],
         "head_layers": list(parts[0]["patch"]["head_layers"]),
         "heads": ((np.sign(gap)[:, None, None] * (heads - s1[:, None, None])).sum(0)
@@ -325,18 +312,18 @@ def summarise(parts: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str,
     s["position"] = {
         "target": "position term of the letters' first-token logit difference, mean of both "
                   "orders' direct logit attributions (final norm's scale frozen per prompt)",
-        "total": _stat(pu["total"], g, rng, cfg.n_boot),
+        "total": mean_stat(pu["total"], g, rng, cfg.n_boot),
         "heads_mean": pu["heads"].mean(0).tolist(), "mlp_mean": pu["mlp"].mean(0).tolist(),
-        "top_units": [{"unit": u, **_stat(x, g, rng, cfg.n_boot)} for u, x in ranked[:12]]}
+        "top_units": [{"unit": u, **mean_stat(x, g, rng, cfg.n_boot)} for u, x in ranked[:12]]}
     lens = {o: np.array([p["lens"][o] for p in parts]) for o in ORDERS}
     s["lens"] = {
-        "s1": [_stat(lens["right_first"][:, i], g, rng, cfg.n_boot)
+        "s1": [mean_stat(lens["right_first"][:, i], g, rng, cfg.n_boot)
                for i in range(n_layers + 1)],
-        "s2": [_stat(lens["right_second"][:, i], g, rng, cfg.n_boot)
+        "s2": [mean_stat(lens["right_second"][:, i], g, rng, cfg.n_boot)
                for i in range(n_layers + 1)],
-        "content": [_stat((lens["right_first"][:, i] - lens["right_second"][:, i]) / 2, g, rng,
+        "content": [mean_stat((lens["right_first"][:, i] - lens["right_second"][:, i]) / 2, g, rng,
                           cfg.n_boot) for i in range(n_layers + 1)],
-        "position": [_stat((lens["right_first"][:, i] + lens["right_second"][:, i]) / 2, g, rng,
+        "position": [mean_stat((lens["right_first"][:, i] + lens["right_second"][:, i]) / 2, g, rng,
                            cfg.n_boot) for i in range(n_layers + 1)]}
     s["held_out"] = _held_out(parts, n_layers, n_heads, band, cfg.top_k, rng, cfg.n_boot)
     o = order_outcomes(s1, s2)

@@ -40,9 +40,9 @@ import numpy as np
 from interp.analysis.stats import (
     MIN_PASSAGES,
     ci_text,
-    cluster_bootstrap_mean,
     degenerate_note,
     is_degenerate,
+    mean_stat,
     passage_groups,
     passage_note,
 )
@@ -126,11 +126,6 @@ def _steer_one(handle: ModelHandle, rec: Mapping[str, Any], cfg: SteeringConfig,
     return rows
 
 
-def _stat(x: Any, groups: list[str], rng: np.random.Generator, n_boot: int) -> dict[str, Any]:
-    r = cluster_bootstrap_mean(np.asarray(x, dtype=float), groups, rng, n_boot)
-    return {"mean": r["mean"], "ci": r["ci"], "n": r["n"], "n_passages": r["n_clusters"]}
-
-
 def _group_summary(g: Any, task: str, rng: np.random.Generator, n_boot: int,
                    ref: Any) -> dict[str, Any]:
     """Step 4 for the rows of one (task, alpha, group)."""
@@ -138,19 +133,19 @@ def _group_summary(g: Any, task: str, rng: np.random.Generator, n_boot: int,
     n_p = int(g.passage.nunique())
     out: dict[str, Any] = {"n": int(len(g)), "n_passages": n_p,
                            "few_passages": n_p < MIN_PASSAGES,
-                           "context_mass": _stat(g.context_mass, grp, rng, n_boot),
+                           "context_mass": mean_stat(g.context_mass, grp, rng, n_boot),
                            "n_keys": float(g.n_keys.mean()) if "n_keys" in g else None}
     if "keys" in g and (g["keys"] == "control").all():  # the context's is context_mass
-        out["steered_mass"] = _stat(g.steered_mass, grp, rng, n_boot)
+        out["steered_mass"] = mean_stat(g.steered_mass, grp, rng, n_boot)
     if task == "eval":
         pred, y = g.verdict.to_numpy(bool), g.y_star.to_numpy(bool)
-        out["ea_forced"] = _stat(pred == y, grp, rng, n_boot)
+        out["ea_forced"] = mean_stat(pred == y, grp, rng, n_boot)
         for name, sel in (("accept_correct", y), ("accept_incorrect", ~y)):
-            out[name] = _stat(pred[sel], [grp[i] for i in np.flatnonzero(sel)], rng, n_boot)
-        out["logit_diff"] = _stat(g.logit_diff, grp, rng, n_boot)
-        out["verdict_coverage"] = _stat(g.verdict_coverage, grp, rng, n_boot)
+            out[name] = mean_stat(pred[sel], [grp[i] for i in np.flatnonzero(sel)], rng, n_boot)
+        out["logit_diff"] = mean_stat(g.logit_diff, grp, rng, n_boot)
+        out["verdict_coverage"] = mean_stat(g.verdict_coverage, grp, rng, n_boot)
     else:
-        out["ga"] = _stat(g.correct.to_numpy(float), grp, rng, n_boot)
+        out["ga"] = mean_stat(g.correct.to_numpy(float), grp, rng, n_boot)
         r = ref.set_index("id").answer.reindex(g.id).to_numpy()
         out["changed_vs_alpha1"] = float(np.mean(g.answer.to_numpy() != r))
         out["alpha1_equals_record"] = float(np.mean(ref.answer == ref.record_answer))
@@ -182,14 +177,14 @@ def _delta_stats(d: Any, task: str, rng: np.random.Generator, n_boot: int) -> di
     """The paired effects of :func:`_deltas` (or of a difference of two), each with its CI."""
     grp = d.passage.tolist()
     if task == "gen":
-        return {"ga": _stat(d.d_correct, grp, rng, n_boot)}
+        return {"ga": mean_stat(d.d_correct, grp, rng, n_boot)}
     y = d.y_star.to_numpy(bool)
-    out = {"logit_diff": _stat(d.d_logit_diff, grp, rng, n_boot),
-           "ea_forced": _stat(d.d_right, grp, rng, n_boot)}
+    out = {"logit_diff": mean_stat(d.d_logit_diff, grp, rng, n_boot),
+           "ea_forced": mean_stat(d.d_right, grp, rng, n_boot)}
     # by the oracle's label (the right way: logit_diff up on right answers, down on wrong ones)
     for stat, col in (("accept", d.d_accept), ("logit_diff", d.d_logit_diff)):
         for label, sel in (("correct", y), ("incorrect", ~y)):
-            out[f"{stat}_{label}"] = _stat(col.to_numpy(float)[sel],
+            out[f"{stat}_{label}"] = mean_stat(col.to_numpy(float)[sel],
                                            [grp[i] for i in np.flatnonzero(sel)], rng, n_boot)
     return out
 
