@@ -7,7 +7,9 @@ last-token attention span mass, activation patching, steering, LoRA transfer and
 The package is laid out in rooms by role (docs/architecture.md); the names a user needs first
 are re-exported here and load on first use, so ``import interp`` imports no torch::
 
-    from interp import load_model, load_examples, get_template, evaluate_examples, group_metrics
+    from interp import HookedModel, case, load_examples
+    model = HookedModel.from_pretrained("smollm2-135m-instruct")
+    logits, cache = model.run_with_cache(case(model.tokenizer, load_examples("squad_v2")[0]).gen)
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ API: dict[str, str] = {
     "get_template": "interp.judging.prompts",
     "render": "interp.judging.prompts",
     # models and their internals
+    "HookedModel": "interp.hooks.model",
+    "ActivationCache": "interp.hooks.cache",
+    "case": "interp.judging.cases",
+    "Case": "interp.judging.cases",
     "load_model": "interp.models.loading",
     "ModelHandle": "interp.models.loading",
     "record_rows": "interp.hooks.recorder",
@@ -45,7 +51,7 @@ API: dict[str, str] = {
     "RunDir": "interp.store",
     "Record": "interp.store",
     "load_activations": "interp.store",
-    "load_cache": "interp.store",
+    "load_cache": "interp.hooks.cache",
 }
 """The public names importable from ``interp`` itself: name -> the module that defines it (its
 one home, which docs/api-reference.md documents)."""

@@ -69,6 +69,7 @@ from interp.models.points import (
     HookSite,
     base_model,
     hook_site,
+    n_heads_at,
     parse_hook,
 )
 
@@ -472,12 +473,17 @@ class NNsightBackend(_FullPromptBackend):
         with torch.no_grad(), self.lm.trace(ids):
             for name, site in sites.items():
                 env = self._envoy(site.module_path)
-                raw = env.output if site.io == "output" else env.input
-                z = site.point == "attn.hook_z"
-                x = raw.view(*raw.shape[:-1], self.n_heads, -1) if z else raw
+                whole = env.output if site.io == "output" else env.input
+                # a module that returns a tuple (the attention block: output, weights) holds
+                # the hook point's tensor first, as interp.hooks.capture reads it
+                raw = whole[0] if isinstance(whole, tuple) else whole
+                heads = n_heads_at(self.handle.model, site.point)
+                x = raw.view(*raw.shape[:-1], heads, -1) if heads else raw
                 if name in masks:
                     x = masked_edit(masks[name], sources[name])(x)
-                    new = x.reshape(raw.shape) if z else x
+                    new = x.reshape(raw.shape) if heads else x
+                    if isinstance(whole, tuple):
+                        new = (new, *whole[1:])
                     if site.io == "output":
                         env.output = new
                     else:

@@ -65,7 +65,7 @@ __all__ = ["BACKENDS", "IMPLEMENTATION", "PATTERN_CHUNK_BYTES", "PATTERN_POINT",
            "STREAM_POINTS", "Sink", "batch_rows", "context_mass", "full_pattern", "last_row",
            "sdpa_forward",
            "record_rows",
-           "record_stream", "register_attention", "register_recorder"]
+           "record_stream", "recording", "register_attention", "register_recorder"]
 
 BACKENDS = ATTENTION_BACKENDS
 """Recorder backends: ``hf`` (exact rows inside the attention function) and the check paths."""
@@ -473,3 +473,28 @@ def record_stream(handle: ModelHandle, input_ids: Sequence[int] | Int[Tensor, " 
     with inference_guard(handle.model):
         rows, _ = _forward(handle, ids, cap, names, stream=lambda n, v: sink(n, 0, v[0]))
     return rows.float().cpu()
+
+
+@contextlib.contextmanager
+def recording(handle: ModelHandle, pattern_layers: Sequence[int] = ()) -> Iterator[_Capture]:
+    """Run every forward inside with the recording attention function (module docstring).
+
+    The forward must be ONE prompt (batch 1, no padding). After it, the yielded capture holds
+    ``rows[layer]`` ``[1, n_heads, pos]`` (the last position's exact attention rows, float32)
+    for every layer, and ``pattern[layer]`` ``[n_heads, pos, pos]`` (float32) for each layer
+    of ``pattern_layers``. Used by :meth:`interp.hooks.model.HookedModel.run_with_cache`.
+
+    Raises:
+        AttentionError: (on exit) a layer saw no attention call: a model whose attention does
+            not go through ``AttentionInterface``.
+    """
+    cap = _Capture(pattern_layers=set(pattern_layers))
+    token = _ACTIVE.set(cap)
+    try:
+        with attn_implementation(handle, register_recorder()):
+            yield cap
+    finally:
+        _ACTIVE.reset(token)
+    if missing := [x for x in range(handle.n_layers) if x not in cap.rows]:
+        raise AttentionError(f"the recorder saw no attention call in layers {missing}: "
+                             f"{type(handle.model).__name__} does not use AttentionInterface")

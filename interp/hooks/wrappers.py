@@ -61,10 +61,11 @@ def to_tlens(handle: ModelHandle, *, copy: bool = True) -> Any:
 
     Booting a bridge REPLACES submodules of the model it wraps with bridge components (and
     forces eager attention), so by default it wraps a deep copy: the handle's model keeps its
-    own modules, kernel and ``AttentionInterface`` dispatch (twice the weight memory while
-    the bridge lives). The bridge of a copy is cached per model (weakly: it dies with the
-    model). ``copy=False`` wraps the handle's model itself (not cached); afterwards use the
-    bridge, not ``handle.model``, for hooked forwards.
+    own modules, kernel and ``AttentionInterface`` dispatch; the copy SHARES the weights
+    (:func:`_deepcopy`), so an edit of a weight through either is seen by both (do not run
+    TransformerLens's weight processing, ``process_weights``, on it). The bridge of a copy is
+    cached per model (weakly: it dies with the model). ``copy=False`` wraps the handle's model
+    itself (not cached); afterwards use the bridge, not ``handle.model``, for hooked forwards.
 
     Args:
         handle: the loaded model.
@@ -102,7 +103,13 @@ def to_tlens(handle: ModelHandle, *, copy: bool = True) -> Any:
 
 
 def _deepcopy(model: Any) -> Any:
-    return copy.deepcopy(model)
+    """A copy of ``model``'s modules that shares its parameters (same tensors, no new weights).
+
+    Booting a bridge replaces modules of the model it wraps, so it gets its own module tree;
+    the weights stay the handle's (``deepcopy`` with every parameter memoised as itself), so
+    the bridge costs buffers and module objects, not a second copy of the weights.
+    """
+    return copy.deepcopy(model, {id(p): p for p in model.parameters()})
 
 
 def to_nnsight(handle: ModelHandle) -> Any:

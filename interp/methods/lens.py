@@ -54,7 +54,6 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,61 +63,11 @@ from torch import Tensor
 
 from interp.core.errors import LensError
 from interp.hooks.capture import hooked
-from interp.models.points import base_model
+from interp.models.readout import Readout, attribution_names, logit_attribution, readout
 
 __all__ = ["Readout", "TunedLens", "direct_logit_attribution", "first_agreeing_layer",
            "fit_tuned_lens", "lens_kl", "lens_logits", "readout", "reply_lens", "residual_stack",
            "stack_names", "token_lens"]
-
-
-@dataclass(frozen=True)
-class Readout:
-    """The model's own final norm and unembedding (module docstring, pitfall 3).
-
-    Attributes:
-        norm: the final norm module (``model.model.norm``): RMSNorm for the supported
-            architectures.
-        weight: ``[d_vocab, d_model]``, the output embedding's weight: the embedding matrix
-            itself when the model ties them.
-        bias: ``[d_vocab]`` or None.
-        tied: whether the output embedding IS the input embedding (same tensor).
-    """
-
-    norm: Any
-    weight: Float[Tensor, "vocab d_model"]
-    bias: Float[Tensor, " vocab"] | None
-    tied: bool
-
-    def logits(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... vocab"]:
-        """The lens logits of residual vectors: final norm (each vector's own scale), unembed."""
-        w = self.weight
-        h = self.norm(resid.to(w.dtype))
-        out = h @ w.T
-        return out + self.bias if self.bias is not None else out
-
-    def scale(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... 1"]:
-        """The final norm's scale ``1 / sqrt(mean(x^2) + eps)`` of each vector (RMSNorm)."""
-        eps = getattr(self.norm, "variance_epsilon", getattr(self.norm, "eps", 1e-6))
-        x = resid.float()
-        return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-
-
-def readout(model: Any) -> Readout:
-    """The final norm and the unembedding ``model`` uses (a PEFT model is unwrapped).
-
-    Raises:
-        LensError: the model has no ``model.norm`` or no output embedding.
-    """
-    base = base_model(model)
-    inner = getattr(base, "model", None)
-    norm = getattr(inner, "norm", None)
-    out = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
-    if norm is None or out is None:
-        raise LensError(f"{type(base).__name__} has no final norm at model.norm or no output "
-                        f"embedding; the lens supports decoder-only *ForCausalLM models")
-    emb = base.get_input_embeddings()
-    tied = emb is not None and out.weight.data_ptr() == emb.weight.data_ptr()
-    return Readout(norm=norm, weight=out.weight, bias=getattr(out, "bias", None), tied=tied)
 
 
 def stack_names(n_layers: int) -> list[str]:
@@ -351,12 +300,8 @@ def direct_logit_attribution(handle: Any, prompt: Sequence[int], a: int, b: int,
         LensError: an unsupported model (see :func:`readout`).
     """
     model = handle.model
-    base = base_model(model)
-    ro = readout(model)
     n = handle.n_layers
-    names = (["blocks.0.hook_resid_pre", f"blocks.{n - 1}.hook_resid_post"]
-             + [f"blocks.{i}.attn.hook_z" for i in range(n)]
-             + [f"blocks.{i}.hook_mlp_out" for i in range(n)])
+    names = attribution_names(n)
     last: dict[str, Tensor] = {}
 
     def stream(name: str, value: Tensor) -> None:
@@ -369,35 +314,9 @@ def direct_logit_attribution(handle: Any, prompt: Sequence[int], a: int, b: int,
             hooked(model, cache=names, stream=stream):
         out = model(input_ids=x, use_cache=False, logits_to_keep=1)
     extra: dict[str, Any] = {"rows": read_rows()[0]} if rows else {}
-    h = last[f"blocks.{n - 1}.hook_resid_post"]
-    gamma = getattr(ro.norm, "weight", None)
-    g = gamma.double().cpu() if gamma is not None else torch.ones_like(h)
-    w = ro.weight.double().cpu()
-    direction = ro.scale(h).double() * g * (w[a] - w[b])             # [d_model]
-    heads = torch.zeros(n, handle.n_heads, dtype=torch.float64)
-    mlp = torch.zeros(n, dtype=torch.float64)
-    resid = [last["blocks.0.hook_resid_pre"]]
-    attn_bias = torch.zeros(n, dtype=torch.float64)
-    for i, layer in enumerate(base.model.layers):
-        o = layer.self_attn.o_proj
-        wo = o.weight.double().cpu()                                  # [d_model, heads*hd]
-        z = last[f"blocks.{i}.attn.hook_z"]                           # [heads, hd]
-        hd = z.shape[-1]
-        per_head = torch.einsum("hk,dhk->hd", z, wo.view(wo.shape[0], -1, hd))
-        heads[i] = per_head @ direction
-        if o.bias is not None:
-            attn_bias[i] = o.bias.double().cpu() @ direction
-        mlp[i] = last[f"blocks.{i}.hook_mlp_out"] @ direction
-        if stack:
-            out_i = per_head.sum(0) + (o.bias.double().cpu() if o.bias is not None else 0.0)
-            resid.append(resid[-1] + out_i + last[f"blocks.{i}.hook_mlp_out"])
-    embed = float(last["blocks.0.hook_resid_pre"] @ direction)
-    lm_bias = float(ro.bias[a] - ro.bias[b]) if ro.bias is not None else 0.0
+    attrs = logit_attribution(last, model, a, b, stack=stack)
     total = float(out.logits[0, -1, a].double() - out.logits[0, -1, b].double())
-    s = float(heads.sum() + mlp.sum() + attn_bias.sum()) + embed + lm_bias
-    return {"heads": heads, "mlp": mlp, "attn_bias": attn_bias, "embed": embed,
-            "lm_bias": lm_bias, "total": total, "sum": s,
-            **({"stack": torch.stack(resid)} if stack else {}), **extra}
+    return {**attrs, "total": total, **extra}
 
 
 class TunedLens(torch.nn.Module):

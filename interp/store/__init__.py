@@ -23,9 +23,9 @@ from typing import Any
 from interp.store.records import Record
 from interp.store.rundir import RunDir
 
-__all__ = ["Activations", "Record", "RunDir", "load_activations", "load_cache"]
+__all__ = ["Activations", "Record", "RunDir", "load_activations"]
 
-_RECORDINGS = ("Activations", "load_activations", "load_cache")
+_RECORDINGS = ("Activations", "load_activations")
 
 
 def __getattr__(name: str) -> Any:

@@ -49,6 +49,7 @@ class Activations:
         layers: the layers of the tensor (one for a single hook).
         token_ids: the prompt's token ids ``[pos]``.
         token_spans: span -> ``[start, end)`` token range.
+        n_layers: the depth of the model that was recorded.
     """
 
     hook: str
@@ -59,6 +60,7 @@ class Activations:
     layers: list[int]
     token_ids: list[int]
     token_spans: dict[str, list[int]]
+    n_layers: int = 0
 
 
 def _find_part(root: Path, record_id: str, dataset: str | None) -> Path:
@@ -144,15 +146,6 @@ def load_activations(run: RunDir | str | Path, record_id: str, task: str, hook: 
                        tokens=info["tokens"], labels=info["labels"],
                        positions=info["positions"],
                        layers=[int(n.split(".")[1]) for n in names],
-                       token_ids=info["token_ids"], token_spans=info["token_spans"])
+                       token_ids=info["token_ids"], token_spans=info["token_spans"],
+                       n_layers=n_layers)
 
-
-def load_cache(run: RunDir | str | Path, record_id: str, task: str,
-               hooks: Iterable[str], *, dataset: str | None = None) -> dict[str, torch.Tensor]:
-    """A TransformerLens-style cache: hook name -> tensor with a batch axis of 1.
-
-    As ``run_with_cache`` gives it: ``blocks.5.attn.hook_pattern`` is ``[1, n_heads, pos, pos]``
-    with ``--positions all``. Raises as :func:`load_activations`.
-    """
-    return {h: load_activations(run, record_id, task, h, dataset=dataset).tensor[None]
-            for h in hooks}

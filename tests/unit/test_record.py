@@ -15,7 +15,8 @@ from interp.core.io import is_tmp_path
 from interp.hooks.recorder import record_stream
 from interp.judging.prompts import get_template, render
 from interp.stages import record as stage
-from interp.store.recordings import load_activations, load_cache, recording_index_path
+from interp.hooks.cache import load_cache
+from interp.store.recordings import load_activations, recording_index_path
 from interp.store.shards import TensorStreamWriter, nbytes, plan_shards
 from interp.testing import synthetic_probe_run, tiny_llama
 
@@ -168,8 +169,16 @@ def test_stage_writes_shards_index_and_loads_by_hook_name(tiny3, run3):
     torch.testing.assert_close(a.tensor.sum(-1), torch.ones(4, n))
     stacked = load_activations(run3, rec["id"], "gen", "hook_resid_post")
     assert stacked.tensor.shape == (3, rec["prompts"]["gen"]["n_tokens"], 64)
-    cache = load_cache(run3, rec["id"], "eval", ["blocks.0.attn.hook_z"])
+    cache = load_cache(run3, rec["id"], "eval", ["blocks.0.attn.hook_z", "attn.hook_pattern"])
     assert cache["blocks.0.attn.hook_z"].shape == (1, n, 4, 16)
+    # the same cache type and keys as run_with_cache, shorthand and span mass included
+    assert cache["z", 0] is cache["blocks.0.attn.hook_z"] and cache.n_layers == 3
+    assert sorted(cache) == ["blocks.0.attn.hook_pattern", "blocks.0.attn.hook_z",
+                             "blocks.1.attn.hook_pattern", "blocks.2.attn.hook_pattern"]
+    torch.testing.assert_close(cache["pattern", -1][0], a.tensor)
+    ctx = [i for i, lab in enumerate(a.labels) if lab == "context"]
+    want = float(a.tensor[:, -1, ctx].sum(-1).double().mean())
+    assert cache.span_mass("context", [2]) == pytest.approx(want, abs=1e-7)
     # span-to-span stored at recording time = span_to_span of the stored full pattern
     s2s = load_file(str(folder / "span_to_span.safetensors"))["eval"]
     torch.testing.assert_close(s2s[2], span_to_span(a.tensor, a.labels), equal_nan=True)

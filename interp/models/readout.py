@@ -1,0 +1,150 @@
+"""The model's own final norm and unembedding: how a residual-stream vector becomes logits.
+
+One home for the readout that the logit lens, direct logit attribution and the activation
+cache's ``accumulated_resid(apply_ln=True)`` share (:mod:`interp.methods.lens`,
+:mod:`interp.hooks.cache`). Pitfalls (each tested in ``tests/unit/test_lens.py``):
+
+1. Each vector is normalised with its OWN statistics (the norm module applied per vector), not
+   with the final layer's scale folded into every layer.
+2. Tied and untied unembeddings: the readout is ``model.get_output_embeddings()``, the matrix
+   the forward pass uses (SmolLM2 ties it to the embedding, Qwen2.5's checkpoint does not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from interp.core.errors import LensError
+from interp.models.points import base_model
+
+__all__ = ["Readout", "attribution_names", "logit_attribution", "readout"]
+
+
+@dataclass(frozen=True)
+class Readout:
+    """The model's own final norm and unembedding (module docstring, pitfall 2).
+
+    Attributes:
+        norm: the final norm module (``model.model.norm``): RMSNorm for the supported
+            architectures.
+        weight: ``[d_vocab, d_model]``, the output embedding's weight: the embedding matrix
+            itself when the model ties them.
+        bias: ``[d_vocab]`` or None.
+        tied: whether the output embedding IS the input embedding (same tensor).
+    """
+
+    norm: Any
+    weight: Float[Tensor, "vocab d_model"]
+    bias: Float[Tensor, " vocab"] | None
+    tied: bool
+
+    def logits(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... vocab"]:
+        """The lens logits of residual vectors: final norm (each vector's own scale), unembed."""
+        w = self.weight
+        h = self.norm(resid.to(w.dtype))
+        out = h @ w.T
+        return out + self.bias if self.bias is not None else out
+
+    def normalized(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        """The final norm applied to each vector with its own statistics (pitfall 1)."""
+        return self.norm(resid.to(self.weight.dtype))
+
+    def scale(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... 1"]:
+        """The final norm's scale ``1 / sqrt(mean(x^2) + eps)`` of each vector (RMSNorm)."""
+        eps = getattr(self.norm, "variance_epsilon", getattr(self.norm, "eps", 1e-6))
+        x = resid.float()
+        return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def readout(model: Any) -> Readout:
+    """The final norm and the unembedding ``model`` uses (a PEFT model is unwrapped).
+
+    Raises:
+        LensError: the model has no ``model.norm`` or no output embedding.
+    """
+    base = base_model(model)
+    inner = getattr(base, "model", None)
+    norm = getattr(inner, "norm", None)
+    out = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if norm is None or out is None:
+        raise LensError(f"{type(base).__name__} has no final norm at model.norm or no output "
+                        f"embedding; the lens supports decoder-only *ForCausalLM models")
+    emb = base.get_input_embeddings()
+    tied = emb is not None and out.weight.data_ptr() == emb.weight.data_ptr()
+    return Readout(norm=norm, weight=out.weight, bias=getattr(out, "bias", None), tied=tied)
+
+
+def attribution_names(n_layers: int) -> list[str]:
+    """Hook points :func:`logit_attribution` reads: embeddings, final residual, heads, MLPs."""
+    return (["blocks.0.hook_resid_pre", f"blocks.{n_layers - 1}.hook_resid_post"]
+            + [f"blocks.{i}.attn.hook_z" for i in range(n_layers)]
+            + [f"blocks.{i}.hook_mlp_out" for i in range(n_layers)])
+
+
+def logit_attribution(acts: Mapping[str, Tensor], model: Any, a: int, b: int, *,
+                      stack: bool = False) -> dict[str, Any]:
+    """Direct logit attribution of ``logit[a] - logit[b]`` at one position, from activations.
+
+    Elhage et al. 2021, "A mathematical framework for transformer circuits" (TransformerLens
+    ``cache.logit_attrs``): the final residual stream ``h`` is the embedding plus, for every
+    block, each head's ``z_h W_O[h]``, the output projection's bias and the MLP's output; with
+    the final norm's scale ``s`` frozen at its value on ``h``, ``logit[a] - logit[b] = sum over
+    components c of (s * gamma * c) . (W_U[a] - W_U[b])`` (plus the unembedding bias), so the
+    attributions sum to the model's own logit difference up to float rounding.
+
+    Args:
+        acts: the activations of :func:`attribution_names` at ONE position: ``[d_model]`` for
+            the residuals and MLP outputs, ``[n_heads, head_dim]`` for ``attn.hook_z``.
+        model: the causal LM the activations came from (PEFT unwrapped).
+        a: the token scored up.
+        b: the token scored down.
+        stack: also return ``"stack"``: the residual stream before block 0 and after every
+            block, ``[n_layers + 1, d_model]`` float64, summed from the same components.
+
+    Returns:
+        ``{"heads": [n_layers, n_heads], "mlp": [n_layers], "attn_bias": [n_layers],
+        "embed": float, "lm_bias": float, "sum": float}`` in nats (float64); ``sum`` is the
+        sum of every attribution.
+
+    Raises:
+        LensError: an unsupported model (see :func:`readout`).
+        KeyError: an activation of :func:`attribution_names` missing from ``acts``.
+    """
+    base = base_model(model)
+    ro = readout(model)
+    layers = base.model.layers
+    n = len(layers)
+    last = {k: v.double().cpu() for k, v in acts.items()}
+    h = last[f"blocks.{n - 1}.hook_resid_post"]
+    gamma = getattr(ro.norm, "weight", None)
+    g = gamma.double().cpu() if gamma is not None else torch.ones_like(h)
+    w = ro.weight.double().cpu()
+    direction = ro.scale(h).double() * g * (w[a] - w[b])             # [d_model]
+    heads = torch.zeros(n, int(base.config.num_attention_heads), dtype=torch.float64)
+    mlp = torch.zeros(n, dtype=torch.float64)
+    attn_bias = torch.zeros(n, dtype=torch.float64)
+    resid = [last["blocks.0.hook_resid_pre"]]
+    for i, layer in enumerate(layers):
+        o = layer.self_attn.o_proj
+        wo = o.weight.double().cpu()                                  # [d_model, heads*hd]
+        z = last[f"blocks.{i}.attn.hook_z"]                           # [heads, hd]
+        hd = z.shape[-1]
+        per_head = torch.einsum("hk,dhk->hd", z, wo.view(wo.shape[0], -1, hd))
+        heads[i] = per_head @ direction
+        if o.bias is not None:
+            attn_bias[i] = o.bias.double().cpu() @ direction
+        mlp[i] = last[f"blocks.{i}.hook_mlp_out"] @ direction
+        if stack:
+            out_i = per_head.sum(0) + (o.bias.double().cpu() if o.bias is not None else 0.0)
+            resid.append(resid[-1] + out_i + last[f"blocks.{i}.hook_mlp_out"])
+    embed = float(last["blocks.0.hook_resid_pre"] @ direction)
+    lm_bias = float(ro.bias[a] - ro.bias[b]) if ro.bias is not None else 0.0
+    s = float(heads.sum() + mlp.sum() + attn_bias.sum()) + embed + lm_bias
+    return {"heads": heads, "mlp": mlp, "attn_bias": attn_bias, "embed": embed,
+            "lm_bias": lm_bias, "sum": s, **({"stack": torch.stack(resid)} if stack else {})}
