@@ -271,6 +271,9 @@ class ActivationCache(Mapping[str, Tensor]):
         if self.labels is None:
             raise HookError("this cache has no span labels: run a prompt object "
                             "(interp.judging.cases) rather than bare token ids")
+        if span not in span_names(self.labels):
+            raise HookError(f"unknown span {span!r}; this prompt's spans: "
+                            f"{span_names(self.labels)}")
         band = parse_layers(layers, self.n_layers)
         if self.rows is not None:
             rows = self.rows[band]

@@ -53,6 +53,7 @@ from interp.analysis.stats import passage_groups
 from interp.core.contract import flat_key
 from interp.core.errors import PairError, PatchingError
 from interp.core.vocab import PAIR_KINDS
+from interp.judging.cases import Case
 from interp.judging.prompts import RenderedPrompt, Template, render
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "align_positions",
     "build_pairs",
     "candidate_swap_pair",
+    "case_pair",
     "control_pair",
     "gen_eval_pair",
 ]
@@ -414,3 +416,51 @@ def build_pairs(records: Sequence[Mapping[str, Any]], kind: str, template: Templ
             pairs.append(p)
             n_ok += 1
     return pairs, skipped
+
+
+def case_pair(c: Case, kind: str, *, wrong: str | None = None) -> PatchPair:
+    """The clean/corrupt pair of a :class:`interp.judging.cases.Case`, as the CLI builds it.
+
+    The Python entry to the pair kinds of ``interp patch --pairs`` (module docstring): the same
+    prompts, position maps and units as :func:`build_pairs` gives for a record.
+
+    Args:
+        c: the case (``case(tokenizer, record_or_example)``).
+        kind: ``candidate-swap`` (clean: the gold answer judged; corrupt: ``wrong`` judged),
+            ``gen-to-eval`` (generator -> judge, last position) or ``eval-to-gen`` (judge ->
+            generator; the generator prompt is scored with the verdict replies on purpose:
+            its forced choice between the two words).
+        wrong: the wrong answer of a candidate swap (a hard negative, the model's own wrong
+            answer, a counterfactual of the gold's token length so that the candidate span is
+            patched as a unit).
+
+    Raises:
+        PatchingError: an unknown kind, or a candidate swap without ``wrong``.
+        PairError: no gold answer, a wrong answer that is the gold, or a judge prompt missing
+            (a case without the model's own answer for the last-position kinds).
+    """
+    rid, ds = c.id, c.dataset
+    if kind == "candidate-swap":
+        if not c.answers:
+            raise PairError(f"record {rid}: no gold answer (unanswerable?)", "no_gold")
+        if not wrong or not wrong.strip():
+            raise PatchingError("a candidate swap needs the wrong answer: case_pair(c, "
+                                "'candidate-swap', wrong='...')")
+        if _norm(wrong) in {_norm(g) for g in c.answers}:
+            raise PairError(f"record {rid}: {wrong!r} is a gold answer", "no_incorrect_answer")
+        clean, corrupt = c.judging(c.gold), c.judging(wrong)
+        pos_map, _, middle = align_positions(clean.input_ids, corrupt.input_ids)
+        pair = PatchPair(kind, rid, ds, clean, corrupt, pos_map, 0, "", middle, c.gold, wrong,
+                         "given")
+        pair.start = min(pair.patchable())
+        return pair
+    if kind not in ("gen-to-eval", "eval-to-gen"):
+        raise PatchingError(f"unknown pair kind {kind!r}; from a case: candidate-swap, "
+                            f"gen-to-eval, eval-to-gen")
+    if c.judge is None:
+        raise PairError(f"record {rid}: the case has no judge prompt (no own answer): build it "
+                        f"from a record of a finished run", "no_incorrect_answer")
+    clean, corrupt = (c.gen, c.judge) if kind == "gen-to-eval" else (c.judge, c.gen)
+    pos_map = [-1] * (len(corrupt) - 1) + [len(clean) - 1]
+    return PatchPair(kind, rid, ds, clean, corrupt, pos_map, len(corrupt) - 1, "",
+                     corrupt_answer=c.answer or "", corrupt_source="own")

@@ -65,6 +65,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from interp.core.errors import PatchingError
+from interp.core.vocab import MIN_GAP
 from interp.hooks.backends import (
     HFBackend,
     extend_prompts,
@@ -86,6 +87,7 @@ __all__ = [
     "Patcher",
     "own_activation",
     "patch",
+    "patch_pair",
     "ratio_of_sums",
     "patchable_positions",
     "shared_prefix",
@@ -181,18 +183,44 @@ class PatchResult:
     clean_forward_s: float = float("nan")
     n_runs: int = 0
     last_logits: Tensor | None = None
+    min_gap: float = 0.0
+
+    @property
+    def gap(self) -> float:
+        """``clean - corrupt`` (nats): what a patch can restore; its sign orients the effect."""
+        return self.clean - self.corrupt
+
+    @property
+    def measurable(self) -> bool:
+        """Whether ``|gap| >= min_gap`` (and above 1e-6 nats): the pair can measure an effect."""
+        return abs(self.gap) >= max(self.min_gap, 1e-6)
 
     @property
     def effect(self) -> Float[np.ndarray, " n_rows"]:
-        """Normalised effects ``(patched - corrupt) / (clean - corrupt)`` of this pair.
+        """Normalised effects ``sign(gap) (patched - corrupt) / |gap|`` of this pair.
 
-        NaN when the gap is below 1e-6 nats; the aggregate over pairs is
-        :func:`ratio_of_sums`.
+        The same number as ``(patched - corrupt) / (clean - corrupt)``, oriented so that 1
+        means the patch restored the clean score whichever of the two is higher (a pair whose
+        clean score is below its corrupt one reads the same way as any other). NaN when the
+        pair is not :attr:`measurable` (a 0.36-nat gap would turn a 4.5-nat change into an
+        "effect" of -12.5). The aggregate over pairs is :func:`ratio_of_sums`, over pairs kept
+        by the same rule.
         """
-        den = self.clean - self.corrupt
-        if abs(den) < 1e-6:
+        if not self.measurable:
             return np.full_like(self.patched, np.nan)
-        return (self.patched - self.corrupt) / den
+        return np.sign(self.gap) * (self.patched - self.corrupt) / abs(self.gap)
+
+    @property
+    def note(self) -> str:
+        """One line on what the effect can mean for this pair ("" when nothing to say)."""
+        if not self.measurable:
+            return (f"|gap| {abs(self.gap):.2f} < min_gap {self.min_gap} nats (clean "
+                    f"{self.clean:+.2f}, corrupt {self.corrupt:+.2f}): too small to measure an "
+                    f"effect; effect is NaN (pass min_gap=0 to read the raw ratio)")
+        if self.gap < 0:
+            return (f"the clean score is below the corrupt one (gap {self.gap:+.2f} nats): "
+                    f"effects are oriented by sign(gap), 1 = the clean score restored")
+        return ""
 
     @property
     def p_correct(self) -> Float[np.ndarray, " n_rows"]:
@@ -564,7 +592,8 @@ def own_activation(handle: ModelHandle, ids: TokenIds, hook: str, *,
 
 def patch(handle: ModelHandle, clean_ids: TokenIds, corrupt_ids: TokenIds, *, hook: str,
           positions: Sequence[int] | None = None, heads: Sequence[int] | None = None,
-          backend: str = "hf", pos_map: Sequence[int] | None = None) -> PatchResult:
+          backend: str = "hf", pos_map: Sequence[int] | None = None,
+          min_gap: float = MIN_GAP) -> PatchResult:
     """Patch one pair at one hook point (the notebook entry point).
 
     Example:
@@ -583,9 +612,13 @@ def patch(handle: ModelHandle, clean_ids: TokenIds, corrupt_ids: TokenIds, *, ho
         heads: query heads (``attn.hook_z`` only).
         backend: ``hf``, ``transformer_lens`` or ``nnsight``.
         pos_map: corrupt position -> clean position (-1: none), for prompts of unequal length.
+        min_gap: the command line's gap rule (``interp patch --min-gap``, default
+            :data:`MIN_GAP` nats): a pair whose ``|clean - corrupt|`` is under it gets NaN
+            effects and a :attr:`PatchResult.note`; effects are oriented by ``sign(gap)``.
 
     Returns:
-        :class:`PatchResult` with one patched run.
+        :class:`PatchResult` with one patched run; ``r.note`` says when the pair is too small
+        to measure or its clean score is below its corrupt one.
 
     Raises:
         HookError: unknown hook or layer (lists valid ones).
@@ -596,9 +629,59 @@ def patch(handle: ModelHandle, clean_ids: TokenIds, corrupt_ids: TokenIds, *, ho
     Every forward runs in eval mode (:func:`interp.hooks.guard.inference_guard`); the model
     gets its training flags and hooks back afterwards, whatever raises.
     """
+    if getattr(corrupt_ids, "task", None) == "gen" or getattr(clean_ids, "task", None) == "gen":
+        raise PatchingError("patch() scores the corrupt prompt with the judge's verdict "
+                            "replies; a generator prompt is not a judge prompt: patch a pair "
+                            "of the CLI's kinds with patch_pair(case_pair(case, 'gen-to-eval'"
+                            " or 'eval-to-gen'), ...)")
+    clean_ids = getattr(clean_ids, "input_ids", clean_ids)
+    corrupt_ids = getattr(corrupt_ids, "input_ids", corrupt_ids)
     _parse(hook, handle.n_layers)
     with inference_guard(handle):
         p = Patcher(handle, clean_ids, corrupt_ids, pos_map=pos_map, backend=backend,
                     prefix_cache=False)
-        return p.run([Patch(hook, None if positions is None else tuple(int(x) for x in positions),
-                            None if heads is None else tuple(heads))])
+        res = p.run([Patch(hook, None if positions is None else tuple(int(x) for x in positions),
+                           None if heads is None else tuple(heads))])
+    res.min_gap = float(min_gap)
+    return res
+
+
+def patch_pair(handle: Any, pair: Any, *, hook: str, unit: str | None = None,
+               positions: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+               backend: str = "hf", min_gap: float = MIN_GAP) -> PatchResult:
+    """Patch one pair of the command line's kinds at one hook point, with its gap rule.
+
+    Example:
+        >>> c = case(model.tokenizer, record)
+        >>> r = patch_pair(model, case_pair(c, "gen-to-eval"), hook="blocks.20.hook_resid_post")
+        >>> r.effect[0], r.note
+
+    Args:
+        handle: the model (a :class:`interp.hooks.model.HookedModel` or a handle).
+        pair: a :class:`interp.methods.pairs.PatchPair` (:func:`interp.methods.pairs.case_pair`
+            or :func:`interp.methods.pairs.build_pairs`).
+        hook: the hook point.
+        unit: a span unit of the pair (``verdict``, ``context``, ``candidate``, ``all``, ...:
+            :meth:`PatchPair.span_units`) instead of ``positions``.
+        positions: corrupt positions (None with no ``unit``: every patchable one).
+        heads: query heads (``attn.hook_z`` only).
+        backend: ``hf``, ``transformer_lens`` or ``nnsight``; a HookedModel's own by default.
+        min_gap: the gap rule (:func:`patch`).
+
+    Returns:
+        :class:`PatchResult`: NaN effects and a note when ``|gap| < min_gap``; effects oriented
+        by ``sign(gap)``.
+
+    Raises:
+        PatchingError: a unit the pair does not have (names the ones it has), or as
+            :func:`patch`.
+    """
+    handle, backend = getattr(handle, "handle", handle), getattr(handle, "backend_name", backend)
+    if unit is not None:
+        units = pair.span_units()
+        if unit not in units:
+            raise PatchingError(f"the pair has no unit {unit!r}; its units: {sorted(units)}")
+        positions = units[unit]
+    return patch(handle, pair.clean.input_ids, pair.corrupt.input_ids, hook=hook,
+                 positions=positions, heads=heads, backend=backend, pos_map=pair.pos_map,
+                 min_gap=min_gap)

@@ -38,6 +38,7 @@ from interp.core.vocab import (
     DETECTOR_FEATURES,
     EXACT_MODES,
     MAX_REASONING_TOKENS,
+    MIN_GAP,
     PAIR_KINDS,
     POOLS,
     PROBES,
@@ -556,7 +557,7 @@ class PatchingConfig:
     per_position: bool = True
     exact: str = "topk"
     top_k: int = option(16, kind="count")
-    min_gap: float = 1.0
+    min_gap: float = MIN_GAP
     band: str | list[int] = option(DEFAULT_BAND, kind="layers")
     oracle: str | None = None
     mine: bool = True

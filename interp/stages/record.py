@@ -33,7 +33,8 @@ Algorithm of :func:`run` (the tensors come from :func:`interp.hooks.recorder.rec
    (:func:`interp.analysis.span_mass.summarize_span_to_span` over the band) and the figure
    ``figures/record_span_to_span.png``.
 
-Loading: :func:`interp.store.load_activations` / :func:`interp.hooks.cache.load_cache` (an :class:`interp.hooks.cache.ActivationCache`).
+Loading: :func:`interp.store.load_activations` / :func:`interp.hooks.cache.load_cache` (an
+:class:`interp.hooks.cache.ActivationCache`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ stored under ``DIR/record/<dataset>/<id>/``: shards and an ``index.json`` writte
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

@@ -12,10 +12,10 @@ from safetensors.torch import load_file
 from interp.analysis.span_mass import LAST, span_to_span
 from interp.core.errors import AttentionError, ConfigError, LayerSpecError, RunDirError
 from interp.core.io import is_tmp_path
+from interp.hooks.cache import load_cache
 from interp.hooks.recorder import record_stream
 from interp.judging.prompts import get_template, render
 from interp.stages import record as stage
-from interp.hooks.cache import load_cache
 from interp.store.recordings import load_activations, recording_index_path
 from interp.store.shards import TensorStreamWriter, nbytes, plan_shards
 from interp.testing import synthetic_probe_run, tiny_llama
