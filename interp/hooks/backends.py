@@ -60,7 +60,7 @@ from torch import Tensor
 from interp.core.errors import BackendError
 from interp.hooks.capture import Edit, hooked
 from interp.hooks.guard import inference_guard
-from interp.hooks.wrappers import attn_implementation, to_nnsight, to_tlens
+from interp.hooks.wrappers import attn_implementation, envoy, to_nnsight, to_tlens
 from interp.models.devices import like
 from interp.models.kv_cache import cache_kwarg, continuation_logprobs, output_cache
 from interp.models.loading import ModelHandle
@@ -292,6 +292,11 @@ class Backend(Protocol):
         ...
 
 
+def _attn_paths(handle: ModelHandle, layers: Sequence[int]) -> list[str]:
+    """Module paths of the attention blocks of ``layers`` (their second output: the weights)."""
+    return [hook_site(handle.model, f"blocks.{x}.hook_attn_out").module_path for x in layers]
+
+
 class HFBackend:
     """The Hugging Face model, read and edited through :func:`interp.hooks.capture.hooked`.
 
@@ -357,6 +362,19 @@ class HFBackend:
             lp = continuation_logprobs(self.model, out.logits[:, -1], out.kv, mask,
                                        [list(r) for r in replies])
         return lp, out.logits[:, -1], out.acts
+
+    def patterns(self, ids: Int[Tensor, "1 pos"], layers: Sequence[int]
+                 ) -> dict[int, Float[Tensor, "1 head pos pos"]]:
+        """Full attention patterns of ``layers``: eager attention's ``output_attentions``.
+
+        The check path of the exact recorder (:mod:`interp.hooks.recorder`): float32 on CPU,
+        rows sum to 1.
+        """
+        with attn_implementation(self.handle, "eager"), torch.no_grad(), \
+                inference_guard(self.model):
+            out = self.model(input_ids=ids, use_cache=False, output_attentions=True,
+                             logits_to_keep=1)
+        return {x: out.attentions[x].float().cpu() for x in layers}
 
     def prefix_cache(self, ids: Int[Tensor, "1 prefix"]) -> Any:
         """Key/value cache of ``ids`` (the shared unpatched prefix of every patched row)."""
@@ -450,6 +468,15 @@ class TLBackend(_FullPromptBackend):
             logits = self.bridge.run_with_hooks(ids, fwd_hooks=hooks, return_type="logits")
         return logits[:, -keep:, :], cache
 
+    def patterns(self, ids: Int[Tensor, "1 pos"], layers: Sequence[int]
+                 ) -> dict[int, Float[Tensor, "1 head pos pos"]]:
+        """Full attention patterns of ``layers``: the bridge's ``blocks.L.attn.hook_pattern``."""
+        names = {x: f"blocks.{x}.attn.hook_pattern" for x in layers}
+        with torch.no_grad(), inference_guard(self.bridge):
+            _, cache = self.bridge.run_with_cache(ids, names_filter=lambda n: n in
+                                                  names.values())
+        return {x: cache[n].float().cpu() for x, n in names.items()}
+
 
 class NNsightBackend(_FullPromptBackend):
     """nnsight tracing: module inputs/outputs read and assigned in execution order."""
@@ -461,18 +488,12 @@ class NNsightBackend(_FullPromptBackend):
         self.lm = to_nnsight(handle)
         self.n_heads = handle.n_heads
 
-    def _envoy(self, path: str) -> Any:
-        obj = self.lm
-        for part in path.split("."):
-            obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
-        return obj
-
     def _run(self, ids: Tensor, sites: Mapping[str, HookSite], masks: Masks, sources: Sources,
              want: set[str], keep: int) -> tuple[Logits, Cache]:
         saved: dict[str, Any] = {}
         with torch.no_grad(), self.lm.trace(ids):
             for name, site in sites.items():
-                env = self._envoy(site.module_path)
+                env = envoy(self.lm, site.module_path)
                 whole = env.output if site.io == "output" else env.input
                 # a module that returns a tuple (the attention block: output, weights) holds
                 # the hook point's tensor first, as interp.hooks.capture reads it
@@ -493,14 +514,40 @@ class NNsightBackend(_FullPromptBackend):
             logits = self.lm.lm_head.output[:, -keep:, :].save()
         return logits.detach().clone(), {k: v.detach().clone() for k, v in saved.items()}
 
+    def patterns(self, ids: Int[Tensor, "1 pos"], layers: Sequence[int]
+                 ) -> dict[int, Float[Tensor, "1 head pos pos"]]:
+        """Full attention patterns of ``layers``: each attention module's weights (eager).
 
-def get_backend(handle: ModelHandle, backend: str = "hf") -> Backend:
-    """A backend for ``handle`` by name (:data:`BACKENDS`).
+        The attention module's second output under eager attention, read in an nnsight trace.
+        """
+        saved = []
+        with attn_implementation(self.handle, "eager"), torch.no_grad(), \
+                inference_guard(self.handle.model), self.lm.trace(ids):
+            for path in _attn_paths(self.handle, layers):
+                saved.append(envoy(self.lm, path).output[1].save())
+        return {x: getattr(v, "value", v).float().cpu() for x, v in zip(layers, saved,
+                                                                       strict=True)}
+
+
+def get_backend(handle: ModelHandle, backend: str = "hf", *, attn: str | None = None
+                ) -> Backend:
+    """A backend for ``handle`` by name (:data:`BACKENDS`): the one place a name picks a class.
+
+    Args:
+        handle: the model.
+        backend: ``hf``, ``transformer_lens`` or ``nnsight``.
+        attn: ``hf`` only: run under another attention kernel (``eager``: the check path of
+            the exact recorder, whose patterns are ``output_attentions``).
 
     Raises:
-        BackendError: an unknown backend name (lists the valid ones).
+        BackendError: an unknown backend name (lists the valid ones), or ``attn`` with a
+            backend other than ``hf``.
     """
     classes = {"hf": HFBackend, "transformer_lens": TLBackend, "nnsight": NNsightBackend}
     if backend not in classes:
         raise BackendError(f"unknown backend {backend!r}; valid: {list(BACKENDS)}")
+    if backend == "hf":
+        return HFBackend(handle, attn=attn)
+    if attn is not None:
+        raise BackendError(f"attn={attn!r} is an option of the 'hf' backend, not {backend!r}")
     return classes[backend](handle)

@@ -46,12 +46,12 @@ from interp.core.errors import BackendError, HookError
 from interp.core.layers import parse_layers
 from interp.hooks.backends import BACKENDS, Backend, Forward, get_backend
 from interp.hooks.cache import PATTERN, POINTS, ActivationCache, act_name
-from interp.hooks.capture import Edit, hooked
+from interp.hooks.capture import Edit, Stream, hooked
 from interp.hooks.guard import inference_guard
 from interp.hooks.recorder import recording
-from interp.hooks.wrappers import attn_implementation, to_nnsight, to_tlens
+from interp.hooks.wrappers import to_nnsight, to_tlens
 from interp.models.loading import ModelHandle, end_of_turn_ids, load_model
-from interp.models.points import check_architecture, hook_site
+from interp.models.points import check_architecture
 
 __all__ = ["HookedModel", "Prompt"]
 
@@ -267,8 +267,8 @@ class HookedModel:
             fwd = self.backend.forward(ids, cache_hooks=points, logits_to_keep=keep or
                                        ids.shape[1])
             acts, out_logits = dict(fwd.acts), fwd.logits
-            if pattern_layers:
-                acts.update(self._eager_patterns(ids, pattern_layers))
+            pats = self.backend.patterns(ids, pattern_layers) if pattern_layers else {}
+            acts.update({f"blocks.{x}.{PATTERN}": p for x, p in pats.items()})
         labels = getattr(prompt, "labels", None)
         return out_logits.detach(), ActivationCache(
             {n: acts[n] for n in wanted}, n_layers=self.n_layers, model=self, rows=rows,
@@ -290,35 +290,18 @@ class HookedModel:
         order = {n: i for i, n in enumerate(every)}
         return sorted(dict.fromkeys(out), key=order.__getitem__)
 
-    def _eager_patterns(self, ids: Tensor, layers: Sequence[int]) -> dict[str, Tensor]:
-        """Full patterns ``[1, n_heads, pos, pos]`` float32 as the wrapped library gives them."""
-        names = [f"blocks.{x}.{PATTERN}" for x in layers]
-        if self.backend_name == "transformer_lens":
-            bridge = to_tlens(self.handle)
-            with torch.no_grad(), inference_guard(bridge):
-                _, cache = bridge.run_with_cache(ids, names_filter=lambda n: n in names)
-            return {n: cache[n].float().cpu() for n in names}
-        lm = to_nnsight(self.handle)
-        paths = [hook_site(self.model, f"blocks.{x}.hook_attn_out").module_path for x in layers]
-        saved = []
-        with attn_implementation(self.handle, "eager"), torch.no_grad(), lm.trace(ids):
-            for path in paths:
-                env = lm
-                for part in path.split("."):
-                    env = env[int(part)] if part.isdigit() else getattr(env, part)
-                saved.append(env.output[1].save())
-        return {n: getattr(s, "value", s).float().cpu() for n, s in zip(names, saved,
-                                                                      strict=True)}
-
     @contextlib.contextmanager
     def hooks(self, *, edits: Mapping[str, Edit] | None = None, cache: Iterable[str] = (),
-              keep_graph: bool = False) -> Iterator[dict[str, Tensor]]:
+              keep_graph: bool = False, stream: Stream | None = None
+              ) -> Iterator[dict[str, Tensor]]:
         """Read and edit hook points of every forward of :attr:`model` inside the block.
 
         :func:`interp.hooks.capture.hooked` on the Hugging Face model (the weights every
         backend shares): ``edits`` maps a hook name to a function of its activation
         (``[batch, pos, ...]`` -> same shape); ``cache`` names the points whose (edited) value
-        the yielded dict receives. Every hook is removed on exit, whatever raises.
+        the yielded dict receives (or, with ``stream``, that function gets ``(name, value)``
+        the moment it is computed and nothing is kept). Every hook is removed on exit,
+        whatever raises.
 
         Example:
             >>> with model.hooks(edits={"blocks.3.attn.hook_z": zero_head_5}) as acts:
@@ -327,7 +310,8 @@ class HookedModel:
         Raises:
             HookError: an unknown hook point or a layer outside the model (nothing registered).
         """
-        with hooked(self.model, cache=cache, edits=edits, keep_graph=keep_graph) as acts:
+        with hooked(self.model, cache=cache, edits=edits, keep_graph=keep_graph,
+                    stream=stream) as acts:
             yield acts
 
     # --- patching ---------------------------------------------------------------------------

@@ -54,9 +54,10 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from interp.core.errors import AttentionError
 from interp.core.layers import parse_layers
 from interp.core.vocab import ATTENTION_BACKENDS
+from interp.hooks.backends import get_backend
 from interp.hooks.capture import hooked
 from interp.hooks.guard import inference_guard
-from interp.hooks.wrappers import attn_implementation, to_nnsight, to_tlens
+from interp.hooks.wrappers import attn_implementation
 from interp.models.devices import module_weight, stack_cpu
 from interp.models.loading import ModelHandle
 from interp.models.points import hook_name, hook_site, resolve
@@ -324,35 +325,12 @@ def _record_hf(handle: ModelHandle, ids: Tensor, layers: list[int],
                      layers=layers)
 
 
-def _envoy(lm: Any, path: str) -> Any:
-    """The nnsight envoy at a dotted module path (list indices as integers)."""
-    obj = lm
-    for part in path.split("."):
-        obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
-    return obj
-
-
 def _record_check(handle: ModelHandle, ids: Tensor, backend: str) -> Tensor:
-    """Step 3: rows ``[n_layers, n_heads, pos]`` from eager attention weights."""
-    model, n_layers = handle.model, handle.n_layers
-    wrapper = {"transformer_lens": to_tlens, "nnsight": to_nnsight}.get(backend)
-    lm = wrapper(handle) if wrapper else None  # an unsupported architecture fails here
-    bridge = lm if backend == "transformer_lens" else None  # a copy: guard it too
-    with attn_implementation(handle, "eager"), inference_guard(bridge):
-        if backend == "eager":
-            out = model(input_ids=ids, use_cache=False, output_attentions=True, logits_to_keep=1)
-            return stack_cpu([a[0, :, -1, :] for a in out.attentions])
-        if backend == "transformer_lens":
-            names = [f"blocks.{x}.attn.hook_pattern" for x in range(n_layers)]
-            _, cache = lm.run_with_cache(ids, names_filter=lambda n: n in names)
-            return stack_cpu([cache[n][0, :, -1, :] for n in names])
-        paths = [hook_site(model, hook_name(x, "hook_attn_out")).module_path
-                 for x in range(n_layers)]
-        saved = []
-        with lm.trace(ids):
-            for path in paths:
-                saved.append(_envoy(lm, path).output[1][0, :, -1, :].save())
-        return stack_cpu([getattr(s, "value", s) for s in saved])
+    """Step 3: rows ``[n_layers, n_heads, pos]`` from a library's eager attention weights."""
+    be = get_backend(handle, "hf", attn="eager") if backend == "eager" else \
+        get_backend(handle, backend)  # an unsupported architecture fails here
+    pats = be.patterns(ids, range(handle.n_layers))
+    return torch.stack([pats[x][0, :, -1, :] for x in range(handle.n_layers)])
 
 
 @torch.no_grad()

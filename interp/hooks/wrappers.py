@@ -21,7 +21,7 @@ from interp.core.errors import BackendError
 from interp.models.loading import ModelHandle
 from interp.models.points import check_architecture
 
-__all__ = ["attn_implementation", "to_nnsight", "to_tlens"]
+__all__ = ["attn_implementation", "envoy", "to_nnsight", "to_tlens"]
 
 _TLENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -139,3 +139,17 @@ def to_nnsight(handle: ModelHandle) -> Any:
         except ImportError as err:  # pragma: no cover
             raise BackendError("the nnsight backend needs nnsight>=0.8") from err
         return LanguageModel(handle.model, tokenizer=handle.tokenizer)
+
+
+def envoy(lm: Any, path: str) -> Any:
+    """The nnsight envoy of the module at a dotted path (list indices as integers).
+
+    Args:
+        lm: an nnsight wrapper (:func:`to_nnsight`).
+        path: a module path from the causal LM (:func:`interp.models.points.hook_site`'s
+            ``module_path``, e.g. ``model.layers.5.self_attn``).
+    """
+    obj = lm
+    for part in path.split("."):
+        obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
+    return obj

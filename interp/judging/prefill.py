@@ -45,8 +45,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.core.progress import advance
-from interp.hooks.capture import hooked
 from interp.hooks.guard import inference_guard
+from interp.hooks.model import HookedModel
 from interp.models.kv_cache import (
     cache_kwarg,
     continuation_logprobs,
@@ -138,7 +138,7 @@ def _pooling(handle: ModelHandle, lengths: Sequence[int], width: int,
         return pool
 
     edits = {hook_name(x, "hook_resid_post"): make(x) for x in range(handle.n_layers)}
-    with hooked(handle.model, edits=edits):
+    with HookedModel(handle).hooks(edits=edits):
         yield got
 
 

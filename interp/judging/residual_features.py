@@ -27,7 +27,7 @@ from torch import Tensor
 from interp.core.errors import ProbeError
 from interp.core.progress import tqdm
 from interp.core.vocab import POOLS
-from interp.hooks.capture import hooked
+from interp.hooks.model import HookedModel
 from interp.judging.prompts import RenderedPrompt
 from interp.models.devices import stack_cpu
 from interp.models.kv_cache import left_pad, pad_token_id, position_ids
@@ -75,7 +75,7 @@ def residual_stream(handle: ModelHandle, input_ids: Int[Tensor, "batch seq"],
         attention_mask = torch.ones_like(input_ids)
     attention_mask = attention_mask.to(dev)
     names = [hook_name(layer, "hook_resid_post") for layer in range(handle.n_layers)]
-    with hooked(handle.model, cache=names) as acts:
+    with HookedModel(handle).hooks(cache=names) as acts:
         handle.model(input_ids=input_ids, attention_mask=attention_mask,
                      position_ids=position_ids(attention_mask), use_cache=False, logits_to_keep=1)
     return stack_cpu([acts[n] for n in names], dim=1).float()  # layers may sit apart

@@ -62,7 +62,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.core.errors import LensError
-from interp.hooks.capture import hooked
+from interp.hooks.model import HookedModel
+from interp.hooks.recorder import batch_rows
 from interp.models.readout import Readout, attribution_names, logit_attribution, readout
 
 __all__ = ["Readout", "TunedLens", "direct_logit_attribution", "first_agreeing_layer",
@@ -112,7 +113,7 @@ def residual_stack(handle: Any, ids: Sequence[int], positions: Sequence[int]
 
     x = torch.tensor([list(ids)], device=handle.device)
     tail = n - min(pos)
-    with hooked(handle.model, cache=names, stream=stream):
+    with HookedModel(handle).hooks(cache=names, stream=stream):
         out = handle.model(input_ids=x, use_cache=False, logits_to_keep=tail)
     return (torch.stack([rows[k] for k in names]),
             out.logits[0, keep - (n - tail)].float().cpu())
@@ -307,11 +308,9 @@ def direct_logit_attribution(handle: Any, prompt: Sequence[int], a: int, b: int,
     def stream(name: str, value: Tensor) -> None:
         last[name] = value[0, -1].double().cpu()
 
-    if rows:
-        from interp.hooks.recorder import batch_rows
     x = torch.tensor([list(prompt)], device=handle.device)
     with (batch_rows(handle) if rows else contextlib.nullcontext()) as read_rows, \
-            hooked(model, cache=names, stream=stream):
+            HookedModel(handle).hooks(cache=names, stream=stream):
         out = model(input_ids=x, use_cache=False, logits_to_keep=1)
     extra: dict[str, Any] = {"rows": read_rows()[0]} if rows else {}
     attrs = logit_attribution(last, model, a, b, stack=stack)
