@@ -96,7 +96,7 @@ transfer: $(STAMP)
 # Two tiers (docs/development.md says which to run when, and how long each takes).
 # `make check`, before a commit: ruff, the docs site (warnings are errors) and the unit tests
 # (tiny models built in code, no model file): pytest -m "not slow".
-# `make test`, before a push and in CI: `make check`, then the tutorial notebook (bundled model,
+# `make test`, before a push and in CI: `make check`, then the two notebooks (bundled model,
 # a few records) and every test marked slow: equivalence (backends agree, recorder = eager,
 # batched = single), integration (bundled models, real records), the golden pins and the
 # rehearsal of experiments/paper.toml.
@@ -118,7 +118,7 @@ check: $(STAMP)
 	$(PYTEST) -m "not slow"
 
 test: check
-	$(BIN)/python -m pytest -q --nbmake --nbmake-timeout=900 docs/tutorial.ipynb
+	$(BIN)/python -m pytest -q --nbmake --nbmake-timeout=900 docs/tutorial.ipynb docs/recipes.ipynb
 	$(PYTEST) -m slow
 
 # The unit tests alone. They need no model file: tests/unit/conftest.py hides the bundled

@@ -84,7 +84,7 @@ class Case:
 
 
 def case(tokenizer: Any, source: Any, *, template: str | Template | None = None,
-         templates_path: str | None = None) -> Case:
+         templates_path: str | None = None, answer: str | None = None) -> Case:
     """The :class:`Case` of an example or of a stored record.
 
     Args:
@@ -96,6 +96,8 @@ def case(tokenizer: Any, source: Any, *, template: str | Template | None = None,
         template: the template variant (a name or a :class:`Template`); default the record's
             own, else ``default``.
         templates_path: a template file (a run's ``config.templates_path``).
+        answer: the model's answer to judge (:attr:`Case.judge`), for an example without a
+            stored answer (e.g. one the notebook just generated).
 
     Raises:
         PromptError: an unknown template, or a field the chat template rewrote.
@@ -125,6 +127,8 @@ def case(tokenizer: Any, source: Any, *, template: str | Template | None = None,
     tpl = template if isinstance(template, Template) else get_template(template or "default",
                                                                        templates_path)
     gen = render(tokenizer, tpl, "gen", context=source.context, question=source.question)
-    return Case(id=str(source.id), dataset=str(source.dataset), context=source.context,
-                question=source.question, answers=list(source.answers), template=tpl, gen=gen,
-                tokenizer=tokenizer)
+    out = Case(id=str(source.id), dataset=str(source.dataset), context=source.context,
+               question=source.question, answers=list(source.answers), template=tpl, gen=gen,
+               answer=answer, tokenizer=tokenizer)
+    out.judge = out.judging(answer) if answer is not None else None
+    return out

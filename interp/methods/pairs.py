@@ -220,7 +220,8 @@ def _incorrect(oracle: Any, answer: str, rec: Mapping[str, Any], golds: Sequence
 
 def candidate_swap_pair(tokenizer: Any, template: Template, rec: Mapping[str, Any],
                         oracle: Any, *, mine: Miner | None = None,
-                        max_tokens: int | None = None) -> PatchPair:
+                        max_tokens: int | None = None, equal_length: bool = False
+                        ) -> PatchPair:
     """Build the candidate-swap pair of a record (module docstring, kind 1).
 
     Args:
@@ -232,6 +233,10 @@ def candidate_swap_pair(tokenizer: Any, template: Template, rec: Mapping[str, An
         mine: closed-book hard negatives of the record, called only when neither the own
             answer nor a stored negative is usable.
         max_tokens: skip longer prompts (reason ``too_long``), checked before any mining.
+        equal_length: prefer a wrong answer whose tokens are as many as the gold's (the
+            candidate span then corresponds position by position and is patched as a unit);
+            the first usable answer otherwise. Mining is asked only when no earlier answer is
+            usable, or none has the gold's length.
 
     Raises:
         PairError: no gold answer (``no_gold``), a prompt longer than ``max_tokens``
@@ -256,6 +261,7 @@ def candidate_swap_pair(tokenizer: Any, template: Template, rec: Mapping[str, An
         for a in (mine(rec) if mine else ()):
             yield a, "mined"
 
+    first: PatchPair | None = None
     for answer, src in candidates():
         if not answer.strip() or _norm(answer) in gold_norm or (
                 src != "own" and not _incorrect(oracle, answer, rec, golds)):
@@ -271,7 +277,12 @@ def candidate_swap_pair(tokenizer: Any, template: Template, rec: Mapping[str, An
         pair = PatchPair("candidate-swap", rid, rec.get("dataset", ""), clean, corrupt,
                          pos_map, 0, passage_groups([rec])[0], middle, golds[0], answer, src)
         pair.start = min(pair.patchable())
-        return pair
+        if not equal_length or len(corrupt) == len(clean):
+            return pair
+        first = first or pair
+        tried.append(f"{src} {answer!r} is not of the gold's length")
+    if first is not None:
+        return first
     raise PairError(f"record {rid}: no answer the oracle grades Incorrect (own answer "
                     f"{'correct' if rec.get('oracle_label') else 'unusable'}; tried: "
                     f"{'; '.join(tried) or 'no stored or mined hard negative'})",
@@ -353,6 +364,7 @@ def control_pair(tokenizer: Any, template: Template, rec: Mapping[str, Any], *,
 def build_pairs(records: Sequence[Mapping[str, Any]], kind: str, template: Template,
                 tokenizer: Any, *, oracle: Any = None, mine: Miner | None = None,
                 limit: int | None = None, max_tokens: int | None = None,
+                equal_length: bool = False,
                 accept: Callable[[PatchPair], Mapping[str, Any] | None] | None = None,
                 log: Callable[[str], None] = print) -> tuple[list[PatchPair], list[dict]]:
     """Pairs of ``kind`` from ``ok`` records, at most ``limit`` accepted pairs per dataset.
@@ -367,6 +379,8 @@ def build_pairs(records: Sequence[Mapping[str, Any]], kind: str, template: Templ
         mine: closed-book hard negatives per record (candidate-swap; None: none mined).
         limit: accepted pairs per dataset (skipped records do not count; None: all).
         max_tokens: skip pairs with a longer prompt (CPU time).
+        equal_length: candidate-swap: prefer wrong answers of the gold's token length
+            (:func:`candidate_swap_pair`).
         accept: called on each built pair; None keeps it, a mapping ``{"reason", "message",
             ...}`` skips it with those fields (the patching stage's ``limit_kept``: a pair
             whose ``|gap|`` is under ``min_gap``). None: every built pair is kept.
@@ -386,7 +400,8 @@ def build_pairs(records: Sequence[Mapping[str, Any]], kind: str, template: Templ
         oracle = RuleOracle()
     build: dict[str, Callable[[Mapping[str, Any]], PatchPair]] = {
         "candidate-swap": lambda r: candidate_swap_pair(tokenizer, template, r, oracle,
-                                                        mine=mine, max_tokens=max_tokens),
+                                                        mine=mine, max_tokens=max_tokens,
+                                                        equal_length=equal_length),
         "gen-to-eval": lambda r: gen_eval_pair(tokenizer, template, r, "gen-to-eval",
                                                max_tokens=max_tokens),
         "eval-to-gen": lambda r: gen_eval_pair(tokenizer, template, r, "eval-to-gen",

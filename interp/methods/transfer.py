@@ -298,6 +298,7 @@ def rotation_answer(k: int, pool: Sequence[QAExample], oracle: BaseOracle, *,
 def mine_hard_negatives(handle: ModelHandle, pool: Sequence[QAExample], oracle: BaseOracle,
                         config: HardNegativeSettings | TransferSettings, *,
                         rotation: bool = True,
+                        prefer: Callable[[int, str], bool] | None = None,
                         log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Step 2 of the module algorithm: one hard negative per pool record.
 
@@ -309,6 +310,11 @@ def mine_hard_negatives(handle: ModelHandle, pool: Sequence[QAExample], oracle: 
             them all: :meth:`HardNegativeSettings.from_config` takes them).
         rotation: fall back to answer rotation when no attempt is usable (Study 3); without
             it such a record keeps ``hard_negative`` None (the patching study skips it).
+        prefer: ``(record index, answer) -> bool``: a kept answer for which it is False is held
+            back (decision ``kept_not_preferred``) and sampling goes on; the first preferred
+            answer is taken, else the first held back after the last attempt (the patching
+            study prefers answers of the gold's token length, so the candidate span is
+            patched as one unit).
         log: progress lines.
 
     Returns:
@@ -329,6 +335,7 @@ def mine_hard_negatives(handle: ModelHandle, pool: Sequence[QAExample], oracle: 
              "gold": list(ex.answers), "attempts": [], "hard_negative": None,
              "source": None, "fallback": False, "donor_id": None} for ex in pool]
     pending = list(range(len(pool)))
+    held: dict[int, str] = {}
     for attempt in range(config.hard_negative_attempts):
         if not pending:
             break
@@ -344,13 +351,20 @@ def mine_hard_negatives(handle: ModelHandle, pool: Sequence[QAExample], oracle: 
             decision = _judge_negative(ans, pool[k], oracle, config.hard_negative_max_words)
             rows[k]["attempts"].append({"attempt": attempt + 1, "generation": text,
                                         "answer": ans, "decision": decision})
-            if decision == "kept":
+            if decision == "kept" and prefer is not None and not prefer(k, ans):
+                rows[k]["attempts"][-1]["decision"] = "kept_not_preferred"
+                held.setdefault(k, ans)
+                still.append(k)
+            elif decision == "kept":
                 rows[k].update(hard_negative=ans, source="closed_book")
             else:
                 still.append(k)
         pending = still
         log(f"[hard negatives] attempt {attempt + 1}: {len(pool) - len(pending)}/{len(pool)} "
             f"records have one")
+    for k in [k for k in pending if k in held]:
+        rows[k].update(hard_negative=held[k], source="closed_book")
+    pending = [k for k in pending if k not in held]
     for k in pending if rotation else ():
         ans, donor = rotation_answer(k, pool, oracle, seed=config.seed)
         if ans is None:

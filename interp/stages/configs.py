@@ -536,6 +536,10 @@ class PatchingConfig:
         oracle: grades candidate-swap answers (None: the run's oracle; ``rule`` or
             ``model:SPEC``).
         mine: mine closed-book hard negatives for records without a wrong answer.
+        equal_length: candidate-swap: prefer wrong answers with as many tokens as the gold
+            (the model's own, a stored or a mined one; the miner samples on until one has the
+            gold's length, else keeps its first), so the candidate span corresponds position
+            by position and is measured as a unit; off: the first usable wrong answer.
         hard_negative_*: the miner's settings (as in the transfer study).
         seed: seeds the miner (per record) and the bootstrap.
         n_boot: cluster-bootstrap resamples for the summary's CIs.
@@ -561,6 +565,7 @@ class PatchingConfig:
     band: str | list[int] = option(DEFAULT_BAND, kind="layers")
     oracle: str | None = None
     mine: bool = True
+    equal_length: bool = False
     hard_negative_template: str = "closed_book"
     hard_negative_attempts: int = option(5, kind="count")
     hard_negative_temperature: float = 0.7

@@ -43,7 +43,7 @@ from interp.core.inputs import write_result
 from interp.core.io import is_fresh, read_json, read_jsonl, signature, write_json, write_jsonl
 from interp.core.layers import parse_layers
 from interp.core.progress import resumed
-from interp.judging.prompts import get_template
+from interp.judging.prompts import get_template, render
 from interp.methods.pairs import PatchPair, build_pairs
 from interp.methods.patch_sweeps import agreement, head_units, resid_units, sweep
 from interp.methods.patching import Patcher
@@ -90,14 +90,17 @@ class Miner:
     """
 
     def __init__(self, handle: ModelHandle, oracle: Any, cfg: PatchingConfig, path: Path,
-                 templates_path: str | None, log: Callable[[str], None] = print):
+                 templates_path: str | None, log: Callable[[str], None] = print,
+                 template: Any = None):
         self.handle, self.oracle, self.cfg, self.path, self.log = handle, oracle, cfg, path, log
-        self.templates_path = templates_path
+        self.templates_path, self.template = templates_path, template
+        # equal_length enters the signature only when set, so stores mined without it stay
+        equal = {"equal_length": True} if cfg.equal_length else {}
         self.sig = signature({"model": handle.spec, "sha256": handle.info.get("sha256"),
                               "oracle": getattr(oracle, "name", "?"), "templates_path":
                               templates_path, **{k: v for k, v in asdict(cfg).items()
                                                  if k.startswith("hard_negative") or
-                                                 k == "seed"}})
+                                                 k == "seed"}, **equal})
         self.rows = {(r["dataset"], r["id"]): r for r in
                      (read_jsonl(path) if path.exists() else []) if r.get("signature") == self.sig}
 
@@ -116,7 +119,8 @@ class Miner:
                            question=rec["question"], answers=tuple(rec["answers"]),
                            answerable=True, split=rec.get("split", "validation"))
             row = mine_hard_negatives(self.handle, [ex], self.oracle, settings,
-                                      rotation=False, log=lambda s: None)[0]
+                                      rotation=False, prefer=self._prefer(rec),
+                                      log=lambda s: None)[0]
             row["signature"] = self.sig
             self.rows[key] = row
             write_jsonl(self.path, list(self.rows.values()))
@@ -124,6 +128,16 @@ class Miner:
                      f"{row['hard_negative']!r} after {len(row['attempts'])} attempts")
         hn = self.rows[key].get("hard_negative")
         return [hn] if hn else []
+
+    def _prefer(self, rec: Mapping[str, Any]) -> Callable[[int, str], bool] | None:
+        """With ``equal_length``: an answer whose judge prompt is as long as the gold's."""
+        if not self.cfg.equal_length or self.template is None or not rec.get("answers"):
+            return None
+        gold = rec["answers"][0]
+        kw = {"context": rec["context"], "question": rec["question"], "reference": gold}
+        n = len(render(self.handle.tokenizer, self.template, "eval", answer=gold, **kw))
+        return lambda _k, ans: len(render(self.handle.tokenizer, self.template, "eval",
+                                          answer=ans, **kw)) == n
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,7 +385,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, 
     root = run_dir.sub(SPEC.folder)
     oracle = _oracle(cfg, mcfg, handle) if "candidate-swap" in cfg.pairs else None
     miner = Miner(handle, oracle, cfg, root / "hard_negatives.jsonl",
-                  mcfg.get("templates_path"), log) if cfg.mine and oracle else None
+                  mcfg.get("templates_path"), log, template) if cfg.mine and oracle else None
     summary: dict[str, Any] = {}
     for pk in cfg.pairs:
         masses: dict[str, dict[str, float]] = {}   # pair -> context masses, across kinds
@@ -379,7 +393,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, 
                   if cfg.limit_kept else None)
         pairs, skipped = build_pairs(records, pk, template, handle.tokenizer, oracle=oracle,
                                      mine=miner, limit=cfg.limit, max_tokens=cfg.max_tokens,
-                                     accept=accept, log=log)
+                                     equal_length=cfg.equal_length, accept=accept, log=log)
         for kind in cfg.kinds:
             d = root / pk / kind
             t0 = time.perf_counter()

@@ -57,14 +57,22 @@ def test_every_docs_page_is_in_the_nav():
         assert f": {page.name}" in nav, page.name
 
 
-def test_tutorial_is_committed_without_outputs():
-    nb = json.loads((ROOT / "docs" / "tutorial.ipynb").read_text(encoding="utf-8"))
+@pytest.mark.parametrize("name, least, calls", [
+    ("tutorial.ipynb", 8, ("load_model(", "evaluate_examples(", "span_mass(", "patch(",
+                           "steer_judge(")),
+    ("recipes.ipynb", 4, ("HookedModel.from_pretrained(", "run_with_cache(", "case(",
+                          ".span_mass(", "case_pair(", "patch_pair(")),
+])
+def test_notebooks_are_committed_without_outputs(name, least, calls):
+    nb = json.loads((ROOT / "docs" / name).read_text(encoding="utf-8"))
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    assert len(code) >= 8
+    assert len(code) >= least
     assert all(c["outputs"] == [] and c["execution_count"] is None for c in code)
     src = "".join("".join(c["source"]) for c in code)
-    for call in ("load_model(", "evaluate_examples(", "span_mass(", "patch(", "steer_judge("):
+    for call in calls:
         assert call in src, call
+    # every notebook is executed by the test tier (Makefile) and listed in the site's nav
+    assert f"docs/{name}" in (ROOT / "Makefile").read_text()
 
 
 @pytest.mark.parametrize("text, cell", [

@@ -8,7 +8,7 @@ import pytest
 
 from interp.core.errors import PairError, PatchingError
 from interp.judging.grading import RuleOracle
-from interp.judging.prompts import get_template
+from interp.judging.prompts import get_template, render
 from interp.methods.pairs import (
     align_positions,
     build_pairs,
@@ -114,3 +114,32 @@ def test_build_pairs_limit_skips_and_kinds(tokenizer, toy_records):
     assert not short and {s["reason"] for s in skipped} == {"too_long"}
     with pytest.raises(PatchingError, match="unknown pair kind"):
         build_pairs(toy_records, "task-swap", tpl, tokenizer)
+
+
+def test_equal_length_prefers_a_wrong_answer_of_the_gold_s_length(tokenizer, toy_records):
+    """With equal_length the candidate span corresponds position by position (a unit)."""
+    tpl, oracle = get_template(), RuleOracle()
+    r2 = toy_records[1]                      # gold "1889"
+    kw = {"context": r2["context"], "question": r2["question"], "reference": "1889"}
+
+    def n_tokens(ans):
+        return len(render(tokenizer, tpl, "eval", answer=ans, **kw))
+
+    same = next(w for w in ("1890", "1898", "Rome", "1", "the")
+                if n_tokens(w) == n_tokens("1889"))
+    long_wrong = "the year eighteen hundred and ninety"
+    rec = {**r2, "answer": long_wrong, "hard_negatives": [same]}
+    plain = candidate_swap_pair(tokenizer, tpl, rec, oracle)
+    assert plain.corrupt_answer == long_wrong and "candidate" not in plain.span_units()
+    asked = []
+    equal = candidate_swap_pair(tokenizer, tpl, rec, oracle, equal_length=True,
+                                mine=lambda r: asked.append(1) or ["never"])
+    assert (equal.corrupt_answer, equal.corrupt_source, asked) == (same, "hard_negative", [])
+    assert len(equal.corrupt) == len(equal.clean) and equal.span_units()["candidate"]
+    a, b = equal.middle
+    assert 0 < b - a and equal.corrupt.input_ids[a:b] != equal.clean.input_ids[a:b]
+    # none of the gold's length: the first usable one, as without the preference
+    rec = {**r2, "answer": long_wrong, "hard_negatives": []}
+    first = candidate_swap_pair(tokenizer, tpl, rec, oracle, equal_length=True,
+                                mine=lambda r: ["also far too long an answer"])
+    assert first.corrupt_answer == long_wrong

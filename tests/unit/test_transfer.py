@@ -179,3 +179,20 @@ def test_lr_grid_settings_are_checked_before_any_work():
     with pytest.raises(TransferError, match=r"select_holdout \(80\) must be under "
                                             r"max_train_examples \(80\)"):
         TransferConfig(lr_grid=[1e-4], select_holdout=80)
+
+
+def test_mine_hard_negatives_prefer_samples_on_then_keeps_the_first(tiny, qa_example, lora_cfg):
+    """A kept answer that is not preferred is held back; the first one held is the result."""
+    pool = [qa_example(i, a) for i, a in enumerate(["Paris", "London", "Berlin", "Rome"])]
+    cfg = lora_cfg(hard_negative_attempts=3, hard_negative_max_new_tokens=4, batch_size=4)
+    plain = mine_hard_negatives(tiny, pool, RuleOracle(), cfg, rotation=False,
+                                log=lambda s: None)
+    never = mine_hard_negatives(tiny, pool, RuleOracle(), cfg, rotation=False,
+                                prefer=lambda k, a: False, log=lambda s: None)
+    for p, n in zip(plain, never):
+        held = [a["answer"] for a in n["attempts"] if a["decision"] == "kept_not_preferred"]
+        assert "kept" not in [a["decision"] for a in n["attempts"]]
+        assert n["hard_negative"] == (held[0] if held else None)
+        # the first attempt is the same draw: the plain miner kept it where it was usable
+        if held and n["attempts"][0]["decision"] == "kept_not_preferred":
+            assert p["hard_negative"] == held[0]
