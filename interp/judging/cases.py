@@ -119,8 +119,11 @@ def case(tokenizer: Any, source: Any, *, template: str | Template | None = None,
         out = Case(id=str(rec.get("id")), dataset=str(rec.get("dataset")),
                    context=rec["context"], question=rec["question"],
                    answers=list(rec.get("answers") or []), template=tpl, gen=gen,
-                   answer=rec.get("answer"), tokenizer=tokenizer)
-        if judge is None and out.answer and out.answer.strip():
+                   answer=rec.get("answer") if answer is None else answer,
+                   tokenizer=tokenizer)
+        if answer is not None:
+            judge = out.judging(answer)
+        elif judge is None and out.answer and out.answer.strip():
             judge = out.judging(out.answer)
         out.judge = judge
         return out
