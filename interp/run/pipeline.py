@@ -302,7 +302,8 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
             continue
         n_layers, n_heads = model_shape(spec)
         for name, scfg in runs:
-            check_against_shape(name, scfg, n_layers, n_heads, model=spec)
+            for note in check_against_shape(name, scfg, n_layers, n_heads, model=spec):
+                log(note)
         contract.check_needs(out / model_slug(spec), runs,
                              before=["asymmetry"] if not only or "asymmetry" in only else [],
                              in_config=True)
