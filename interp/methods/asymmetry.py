@@ -50,11 +50,13 @@ from interp.analysis.stats import (
     degenerate_note,
     is_degenerate,
     mcnemar,
+    merge_notes,
     passage_groups,
     passage_note,
     roc_auc,
 )
 from interp.core.errors import ConfigError, PromptError
+from interp.core.names import dataset_order, in_dataset_order
 from interp.data import QAExample
 from interp.judging.grading import BaseOracle, extract_answer
 from interp.judging.judge import judge_candidates, judge_room, parse_record_verdict
@@ -466,7 +468,7 @@ def compute_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]], *,
         RunDirError: an ok record without the whole-reply verdict score.
     """
     ok = [r for r in records if r.get("status") == "ok"]
-    datasets = sorted({r["dataset"] for r in records})
+    datasets = dataset_order(r["dataset"] for r in records)
     return {
         "per_dataset": {d: group_metrics([r for r in ok if r["dataset"] == d], n_boot=n_boot,
                                          seed=seed) for d in datasets},
@@ -492,8 +494,8 @@ def format_metrics(metrics: Mapping[str, Any]) -> str:
             f"{'delta':>6} {'95% CI delta':>15} {'d_f':>6} {'acc|C':>5} {'acc|I':>5} "
             f"{'none':>5} {'fC|C':>5} {'fC|I':>5} {'cov':>5} {'AUC':>5}")
     rows = [head, "-" * len(head)]
-    notes = []
-    groups = list(metrics["per_dataset"].items()) + [("overall", metrics["overall"])]
+    few, zero, forced, unavailable = [], [], [], []
+    groups = in_dataset_order(metrics["per_dataset"]) + [("overall", metrics["overall"])]
 
     def f(x: float | None) -> str:
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
@@ -509,13 +511,13 @@ def format_metrics(metrics: Mapping[str, Any]) -> str:
         ci_s = ci_text(ci, "+.2f")
         star = "*" if m.get("few_passages") else ""
         if star:
-            notes.append(f"* {name}: {m['note']}")
+            few.append((name, m["note"]))
         if is_degenerate(ci):
-            notes.append(f"  {name}: {degenerate_note(m.get('n_passages'))}")
+            zero.append((name, degenerate_note(m.get("n_passages"))))
         if m.get("forced_choice_note"):
-            notes.append(f"  {name}: {m['forced_choice_note']}")
+            forced.append((name, m["forced_choice_note"]))
         if m.get("EA_forced_unavailable"):
-            notes.append(f"  {name}: EA_forced {m['EA_forced_unavailable']}")
+            unavailable.append((name, f"EA_forced {m['EA_forced_unavailable']}"))
         rows.append(
             f"{name:<10} {m['n']:>4} {str(m['n_passages']) + star:>5} {m['GA']:>5.2f} "
             f"{m['EA']:>5.2f} {f(m['EA_forced']):>5} {m['delta']:>+6.2f} {ci_s:>15} "
@@ -524,6 +526,9 @@ def format_metrics(metrics: Mapping[str, Any]) -> str:
             f"{f(m['acceptance_rate_correct_forced']):>5} "
             f"{f(m['acceptance_rate_incorrect_forced']):>5} "
             f"{f(m['mean_verdict_coverage']):>5} {f(m['auc_logit_diff']):>5}")
+    # one line per fact: groups whose notes differ only in their counts share it
+    notes = ["* " + n for n in merge_notes(few)] + [
+        "  " + n for n in merge_notes(zero) + merge_notes(forced) + merge_notes(unavailable)]
     for name, n in (metrics.get("no_answer") or {}).items():
         if n:
             total = (metrics["per_dataset"].get(name) or {}).get("n", 0) + metrics[
