@@ -306,7 +306,8 @@ def stale_after(env: Mapping[str, str] | None = None) -> float:
     :data:`STALE_S`, or the environment's ``INTERP_HEARTBEAT_STALE_S``.
 
     Raises:
-        ShardError: ``INTERP_HEARTBEAT_STALE_S`` is not a number of seconds > 0.
+        ShardError: ``INTERP_HEARTBEAT_STALE_S`` is not a number of seconds, at least three
+            heartbeats (:data:`HEARTBEAT_S`).
     """
     raw = str((os.environ if env is None else env).get("INTERP_HEARTBEAT_STALE_S", "")).strip()
     if not raw:
@@ -315,9 +316,10 @@ def stale_after(env: Mapping[str, str] | None = None) -> float:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value > 0:
+    if not value >= 3 * HEARTBEAT_S:
         raise ShardError(f"INTERP_HEARTBEAT_STALE_S={raw!r}: give the age of a dead rank's "
-                         f"heartbeat in seconds, a number > 0 (default {STALE_S:.0f})")
+                         f"heartbeat in seconds, at least {3 * HEARTBEAT_S:g} (three beats; "
+                         f"default {STALE_S:.0f})")
     return value
 
 

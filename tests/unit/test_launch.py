@@ -456,3 +456,44 @@ def test_a_waiting_rank_stops_in_one_line_when_another_dies(tmp_path):
                    f"{socket.gethostname()} is gone) died while this process waited at the "
                    f"barrier; kept on disk: its records; rerun the missing shards with "
                    f"--shard I/2, then interp merge")
+
+
+def test_live_ranks_pass_the_watched_barrier_twice(tmp_path):
+    """The watch does not stop live ranks.
+
+    Two processes pass two barriers, one arriving later than the stale age (its heartbeat is
+    fresh), and leave one after the other.
+    """
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import sys, time\n"
+            "from interp.launch import current_shard, heartbeat, barrier, finish\n"
+            "shard = current_shard()\n"
+            "heartbeat(sys.argv[1], shard)\n"
+            "time.sleep(25 * shard.index)\n"          # rank 1 arrives 25 s later
+            "barrier(shard)\n"
+            "barrier(shard)\n"
+            "finish()\n"
+            "print('passed', shard.name)\n")
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "INTERP_HEARTBEAT_STALE_S": "15", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)],
+                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert [o.strip() for o, _ in outs] == ["passed 0-of-2", "passed 1-of-2"]
+
+
+def test_a_stale_age_shorter_than_three_beats_is_refused():
+    from interp.launch import stale_after
+
+    assert stale_after({}) == 90.0 and stale_after({"INTERP_HEARTBEAT_STALE_S": "20"}) == 20.0
+    with pytest.raises(ShardError, match="at least 15 \\(three beats"):
+        stale_after({"INTERP_HEARTBEAT_STALE_S": "4"})
