@@ -28,6 +28,13 @@ Algorithm:
 5. **Together** (:func:`barrier`): under torchrun every process waits for the others with a
    ``torch.distributed`` (gloo) barrier; rank 0 merges. That is all the process group is used
    for.
+6. **Alive** (:func:`heartbeat`, :func:`dead_ranks`): from the start of its work each joined
+   process refreshes ``OUT/shards/heartbeats/I-of-N.json`` (pid, host, launch session,
+   barriers passed) every :data:`HEARTBEAT_S` seconds. A process waiting at a barrier looks at
+   the others' every second: one whose process is gone (same host), whose heartbeat is older
+   than :func:`stale_after` (default :data:`STALE_S`), or which has written none that long,
+   is dead; the waiter then stops in one line naming it (records on disk are kept) instead
+   of waiting for the barrier's timeout.
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ import hashlib
 import json
 import os
 import re
+import socket
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -45,8 +55,9 @@ from typing import Any
 from interp.core.errors import ShardError
 from interp.data import QAExample, passage_turns
 
-__all__ = ["SHARDS_DIR", "Shard", "assign", "barrier", "check_count", "current_shard",
-           "finish", "parse_shard", "shard_dirs"]
+__all__ = ["HEARTBEAT_S", "SHARDS_DIR", "STALE_S", "Shard", "assign", "barrier", "check_count",
+           "current_shard", "dead_ranks", "finish", "heartbeat", "parse_shard", "shard_dirs",
+           "stale_after"]
 
 SHARDS_DIR = "shards"
 """Folder of a run directory that holds its shards (``OUT/shards/I-of-N/``)."""
@@ -279,43 +290,224 @@ def barrier_timeout(env: Mapping[str, str] | None = None) -> float:
     return value
 
 
+HEARTBEAT_S = 5.0
+"""Seconds between two refreshes of a joined process's heartbeat file (step 6)."""
+STALE_S = 90.0
+"""A heartbeat older than this many seconds (``INTERP_HEARTBEAT_STALE_S`` overrides) is a
+dead rank's, as is none at all after waiting that long (step 6)."""
+HEARTBEATS_DIR = "heartbeats"
+"""Folder of ``OUT/shards/`` that holds the heartbeat files (no shard's name: the merge skips
+it)."""
+
+
+def stale_after(env: Mapping[str, str] | None = None) -> float:
+    """The age in seconds at which a heartbeat is a dead rank's.
+
+    :data:`STALE_S`, or the environment's ``INTERP_HEARTBEAT_STALE_S``.
+
+    Raises:
+        ShardError: ``INTERP_HEARTBEAT_STALE_S`` is not a number of seconds, at least three
+            heartbeats (:data:`HEARTBEAT_S`).
+    """
+    raw = str((os.environ if env is None else env).get("INTERP_HEARTBEAT_STALE_S", "")).strip()
+    if not raw:
+        return STALE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 3 * HEARTBEAT_S:
+        raise ShardError(f"INTERP_HEARTBEAT_STALE_S={raw!r}: give the age of a dead rank's "
+                         f"heartbeat in seconds, at least {3 * HEARTBEAT_S:g} (three beats; "
+                         f"default {STALE_S:.0f})")
+    return value
+
+
+def _session() -> str:
+    """This launch's identity (heartbeats an earlier launch left are not this one's)."""
+    e = os.environ
+    return ":".join(e.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"))
+
+
+class _Beat:
+    """This process's heartbeat: a file rewritten by a daemon thread (step 6)."""
+
+    def __init__(self, path: Path, shard: Shard) -> None:
+        self.path, self.shard, self.passed = path, shard, 0
+        self.stop = threading.Event()
+        self.write()
+        self.thread = threading.Thread(target=self.run, name="interp-heartbeat", daemon=True)
+        self.thread.start()
+
+    def write(self) -> None:
+        from interp.core.io import write_json
+
+        write_json(self.path, {"rank": self.shard.index, "count": self.shard.count,
+                               "pid": os.getpid(), "host": socket.gethostname(),
+                               "session": _session(), "passed": self.passed,
+                               "time": time.time()})
+
+    def run(self) -> None:
+        while not self.stop.wait(HEARTBEAT_S):
+            try:
+                self.write()
+            except OSError:   # a full or vanished disk: the others see the beat go stale
+                pass
+
+
+_BEAT: list[_Beat] = []
+
+
+def heartbeat(out: str | Path, shard: Shard | None) -> None:
+    """Start (or move) this process's heartbeat under ``OUT/shards/heartbeats/`` (step 6).
+
+    Only joined processes (torchrun) have one: they are the ones that wait for each other.
+
+    Args:
+        out: the run directory the shards belong to.
+        shard: this process's shard (None, or not ``joined``: nothing to do).
+    """
+    if shard is None or not shard.joined:
+        return
+    path = Path(out) / SHARDS_DIR / HEARTBEATS_DIR / f"{shard.name}.json"
+    if _BEAT and _BEAT[0].path == path:
+        return
+    _stop_beat()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _BEAT.append(_Beat(path, shard))
+
+
+def _stop_beat() -> None:
+    if _BEAT:
+        beat = _BEAT.pop()
+        beat.stop.set()
+        beat.thread.join(timeout=2 * HEARTBEAT_S)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine runs (a zombie, dead but unreaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # someone else's process of that id: alive
+        return True
+    try:   # Linux: the state after the command name in /proc/PID/stat
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def dead_ranks(folder: str | Path, shard: Shard, *, waited: float, passed: int = 0,
+               stale: float | None = None) -> list[str]:
+    """The other ranks that are dead, each as ``"I-of-N (why)"`` (step 6).
+
+    Args:
+        folder: ``OUT/shards/heartbeats``.
+        shard: this process's shard.
+        waited: seconds this process has waited at the barrier so far.
+        passed: barriers this process has passed (a rank that passed more is not waited for).
+        stale: the age of a dead rank's heartbeat (default :func:`stale_after`).
+
+    Returns:
+        The dead ranks, by index (empty: none known dead).
+    """
+    stale = stale_after() if stale is None else stale
+    host, session, now = socket.gethostname(), _session(), time.time()
+    out = []
+    for i in range(shard.count):
+        if i == shard.index:
+            continue
+        name = f"{i}-of-{shard.count}"
+        path = Path(folder) / f"{name}.json"
+        try:
+            beat = json.loads(path.read_text())
+            age = now - path.stat().st_mtime
+        except (OSError, ValueError):
+            beat, age = None, 0.0
+        if beat is None or beat.get("session") != session:
+            if waited > stale:
+                out.append(f"{name} (no heartbeat in {waited:.0f} s at the barrier: it never "
+                           f"started, or died before its work)")
+            continue
+        if int(beat.get("passed", 0)) > passed:
+            continue   # it passed this barrier: the barrier is complete
+        if beat.get("host") == host and not _alive(int(beat.get("pid", -1))):
+            out.append(f"{name} (its process {beat.get('pid')} on {host} is gone)")
+        elif age > stale:
+            out.append(f"{name} (its last heartbeat is {age:.0f} s old, on "
+                       f"{beat.get('host')})")
+    return out
+
+
 def barrier(shard: Shard | None, what: str = "") -> None:
     """Wait until every process of a torchrun group gets here (step 5); no-op otherwise.
 
     The gloo process group is made on the first call (``env://``: torchrun's
     ``MASTER_ADDR``/``MASTER_PORT``) with :func:`barrier_timeout`; joining the group and each
-    barrier wait at most that long.
+    barrier wait at most that long. While this process waits, the others' heartbeats are
+    read every second (step 6, when this process has one, :func:`heartbeat`): a dead rank
+    ends the wait at once.
 
     Args:
         shard: this process's shard (None, or not ``joined``: nothing to wait for).
-        what: what this process has finished, for the message on a timeout.
+        what: what this process has finished, for the message.
 
     Raises:
-        ShardError: the other processes did not arrive within the timeout (one line; what
-            this process finished is on disk and kept).
+        ShardError: a rank died (one line naming it), or the other processes did not arrive
+            within the timeout (one line); what this process finished is on disk and kept.
     """
     if shard is None or not shard.joined:
         return
-    import torch.distributed as dist
-
     timeout = barrier_timeout()
-    try:
-        if not dist.is_initialized():
-            dist.init_process_group("gloo", rank=shard.index, world_size=shard.count,
-                                    timeout=timedelta(seconds=timeout))
-            _GROUP.append(True)
-        dist.barrier()
-    except (RuntimeError, TimeoutError) as err:   # DistBackendError, DistStoreError too
+    beat = _BEAT[0] if _BEAT else None
+    kept = (f"kept on disk: {what or 'its finished work'}; rerun the missing shards with "
+            f"--shard I/{shard.count}, then interp merge")
+    done: list[BaseException | None] = []
+
+    def wait() -> None:
+        import torch.distributed as dist
+
+        try:
+            if not dist.is_initialized():
+                dist.init_process_group("gloo", rank=shard.index, world_size=shard.count,
+                                        timeout=timedelta(seconds=timeout))
+                _GROUP.append(True)
+            dist.barrier()
+            done.append(None)
+        except BaseException as err:   # noqa: BLE001 (handed to the waiting thread)
+            done.append(err)
+
+    # the group's join and barrier block in C++; a thread waits on them, this one watches
+    thread = threading.Thread(target=wait, name="interp-barrier", daemon=True)
+    t0 = time.monotonic()
+    thread.start()
+    while thread.is_alive():
+        thread.join(1.0)
+        if thread.is_alive() and beat is not None and (dead := dead_ranks(
+                beat.path.parent, shard, waited=time.monotonic() - t0, passed=beat.passed)):
+            raise ShardError(f"shard {shard.name}: rank {dead[0]} died while this process "
+                             f"waited at the barrier; {kept}")
+    err = done[0] if done else RuntimeError("the barrier thread ended without a result")
+    if err is not None:
+        if not isinstance(err, RuntimeError | TimeoutError):   # DistBackendError etc. are
+            raise err                                          # RuntimeErrors
         reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err)
         raise ShardError(
             f"shard {shard.name}: the other processes did not reach the barrier within "
-            f"{timeout:g} s (INTERP_BARRIER_TIMEOUT_S; {reason}); kept on disk: "
-            f"{what or 'its finished work'}; rerun the missing shards with "
-            f"--shard I/{shard.count}, then interp merge") from None
+            f"{timeout:g} s (INTERP_BARRIER_TIMEOUT_S; {reason}); {kept}") from None
+    if beat is not None:
+        beat.passed += 1
+        beat.write()
 
 
 def finish() -> None:
-    """Leave the process group :func:`barrier` made (at the end of a command)."""
+    """Leave the process group :func:`barrier` made and stop the heartbeat (end of a command).
+
+    The heartbeat file stays, with the barriers this process passed: a rank still waiting
+    at one this process passed is not told it died.
+    """
+    _stop_beat()
     if _GROUP:
         import torch.distributed as dist
 

@@ -55,8 +55,15 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.analysis.stats import MIN_PASSAGES, ClusterBootstrap, passage_groups, passage_note
+from interp.analysis.stats import (
+    MIN_PASSAGES,
+    ClusterBootstrap,
+    merge_notes,
+    passage_groups,
+    passage_note,
+)
 from interp.core.errors import AttentionError
+from interp.core.names import dataset_order, in_dataset_order
 from interp.store.records import Record
 
 __all__ = ["CONTENT_SPANS", "LAST", "SPANS", "SUMMARY_DEFINITIONS", "TASKS", "format_heads",
@@ -369,7 +376,7 @@ def summarize(records: Sequence[Record] | Sequence[Mapping[str, Any]], mass: Map
         return out
 
     ds = np.array([r["dataset"] for r in records])
-    per = {d: group(ds == d) for d in dict.fromkeys(ds)}
+    per = {d: group(ds == d) for d in dataset_order(ds.tolist())}
     return {"band": band, "spans": list(spans), "n_layers": int(n_l), "n_heads": int(n_h),
             "n_boot": n_boot, "seed": seed, "definitions": SUMMARY_DEFINITIONS,
             "per_dataset": per, "overall": group(np.ones(len(records), dtype=bool))}
@@ -420,7 +427,7 @@ def summarize_span_to_span(records: Sequence[Record] | Sequence[Mapping[str, Any
 
     return {"band": [int(layers[i]) for i in use], "query_spans": query_span_names(spans),
             "key_spans": list(spans),
-            "per_dataset": {d: group(ds == d) for d in dict.fromkeys(ds)},
+            "per_dataset": {d: group(ds == d) for d in dataset_order(ds.tolist())},
             "overall": group(np.ones(len(records), dtype=bool))}
 
 
@@ -470,7 +477,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
              f"{'dataset':<12}{'n':>4}{'pass':>6}  {'ctx gen':>8} {'ctx eval':>9} {'ratio':>6} "
              f"{'geo':>5} {'share g/e':>9}  {'q gen':>6} {'q eval':>7}  {'cand eval':>9}  "
              f"{'tmpl gen':>8} {'tmpl eval':>9}"]
-    groups = list(summary["per_dataset"].items()) + [("overall", summary["overall"])]
+    groups = in_dataset_order(summary["per_dataset"]) + [("overall", summary["overall"])]
 
     def f(g: Mapping[str, Any], t: str, s: str) -> str:
         v = g.get(t, {}).get(s, {}).get("mean")
@@ -483,7 +490,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     for name, g in groups:
         star = "*" if g.get("few_passages") else ""
         if star:
-            notes.append(f"* {name}: {g['note']}")
+            notes.append((name, g["note"]))
         lines.append(f"{name:<12}{g['n']:>4}{str(g.get('n_passages', '-')) + star:>6}  "
                      f"{f(g, 'gen', 'context'):>8} {f(g, 'eval', 'context'):>9} "
                      f"{r(g.get('context_ratio')):>6} {r(g.get('context_ratio_geometric')):>5} "
@@ -491,7 +498,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
                      f"{f(g, 'gen', 'question'):>6} {f(g, 'eval', 'question'):>7}  "
                      f"{f(g, 'eval', 'candidate'):>9}  {f(g, 'gen', 'template'):>8} "
                      f"{f(g, 'eval', 'template'):>9}")
-    return "\n".join(lines + notes)
+    return "\n".join(lines + ["* " + n for n in merge_notes(notes)])  # one line per fact
 
 
 def format_heads(ranked: Mapping[str, Sequence[Mapping[str, Any]]], *, top: int,

@@ -35,6 +35,7 @@ ratios), the probes (cross-validated metrics) and patching (correlations).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -52,6 +53,7 @@ __all__ = ["DEGENERATE_MARK", "MIN_FIT_CLASS", "MIN_FIT_RECORDS", "MIN_PASSAGES"
            "cluster_bootstrap_ratio", "correlations", "fold_summary", "make_folds", "mcnemar",
            "mean_stat", "ratio_stat",
            "passage_groups", "ci_text", "degenerate_note", "fit_note", "is_degenerate",
+           "merge_notes",
            "passage_note", "percentile_ci", "resample_indices", "roc_auc", "strata_indices",
            "stratified_auc", "wilson_ci"]
 
@@ -93,6 +95,44 @@ def passage_note(n_passages: int) -> str | None:
         return None
     return (f"only {n_passages} passage{'s' * (n_passages != 1)} (< {MIN_PASSAGES}): questions "
             f"about one passage are not independent, so this group has few independent units")
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def merge_notes(items: Sequence[tuple[str, str]]) -> list[str]:
+    """One line per fact: notes of several groups that differ only in their numbers, merged.
+
+    ``[("drop", "only 4 passages (< 10): ..."), ("overall", "only 12 passages (< 10): ...")]``
+    -> ``["drop, overall: only N passages (< 10): ... (N = 4, 12)"]``: the groups are named
+    once, the numbers that differ between them are listed in the groups' order, and numbers
+    they share stay in the text. A note no other group shares is ``"group: note"``.
+
+    Args:
+        items: ``(group name, note)`` pairs, in the order to print.
+
+    Returns:
+        The lines, in the order of each fact's first group.
+    """
+    facts: dict[str, list[tuple[str, str]]] = {}
+    for name, text in items:
+        facts.setdefault(_NUMBER.sub("#", text), []).append((name, text))
+    out = []
+    for members in facts.values():
+        names = ", ".join(dict.fromkeys(n for n, _ in members))
+        first = members[0][1]
+        nums = [_NUMBER.findall(t) for _, t in members]
+        differ = [i for i in range(len(nums[0])) if len({n[i] for n in nums}) > 1]
+        if not differ:
+            out.append(f"{names}: {first}")
+            continue
+        marks = {i: "N" if len(differ) == 1 else f"N{k + 1}" for k, i in enumerate(differ)}
+        pieces = _NUMBER.split(first)
+        text = pieces[0] + "".join(marks.get(i, v) + pieces[i + 1]
+                                   for i, v in enumerate(nums[0]))
+        listed = "; ".join(f"{marks[i]} = {', '.join(n[i] for n in nums)}" for i in differ)
+        out.append(f"{names}: {text} ({listed})")
+    return out
 
 
 MIN_FIT_RECORDS = 20

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePath
+from typing import Any
 
-__all__ = ["CROSS_JUDGES", "cross_name", "did_you_mean", "flat_key", "model_slug", "safe_name"]
+__all__ = ["CROSS_JUDGES", "cross_name", "dataset_order", "did_you_mean", "flat_key",
+           "in_dataset_order", "model_slug", "safe_name"]
 
 
 def safe_name(name: str) -> str:
@@ -20,6 +22,32 @@ def safe_name(name: str) -> str:
     if s != str(name) or not s:
         s = f"{s[:60]}-{hashlib.sha1(str(name).encode()).hexdigest()[:8]}"
     return s
+
+
+def dataset_order(names: Iterable[str]) -> list[str]:
+    """The one order of datasets in every table, printout and figure: sorted by name.
+
+    Independent of the order records were made in (a resumed run, a dataset added later,
+    merged shards), so ``metrics.json``, ``attention/summary.json`` and every figure drawn from
+    them list ``drop, hotpotqa, squad_v2`` alike; ``overall`` is not a dataset and goes last
+    where a table has it.
+
+    Args:
+        names: dataset names (repeats are dropped).
+
+    Returns:
+        The distinct names, sorted.
+    """
+    return sorted(set(names))
+
+
+def in_dataset_order(per_dataset: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """A table's ``per_dataset`` groups as ``(name, group)`` pairs in :func:`dataset_order`.
+
+    What every printout and figure iterates, so a table stored in another order (one written
+    before the order was fixed) reads the same way.
+    """
+    return [(d, per_dataset[d]) for d in dataset_order(per_dataset)]
 
 
 def flat_key(dataset: str, record_id: str) -> str:

@@ -52,6 +52,8 @@ __all__ = [
     "is_abstention",
     "negated_at",
     "parse_verdict",
+    "reasoning_end",
+    "strip_reasoning",
     "words",
 ]
 
@@ -75,14 +77,35 @@ REASONING_CLOSE = re.compile(r"</(think|thinking|reasoning)>", re.I)
 """The reasoning markup of reasoning models (DeepSeek-R1, Qwen3, QwQ style ``<think>``)."""
 
 
-def strip_reasoning(text: str) -> str | None:
-    """The part of a reply after its reasoning: the one rule every verdict and answer reader uses.
+def reasoning_end(text: str) -> int | None:
+    """Where a reply's text after its reasoning starts: the one rule every verdict reader uses.
 
     * ``<think> ... </think> reply`` and ``... </think> reply`` (the opening tag sent in the
-      chat template, only the closing one generated): the text after the LAST closing tag.
+      chat template, only the closing one generated): the offset just after the LAST closing
+      tag.
     * ``<think> ...`` without a closing tag (the reply was cut inside its reasoning): None, so
-      nothing written inside the reasoning decides a verdict or becomes an answer.
-    * No markup: the text unchanged.
+      nothing written inside the reasoning (a draft ``Verdict: Correct`` included) decides a
+      verdict or becomes an answer.
+    * No markup: 0 (the whole reply).
+
+    Every reader of model text goes through this function: :func:`strip_reasoning` (and so
+    :func:`extract_answer` and :func:`parse_verdict`), the reasoning judge's
+    :func:`interp.judging.reasoning.parse_final_verdict` and the served LLM oracle.
+
+    Args:
+        text: a raw reply.
+
+    Returns:
+        A character offset into ``text``, or None when the reasoning was cut.
+    """
+    closes = list(REASONING_CLOSE.finditer(text))
+    if closes:
+        return closes[-1].end()
+    return None if REASONING_OPEN.search(text) else 0
+
+
+def strip_reasoning(text: str) -> str | None:
+    """The part of a reply after its reasoning (:func:`reasoning_end`'s rule).
 
     Args:
         text: a raw reply.
@@ -90,10 +113,8 @@ def strip_reasoning(text: str) -> str | None:
     Returns:
         The reply after its reasoning, or None when the reasoning was cut.
     """
-    closes = list(REASONING_CLOSE.finditer(text))
-    if closes:
-        return text[closes[-1].end():]
-    return None if REASONING_OPEN.search(text) else text
+    start = reasoning_end(text)
+    return None if start is None else text[start:]
 
 
 def _unwrap(s: str) -> str:

@@ -19,7 +19,11 @@ Algorithm (one prompt):
    ``ĠĊ`` after a field that ends in a space, or a SentencePiece ``▁word`` whose offsets include
    the space before it). So spans of adjacent fields never share a token, every field's tokens
    are contiguous, and they decode to its text up to surrounding whitespace. A field's token span is
-   ``[first, last + 1)`` of the positions labelled with it.
+   ``[first, last + 1)`` of the positions labelled with it. Offsets are read through the
+   tokenizer's normaliser (:func:`normalised_offsets`): a character the normaliser folded into
+   a token (a combining accent composed to NFC by the bundled Qwen's tokenizer) belongs to that
+   token, so a context with decomposed accents keeps its text in its span; the prompt's text
+   is the user's, never normalised.
 
 The last position of the prompt is where the model predicts the first output token: for the eval
 prompt it is the *verdict position* (paper section 3.2 reads its attention row).
@@ -205,6 +209,44 @@ def check_spans(text: str, offsets: Sequence[tuple[int, int]],
                 f"(tokens {a}-{b}); a tokenizer with other offsets, not supported")
 
 
+def normalised_offsets(tokenizer: Any, text: str, offsets: Sequence[tuple[int, int]]
+                       ) -> list[tuple[int, int]]:
+    """Token offsets mapped through the tokenizer's normaliser onto every character it read.
+
+    A tokenizer whose normaliser composes characters (NFC, as the bundled Qwen's does: ``e`` +
+    U+0301 COMBINING ACUTE ACCENT becomes ``é``) reports the composed character's offsets as
+    its first original character only, so the combining mark lies in no token's offsets
+    although its token holds it. Each such character (a run of non-whitespace between one
+    token's end and the next token's start) is given to the token before it, the token the
+    normaliser folded it into. A tokenizer without a normaliser keeps its offsets unchanged,
+    so offsets that truly lose text are still refused (:func:`check_spans`).
+
+    Args:
+        tokenizer: a fast Hugging Face tokenizer.
+        text: the text it encoded.
+        offsets: ``(start, end)`` per token, ``(0, 0)`` for added special tokens.
+
+    Returns:
+        The offsets, each token's end extended over the characters its normaliser folded in.
+
+    Source:
+        Project rule; the alignments are those of Hugging Face tokenizers'
+        ``NormalizedString``, which align a composed character to its first source character.
+    """
+    out = [tuple(o) for o in offsets]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if getattr(backend, "normalizer", None) is None:
+        return out
+    real = [i for i, (s, e) in enumerate(out) if e > s]
+    for i, j in zip(real, real[1:] + [None]):
+        s, e = out[i]
+        stop = len(text) if j is None else out[j][0]
+        while e < stop and not text[e].isspace():
+            e += 1
+        out[i] = (s, e)
+    return out
+
+
 def label_positions(text: str, offsets: list[tuple[int, int]],
                     char_spans: dict[str, tuple[int, int]]) -> list[str]:
     """One span label per token position: the field it shares most non-whitespace with.
@@ -341,7 +383,7 @@ def _tokenize(tokenizer: Any, task: str, messages: list[dict[str, str]],
     add_special = not templated and not (bos and text.startswith(bos))
     enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
-    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    offsets = normalised_offsets(tokenizer, text, enc["offset_mapping"])
     labels = label_positions(text, offsets, char_spans)
     token_spans = {}
     for name, (s, e) in char_spans.items():

@@ -10,7 +10,10 @@ line ``Verdict: Correct`` or ``Verdict: Incorrect``. Algorithm, per eval prompt
 turn
    or ``max_reasoning_tokens`` (``reasoning_stop``: ``"eos"`` or ``"max_new_tokens"``, the
    budget). The whole reply is kept.
-2. Verdict (:func:`parse_final_verdict`): the LAST verdict line of the reply decides, a line
+2. Verdict (:func:`parse_final_verdict`): read after the reasoning markup, as every verdict
+   reader is (:func:`interp.judging.parsing.reasoning_end`: the text after the last
+   ``</think>``; a reply cut inside its ``<think>`` has no verdict, whatever draft it holds),
+   the LAST verdict line of the reply decides, a line
    that starts (after markdown such as ``**``, ``#``, ``>``, ``-``) with ``Verdict`` or
    ``Final verdict`` and a colon, whose rest :func:`interp.judging.parsing.parse_verdict` reads
    (negation-aware: ``Verdict: not correct`` rejects; an echo ``Correct or Incorrect``
@@ -52,7 +55,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -62,7 +65,7 @@ from torch import Tensor
 from interp.analysis.span_mass import SPANS, span_mass
 from interp.core.errors import PromptError
 from interp.core.vocab import MAX_REASONING_TOKENS
-from interp.judging.parsing import parse_verdict
+from interp.judging.parsing import parse_verdict, reasoning_end
 from interp.judging.prefill import run_prompts
 from interp.judging.prompts import RenderedPrompt
 from interp.judging.verdict import VERDICT_WORDS, VerdictScores
@@ -107,6 +110,11 @@ class FinalVerdict:
 def parse_final_verdict(text: str) -> FinalVerdict:
     r"""The last verdict line of a reasoning reply and its verdict (module docstring, step 2).
 
+    The reply is first read after its reasoning markup
+    (:func:`interp.judging.parsing.reasoning_end`, the rule every verdict reader shares):
+    only the text after the last ``</think>`` is searched, and a reply cut inside its
+    ``<think>`` has no verdict, whatever draft verdict line it holds.
+
     Examples: ``"...\nVerdict: Correct"`` -> True; ``"Verdict: Correct\n...\nVerdict:
     Incorrect"`` -> False (the last line decides); ``"**Verdict:** Incorrect"`` -> False;
     ``"Verdict: Not correct"`` -> False; ``"The answer is correct."`` -> None (no verdict line).
@@ -121,6 +129,15 @@ def parse_final_verdict(text: str) -> FinalVerdict:
         Project rule (no official counterpart); the rest of the line is read by
         :func:`interp.judging.parsing.parse_verdict`.
     """
+    offset = reasoning_end(text)
+    if offset is None:  # cut inside its <think>: a draft verdict there decides nothing
+        return FinalVerdict(verdict=None)
+    fv = _final_verdict(text[offset:])
+    return fv if fv.start is None or not offset else replace(fv, start=fv.start + offset)
+
+
+def _final_verdict(text: str) -> FinalVerdict:
+    """:func:`parse_final_verdict` on a reply without reasoning markup."""
     lines = text.splitlines(keepends=True)
     starts, pos = [], 0
     for ln in lines:

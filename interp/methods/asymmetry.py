@@ -3,7 +3,10 @@
 Algorithm, per example (c, q, a*):
 
 1. T_gen: render the generation prompt and greedy-decode the answer ``a = L(c, q)``; extract
-   the answer string (:func:`interp.judging.grading.extract_answer`).
+   the answer string (:func:`interp.judging.grading.extract_answer`). An empty answer (the
+   model generated nothing, or nothing after its reasoning) is named, not judged: the record's
+   status is ``no_answer`` (:data:`interp.store.records.NO_ANSWER`), counted in
+   ``metrics.json["no_answer"]`` and the printout, outside every metric.
 2. Oracle: ``y* = L*(c, q, a, a*)`` in {Correct, Incorrect} (rule oracle by default,
    :class:`interp.judging.grading.RuleOracle`; or an LLM oracle,
    :class:`interp.judging.grading.ModelOracle`).
@@ -47,11 +50,13 @@ from interp.analysis.stats import (
     degenerate_note,
     is_degenerate,
     mcnemar,
+    merge_notes,
     passage_groups,
     passage_note,
     roc_auc,
 )
 from interp.core.errors import ConfigError, PromptError
+from interp.core.names import dataset_order, in_dataset_order
 from interp.data import QAExample
 from interp.judging.grading import BaseOracle, extract_answer
 from interp.judging.judge import judge_candidates, judge_room, parse_record_verdict
@@ -59,7 +64,7 @@ from interp.judging.prefill import Capture, PromptPass, run_prompts
 from interp.judging.prompts import RenderedPrompt, Template, render
 from interp.judging.reasoning import MAX_REASONING_TOKENS
 from interp.models.loading import ModelHandle
-from interp.store.records import Record, check_verdict_scores
+from interp.store.records import NO_ANSWER, Record, check_verdict_scores
 
 __all__ = ["METRIC_DEFINITIONS", "compute_metrics", "evaluate_examples", "format_metrics",
            "group_metrics", "judge_records", "parse_record_verdict"]
@@ -78,6 +83,12 @@ def _example_fields(ex: QAExample) -> dict[str, Any]:
 
 def _skipped(ex: QAExample, reason: str) -> Record:
     return {**_example_fields(ex), "status": "skipped", "reason": reason}  # type: ignore[typeddict-item]
+
+
+def _no_answer(ex: QAExample, raw: str) -> Record:
+    """The record of an example the model answered with nothing (module docstring, step 1)."""
+    return {**_example_fields(ex), "status": NO_ANSWER, "generation": raw,  # type: ignore[typeddict-item]
+            "reason": f"the model generated no answer (generation {raw[:60]!r})"}
 
 
 def _render(handle: ModelHandle, template: Template, task: str, ex: QAExample,
@@ -120,8 +131,10 @@ def evaluate_examples(
         progress: a tqdm description for per-batch bars (None: none).
 
     Returns:
-        One :class:`interp.store.Record` per example (``status`` ``"ok"``, or ``"skipped"``
-        with a ``reason`` when a prompt does not fit the model's context).
+        One :class:`interp.store.Record` per example (``status`` ``"ok"``; ``"skipped"``
+        with a ``reason`` when a prompt does not fit the model's context; ``"no_answer"``
+        with its ``generation`` and a ``reason`` when the model generated no answer, which
+        is neither graded nor judged: an empty candidate has no span to judge).
     """
     # refuses a template whose replies cannot be scored, before any generation
     judge_room(handle, template, verdict_max_new_tokens, max_reasoning_tokens)
@@ -156,10 +169,13 @@ def evaluate_examples(
     if candidates is None:
         raw = {k: g.text for k, g in gen_pass.items()}
         answers = {k: extract_answer(t) for k, t in raw.items()}
+        for k in [k for k, a in answers.items() if not a.strip()]:  # nothing to judge
+            records[k] = _no_answer(examples[k], raw[k])
+            del answers[k]
     else:
         raw = answers = {k: candidates[k] for k in gen_prompts}
     eval_prompts, skipped, judged = judge_candidates(
-        handle, template, {k: examples[k] for k in gen_prompts}, answers, rows=rows,
+        handle, template, {k: examples[k] for k in answers}, answers, rows=rows,
         pools=pools, batch_size=batch_size, verdict_max_new_tokens=verdict_max_new_tokens,
         max_reasoning_tokens=max_reasoning_tokens, progress=progress)
     for k, reason in skipped.items():
@@ -443,20 +459,24 @@ def compute_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]], *,
     """Metrics per dataset and overall (see :func:`group_metrics`), plus skip counts.
 
     Returns:
-        ``{"per_dataset": {name: metrics}, "overall": metrics, "skipped": {name: count},
+        ``{"per_dataset": {name: metrics}, "overall": metrics, "skipped": {name: count}
+        (every record not ``ok``), "no_answer": {name: count} (those of them the model
+        answered with nothing),
         "models": [...], "definitions": METRIC_DEFINITIONS, "n_boot", "seed"}``.
 
     Raises:
         RunDirError: an ok record without the whole-reply verdict score.
     """
     ok = [r for r in records if r.get("status") == "ok"]
-    datasets = sorted({r["dataset"] for r in records})
+    datasets = dataset_order(r["dataset"] for r in records)
     return {
         "per_dataset": {d: group_metrics([r for r in ok if r["dataset"] == d], n_boot=n_boot,
                                          seed=seed) for d in datasets},
         "overall": group_metrics(ok, n_boot=n_boot, seed=seed),
         "skipped": {d: sum(1 for r in records if r["dataset"] == d and r.get("status") != "ok")
                     for d in datasets},
+        "no_answer": {d: sum(1 for r in records if r["dataset"] == d
+                             and r.get("status") == NO_ANSWER) for d in datasets},
         "models": sorted({r["model"] for r in ok}),
         "n_boot": n_boot, "seed": seed, "definitions": METRIC_DEFINITIONS,
     }
@@ -474,8 +494,8 @@ def format_metrics(metrics: Mapping[str, Any]) -> str:
             f"{'delta':>6} {'95% CI delta':>15} {'d_f':>6} {'acc|C':>5} {'acc|I':>5} "
             f"{'none':>5} {'fC|C':>5} {'fC|I':>5} {'cov':>5} {'AUC':>5}")
     rows = [head, "-" * len(head)]
-    notes = []
-    groups = list(metrics["per_dataset"].items()) + [("overall", metrics["overall"])]
+    few, zero, forced, unavailable = [], [], [], []
+    groups = in_dataset_order(metrics["per_dataset"]) + [("overall", metrics["overall"])]
 
     def f(x: float | None) -> str:
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
@@ -491,13 +511,13 @@ def format_metrics(metrics: Mapping[str, Any]) -> str:
         ci_s = ci_text(ci, "+.2f")
         star = "*" if m.get("few_passages") else ""
         if star:
-            notes.append(f"* {name}: {m['note']}")
+            few.append((name, m["note"]))
         if is_degenerate(ci):
-            notes.append(f"  {name}: {degenerate_note(m.get('n_passages'))}")
+            zero.append((name, degenerate_note(m.get("n_passages"))))
         if m.get("forced_choice_note"):
-            notes.append(f"  {name}: {m['forced_choice_note']}")
+            forced.append((name, m["forced_choice_note"]))
         if m.get("EA_forced_unavailable"):
-            notes.append(f"  {name}: EA_forced {m['EA_forced_unavailable']}")
+            unavailable.append((name, f"EA_forced {m['EA_forced_unavailable']}"))
         rows.append(
             f"{name:<10} {m['n']:>4} {str(m['n_passages']) + star:>5} {m['GA']:>5.2f} "
             f"{m['EA']:>5.2f} {f(m['EA_forced']):>5} {m['delta']:>+6.2f} {ci_s:>15} "
@@ -506,6 +526,15 @@ def format_metrics(metrics: Mapping[str, Any]) -> str:
             f"{f(m['acceptance_rate_correct_forced']):>5} "
             f"{f(m['acceptance_rate_incorrect_forced']):>5} "
             f"{f(m['mean_verdict_coverage']):>5} {f(m['auc_logit_diff']):>5}")
+    # one line per fact: groups whose notes differ only in their counts share it
+    notes = ["* " + n for n in merge_notes(few)] + [
+        "  " + n for n in merge_notes(zero) + merge_notes(forced) + merge_notes(unavailable)]
+    for name, n in (metrics.get("no_answer") or {}).items():
+        if n:
+            total = (metrics["per_dataset"].get(name) or {}).get("n", 0) + metrics[
+                "skipped"].get(name, n)
+            notes.append(f"  {name}: {n} of {total} records have no answer (the model "
+                         f"generated nothing): not graded, not judged, outside every column")
     legend = ("EA_f/d_f: forced choice p_correct > 0.5; acc|C, acc|I: generated verdict "
               "'Correct' among answers with y* Correct / Incorrect (no verdict = not accepted); "
               "none: share with no verdict; fC|C, fC|I: forced-choice acceptance; cov: mean "

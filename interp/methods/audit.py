@@ -62,6 +62,7 @@ from interp.analysis.stats import (
     passage_note,
 )
 from interp.core.errors import ProbeError
+from interp.core.names import dataset_order
 from interp.core.vocab import DETECTOR_FEATURES
 from interp.methods.probing import cross_validate
 
@@ -185,7 +186,7 @@ def signal_aucs(records: Sequence[Mapping[str, Any]], signals: Mapping[str, np.n
                 "signals": {k: cluster_bootstrap_auc(wrong[sel], s[sel], groups[sel].tolist(),
                                                      rng, n_boot) for k, s in scores.items()}}
 
-    return {"per_dataset": {d: group(ds == d) for d in dict.fromkeys(ds.tolist())},
+    return {"per_dataset": {d: group(ds == d) for d in dataset_order(ds.tolist())},
             "overall": group(np.ones(len(records), dtype=bool))}
 
 

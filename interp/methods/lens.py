@@ -16,7 +16,9 @@ Three standard readouts of the residual stream at one position, each read at eve
   position is the sum of the embeddings, every head's output and every MLP's output; with the
   final norm's scale frozen at its value on that position, the first-token logit difference is
   the sum of each component's projection on the difference of the two unembedding rows
-  (:func:`direct_logit_attribution`).
+  (:func:`direct_logit_attribution`), with the norm folded as TransformerLens folds it
+  (:meth:`Readout.fold`: an RMSNorm's gain; a LayerNorm's centering, gain and bias). Any other
+  final norm is refused in one line (:func:`norm_kind`).
 
 What is scored:
 
@@ -64,11 +66,18 @@ from torch import Tensor
 from interp.core.errors import LensError
 from interp.hooks.model import HookedModel
 from interp.hooks.recorder import batch_rows
-from interp.models.readout import Readout, attribution_names, logit_attribution, readout
+from interp.models.readout import (
+    NORM_KINDS,
+    Readout,
+    attribution_names,
+    logit_attribution,
+    norm_kind,
+    readout,
+)
 
-__all__ = ["Readout", "TunedLens", "direct_logit_attribution", "first_agreeing_layer",
-           "fit_tuned_lens", "lens_kl", "lens_logits", "readout", "reply_lens", "residual_stack",
-           "stack_names", "token_lens"]
+__all__ = ["NORM_KINDS", "Readout", "TunedLens", "direct_logit_attribution",
+           "first_agreeing_layer", "fit_tuned_lens", "lens_kl", "lens_logits", "norm_kind",
+           "readout", "reply_lens", "residual_stack", "stack_names", "token_lens"]
 
 
 def stack_names(n_layers: int) -> list[str]:
@@ -268,12 +277,14 @@ def direct_logit_attribution(handle: Any, prompt: Sequence[int], a: int, b: int,
                              stack: bool = False, rows: bool = False) -> dict[str, Any]:
     """Each head's and MLP's direct contribution to ``logit[a] - logit[b]`` at the last position.
 
-    With ``h`` the final residual stream at the prompt's last position and ``s`` its final-norm
-    scale (frozen: "the folded norm"), the model's logit of token ``t`` is ``(s * gamma * h) .
-    W_U[t]``; ``h`` is the embedding plus, for every block, the attention output (the sum of
-    each head's ``z_h W_O[h]`` and the output projection's bias) plus the MLP's output, so
+    With ``h`` the final residual stream at the prompt's last position and the final norm
+    folded at ``h``'s scale (frozen: "the folded norm", :meth:`Readout.fold`: RMSNorm's gain;
+    LayerNorm's centering, gain and bias), the model's logit difference is ``h . direction +
+    norm_bias + lm_bias`` with ``direction = C(s * gamma * (W_U[a] - W_U[b]))``; ``h`` is the
+    embedding plus, for every block, the attention output (the sum of each head's ``z_h W_O[h]``
+    and the output projection's bias) plus the MLP's output, so
 
-    ``logit[a] - logit[b] = sum over components c of (s * gamma * c) . (W_U[a] - W_U[b])``
+    ``logit[a] - logit[b] = sum over components c of c . direction + norm_bias + lm_bias``
 
     exactly (up to float rounding): the attributions sum to the total. The norm's scale is NOT
     linear in ``h``, so an attribution says what a component adds at the scale the model ran
@@ -293,12 +304,14 @@ def direct_logit_attribution(handle: Any, prompt: Sequence[int], a: int, b: int,
 
     Returns:
         ``{"heads": [n_layers, n_heads], "mlp": [n_layers], "attn_bias": [n_layers],
-        "embed": float, "lm_bias": float, "total": float, "sum": float}`` (nats): ``sum`` is
+        "embed": float, "lm_bias": float, "norm_bias": float, "total": float, "sum": float}``
+        (nats; ``norm_bias``: a LayerNorm's bias on the direction, 0 for RMSNorm): ``sum`` is
         the sum of every attribution and ``total`` the model's own logit difference; with
         ``stack`` and ``rows`` also those.
 
     Raises:
-        LensError: an unsupported model (see :func:`readout`).
+        LensError: an unsupported model or final norm (see :func:`readout`,
+            :meth:`Readout.fold`).
     """
     model = handle.model
     n = handle.n_layers

@@ -39,6 +39,7 @@ from interp.analysis.stats import (
     passage_groups,
     passage_note,
 )
+from interp.core.names import dataset_order
 from interp.judging.reasoning import REASONING_SPANS
 from interp.store.records import qa_key as record_key
 
@@ -199,7 +200,7 @@ def side_by_side(word: Sequence[Mapping[str, Any]], reason: Sequence[Mapping[str
         return _group([w for w, _ in sel], [r for _, r in sel], arrays(sel), spans_word,
                       seed, n_boot)
 
-    datasets = list(dict.fromkeys(w["dataset"] for w, _ in pairs))
+    datasets = dataset_order(w["dataset"] for w, _ in pairs)
     return {"definitions": SIDE_BY_SIDE_DEFINITIONS, "n_boot": n_boot, "seed": seed,
             "per_dataset": {d: group([p for p in pairs if p[0]["dataset"] == d])
                             for d in datasets},

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from interp.analysis.stats import degenerate_note
+from interp.core.names import in_dataset_order
 from interp.plots.common import COLORS, ci_bars, dataset_groups, passage_footnote, plt, save
 
 _SPAN_TITLES = {"context": "context c", "question": "question q", "candidate": "candidate a",
@@ -27,7 +28,7 @@ def plot_span_mass_layerwise(summary: Mapping[str, Any], out_dir: str | Path,
         out_dir: output folder.
         name: file stem.
     """
-    groups = [(d, g) for d, g in summary["per_dataset"].items() if g.get("layerwise")]
+    groups = [(d, g) for d, g in in_dataset_order(summary["per_dataset"]) if g.get("layerwise")]
     if len(groups) > 1:
         groups.append(("overall", summary["overall"]))
     spans = [s for s in summary["spans"] if s != "reference"] + (
@@ -155,7 +156,12 @@ def plot_context_ratio(summary: Mapping[str, Any], out_dir: str | Path,
     ax2.set_xticks(x, labels)
     ax2.set_ylabel("gen / eval")
     ax2.set_title("Context ratio gen/eval (paper: 3-5x)", fontsize=10)
-    ax2.legend(frameon=False, fontsize=7)
     fig.tight_layout()
+    # the legend goes under the tick labels, so it covers neither the bars, the frame nor
+    # the paper's band
+    below = ax2.transAxes.inverted().transform(
+        (0, ax2.get_tightbbox(fig.canvas.get_renderer()).y0))[1]
+    ax2.legend(frameon=False, fontsize=7, ncol=2, loc="upper center",
+               bbox_to_anchor=(0.5, below - 0.02))
     passage_footnote(fig, groups, [degenerate_note()] if degenerate else [])
     return save(fig, out_dir, name)

@@ -17,14 +17,20 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from interp.analysis.stats import DEGENERATE_MARK, is_degenerate  # noqa: E402
+from interp.analysis.stats import DEGENERATE_MARK, is_degenerate, merge_notes  # noqa: E402
+from interp.core.names import in_dataset_order  # noqa: E402
 
 COLORS = {"GA": "#4C72B0", "EA": "#DD8452", "delta": "#55A868", "gen": "#4C72B0",
           "eval": "#DD8452", "correct": "#55A868", "incorrect": "#C44E52"}
 
 
 def save(fig: plt.Figure, out_dir: str | Path, name: str) -> Path:
-    """Save a figure as PNG (150 dpi) and PDF into ``out_dir``; close it; return the PNG."""
+    """Save a figure as PNG (150 dpi) and PDF into ``out_dir``; close it; return the PNG.
+
+    Value labels are placed clear of every other bar and label first
+    (:func:`place_value_labels`).
+    """
+    place_value_labels(fig)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     png = out_dir / f"{name}.png"
@@ -52,7 +58,7 @@ def dataset_groups(table: Mapping[str, Any]) -> tuple[list[tuple[str, Any]], lis
     ``name\nn=N\nP passages`` when the group counts passages, with ``*`` when it has fewer
     than 10 (:func:`passage_footnote` explains the star).
     """
-    groups = [(d, g) for d, g in table["per_dataset"].items() if g.get("n")]
+    groups = [(d, g) for d, g in in_dataset_order(table["per_dataset"]) if g.get("n")]
     if len(groups) > 1:
         groups.append(("overall", table["overall"]))
 
@@ -107,16 +113,96 @@ def ci_bars(ax: Any, xs: Sequence[float], vals: Sequence[float | None],
         zero = is_degenerate(ci)
         degenerate |= zero
         box = {"fc": "white", "ec": "none", "alpha": 0.7, "pad": 0.2}
+        ends = [v, 0.0] + ([float(c) for c in ci] if ci is not None and None not in ci else [])
+        column = (x - width / 2, x + width / 2, min(ends), max(ends))
         if upright:
-            top = max(v, ci[1]) if ci is not None and None not in ci else v
-            ax.annotate(f"{v:{fmt}}" + (f" {DEGENERATE_MARK}" if zero else ""), (x, top),
-                        xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
-                        rotation=90, fontsize=6.5, gid="value_label", bbox=box)
-            continue
-        ax.annotate(f"{v:{fmt}}" + (f"\n{DEGENERATE_MARK}" if zero else ""), (x, v),
-                    xytext=(capsize + 2.5, 0), textcoords="offset points", ha="left",
-                    va="center", fontsize=6.5, gid="value_label", bbox=box)
+            t = ax.annotate(f"{v:{fmt}}" + (f" {DEGENERATE_MARK}" if zero else ""),
+                            (x, column[3]), xytext=(0, 2), textcoords="offset points",
+                            ha="center", va="bottom", rotation=90, fontsize=6.5,
+                            gid="value_label", bbox=box)
+        else:
+            t = ax.annotate(f"{v:{fmt}}" + (f"\n{DEGENERATE_MARK}" if zero else ""), (x, v),
+                            xytext=(capsize + 2.5, 0), textcoords="offset points", ha="left",
+                            va="center", fontsize=6.5, gid="value_label", bbox=box)
+        t.value_column = (*column, v, capsize)  # read by place_value_labels
     return degenerate
+
+
+def _placements(x: float, lo: float, hi: float, v: float, capsize: float
+                ) -> list[tuple[tuple[float, float], tuple[float, float], str, str, int]]:
+    """Where a value label may go: ``(xy, offset in points, ha, va, rotation)``.
+
+    Preferred first: beside the whisker at the value (right, then left), above the whisker,
+    upright above it, under the bar.
+    """
+    gap = capsize + 2.5
+    return [((x, v), (gap, 0), "left", "center", 0), ((x, v), (-gap, 0), "right", "center", 0),
+            ((x, hi), (0, 2), "center", "bottom", 0), ((x, hi), (0, 2), "center", "bottom", 90),
+            ((x, lo), (0, -2), "center", "top", 0)]
+
+
+def place_value_labels(fig: plt.Figure) -> int:
+    """Move each value label that covers another bar, its whisker or another label.
+
+    A label of :func:`ci_bars` starts where its call put it; when its box overlaps another
+    bar's column (the bar and its whisker, at least 2 pixels tall, so a zero-height bar
+    counts), a label placed before it, a legend, or leaves its axes, it takes the first of
+    :func:`_placements` that does none of these (else the one that overlaps least). So a
+    zero-width interval's two-line label no longer lies over the neighbouring bar.
+
+    Args:
+        fig: a drawn or undrawn figure.
+
+    Returns:
+        How many labels moved.
+    """
+    r = fig.canvas.get_renderer()
+    moved = 0
+    for ax in fig.axes:
+        labels = [t for t in ax.texts if getattr(t, "value_column", None) is not None]
+        if not labels:
+            continue
+        frame = ax.get_window_extent(r)
+        legends = [lg.get_window_extent(r) for lg in [ax.get_legend(), *fig.legends] if lg]
+
+        def column_box(t: Any) -> Any:
+            x0, x1, lo, hi = t.value_column[:4]
+            (a, b), (c, d) = ax.transData.transform([(x0, lo), (x1, hi)])
+            return matplotlib.transforms.Bbox([[min(a, c), min(b, d) - 1],
+                                               [max(a, c), max(b, d) + 1]])
+
+        columns = {id(t): column_box(t) for t in labels}
+        placed: list[Any] = []
+
+        def cost(t: Any) -> float:
+            box = t.get_window_extent(r)
+            area = 0.0
+            for other in [*(b for k, b in columns.items() if k != id(t)), *placed, *legends]:
+                w = min(box.x1, other.x1) - max(box.x0, other.x0)
+                h = min(box.y1, other.y1) - max(box.y0, other.y0)
+                area += max(w, 0) * max(h, 0)
+            outside = (max(frame.x0 - box.x0, 0) + max(box.x1 - frame.x1, 0)
+                       + max(frame.y0 - box.y0, 0) + max(box.y1 - frame.y1, 0))
+            return area + outside * box.height
+
+        for t in labels:
+            if cost(t) > 0:
+                x0, x1, lo, hi, v, cap = t.value_column
+                start = (t.xy, t.xyann, t.get_ha(), t.get_va(), t.get_rotation())
+                tried = []
+                for xy, off, ha, va, rot in _placements((x0 + x1) / 2, lo, hi, v, cap):
+                    t.xy, t.xyann = xy, off
+                    t.set_ha(ha), t.set_va(va), t.set_rotation(rot)
+                    tried.append((cost(t), (xy, off, ha, va, rot)))
+                    if tried[-1][0] == 0:
+                        break
+                best = min(tried, key=lambda c: c[0])[1]
+                xy, off, ha, va, rot = best
+                t.xy, t.xyann = xy, off
+                t.set_ha(ha), t.set_va(va), t.set_rotation(rot)
+                moved += best != start
+            placed.append(t.get_window_extent(r))
+    return moved
 
 
 FOOTNOTE_CHARS_PER_INCH = 15
@@ -146,10 +232,13 @@ def passage_footnote(fig: plt.Figure, groups: list[tuple[str, Any]],
     """Write, visibly under the figure, the notes of groups on fewer than 10 passages.
 
     Also a group's ``forced_choice_note`` (the forced choice is the same for every record),
-    then ``extra`` (e.g. :func:`interp.analysis.stats.degenerate_note`).
+    then ``extra`` (e.g. :func:`interp.analysis.stats.degenerate_note`). One line per fact:
+    groups whose notes differ only in their counts share a line
+    (:func:`interp.analysis.stats.merge_notes`), and a repeated ``extra`` is written once.
     """
-    notes = [f"* {d}: {g['note']}" for d, g in groups if g.get("few_passages")]
-    notes += [f"{d}: {g['forced_choice_note']}" for d, g in groups
-              if g.get("forced_choice_note")]
-    footnote(fig, notes + (extra or []))
+    notes = ["* " + n for n in merge_notes([(d, g["note"]) for d, g in groups
+                                            if g.get("few_passages")])]
+    notes += merge_notes([(d, g["forced_choice_note"]) for d, g in groups
+                          if g.get("forced_choice_note")])
+    footnote(fig, notes + list(dict.fromkeys(extra or [])))
 

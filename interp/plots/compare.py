@@ -17,6 +17,7 @@ import numpy as np
 from matplotlib.patches import Patch
 
 from interp.analysis.stats import MIN_PASSAGES, degenerate_note, passage_note
+from interp.core.names import in_dataset_order
 from interp.plots.common import ci_bars, footnote, plt, save
 
 __all__ = ["dataset_labels", "model_colors", "plot_models_asymmetry", "plot_models_attention",
@@ -37,7 +38,7 @@ def _short(spec: str) -> str:
 def _datasets(tables: Mapping[str, Mapping[str, Any]]) -> list[str]:
     names: list[str] = []
     for t in tables.values():
-        names += [d for d, g in t["per_dataset"].items() if g.get("n") and d not in names]
+        names += [d for d, g in in_dataset_order(t["per_dataset"]) if g.get("n") and d not in names]
     return names + ["overall"]
 
 

@@ -35,6 +35,7 @@ from interp.analysis.stats import (
     passage_note,
 )
 from interp.core.io import write_json
+from interp.core.names import in_dataset_order
 
 __all__ = ["DEFINITIONS", "comparison_rows", "format_markdown", "probe_headline", "read_run",
            "write_comparison"]
@@ -173,7 +174,7 @@ def comparison_rows(runs: Mapping[str, str | Path]) -> list[dict[str, Any]]:
         t = read_run(run_dir)
         if t["metrics"] is None:
             raise FileNotFoundError(f"{run_dir} has no metrics.json; run the asymmetry stage")
-        groups = [(d, g) for d, g in t["metrics"]["per_dataset"].items() if g.get("n")]
+        groups = [(d, g) for d, g in in_dataset_order(t["metrics"]["per_dataset"]) if g.get("n")]
         groups.append(("overall", t["metrics"]["overall"]))
         probes = t["probes"]
         for ds, g in groups:

@@ -50,7 +50,7 @@ from interp.core.io import (
     write_json,
     write_jsonl,
 )
-from interp.launch import Shard, barrier, check_count
+from interp.launch import Shard, barrier, check_count, heartbeat
 from interp.store.records import qa_key
 from interp.store.rundir import RunDir
 
@@ -368,6 +368,7 @@ def run_asymmetry(run_dir: str | Path, handle: Any = None, cfg: Any = None, *,
     if shard is None:
         return asymmetry.run(out, handle, cfg, overwrite=overwrite, log=log)
     check_count(out, shard)
+    heartbeat(out, shard)   # the others waiting at the barrier see this process is alive
     asymmetry.run(out, handle, cfg, overwrite=overwrite, log=log, shard=shard)
     if not shard.joined:
         log(f"[shard {shard.name}] done in {shard.dir(out)}; when all {shard.count} are, "

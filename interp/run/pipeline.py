@@ -57,7 +57,7 @@ from interp.core.io import atomic_write_text, write_json
 from interp.core.names import did_you_mean, model_slug
 from interp.core.vocab import DEFAULT_MODEL
 from interp.judging.prompts import get_template
-from interp.launch import Shard, current_shard
+from interp.launch import Shard, current_shard, heartbeat
 from interp.stages.configs import ASYMMETRY_KEY_FIELDS, AsymmetryConfig
 from interp.store.rundir import RunDir
 
@@ -302,7 +302,8 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
             continue
         n_layers, n_heads = model_shape(spec)
         for name, scfg in runs:
-            check_against_shape(name, scfg, n_layers, n_heads, model=spec)
+            for note in check_against_shape(name, scfg, n_layers, n_heads, model=spec):
+                log(note)
         contract.check_needs(out / model_slug(spec), runs,
                              before=["asymmetry"] if not only or "asymmetry" in only else [],
                              in_config=True)
@@ -383,6 +384,7 @@ def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Pa
         if shard is not None and (only and "asymmetry" not in only) and not lead and not group:
             continue  # stages only, a shard of an array: they run on the merged run
         device = shard.device(acfg.device) if shard is not None else acfg.device
+        heartbeat(run_dir, shard)   # alive while the model loads, for ranks at a barrier
         handle = None if is_served(spec) else load_model(  # served: no weights
             spec, device=device, dtype=acfg.dtype, **placement(acfg))
         log(f"== {spec} -> {run_dir}")

@@ -249,7 +249,7 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
             share.done()
             for r in recs:
                 if r["status"] != "ok":
-                    log(f"[{ds}] skipped {r['id']}: {r['reason']}")
+                    log(f"[{ds}] {r['status'].replace('_', ' ')} {r['id']}: {r['reason']}")
         bar.close()
         if todo:
             dt = time.perf_counter() - t0

@@ -39,6 +39,7 @@ from interp.core.contract import spec
 from interp.core.errors import DataError
 from interp.core.io import atomic_write_text, read_jsonl, write_json, write_table
 from interp.core.layers import parse_layers
+from interp.core.names import in_dataset_order
 from interp.data import QAExample
 from interp.judging.prefill import Capture
 from interp.judging.prompts import get_template
@@ -316,7 +317,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     lines = [f"judge {summary['judge']}: {summary['class_balance']} "
              f"({summary['n_unparseable']} unparseable, counted wrong); AUC for a wrong verdict "
              f"[95% passage CI]"]
-    groups = list(summary["per_dataset"].items()) + [("overall", summary["overall"])]
+    groups = in_dataset_order(summary["per_dataset"]) + [("overall", summary["overall"])]
     for name, g in groups:
         cells = []
         for k in names:

@@ -28,7 +28,7 @@ from interp.core import contract
 from interp.core.capabilities import capabilities, is_served
 from interp.core.contract import check_needs
 from interp.core.errors import ConfigError, InterpError, LayerSpecError, RunDirError
-from interp.core.layers import parse_layers
+from interp.core.layers import band_note, parse_layers
 from interp.core.options import fields_of_kind
 from interp.judging.prompts import get_template
 from interp.models.loading import ModelHandle, load_model, placement, result_facts, runtime_facts
@@ -118,7 +118,7 @@ def check_run_model(run: RunDir, handle: ModelHandle,
 
 
 def check_against_shape(name: str, cfg: Any, n_layers: int, n_heads: int | None = None, *,
-                 model: str | None = None) -> None:
+                 model: str | None = None) -> list[str]:
     """Check a stage config against a model's shape, before the model runs (or loads).
 
     Every field declared ``kind="layers"`` (:func:`interp.core.options.option`) that is set is
@@ -136,12 +136,18 @@ def check_against_shape(name: str, cfg: Any, n_layers: int, n_heads: int | None 
         n_heads: its query heads per layer (None: unknown, head specs are not checked).
         model: the model's name, put in the message (a grid of several models).
 
+    Returns:
+        One line per layer option whose default adapted to the model
+        (:func:`interp.core.layers.band_note`: the default band ``last8`` of a model with
+        fewer than 8 layers is every layer), for the caller to print.
+
     Raises:
         LayerSpecError: a layer selection outside the model (names the option and the table
             key, e.g. ``--layers ([attention] layers)``, and the valid range).
         interp.core.errors.InterpError: what the config's own ``check`` raises.
     """
     on = f" for {model}" if model else ""
+    notes = []
     for f in fields_of_kind(type(cfg), "layers") if hasattr(cfg, "__dataclass_fields__") else []:
         if (v := getattr(cfg, f)) is not None:
             try:
@@ -149,11 +155,14 @@ def check_against_shape(name: str, cfg: Any, n_layers: int, n_heads: int | None 
             except LayerSpecError as err:
                 raise LayerSpecError(f"--{f.replace('_', '-')} ([{name}] {f}){on}: {err}"
                                      ) from None
+            if note := band_note(v, n_layers):
+                notes.append(f"[{name}] {f}{on}: {note}")
     if (check := getattr(cfg, "check", None)) is not None:
         try:
             check(n_layers, n_heads)
         except InterpError as err:
             raise type(err)(f"[{name}]{on}: {err}" if model else f"[{name}] {err}") from None
+    return notes
 
 
 def ok_records(run: RunDir, handle: ModelHandle, limit: int | None, *, stage: str,
@@ -263,7 +272,7 @@ def check_capabilities(stage: str | None, spec: str, *, where: str | None = None
 
 def load_run_model(run: RunDir, device: str | None = None,
                    dtype: str | None = None, *, stage: str | None = None,
-                   config: Any = None) -> ModelHandle:
+                   config: Any = None, log: Callable[[str], None] = print) -> ModelHandle:
     """Load the model a run was made with (the manifest's model spec) and check its sha256.
 
     The run's big-model placement (``device_map``, ``max_memory``, ``offload_folder`` of its
@@ -278,6 +287,7 @@ def load_run_model(run: RunDir, device: str | None = None,
             against the model shape the manifest records (:func:`check_against_shape`), before
             the model loads.
         config: that stage's config.
+        log: where the line of a default band adapted to a small model goes.
 
     Returns:
         The :class:`interp.models.loading.ModelHandle`.
@@ -299,8 +309,9 @@ def load_run_model(run: RunDir, device: str | None = None,
                           f"config.model)")
     check_capabilities(stage, spec)
     if config is not None and (n_layers := manifest.get("model", {}).get("n_layers")):
-        check_against_shape(stage or "stage", config, int(n_layers),
-                            manifest["model"].get("n_heads"))
+        for note in check_against_shape(stage or "stage", config, int(n_layers),
+                                        manifest["model"].get("n_heads")):
+            log(note)
     if stage is not None:
         check_needs(run.path, [(stage, config)])
     handle = load_model(spec, device=device or cfg.get("device"), dtype=dtype or cfg.get("dtype"),

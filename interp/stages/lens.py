@@ -207,6 +207,7 @@ def _lens_one(handle: ModelHandle, rec: Mapping[str, Any], prompts: Mapping[str,
     d = direct_logit_attribution(handle, ev, replies.correct[0], replies.incorrect[0])
     dla = {"heads": d["heads"].tolist(), "mlp": d["mlp"].tolist(),
            "attn_bias": d["attn_bias"].tolist(), "embed": d["embed"], "lm_bias": d["lm_bias"],
+           "norm_bias": d["norm_bias"],
            "total": d["total"], "sum": d["sum"], "continuation": judge["model"] - d["total"]}
     gen: dict[str, Any] | None = None
     gold = _gold_token(handle.tokenizer, rec)

@@ -55,7 +55,8 @@ class Record(TypedDict, total=False):
         id, dataset, split, question, context, answers, answerable: the example.
         extras: the data file's other fields of the example (:attr:`interp.data.QAExample.extras`;
             absent when it has none).
-        status: ``ok`` or ``skipped``; reason: why it was skipped.
+        status: ``ok``, ``skipped`` or ``no_answer`` (:data:`NO_ANSWER`); reason: why it was
+            skipped, or that the model generated no answer.
         model: the model spec that judged (and, without ``answer_source``, generated);
             template: the template variant.
         answer_source: ``{"model", "run"}`` that generated the answer, when the model judged
@@ -82,7 +83,7 @@ class Record(TypedDict, total=False):
 
     id: Required[str]
     dataset: Required[str]
-    status: Required[Literal["ok", "skipped"]]
+    status: Required[Literal["ok", "skipped", "no_answer"]]
     split: str
     question: str
     context: str
@@ -109,6 +110,10 @@ class Record(TypedDict, total=False):
     verdict_reply_ids: dict[str, list[int]]
     prompts: dict[str, PromptSummary]
 
+
+NO_ANSWER = "no_answer"
+"""The status of a record whose model generated no answer: named and counted, never judged
+(an empty candidate has no span), outside every metric."""
 
 VERDICT_SCORE_FIELDS = ("logprob_correct", "logprob_incorrect", "logit_diff", "p_correct",
                         "verdict_coverage")

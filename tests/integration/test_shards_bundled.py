@@ -141,7 +141,10 @@ def test_torchrun_interp_run_equals_unsharded(reference, tmp_path):
     for i in (0, 1):  # each process steered its share (a passage) of the 2 steered records
         assert f"== stage steering: 1 parts made by {i}-of-2" in res.stdout, res.stdout[-3000:]
     got = tmp_path / "out" / SLUG
-    assert sorted(p.name for p in (got / "shards").iterdir()) == ["0-of-2", "1-of-2"]
+    assert sorted(p.name for p in (got / "shards").iterdir()) == ["0-of-2", "1-of-2",
+                                                                  "heartbeats"]
+    assert sorted(p.name for p in (got / "shards" / "heartbeats").iterdir()) == [
+        "0-of-2.json", "1-of-2.json"]
     m = json.loads((got / "manifest.json").read_text())
     assert [s["name"] for s in m["shards"]] == ["0-of-2", "1-of-2"]
     assert [s["launcher"] for s in m["shards"]] == ["torchrun", "torchrun"]

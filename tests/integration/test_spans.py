@@ -148,3 +148,27 @@ def test_every_bundled_span_decodes_to_its_field(alias, request):
     bad = [(ex.dataset, ex.id, task, names) for ex in examples for task in ("gen", "eval")
            if (names := _check_spans(tok, ex, task))]
     assert bad == []
+
+
+@pytest.mark.parametrize("alias", [SMOL, QWEN])
+@pytest.mark.parametrize("task", ["gen", "eval"])
+def test_decomposed_accents_render_on_the_bundled_tokenizers(alias, task, request):
+    """Contexts with decomposed accents (``e`` + U+0301) render on both bundled tokenizers.
+
+    Qwen's tokenizer composes them (NFC), SmolLM2's keeps the marks as tokens; each span
+    decodes to its field.
+    """
+    import unicodedata
+
+    tok = request.getfixturevalue("smol_tok" if alias == SMOL else "qwen_tok")
+    ctx = "Rene\u0301 Descartes e\u0301tait a\u0300 Paris; le cafe\u0301 de\u0301barque."
+    q, cand = "Ou\u0300 e\u0301tait Rene\u0301?", "a\u0300 Paris"
+    assert (tok.backend_tokenizer.normalizer is not None) == (alias == QWEN)
+    p = render(tok, get_template(), task, context=ctx, question=q,
+               answer=cand if task == "eval" else None)
+    fields = {"context": ctx, "question": q, **({"candidate": cand} if task == "eval" else {})}
+    assert set(p.token_spans) == set(fields)
+    for name, field in fields.items():
+        a, b = p.token_spans[name]
+        assert unicodedata.normalize("NFC", tok.decode(p.input_ids[a:b]).strip()) == \
+            unicodedata.normalize("NFC", field), name

@@ -361,3 +361,139 @@ def test_shards_of_an_edited_data_file_are_refused(tiny, tmp_path):
         merge_shards([out / "shards/0-of-2", out / "shards/1-of-2"], out, log=lambda s: None)
     assert "\n" not in str(err.value)
     assert _digest(out) == before and not (out / "records.jsonl").exists()
+
+
+def _beat_file(folder, name, **beat):
+    import json as _json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(_json.dumps(beat))
+
+
+def test_a_dead_rank_is_named_from_its_heartbeat(tmp_path, monkeypatch):
+    """A real process that dies, a heartbeat gone stale, none at all, and one from before."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from interp.launch import Shard, dead_ranks
+
+    for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511",
+                 "TORCHELASTIC_RUN_ID": "r"}.items():
+        monkeypatch.setenv(k, v)
+    session, host = "r:127.0.0.1:29511", socket.gethostname()
+    folder = tmp_path / "heartbeats"
+    me = Shard(0, 4, "torchrun")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _beat_file(folder, "1-of-4", pid=child.pid, host=host, session=session, passed=0)
+        _beat_file(folder, "2-of-4", pid=os.getpid(), host="elsewhere", session=session,
+                   passed=0)
+        old = time.time() - 200
+        os.utime(folder / "2-of-4.json", (old, old))           # its last beat: 200 s ago
+        assert dead_ranks(folder, me, waited=5, stale=90) == [
+            "2-of-4 (its last heartbeat is 200 s old, on elsewhere)"]
+    finally:
+        child.kill()
+        child.wait()
+    got = dead_ranks(folder, me, waited=5, stale=90)
+    assert got[0] == f"1-of-4 (its process {child.pid} on {host} is gone)" and len(got) == 2
+    # rank 3 wrote nothing: dead only once this process waited longer than the stale age
+    assert not any(g.startswith("3-of-4") for g in got)
+    assert any(g.startswith("3-of-4 (no heartbeat in 95 s")
+               for g in dead_ranks(folder, me, waited=95, stale=90))
+    # a rank that passed this barrier is not waited for, whatever its process did since
+    _beat_file(folder, "1-of-4", pid=child.pid, host=host, session=session, passed=1)
+    assert not any(g.startswith("1-of-4") for g in dead_ranks(folder, me, waited=5, stale=90))
+    # a heartbeat of an earlier launch is no heartbeat of this one
+    _beat_file(folder, "1-of-4", pid=child.pid, host=host, session="old:x:1", passed=0)
+    assert not any(g.startswith("1-of-4") for g in dead_ranks(folder, me, waited=5, stale=90))
+
+
+def test_a_waiting_rank_stops_in_one_line_when_another_dies(tmp_path):
+    """Two real processes joined by env://; rank 1 is killed before the barrier."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import os, sys, time\n"
+            "from interp.launch import current_shard, heartbeat, barrier, finish\n"
+            "from interp.core.errors import ShardError\n"
+            "shard = current_shard()\n"
+            "heartbeat(sys.argv[1], shard)\n"
+            "if shard.index == 1:\n"
+            "    time.sleep(600)\n"
+            "try:\n"
+            "    t0 = time.monotonic(); barrier(shard, what='its records')\n"
+            "except ShardError as err:\n"
+            "    print(f'{time.monotonic() - t0:.1f} s: {err}'); sys.exit(2)\n")
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "INTERP_HEARTBEAT_STALE_S": "30", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)],
+                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    beat = tmp_path / "shards" / "heartbeats" / "1-of-2.json"
+    deadline = time.monotonic() + 120
+    while not beat.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert beat.exists()
+    os.kill(procs[1].pid, signal.SIGKILL)
+    out, err = procs[0].communicate(timeout=120)
+    procs[1].wait()
+    assert procs[0].returncode == 2, err[-2000:]
+    line = out.strip().splitlines()[-1]
+    waited, msg = line.split(" s: ", 1)
+    assert float(waited) < 30, line  # the process is gone: no need to wait for a stale beat
+    assert msg == (f"shard 0-of-2: rank 1-of-2 (its process {procs[1].pid} on "
+                   f"{socket.gethostname()} is gone) died while this process waited at the "
+                   f"barrier; kept on disk: its records; rerun the missing shards with "
+                   f"--shard I/2, then interp merge")
+
+
+def test_live_ranks_pass_the_watched_barrier_twice(tmp_path):
+    """The watch does not stop live ranks.
+
+    Two processes pass two barriers, one arriving later than the stale age (its heartbeat is
+    fresh), and leave one after the other.
+    """
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import sys, time\n"
+            "from interp.launch import current_shard, heartbeat, barrier, finish\n"
+            "shard = current_shard()\n"
+            "heartbeat(sys.argv[1], shard)\n"
+            "time.sleep(25 * shard.index)\n"          # rank 1 arrives 25 s later
+            "barrier(shard)\n"
+            "barrier(shard)\n"
+            "finish()\n"
+            "print('passed', shard.name)\n")
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "INTERP_HEARTBEAT_STALE_S": "15", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)],
+                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert [o.strip() for o, _ in outs] == ["passed 0-of-2", "passed 1-of-2"]
+
+
+def test_a_stale_age_shorter_than_three_beats_is_refused():
+    from interp.launch import stale_after
+
+    assert stale_after({}) == 90.0 and stale_after({"INTERP_HEARTBEAT_STALE_S": "20"}) == 20.0
+    with pytest.raises(ShardError, match="at least 15 \\(three beats"):
+        stale_after({"INTERP_HEARTBEAT_STALE_S": "4"})

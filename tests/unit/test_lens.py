@@ -293,3 +293,85 @@ def test_the_stage_refuses_a_bad_setting_before_model_work(tmp_path):
         stage.LensConfig(heldout=1.5).validate()
     with pytest.raises(LensError):
         stage.LensConfig.from_mapping({"train_positions": 1}).validate()
+
+
+def _with_final_norm(kind: str, d_model: int = 64):
+    """A tiny Llama whose final norm is ``kind``, with a random gain (and bias) as trained."""
+    tok = tiny_tokenizer(vocab_size=280)
+    m = tiny_llama(tok, n_layers=3, d_model=d_model, n_heads=4, n_kv_heads=2, seed=3)
+    gen = torch.Generator().manual_seed(1)
+    norm = {"llama_rms": m.model.model.norm,
+            "torch_rms": torch.nn.RMSNorm(d_model, eps=1e-6),
+            "layer": torch.nn.LayerNorm(d_model, eps=1e-5),
+            "layer_no_affine": torch.nn.LayerNorm(d_model, elementwise_affine=False),
+            "layer_no_bias": torch.nn.LayerNorm(d_model, bias=False)}[kind]
+    with torch.no_grad():
+        if getattr(norm, "weight", None) is not None:
+            norm.weight.uniform_(0.5, 2.0, generator=gen)
+        if getattr(norm, "bias", None) is not None:
+            norm.bias.normal_(0.0, 1.0, generator=gen)
+    m.model.model.norm = norm.requires_grad_(False)
+    return m
+
+
+@pytest.mark.parametrize("kind", ["llama_rms", "torch_rms", "layer", "layer_no_affine",
+                                  "layer_no_bias"])
+def test_attributions_sum_to_the_logit_difference_on_every_supported_final_norm(kind):
+    """The sum test on each norm the lens folds.
+
+    RMSNorm (transformers', torch's) and LayerNorm (with gain and bias, gain only, neither);
+    the lens's last layer is the model's own logits on each.
+    """
+    m = _with_final_norm(kind)
+    prompt = render(m.tokenizer, get_template(), "eval", answer="Paris", **KW).input_ids
+    r = verdict_replies(m.tokenizer)
+    d = direct_logit_attribution(m, prompt, r.correct[0], r.incorrect[0])
+    first = residual_stack(m, prompt, [-1])[1][0]
+    assert d["total"] == pytest.approx(float(first[r.correct[0]] - first[r.incorrect[0]]),
+                                       abs=1e-4)
+    assert abs(d["total"]) > 0.1
+    assert d["sum"] == pytest.approx(d["total"], abs=1e-4)
+    assert (d["norm_bias"] != 0.0) == (kind == "layer")
+    stack, logits = residual_stack(m, prompt, [-1])
+    assert torch.allclose(readout(m.model).logits(stack[-1]), logits, atol=1e-4)
+
+
+def test_a_layernorm_folded_as_an_rmsnorm_misses_the_total():
+    """The fault this fold fixes: RMSNorm's fold on a LayerNorm model sums to another number."""
+    m = _with_final_norm("layer")
+    prompt = render(m.tokenizer, get_template(), "eval", answer="Paris", **KW).input_ids
+    r = verdict_replies(m.tokenizer)
+    d = direct_logit_attribution(m, prompt, r.correct[0], r.incorrect[0])
+    ro = readout(m.model)
+    assert ro.kind == "layer"
+    h = residual_stack(m, prompt, [-1])[0][-1, 0].double()
+    w = ro.weight.double()
+    as_rms = float(torch.rsqrt(h.pow(2).mean() + 1e-5) * ro.norm.weight.double()
+                   * (w[r.correct[0]] - w[r.incorrect[0]]) @ h)
+    assert abs(as_rms - d["total"]) > 0.1
+
+
+def test_an_unsupported_final_norm_is_refused_in_one_line():
+    class ScaleNorm(torch.nn.Module):      # not a norm the lens knows
+        def forward(self, x):
+            return x / x.norm(dim=-1, keepdim=True)
+
+    class GemmaRMSNorm(torch.nn.Module):   # an RMSNorm by name whose gain is 1 + weight
+        def __init__(self, d):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.full((d,), 0.5))
+            self.eps = 1e-6
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1 + self.weight)
+
+    m = _with_final_norm("llama_rms")
+    prompt = render(m.tokenizer, get_template(), "eval", answer="Paris", **KW).input_ids
+    r = verdict_replies(m.tokenizer)
+    m.model.model.norm = ScaleNorm()
+    with pytest.raises(LensError, match="final norm is a ScaleNorm;.*RMSNorm and LayerNorm"):
+        readout(m.model)
+    m.model.model.norm = GemmaRMSNorm(64)
+    with pytest.raises(LensError, match="GemmaRMSNorm does not compute a rms norm") as e:
+        direct_logit_attribution(m, prompt, r.correct[0], r.incorrect[0])
+    assert "\n" not in str(e.value)

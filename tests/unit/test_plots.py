@@ -20,18 +20,22 @@ def captured(monkeypatch):
     """Keep the figure a ``plot_*`` function saves (open, drawn) instead of closing it."""
     figs: list = []
 
+    from interp.plots.common import place_value_labels
+
     def keep(fig, out_dir, name):
+        place_value_labels(fig)   # what save does before it writes the file
         fig.canvas.draw()
         figs.append(fig)
         return name
 
     import interp.plots.asymmetry
+    import interp.plots.attention
     import interp.plots.compare
     import interp.plots.patching
     import interp.plots.steering
 
-    for mod in (interp.plots.asymmetry, interp.plots.compare, interp.plots.patching,
-                interp.plots.steering):
+    for mod in (interp.plots.asymmetry, interp.plots.attention, interp.plots.compare,
+                interp.plots.patching, interp.plots.steering):
         monkeypatch.setattr(mod, "save", keep)
     yield figs
     for f in figs:
@@ -75,7 +79,11 @@ def _whiskers(ax):
 
 
 def _check_labels_beside_whiskers(fig):
-    """Every value label sits at its bar's value, right of and clear of every whisker."""
+    """Every value label sits clear of every whisker.
+
+    Beside its bar's whisker at its value, or (moved clear of a neighbouring bar) above or
+    under it.
+    """
     labels = _value_labels(fig)
     assert labels
     r = _px(fig)
@@ -83,11 +91,14 @@ def _check_labels_beside_whiskers(fig):
         ax = t.axes
         value = float(t.get_text().split("\n")[0])
         box = t.get_window_extent(r)
-        y_value = ax.transData.transform((t.xy[0], t.xy[1]))[1]
-        assert t.xy[1] == pytest.approx(value, abs=0.006)
-        assert box.y0 - 1 <= y_value <= box.y1 + 1   # at the value's height ...
         x_bar = ax.transData.transform(t.xy)[0]
-        assert box.x0 > x_bar + 2                        # ... right of its bar's whisker
+        if t.get_va() == "center":                       # beside the whisker:
+            assert t.xy[1] == pytest.approx(value, abs=0.006)
+            y_value = ax.transData.transform((t.xy[0], t.xy[1]))[1]
+            assert box.y0 - 1 <= y_value <= box.y1 + 1   # at the value's height ...
+            assert box.x0 > x_bar + 2 or box.x1 < x_bar - 2  # ... right or left of it
+        else:                                            # above or under the whisker
+            assert box.x0 < x_bar < box.x1
         for seg in _whiskers(ax):                        # and over no whisker at all
             x = seg[0, 0]
             lo, hi = sorted(seg[:, 1])
@@ -127,7 +138,9 @@ def test_asymmetry_figure_has_paper_proportions_and_labels_beside_whiskers(captu
     assert marks, "the zero-height bar has no line at its value"
     assert ga_ax.get_ylim()[0] < 0                  # ... and that line is off the spine
     note = _check_no_band_above_notes(fig)
-    assert degenerate_note() in note and "* drop: only 2 passages" in note
+    assert degenerate_note() in note
+    assert "* drop, squad_v2, overall: only N passages (N = 2, 6, 8)" in note
+    assert note.count("only") == 1          # one line per fact, not one per group
 
 
 def test_models_asymmetry_figure_stacks_panels_and_labels_clear_of_whiskers(captured):
@@ -300,3 +313,97 @@ def test_pairwise_labels_stand_upright_above_narrow_bars_and_a_small_swap_is_nam
     assert "-0.20 nats on average" in " ".join(notes.split())
     for f in figs:
         plt.close(f)
+
+
+TINY_RUN = __import__("pathlib").Path(__file__).parents[1] / "data" / "tiny_run"
+"""The stored tables of a small real run (tests/data/SOURCES.md): records made in the order
+squad_v2, drop, hotpotqa."""
+
+
+def _boxes_overlap(a, b, slack=0.5):
+    return (min(a.x1, b.x1) - max(a.x0, b.x0) > slack
+            and min(a.y1, b.y1) - max(a.y0, b.y0) > slack)
+
+
+def _check_no_label_collides(fig):
+    """No value label overlaps another, nor a bar (or its whisker) other than its own."""
+    r = _px(fig)
+    for ax in fig.axes:
+        labels = [t for t in ax.texts if t.get_gid() == "value_label"]
+        boxes = [t.get_window_extent(r) for t in labels]
+        for i in range(len(boxes)):
+            for j in range(i + 1, len(boxes)):
+                assert not _boxes_overlap(boxes[i], boxes[j]), (labels[i].get_text(),
+                                                                labels[j].get_text())
+        bars = [p for p in ax.patches if isinstance(p, __import__("matplotlib").patches.Rectangle)
+                and p.get_gid() is None and 0 < p.get_width() < 1]   # the bars, not a band
+        for t, box in zip(labels, boxes):
+            for p in bars:
+                if abs(p.get_x() + p.get_width() / 2 - t.xy[0]) < 1e-9:
+                    continue                                      # its own bar
+                assert not _boxes_overlap(box, p.get_window_extent(r)), t.get_text()
+            for seg in _whiskers(ax):
+                x = seg[0, 0]
+                if abs(x - ax.transData.transform(t.xy)[0]) < 0.5:
+                    continue                                      # its own whisker
+                lo, hi = sorted(seg[:, 1])
+                assert not (box.x0 < x < box.x1 and box.y0 < hi and lo < box.y1), t.get_text()
+
+
+def test_figures_of_a_real_run_have_one_note_per_fact_and_no_colliding_labels(captured):
+    import json
+
+    from interp.methods.asymmetry import format_metrics
+    from interp.plots.asymmetry import plot_asymmetry
+    from interp.plots.attention import plot_context_ratio
+
+    metrics = json.loads((TINY_RUN / "metrics.json").read_text())
+    summary = json.loads((TINY_RUN / "attention_summary.json").read_text())
+    plot_asymmetry(metrics, "unused")
+    plot_context_ratio(summary, "unused")
+    asym, ratio = captured
+    for fig in (asym, ratio):
+        _check_no_label_collides(fig)
+        note = _check_no_band_above_notes(fig)
+        assert note.count("few independent units") == 1      # one footnote per fact
+    note = _check_no_band_above_notes(asym)
+    assert "* drop, hotpotqa, squad_v2: only N passages (< 10)" in note
+    assert "(N = 4, 3, 4)" in note and note.count("EA_forced = GA by construction") <= 1
+    # the legend of the ratio panel covers neither a bar, the paper's band nor the frame
+    ax = ratio.axes[1]
+    r = _px(ratio)
+    legend = ax.get_legend().get_window_extent(r)
+    assert not _boxes_overlap(legend, ax.get_window_extent(r))
+    # one dataset order: the tables, their printout and every figure's ticks
+    order = ["drop", "hotpotqa", "squad_v2"]
+    assert list(metrics["per_dataset"]) == order == list(summary["per_dataset"])
+    printed = [line.split()[0] for line in format_metrics(metrics).splitlines()[2:6]]
+    assert printed == [*order, "overall"]
+    for fig in (asym, ratio):
+        ticks = [t.get_text().split("\n")[0] for t in fig.axes[0].get_xticklabels()]
+        assert ticks == [*order, "overall"]
+
+
+def test_every_table_orders_datasets_one_way_whatever_the_record_order():
+    from interp.core.names import dataset_order, in_dataset_order
+    from interp.plots.common import dataset_groups
+
+    assert dataset_order(["squad_v2", "drop", "squad_v2", "hotpotqa"]) == [
+        "drop", "hotpotqa", "squad_v2"]
+    made_earlier = {"per_dataset": {"squad_v2": {"n": 2}, "drop": {"n": 1}},
+                    "overall": {"n": 3}}                  # a table stored in record order
+    assert [d for d, _ in in_dataset_order(made_earlier["per_dataset"])] == ["drop", "squad_v2"]
+    assert [d for d, _ in dataset_groups(made_earlier)[0]] == ["drop", "squad_v2", "overall"]
+
+
+def test_notes_that_differ_only_in_counts_share_one_line():
+    from interp.analysis.stats import merge_notes
+
+    assert merge_notes([("drop", "accepts all 4 answers: EA_forced = GA"),
+                        ("overall", "accepts all 12 answers: EA_forced = GA"),
+                        ("squad_v2", "rejects all 4 answers: EA_forced = 1 - GA")]) == [
+        "drop, overall: accepts all N answers: EA_forced = GA (N = 4, 12)",
+        "squad_v2: rejects all 4 answers: EA_forced = 1 - GA"]
+    assert merge_notes([("a", "n = 3 of 5"), ("b", "n = 4 of 6")]) == [
+        "a, b: n = N1 of N2 (N1 = 3, 4; N2 = 5, 6)"]
+    assert merge_notes([("a", "same"), ("b", "same")]) == ["a, b: same"]

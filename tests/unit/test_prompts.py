@@ -115,3 +115,46 @@ def test_every_bundled_tokenizer_covers_its_fields(tokenizer):
                question="What is it?", answer="Sample")
     for name, (a, b) in p.token_spans.items():
         assert a < b, name
+
+
+DECOMPOSED = ("Le cafe\u0301 est a\u0300 Paris. Rene\u0301 y e\u0301tait.",
+              "Ou\u0300 est le cafe\u0301?", "Rene\u0301")
+"""A context, question and candidate whose accents are decomposed (``e`` + U+0301)."""
+
+
+def test_decomposed_accents_render_with_full_spans_through_an_nfc_normaliser():
+    """A tokenizer that composes to NFC (as the bundled Qwen's does) keeps full spans.
+
+    It folds each combining accent into the token of its letter; the spans keep every
+    character of their field.
+    """
+    import unicodedata
+
+    from tokenizers import normalizers
+
+    from interp.judging.prompts import normalised_offsets
+    from interp.testing import tiny_tokenizer
+
+    nfc = tiny_tokenizer()
+    nfc.backend_tokenizer.normalizer = normalizers.NFC()
+    ctx, q, cand = DECOMPOSED
+    p = render(nfc, get_template(), "eval", context=ctx, question=q, answer=cand)
+    assert p.text[slice(*p.char_spans["context"])] == ctx           # the user's text, as given
+    for name, field in (("context", ctx), ("question", q), ("candidate", cand)):
+        a, b = p.token_spans[name]
+        assert nfc.decode(p.input_ids[a:b]).strip() == unicodedata.normalize("NFC", field)
+    # the raw offsets leave each accent out; the mapped ones give it to its letter's token
+    enc = nfc(ctx, add_special_tokens=False, return_offsets_mapping=True)
+    accent = ctx.index("\u0301")
+    assert not any(s <= accent < e for s, e in enc["offset_mapping"])
+    assert any(s <= accent < e for s, e in normalised_offsets(nfc, ctx, enc["offset_mapping"]))
+
+
+def test_offsets_of_a_tokenizer_without_a_normaliser_are_not_moved():
+    from interp.judging.prompts import normalised_offsets
+    from interp.testing import tiny_tokenizer
+
+    plain = tiny_tokenizer()
+    assert plain.backend_tokenizer.normalizer is None
+    offsets = [(0, 9), (10, 16), (16, 21)]   # a gap a normaliser did not make stays a gap
+    assert normalised_offsets(plain, "Context: Sample input", offsets) == offsets

@@ -410,3 +410,35 @@ def test_discrimination_is_the_acceptance_gap_not_ea():
     assert g["discrimination_forced"]["delta"] == pytest.approx(2 / 3 - 1 / 9)
     lo, hi = g["discrimination"]["delta_ci"]
     assert lo <= g["discrimination"]["delta"] <= hi
+
+
+@pytest.mark.parametrize("reply, verdict", [
+    # cut inside its <think> (the budget ran out): the draft verdict in it decides nothing
+    ("<think>The candidate says Paris.\nVerdict: Correct\nWait, the context says Lyon", None),
+    ("<thinking>Verdict: Incorrect", None),
+    # after the LAST </think> only: drafts inside the reasoning are skipped
+    ("<think>draft\nVerdict: Correct</think>\nVerdict: Incorrect", False),
+    ("<think>a</think><think>Verdict: Incorrect</think>\nVerdict: Correct", True),
+    # only the closing tag generated (the opening one sent by the chat template)
+    ("Verdict: Incorrect, says my draft.\n</think>\nVerdict: Correct", True),
+    ("no markup at all\nVerdict: Incorrect", False),
+])
+def test_every_verdict_reader_reads_after_the_last_think(reply, verdict):
+    """One rule for every reader of a judge's reply.
+
+    The one-word judge's parser, the record verdict of Study 1 (and of the served oracle), and
+    the reasoning judge's final line.
+    """
+    from interp.judging.judge import parse_record_verdict
+    from interp.judging.parsing import parse_verdict, reasoning_end
+
+    fv = parse_final_verdict(reply)
+    assert fv.verdict is verdict
+    if verdict is None:
+        assert fv.start is None and reasoning_end(reply) is None
+    else:  # the deciding line lies after the reasoning, at its offset in the whole reply
+        assert fv.start >= reasoning_end(reply) > 0 or reasoning_end(reply) == 0
+        assert reply[fv.start:].strip() == fv.line
+    # the final line's verdict equals what the one-word parser reads after the reasoning
+    assert parse_verdict(reply) is verdict
+    assert parse_record_verdict(reply, "Paris")[0] is verdict
