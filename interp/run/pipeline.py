@@ -14,11 +14,14 @@ Algorithm of :func:`run_config`:
    layer selections, heads), and every stage's declared needs against what runs before it
    or lies in the model's run directory (:func:`interp.core.contract.check_needs`: steering
    with ``heads = "top-diff:K"`` needs the attention summary), so no model runs before a later
-   one would fail. ``--only`` takes a stage's name or its command's (``steer``).
+   one would fail. ``--only`` takes a stage's name or its command's (``steer``). Then the plan
+   is printed (:func:`plan`): each model's records and stage units and their CPU cost from the
+   measured per-record costs (:mod:`interp.core.costs`).
 2. For each model of ``[asymmetry] models``: load it once, run Study 1 into
    ``out/<model-slug>/`` (:mod:`interp.stages.asymmetry`; with ``--only`` excluding it, only
    ``metrics.json`` is recomputed), then each configured stage in the order of :data:`STAGES`
-   on that run directory with the same model.
+   on that run directory with the same model; each stage's wall and CPU seconds are logged
+   when it ends.
 3. With ``figures`` and ``publish = true``, and only when the whole study ran to its end in
    this call (no ``--only``), copy every figure and each stage's ``SUMMARIES`` tables (plus
    ``metrics.json`` as ``asymmetry_metrics.json``) into that folder (prefixed by the model slug
