@@ -140,3 +140,20 @@ def test_sigterm_becomes_an_interrupt_and_its_handler_is_restored():
     finally:
         _restore_sigterm(caught)
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_ctrl_c_while_judging_another_runs_answers_keeps_the_finished_ones(tiny, tmp_path,
+                                                                           monkeypatch):
+    """A cross-judged run (``answers_from``) keeps its finished records with their source."""
+    src = tmp_path / "src"
+    run_asymmetry(src, tiny, _cfg(), **QUIET)
+    out = tmp_path / "cross"
+    with monkeypatch.context() as m:
+        _stop_at(m, prefill, "continuation_logprobs", 2)
+        with pytest.raises(Interrupted):
+            run_asymmetry(out, tiny, _cfg(answers_from=str(src)), chunk=6, **QUIET)
+    kept = read_jsonl(out / "records.jsonl")
+    assert len(kept) == 2
+    assert all(r["answer_source"]["run"] == str(src) for r in kept), kept[0]["answer_source"]
+    run_asymmetry(out, tiny, _cfg(answers_from=str(src)), chunk=6, **QUIET)
+    assert len(read_jsonl(out / "records.jsonl")) == 6
