@@ -32,9 +32,11 @@ demo: $(STAMP)
 	$(BIN)/interp run experiments/demo.toml
 
 # The smallest first run, for a busy or small machine: one model, one dataset, 10 records, every
-# stage, output shaped as the demo's under runs/first/ (CPU-minutes: docs/performance.md).
+# stage, output shaped as the demo's under runs/first/ (about 1.5 CPU-minutes: docs/performance.md).
+# One torch thread unless OMP_NUM_THREADS says otherwise: on cores busy with other work, two
+# threads wait for each other and cost several times the CPU (docs/performance.md).
 first: $(STAMP)
-	$(BIN)/interp run experiments/first.toml
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/interp run experiments/first.toml
 
 # The full committed study (30/30/4/2 records per dataset, every stage; about an hour on a CPU).
 # Resumable: interrupt it and run it again, finished records and stored parts are kept.

@@ -8,7 +8,7 @@ command is about to do into CPU-seconds (``interp run`` and Study 1 print it whe
 and :func:`wall_prior_s` into the per-record prior that keeps a progress bar's ETA steady
 before the first records are timed (:mod:`interp.core.progress`).
 
-Source (:data:`SOURCE`): the ``make demo`` timing of docs/performance.md (2026-12-04, the
+Source (:data:`SOURCE`): the ``make demo`` timing of docs/performance.md (2026-11-30, the
 2-core machine with nothing else running: 822 CPU-seconds in 437 s of wall time, so 1.88
 CPU-seconds per second, and each stage's logged seconds), each stage's seconds times 1.88,
 divided by the demo's units (29 records per
@@ -26,7 +26,7 @@ from collections.abc import Mapping
 __all__ = ["CPU_PER_WALL", "CPU_S_PER_UNIT", "SOURCE", "UNITS", "estimate", "format_cpu",
            "units", "wall_prior_s"]
 
-SOURCE = "docs/performance.md, `make demo` on 2 idle cores (2026-12-04)"
+SOURCE = "docs/performance.md, `make demo` on 2 idle cores (2026-11-30)"
 """Where :data:`CPU_S_PER_UNIT` comes from (module docstring)."""
 
 CPU_PER_WALL = 822 / 437

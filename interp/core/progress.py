@@ -10,7 +10,7 @@ the download and weight-loading bars of transformers and huggingface_hub in a lo
 (:func:`quiet_library_bars`). ``INTERP_PROGRESS=lines`` or ``=bar`` forces either form.
 
 The ETA of both forms is steady (:func:`steady_seconds_per_item`): the remaining items times
-the mean time per item computed so far, weighed against a prior (``prior_s``: a measured
+the mean time of the items timed, weighed against a prior (``prior_s``: a measured
 cost per item, :func:`interp.core.costs.wall_prior_s`) worth :data:`PRIOR_WEIGHT` items,
 instead of tqdm's exponential moving average of the last updates, which swings with each
 batch's length (a batch that decodes long answers, then one that stops at once).
