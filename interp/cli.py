@@ -338,8 +338,7 @@ def run_cmd(
     if isinstance(models, list) and all(isinstance(m, str) for m in models):
         for spec in models:  # each model's run directory, in the order they run
             _watch(grid / model_slug(spec))
-    else:
-        _watch(grid)  # a malformed list: run_config says what to fix
+    _watch(grid)  # then any other run directory in it (cross-judged runs)
     try:
         run_config(config, overwrite=overwrite, only=split_list(only or []) or None, out=out,
                    log=typer.echo, shard=current_shard(shard))

@@ -123,6 +123,10 @@ def test_the_message_names_each_run_of_a_grid_and_the_resume(tmp_path):
         f"  26 records in {a}",
         f"  0 records in {b}",
         "resume with: interp run experiments/first.toml"]
+    # the grid folder itself, watched last: its other run directories (cross-judged) follow
+    x = _run_dir(tmp_path / "cross", 5)
+    assert interrupted_message([a, b, tmp_path], argv).splitlines()[1:4] == [
+        f"  26 records in {a}", f"  0 records in {b}", f"  5 records in {x}"]
     # one run directory: one line
     assert interrupted_message([a], argv) == (f"interrupted: kept 26 records in {a}; resume "
                                               f"with: interp run experiments/first.toml")
