@@ -23,8 +23,9 @@ Algorithm of :func:`run`:
    :func:`interp.methods.asymmetry.evaluate_examples` on the rest in chunks of ``batch_size``,
    appending each chunk's records (flushed and fsynced) before the next; an interrupt
    (Ctrl-C, SIGTERM: :class:`interp.core.errors.Interrupted`) appends the records of the
-   running chunk that finished before it (its judge batches that ended), so it loses at most
-   the batch it stopped.
+   running chunk that finished before it (those whose judge batch ended): no finished record
+   is lost, only the work of unfinished ones (the chunk's generations, if it stopped before
+   the judging began, or the judge batch it stopped).
    With ``answers_from`` (cross-judging, :mod:`interp.methods.cross_judge`) the model judges the
    source run's answers instead (:func:`interp.methods.cross_judge.judge_from_source`): the source
    is checked in step 0, and a finished record whose source answer changed is stale too.
