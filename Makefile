@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo study findings findings-state transfer check test test-unit docs bench clean
+.PHONY: venv demo first study findings findings-state transfer check test test-unit docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,13 @@ venv: $(STAMP)
 # Figures and the summary table under runs/demo/ (the last lines say where).
 demo: $(STAMP)
 	$(BIN)/interp run experiments/demo.toml
+
+# The smallest first run, for a busy or small machine: one model, one dataset, 10 records, every
+# stage, output shaped as the demo's under runs/first/ (about 1.5 CPU-minutes: docs/performance.md).
+# One torch thread unless OMP_NUM_THREADS says otherwise: on cores busy with other work, two
+# threads wait for each other and cost several times the CPU (docs/performance.md).
+first: $(STAMP)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/interp run experiments/first.toml
 
 # The full committed study (30/30/4/2 records per dataset, every stage; about an hour on a CPU).
 # Resumable: interrupt it and run it again, finished records and stored parts are kept.

@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,11 +27,13 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from interp.core.contract import SPECS, StageSpec
+from interp.core.contract import SPECS, StageSpec, kept_runs
 from interp.core.errors import InterpError
-from interp.core.inputs import kept_work, read_toml
+from interp.core.inputs import read_toml
 from interp.core.layers import DEFAULT_BAND
+from interp.core.names import model_slug
 from interp.core.options import cli_options, given, parse_count, split_list
+from interp.core.vocab import DEFAULT_MODEL
 
 __all__ = ["app", "main"]
 
@@ -68,8 +71,9 @@ class _Group(TyperGroup):
 
     An :class:`InterpError` or a bad option prints ``error: <message>`` and exits 2
     (``--debug``: the traceback). Ctrl-C prints one line, what finished work the command's run
-    directory keeps (:func:`interp.core.inputs.kept_work`) and the command that resumes it, and
-    exits 130.
+    directory keeps (:func:`interrupted_message`: a line per run directory when there are
+    several) and the command that resumes it, and exits 130; a SIGTERM does the same and exits
+    143 (:func:`_catch_sigterm`).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -107,6 +111,7 @@ class _Group(TyperGroup):
     def invoke(self, ctx: click.Context) -> Any:
         _WATCHED.clear()
         debug = bool(ctx.params.get("debug"))  # the group's own options are parsed by now
+        caught = _catch_sigterm()
         try:
             return super().invoke(ctx)
         except InterpError as err:
@@ -118,10 +123,9 @@ class _Group(TyperGroup):
             if debug:
                 raise
             _close_bars()
-            kept = f"kept {kept_work(_WATCHED)}" if _WATCHED else "nothing to resume"
-            resume = shlex.join(["interp", *sys.argv[1:]])
-            click.echo(f"\ninterrupted: {kept}; resume with: {resume}", err=True)
-            ctx.exit(130)
+            click.echo("\n" + interrupted_message(_WATCHED, ["interp", *sys.argv[1:]]),
+                       err=True)
+            ctx.exit(128 + caught[0])
         except Exception as err:
             if not _is_usage_error(err) or debug or type(err).__name__ in ("Exit", "Abort"):
                 raise
@@ -129,6 +133,8 @@ class _Group(TyperGroup):
             hint = f" (see `interp {sub} --help`)" if sub and sub != ctx.info_name else ""
             click.echo(f"error: {err.format_message()}{hint}", err=True)  # type: ignore[attr-defined]
             ctx.exit(2)
+        finally:
+            _restore_sigterm(caught)
 
 
 class _Commands(dict):
@@ -181,6 +187,61 @@ class _Commands(dict):
 
     def values(self) -> Any:  # type: ignore[override]
         return [v for _, v in self.items()]
+
+
+def interrupted_message(watched: Sequence[Path], argv: Sequence[str]) -> str:
+    """What a Ctrl-C (or SIGTERM) prints: the work each run directory kept, and the resume.
+
+    One run directory: one line, ``interrupted: kept N records, ... in DIR; resume with: CMD``.
+    Several (``interp run`` over several models): a line per run directory, each with what it
+    kept (:func:`interp.core.contract.kept_runs`; ``0 records`` for one whose first chunk had
+    not finished), then the command.
+
+    Args:
+        watched: the command's run directories (or grid folders), in the order they run.
+        argv: the command as typed (``["interp", ...]``).
+
+    Returns:
+        The message (no trailing newline).
+    """
+    resume = shlex.join(list(argv))
+    runs = kept_runs(watched) if watched else []
+    if len(runs) <= 1:
+        kept = f"kept {runs[0]}" if runs else "kept nothing" if watched else "nothing to resume"
+        return f"interrupted: {kept}; resume with: {resume}"
+    return "\n".join(["interrupted; finished work kept in each run directory:",
+                      *(f"  {r}" for r in runs), f"resume with: {resume}"])
+
+
+def _catch_sigterm() -> list[int]:
+    """Turn a SIGTERM into a ``KeyboardInterrupt`` while a command runs (the main thread only).
+
+    A scheduler's or ``kill``'s SIGTERM then keeps the finished work as Ctrl-C does
+    (:class:`interp.core.errors.Interrupted`) and the command exits ``128 + signal``
+    (130 Ctrl-C, 143 SIGTERM). Returns ``[signal number, previous handler]``, for
+    :func:`_restore_sigterm`.
+    """
+    import signal
+    import threading
+
+    caught: list[Any] = [signal.SIGINT, None]
+    if threading.current_thread() is not threading.main_thread():
+        return caught
+
+    def on_term(signum: int, frame: Any) -> None:
+        caught[0] = signum
+        raise KeyboardInterrupt
+
+    caught[1] = signal.signal(signal.SIGTERM, on_term)
+    return caught
+
+
+def _restore_sigterm(caught: list[Any]) -> None:
+    """Put back the SIGTERM handler :func:`_catch_sigterm` replaced."""
+    import signal
+
+    if caught[1] is not None:
+        signal.signal(signal.SIGTERM, caught[1])
 
 
 def _close_bars() -> None:
@@ -271,7 +332,13 @@ def run_cmd(
     from interp.launch import current_shard, finish
     from interp.run.pipeline import out_dir, run_config
 
-    _watch(out or out_dir(doc, config))
+    grid = Path(out or out_dir(doc, config))
+    asym = doc.get("asymmetry") if isinstance(doc.get("asymmetry"), dict) else {}
+    models = asym.get("models", [asym.get("model", DEFAULT_MODEL)])
+    if isinstance(models, list) and all(isinstance(m, str) for m in models):
+        for spec in models:  # each model's run directory, in the order they run
+            _watch(grid / model_slug(spec))
+    _watch(grid)  # then any other run directory in it (cross-judged runs)
     try:
         run_config(config, overwrite=overwrite, only=split_list(only or []) or None, out=out,
                    log=typer.echo, shard=current_shard(shard))

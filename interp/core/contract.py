@@ -46,7 +46,7 @@ from interp.core.errors import ConfigError, RunDirError
 from interp.core.names import flat_key, safe_name
 
 __all__ = ["SPECS", "Need", "Part", "StageSpec", "check_module", "check_needs", "flat_key",
-           "kept_work", "safe_name", "spec", "stage_names"]
+           "kept_runs", "kept_work", "safe_name", "spec", "stage_names"]
 
 RUN_ARGS = ("run_dir", "handle", "cfg", "overwrite", "log")
 """The parameters of every stage's ``run``, in this order (``overwrite`` and ``log`` keyword
@@ -453,21 +453,30 @@ def _count(part: Part, files: list[Path]) -> int:
 def kept_work(paths: Mapping[str, Path] | Iterable[Path]) -> str:
     """What finished work lies in run directories, as text (``"12 records in runs/x"``).
 
-    Counts every stage's declared parts (:class:`Part`); ``"nothing"`` when there are none. A
-    grid folder (``interp run --out``: one run directory per model, no manifest of its own) is
-    counted in each of its model folders.
+    :func:`kept_runs` joined by ``"; "``; ``"nothing"`` when no run directory holds any.
+    """
+    return "; ".join(kept_runs(paths)) or "nothing"
+
+
+def kept_runs(paths: Mapping[str, Path] | Iterable[Path]) -> list[str]:
+    """What finished work each run directory keeps, one text per directory.
+
+    Counts every stage's declared parts (:class:`Part`): ``"12 records, 12 attention
+    recordings in runs/x"``. A grid folder (``interp run --out``: one run directory per model,
+    no manifest of its own) is counted in each of its model folders. A run directory (it has a
+    manifest) that keeps no part yet is listed as ``"0 records in DIR"``, so that every model
+    of a grid is named; a folder without a manifest that keeps nothing is left out.
     """
     out: list[str] = []
     roots = [Path(r) for r in (paths.values() if isinstance(paths, Mapping) else paths)]
     runs = [run for r in roots for run in (
         [r] if (r / "manifest.json").exists()
         else sorted(p.parent for p in r.glob("*/manifest.json")) or [r])]
-    for root in runs:
-        before = len(out)
-        out += [f"{n} {p.label}" for p in _parts() if (n := _count(p, p.files(root)))]
-        if len(out) > before:
-            out[-1] += f" in {root}"
-    return ", ".join(out) or "nothing"
+    for root in dict.fromkeys(runs):
+        found = [f"{n} {p.label}" for p in _parts() if (n := _count(p, p.files(root)))]
+        if found or (root / "manifest.json").exists():
+            out.append(f"{', '.join(found) or '0 records'} in {root}")
+    return out
 
 
 def _parts() -> Iterator[Part]:

@@ -8,6 +8,10 @@ else is a bug and keeps its traceback.
 
 :class:`InterpError` derives from :class:`ValueError` because nearly all of these are invalid
 values given by the user (a layer out of range, an unknown dataset, a malformed file).
+
+:class:`Interrupted` is no error: it is the ``KeyboardInterrupt`` of a Ctrl-C (or of a SIGTERM,
+which the command line turns into one) carrying the work a batched loop finished before it, so
+that each caller on the way out can keep that work before passing the interrupt on.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ __all__ = [
     "GradingError",
     "HookError",
     "InterpError",
+    "Interrupted",
     "LayerSpecError",
     "LensError",
     "PairwiseError",
@@ -37,6 +42,25 @@ __all__ = [
 
 class InterpError(ValueError):
     """Base of every error ``interp`` raises on purpose; the CLI prints it as one line."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A Ctrl-C (or SIGTERM) that arrived during a batched loop, with what that loop finished.
+
+    A loop over batches catches the ``KeyboardInterrupt`` and raises this instead, with the
+    results of its finished batches in :attr:`done`; each caller on the way out turns ``done``
+    into its own finished units (a judged prompt, a record) and raises a new ``Interrupted``
+    with those, until the stage appends them to its run directory and lets it pass. Anything
+    that catches ``KeyboardInterrupt`` catches it too.
+
+    Attributes:
+        done: the finished work, in the raising function's own form (its docstring says
+            which).
+    """
+
+    def __init__(self, done: object) -> None:
+        super().__init__()
+        self.done = done
 
 
 class ConfigError(InterpError):

@@ -9,7 +9,13 @@ one factory every long loop of the package uses: when stderr is a terminal it re
 the download and weight-loading bars of transformers and huggingface_hub in a log
 (:func:`quiet_library_bars`). ``INTERP_PROGRESS=lines`` or ``=bar`` forces either form.
 
-See https://tqdm.github.io/docs/tqdm/ (``mininterval``, ``bar_format``).
+The ETA of both forms is steady (:func:`steady_seconds_per_item`): the remaining items times
+the mean time of the items timed, weighed against a prior (``prior_s``: a measured
+cost per item, :func:`interp.core.costs.wall_prior_s`) worth :data:`PRIOR_WEIGHT` items,
+instead of tqdm's exponential moving average of the last updates, which swings with each
+batch's length (a batch that decodes long answers, then one that stops at once).
+
+See https://tqdm.github.io/docs/tqdm/ (``mininterval``, ``bar_format``, ``smoothing``).
 """
 
 from __future__ import annotations
@@ -21,8 +27,8 @@ from typing import Any
 
 from tqdm import tqdm as _std_tqdm
 
-__all__ = ["LINE_INTERVAL_S", "LineProgress", "Share", "advance", "is_terminal",
-           "quiet_library_bars", "resumed", "tqdm"]
+__all__ = ["LINE_INTERVAL_S", "PRIOR_WEIGHT", "LineProgress", "Share", "advance", "is_terminal",
+           "quiet_library_bars", "resumed", "steady_seconds_per_item", "tqdm"]
 
 _SHARE: contextvars.ContextVar[Any] = contextvars.ContextVar("interp_progress_share",
                                                           default=None)
@@ -31,6 +37,52 @@ LINE_INTERVAL_S = 30.0
 """Least seconds between two progress lines of one loop in a log."""
 
 LINE_FORMAT = "{desc}: {n_fmt}/{total_fmt} {unit} [{elapsed} elapsed, ETA {remaining}, {rate_fmt}]"
+
+
+PRIOR_WEIGHT = 2.0
+"""How many timed items the prior cost per item is worth in :func:`steady_seconds_per_item`."""
+
+
+def steady_seconds_per_item(elapsed: float, done: float, prior_s: float | None = None,
+                            weight: float = PRIOR_WEIGHT) -> float | None:
+    """Seconds per item for the ETA: the running mean, pulled toward a prior while few are timed.
+
+    ``(prior_s * weight + elapsed) / (weight + done)``: a posterior mean in which the prior
+    counts as ``weight`` items of ``prior_s`` seconds each (without a prior, ``elapsed /
+    done``). Each new item moves it by at most about ``1 / (weight + done)`` of the
+    difference, so the ETA does not jump with one slow or fast batch as tqdm's exponential
+    moving average does.
+
+    Args:
+        elapsed: seconds since the loop started (items read back as finished excluded:
+            :func:`resumed`).
+        done: items computed in that time.
+        prior_s: the expected seconds per item (None: no prior).
+        weight: items the prior is worth.
+
+    Returns:
+        Seconds per item, or None when there is nothing to go on (no prior, nothing done).
+    """
+    if prior_s is not None and prior_s > 0:
+        return (prior_s * weight + max(elapsed, 0.0)) / (weight + max(done, 0.0))
+    return elapsed / done if done > 0 and elapsed > 0 else None
+
+
+class _Steady:
+    """A tqdm whose rate (and so ETA) is :func:`steady_seconds_per_item`'s, not the EMA's."""
+
+    def __init__(self, *args: Any, prior_s: float | None = None, **kwargs: Any):
+        self.prior_s = prior_s
+        super().__init__(*args, **kwargs)
+
+    @property
+    def format_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        d = super().format_dict  # type: ignore[misc]
+        if self.disable or d.get("elapsed") is None:  # type: ignore[attr-defined]
+            return d
+        per = steady_seconds_per_item(d["elapsed"], d["n"] - d.get("initial", 0), self.prior_s)
+        d["rate"] = 1.0 / per if per else None
+        return d
 
 
 def is_terminal() -> bool:
@@ -44,7 +96,7 @@ def is_terminal() -> bool:
         return False
 
 
-class LineProgress(_std_tqdm):
+class LineProgress(_Steady, _std_tqdm):
     """A tqdm that writes whole lines, never carriage returns (module docstring).
 
     Accepts every tqdm argument; ``mininterval`` defaults to :data:`LINE_INTERVAL_S`, the
@@ -77,7 +129,7 @@ class LineProgress(_std_tqdm):
         """Write the last line (the count reached), then release the bar without a redraw."""
         if getattr(self, "disable", True):
             return
-        self._ema_dt = lambda: None  # the overall rate, as tqdm's own final line
+        self.prior_s = None  # the overall rate, as tqdm's own final line
         self.display()
         self.disable = True
         self._decr_instances(self)
@@ -133,11 +185,15 @@ def resumed(bar: Any, k: int = 1) -> None:
     bar.refresh()
 
 
-def tqdm(*args: Any, **kwargs: Any) -> Any:
+def tqdm(*args: Any, prior_s: float | None = None, **kwargs: Any) -> Any:
     """``tqdm.auto.tqdm(*args, **kwargs)`` on a terminal, else :class:`LineProgress`.
+
+    Either form's ETA is steady (module docstring).
 
     Args:
         *args: as tqdm (an iterable).
+        prior_s: expected seconds per item before any is timed (None: none), e.g.
+            :func:`interp.core.costs.wall_prior_s`.
         **kwargs: as tqdm (``total``, ``desc``, ``unit``, ``leave``, ``disable``, ...).
 
     Returns:
@@ -146,9 +202,9 @@ def tqdm(*args: Any, **kwargs: Any) -> Any:
     if is_terminal():
         from tqdm.auto import tqdm as auto
 
-        return auto(*args, **kwargs)
+        return type("SteadyBar", (_Steady, auto), {})(*args, prior_s=prior_s, **kwargs)
     quiet_library_bars()
-    return LineProgress(*args, **kwargs)
+    return LineProgress(*args, prior_s=prior_s, **kwargs)
 
 
 class Share:

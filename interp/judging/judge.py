@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from interp.core.errors import PromptError
+from interp.core.errors import Interrupted, PromptError
 from interp.data import QAExample
 from interp.judging.grading import parse_verdict
 from interp.judging.prefill import run_prompts
@@ -93,6 +93,8 @@ def judge_candidates(handle: ModelHandle, template: Template,
 
     Raises:
         PromptError: as :func:`judge_room`.
+        interp.core.errors.Interrupted: a Ctrl-C during the judging; its ``done`` holds
+            ``(prompts, skipped, judged)`` with the prompts judged before it.
     """
     prompts: dict[int, RenderedPrompt] = {}
     skipped: dict[int, str] = {}
@@ -103,9 +105,12 @@ def judge_candidates(handle: ModelHandle, template: Template,
             skipped[k] = ep
         else:
             prompts[k] = ep
-    judged = judge_prompts(handle, template, prompts, candidates,
-                           verdict_max_new_tokens=verdict_max_new_tokens,
-                           max_reasoning_tokens=max_reasoning_tokens, **judge)
+    try:
+        judged = judge_prompts(handle, template, prompts, candidates,
+                               verdict_max_new_tokens=verdict_max_new_tokens,
+                               max_reasoning_tokens=max_reasoning_tokens, **judge)
+    except Interrupted as exc:
+        raise Interrupted((prompts, skipped, exc.done)) from exc
     return prompts, skipped, judged
 
 
@@ -122,6 +127,11 @@ def judge_prompts(handle: ModelHandle, template: Template,
     verdict score, the decoded verdict and the recordings asked for (``rows``, ``pools``). A
     reasoning template: :func:`interp.judging.reasoning.judge_reasoning` (the pools are not
     recorded: its verdict position lies after its reasoning).
+
+    Raises:
+        interp.core.errors.Interrupted: a Ctrl-C during the prefills; its ``done`` holds this
+            function's result for the prompts of the batches that finished before it (a
+            reasoning judge's: none).
     """
     keys, eps = list(prompts), list(prompts.values())
     if template.judge == "reasoning":
@@ -130,11 +140,22 @@ def judge_prompts(handle: ModelHandle, template: Template,
                               reasoning_attention=reasoning_attention, progress=progress)
         return {k: (j.to_fields(), j) for k, j in zip(keys, got)}
     replies = verdict_replies(handle.tokenizer)
-    evals = run_prompts(handle, [ep.input_ids for ep in eps], batch_size=batch_size,
-                        max_new_tokens=verdict_max_new_tokens, continuations=replies.ids,
-                        rows=rows, pools=pools,
-                        candidate_spans=[ep.token_spans.get("candidate") for ep in eps],
-                        progress=progress and f"{progress} eval")
+    try:
+        evals = run_prompts(handle, [ep.input_ids for ep in eps], batch_size=batch_size,
+                            max_new_tokens=verdict_max_new_tokens, continuations=replies.ids,
+                            rows=rows, pools=pools,
+                            candidate_spans=[ep.token_spans.get("candidate") for ep in eps],
+                            progress=progress and f"{progress} eval")
+    except Interrupted as exc:  # keep the verdicts of the finished batches
+        done = sorted(exc.done)
+        raise Interrupted(_verdicts(replies, [keys[i] for i in done],
+                                    [exc.done[i] for i in done], candidates)) from exc
+    return _verdicts(replies, keys, evals, candidates)
+
+
+def _verdicts(replies: Any, keys: Sequence[int], evals: Sequence[Any],
+              candidates: Mapping[int, str]) -> dict[int, tuple[dict[str, Any], Any]]:
+    """:func:`judge_prompts`' result of one-word judge passes (``evals``, by ``keys``)."""
     lps = torch.stack([v.logprobs for v in evals]) if evals else torch.zeros(0, 2)
     scores = VerdictScores(logprob_correct=lps[:, 0], logprob_incorrect=lps[:, 1]).rows()
     out = {}

@@ -44,6 +44,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.core.errors import Interrupted
 from interp.core.progress import advance
 from interp.hooks.guard import inference_guard
 from interp.hooks.model import HookedModel
@@ -222,6 +223,8 @@ def run_prompts(
 
     Raises:
         ValueError: an empty prompt or continuation, or ``batch_size < 1``.
+        interp.core.errors.Interrupted: a Ctrl-C (or SIGTERM); its ``done`` holds
+            ``{prompt index: PromptPass}`` of every batch that finished before it.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
@@ -231,8 +234,6 @@ def run_prompts(
         raise ValueError("empty continuation")
     if tail and any(len(p) <= tail for p in prompts):
         raise ValueError(f"a prompt of at most tail={tail} tokens")
-    from interp.hooks.recorder import batch_rows
-
     tok = handle.tokenizer
     pad_id = pad_token_id(tok)
     eos = eos_ids(handle)
@@ -244,6 +245,27 @@ def run_prompts(
 
         batches = tqdm(batches, desc=progress, unit="batch", leave=False)
     out: list[PromptPass] = [PromptPass() for _ in prompts]
+    finished: list[int] = []
+    try:
+        _run_batches(handle, prompts, batches, out, finished, tok=tok, pad_id=pad_id, eos=eos,
+                     spans=spans, max_new_tokens=max_new_tokens, stop_strings=stop_strings,
+                     continuations=continuations, rows=rows, pools=pools,
+                     keep_first_logits=keep_first_logits, tail=tail)
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, Interrupted):
+            raise
+        raise Interrupted({i: out[i] for i in finished}) from exc
+    return out
+
+
+def _run_batches(handle: ModelHandle, prompts: Sequence[Sequence[int]], batches: Any,
+                 out: list[PromptPass], finished: list[int], *, tok: Any, pad_id: int,
+                 eos: Any, spans: Sequence[tuple[int, int] | None], max_new_tokens: int,
+                 stop_strings: Sequence[str], continuations: Sequence[Sequence[int]] | None,
+                 rows: bool, pools: Sequence[str], keep_first_logits: bool, tail: int) -> None:
+    """The batches of :func:`run_prompts`: fills ``out`` and lists each finished prompt."""
+    from interp.hooks.recorder import batch_rows
+
     with inference_guard(handle.model):
         for idx in batches:
             ids, mask = left_pad([prompts[i] for i in idx], pad_id, handle.device)
@@ -290,4 +312,4 @@ def run_prompts(
                     p.pooled = {k: torch.stack([per[x][0][k] for x in range(handle.n_layers)])
                                 for k in pools}
                     p.fell_back = any(fb for _, fb in per.values())
-    return out
+            finished.extend(idx)

@@ -24,7 +24,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.core.errors import ProbeError
+from interp.core.errors import Interrupted, ProbeError
 from interp.core.progress import tqdm
 from interp.core.vocab import POOLS
 from interp.hooks.model import HookedModel
@@ -140,6 +140,12 @@ def extract_features(handle: ModelHandle, prompts: Sequence[RenderedPrompt], *,
         ``({pool: [n_prompts, n_layers, d_model] float32}, fell_back per prompt)``. Left padding
         is cut off before pooling, so a padded batch gives the same features as one prompt at a
         time (to float tolerance).
+
+    Raises:
+        interp.core.errors.Interrupted: a Ctrl-C (or SIGTERM); its ``done`` is ``(indices,
+            features, fell_back)`` of the prompts whose batch finished before it (indices
+            ascending; features ``{pool: [len(indices), n_layers, d_model]}``, None when no
+            batch finished).
     """
     pad_id = pad_token_id(handle.tokenizer)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -148,15 +154,23 @@ def extract_features(handle: ModelHandle, prompts: Sequence[RenderedPrompt], *,
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     if progress:
         batches = tqdm(batches, desc="residual stream", unit="batch")
-    for idx in batches:
-        ids, mask = left_pad([prompts[i].input_ids for i in idx], pad_id)
-        resid = residual_stream(handle, ids, mask)
-        width = ids.shape[1]
-        for row, i in enumerate(idx):
-            n = len(prompts[i])
-            pooled, fb = pool_resid(resid[row, :, width - n:], prompts[i].token_spans.get(
-                "candidate"), pools)
-            fell[i] = fb
-            for p, v in pooled.items():
-                feats[p][i] = v.clone()
+    finished: list[int] = []
+    try:
+        for idx in batches:
+            ids, mask = left_pad([prompts[i].input_ids for i in idx], pad_id)
+            resid = residual_stream(handle, ids, mask)
+            width = ids.shape[1]
+            for row, i in enumerate(idx):
+                n = len(prompts[i])
+                pooled, fb = pool_resid(resid[row, :, width - n:], prompts[i].token_spans.get(
+                    "candidate"), pools)
+                fell[i] = fb
+                for p, v in pooled.items():
+                    feats[p][i] = v.clone()
+            finished.extend(idx)
+    except KeyboardInterrupt as exc:  # the prompts of the finished batches, in input order
+        done = sorted(finished)
+        raise Interrupted((done, {p: torch.stack([v[i] for i in done]) if done else None
+                                  for p, v in feats.items()},
+                           [fell[i] for i in done])) from exc
     return {p: torch.stack(v) for p, v in feats.items()}, fell  # type: ignore[arg-type]

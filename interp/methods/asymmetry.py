@@ -55,7 +55,7 @@ from interp.analysis.stats import (
     passage_note,
     roc_auc,
 )
-from interp.core.errors import ConfigError, PromptError
+from interp.core.errors import ConfigError, Interrupted, PromptError
 from interp.core.names import dataset_order, in_dataset_order
 from interp.data import QAExample
 from interp.judging.grading import BaseOracle, extract_answer
@@ -135,6 +135,12 @@ def evaluate_examples(
         with a ``reason`` when a prompt does not fit the model's context; ``"no_answer"``
         with its ``generation`` and a ``reason`` when the model generated no answer, which
         is neither graded nor judged: an empty candidate has no span to judge).
+
+    Raises:
+        interp.core.errors.Interrupted: a Ctrl-C (or SIGTERM); its ``done`` is the list of
+            records as above with None for each example not finished before it: the skipped
+            ones are, and once the judging has begun those whose judge batch finished
+            (``capture`` holds theirs, by the same positions).
     """
     # refuses a template whose replies cannot be scored, before any generation
     judge_room(handle, template, verdict_max_new_tokens, max_reasoning_tokens)
@@ -161,10 +167,13 @@ def evaluate_examples(
     gen_pools = [x for x in pools if x != "candidate"]
     gen_pass: dict[int, PromptPass] = {}
     if candidates is None or capture is not None:  # given candidates: no answer to decode
-        gens = run_prompts(handle, [p.input_ids for p in gen_prompts.values()],
-                           batch_size=batch_size, rows=rows, pools=gen_pools,
-                           max_new_tokens=max_new_tokens if candidates is None else 0,
-                           progress=progress and f"{progress} gen")
+        try:
+            gens = run_prompts(handle, [p.input_ids for p in gen_prompts.values()],
+                               batch_size=batch_size, rows=rows, pools=gen_pools,
+                               max_new_tokens=max_new_tokens if candidates is None else 0,
+                               progress=progress and f"{progress} gen")
+        except KeyboardInterrupt as exc:  # no answer judged yet: the skipped records
+            raise Interrupted(records) from exc
         gen_pass = dict(zip(gen_prompts, gens))
     if candidates is None:
         raw = {k: g.text for k, g in gen_pass.items()}
@@ -174,10 +183,29 @@ def evaluate_examples(
             del answers[k]
     else:
         raw = answers = {k: candidates[k] for k in gen_prompts}
-    eval_prompts, skipped, judged = judge_candidates(
-        handle, template, {k: examples[k] for k in answers}, answers, rows=rows,
-        pools=pools, batch_size=batch_size, verdict_max_new_tokens=verdict_max_new_tokens,
-        max_reasoning_tokens=max_reasoning_tokens, progress=progress)
+    try:
+        eval_prompts, skipped, judged = judge_candidates(
+            handle, template, {k: examples[k] for k in answers}, answers, rows=rows,
+            pools=pools, batch_size=batch_size, verdict_max_new_tokens=verdict_max_new_tokens,
+            max_reasoning_tokens=max_reasoning_tokens, progress=progress)
+    except Interrupted as exc:  # the records of the judge batches that finished
+        eval_prompts, skipped, judged = exc.done
+        _finish(handle, examples, records, oracle, raw, answers, gen_prompts, gen_pass,
+                {k: eval_prompts[k] for k in judged}, skipped, judged, capture)
+        raise Interrupted(records) from exc
+    except KeyboardInterrupt as exc:
+        raise Interrupted(records) from exc
+    _finish(handle, examples, records, oracle, raw, answers, gen_prompts, gen_pass,
+            eval_prompts, skipped, judged, capture)
+    return records  # type: ignore[return-value]
+
+
+def _finish(handle: ModelHandle, examples: Sequence[QAExample], records: list[Record | None],
+            oracle: BaseOracle, raw: Mapping[int, str], answers: Mapping[int, str],
+            gen_prompts: Mapping[int, RenderedPrompt], gen_pass: Mapping[int, PromptPass],
+            eval_prompts: Mapping[int, RenderedPrompt], skipped: Mapping[int, str],
+            judged: Mapping[int, tuple[dict[str, Any], Any]], capture: Capture | None) -> None:
+    """Steps 2-3's records (in place) of the judged examples and of the skipped ones."""
     for k, reason in skipped.items():
         records[k] = _skipped(examples[k], reason)
     for k, ep in eval_prompts.items():
@@ -186,7 +214,6 @@ def evaluate_examples(
                                 gen_prompts[k], ep)
         if capture is not None:
             capture.got[k] = {"gen": (gen_prompts[k], gen_pass[k]), "eval": (ep, v)}
-    return records  # type: ignore[return-value]
 
 
 def _ok_record(handle: ModelHandle, ex: QAExample, oracle: BaseOracle, raw: str, answer: str,

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from interp.analysis.stats import MIN_PASSAGES, ClusterBootstrap, passage_groups, passage_note
-from interp.core.errors import ConfigError, RunDirError
+from interp.core.errors import ConfigError, Interrupted, RunDirError
 from interp.data import QAExample
 from interp.judging.grading import BaseOracle, OracleResult, RuleOracle
 from interp.judging.prefill import Capture
@@ -143,6 +143,8 @@ def judge_answers(handle: ModelHandle, examples: Sequence[QAExample],
 
     Raises:
         ConfigError: ``given`` and ``examples`` differ in length.
+        interp.core.errors.Interrupted: as :func:`interp.methods.asymmetry.evaluate_examples`
+            (its records sourced as here).
     """
     if len(given) != len(examples):
         raise ConfigError(f"{len(given)} given answers for {len(examples)} examples")
@@ -150,12 +152,23 @@ def judge_answers(handle: ModelHandle, examples: Sequence[QAExample],
     oracle = GivenOracle({(ex.question, ex.context, g.answer): g
                           for ex, g in zip(examples, given)},
                          names.pop() if len(names) == 1 else "given")
-    recs = evaluate_examples(handle, examples, template=template, oracle=oracle,
-                             max_new_tokens=max_new_tokens,
-                             verdict_max_new_tokens=verdict_max_new_tokens,
-                             batch_size=batch_size, candidates=[g.answer for g in given],
-                             capture=capture, progress=progress)
+    try:
+        recs = evaluate_examples(handle, examples, template=template, oracle=oracle,
+                                 max_new_tokens=max_new_tokens,
+                                 verdict_max_new_tokens=verdict_max_new_tokens,
+                                 batch_size=batch_size, candidates=[g.answer for g in given],
+                                 capture=capture, progress=progress)
+    except Interrupted as exc:  # the finished ones (None: not finished), sourced as below
+        _sourced(exc.done, given)
+        raise
+    return _sourced(recs, given)
+
+
+def _sourced(recs: list[Any], given: Sequence[GivenAnswer]) -> list[Record]:
+    """Each judged record (None: not finished) with its answer's source, in place."""
     for rec, g in zip(recs, given):
+        if rec is None:
+            continue
         rec["answer_source"] = dict(g.source)
         if rec.get("status") == "ok":
             rec["generation"] = g.generation
@@ -282,9 +295,16 @@ def judge_from_source(handle: ModelHandle, examples: Sequence[QAExample],
     todo = [i for i, k in enumerate(keys) if source.records[k].get("status") == "ok"]
     cap = kw.pop("capture", None)
     sub = Capture(rows=cap.rows, pools=cap.pools) if cap is not None else None
-    judged = judge_answers(handle, [examples[i] for i in todo],
-                           [source.given(keys[i]) for i in todo], capture=sub, **kw)
     out: list[Record | None] = [None] * len(examples)
+    try:
+        judged = judge_answers(handle, [examples[i] for i in todo],
+                               [source.given(keys[i]) for i in todo], capture=sub, **kw)
+    except Interrupted as exc:  # the finished ones, at their positions in ``examples``
+        for i, rec in zip(todo, exc.done):
+            out[i] = rec
+        if cap is not None and sub is not None:
+            cap.got.update({todo[j]: got for j, got in sub.got.items()})
+        raise Interrupted(out) from exc
     for i, rec in zip(todo, judged):
         out[i] = rec
     if cap is not None and sub is not None:

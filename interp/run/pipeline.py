@@ -14,11 +14,14 @@ Algorithm of :func:`run_config`:
    layer selections, heads), and every stage's declared needs against what runs before it
    or lies in the model's run directory (:func:`interp.core.contract.check_needs`: steering
    with ``heads = "top-diff:K"`` needs the attention summary), so no model runs before a later
-   one would fail. ``--only`` takes a stage's name or its command's (``steer``).
+   one would fail. ``--only`` takes a stage's name or its command's (``steer``). Then the plan
+   is printed (:func:`plan`): each model's records and stage units and their CPU cost from the
+   measured per-record costs (:mod:`interp.core.costs`).
 2. For each model of ``[asymmetry] models``: load it once, run Study 1 into
    ``out/<model-slug>/`` (:mod:`interp.stages.asymmetry`; with ``--only`` excluding it, only
    ``metrics.json`` is recomputed), then each configured stage in the order of :data:`STAGES`
-   on that run directory with the same model.
+   on that run directory with the same model; each stage's wall and CPU seconds are logged
+   when it ends.
 3. With ``figures`` and ``publish = true``, and only when the whole study ran to its end in
    this call (no ``--only``), copy every figure and each stage's ``SUMMARIES`` tables (plus
    ``metrics.json`` as ``asymmetry_metrics.json``) into that folder (prefixed by the model slug
@@ -61,8 +64,8 @@ from interp.launch import Shard, current_shard, heartbeat
 from interp.stages.configs import ASYMMETRY_KEY_FIELDS, AsymmetryConfig
 from interp.store.rundir import RunDir
 
-__all__ = ["STAGE_NAMES", "load_config", "model_slug", "out_dir", "publish_run_dir", "run_config",
-           "swap_sources"]
+__all__ = ["STAGE_NAMES", "load_config", "model_slug", "out_dir", "plan", "publish_run_dir",
+           "run_config", "stage_units", "swap_sources"]
 
 TOP_LEVEL = ("name", "out", "figures", "publish", "description", "asymmetry", "cross_judge")
 """Top-level keys of an experiment config besides the stage tables."""
@@ -203,6 +206,56 @@ def _check(cfg: Mapping[str, Any], path: str | Path, only: Sequence[str] | None
             for s in contract.SPECS if s.name in cfg and s.name in STAGE_NAMES}
 
 
+def stage_units(name: str, scfg: Any, counts: Mapping[str, int]) -> int:
+    """Units of work (:data:`interp.core.costs.UNITS`) a stage does on datasets of ``counts``.
+
+    Per dataset, its records or the stage's ``limit`` if smaller (patching: pairs), doubled
+    for ``per_label`` (steering: one record per oracle label); an upper bound, as a limit may
+    not be reached (too few ok records, pairs or records under ``max_tokens``).
+    """
+    if name == "asymmetry":
+        return sum(counts.values())
+    limit = getattr(scfg, "limit", None)
+    per = sum(min(n, limit) if isinstance(limit, int) else n for n in counts.values())
+    return per * (2 if getattr(scfg, "per_label", False) else 1)
+
+
+def plan(counts: Mapping[str, Mapping[str, int]], runs: Sequence[tuple[str, Any]], *,
+         with_asymmetry: bool = True) -> list[str]:
+    """The lines ``interp run`` prints before it starts: each model's work and its CPU cost.
+
+    The CPU-seconds are :func:`interp.core.costs.estimate` (measured per-record costs of the
+    bundled models); a model or stage without a measured cost is said to have none.
+
+    Args:
+        counts: ``{model spec: {dataset: records}}`` (the loaded, limited examples).
+        runs: ``(stage name, config)`` of the stages to run, in order.
+        with_asymmetry: Study 1 runs too.
+
+    Returns:
+        One line per model, then the total.
+    """
+    from interp.core.costs import SOURCE, estimate, format_cpu, units
+
+    lines, total, unknown = [], 0.0, False
+    for spec, per_ds in counts.items():
+        work = {"asymmetry": stage_units("asymmetry", None, per_ds)} if with_asymmetry else {}
+        work.update({name: stage_units(name, scfg, per_ds) for name, scfg in runs})
+        cpu, missing = estimate(spec, work)
+        total += cpu
+        unknown |= bool(missing)
+        said = ", ".join(f"{name} {units(name, n)}" for name, n in work.items())
+        cost = (format_cpu(cpu) + (f" (no measured cost for {', '.join(missing)})"
+                                   if missing else "")) if cpu else "no measured cost"
+        lines.append(f"== plan: {spec} on {', '.join(f'{n} {d}' for d, n in per_ds.items())} "
+                     f"records: {said}; {cost}")
+    if len(counts) > 1 or not unknown:
+        lines.append(f"== in all {format_cpu(total)}{' and more' if unknown else ''} "
+                     f"(measured per-record costs: {SOURCE}; the wall time is this divided by "
+                     f"the cores free, longer on a machine busy with other work)")
+    return lines
+
+
 def publish_run_dir(run_dir: Path, dest: Path, names: Sequence[str], prefix: str) -> None:
     """Step 3 for one run directory: its figures and the ``SUMMARIES`` tables of ``names``.
 
@@ -279,8 +332,9 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
         from interp.run.cross_grid import CrossJudgeConfig
 
         cross = CrossJudgeConfig.from_value(cfg.get("cross_judge"), models)
+    counts: dict[str, dict[str, int]] = {}
     for spec, acfg in acfgs.items():
-        acfg.check_inputs()
+        counts[spec] = {ds: len(exs) for ds, exs in acfg.check_inputs().items()}
         if not overwrite and (not only or "asymmetry" in only):  # before any model loads
             RunDir(out / model_slug(spec)).check_same_config(asdict(acfg), ASYMMETRY_KEY_FIELDS)
         if only and "asymmetry" not in only:  # the stages need a finished asymmetry run
@@ -309,6 +363,8 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
                              in_config=True)
     if cfg.get("description"):
         log(f"== {cfg.get('name', Path(path).stem)}: {cfg['description']}")
+    for line in plan(counts, runs, with_asymmetry=not only or "asymmetry" in only):
+        log(line)
     from interp.run.compare import write_comparison
     from interp.run.cross_grid import run_cross
 
@@ -353,6 +409,11 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
     return summary
 
 
+def _took(t0: float, c0: float) -> str:
+    """``"12 s (21 CPU-s)"``: wall and CPU seconds (every thread of this process) since then."""
+    return f"{time.perf_counter() - t0:.0f} s ({time.process_time() - c0:.0f} CPU-s)"
+
+
 def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Path, *,
                 overwrite: bool, only: Sequence[str] | None,
                 log: Callable[[str], None], texts: list[str],
@@ -388,7 +449,7 @@ def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Pa
         handle = None if is_served(spec) else load_model(  # served: no weights
             spec, device=device, dtype=acfg.dtype, **placement(acfg))
         log(f"== {spec} -> {run_dir}")
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if not only or "asymmetry" in only:
             m = run_asymmetry(run_dir, handle, acfg, shard=shard, overwrite=overwrite, log=log)
             if group:
@@ -400,10 +461,10 @@ def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Pa
         if lead:
             texts += [f"## {spec}: asymmetry ({run_dir}/metrics.json)",
                       asymmetry.format_summary(m)]
-            log(f"{texts[-1]}\n== asymmetry took {time.perf_counter() - t0:.0f} s")
+            log(f"{texts[-1]}\n== asymmetry took {_took(t0, c0)}")
             summary[spec] = {"run_dir": str(run_dir), "metrics": m}
         for name, scfg in runs:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             parts_only = contract.spec(name).parts_only
             if group and parts_only:
                 log(f"== stage {name}, share {shard.name} of its records, on {run_dir}")
@@ -420,7 +481,7 @@ def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Pa
                 if text := STAGES[name].format_summary(result):
                     texts += [f"## {spec}: {name}", text]
                     log(text)
-                log(f"== stage {name} took {time.perf_counter() - t0:.0f} s")
+                log(f"== stage {name} took {_took(t0, c0)}")
             if group:
                 barrier(shard)  # its tables are written before the next stage starts
     return summary

@@ -21,8 +21,11 @@ Algorithm of :func:`run`:
    generation prompt's length and spans, changed since; refused unless ``overwrite``, which
    drops and redoes them), and run
    :func:`interp.methods.asymmetry.evaluate_examples` on the rest in chunks of ``batch_size``,
-   appending each chunk's records (flushed and fsynced) before the next, so an interrupt
-   loses at most one batch.
+   appending each chunk's records (flushed and fsynced) before the next; an interrupt
+   (Ctrl-C, SIGTERM: :class:`interp.core.errors.Interrupted`) appends the records of the
+   running chunk that finished before it (those whose judge batch ended): no finished record
+   is lost, only the work of unfinished ones (the chunk's generations, if it stopped before
+   the judging began, or the judge batch it stopped).
    With ``answers_from`` (cross-judging, :mod:`interp.methods.cross_judge`) the model judges the
    source run's answers instead (:func:`interp.methods.cross_judge.judge_from_source`): the source
    is checked in step 0, and a finished record whose source answer changed is stale too.
@@ -39,8 +42,11 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from interp.core.contract import spec
-from interp.core.errors import ConfigError, RunDirError, ShardError
+from interp.core.costs import CPU_S_PER_UNIT, SOURCE, format_cpu, wall_prior_s
+from interp.core.errors import ConfigError, Interrupted, RunDirError, ShardError
 from interp.core.inputs import new_run_dir
 from interp.core.io import write_json
 from interp.core.progress import Share, tqdm
@@ -69,7 +75,7 @@ from interp.stages.common import check_run_model, stage_facts
 from interp.stages.configs import ASYMMETRY_KEY_FIELDS, AsymmetryConfig
 from interp.stages.run_metrics import write_metrics
 from interp.stages.stored import store_one_pass
-from interp.store.records import limit_per_dataset, qa_key
+from interp.store.records import Record, limit_per_dataset, qa_key
 from interp.store.rundir import RunDir
 
 __all__ = ["KEY_FIELDS", "NAME", "SUMMARIES", "AsymmetryConfig", "check_inputs",
@@ -137,9 +143,13 @@ def run(
     if not overwrite:  # another model, template, ... is refused before the model loads
         RunDir(out).check_same_config(asdict(config), KEY_FIELDS)
     with new_run_dir(out), RunDir(out).writer():  # a second writer is refused here, at once
+        n = sum(map(len, loaded.values()))
+        cpu = CPU_S_PER_UNIT.get(config.model, {}).get("asymmetry")
+        cost = "" if cpu is None else (f"; {format_cpu(n * cpu)} if none is done yet ({cpu:g} "
+                                       f"CPU-s per record measured, {SOURCE})")
         log(f"Study 1: {config.model} answers and judges "
             f"{', '.join(f'{len(v)} {k}' for k, v in loaded.items())} records into {out} "
-            f"(if interrupted, the same command resumes)")
+            f"(if interrupted, the same command resumes){cost}")
         if is_endpoint_spec(config.model):  # a served model: its replies, no internals
             return run_served(config, RunDir(out), loaded, overwrite=overwrite, log=log,
                               chunk=chunk, key_fields=KEY_FIELDS, stale=stale_records,
@@ -226,7 +236,8 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
         todo = [ex for ex in examples if (ex.dataset, ex.id) not in done]
         log(f"[{ds}] {len(examples)} examples, {len(examples) - len(todo)} already done")
         t0 = time.perf_counter()
-        bar = tqdm(total=len(todo), desc=ds, unit="ex", disable=not todo)
+        bar = tqdm(total=len(todo), desc=ds, unit="ex", disable=not todo,
+                   prior_s=wall_prior_s(handle.spec, "asymmetry", torch.get_num_threads()))
         for s in range(0, len(todo), chunk):
             part = todo[s:s + chunk]
             # a reasoning judge's verdict position lies after its reasoning: no one-pass
@@ -236,15 +247,16 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
                       verdict_max_new_tokens=config.verdict_max_new_tokens,
                       batch_size=config.batch_size, capture=cap)
             with Share(bar, len(part), prompts_per_example=1 if source is not None else 2) as share:
-                recs = (judge_from_source(handle, part, source, **kw) if source is not None else
-                        evaluate_examples(handle, part, oracle=oracle,
-                                          max_reasoning_tokens=config.max_reasoning_tokens, **kw))
-            for r in recs:
-                r["template"] = config.template
-                r.setdefault("model", handle.spec)
-            if cap is not None:  # before the records: a kill in between redoes the records,
-                store_one_pass(rd, handle, recs, cap, facts)  # whose outputs are then replaced
-            rd.append_records(recs)
+                try:
+                    recs = (judge_from_source(handle, part, source, **kw) if source is not None
+                            else evaluate_examples(
+                                handle, part, oracle=oracle,
+                                max_reasoning_tokens=config.max_reasoning_tokens, **kw))
+                except Interrupted as exc:  # keep the chunk's finished records, then stop
+                    if isinstance(exc.done, list):
+                        _keep(rd, handle, config, exc.done, cap, facts)
+                    raise
+            recs = _keep(rd, handle, config, recs, cap, facts)
             done.update(qa_key(r) for r in recs)
             share.done()
             for r in recs:
@@ -260,6 +272,21 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     # metrics.json describes the whole run directory: every dataset run into it
     every = manifest["config"].get("datasets", config.datasets)
     return write_metrics(rd, replace(config, datasets=list(every)))
+
+
+def _keep(rd: RunDir, handle: ModelHandle, config: AsymmetryConfig,
+          recs: Sequence[Record | None], cap: Capture | None,
+          facts: Mapping[str, Any] | None) -> list[Record]:
+    """Step 2's append of one chunk's finished records (None: not finished) and their pass."""
+    for r in recs:
+        if r is not None:
+            r["template"] = config.template
+            r.setdefault("model", handle.spec)
+    if cap is not None:  # before the records: a kill in between redoes the records,
+        store_one_pass(rd, handle, recs, cap, facts)  # whose outputs are then replaced
+    kept = [r for r in recs if r is not None]
+    rd.append_records(kept)
+    return kept
 
 
 def _limit(config: AsymmetryConfig, dataset: str) -> int | None:

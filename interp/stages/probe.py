@@ -12,7 +12,8 @@ Algorithm of :func:`run` (the methods are :mod:`interp.methods.probing`, numbere
    result-relevant runtime facts, :func:`interp.stages.common.stage_facts`) equals the one of
    now and it holds the pools asked for; a cached row is reused only while its record renders
    to the same prompt token ids (their signature is stored per row); records missing from it
-   are computed and appended ``chunk`` at a time (resume by record key).
+   are computed and appended ``chunk`` at a time (resume by record key); an interrupt appends
+   the records of the running chunk whose batches finished.
 3. Sweep of the layers (``layers``: :func:`interp.core.layers.parse_layers`, default all), cached in
    ``DIR/probes/sweep_{task}.json`` under the signature of the settings, records, labels,
    groups and the features' signature; the permutation null likewise in
@@ -37,7 +38,7 @@ import torch
 
 from interp.analysis.stats import fit_note, make_folds, passage_groups
 from interp.core.contract import spec
-from interp.core.errors import ProbeError
+from interp.core.errors import Interrupted, ProbeError
 from interp.core.io import is_fresh, read_json, signature, write_json
 from interp.core.layers import parse_layers
 from interp.judging.prompts import rerender
@@ -172,13 +173,17 @@ def cached_features(run: RunDir, handle: ModelHandle, records: Sequence[Record],
     t0 = time.perf_counter()
     for s in range(0, len(todo), chunk):
         part = todo[s:s + chunk]
-        feats, fell = extract_features(handle, [prompts[_key(r)] for r in part],
-                                       pools=all_pools, batch_size=batch_size)
-        for p in all_pools:
-            have[p] = torch.cat([have[p], feats[p]]) if p in have and len(keys) else feats[p]
-        keys += [_key(r) for r in part]
-        sigs += [now[_key(r)] for r in part]
-        fallback += [_key(r) for r, fb in zip(part, fell) if fb]
+        try:
+            feats, fell = extract_features(handle, [prompts[_key(r)] for r in part],
+                                           pools=all_pools, batch_size=batch_size)
+        except Interrupted as exc:  # keep the features of the chunk's finished batches
+            idx, feats, fell = exc.done
+            if idx:
+                part = [part[i] for i in idx]
+                _append(have, keys, sigs, fallback, feats, fell, part, now, all_pools)
+                write_features(path, have, ident, keys, sigs, all_pools, fallback)
+            raise
+        _append(have, keys, sigs, fallback, feats, fell, part, now, all_pools)
         write_features(path, have, ident, keys, sigs, all_pools, fallback)
         log(f"[probe] {task}: {len(keys)} / {len(records)} records "
             f"({time.perf_counter() - t0:.0f} s)")
@@ -190,6 +195,17 @@ def cached_features(run: RunDir, handle: ModelHandle, records: Sequence[Record],
                  "n_computed": len(todo),
                  "signature": signature({"cache": sig, "prompts": [now[_key(r)] for r in records],
                                          "pools": list(pools)})}
+
+
+def _append(have: dict[str, torch.Tensor], keys: list[Any], sigs: list[Any],
+            fallback: list[Any], feats: Mapping[str, torch.Tensor], fell: Sequence[bool],
+            part: Sequence[Record], now: Mapping[Any, Any], pools: Sequence[str]) -> None:
+    """Add the features of ``part`` (in its order) to the cache's rows, in place."""
+    for p in pools:
+        have[p] = torch.cat([have[p], feats[p]]) if p in have and len(keys) else feats[p]
+    keys += [_key(r) for r in part]
+    sigs += [now[_key(r)] for r in part]
+    fallback += [_key(r) for r, fb in zip(part, fell) if fb]
 
 
 @dataclass

@@ -84,3 +84,21 @@ def test_every_shipped_config_passes_the_pipelines_check():
     assert not {"lens", "pairwise"} & set(study)    # one run folder each: one library version
     with pytest.raises(Exception, match="bogus"):
         _check({**gap, "patching": {**gap["patching"], "bogus": 1}}, "x.toml", None)
+
+
+def test_first_is_the_demo_on_one_model_one_dataset_and_fewer_records():
+    """``make first`` runs every stage the demo runs, on SmolLM2 and SQuAD 2.0 alone.
+
+    Its stage tables are the demo's (so its output has the demo's shape), but for the probe's
+    layers (the sweeps cost CPU per layer); its records are fewer.
+    """
+    demo = tomllib.loads(DEMO.read_text())
+    first = tomllib.loads((DEMO.parent / "first.toml").read_text())
+    assert set(first) == set(demo)
+    assert first["asymmetry"]["models"] == ["smollm2-135m-instruct"]
+    assert first["asymmetry"]["datasets"] == ["squad_v2"]
+    assert first["asymmetry"]["limit"]["squad_v2"] < demo["asymmetry"]["limit"]["squad_v2"]
+    for stage in ("attention", "patching", "steering"):
+        assert first[stage] == demo[stage], stage
+    assert {k: v for k, v in first["probe"].items() if k != "layers"} == demo["probe"]
+    assert first["out"] == "runs/first" and first["name"] == "first"

@@ -261,12 +261,15 @@ def test_commands_on_a_grid_folder_name_its_runs_and_never_advise_writing_into_i
 
 
 def test_kept_work_of_a_grid_counts_its_model_folders(tmp_path):
-    """Ctrl-C under ``interp run``: the work kept under out/<model>/ is reported, not nothing."""
+    """Ctrl-C under ``interp run``: the work kept under out/<model>/ is reported, not nothing.
+
+    A model whose run directory keeps nothing yet is named with its 0 records.
+    """
     from interp.core.inputs import kept_work
 
     grid = tmp_path / "demo"
     run = _manifest_run(grid / "smollm2")
     (run / "records.jsonl").write_text("".join(f'{{"id": "q{i}"}}\n' for i in range(4)))
     _manifest_run(grid / "qwen")
-    assert kept_work([grid]) == f"4 records in {grid / 'smollm2'}"
+    assert kept_work([grid]) == f"0 records in {grid / 'qwen'}; 4 records in {grid / 'smollm2'}"
     assert kept_work([tmp_path / "empty"]) == "nothing"

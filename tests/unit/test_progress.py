@@ -117,3 +117,56 @@ def test_a_stage_bar_moves_inside_a_batch_and_ends_exact(tiny):
         share.done()
     assert bar.n == 2 and bar.steps == sorted(bar.steps)
     run_prompts(tiny, prompts, max_new_tokens=2)  # no share: nothing to report to
+
+
+def _predicted_totals(make, times, monkeypatch):
+    """Elapsed + ETA after each one-item update, the items taking ``times`` seconds."""
+    import tqdm.std
+
+    now = [0.0]
+    monkeypatch.setattr(tqdm.std, "time", lambda: now[0])
+    bar, out = make(), []
+    for t in times:
+        now[0] += t
+        bar.update(1)
+        d = bar.format_dict
+        rate = d["rate"] or d["n"] / d["elapsed"]
+        out.append(d["elapsed"] + (d["total"] - d["n"]) / rate)
+    bar.close()
+    return out
+
+
+def test_the_eta_is_steady_where_the_moving_average_swings(monkeypatch):
+    """Items in bursts (3 quick, 1 slow: a batch's prefills, then its long decoding), 560 s.
+
+    tqdm's moving average predicts totals from 306 to 810 s after the second burst; the
+    steady estimate stays within 1.35x from there, and with a prior it has an ETA from the
+    first item.
+    """
+    import io
+
+    import tqdm.std
+
+    monkeypatch.setenv("INTERP_PROGRESS", "lines")
+    times = [2.0, 2.0, 2.0, 50.0] * 10
+    sink = io.StringIO()
+    ema = _predicted_totals(lambda: tqdm.std.tqdm(total=40, file=sink, mininterval=0,
+                                                  miniters=1), times, monkeypatch)
+    steady = _predicted_totals(lambda: progress.tqdm(total=40, file=sink), times, monkeypatch)
+    prior = _predicted_totals(lambda: progress.tqdm(total=40, file=sink, prior_s=14.0), times,
+                              monkeypatch)
+    assert steady[-1] == pytest.approx(560) and prior[-1] == pytest.approx(560)
+    late = slice(7, None)  # from the second burst on
+    assert max(ema[late]) / min(ema[late]) > 2.0
+    assert max(steady[late]) / min(steady[late]) < 1.35
+    assert max(prior[late]) / min(prior[late]) < 1.35
+    # before the first slow item: without a prior 80 s (a 7x underestimate), with one >= 250 s
+    assert max(steady[:3]) < 100 and min(prior[:3]) > 250
+
+
+def test_steady_seconds_per_item_weighs_the_prior_as_items():
+    assert progress.steady_seconds_per_item(0.0, 0) is None
+    assert progress.steady_seconds_per_item(30.0, 3) == 10.0
+    assert progress.steady_seconds_per_item(0.0, 0, prior_s=8.0) == 8.0
+    # the prior counts as PRIOR_WEIGHT (2) items: (2 * 8 + 30) / (2 + 3)
+    assert progress.steady_seconds_per_item(30.0, 3, prior_s=8.0) == pytest.approx(46 / 5)
