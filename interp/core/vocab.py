@@ -8,7 +8,7 @@ one line, without importing torch or transformers.
 from __future__ import annotations
 
 __all__ = ["ALPHAS", "ATTENTION_BACKENDS", "DEFAULT_MODEL", "DETECTOR_FEATURES", "EXACT_MODES",
-           "MAX_REASONING_TOKENS", "PAIR_KINDS", "POOLS", "PROBES"]
+           "MAX_REASONING_TOKENS", "PAIR_KINDS", "POOLS", "PROBES", "VERDICT_WORDS"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 """The model a command uses when none is named (the bundled SmolLM2-135M-Instruct)."""
@@ -28,3 +28,6 @@ PROBES = ("logreg", "svm", "mlp")
 """Probe kinds of :mod:`interp.methods.probing`."""
 DETECTOR_FEATURES = ("lookback_ratio", "context", "candidate")
 """Per-head features the audit's detector may use (the band is not applied: ``detector_layers``)."""
+VERDICT_WORDS = ("Correct", "Incorrect")
+"""The two replies the eval prompt asks for, in the order of every score array
+(:mod:`interp.judging.verdict`)."""

@@ -50,8 +50,8 @@ import httpx
 
 from interp.core.capabilities import SERVED, SERVED_PREFIX, is_served
 from interp.core.errors import ConfigError, EndpointError
+from interp.core.vocab import VERDICT_WORDS
 from interp.endpoints.cache import RequestCache, request_key
-from interp.judging.verdict import VERDICT_WORDS
 
 __all__ = ["FORCED_METHOD", "PREFIX", "DeadlineTransport", "Endpoint", "EndpointConfig",
            "RequestFailed", "grammar", "is_endpoint_spec", "probe_forced_choice",

@@ -38,6 +38,8 @@ def _run(argv, cwd):
     (["asymmetry", "--limit", "-3"], "must be a whole number >= 1"),
     (["asymmetry", "--template", "nope"], "unknown template 'nope'"),
     (["asymmetry", "--oracle", "gpt"], "unknown oracle 'gpt'"),
+    # docs/endpoints.md's oracle passes the oracle check (made before the template's)
+    (["asymmetry", "--oracle", "openai:my-70b", "--template", "nope"], "unknown template 'nope'"),
     (["steer", "--run", "EMPTY"], "has no manifest.json"),
     (["lens", "--run", "EMPTY", "--heldout", "2"], "heldout must lie strictly between"),
     (["attention", "--run", "EMPTY", "--backend", "hff"], "unknown backend 'hff'"),
