@@ -624,8 +624,10 @@ def _tree(root):
 
 
 def test_a_truncated_archive_with_a_rewritten_checksum_loses_nothing(tmp_path):
-    """``--restore-state`` and ``--save-state`` on an archive cut short whose .sha256 was
-    written for the cut bytes: one line, exit 2, the unpacked state and the runs untouched.
+    """A damaged archive whose .sha256 was written for its cut bytes loses nothing.
+
+    ``--restore-state`` and ``--save-state``: one line, exit 2, the unpacked state and the runs
+    untouched.
     """
     import hashlib
     import os
