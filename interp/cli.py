@@ -209,6 +209,31 @@ def _root(ctx: typer.Context, debug: Annotated[bool, typer.Option(
     ctx.obj = {"debug": debug}
 
 
+def _read_run(run: Path, **layers: str) -> None:
+    """A run a command reads, checked before its libraries load.
+
+    Its manifest, every line of its ``records.jsonl`` (a damaged one named, with how to
+    recover), and each layer option (``layers``: option name -> spec) against the model the
+    manifest records (:func:`interp.stages.configs.check_run`'s checks for the commands that
+    are not stages).
+    """
+    from interp.core.errors import LayerSpecError
+    from interp.core.layers import parse_layers
+    from interp.store.rundir import RunDir
+
+    rd = RunDir(run)
+    rd.require_run()
+    n_layers = (rd.manifest().get("model") or {}).get("n_layers")
+    for name, spec in layers.items():
+        if n_layers:
+            try:
+                parse_layers(spec, int(n_layers))
+            except LayerSpecError as err:
+                raise LayerSpecError(f"--{name}: {err}") from None
+    if rd.records_path.exists():
+        rd.read_records(status=None)
+
+
 @app.command()
 def metrics(run: Annotated[Path, typer.Option(help="run directory")]) -> None:
     """Recompute metrics.json and the asymmetry figure from a run's records.
@@ -216,6 +241,7 @@ def metrics(run: Annotated[Path, typer.Option(help="run directory")]) -> None:
     A run that cannot be written (a read-only mount) is read: its table is printed and its
     files are left as they are.
     """
+    _read_run(run)
     from interp.core.io import unwritable
     from interp.stages import asymmetry as stage
     from interp.store.rundir import RunDir
@@ -243,6 +269,10 @@ def oracle_agreement_cmd(
              "$OPENAI_BASE_URL)")] = None,
 ) -> None:
     """Cohen's kappa and the confusion table of the rule oracle vs an LLM oracle on a run."""
+    from interp.judging.grading import parse_oracle_spec
+
+    parse_oracle_spec(oracle)
+    _read_run(run)
     from interp.stages import asymmetry as stage
     from interp.store.rundir import RunDir
 
@@ -360,6 +390,7 @@ def view_cmd(
     attention colours every token, and the colour scale; a box sets the first token (the
     attention sink) aside when scaling. Each span's mass is listed beside its prompt.
     """
+    _read_run(run, band=band)
     from interp.core.io import check_writable
     from interp.run.view import find_record, write_view
     from interp.stages import load_run_model
@@ -382,6 +413,7 @@ def heads_cmd(
     layers: Annotated[str, typer.Option(help="restrict to layers: all, last8, 22-29")] = "all",
 ) -> None:
     """List the top heads by context mass in gen, in eval, and by gen minus eval."""
+    _read_run(run, layers=layers)
     from interp.analysis import span_mass as attention
     from interp.core.layers import parse_layers
     from interp.stages.stored import read_attention_summary
@@ -483,7 +515,11 @@ def _run_stage(s: StageSpec, cls: Any, kw: dict[str, Any]) -> None:
         cfg.check_inputs()  # datasets, template, oracle: before the stage's libraries load
     where = Path(kw.get("run") or kw["out"]) if kw.get("run") or kw.get("out") else None
     if where is not None and s.needs_run and not kw.get("judged"):
-        RunDir(where).require_run()  # not a run: said before the stage's libraries load
+        from interp.stages.configs import check_run
+
+        # the run's manifest, layers, needs and records: said before the stage's libraries load
+        check_run(where, s.name, cfg,
+                  needs=s.model_from == "run" and not kw.get("tables_only"))
     from interp.models.loading import load_model
     from interp.stages import load_run_model
     from interp.stages.common import check_capabilities

@@ -163,12 +163,19 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return [row for _, row in got.rows]
 
 
-def _parse(path: Path) -> JsonlRead:
-    """:func:`interp.core.jsonl.parse_jsonl` of a file; a torn last line is warned about."""
+def _parse(path: Path, redo: str = "rerun the stage that wrote it: it redoes that line's "
+                                   "work and keeps every other line") -> JsonlRead:
+    """:func:`interp.core.jsonl.parse_jsonl` of a file; a torn last line is warned about.
+
+    A damaged line before the last is an error that says how to recover: which line to delete,
+    and ``redo`` (what makes that line again).
+    """
     try:
         got = parse_jsonl(path.read_bytes())
     except JsonlLineError as err:
-        raise RunDirError(f"{path}:{err.lineno}: {err.reason}") from err
+        n = err.lineno
+        raise RunDirError(f"{path}:{n}: {err.reason}; line {n} is damaged (not a cut last "
+                          f"line): delete it (sed -i '{n}d' {path}) and {redo}") from err
     if got.torn is not None:
         warnings.warn(f"{path}:{got.torn}: incomplete last line dropped (an interrupted "
                       f"write: {got.torn_reason}); it will be redone", stacklevel=3)

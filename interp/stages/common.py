@@ -27,11 +27,10 @@ from typing import Any, Protocol
 from interp.core import contract
 from interp.core.capabilities import capabilities, is_served
 from interp.core.contract import check_needs
-from interp.core.errors import ConfigError, InterpError, LayerSpecError, RunDirError
-from interp.core.layers import parse_layers
-from interp.core.options import fields_of_kind
+from interp.core.errors import ConfigError, RunDirError
 from interp.judging.prompts import get_template
 from interp.models.loading import ModelHandle, load_model, placement, result_facts, runtime_facts
+from interp.stages.configs import check_against_shape
 from interp.store.records import limit_per_dataset
 from interp.store.rundir import RunDir
 
@@ -115,45 +114,6 @@ def check_run_model(run: RunDir, handle: ModelHandle,
         raise RunDirError(f"{run.path} was made with model {m.get('spec')!r} (sha256 "
                           f"{want[:12]}), not {handle.spec!r} (sha256 {got[:12]}): use the run's "
                           f"model")
-
-
-def check_against_shape(name: str, cfg: Any, n_layers: int, n_heads: int | None = None, *,
-                 model: str | None = None) -> None:
-    """Check a stage config against a model's shape, before the model runs (or loads).
-
-    Every field declared ``kind="layers"`` (:func:`interp.core.options.option`) that is set is
-    parsed with ``n_layers``; then the config's
-    own ``check(n_layers, n_heads)``, where it has one (steering's head spec). Used by
-    ``interp run`` for every configured stage and every model before the first model loads
-    (so a typo in a later stage's table, or a band one of the models lacks, fails before any
-    asymmetry stage runs), and by :func:`load_run_model`
-    from the run's manifest before the model loads.
-
-    Args:
-        name: the stage's config table name, for the message.
-        cfg: the stage's config dataclass.
-        n_layers: the model's transformer blocks.
-        n_heads: its query heads per layer (None: unknown, head specs are not checked).
-        model: the model's name, put in the message (a grid of several models).
-
-    Raises:
-        LayerSpecError: a layer selection outside the model (names the option and the table
-            key, e.g. ``--layers ([attention] layers)``, and the valid range).
-        interp.core.errors.InterpError: what the config's own ``check`` raises.
-    """
-    on = f" for {model}" if model else ""
-    for f in fields_of_kind(type(cfg), "layers") if hasattr(cfg, "__dataclass_fields__") else []:
-        if (v := getattr(cfg, f)) is not None:
-            try:
-                parse_layers(v, n_layers, default="all")
-            except LayerSpecError as err:
-                raise LayerSpecError(f"--{f.replace('_', '-')} ([{name}] {f}){on}: {err}"
-                                     ) from None
-    if (check := getattr(cfg, "check", None)) is not None:
-        try:
-            check(n_layers, n_heads)
-        except InterpError as err:
-            raise type(err)(f"[{name}]{on}: {err}" if model else f"[{name}] {err}") from None
 
 
 def ok_records(run: RunDir, handle: ModelHandle, limit: int | None, *, stage: str,

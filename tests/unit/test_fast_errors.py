@@ -80,3 +80,53 @@ def test_study_1_says_what_it_is_about_to_do_before_the_model_loads(tmp_path):
                      "runs/asymmetry (if interrupted, the same command resumes)"), out.stdout
     assert json.loads(out.stdout.strip().splitlines()[-1])["code"] == 2   # then refused
     assert not (tmp_path / "runs" / "asymmetry" / "records.jsonl").exists()
+
+
+def _finished_run(root, damaged: bool = False):
+    """A run directory as Study 1 leaves it (a 30-layer model), no model needed to read it."""
+    run = root / "RUN"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({
+        "config": {"model": "smollm2-135m-instruct", "datasets": ["squad_v2"]},
+        "model": {"spec": "smollm2-135m-instruct", "n_layers": 30, "n_heads": 9}}))
+    rows = [json.dumps({"id": i, "dataset": "squad_v2", "status": "ok"}) for i in "abc"]
+    if damaged:
+        rows[1] = rows[1][:-1]  # a lost brace: the file is damaged, not torn
+    (run / "records.jsonl").write_text("\n".join(rows) + "\n")
+    return run
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["attention", "--run", "RUN", "--band", "0-40"],
+     "--band ([attention] band): layers '0-40': layer 40 is out of range; valid layers are 0-29"),
+    (["steer", "--run", "RUN", "--band", "last40"], "--band ([steering] band)"),
+    (["probe", "--run", "RUN", "--layers", "31"], "layer 31 is out of range"),
+    (["view", "--run", "RUN", "--id", "a", "--band", "29-35"],
+     "--band: layers '29-35': layer 35 is out of range; valid layers are 0-29"),
+    (["heads", "--run", "RUN", "--layers", "40"], "--layers: layers '40': layer 40 is out"),
+])
+def test_a_run_reading_error_is_one_line_before_any_heavy_import(argv, said, tmp_path):
+    _finished_run(tmp_path)
+    res, err = _run(argv, tmp_path)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert res["code"] == 2 and len(lines) == 1 and said in lines[0], err
+    assert res["heavy"] == [], f"{argv}: imported {res['heavy']} before refusing"
+
+
+@pytest.mark.parametrize("argv", [
+    ["attention", "--run", "RUN"], ["lens", "--run", "RUN"], ["metrics", "--run", "RUN"],
+    ["oracle-agreement", "--run", "RUN", "--oracle", "model:x"],
+    ["view", "--run", "RUN", "--id", "a"]])
+def test_a_damaged_records_line_is_named_with_how_to_recover_before_heavy_imports(argv,
+                                                                                    tmp_path):
+    run = _finished_run(tmp_path, damaged=True)
+    before = (run / "records.jsonl").read_bytes()
+    res, err = _run(argv, tmp_path)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert res["code"] == 2 and len(lines) == 1, err
+    assert lines[0].startswith("error: RUN/records.jsonl:2: malformed JSON"), err
+    assert ("line 2 is damaged (not a cut last line): delete it (sed -i '2d' "
+            "RUN/records.jsonl) and run the same `interp asymmetry --out RUN` command again: "
+            "it redoes that record and keeps every other") in lines[0]
+    assert res["heavy"] == [], f"{argv}: imported {res['heavy']} before refusing"
+    assert (run / "records.jsonl").read_bytes() == before      # nothing rewritten
