@@ -34,7 +34,8 @@ from interp.stages.configs import check_against_shape
 from interp.store.records import limit_per_dataset
 from interp.store.rundir import RunDir
 
-__all__ = ["Stage", "check_against_shape", "check_run_model", "current_share", "load_run_model",
+__all__ = ["Stage", "check_against_shape", "check_run_model", "current_share", "fitting",
+           "load_run_model",
            "ok_records", "own_share", "refuse_reasoning_judge", "check_capabilities", "run_judge",
            "share_of_records", "stage_facts"]
 
@@ -114,6 +115,40 @@ def check_run_model(run: RunDir, handle: ModelHandle,
         raise RunDirError(f"{run.path} was made with model {m.get('spec')!r} (sha256 "
                           f"{want[:12]}), not {handle.spec!r} (sha256 {got[:12]}): use the run's "
                           f"model")
+
+
+def fitting(handle: ModelHandle, items: Sequence[Any], n_tokens: Callable[[Any], int], *,
+            stage: str, what: str = "prompt", new_tokens: int = 0, new: str = "new tokens",
+            log: Callable[[str], None] | None = None) -> tuple[list[Any], list[tuple[Any, str]]]:
+    """The items whose prompts fit the model's positions, and those that do not, with why.
+
+    Every stage that runs a model on prompts it builds (pairs, training prompts) applies this
+    before its work starts: the one rule is :meth:`interp.models.loading.ModelHandle.overflow`
+    (Study 1 skips a record by the same rule), and the printout counts what was left out.
+
+    Args:
+        handle: the model.
+        items: what the stage would run (pairs, prompts).
+        n_tokens: an item's longest prompt (tokens).
+        stage: the stage's name, for the printout.
+        what: the prompt's name (``pairwise prompt``), for the reason and the printout.
+        new_tokens: tokens the stage adds after the prompt (a reply it scores or decodes).
+        new: what those tokens are, for the reason.
+        log: where the count goes (None: nowhere).
+
+    Returns:
+        ``(kept, [(item, reason), ...])``, both in the input's order.
+    """
+    kept, skipped = [], []
+    for it in items:
+        if reason := handle.overflow(n_tokens(it), new_tokens, what=what, new=new):
+            skipped.append((it, reason))
+        else:
+            kept.append(it)
+    if skipped and log is not None:
+        log(f"[{stage}] {len(skipped)} of {len(items)} {what}s skipped: longer than the model's "
+            f"{handle.max_positions} positions (first: {skipped[0][1]})")
+    return kept, skipped
 
 
 def ok_records(run: RunDir, handle: ModelHandle, limit: int | None, *, stage: str,
