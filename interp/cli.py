@@ -328,6 +328,9 @@ def serve_cmd(
     if not 1 <= port <= 65535 or threads < 1 or n_ctx < 16:
         raise typer.BadParameter(f"--port must be 1-65535, --threads >= 1, --n-ctx >= 16; "
                                  f"got {port}, {threads}, {n_ctx}")
+    from interp.endpoints.local import check_port
+
+    check_port(port)  # in use: one line now, not the server's failure after it loaded
     if model.endswith(".gguf"):
         gguf = Path(model)
         if not gguf.is_file():
@@ -336,6 +339,9 @@ def serve_cmd(
         from interp.models.loading import bundled_gguf
 
         gguf = bundled_gguf(model)
+    from interp.models.gguf import check_gguf
+
+    check_gguf(gguf)  # truncated or not a GGUF: said before the server reads it
     name = alias or (Path(model).stem if model.endswith(".gguf") else model)
     base = f"http://127.0.0.1:{port}/v1"
     typer.echo(f"serving {gguf.name} as openai:{name} at {base} (Ctrl-C stops it); in a run: "

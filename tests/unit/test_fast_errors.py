@@ -130,3 +130,71 @@ def test_a_damaged_records_line_is_named_with_how_to_recover_before_heavy_import
             "it redoes that record and keeps every other") in lines[0]
     assert res["heavy"] == [], f"{argv}: imported {res['heavy']} before refusing"
     assert (run / "records.jsonl").read_bytes() == before      # nothing rewritten
+
+
+def _tiny_gguf(path):
+    """A small valid GGUF file (llama.cpp's own writer): metadata and two tensors."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_string("general.name", "tiny")
+    w.add_array("tokenizer.ggml.tokens", ["a", "b", "c"])
+    w.add_tensor("w", np.arange(12, dtype=np.float32).reshape(3, 4))
+    w.add_tensor("b", np.ones(5, dtype=np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_check_gguf_reads_the_structure_and_finds_the_last_missing_byte(tmp_path):
+    from interp.core.errors import ModelSpecError
+    from interp.models.gguf import check_gguf
+
+    good = _tiny_gguf(tmp_path / "tiny.gguf")
+    got = check_gguf(good)
+    assert got["n_tensors"] == 2 and got["version"] == 3
+    data = good.read_bytes()
+    # 3 x 4 float32 and 5 float16 after the aligned table: the last tensor ends 32 + 10 bytes on
+    end = got["data_end"]
+    assert len(data) - 32 < end <= len(data) and end % 32 == 10
+    (tmp_path / "end.gguf").write_bytes(data[:end])     # the padding after it is not needed
+    assert check_gguf(tmp_path / "end.gguf") == got
+    (tmp_path / "cut.gguf").write_bytes(data[:end - 1])  # one byte short of its last tensor
+    with pytest.raises(ModelSpecError, match=rf"cut.gguf is not a usable GGUF file: "
+                                             rf"{end - 1} bytes, but its 2 tensors end at "
+                                             rf"byte {end} \(truncated"):
+        check_gguf(tmp_path / "cut.gguf")
+    (tmp_path / "head.gguf").write_bytes(data[:60])    # cut inside its metadata
+    with pytest.raises(ModelSpecError, match="ends at byte 60 inside its header or tables"):
+        check_gguf(tmp_path / "head.gguf")
+    (tmp_path / "other.gguf").write_bytes(b"PK\x03\x04" + data[4:])
+    with pytest.raises(ModelSpecError, match=r"starts with b'PK\\x03\\x04', not the magic"):
+        check_gguf(tmp_path / "other.gguf")
+
+
+def test_serve_on_a_port_in_use_or_a_broken_gguf_is_one_line_at_once(tmp_path):
+    """``interp serve`` as a user calls it: exit 2, one line naming the port or the file.
+
+    Both come before any server starts (it took about 25 s and ended in a traceback).
+    """
+    import socket
+
+    pytest.importorskip("xllamacpp")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        res, err = _run(["serve", "smollm2-135m-instruct", "--port", str(port)], tmp_path)
+        lines = [x for x in err.splitlines() if x.strip()]
+        assert res["code"] == 2 and len(lines) == 1, err
+        assert lines[0].startswith(f"error: port {port} on 127.0.0.1 is not free"), err
+    data = _tiny_gguf(tmp_path / "m.gguf").read_bytes()
+    (tmp_path / "m.gguf").write_bytes(data[: len(data) // 2])
+    res, err = _run(["serve", "m.gguf", "--port", str(port)], tmp_path)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert res["code"] == 2 and len(lines) == 1, err
+    assert lines[0].startswith("error: m.gguf is not a usable GGUF file: "), err
+    assert res["heavy"] == []
