@@ -267,17 +267,22 @@ def oracle_agreement_cmd(
     base_url: Annotated[str | None, typer.Option(
         help="an openai:MODEL oracle's base URL (default: $INTERP_OPENAI_BASE_URL, "
              "$OPENAI_BASE_URL)")] = None,
+    timeout_s: Annotated[float | None, typer.Option(
+        help="seconds one try of an openai:MODEL oracle's request may take (default 60)")] = None,
 ) -> None:
     """Cohen's kappa and the confusion table of the rule oracle vs an LLM oracle on a run."""
     from interp.judging.grading import parse_oracle_spec
 
     parse_oracle_spec(oracle)
+    if timeout_s is not None and not timeout_s > 0:
+        raise typer.BadParameter(f"--timeout-s must be > 0 seconds, not {timeout_s}")
     _read_run(run)
     from interp.stages import asymmetry as stage
     from interp.store.rundir import RunDir
 
+    table = {k: v for k, v in (("base_url", base_url), ("timeout_s", timeout_s)) if v}
     res = stage.oracle_agreement(RunDir(run), oracle, limit=limit, device=device,
-                                 endpoint={"base_url": base_url} if base_url else None)
+                                 endpoint=table or None)
     typer.echo(stage.format_oracle_agreement(res))
     typer.echo(f"wrote {run}/oracle_agreement.json")
 

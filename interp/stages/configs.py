@@ -137,6 +137,9 @@ class AsymmetryConfig:
         oracle_endpoint: the same table for ``oracle = "openai:MODEL"`` (both tables are
             config keys only; on the command line the base URL comes from
             ``$INTERP_OPENAI_BASE_URL`` or ``$OPENAI_BASE_URL``).
+        timeout_s: seconds one try of a request to a served model or oracle may take, reply
+            included (``--timeout-s``; given, it replaces both tables' ``timeout_s``; None:
+            theirs, default 60). A slow server under load needs more; no result depends on it.
     """
 
     model: str = DEFAULT_MODEL
@@ -164,6 +167,7 @@ class AsymmetryConfig:
     chunk_batches: int = 1
     model_endpoint: dict[str, Any] | None = option(None, cli=False)
     oracle_endpoint: dict[str, Any] | None = option(None, cli=False)
+    timeout_s: float | None = None
     answers_from: str | None = None
 
     def __post_init__(self) -> None:
@@ -195,6 +199,20 @@ class AsymmetryConfig:
         """
         return config_from_table(cls, d, "asymmetry")
 
+    def endpoint_table(self, which: str) -> dict[str, Any] | None:
+        """The ``model`` or ``oracle`` endpoint table, with ``timeout_s`` when one is given.
+
+        Args:
+            which: ``"model"`` or ``"oracle"``.
+
+        Returns:
+            The table (:class:`interp.endpoints.EndpointConfig`'s fields), or None.
+        """
+        table = self.model_endpoint if which == "model" else self.oracle_endpoint
+        if self.timeout_s is None:
+            return table
+        return {**(table or {}), "timeout_s": self.timeout_s}
+
     def check_inputs(self) -> dict[str, list[Any]]:
         """Check the config and load its examples, before any model or heavy library loads.
 
@@ -210,8 +228,13 @@ class AsymmetryConfig:
         if not config.datasets:
             raise ConfigError("no dataset given: pass --dataset squad_v2 (or a JSONL file)")
         parse_oracle_spec(config.oracle)
-        for model_spec, table, where in ((config.model, config.model_endpoint, "model_endpoint"),
-                                   (config.oracle, config.oracle_endpoint, "oracle_endpoint")):
+        if config.timeout_s is not None and not (isinstance(config.timeout_s, int | float)
+                                                 and config.timeout_s > 0):
+            raise ConfigError(f"--timeout-s ([asymmetry] timeout_s) must be a number of seconds "
+                              f"> 0, not {config.timeout_s!r}")
+        for model_spec, table, where in (
+                (config.model, config.endpoint_table("model"), "model_endpoint"),
+                (config.oracle, config.endpoint_table("oracle"), "oracle_endpoint")):
             if is_served(model_spec):
                 from interp.endpoints import EndpointConfig
 

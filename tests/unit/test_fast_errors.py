@@ -38,6 +38,8 @@ def _run(argv, cwd):
     (["asymmetry", "--limit", "-3"], "must be a whole number >= 1"),
     (["asymmetry", "--template", "nope"], "unknown template 'nope'"),
     (["asymmetry", "--oracle", "gpt"], "unknown oracle 'gpt'"),
+    (["asymmetry", "--model", "openai:m", "--timeout-s", "0"],
+     "--timeout-s ([asymmetry] timeout_s) must be a number of seconds > 0, not 0"),
     # docs/endpoints.md's oracle passes the oracle check (made before the template's)
     (["asymmetry", "--oracle", "openai:my-70b", "--template", "nope"], "unknown template 'nope'"),
     (["steer", "--run", "EMPTY"], "has no manifest.json"),
