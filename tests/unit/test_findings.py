@@ -501,8 +501,11 @@ def test_seed_run_starts_a_second_run_from_study_1_and_never_overwrites(tmp_path
     assert seed_run(src, dst, log=said.append) == 0  # again: nothing to do
     with pytest.raises(FileNotFoundError, match="holds no run directory with records"):
         seed_run(tmp_path / "half-missing", dst)
-    with pytest.raises(SystemExit, match="error: .* holds no run directory"):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
         main(["--seed-run", str(src / "half"), str(dst)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and " holds no run directory" in err
     main(["--seed-run", str(src), str(tmp_path / "third")])
     assert capsys.readouterr().out == f"6 files copied from {src} into {tmp_path / 'third'}\n"
     assert (tmp_path / "third/n/manifest.json").exists()
