@@ -5,7 +5,9 @@ layer and placement syntax) before its stage's module, and the libraries that mo
 are imported: ``interp --help``, each command's ``--help`` and every one-line error of a
 config or an option come without the seconds torch and transformers take to import. Each
 stage module re-exports its class (``interp.stages.steering.SteeringConfig``); the transfer
-stage's lives in :mod:`interp.stages.transfer.config`.
+stage's lives in :mod:`interp.stages.transfer.config`. The checks of a config against the run it
+reads (:func:`check_against_shape`, :func:`check_run`: layers, needed files, records) live here
+too, so their one-line errors also come before those libraries.
 """
 
 from __future__ import annotations
