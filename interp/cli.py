@@ -209,20 +209,23 @@ def _root(ctx: typer.Context, debug: Annotated[bool, typer.Option(
     ctx.obj = {"debug": debug}
 
 
-def _read_run(run: Path, **layers: str) -> None:
+def _read_run(run: Path, require: bool = True, **layers: str) -> None:
     """A run a command reads, checked before its libraries load.
 
     Its manifest, every line of its ``records.jsonl`` (a damaged one named, with how to
     recover), and each layer option (``layers``: option name -> spec) against the model the
     manifest records (:func:`interp.stages.configs.check_run`'s checks for the commands that
-    are not stages).
+    are not stages). ``require``: refuse a folder without a manifest (else check what is there).
     """
     from interp.core.errors import LayerSpecError
     from interp.core.layers import parse_layers
     from interp.store.rundir import RunDir
 
     rd = RunDir(run)
-    rd.require_run()
+    if require:
+        rd.require_run()
+    elif not rd.manifest_path.exists():
+        return
     n_layers = (rd.manifest().get("model") or {}).get("n_layers")
     for name, spec in layers.items():
         if n_layers:
@@ -424,7 +427,7 @@ def heads_cmd(
     layers: Annotated[str, typer.Option(help="restrict to layers: all, last8, 22-29")] = "all",
 ) -> None:
     """List the top heads by context mass in gen, in eval, and by gen minus eval."""
-    _read_run(run, layers=layers)
+    _read_run(run, require=False, layers=layers)  # it reads attention/summary.json only
     from interp.analysis import span_mass as attention
     from interp.core.layers import parse_layers
     from interp.stages.stored import read_attention_summary
@@ -526,8 +529,10 @@ def _run_stage(s: StageSpec, cls: Any, kw: dict[str, Any]) -> None:
         cfg.check_inputs()  # datasets, template, oracle: before the stage's libraries load
     where = Path(kw.get("run") or kw["out"]) if kw.get("run") or kw.get("out") else None
     if where is not None and s.needs_run and not kw.get("judged"):
+        from interp.core.io import check_writable
         from interp.stages.configs import check_run
 
+        check_writable(where, f"interp {s.command}")
         # the run's manifest, layers, needs and records: said before the stage's libraries load
         check_run(where, s.name, cfg,
                   needs=s.model_from == "run" and not kw.get("tables_only"))
