@@ -270,6 +270,34 @@ def _root(ctx: typer.Context, debug: Annotated[bool, typer.Option(
     ctx.obj = {"debug": debug}
 
 
+def _read_run(run: Path, require: bool = True, **layers: str) -> None:
+    """A run a command reads, checked before its libraries load.
+
+    Its manifest, every line of its ``records.jsonl`` (a damaged one named, with how to
+    recover), and each layer option (``layers``: option name -> spec) against the model the
+    manifest records (:func:`interp.stages.configs.check_run`'s checks for the commands that
+    are not stages). ``require``: refuse a folder without a manifest (else check what is there).
+    """
+    from interp.core.errors import LayerSpecError
+    from interp.core.layers import parse_layers
+    from interp.store.rundir import RunDir
+
+    rd = RunDir(run)
+    if require:
+        rd.require_run()
+    elif not rd.manifest_path.exists():
+        return
+    n_layers = (rd.manifest().get("model") or {}).get("n_layers")
+    for name, spec in layers.items():
+        if n_layers:
+            try:
+                parse_layers(spec, int(n_layers))
+            except LayerSpecError as err:
+                raise LayerSpecError(f"--{name}: {err}") from None
+    if rd.records_path.exists():
+        rd.read_records(status=None)
+
+
 @app.command()
 def metrics(run: Annotated[Path, typer.Option(help="run directory")]) -> None:
     """Recompute metrics.json and the asymmetry figure from a run's records.
@@ -277,6 +305,7 @@ def metrics(run: Annotated[Path, typer.Option(help="run directory")]) -> None:
     A run that cannot be written (a read-only mount) is read: its table is printed and its
     files are left as they are.
     """
+    _read_run(run)
     from interp.core.io import unwritable
     from interp.stages import asymmetry as stage
     from interp.store.rundir import RunDir
@@ -302,13 +331,22 @@ def oracle_agreement_cmd(
     base_url: Annotated[str | None, typer.Option(
         help="an openai:MODEL oracle's base URL (default: $INTERP_OPENAI_BASE_URL, "
              "$OPENAI_BASE_URL)")] = None,
+    timeout_s: Annotated[float | None, typer.Option(
+        help="seconds one try of an openai:MODEL oracle's request may take (default 60)")] = None,
 ) -> None:
     """Cohen's kappa and the confusion table of the rule oracle vs an LLM oracle on a run."""
+    from interp.judging.grading import parse_oracle_spec
+
+    parse_oracle_spec(oracle)
+    if timeout_s is not None and not timeout_s > 0:
+        raise typer.BadParameter(f"--timeout-s must be > 0 seconds, not {timeout_s}")
+    _read_run(run)
     from interp.stages import asymmetry as stage
     from interp.store.rundir import RunDir
 
+    table = {k: v for k, v in (("base_url", base_url), ("timeout_s", timeout_s)) if v}
     res = stage.oracle_agreement(RunDir(run), oracle, limit=limit, device=device,
-                                 endpoint={"base_url": base_url} if base_url else None)
+                                 endpoint=table or None)
     typer.echo(stage.format_oracle_agreement(res))
     typer.echo(f"wrote {run}/oracle_agreement.json")
 
@@ -365,6 +403,9 @@ def serve_cmd(
     if not 1 <= port <= 65535 or threads < 1 or n_ctx < 16:
         raise typer.BadParameter(f"--port must be 1-65535, --threads >= 1, --n-ctx >= 16; "
                                  f"got {port}, {threads}, {n_ctx}")
+    from interp.endpoints.local import check_port
+
+    check_port(port)  # in use: one line now, not the server's failure after it loaded
     if model.endswith(".gguf"):
         gguf = Path(model)
         if not gguf.is_file():
@@ -373,6 +414,9 @@ def serve_cmd(
         from interp.models.loading import bundled_gguf
 
         gguf = bundled_gguf(model)
+    from interp.models.gguf import check_gguf
+
+    check_gguf(gguf)  # truncated or not a GGUF: said before the server reads it
     name = alias or (Path(model).stem if model.endswith(".gguf") else model)
     base = f"http://127.0.0.1:{port}/v1"
     typer.echo(f"serving {gguf.name} as openai:{name} at {base} (Ctrl-C stops it); in a run: "
@@ -427,6 +471,7 @@ def view_cmd(
     attention colours every token, and the colour scale; a box sets the first token (the
     attention sink) aside when scaling. Each span's mass is listed beside its prompt.
     """
+    _read_run(run, band=band)
     from interp.core.io import check_writable
     from interp.run.view import find_record, write_view
     from interp.stages import load_run_model
@@ -449,6 +494,7 @@ def heads_cmd(
     layers: Annotated[str, typer.Option(help="restrict to layers: all, last8, 22-29")] = "all",
 ) -> None:
     """List the top heads by context mass in gen, in eval, and by gen minus eval."""
+    _read_run(run, require=False, layers=layers)  # it reads attention/summary.json only
     from interp.analysis import span_mass as attention
     from interp.core.layers import parse_layers
     from interp.stages.stored import read_attention_summary
@@ -550,7 +596,13 @@ def _run_stage(s: StageSpec, cls: Any, kw: dict[str, Any]) -> None:
         cfg.check_inputs()  # datasets, template, oracle: before the stage's libraries load
     where = Path(kw.get("run") or kw["out"]) if kw.get("run") or kw.get("out") else None
     if where is not None and s.needs_run and not kw.get("judged"):
-        RunDir(where).require_run()  # not a run: said before the stage's libraries load
+        from interp.core.io import check_writable
+        from interp.stages.configs import check_run
+
+        check_writable(where, f"interp {s.command}")
+        # the run's manifest, layers, needs and records: said before the stage's libraries load
+        check_run(where, s.name, cfg,
+                  needs=s.model_from == "run" and not kw.get("tables_only"))
     from interp.models.loading import load_model
     from interp.stages import load_run_model
     from interp.stages.common import check_capabilities

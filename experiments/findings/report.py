@@ -25,7 +25,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from experiments.findings.claims import CLAIMS, Cell
 from experiments.findings.state import (
@@ -366,14 +366,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     ``--save-state RUNS STATE OUT [OUT ...]`` and ``--restore-state STATE RUNS`` keep and put
     back a study's run directories (:func:`save_state`, :func:`restore_state`);
     ``--seed-run SRC DST [MODEL ...]`` starts a second run of the same records from SRC's
-    Study 1 (:func:`seed_run`). A wrong call
-    or a missing folder is one line on stderr (exit 2), before anything is written.
+    Study 1 (:func:`seed_run`). A wrong call, a missing folder or a damaged saved state is one
+    line on stderr (exit 2), before anything is written or with nothing lost.
     """
     args = list(sys.argv[1:] if argv is None else argv)
 
+    def fail(message: str) -> NoReturn:
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
     def need(path: str, what: str) -> Path:
         if not Path(path).exists():
-            raise SystemExit(f"error: {what} {path} does not exist")
+            fail(f"{what} {path} does not exist")
         return Path(path)
 
     flag = args[0] if args and args[0].startswith("-") else None
@@ -393,21 +397,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         need(args[1], "the runs folder")
         try:
             print(save_archived(args[1], args[2], args[3:]))
-        except (ValueError, FileNotFoundError) as e:
-            raise SystemExit(f"error: {e}") from None
+        except (ValueError, OSError) as e:
+            fail(str(e))
     elif flag == "--restore-state":
         need(args[1], "the saved state")
         try:
             print(restore_archived(args[1], args[2]))
-        except (ValueError, FileNotFoundError) as e:
-            raise SystemExit(f"error: {e}") from None
+        except (ValueError, OSError) as e:
+            fail(str(e))
     elif flag == "--seed-run":
         need(args[1], "the run folder")
         try:
             n = seed_run(args[1], args[2], args[3:])
             print(f"{n} files copied from {args[1]} into {args[2]}")
         except FileNotFoundError as e:
-            raise SystemExit(f"error: {e}") from None
+            fail(str(e))
     else:
         need(args[0], "the findings folder")
         need(args[1], "the report")

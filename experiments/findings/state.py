@@ -148,11 +148,18 @@ def restore_state(src: str | Path, runs: str | Path,
 
     A run folder that exists is never touched: on the machine that saved the state it is
     newer than the state (a stage may have removed a stale file since, which a restore must
-    not bring back), and elsewhere it is someone's own run.
+    not bring back), and elsewhere it is someone's own run. Each ``runs/<out>`` is copied into
+    a temporary folder beside it and renamed into place once whole, so a copy that fails
+    (a full disk) leaves no half-restored run folder that a later restore would then keep.
 
     Returns:
         The number of files restored (0 when ``src`` does not exist).
+
+    Raises:
+        OSError: a copy failed (the temporary folder is removed; ``runs/<out>`` not made).
     """
+    import os
+
     src, runs = Path(src), Path(runs)
     n = 0
     for out in sorted(p for p in src.iterdir() if p.is_dir()) if src.is_dir() else []:
@@ -160,12 +167,19 @@ def restore_state(src: str | Path, runs: str | Path,
         if dst.exists():
             log(f"{dst} exists: kept as it is, nothing restored into it")
             continue
-        for p in _state_files(out):
-            (dst / p.relative_to(out)).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(p, dst / p.relative_to(out))
-            n += 1
-        dst.mkdir(parents=True, exist_ok=True)
-        (dst / STATE_MARK).write_text(f"{out.resolve()}\n")
+        tmp = runs / f".{out.name}.restoring"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            files = _state_files(out)
+            for p in files:
+                (tmp / p.relative_to(out)).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(p, tmp / p.relative_to(out))
+            tmp.mkdir(parents=True, exist_ok=True)
+            (tmp / STATE_MARK).write_text(f"{out.resolve()}\n")
+            os.replace(tmp, dst)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        n += len(files)
     return n
 
 
@@ -277,15 +291,22 @@ def unpack_state(archive: str | Path, folder: str | Path) -> int:
     """Unpack a checked archive (:func:`pack_state`) into ``folder``, replacing what was there.
 
     A folder already unpacked from the same archive bytes (its ``.sha256`` says so) is kept as
-    it is: it may hold work :func:`save_state` put there since.
+    it is: it may hold work :func:`save_state` put there since. Otherwise the archive is
+    extracted into a temporary folder beside ``folder`` first, and ``folder`` is replaced only
+    once the whole archive has extracted: an archive that does not (truncated, not xz, not a
+    tar, a member outside the folder), even one whose ``.sha256`` was written for its damaged
+    bytes, leaves ``folder`` as it was.
 
     Returns:
         The number of files unpacked (0 when the folder was kept).
 
     Raises:
         FileNotFoundError: the archive or its ``.sha256`` is missing.
-        ValueError: the archive's sha256 is not the one recorded beside it (nothing unpacked).
+        ValueError: the archive's sha256 is not the one recorded beside it, or the archive does
+            not extract (nothing unpacked, ``folder`` untouched).
     """
+    import lzma
+    import os
     import tarfile
 
     archive, folder = Path(archive), Path(folder)
@@ -294,19 +315,33 @@ def unpack_state(archive: str | Path, folder: str | Path) -> int:
         if not p.is_file():
             raise FileNotFoundError(f"{p} does not exist: a saved state is {archive.name} "
                                     f"and {sums.name} beside it")
-    want, got = sums.read_text().split()[0], _sha256(archive)
+    recorded = sums.read_text().split()
+    want, got = (recorded[0] if recorded else ""), _sha256(archive)
     if want != got:
-        raise ValueError(f"{archive} has sha256 {got[:12]}..., not {want[:12]}... as "
+        raise ValueError(f"{archive} has sha256 {got[:12]}..., not {want[:12] or 'none'}... as "
                          f"{sums.name} records: a damaged or partly written archive; "
                          f"nothing unpacked")
     mark = folder / ".sha256"
     if mark.is_file() and mark.read_text().strip() == got:
         return 0
+    tmp, old = (folder.with_name(f".{folder.name}.{what}") for what in ("unpacking", "replaced"))
+    for p in (tmp, old):
+        shutil.rmtree(p, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        with tarfile.open(archive, "r:xz") as tar:
+            members = tar.getmembers()
+            tar.extractall(tmp, filter="data")
+        (tmp / ".sha256").write_text(got + "\n")
+    except (tarfile.TarError, lzma.LZMAError, EOFError, OSError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        kept = f"{folder} kept as it was" if folder.exists() else "nothing unpacked"
+        raise ValueError(f"{archive} does not extract ({type(e).__name__}: {e}) although its "
+                         f"sha256 matches {sums.name}: a truncated or damaged archive was "
+                         f"checksummed; {kept}. Take both files back from git "
+                         f"(git checkout -- {archive} {sums})") from None
     if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
-    with tarfile.open(archive, "r:xz") as tar:
-        members = tar.getmembers()
-        tar.extractall(folder, filter="data")
-    mark.write_text(got + "\n")
+        os.replace(folder, old)
+    os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)
     return len(members)

@@ -13,7 +13,7 @@ import json
 import os
 import secrets
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -163,12 +163,19 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return [row for _, row in got.rows]
 
 
-def _parse(path: Path) -> JsonlRead:
-    """:func:`interp.core.jsonl.parse_jsonl` of a file; a torn last line is warned about."""
+def _parse(path: Path, redo: str = "rerun the stage that wrote it: it redoes that line's "
+                                   "work and keeps every other line") -> JsonlRead:
+    """:func:`interp.core.jsonl.parse_jsonl` of a file; a torn last line is warned about.
+
+    A damaged line before the last is an error that says how to recover: which line to delete,
+    and ``redo`` (what makes that line again).
+    """
     try:
         got = parse_jsonl(path.read_bytes())
     except JsonlLineError as err:
-        raise RunDirError(f"{path}:{err.lineno}: {err.reason}") from err
+        n = err.lineno
+        raise RunDirError(f"{path}:{n}: {err.reason}; line {n} is damaged (not a cut last "
+                          f"line): delete it (sed -i '{n}d' {path}) and {redo}") from err
     if got.torn is not None:
         warnings.warn(f"{path}:{got.torn}: incomplete last line dropped (an interrupted "
                       f"write: {got.torn_reason}); it will be redone", stacklevel=3)
@@ -246,10 +253,60 @@ def is_fresh(path: str | Path, sig: str) -> bool:
     return stored_signature(path) == sig
 
 
-def load_tensors(path: str | Path) -> dict[str, Any]:
-    """Load a safetensors file into CPU tensors."""
+def finite(values: Any, *, path: str | Path, name: str, record: str | None = None,
+           rows: Sequence[str] | None = None) -> Any:
+    """A stored tensor read back, refused when it holds a NaN or an infinity.
+
+    Every reader of stored tensors (recordings, feature caches, probes, lenses) passes what it
+    read through this, so a non-finite value is named where it lies instead of turning into a
+    null statistic or a dropped row downstream.
+
+    Args:
+        values: a ``torch.Tensor`` or a numpy array (any shape; integer ones always pass).
+        path: the file it was read from.
+        name: the tensor's name in the file (its hook point, e.g. ``mass.eval``,
+            ``blocks.5.hook_resid_post``).
+        record: the record it belongs to (``dataset/id``), when the file holds one record.
+        rows: the record of each row (first axis), when the file holds many.
+
+    Returns:
+        ``values``, unchanged.
+
+    Raises:
+        RunDirError: one line naming the file, the tensor, the record, how many values are not
+            finite, and how to make the part again.
+    """
+    import numpy as np
+
+    arr = values.detach().cpu().float().numpy() if hasattr(values, "detach") else \
+        np.asarray(values)
+    if not np.issubdtype(arr.dtype, np.floating):
+        return values
+    bad = ~np.isfinite(arr)
+    if not bad.any():
+        return values
+    first = tuple(int(i) for i in np.argwhere(bad)[0])
+    if rows is not None and first:
+        record = rows[first[0]] if first[0] < len(rows) else record
+    which = f" of record {record}" if record else ""
+    kind = "NaN" if np.isnan(arr[first]) else "Inf"
+    raise RunDirError(f"{path}: {name}{which} holds {int(bad.sum())} non-finite value(s) "
+                      f"({kind} first, at index {list(first)}): a damaged or diverged part; "
+                      f"delete {path} and rerun the stage that wrote it to make it again")
+
+
+def load_tensors(path: str | Path, rows: Sequence[str] | None = None) -> dict[str, Any]:
+    """Load a safetensors file into CPU tensors, each checked finite (:func:`finite`).
+
+    Args:
+        path: the file.
+        rows: the record of each row of its tensors, for the message (feature caches).
+
+    Raises:
+        RunDirError: a tensor holds a NaN or an infinity.
+    """
     from safetensors.torch import load_file
 
-    return load_file(str(path))
+    return {k: finite(v, path=path, name=k, rows=rows) for k, v in load_file(str(path)).items()}
 
 

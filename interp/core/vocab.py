@@ -8,7 +8,7 @@ one line, without importing torch or transformers.
 from __future__ import annotations
 
 __all__ = ["ALPHAS", "ATTENTION_BACKENDS", "DEFAULT_MODEL", "DETECTOR_FEATURES", "EXACT_MODES",
-           "MAX_REASONING_TOKENS", "MIN_GAP", "PAIR_KINDS", "POOLS", "PROBES"]
+           "MAX_REASONING_TOKENS", "MIN_GAP", "PAIR_KINDS", "POOLS", "PROBES", "VERDICT_WORDS"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 """The model a command uses when none is named (the bundled SmolLM2-135M-Instruct)."""
@@ -33,3 +33,6 @@ MIN_GAP = 1.0
 """Pairs whose ``|LD_clean - LD_corrupt|`` is under this many nats are left out of patching
 summaries (``interp patch --min-gap``) and get no normalised effect from
 :func:`interp.methods.patching.patch`."""
+VERDICT_WORDS = ("Correct", "Incorrect")
+"""The two replies the eval prompt asks for, in the order of every score array
+(:mod:`interp.judging.verdict`)."""

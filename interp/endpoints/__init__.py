@@ -8,20 +8,33 @@
 * :mod:`interp.endpoints.oracle`: :class:`EndpointOracle`;
 * :mod:`interp.endpoints.study`: Study 1 of a served model.
 
-Usage and what each server gives: docs/endpoints.md.
+Usage and what each server gives: docs/endpoints.md. Importing this package imports none of
+these modules: each name loads on first use.
 """
 
-from interp.endpoints.cache import CACHE_FILE, RequestCache, request_key
-from interp.endpoints.client import (
-    PREFIX,
-    Endpoint,
-    EndpointConfig,
-    RequestFailed,
-    is_endpoint_spec,
-)
-from interp.endpoints.oracle import EndpointOracle, endpoint_for
-from interp.endpoints.study import evaluate_served, oracle_facts, run_served
+from __future__ import annotations
 
-__all__ = ["CACHE_FILE", "PREFIX", "Endpoint", "EndpointConfig", "EndpointOracle",
-           "RequestCache", "RequestFailed", "endpoint_for", "evaluate_served",
-           "is_endpoint_spec", "oracle_facts", "request_key", "run_served"]
+import importlib
+from typing import Any
+
+_HOMES = {
+    "CACHE_FILE": "cache", "RequestCache": "cache", "request_key": "cache",
+    "PREFIX": "client", "Endpoint": "client", "EndpointConfig": "client",
+    "RequestFailed": "client", "is_endpoint_spec": "client",
+    "EndpointOracle": "oracle", "endpoint_for": "oracle",
+    "evaluate_served": "study", "oracle_facts": "study", "run_served": "study",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    """Each name from its module, imported on first use.
+
+    So a config's endpoint table is checked without importing the study's libraries.
+    """
+    if name not in _HOMES:
+        raise AttributeError(f"module 'interp.endpoints' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"interp.endpoints.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value

@@ -50,8 +50,8 @@ import httpx
 
 from interp.core.capabilities import SERVED, SERVED_PREFIX, is_served
 from interp.core.errors import ConfigError, EndpointError
+from interp.core.vocab import VERDICT_WORDS
 from interp.endpoints.cache import RequestCache, request_key
-from interp.judging.verdict import VERDICT_WORDS
 
 __all__ = ["FORCED_METHOD", "PREFIX", "DeadlineTransport", "Endpoint", "EndpointConfig",
            "RequestFailed", "grammar", "is_endpoint_spec", "probe_forced_choice",
@@ -379,8 +379,8 @@ class Endpoint:
             self.requests += 1
         try:
             out = self._send(messages, body)
-        except RequestFailed:
-            self._count_failure()
+        except RequestFailed as err:
+            self._count_failure(str(err))
             raise
         self.cache.put(key, ident, out)
         return out
@@ -439,17 +439,27 @@ class Endpoint:
         if again >= 3:
             raise self._refused(err)
 
-    def _count_failure(self) -> None:
+    def _count_failure(self, failure: str) -> None:
+        """Count a failed request; past ``max_error_rate``, stop in one line naming the last.
+
+        Args:
+            failure: the last failure (``RequestFailed``'s text: its kind and detail, e.g.
+                ``APITimeoutError: Request timed out.``), whatever it was.
+        """
         with self._lock:
             self.failed += 1
             failed, n = self.failed, self.requests
         if failed > self.config.max_error_rate * max(n, MIN_REQUESTS_FOR_RATE):
-            last = self._last_error
-            why = f" (the last: {last[0]}: {last[1]})" if last else ""
-            raise EndpointError(f"{failed} of {n} requests to {self.base_url} failed{why}, "
-                                f"more than max_error_rate {self.config.max_error_rate}; "
-                                f"finished records are kept: fix the server and run again to "
-                                f"resume.{_fix(last[1] if last else '')}")
+            status = self._last_error
+            hint = _fix(status[1] if status else "")
+            if "Timeout" in failure.partition(":")[0]:
+                hint += (f" A client timeout: each try may take timeout_s = "
+                         f"{self.config.timeout_s:g} s; a slow or loaded server needs more "
+                         f"(--timeout-s, or timeout_s in the endpoint table).")
+            raise EndpointError(f"{failed} of {n} requests to {self.base_url} failed (the last: "
+                                f"{failure}), more than max_error_rate "
+                                f"{self.config.max_error_rate}; finished records are kept: fix "
+                                f"the server and run again to resume.{hint}")
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
         """``fn`` over ``items`` with at most ``concurrency`` in flight, in order.

@@ -22,7 +22,28 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["LocalServer", "free_port"]
+__all__ = ["LocalServer", "check_port", "free_port"]
+
+
+def check_port(port: int, host: str = "127.0.0.1") -> None:
+    """Refuse a port another process listens on, before a server is started on it.
+
+    Binds it for a moment the way a server does (``SO_REUSEADDR``: a port in ``TIME_WAIT``
+    after a stopped server is free; one with a listener is not).
+
+    Raises:
+        interp.core.errors.ConfigError: one line naming the port and what to do.
+    """
+    from interp.core.errors import ConfigError
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as err:
+            raise ConfigError(f"port {port} on {host} is not free ({err.strerror or err}): "
+                              f"another server listens there; stop it or pass --port with a "
+                              f"free one (e.g. --port {free_port()})") from None
 
 
 def free_port() -> int:

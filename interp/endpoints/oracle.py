@@ -27,7 +27,6 @@ from interp.endpoints.cache import CACHE_FILE, RequestCache
 from interp.endpoints.client import PREFIX, Endpoint, EndpointConfig
 from interp.endpoints.scoring import constrained_choice, score_replies
 from interp.judging.grading import (
-    ORACLE_KINDS,
     ORACLE_SYSTEM,
     ORACLE_USER,
     BaseOracle,
@@ -36,7 +35,7 @@ from interp.judging.grading import (
 )
 from interp.judging.parsing import strip_reasoning
 
-__all__ = ["ORACLE_PROMPT_VERSION", "EndpointOracle", "endpoint_for"]
+__all__ = ["ORACLE_PROMPT_VERSION", "EndpointOracle", "endpoint_for", "endpoint_oracle"]
 
 ORACLE_PROMPT_VERSION = "oracle-" + hashlib.sha256(
     (ORACLE_SYSTEM + ORACLE_USER).encode()).hexdigest()[:12]
@@ -110,12 +109,27 @@ def endpoint_for(spec: str, table: Mapping[str, Any] | None, run: Any, where: st
     return Endpoint(EndpointConfig.from_spec(spec, table, where), cache)
 
 
-def _endpoint_oracle(arg: str, *, run: Any = None, endpoint: Mapping[str, Any] | None = None,
+def endpoint_oracle(arg: str, *, run: Any = None, endpoint: Mapping[str, Any] | None = None,
                      served: Mapping[str, Endpoint] | None = None, **_: Any) -> BaseOracle:
-    """The ``openai`` kind of :data:`interp.judging.grading.ORACLE_KINDS` (preflighted lazily)."""
+    """The ``openai`` kind of :data:`interp.judging.grading.ORACLE_KINDS` (preflighted lazily).
+
+    Declared there by name (``"interp.endpoints.oracle:endpoint_oracle"``) and imported when
+    an ``openai:MODEL`` oracle is first built.
+
+    Args:
+        arg: ``MODEL`` of ``openai:MODEL``.
+        run: the run directory whose request cache it uses (None: in memory).
+        endpoint: the ``oracle_endpoint`` table (:class:`interp.endpoints.client.EndpointConfig`).
+        served: endpoints already open, by spec (reused, not opened twice).
+
+    Returns:
+        An :class:`EndpointOracle`.
+
+    Raises:
+        interp.core.errors.ConfigError: a bad spec or table.
+        interp.core.errors.EndpointError: ``api_key_env`` names an unset variable.
+    """
     spec = PREFIX + arg
     ep = (served or {}).get(spec) or endpoint_for(spec, endpoint, run, "oracle_endpoint")
     return EndpointOracle(ep)
 
-
-ORACLE_KINDS["openai"] = (True, _endpoint_oracle)

@@ -33,8 +33,8 @@ from __future__ import annotations
 import json
 import math
 
+from interp.core.vocab import VERDICT_WORDS
 from interp.endpoints.client import Endpoint, RequestFailed, grammar
-from interp.judging.verdict import VERDICT_WORDS
 
 __all__ = ["LOGPROB_TOLERANCE", "VERDICT_SCHEMA", "check_logprobs", "constrained_choice",
            "score_replies"]

@@ -153,14 +153,15 @@ def run_served(config: Any, rd: RunDir, loaded: Mapping[str, list[QAExample]], *
     from interp.judging.prompts import get_template
 
     template = get_template(config.template, config.templates_path)
-    endpoint = endpoint_for(config.model, config.model_endpoint, rd, "asymmetry.model_endpoint")
+    endpoint = endpoint_for(config.model, config.endpoint_table("model"), rd,
+                            "asymmetry.model_endpoint")
     finished = {qa_key(r): r for r in (rd.read_records(status=None)
                                            if rd.records_path.exists() else [])}
     todo_all = [ex for exs in loaded.values() for ex in exs
                 if (ex.dataset, ex.id) not in finished]
     facts = endpoint.result_facts() if todo_all or not rd.manifest_path.exists() else None
     oracle = make_oracle(config.oracle, device=config.device, dtype=config.dtype, run=rd,
-                         endpoint=config.oracle_endpoint,
+                         endpoint=config.endpoint_table("oracle"),
                          served={endpoint.spec: endpoint})
     if facts is not None:
         facts = {**facts, **oracle_facts(oracle)}

@@ -15,7 +15,7 @@ the text parsers so that ``from interp.judging.grading import X`` is the one imp
   in :mod:`interp.judging.oracle_rules`, with :func:`oracle_tokens`, the normalisation that parses
   numbers first). Their agreement (Cohen's kappa, the confusion table) is
   :mod:`interp.methods.agreement`.
-* The oracle spec (``rule``, ``model:SPEC``), parsed here and nowhere else:
+* The oracle spec (``rule``, ``model:SPEC``, ``openai:MODEL``), parsed here and nowhere else:
   :func:`parse_oracle_spec` checks one without loading anything, :func:`make_oracle` builds
   the oracle, and :data:`ORACLE_KINDS` maps each kind to its builder (register one more kind
   there, and every command and config accepts it).
@@ -83,6 +83,7 @@ __all__ = [
     "is_abstention",
     "make_oracle",
     "negated_at",
+    "oracle_builder",
     "normalize_answer",
     "oracle_tokens",
     "parse_oracle_spec",
@@ -498,11 +499,46 @@ def _model_oracle(arg: str, *, device: str | None, dtype: str | None, handle: An
     return ModelOracle(handle)
 
 
-ORACLE_KINDS: dict[str, tuple[bool, OracleBuilder]] = {"rule": (False, _rule_oracle),
-                                                       "model": (True, _model_oracle)}
-"""Oracle kind -> (whether it takes ``:ARG``, its builder). One entry per accepted kind;
-:mod:`interp.endpoints.oracle` adds ``openai`` (``openai:MODEL``, a served model) when
-imported (every command imports it)."""
+ORACLE_KINDS: dict[str, tuple[bool, OracleBuilder | str]] = {
+    "rule": (False, _rule_oracle),
+    "model": (True, _model_oracle),
+    "openai": (True, "interp.endpoints.oracle:endpoint_oracle"),
+}
+"""Oracle kind -> (whether it takes ``:ARG``, its builder). One entry per accepted kind, all
+declared here: a builder that lives in a higher room is named ``"module:object"`` and imported
+on first use (:func:`oracle_builder`, as lm-eval's registry names its tasks), so every kind is
+known to :func:`parse_oracle_spec` without importing its module, and no module writes into
+this table when it is imported. ``openai`` (``openai:MODEL``): a served model
+(:mod:`interp.endpoints.oracle`)."""
+
+
+def oracle_builder(kind: str) -> OracleBuilder:
+    """The builder of one oracle kind, importing its module on first use.
+
+    Args:
+        kind: a key of :data:`ORACLE_KINDS`.
+
+    Returns:
+        The builder (a ``"module:object"`` entry is resolved once and stored back).
+
+    Raises:
+        ConfigError: an unknown kind, or a declared builder that does not import.
+    """
+    if kind not in ORACLE_KINDS:
+        raise ConfigError(f"unknown oracle kind {kind!r}: use one of {sorted(ORACLE_KINDS)}")
+    takes_arg, builder = ORACLE_KINDS[kind]
+    if isinstance(builder, str):
+        import importlib
+
+        module, _, name = builder.partition(":")
+        try:
+            builder = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"oracle kind {kind!r}: its builder {ORACLE_KINDS[kind][1]!r} "
+                              f"does not import ({type(e).__name__}: {e}); reinstall interp"
+                              ) from e
+        ORACLE_KINDS[kind] = (takes_arg, builder)
+    return builder
 
 
 def parse_oracle_spec(spec: str, *, kinds: Sequence[str] | None = None,
@@ -552,5 +588,5 @@ def make_oracle(spec: str, *, device: str | None = None, dtype: str | None = Non
         ConfigError: an unknown spec (:func:`parse_oracle_spec`).
     """
     kind, arg = parse_oracle_spec(spec)
-    return ORACLE_KINDS[kind][1](arg, device=device, dtype=dtype, handle=handle,
-                                 run_model=run_model, **context)
+    return oracle_builder(kind)(arg, device=device, dtype=dtype, handle=handle,
+                                run_model=run_model, **context)

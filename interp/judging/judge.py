@@ -59,10 +59,8 @@ def eval_prompt(handle: ModelHandle, template: Template, ex: QAExample, answer: 
     except PromptError as err:
         return str(err)
     need = judge_room(handle, template, verdict_max_new_tokens, max_reasoning_tokens)
-    if len(ep) + need > handle.max_positions:
-        return (f"evaluation prompt has {len(ep)} tokens; with {need} for the judge's reply it "
-                f"exceeds the model's {handle.max_positions} positions")
-    return ep
+    return handle.overflow(len(ep), need, what="evaluation prompt",
+                           new="for the judge's reply") or ep
 
 
 def judge_candidates(handle: ModelHandle, template: Template,

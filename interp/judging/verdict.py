@@ -41,6 +41,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.core.errors import PromptError
+from interp.core.vocab import VERDICT_WORDS
 from interp.models.kv_cache import (
     continuation_logprobs,
     left_pad,
@@ -57,9 +58,6 @@ __all__ = [
     "score_verdicts",
     "verdict_replies",
 ]
-
-VERDICT_WORDS = ("Correct", "Incorrect")
-"""The two replies the eval prompt asks for, in the order of every score array."""
 
 
 @dataclass(frozen=True)

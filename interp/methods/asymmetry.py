@@ -148,7 +148,6 @@ def evaluate_examples(
         raise ConfigError(f"template {template.name!r} judges with reasoning: its verdict "
                           f"position lies after the reasoning, so the one-pass capture of the "
                           f"eval prompt does not apply (one_pass = false)")
-    room = handle.max_positions
     records: list[Record | None] = [None] * len(examples)
     gen_prompts: dict[int, RenderedPrompt] = {}
     for k, ex in enumerate(examples):
@@ -157,10 +156,8 @@ def evaluate_examples(
         except PromptError as err:
             records[k] = _skipped(ex, str(err))
             continue
-        if len(p) + max_new_tokens > room:
-            records[k] = _skipped(ex, f"generation prompt has {len(p)} tokens; with "
-                                      f"{max_new_tokens} new tokens it exceeds the model's "
-                                      f"{room} positions")
+        if too_long := handle.overflow(len(p), max_new_tokens, what="generation prompt"):
+            records[k] = _skipped(ex, too_long)
             continue
         gen_prompts[k] = p
     rows, pools = (capture.rows, capture.pools) if capture is not None else (False, ())

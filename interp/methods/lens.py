@@ -374,9 +374,9 @@ class TunedLens(torch.nn.Module):
         Raises:
             LensError: a file without ``weight`` and ``bias`` of matching shapes.
         """
-        from safetensors.torch import load_file
+        from interp.core.io import load_tensors
 
-        t = load_file(str(path))
+        t = load_tensors(path)
         if set(t) != {"weight", "bias"} or t["weight"].shape[:1] != t["bias"].shape[:1]:
             raise LensError(f"{path} is not a tuned lens (tensors {sorted(t)})")
         lens = cls(t["weight"].shape[0], t["weight"].shape[-1])

@@ -73,7 +73,7 @@ from interp.analysis.stats import (
     strata_indices,
 )
 from interp.core.errors import ProbeError
-from interp.core.io import atomic_path, read_json, write_json
+from interp.core.io import atomic_path, finite, read_json, write_json
 from interp.core.progress import tqdm
 from interp.core.vocab import PROBES
 from interp.store.records import Record, check_verdict_scores
@@ -165,7 +165,7 @@ class FittedProbe:
         stem = Path(stem)
         doc = read_json(stem.with_suffix(".json"))
         with np.load(stem.with_suffix(".npz"), allow_pickle=False) as z:
-            arr = {k: z[k] for k in z.files}
+            arr = {k: finite(z[k], path=stem.with_suffix(".npz"), name=k) for k in z.files}
         n = doc["n_mlp_layers"]
         return cls(kind=doc["kind"], mean=arr["mean"], scale=arr["scale"],
                    coef=arr.get("coef"), intercept=float(arr["intercept"][0])

@@ -451,3 +451,110 @@ def load_cached_tokenizer(checkpoint: Path) -> Any:
     tok = AutoTokenizer.from_pretrained(checkpoint)
     return apply_declared_pretokenizer(tok, source["tokenizer"]["model"],
                                        source["tokenizer"]["pre"] or "default")
+
+
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q",
+                 11: "q", 12: "d"}
+"""GGUF metadata value types of fixed size -> their ``struct`` code (8: string, 9: array)."""
+
+
+def check_gguf(path: str | os.PathLike) -> dict[str, int]:
+    """Check a GGUF file's structure without reading its tensors, in well under a second.
+
+    Walks the header (magic ``GGUF``, version 2 or 3), every metadata key and value, and the
+    tensor table (name, shape, ggml type, offset), then checks that the file holds every
+    tensor's bytes (sizes from ``gguf.GGML_QUANT_SIZES``) after the aligned data start: the
+    faults a server would otherwise report only after it started (a truncated download, another
+    format, a damaged table). Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md.
+
+    Args:
+        path: the file.
+
+    Returns:
+        ``{"version", "n_tensors", "n_kv", "data_end"}`` (``data_end``: the byte after the
+        last tensor's data; padding may follow).
+
+    Raises:
+        ModelSpecError: one line naming the file and what is wrong with it.
+    """
+    import mmap
+    import struct
+
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    path = Path(path)
+
+    def bad(what: str) -> ModelSpecError:
+        return ModelSpecError(f"{path} is not a usable GGUF file: {what}")
+
+    size = path.stat().st_size
+    if size < 24:
+        raise bad(f"{size} bytes, shorter than a GGUF header")
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        pos = 0
+
+        def read(fmt: str) -> Any:
+            nonlocal pos
+            n = struct.calcsize("<" + fmt)
+            if pos + n > size:
+                raise bad(f"it ends at byte {size} inside its header or tables (truncated?)")
+            (v,) = struct.unpack_from("<" + fmt, m, pos)
+            pos += n
+            return v
+
+        def string() -> str:
+            nonlocal pos
+            n = read("Q")
+            if pos + n > size:
+                raise bad(f"it ends at byte {size} inside its header or tables (truncated?)")
+            pos += n
+            return bytes(m[pos - n:pos]).decode("utf-8", "replace")
+
+        def value(kind: int) -> Any:
+            if kind == 8:
+                return string()
+            if kind == 9:
+                inner, count = read("I"), read("Q")
+                if inner in _GGUF_SCALARS:  # skip a fixed-size array at once
+                    nonlocal pos
+                    pos += count * struct.calcsize(_GGUF_SCALARS[inner])
+                    if pos > size:
+                        raise bad(f"it ends at byte {size} inside its metadata (truncated?)")
+                    return None
+                for _ in range(count):
+                    value(inner)
+                return None
+            if kind not in _GGUF_SCALARS:
+                raise bad(f"unknown metadata value type {kind} at byte {pos - 4}")
+            return read(_GGUF_SCALARS[kind])
+
+        if bytes(m[:4]) != b"GGUF":
+            raise bad(f"it starts with {bytes(m[:4])!r}, not the magic b'GGUF'")
+        pos = 4
+        version = read("I")
+        if version not in (2, 3):
+            raise bad(f"GGUF version {version} (llama.cpp reads versions 2 and 3)")
+        n_tensors, n_kv = read("Q"), read("Q")
+        alignment = 32
+        for _ in range(n_kv):
+            key, kind = string(), read("I")
+            got = value(kind)
+            if key == "general.alignment" and isinstance(got, int) and got > 0:
+                alignment = got
+        need = 0
+        for _ in range(n_tensors):
+            name, n_dims = string(), read("I")
+            n_el = 1
+            for _ in range(n_dims):
+                n_el *= read("Q")
+            kind, offset = read("I"), read("Q")
+            try:
+                block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+            except (ValueError, KeyError):
+                raise bad(f"tensor {name!r} has unknown ggml type {kind}") from None
+            need = max(need, offset + n_el // block * type_size)
+        start = -(-pos // alignment) * alignment
+        if start + need > size:
+            raise bad(f"{size} bytes, but its {n_tensors} tensors end at byte {start + need} "
+                      f"(truncated: download it again)")
+    return {"version": version, "n_tensors": n_tensors, "n_kv": n_kv, "data_end": start + need}

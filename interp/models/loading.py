@@ -122,6 +122,31 @@ class ModelHandle:
         """Longest sequence the model accepts (``max_position_embeddings``)."""
         return int(getattr(self.model.config, "max_position_embeddings", 2048))
 
+    def overflow(self, n_tokens: int, new_tokens: int = 0, *, what: str = "prompt",
+                 new: str = "new tokens") -> str | None:
+        """Why a prompt does not fit the model's positions, or None when it fits.
+
+        The one rule every stage that runs a model applies to each prompt before its work
+        starts (Study 1 skips such a record with this reason; the other stages skip the
+        prompt with it and count it, or refuse in one line): ``n_tokens + new_tokens`` must
+        not exceed :attr:`max_positions`.
+
+        Args:
+            n_tokens: the prompt's tokens.
+            new_tokens: tokens the stage adds after it (generated or forced reply tokens).
+            what: the prompt's name in the reason (``generation prompt``).
+            new: what the added tokens are, in the reason.
+
+        Returns:
+            The reason (``"generation prompt has 300 tokens; with 32 new tokens it exceeds
+            the model's 256 positions"``), or None.
+        """
+        room = self.max_positions
+        if n_tokens + new_tokens <= room:
+            return None
+        with_new = f"; with {new_tokens} {new}" if new_tokens else ";"
+        return f"{what} has {n_tokens} tokens{with_new} it exceeds the model's {room} positions"
+
 
 def bundled_gguf(alias: str = DEFAULT_MODEL) -> Path:
     """Path of a bundled model's GGUF file, verified against its pinned sha256.

@@ -190,7 +190,7 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     template = get_template(config.template, config.templates_path)
     served = None  # an endpoint oracle is preflighted before the model loads
     if is_endpoint_spec(config.oracle):
-        served = make_oracle(config.oracle, run=rd, endpoint=config.oracle_endpoint)
+        served = make_oracle(config.oracle, run=rd, endpoint=config.endpoint_table("oracle"))
         served.endpoint.known_facts()  # type: ignore[attr-defined]  # cached: no request
     handle = handle or load_model(config.model, device=config.device, dtype=config.dtype,
                                   **placement(config))

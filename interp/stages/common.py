@@ -27,15 +27,15 @@ from typing import Any, Protocol
 from interp.core import contract
 from interp.core.capabilities import capabilities, is_served
 from interp.core.contract import check_needs
-from interp.core.errors import ConfigError, InterpError, LayerSpecError, RunDirError
-from interp.core.layers import band_note, parse_layers
-from interp.core.options import fields_of_kind
+from interp.core.errors import ConfigError, RunDirError
 from interp.judging.prompts import get_template
 from interp.models.loading import ModelHandle, load_model, placement, result_facts, runtime_facts
+from interp.stages.configs import check_against_shape
 from interp.store.records import limit_per_dataset
 from interp.store.rundir import RunDir
 
-__all__ = ["Stage", "check_against_shape", "check_run_model", "current_share", "load_run_model",
+__all__ = ["Stage", "check_against_shape", "check_run_model", "current_share", "fitting",
+           "load_run_model",
            "ok_records", "own_share", "refuse_reasoning_judge", "check_capabilities", "run_judge",
            "share_of_records", "stage_facts"]
 
@@ -117,52 +117,38 @@ def check_run_model(run: RunDir, handle: ModelHandle,
                           f"model")
 
 
-def check_against_shape(name: str, cfg: Any, n_layers: int, n_heads: int | None = None, *,
-                 model: str | None = None) -> list[str]:
-    """Check a stage config against a model's shape, before the model runs (or loads).
+def fitting(handle: ModelHandle, items: Sequence[Any], n_tokens: Callable[[Any], int], *,
+            stage: str, what: str = "prompt", new_tokens: int = 0, new: str = "new tokens",
+            log: Callable[[str], None] | None = None) -> tuple[list[Any], list[tuple[Any, str]]]:
+    """The items whose prompts fit the model's positions, and those that do not, with why.
 
-    Every field declared ``kind="layers"`` (:func:`interp.core.options.option`) that is set is
-    parsed with ``n_layers``; then the config's
-    own ``check(n_layers, n_heads)``, where it has one (steering's head spec). Used by
-    ``interp run`` for every configured stage and every model before the first model loads
-    (so a typo in a later stage's table, or a band one of the models lacks, fails before any
-    asymmetry stage runs), and by :func:`load_run_model`
-    from the run's manifest before the model loads.
+    Every stage that runs a model on prompts it builds (pairs, training prompts) applies this
+    before its work starts: the one rule is :meth:`interp.models.loading.ModelHandle.overflow`
+    (Study 1 skips a record by the same rule), and the printout counts what was left out.
 
     Args:
-        name: the stage's config table name, for the message.
-        cfg: the stage's config dataclass.
-        n_layers: the model's transformer blocks.
-        n_heads: its query heads per layer (None: unknown, head specs are not checked).
-        model: the model's name, put in the message (a grid of several models).
+        handle: the model.
+        items: what the stage would run (pairs, prompts).
+        n_tokens: an item's longest prompt (tokens).
+        stage: the stage's name, for the printout.
+        what: the prompt's name (``pairwise prompt``), for the reason and the printout.
+        new_tokens: tokens the stage adds after the prompt (a reply it scores or decodes).
+        new: what those tokens are, for the reason.
+        log: where the count goes (None: nowhere).
 
     Returns:
-        One line per layer option whose default adapted to the model
-        (:func:`interp.core.layers.band_note`: the default band ``last8`` of a model with
-        fewer than 8 layers is every layer), for the caller to print.
-
-    Raises:
-        LayerSpecError: a layer selection outside the model (names the option and the table
-            key, e.g. ``--layers ([attention] layers)``, and the valid range).
-        interp.core.errors.InterpError: what the config's own ``check`` raises.
+        ``(kept, [(item, reason), ...])``, both in the input's order.
     """
-    on = f" for {model}" if model else ""
-    notes = []
-    for f in fields_of_kind(type(cfg), "layers") if hasattr(cfg, "__dataclass_fields__") else []:
-        if (v := getattr(cfg, f)) is not None:
-            try:
-                parse_layers(v, n_layers, default="all")
-            except LayerSpecError as err:
-                raise LayerSpecError(f"--{f.replace('_', '-')} ([{name}] {f}){on}: {err}"
-                                     ) from None
-            if note := band_note(v, n_layers):
-                notes.append(f"[{name}] {f}{on}: {note}")
-    if (check := getattr(cfg, "check", None)) is not None:
-        try:
-            check(n_layers, n_heads)
-        except InterpError as err:
-            raise type(err)(f"[{name}]{on}: {err}" if model else f"[{name}] {err}") from None
-    return notes
+    kept, skipped = [], []
+    for it in items:
+        if reason := handle.overflow(n_tokens(it), new_tokens, what=what, new=new):
+            skipped.append((it, reason))
+        else:
+            kept.append(it)
+    if skipped and log is not None:
+        log(f"[{stage}] {len(skipped)} of {len(items)} {what}s skipped: longer than the model's "
+            f"{handle.max_positions} positions (first: {skipped[0][1]})")
+    return kept, skipped
 
 
 def ok_records(run: RunDir, handle: ModelHandle, limit: int | None, *, stage: str,

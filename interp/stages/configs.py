@@ -5,7 +5,9 @@ layer and placement syntax) before its stage's module, and the libraries that mo
 are imported: ``interp --help``, each command's ``--help`` and every one-line error of a
 config or an option come without the seconds torch and transformers take to import. Each
 stage module re-exports its class (``interp.stages.steering.SteeringConfig``); the transfer
-stage's lives in :mod:`interp.stages.transfer.config`.
+stage's lives in :mod:`interp.stages.transfer.config`. The checks of a config against the run it
+reads (:func:`check_against_shape`, :func:`check_run`: layers, needed files, records) live here
+too, so their one-line errors also come before those libraries.
 """
 
 from __future__ import annotations
@@ -23,14 +25,21 @@ from interp.core.errors import (
     ConfigError,
     DataError,
     InterpError,
+    LayerSpecError,
     LensError,
     PairwiseError,
     PatchingError,
     ProbeError,
     SteeringError,
 )
-from interp.core.layers import DEFAULT_BAND, parse_layers
-from interp.core.options import check_counts, config_from_table, option, split_list
+from interp.core.layers import DEFAULT_BAND, band_note, parse_layers
+from interp.core.options import (
+    check_counts,
+    config_from_table,
+    fields_of_kind,
+    option,
+    split_list,
+)
 from interp.core.vocab import (
     ALPHAS,
     ATTENTION_BACKENDS,
@@ -49,7 +58,8 @@ __all__ = ["ASYMMETRY_KEY_FIELDS", "DTYPE_NAMES", "KEYS", "POSITIONS", "SWEEP_KI
            "WHAT",
            "AsymmetryConfig", "AttentionConfig", "AuditConfig", "LensConfig", "PairwiseConfig",
            "PatchingConfig",
-           "ProbeConfig", "ReasoningConfig", "RecordConfig", "SteeringConfig"]
+           "ProbeConfig", "ReasoningConfig", "RecordConfig", "SteeringConfig",
+           "check_against_shape", "check_run"]
 
 TASKS = ("eval", "gen")
 """The two prompts a stage can read: the judge's (``eval``) and the generator's (``gen``)."""
@@ -130,6 +140,9 @@ class AsymmetryConfig:
         oracle_endpoint: the same table for ``oracle = "openai:MODEL"`` (both tables are
             config keys only; on the command line the base URL comes from
             ``$INTERP_OPENAI_BASE_URL`` or ``$OPENAI_BASE_URL``).
+        timeout_s: seconds one try of a request to a served model or oracle may take, reply
+            included (``--timeout-s``; given, it replaces both tables' ``timeout_s``; None:
+            theirs, default 60). A slow server under load needs more; no result depends on it.
     """
 
     model: str = DEFAULT_MODEL
@@ -157,6 +170,7 @@ class AsymmetryConfig:
     chunk_batches: int = 1
     model_endpoint: dict[str, Any] | None = option(None, cli=False)
     oracle_endpoint: dict[str, Any] | None = option(None, cli=False)
+    timeout_s: float | None = None
     answers_from: str | None = None
 
     def __post_init__(self) -> None:
@@ -188,6 +202,20 @@ class AsymmetryConfig:
         """
         return config_from_table(cls, d, "asymmetry")
 
+    def endpoint_table(self, which: str) -> dict[str, Any] | None:
+        """The ``model`` or ``oracle`` endpoint table, with ``timeout_s`` when one is given.
+
+        Args:
+            which: ``"model"`` or ``"oracle"``.
+
+        Returns:
+            The table (:class:`interp.endpoints.EndpointConfig`'s fields), or None.
+        """
+        table = self.model_endpoint if which == "model" else self.oracle_endpoint
+        if self.timeout_s is None:
+            return table
+        return {**(table or {}), "timeout_s": self.timeout_s}
+
     def check_inputs(self) -> dict[str, list[Any]]:
         """Check the config and load its examples, before any model or heavy library loads.
 
@@ -203,8 +231,13 @@ class AsymmetryConfig:
         if not config.datasets:
             raise ConfigError("no dataset given: pass --dataset squad_v2 (or a JSONL file)")
         parse_oracle_spec(config.oracle)
-        for model_spec, table, where in ((config.model, config.model_endpoint, "model_endpoint"),
-                                   (config.oracle, config.oracle_endpoint, "oracle_endpoint")):
+        if config.timeout_s is not None and not (isinstance(config.timeout_s, int | float)
+                                                 and config.timeout_s > 0):
+            raise ConfigError(f"--timeout-s ([asymmetry] timeout_s) must be a number of seconds "
+                              f"> 0, not {config.timeout_s!r}")
+        for model_spec, table, where in (
+                (config.model, config.endpoint_table("model"), "model_endpoint"),
+                (config.oracle, config.endpoint_table("oracle"), "oracle_endpoint")):
             if is_served(model_spec):
                 from interp.endpoints import EndpointConfig
 
@@ -901,3 +934,87 @@ class SteeringConfig:
             units = parse_heads(self.heads, band, n_heads)
             if bad := [x for x in units if not 0 <= x < n_layers]:
                 raise SteeringError(f"heads on layers {bad}: valid layers 0..{n_layers - 1}")
+
+
+def check_against_shape(name: str, cfg: Any, n_layers: int, n_heads: int | None = None, *,
+                 model: str | None = None) -> list[str]:
+    """Check a stage config against a model's shape, before the model runs (or loads).
+
+    Every field declared ``kind="layers"`` (:func:`interp.core.options.option`) that is set is
+    parsed with ``n_layers``; then the config's
+    own ``check(n_layers, n_heads)``, where it has one (steering's head spec). Used by
+    ``interp run`` for every configured stage and every model before the first model loads
+    (so a typo in a later stage's table, or a band one of the models lacks, fails before any
+    asymmetry stage runs), and by :func:`load_run_model`
+    from the run's manifest before the model loads.
+
+    Args:
+        name: the stage's config table name, for the message.
+        cfg: the stage's config dataclass.
+        n_layers: the model's transformer blocks.
+        n_heads: its query heads per layer (None: unknown, head specs are not checked).
+        model: the model's name, put in the message (a grid of several models).
+
+    Returns:
+        One line per layer option whose default adapted to the model
+        (:func:`interp.core.layers.band_note`: the default band ``last8`` of a model with
+        fewer than 8 layers is every layer), for the caller to print.
+
+    Raises:
+        LayerSpecError: a layer selection outside the model (names the option and the table
+            key, e.g. ``--layers ([attention] layers)``, and the valid range).
+        interp.core.errors.InterpError: what the config's own ``check`` raises.
+    """
+    on = f" for {model}" if model else ""
+    notes = []
+    for f in fields_of_kind(type(cfg), "layers") if hasattr(cfg, "__dataclass_fields__") else []:
+        if (v := getattr(cfg, f)) is not None:
+            try:
+                parse_layers(v, n_layers, default="all")
+            except LayerSpecError as err:
+                raise LayerSpecError(f"--{f.replace('_', '-')} ([{name}] {f}){on}: {err}"
+                                     ) from None
+            if note := band_note(v, n_layers):
+                notes.append(f"[{name}] {f}{on}: {note}")
+    if (check := getattr(cfg, "check", None)) is not None:
+        try:
+            check(n_layers, n_heads)
+        except InterpError as err:
+            raise type(err)(f"[{name}]{on}: {err}" if model else f"[{name}] {err}") from None
+    return notes
+
+
+def check_run(run_dir: str | Path, stage: str, cfg: Any, *, needs: bool = True) -> None:
+    """Every check of a run a stage reads that needs no model, before its libraries load.
+
+    The stage's one-line errors that read the run come without the seconds torch, scipy and
+    transformers take to import (the command line calls this before the stage's module): no
+    manifest; a layer selection outside the model the manifest records
+    (:func:`check_against_shape`); a file the stage needs that nothing wrote
+    (:func:`interp.core.contract.check_needs`, with ``needs``); a damaged line of
+    ``records.jsonl`` (named, with how to recover: :meth:`interp.store.rundir.RunDir.
+    read_records`).
+
+    Args:
+        run_dir: the run directory.
+        stage: the stage's name (:data:`interp.core.contract.SPECS`).
+        cfg: its config.
+        needs: check the stage's declared needs too.
+
+    Raises:
+        RunDirError: no manifest, a missing needed file, a damaged records line.
+        LayerSpecError: ``cfg`` selects layers outside the run's model.
+        InterpError: what the config's own ``check`` raises against the model's shape.
+    """
+    from interp.core.contract import check_needs
+    from interp.store.rundir import RunDir
+
+    run = RunDir(run_dir)
+    run.require_run()
+    model = run.manifest().get("model") or {}
+    if n_layers := model.get("n_layers"):
+        check_against_shape(stage, cfg, int(n_layers), model.get("n_heads"))
+    if needs:
+        check_needs(run.path, [(stage, cfg)])
+    if run.records_path.exists():
+        run.read_records(status=None)

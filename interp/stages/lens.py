@@ -61,7 +61,7 @@ from interp.core.inputs import write_result
 from interp.core.io import is_fresh, read_json, signature, write_json
 from interp.core.layers import parse_layers
 from interp.models.loading import ModelHandle
-from interp.stages.common import ok_records, stage_facts
+from interp.stages.common import fitting, ok_records, stage_facts
 from interp.stages.configs import LensConfig
 from interp.store.rundir import RunDir
 
@@ -111,6 +111,12 @@ def _training_positions(handle: ModelHandle, cfg: LensConfig, log: Callable[[str
     if not jobs:
         raise LensError(f"no bundled train split among {cfg.train_datasets}: the tuned lens "
                         f"needs one (squad_v2, hotpotqa or musique), or set tuned = false")
+    jobs, long = fitting(handle, jobs, lambda job: len(job[0]), stage=NAME,
+                         what="tuned-lens training prompt", log=log)
+    if not jobs:
+        raise LensError(f"no tuned-lens training prompt fits the model's {handle.max_positions} "
+                        f"positions (first: {long[0][1]}): train on datasets with shorter "
+                        f"passages (train_datasets) or set tuned = false")
     out, groups = [], []
     half = cfg.train_positions // 2
     for ids, g in tqdm(jobs, desc="tuned lens: positions", unit="prompt",

@@ -48,7 +48,7 @@ from interp.core.inputs import write_result
 from interp.core.io import is_fresh, read_json, read_jsonl, signature, write_json, write_jsonl
 from interp.core.layers import parse_layers
 from interp.models.loading import ModelHandle
-from interp.stages.common import ok_records, stage_facts
+from interp.stages.common import fitting, ok_records, stage_facts
 from interp.stages.configs import PairwiseConfig
 from interp.store.rundir import RunDir
 
@@ -100,6 +100,15 @@ def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwri
     pairs, skipped = build_judge_pairs(records, passage_groups(records),
                                        _negatives(run_dir, records), sources=cfg.sources,
                                        limit=cfg.limit)
+    from interp.methods.pairwise import render_orders
+
+    replies = letter_replies(handle.tokenizer)
+    pairs, long = fitting(
+        handle, pairs, lambda p: max(len(o) for o in render_orders(handle.tokenizer, template, p)),
+        stage=NAME, what="pairwise prompt", new_tokens=max(map(len, replies.ids)),
+        new="for the letter reply", log=log)
+    skipped += [{"dataset": p.dataset, "id": p.record_id, "source": p.source,
+                 "reason": "too_long", "detail": why} for p, why in long]
     if not pairs:   # refused before anything is written: a finished run's files stay
         from interp.core.errors import PairwiseError
 
@@ -108,6 +117,9 @@ def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwri
                 "candidate-swap` mines them" if set(cfg.sources) == {"hard_negative"} else
                 "its records have no wrong answer and no hard negative (interp patch --pairs "
                 "candidate-swap mines them)")
+        if long:
+            hint = (f"no pair's prompt fits the model's {handle.max_positions} positions "
+                    f"(first: {long[0][1]}): choose shorter records (--max-tokens)")
         raise PairwiseError(f"no pair builds from {run_dir.path}: {hint}; skipped "
                             f"{len(skipped)} ({', '.join(sorted(why)) or 'no record'})")
     root = run_dir.sub(SPEC.folder)
@@ -118,7 +130,6 @@ def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwri
     log(f"[pairwise] {len(pairs)} pairs over {len({p.passage for p in pairs})} passages "
         f"({len(skipped)} skipped)")
     facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
-    replies = letter_replies(handle.tokenizer)
     parts, made = [], 0
     with tqdm(total=len(pairs), desc="pairwise", unit="pair", disable=not cfg.progress) as bar:
         for pair in pairs:

@@ -34,7 +34,7 @@ from safetensors import safe_open
 
 from interp.core.contract import spec
 from interp.core.errors import ConfigError
-from interp.core.io import atomic_write_text, save_tensors, signature, write_json
+from interp.core.io import atomic_write_text, finite, save_tensors, signature, write_json
 from interp.core.layers import parse_layers
 from interp.core.progress import tqdm
 from interp.judging.prompts import get_template
@@ -154,8 +154,9 @@ def run(run_dir: RunDir, handle: ModelHandle, cfg: ReasoningConfig | None = None
             continue
         with safe_open(str(p), "pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                masses[name.split(".")[1]][record_key(r)] = \
-                    f.get_tensor(name).numpy()[band].mean(axis=(0, 1))
+                m = finite(f.get_tensor(name).numpy(), path=p, name=name,
+                           record=f"{r['dataset']}/{r['id']}")
+                masses[name.split(".")[1]][record_key(r)] = m[band].mean(axis=(0, 1))
     res = side_by_side(records, reason, masses, spans, n_boot=cfg.n_boot, seed=cfg.seed)
     res.update(model=handle.spec, band=band, max_reasoning_tokens=cfg.max_reasoning_tokens,
                template=cfg.template)

@@ -356,7 +356,7 @@ def write_tables(run: RunDir, cfg: RecordConfig | None = None, *,
         rows += _index_rows(part, rel)
         total += sum(part["shards"].values()) + (folder / "index.json").stat().st_size
         if "span_to_span" in part:
-            got = load_file(str(folder / S2S_FILE))
+            got = load_file(str(folder / S2S_FILE))  # NaN by design: a span with no keys
             frames.append(_s2s_rows(part, got))
             s2s_recs.append((rec, part))
             for t in TASKS:

@@ -25,6 +25,7 @@ from interp.analysis.span_mass import SPANS, TASKS, span_mass, span_names
 from interp.core.contract import spec
 from interp.core.errors import RunDirError
 from interp.core.io import (
+    finite,
     is_fresh,
     load_tensors,
     read_json,
@@ -112,7 +113,9 @@ def load_masses(run: RunDir, *, limit: int | None = None
                                   f"`interp attention --run {run.path}` to redo it")
             s = json.loads(meta.get("spans", json.dumps(list(SPANS))))
             backends.add(meta.get("backend", "?"))
-            per.append((s, {t: f.get_tensor(f"mass.{t}").numpy() for t in TASKS}))
+            per.append((s, {t: finite(f.get_tensor(f"mass.{t}").numpy(), path=p,
+                                      name=f"mass.{t}", record=f"{r['dataset']}/{r['id']}")
+                            for t in TASKS}))
         spans += [x for x in s if x not in spans]
         have.append(r)
     if not have:
@@ -197,7 +200,8 @@ def read_features(path: Path, sig: str, pools: Sequence[str], log: Callable[[str
     with safe_open(str(path), "pt") as f:
         meta = f.metadata() or {}
     if is_fresh(path, sig) and set(pools) <= set(json.loads(meta.get("pools", "[]"))):
-        return (load_tensors(path), json.loads(meta["keys"]), json.loads(meta["prompt_sigs"]),
+        keys = json.loads(meta["keys"])
+        return (load_tensors(path, rows=keys), keys, json.loads(meta["prompt_sigs"]),
                 json.loads(meta.get("candidate_fallback", "[]")))
     log(f"[probe] {path.name} was made with another model, hook point, pools or runtime "
         f"settings: recomputing it")

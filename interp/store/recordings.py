@@ -16,7 +16,7 @@ from safetensors import safe_open
 
 from interp.core.contract import spec
 from interp.core.errors import RunDirError
-from interp.core.io import read_json
+from interp.core.io import finite, read_json
 from interp.core.names import safe_name
 from interp.store.rundir import RunDir
 
@@ -139,7 +139,8 @@ def load_activations(run: RunDir | str | Path, record_id: str, task: str, hook: 
     tensors = []
     for name in names:
         with safe_open(str(path.parent / table[name]["shard"]), "pt") as f:
-            tensors.append(f.get_tensor(name))
+            tensors.append(finite(f.get_tensor(name), path=path.parent / table[name]["shard"],
+                                  name=name, record=f"{part.get('dataset', '?')}/{record_id}"))
     info = part["tasks"][task]
     return Activations(hook=hook, tensor=tensors[0] if m else torch.stack(tensors),
                        tokens=info["tokens"], labels=info["labels"],

@@ -305,11 +305,13 @@ class RunDir:
 
         Raises:
             RunDirError: the run has no records.jsonl, or a line other than the last is
-                malformed (names the line).
+                malformed (names the line, how to delete it, and that Study 1 redoes it).
         """
         if not self.records_path.exists():
             self._missing("records.jsonl")
-        got = _parse(self.records_path)
+        got = _parse(self.records_path, redo=f"run the same `interp asymmetry --out "
+                                            f"{self.path}` command again: it redoes that "
+                                            f"record and keeps every other")
         latest: dict[tuple[str, str], Any] = {}
         for _, rec in got.rows:  # never trust a repeated id: the last line of it wins
             latest.pop(qa_key(rec), None)

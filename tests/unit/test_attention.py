@@ -168,3 +168,52 @@ def test_stage_tables_resume_and_freshness(tiny, tiny_run, tmp_path):
     assert stage.write_tables(run, stage.AttentionConfig(figures=False))["band"] == [0, 1]
     with pytest.raises(LayerSpecError, match="cannot take the last 3"):
         stage.write_tables(run, stage.AttentionConfig(band="last3", figures=False))
+
+
+def test_a_non_finite_value_in_a_recording_is_named_and_nothing_is_nulled(tiny, tiny_run,
+                                                                         tmp_path):
+    """``interp attention`` (its tables) on a recording holding a NaN: one line, nothing lost.
+
+    The line names the file, the record and the hook point; the finished summary stays.
+    """
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from interp.core.errors import RunDirError
+    from interp.stages.stored import rows_path
+
+    run = RunDir(shutil.copytree(tiny_run.path, tmp_path / "run"))
+    cfg = stage.AttentionConfig(band="last2", limit=1, n_boot=20, figures=False)
+    stage.run(run, tiny, cfg, log=lambda m: None)
+    summary = (run.path / "attention/summary.json").read_bytes()
+    rec = [r for r in run.read_records() if rows_path(run, r).exists()][-1]
+    path = rows_path(run, rec)
+    with safe_open(str(path), "pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    tensors["mass.eval"][1, 0, 0] = float("nan")
+    save_file(tensors, str(path), metadata=meta)
+    with pytest.raises(RunDirError) as err:
+        stage.write_tables(run, cfg)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(
+        f"{path}: mass.eval of record {rec['dataset']}/{rec['id']} holds 1 non-finite value(s) "
+        f"(NaN first, at index [1, 0, 0]): a damaged or diverged part; delete {path}")
+    assert (run.path / "attention/summary.json").read_bytes() == summary
+
+
+def test_finite_names_the_record_of_a_row_and_passes_integers():
+    import torch
+
+    from interp.core.errors import RunDirError
+    from interp.core.io import finite
+
+    x = torch.zeros(3, 4)
+    x[2, 1] = float("inf")
+    with pytest.raises(RunDirError, match=r"f.safetensors: last of record squad_v2/c holds 1 "
+                                          r"non-finite value\(s\) \(Inf first, at index \[2, 1\]"):
+        finite(x, path="f.safetensors", name="last", rows=["squad_v2/a", "squad_v2/b",
+                                                            "squad_v2/c"])
+    assert finite(torch.arange(3), path="f", name="ids") is not None
+    assert finite(np.ones(2), path="f", name="w") is not None

@@ -199,6 +199,41 @@ def test_timeout_fails_the_request_after_retries_and_caches_nothing(httpserver, 
     assert chat_lines(tmp_path) == []  # the preflight's facts only
 
 
+def test_the_error_rate_line_names_the_last_failure_a_client_timeout(httpserver):
+    """Failures that are client timeouts: the line says so, and how to give a try more time."""
+    fake_server(httpserver)
+    ep = endpoint(httpserver, timeout_s=0.3, max_retries=0, max_error_rate=0.05)
+    ep.preflight()
+
+    def slow(request):
+        time.sleep(0.6)
+        return Response(json.dumps(completion()), content_type="application/json")
+
+    for _ in range(2):
+        httpserver.expect_oneshot_request("/v1/chat/completions").respond_with_handler(slow)
+    with pytest.raises(RequestFailed, match="Timeout"):
+        ep.chat([{"role": "user", "content": "a"}], prompt_version="t", max_tokens=4)
+    with pytest.raises(EndpointError) as err:
+        ep.chat([{"role": "user", "content": "b"}], prompt_version="t", max_tokens=4)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"2 of 2 requests to {ep.base_url} failed (the last: APITimeoutError")
+    assert msg.endswith("A client timeout: each try may take timeout_s = 0.3 s; a slow or "
+                        "loaded server needs more (--timeout-s, or timeout_s in the endpoint "
+                        "table).")
+
+
+def test_timeout_s_from_the_command_line_replaces_both_tables():
+    cfg = AsymmetryConfig.from_mapping({"model": "openai:m", "oracle": "openai:o",
+                                        "timeout_s": 240,
+                                        "model_endpoint": {"timeout_s": 5, "concurrency": 2}})
+    assert cfg.endpoint_table("model") == {"timeout_s": 240, "concurrency": 2}
+    assert cfg.endpoint_table("oracle") == {"timeout_s": 240}
+    plain = AsymmetryConfig.from_mapping({"model": "openai:m", "model_endpoint": {"timeout_s": 5}})
+    assert plain.endpoint_table("model") == {"timeout_s": 5}
+    assert plain.endpoint_table("oracle") is None
+
+
 def test_error_rate_stops_with_one_line(httpserver):
     fake_server(httpserver)
     ep = endpoint(httpserver, max_retries=0, max_error_rate=0.05)
@@ -209,7 +244,9 @@ def test_error_rate_stops_with_one_line(httpserver):
     # 0.05 * max(n, 20) = 1: the first failure is tolerated, the second stops the run
     with pytest.raises(RequestFailed):
         ep.chat([{"role": "user", "content": "a"}], prompt_version="t", max_tokens=4)
-    with pytest.raises(EndpointError, match=r"2 of 2 requests .* failed .*max_error_rate"):
+    with pytest.raises(EndpointError, match=r"2 of 2 requests .* failed \(the last: "
+                                            r"InternalServerError: status 503: .*\), more than "
+                                            r"max_error_rate"):
         ep.chat([{"role": "user", "content": "b"}], prompt_version="t", max_tokens=4)
 
 

@@ -38,6 +38,10 @@ def _run(argv, cwd):
     (["asymmetry", "--limit", "-3"], "must be a whole number >= 1"),
     (["asymmetry", "--template", "nope"], "unknown template 'nope'"),
     (["asymmetry", "--oracle", "gpt"], "unknown oracle 'gpt'"),
+    (["asymmetry", "--model", "openai:m", "--timeout-s", "0"],
+     "--timeout-s ([asymmetry] timeout_s) must be a number of seconds > 0, not 0"),
+    # docs/endpoints.md's oracle passes the oracle check (made before the template's)
+    (["asymmetry", "--oracle", "openai:my-70b", "--template", "nope"], "unknown template 'nope'"),
     (["steer", "--run", "EMPTY"], "has no manifest.json"),
     (["lens", "--run", "EMPTY", "--heldout", "2"], "heldout must lie strictly between"),
     (["attention", "--run", "EMPTY", "--backend", "hff"], "unknown backend 'hff'"),
@@ -78,3 +82,121 @@ def test_study_1_says_what_it_is_about_to_do_before_the_model_loads(tmp_path):
                      "runs/asymmetry (if interrupted, the same command resumes)"), out.stdout
     assert json.loads(out.stdout.strip().splitlines()[-1])["code"] == 2   # then refused
     assert not (tmp_path / "runs" / "asymmetry" / "records.jsonl").exists()
+
+
+def _finished_run(root, damaged: bool = False):
+    """A run directory as Study 1 leaves it (a 30-layer model), no model needed to read it."""
+    run = root / "RUN"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({
+        "config": {"model": "smollm2-135m-instruct", "datasets": ["squad_v2"]},
+        "model": {"spec": "smollm2-135m-instruct", "n_layers": 30, "n_heads": 9}}))
+    rows = [json.dumps({"id": i, "dataset": "squad_v2", "status": "ok"}) for i in "abc"]
+    if damaged:
+        rows[1] = rows[1][:-1]  # a lost brace: the file is damaged, not torn
+    (run / "records.jsonl").write_text("\n".join(rows) + "\n")
+    return run
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["attention", "--run", "RUN", "--band", "0-40"],
+     "--band ([attention] band): layers '0-40': layer 40 is out of range; valid layers are 0-29"),
+    (["steer", "--run", "RUN", "--band", "last40"], "--band ([steering] band)"),
+    (["probe", "--run", "RUN", "--layers", "31"], "layer 31 is out of range"),
+    (["view", "--run", "RUN", "--id", "a", "--band", "29-35"],
+     "--band: layers '29-35': layer 35 is out of range; valid layers are 0-29"),
+    (["heads", "--run", "RUN", "--layers", "40"], "--layers: layers '40': layer 40 is out"),
+])
+def test_a_run_reading_error_is_one_line_before_any_heavy_import(argv, said, tmp_path):
+    _finished_run(tmp_path)
+    res, err = _run(argv, tmp_path)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert res["code"] == 2 and len(lines) == 1 and said in lines[0], err
+    assert res["heavy"] == [], f"{argv}: imported {res['heavy']} before refusing"
+
+
+@pytest.mark.parametrize("argv", [
+    ["attention", "--run", "RUN"], ["lens", "--run", "RUN"], ["metrics", "--run", "RUN"],
+    ["oracle-agreement", "--run", "RUN", "--oracle", "model:x"],
+    ["view", "--run", "RUN", "--id", "a"]])
+def test_a_damaged_records_line_is_named_with_how_to_recover_before_heavy_imports(argv,
+                                                                                    tmp_path):
+    run = _finished_run(tmp_path, damaged=True)
+    before = (run / "records.jsonl").read_bytes()
+    res, err = _run(argv, tmp_path)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert res["code"] == 2 and len(lines) == 1, err
+    assert lines[0].startswith("error: RUN/records.jsonl:2: malformed JSON"), err
+    assert ("line 2 is damaged (not a cut last line): delete it (sed -i '2d' "
+            "RUN/records.jsonl) and run the same `interp asymmetry --out RUN` command again: "
+            "it redoes that record and keeps every other") in lines[0]
+    assert res["heavy"] == [], f"{argv}: imported {res['heavy']} before refusing"
+    assert (run / "records.jsonl").read_bytes() == before      # nothing rewritten
+
+
+def _tiny_gguf(path):
+    """A small valid GGUF file (llama.cpp's own writer): metadata and two tensors."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_string("general.name", "tiny")
+    w.add_array("tokenizer.ggml.tokens", ["a", "b", "c"])
+    w.add_tensor("w", np.arange(12, dtype=np.float32).reshape(3, 4))
+    w.add_tensor("b", np.ones(5, dtype=np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_check_gguf_reads_the_structure_and_finds_the_last_missing_byte(tmp_path):
+    from interp.core.errors import ModelSpecError
+    from interp.models.gguf import check_gguf
+
+    good = _tiny_gguf(tmp_path / "tiny.gguf")
+    got = check_gguf(good)
+    assert got["n_tensors"] == 2 and got["version"] == 3
+    data = good.read_bytes()
+    # 3 x 4 float32 and 5 float16 after the aligned table: the last tensor ends 32 + 10 bytes on
+    end = got["data_end"]
+    assert len(data) - 32 < end <= len(data) and end % 32 == 10
+    (tmp_path / "end.gguf").write_bytes(data[:end])     # the padding after it is not needed
+    assert check_gguf(tmp_path / "end.gguf") == got
+    (tmp_path / "cut.gguf").write_bytes(data[:end - 1])  # one byte short of its last tensor
+    with pytest.raises(ModelSpecError, match=rf"cut.gguf is not a usable GGUF file: "
+                                             rf"{end - 1} bytes, but its 2 tensors end at "
+                                             rf"byte {end} \(truncated"):
+        check_gguf(tmp_path / "cut.gguf")
+    (tmp_path / "head.gguf").write_bytes(data[:60])    # cut inside its metadata
+    with pytest.raises(ModelSpecError, match="ends at byte 60 inside its header or tables"):
+        check_gguf(tmp_path / "head.gguf")
+    (tmp_path / "other.gguf").write_bytes(b"PK\x03\x04" + data[4:])
+    with pytest.raises(ModelSpecError, match=r"starts with b'PK\\x03\\x04', not the magic"):
+        check_gguf(tmp_path / "other.gguf")
+
+
+def test_serve_on_a_port_in_use_or_a_broken_gguf_is_one_line_at_once(tmp_path):
+    """``interp serve`` as a user calls it: exit 2, one line naming the port or the file.
+
+    Both come before any server starts (it took about 25 s and ended in a traceback).
+    """
+    import socket
+
+    pytest.importorskip("xllamacpp")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        res, err = _run(["serve", "smollm2-135m-instruct", "--port", str(port)], tmp_path)
+        lines = [x for x in err.splitlines() if x.strip()]
+        assert res["code"] == 2 and len(lines) == 1, err
+        assert lines[0].startswith(f"error: port {port} on 127.0.0.1 is not free"), err
+    data = _tiny_gguf(tmp_path / "m.gguf").read_bytes()
+    (tmp_path / "m.gguf").write_bytes(data[: len(data) // 2])
+    res, err = _run(["serve", "m.gguf", "--port", str(port)], tmp_path)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert res["code"] == 2 and len(lines) == 1, err
+    assert lines[0].startswith("error: m.gguf is not a usable GGUF file: "), err
+    assert res["heavy"] == []

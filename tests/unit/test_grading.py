@@ -818,9 +818,57 @@ def test_oracle_spec_is_parsed_in_one_place(tiny, monkeypatch):
     assert isinstance(own, ModelOracle) and own.handle is tiny
     monkeypatch.setitem(ORACLE_KINDS, "fixed", (False, lambda arg, **kw: RuleOracle()))
     assert isinstance(make_oracle("fixed"), RuleOracle)
-    # kinds other modules registered (openai:, once interp.endpoints is imported) stand between
-    with pytest.raises(ConfigError, match=r"'rule' or 'model:SPEC' or (\S+ or )*'fixed'"):
+    # every declared kind (openai: among them) stands between
+    with pytest.raises(ConfigError, match=r"'rule' or 'model:SPEC' or 'openai:SPEC' or 'fixed'"):
         parse_oracle_spec("nope")
+
+
+def test_the_openai_oracle_kind_is_known_in_a_fresh_process_without_importing_endpoints():
+    """``openai:MODEL`` is declared where the registry lives and imported on first use only.
+
+    A fresh interpreter, so no earlier import in the test session can have filled the table.
+    """
+    import json
+    import subprocess
+    import sys
+
+    code = """
+import json, sys
+from interp.judging.grading import ORACLE_KINDS, make_oracle, parse_oracle_spec
+spec = parse_oracle_spec("openai:x")
+before = "interp.endpoints.oracle" in sys.modules
+torch = "torch" in sys.modules
+oracle = make_oracle("openai:my-70b", endpoint={"base_url": "http://127.0.0.1:9/v1"})
+print(json.dumps({"spec": [spec.kind, spec.arg], "imported_by_parse": before,
+                  "oracle": type(oracle).__module__ + "." + type(oracle).__name__,
+                  "name": oracle.name, "resolved": callable(ORACLE_KINDS["openai"][1]),
+                  "torch_to_parse": torch}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"spec": ["openai", "x"], "imported_by_parse": False,
+                   "oracle": "interp.endpoints.oracle.EndpointOracle", "name": "openai:my-70b",
+                   "resolved": True, "torch_to_parse": False}
+
+
+def test_every_declared_oracle_builder_resolves():
+    from interp.judging.grading import ORACLE_KINDS, oracle_builder
+
+    assert set(ORACLE_KINDS) >= {"rule", "model", "openai"}
+    for kind in list(ORACLE_KINDS):
+        assert callable(oracle_builder(kind)), kind
+
+
+def test_a_declared_builder_that_does_not_import_is_one_line(monkeypatch):
+    from interp.core.errors import ConfigError
+    from interp.judging.grading import ORACLE_KINDS, make_oracle
+
+    monkeypatch.setitem(ORACLE_KINDS, "gone", (True, "interp.no_such_module:build"))
+    with pytest.raises(ConfigError, match=r"oracle kind 'gone': its builder "
+                                          r"'interp.no_such_module:build' does not import"):
+        make_oracle("gone:x")
 
 
 @pytest.mark.parametrize("reply, verdict", [

@@ -85,6 +85,54 @@ def test_the_public_api_is_importable_from_interp(name):
     assert getattr(interp, name) is getattr(home, name)
 
 
+def _import_side_effects(tree) -> list[str]:
+    """Module-level statements that write into a name the module imported.
+
+    A table filled when the module is imported: ``TABLE["kind"] = ...``, ``TABLE.update(...)``.
+    """
+    import ast
+
+    imported = {(a.asname or a.name).split(".")[0] for n in tree.body
+                if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+
+    def root(node):
+        while isinstance(node, (ast.Subscript, ast.Attribute, ast.Call)):
+            node = node.func if isinstance(node, ast.Call) else node.value
+        return node.id if isinstance(node, ast.Name) else None
+
+    out = []
+    for n in tree.body:
+        targets = (n.targets if isinstance(n, ast.Assign) else [n.target]
+                   if isinstance(n, (ast.AugAssign, ast.AnnAssign)) else [])
+        if any(isinstance(t, (ast.Subscript, ast.Attribute)) and root(t) in imported
+               for t in targets):
+            out.append(ast.unparse(n))
+        elif (isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+              and isinstance(n.value.func, ast.Attribute)
+              and n.value.func.attr in {"update", "setdefault", "append", "extend", "add",
+                                        "register", "__setitem__"}
+              and root(n.value.func.value) in imported):
+            out.append(ast.unparse(n))
+    return out
+
+
+def test_no_module_fills_another_modules_table_when_imported():
+    """A registry is declared where it lives (a higher room's entry lazily, "module:object").
+
+    A kind that exists only once some module happens to be imported is refused by every check
+    that runs before that import.
+    """
+    import ast
+
+    found = {name: bad for name, (path, _) in _modules().items()
+             if (bad := _import_side_effects(ast.parse(path.read_text(encoding="utf-8"))))}
+    assert not found, found
+    caught = _import_side_effects(ast.parse(
+        "from interp.judging.grading import ORACLE_KINDS\nimport x\n"
+        "ORACLE_KINDS['openai'] = (True, f)\nx.TABLE.update(a=1)\nlocal = {}\nlocal['k'] = 1\n"))
+    assert caught == ["ORACLE_KINDS['openai'] = (True, f)", "x.TABLE.update(a=1)"]
+
+
 def test_importing_interp_imports_no_torch():
     import subprocess
     import sys

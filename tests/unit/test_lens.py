@@ -375,3 +375,31 @@ def test_an_unsupported_final_norm_is_refused_in_one_line():
     with pytest.raises(LensError, match="GemmaRMSNorm does not compute a rms norm") as e:
         direct_logit_attribution(m, prompt, r.correct[0], r.incorrect[0])
     assert "\n" not in str(e.value)
+
+
+def test_tuned_lens_training_prompts_longer_than_the_models_positions_are_skipped(
+        monkeypatch):
+    """The tuned lens trains only on prompts the model reads; the printout counts the rest."""
+    import interp.methods.lens as lens_methods
+    from interp.core.errors import LensError
+    from interp.stages import lens as stage
+
+    tok = tiny_tokenizer(vocab_size=280)
+    handle = tiny_llama(tok, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, seed=3)
+    monkeypatch.setattr(lens_methods, "residual_stack", lambda h, ids, pos: len(ids))
+    cfg = stage.LensConfig(train_datasets=["squad_v2"], train_limit=8, train_positions=4,
+                           progress=False)
+    every, _ = stage._training_positions(handle, cfg, print)
+    room = sorted(every)[len(every) // 2]
+    monkeypatch.setattr(handle.model.config, "max_position_embeddings", room)
+    logs: list[str] = []
+    kept, groups = stage._training_positions(handle, cfg, logs.append)
+    assert kept == [n for n in every if n <= room] and len(groups) == len(kept)
+    n_long = sum(n > room for n in every)
+    assert n_long > 0 and logs == [
+        f"[lens] {n_long} of {len(every)} tuned-lens training prompts skipped: longer than the "
+        f"model's {room} positions (first: tuned-lens training prompt has "
+        f"{next(n for n in every if n > room)} tokens; it exceeds the model's {room} positions)"]
+    monkeypatch.setattr(handle.model.config, "max_position_embeddings", 4)
+    with pytest.raises(LensError, match="no tuned-lens training prompt fits the model's 4 "):
+        stage._training_positions(handle, cfg, logs.append)

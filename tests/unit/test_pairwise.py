@@ -163,6 +163,51 @@ def test_the_stage_writes_outcomes_held_out_heads_and_figures_and_resumes(tmp_pa
     assert (run.path / "pairwise" / "pairs.jsonl").read_bytes() == listed
 
 
+def test_pairs_longer_than_the_models_positions_are_skipped_with_the_reason_and_counted(
+        tmp_path, handle, monkeypatch):
+    """``interp pairwise`` on a model of fewer positions than some pairs' prompts need."""
+    from interp.stages import pairwise as stage
+    from interp.testing import synthetic_probe_run
+
+    run = synthetic_probe_run(tmp_path / "run", handle, n_good=6, n_bad=6)
+    recs = run.read_records()
+    (run.path / "patching").mkdir()
+    (run.path / "patching" / "hard_negatives.jsonl").write_text("".join(
+        json.dumps({"dataset": r["dataset"], "id": r["id"],
+                    "hard_negative": "Nowhere" + " else" * (i % 4)}) + "\n"
+        for i, r in enumerate(recs)))
+    template = get_pairwise_template()
+    pairs, _ = build_judge_pairs(recs, stage.passage_groups(recs), stage._negatives(run, recs),
+                                 sources=stage.PairwiseConfig().sources, limit=None)
+    need = max(map(len, letter_replies(handle.tokenizer).ids))
+    longest = {p.key: max(map(len, render_orders(handle.tokenizer, template, p))) + need
+               for p in pairs}
+    room = sorted(longest.values())[len(longest) // 2]   # about half the pairs fit
+    too_long = sum(n > room for n in longest.values())
+    assert 0 < too_long < len(pairs)
+    monkeypatch.setattr(handle.model.config, "max_position_embeddings", room)
+    logs: list[str] = []
+    cfg = stage.PairwiseConfig(limit=None, band="all", top_k=2, batch_size=8, n_boot=50,
+                               progress=False)
+    s = stage.run(run, handle, cfg, log=logs.append)
+    assert s["n_pairs"] == len(pairs) - too_long and s["skipped"]["too_long"] == too_long
+    said = [x for x in logs if "pairwise prompts skipped" in x]
+    assert said and said[0].startswith(
+        f"[pairwise] {too_long} of {len(pairs)} pairwise prompts skipped: longer than the "
+        f"model's {room} positions (first: pairwise prompt has ")
+    listed = [json.loads(x) for x in (run.path / "pairwise/pairs.jsonl").open()]
+    cut = [x for x in listed if x.get("reason") == "too_long"]
+    assert len(cut) == too_long and all(
+        x["detail"].endswith(f"for the letter reply it exceeds the model's {room} positions")
+        for x in cut)
+    # a model on which no pair fits is refused in one line, the finished list kept
+    before = (run.path / "pairwise/pairs.jsonl").read_bytes()
+    monkeypatch.setattr(handle.model.config, "max_position_embeddings", 8)
+    with pytest.raises(PairwiseError, match="no pair's prompt fits the model's 8 positions"):
+        stage.run(run, handle, cfg, log=logs.append)
+    assert (run.path / "pairwise/pairs.jsonl").read_bytes() == before
+
+
 def test_the_config_refuses_bad_values_before_model_work():
     from interp.stages.configs import PairwiseConfig
 

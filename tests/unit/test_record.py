@@ -273,4 +273,4 @@ def test_record_table_of_an_experiment_config_and_cli_errors(tmp_path):
     res = CliRunner().invoke(cli.app, ["record", "--run", str(tmp_path)])
     assert res.exit_code == 2 and "has no manifest.json" in res.output
     res = CliRunner().invoke(cli.app, ["view", "--run", str(tmp_path), "--id", "x"])
-    assert res.exit_code == 2 and "has no records.jsonl" in res.output
+    assert res.exit_code == 2 and "has no manifest.json" in res.output  # not a run at all
