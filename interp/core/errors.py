@@ -21,6 +21,7 @@ __all__ = [
     "HookError",
     "InterpError",
     "LayerSpecError",
+    "CalibrationError",
     "LensError",
     "PairwiseError",
     "ModelSpecError",
@@ -112,6 +113,10 @@ class PairError(PatchingError):
     def __init__(self, message: str, reason: str = "other"):
         super().__init__(message)
         self.reason = reason
+
+
+class CalibrationError(InterpError):
+    """Bad calibration-stage input (bins, folds, a layer outside the model)."""
 
 
 class LensError(InterpError):
