@@ -176,7 +176,7 @@ def _probe_signals(run_dir: RunDir, handle: ModelHandle, cfg: CalibrationConfig,
         random_cosine_band,
         verdict_direction,
     )
-    from interp.stages.probe import cached_features
+    from interp.stages.stored import cached_features
 
     layers = parse_layers(cfg.probe_layers, handle.n_layers)
     vd = verdict_direction(handle, verdict_replies(handle.tokenizer))

@@ -179,3 +179,46 @@ def test_verdict_direction_is_the_first_tokens_unembedding_difference(tiny):
     assert np.allclose(d["read"], d["unembed"] * gamma)
     assert d["tokens"] == tiny.tokenizer.convert_ids_to_tokens([replies.correct[0],
                                                                 replies.incorrect[0]])
+
+
+def test_the_stage_writes_cards_tables_and_figures_and_resumes(tmp_path):
+    from interp.core.errors import CalibrationError
+    from interp.stages import calibration as stage
+    from interp.testing import synthetic_probe_run, tiny_llama, tiny_tokenizer
+
+    tok = tiny_tokenizer(vocab_size=280)
+    handle = tiny_llama(tok, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, seed=3)
+    run = synthetic_probe_run(tmp_path / "run", handle, n_good=6, n_bad=6)
+    cfg = stage.CalibrationConfig(folds=2, inner_folds=2, n_bins=4, n_boot=50,
+                                  max_new_tokens=2, probe_layers=[0, 1], progress=False)
+    logs: list[str] = []
+    s = stage.run(run, handle, cfg, log=logs.append)
+    g = s["all"]
+    assert s["n_records"] == 12 and set(g["cards"]) == set(stage.SIGNALS)
+    card = g["cards"]["judge"]
+    recs = run.read_records(status="ok")
+    from interp.analysis.calibration import brier
+    assert card["brier"] == pytest.approx(brier([r["oracle_label"] for r in recs],
+                                                 [r["p_correct"] for r in recs]))
+    assert card["ece"]["mass"]["n_bins"] == 4 and len(card["reliability"]["width"]) <= 4
+    # blocking no key re-scores the self-check by another path to the same number (the
+    # synthetic run's stored judge scores are noise, so the patch check is no identity here)
+    assert s["checks"]["max_abs_block_none_minus_self_logit_diff"] < 1e-4
+    assert len(g["patch"]["delta_auc"]) == handle.n_layers
+    assert len(s["probe"]["eval"]["angles"]) == handle.n_layers
+    assert {"judge", "self_check"} <= set(g["self_vs_judge"])
+    assert set(s["datasets"]) == {"hotpotqa", "squad_v2"}
+    for name in [*stage.SIGNALS, "cache"]:
+        prefix = "calibration_cache" if name == "cache" else f"calibration_reliability_{name}"
+        assert (run.path / "figures" / f"{prefix}.png").is_file()
+    rows = (run.path / "calibration" / "records.jsonl").read_text().splitlines()
+    assert len(rows) == 12
+    text = stage.format_summary(s)
+    assert "p_true" in text and "ECE" in text
+    parts = sorted((run.path / "calibration" / "parts").glob("*.json"))
+    before = {p: p.stat().st_mtime_ns for p in parts}
+    s2 = stage.run(run, handle, cfg, log=logs.append)
+    assert {p: p.stat().st_mtime_ns for p in parts} == before
+    assert s2["all"]["cards"] == g["cards"]
+    with pytest.raises(CalibrationError, match="n_bins"):
+        stage.CalibrationConfig.from_mapping({"n_bins": 1})
