@@ -82,8 +82,10 @@ def _cache(summary: Mapping[str, Any], out_dir: Path) -> Path | None:
     pt, bl, pr = g.get("patch"), (g.get("block") or {}).get("logit_diff"), summary.get("probe")
     if not (pt or bl or pr):
         return None
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    a1, a2, a3 = axes
+    panels = [k for k, v in (("patch", pt), ("block", bl), ("probe", pr)) if v]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2), squeeze=False)
+    ax = dict(zip(panels, axes[0]))
+    a1, a2, a3 = ax.get("patch"), ax.get("block"), ax.get("probe")
     if pt:
         x = np.array(pt["layers"])
         _band(a1, x, pt["delta_auc"], "difference", COLORS["eval"],
@@ -104,8 +106,6 @@ def _cache(summary: Mapping[str, Any], out_dir: Path) -> Path | None:
         h1, l1 = a1.get_legend_handles_labels()
         h2, l2 = a1b.get_legend_handles_labels()
         a1.legend(h1 + h2, l1 + l2, fontsize=7, loc="best")
-    else:
-        a1.set_axis_off()
     if bl:
         names = [("cache_minus_none", "after the answer"), ("control_minus_none", "control")]
         vals = [bl[k]["mean"] for k, _ in names]
@@ -118,8 +118,6 @@ def _cache(summary: Mapping[str, Any], out_dir: Path) -> Path | None:
         a2.axhline(0, color="grey", linewidth=0.6)
         a2.set_ylabel("mean change of the self-check's logit difference (nats)")
         a2.set_title("self-check: the verdict position's attention blocked", fontsize=9)
-    else:
-        a2.set_axis_off()
     if pr:
         band = summary["random_band"]
         for task, color in (("eval", COLORS["eval"]), ("gen", COLORS["gen"])):
@@ -133,13 +131,16 @@ def _cache(summary: Mapping[str, Any], out_dir: Path) -> Path | None:
         a3.set_ylabel("cosine")
         a3.set_title(f"probe direction vs gamma * (W_U[{tok[0]}] - W_U[{tok[1]}])", fontsize=9)
         a3.legend(fontsize=7)
-    else:
-        a3.set_axis_off()
     fig.suptitle(f"{summary.get('model')}: does the judge read what the generator cached? "
                  f"n = {g['n']}, {g['n_passages']} passages", fontsize=10)
     fig.tight_layout()
     notes = ["bands and bars: 95% bootstrap over passages; AUC changes are paired (same "
              "resamples)"]
+    sc = (g.get("self_vs_judge") or {}).get("self_check") or {}
+    if sc.get("no_verdict") == 0 and sc.get("accept_right") == sc.get("accept_wrong") in (0.0,
+                                                                                         1.0):
+        notes.append("the self-check's greedy verdict is the same on every record: its "
+                     "balanced accuracy is 0.5 by construction")
     if g.get("note"):
         notes.append(g["note"])
     footnote(fig, notes)
