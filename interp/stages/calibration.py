@@ -59,6 +59,7 @@ from interp.core.layers import parse_layers
 from interp.models.loading import ModelHandle
 from interp.stages.common import ok_records, stage_facts
 from interp.stages.configs import CalibrationConfig
+from interp.store.records import qa_key
 from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SIGNALS", "SUMMARIES", "CalibrationConfig", "Config", "format_summary",
@@ -125,20 +126,34 @@ def _records(run_dir: RunDir, handle: ModelHandle, cfg: CalibrationConfig, *, ov
     settings = {"patch": cfg.patch, "patch_layers": patch_layers if cfg.patch else None,
                 "block": cfg.block, "max_new_tokens": cfg.max_new_tokens, "version": 1}
     parts = []
-    selfs = [_self_prompt(rec, handle.tokenizer, tp) for rec in records]
-    states: dict[int, Any] = {}                  # self-check states made in this call
+    # the control's donor: the ok record before it in the run's records.jsonl (cyclic), so a
+    # part's control does not depend on which records a call selects (limit, a share)
+    run_recs = [r for r in run_dir.read_records(status="ok")
+                if (r.get("generation") or "").strip()]
+    order = ["/".join(qa_key(r)) for r in run_recs]
+    before = {k: run_recs[(i - 1) % len(run_recs)] for i, k in enumerate(order)}
+    selfs: dict[str, Any] = {}
+    states: dict[str, Any] = {}                  # self-check states made in this call
 
-    def donor(i: int) -> Any:
-        j = (i - 1) % len(records)               # the control: the record before (cyclic)
-        if j not in states:
-            states[j] = states_after_answer(handle, selfs[j])
-        return states[j]
+    def self_of(rec: Mapping[str, Any]) -> Any:
+        k = "/".join(qa_key(rec))
+        if k not in selfs:
+            selfs[k] = _self_prompt(rec, handle.tokenizer, tp)
+        return selfs[k]
+
+    def donor(rec: Mapping[str, Any]) -> Any:
+        k = "/".join(qa_key(rec))
+        if k not in states:
+            states[k] = states_after_answer(handle, self_of(rec))
+        return states[k]
 
     with tqdm(total=len(records), desc="calibration", unit="record",
               disable=not cfg.progress) as bar:
-        for i, (rec, sc) in enumerate(zip(records, selfs)):
+        for rec in records:
+            key = "/".join(qa_key(rec))
+            sc = self_of(rec)
             ev = rerender(rec, "eval", handle.tokenizer, templates_path=tp)
-            ctrl = selfs[(i - 1) % len(records)]
+            ctrl = self_of(before[key])
             sig = signature({"model": handle.spec, "sha256": handle.info.get("sha256"), **facts,
                              "replies": replies.id_lists(), **settings,
                              "ids": {"eval": ev.input_ids, "self": sc.input_ids,
@@ -150,12 +165,12 @@ def _records(run_dir: RunDir, handle: ModelHandle, cfg: CalibrationConfig, *, ov
             else:
                 r = self_check(handle, sc, replies, max_new_tokens=cfg.max_new_tokens,
                                block=cfg.block)
-                states[i] = r.pop("states")
+                states[key] = r.pop("states")
                 if cfg.patch:
-                    r["patch"] = patch_verdict_position(handle, ev.input_ids, states[i],
+                    r["patch"] = patch_verdict_position(handle, ev.input_ids, states[key],
                                                         replies, layers=patch_layers,
-                                                        control=donor(i))
-                    r["patch"]["control_record"] = records[(i - 1) % len(records)]["id"]
+                                                        control=donor(before[key]))
+                    r["patch"]["control_record"] = before[key]["id"]
                 part = {"id": rec["id"], "dataset": rec["dataset"], **r,
                         "n_tokens": {"eval": len(ev), "self": len(sc)}}
                 write_json(f, {"signature": sig, "part": part})
@@ -257,9 +272,9 @@ def _group(rows: Sequence[Mapping[str, Any]], cfg: CalibrationConfig,
                       "flip_share": [float(np.mean(np.sign(P[:, i]) != np.sign(base)))
                                      for i in k],
                       "control": "each record's eval prompt patched with the state after the "
-                                 "answer of the record before it (cyclic): a foreign state "
-                                 "that moves the verdict as much but says nothing about this "
-                                 "answer"}
+                                 "answer of the ok record before it in the run (cyclic): a "
+                                 "foreign state that moves the verdict as much but says "
+                                 "nothing about this answer"}
     if all("block" in r for r in rows) and rows:
         s["block"] = {}
         for key in ("logit_diff", "first_logit_diff"):

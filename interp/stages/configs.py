@@ -454,7 +454,7 @@ class CalibrationConfig:
         n_bins: ECE bins (both binnings, equal-mass and equal-width, are reported).
         patch: patch the generator conversation's state after the answer into the fresh
             judge's verdict position, by layer, and (the control) the state after the answer
-            of the record before it in the selection (the last record's for the first).
+            of the ok record before it in the run's records (the last one's for the first).
         patch_layers: the patched layers (``blocks.L.hook_resid_pre``).
         block: block the self-check verdict position's attention to the first position after
             the answer (and to the control position).
