@@ -83,7 +83,7 @@ def _cache(summary: Mapping[str, Any], out_dir: Path) -> Path | None:
     if not (pt or bl or pr):
         return None
     panels = [k for k, v in (("patch", pt), ("block", bl), ("probe", pr)) if v]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.3 * len(panels), 4.2), squeeze=False)
     ax = dict(zip(panels, axes[0]))
     a1, a2, a3 = ax.get("patch"), ax.get("block"), ax.get("probe")
     if pt:
@@ -97,11 +97,11 @@ def _cache(summary: Mapping[str, Any], out_dir: Path) -> Path | None:
         a1b = a1.twinx()
         _band(a1b, x, pt["delta_logit_diff"], "mean", COLORS["gen"],
               "mean change of the logit difference (nats, right axis)")
-        a1b.set_ylabel("change of log P(C) - log P(I) (nats)", color=COLORS["gen"])
+        a1b.set_ylabel("change of the logit difference (nats)", color=COLORS["gen"])
         a1.axhline(0, color="grey", linewidth=0.6)
         a1.set_xlabel("layer L (blocks.L.hook_resid_pre patched at the verdict position)")
         a1.set_ylabel("change of AUC", color=COLORS["eval"])
-        a1.set_title("the generator's state after its answer, patched into the fresh judge",
+        a1.set_title("the generator's state after its answer,\npatched into the fresh judge",
                      fontsize=9)
         h1, l1 = a1.get_legend_handles_labels()
         h2, l2 = a1b.get_legend_handles_labels()
@@ -116,8 +116,9 @@ def _cache(summary: Mapping[str, Any], out_dir: Path) -> Path | None:
         a2.set_xticklabels([f"block: {n}\nAUC change {_ci(bl['auc'][k2], 'difference')}"
                             for (_, n), k2 in zip(names, ("cache", "control"))], fontsize=7.5)
         a2.axhline(0, color="grey", linewidth=0.6)
-        a2.set_ylabel("mean change of the self-check's logit difference (nats)")
-        a2.set_title("self-check: the verdict position's attention blocked", fontsize=9)
+        a2.set_ylabel("mean change of the logit difference (nats)")
+        a2.set_title("self-check: the verdict position's attention\nto one position blocked",
+                     fontsize=9)
     if pr:
         band = summary["random_band"]
         for task, color in (("eval", COLORS["eval"]), ("gen", COLORS["gen"])):
@@ -130,7 +131,7 @@ def _cache(summary: Mapping[str, Any], out_dir: Path) -> Path | None:
         a3.set_xlabel("layer of the probe (resid_post)")
         a3.set_ylabel("cosine")
         a3.set_title(f"probe direction vs gamma * (W_U[{tok[0]}] - W_U[{tok[1]}])", fontsize=9)
-        a3.legend(fontsize=7)
+        a3.legend(fontsize=7, loc="best", framealpha=0.6)
     fig.suptitle(f"{summary.get('model')}: does the judge read what the generator cached? "
                  f"n = {g['n']}, {g['n_passages']} passages", fontsize=10)
     fig.tight_layout()
