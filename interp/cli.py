@@ -57,8 +57,8 @@ def _is_usage_error(err: Exception) -> bool:
 
 
 ORDER = ("run", "asymmetry", "metrics", "view", "attention", "heads", "probe", "patch", "steer",
-         "lens", "pairwise", "record", "audit", "reasoning", "transfer", "merge", "serve",
-         "oracle-agreement")
+         "lens", "calibration", "pairwise", "record", "audit", "reasoning", "transfer", "merge",
+         "serve", "oracle-agreement")
 """The order of ``interp --help`` and the CLI reference: the one a user meets the commands in
 (the demo's ``run`` first, then Study 1 and its outputs, the stages, scale and servers)."""
 

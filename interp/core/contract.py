@@ -320,6 +320,20 @@ SPECS: tuple[StageSpec, ...] = (
         summaries={"lens/summary.json": "lens_summary.json"},
         figures=("figures/lens_*.png",)),
     StageSpec(
+        name="calibration", command="calibration", module="interp.stages.calibration",
+        config="CalibrationConfig", model_needs=frozenset({"attention", "activations",
+                                                           "weights"}),
+        folder="calibration", needs=(_RECORDS,),
+        help="Does the judge know what the generator knew? Calibration of four confidence "
+             "signals, the self-check in the generator's conversation, and its cache.",
+        parts=(Part("calibration/parts/{dataset}__{id}.json", "calibration parts", "record",
+                    "JSON key 'signature' (model, runtime facts, verdict replies, the eval and "
+                    "self-check prompts' token ids, patch and block settings)",
+                    naming="flat"),),
+        tables=("calibration/summary.json", "calibration/records.jsonl"),
+        summaries={"calibration/summary.json": "calibration_summary.json"},
+        figures=("figures/calibration_*.png",)),
+    StageSpec(
         name="pairwise", command="pairwise", module="interp.stages.pairwise",
         config="PairwiseConfig", model_needs=frozenset({"attention", "activations", "weights"}),
         folder="pairwise", needs=(_RECORDS,),

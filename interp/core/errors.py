@@ -26,6 +26,7 @@ __all__ = [
     "InterpError",
     "Interrupted",
     "LayerSpecError",
+    "CalibrationError",
     "LensError",
     "PairwiseError",
     "ModelSpecError",
@@ -136,6 +137,10 @@ class PairError(PatchingError):
     def __init__(self, message: str, reason: str = "other"):
         super().__init__(message)
         self.reason = reason
+
+
+class CalibrationError(InterpError):
+    """Bad calibration-stage input (bins, folds, a layer outside the model)."""
 
 
 class LensError(InterpError):

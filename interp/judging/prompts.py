@@ -51,6 +51,11 @@ SPANS = ("context", "question", "candidate", "template")
 """Span labels; every prompt position has exactly one. ``reference`` counts as its own field
 when a template uses it, and is reported under that name."""
 
+SELF_CHECK_USER = ('Judge whether your answer is correct given the context. Reply with '
+                   'exactly "Correct" or "Incorrect".')
+"""The self-check's verdict question when a template names none (:func:`render_self_check`):
+the default eval instruction with "the proposed answer" as "your answer"."""
+
 JUDGES = ("word", "reasoning")
 """How a template's judge replies (:attr:`Template.judge`)."""
 
@@ -64,7 +69,10 @@ class Template:
 
     ``judge`` is how the judge replies: ``"word"`` (the paper's one-word verdict) or
     ``"reasoning"`` (it reasons first and ends with a verdict line,
-    :mod:`interp.judging.reasoning`).
+    :mod:`interp.judging.reasoning`). ``self_user`` is the verdict question of the self-check
+    (:func:`render_self_check`), asked as a new user turn after the generator's own answer;
+    "" means :data:`SELF_CHECK_USER`. It has no fields (the context, question and answer are
+    already in the conversation).
     """
 
     name: str
@@ -74,6 +82,7 @@ class Template:
     eval_system: str = ""
     description: str = ""
     judge: str = "word"
+    self_user: str = ""
 
     def __post_init__(self) -> None:
         if self.judge not in JUDGES:
@@ -90,6 +99,9 @@ class Template:
                 raise PromptError(f"template {self.name!r} ({task}) lacks {sorted(missing)}")
             if len(names) != len(set(names)):
                 raise PromptError(f"template {self.name!r} ({task}) repeats a field")
+        if any(f is not None for _, f, _, _ in string.Formatter().parse(self.self_user)):
+            raise PromptError(f"template {self.name!r}: self_user takes no fields (the "
+                              f"conversation already holds the context, question and answer)")
 
 
 def load_templates(path: str | Path | None = None) -> dict[str, Template]:
@@ -357,6 +369,24 @@ def render(
                      {k: values["answer" if k == "candidate" else k] for k in user_spans})
 
 
+def _locate(text: str, content: str, start: int = 0, *, last: bool = True) -> tuple[int, int]:
+    """``(base, shift)``: where ``content`` lies in ``text``.
+
+    ``shift`` is the leading whitespace a chat template trimmed (Llama 3 does ``| trim``).
+
+    Raises:
+        PromptError: the chat template rewrote the content.
+    """
+    find = text.rfind if last else text.find
+    base, shift = find(content, start), 0
+    if base < 0:
+        base = find(content.strip(), start)
+        shift = len(content) - len(content.lstrip())
+    if base < 0:
+        raise PromptError("the chat template rewrote a message; cannot locate spans")
+    return base, shift
+
+
 def _tokenize(tokenizer: Any, task: str, messages: list[dict[str, str]],
               user_spans: Mapping[str, tuple[int, int]], span_text: Mapping[str, str]
               ) -> RenderedPrompt:
@@ -365,17 +395,16 @@ def _tokenize(tokenizer: Any, task: str, messages: list[dict[str, str]],
     templated = bool(getattr(tokenizer, "chat_template", None))
     if templated:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        base = text.rfind(user)
-        shift = 0
-        if base < 0:  # templates that trim the content (Llama 3 does `| trim`)
-            stripped = user.strip()
-            base = text.rfind(stripped)
-            shift = len(user) - len(user.lstrip())
-        if base < 0:
-            raise PromptError("the chat template rewrote the user message; cannot locate spans")
+        base, shift = _locate(text, user)
     else:  # a base model without a chat template: plain text
         text, base, shift = user + "\n", 0, 0
     char_spans = {k: (s + base - shift, e + base - shift) for k, (s, e) in user_spans.items()}
+    return _label(tokenizer, task, text, char_spans, span_text, templated)
+
+
+def _label(tokenizer: Any, task: str, text: str, char_spans: dict[str, tuple[int, int]],
+           span_text: Mapping[str, str], templated: bool) -> RenderedPrompt:
+    """Step 3 of the module algorithm on a rendered text whose fields are located."""
     for k, (s, e) in char_spans.items():
         if text[s:e] != span_text[k]:
             raise PromptError(f"span {k!r} not found at its place in the rendered prompt")
@@ -397,6 +426,52 @@ def _tokenize(tokenizer: Any, task: str, messages: list[dict[str, str]],
     check_spans(text, offsets, char_spans, token_spans)
     return RenderedPrompt(task=task, text=text, input_ids=ids, char_spans=char_spans,
                           token_spans=token_spans, labels=labels)
+
+
+def render_self_check(tokenizer: Any, template: Template, *, context: str, question: str,
+                      answer: str) -> RenderedPrompt:
+    """The self-check: the verdict question asked in the generator's own conversation.
+
+    The messages are the generation prompt's (system turn if the variant has one, user turn),
+    then ``answer`` as the assistant turn (the generator's own reply), then the template's
+    ``self_user`` (default :data:`SELF_CHECK_USER`) as a new user turn, rendered with the
+    generation prompt of the chat template; the last position is the self-check's verdict
+    position. Spans: ``context`` and ``question`` in the first user turn, ``candidate`` (the
+    answer) in the assistant turn, ``template`` elsewhere; ``token_spans["candidate"][1]`` is
+    the first position after the answer (for ChatML templates the end-of-turn marker). Task
+    name: ``"self"``.
+
+    Args:
+        tokenizer: a fast tokenizer with a chat template.
+        template: the variant (its ``gen_*`` messages and ``self_user``).
+        context: the passage.
+        question: the question.
+        answer: the generator's reply as it produced it (non-empty).
+
+    Returns:
+        The :class:`RenderedPrompt`.
+
+    Raises:
+        PromptError: no chat template, an empty answer, or a turn the chat template rewrites.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise PromptError("the self-check needs a chat template (a conversation of turns)")
+    if not answer.strip():
+        raise PromptError("the self-check needs a non-empty answer")
+    msgs, values, user_spans = _messages(template, "gen", context=context, question=question,
+                                         answer=None, reference=None)
+    user = msgs[-1]["content"]
+    msgs = msgs + [{"role": "assistant", "content": answer},
+                   {"role": "user", "content": template.self_user or SELF_CHECK_USER}]
+    text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    base, shift = _locate(text, user, last=False)
+    char_spans = {k: (s + base - shift, e + base - shift) for k, (s, e) in user_spans.items()}
+    user_end = base - shift + len(user)
+    a0, a_shift = _locate(text, answer, user_end, last=False)
+    stripped = answer.strip() if a_shift or text[a0:a0 + len(answer)] != answer else answer
+    char_spans["candidate"] = (a0, a0 + len(stripped))
+    span_text = {**{k: values[k] for k in user_spans}, "candidate": stripped}
+    return _label(tokenizer, "self", text, char_spans, span_text, True)
 
 
 PAIRWISE_FIELDS = {"context": "context", "question": "question", "answer_a": "answer_a",

@@ -183,7 +183,7 @@ def balanced_weights(y: Bool[np.ndarray, " n"]) -> Float[np.ndarray, " n"]:
 
 def fit_probe(X: Float[np.ndarray, "n d"], y: Bool[np.ndarray, " n"], kind: str = "logreg", *,
               C: float = 1.0, mlp_hidden: int = 64, mlp_alpha: float = 1e-2,
-              seed: int = 0) -> FittedProbe:
+              seed: int = 0, balanced: bool = True) -> FittedProbe:
     """Fit one probe on standardised features (module docstring, step 4).
 
     Args:
@@ -197,6 +197,10 @@ def fit_probe(X: Float[np.ndarray, "n d"], y: Bool[np.ndarray, " n"], kind: str 
         mlp_alpha: L2 penalty of the MLP.
         seed: the MLP's initialisation and the SVM's coordinate-descent order (so a fit is
             reproducible).
+        balanced: weigh both classes equally (the default, for accuracy on a rare class);
+            False fits ``logreg`` unweighted, so ``sigmoid(decision)`` estimates ``P(y | x)``
+            at the data's base rate (what a calibration measure reads,
+            :mod:`interp.methods.calibration`; ``svm`` and ``mlp`` stay balanced).
 
     Returns:
         The :class:`FittedProbe`.
@@ -221,7 +225,8 @@ def fit_probe(X: Float[np.ndarray, "n d"], y: Bool[np.ndarray, " n"], kind: str 
                                weights=[w.copy() for w in mlp.coefs_],
                                biases=[b.copy() for b in mlp.intercepts_])
         if kind == "logreg":
-            clf = LogisticRegression(C=C, class_weight="balanced", max_iter=2000).fit(Z, y)
+            clf = LogisticRegression(C=C, class_weight="balanced" if balanced else None,
+                                     max_iter=2000).fit(Z, y)
         else:
             clf = LinearSVC(C=C, class_weight="balanced", max_iter=5000, dual="auto",
                             random_state=seed).fit(Z, y)

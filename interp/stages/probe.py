@@ -28,25 +28,20 @@ Algorithm of :func:`run` (the methods are :mod:`interp.methods.probing`, numbere
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from interp.analysis.stats import fit_note, make_folds, passage_groups
 from interp.core.contract import spec
-from interp.core.errors import Interrupted, ProbeError
+from interp.core.errors import ProbeError
 from interp.core.io import is_fresh, read_json, signature, write_json
 from interp.core.layers import parse_layers
-from interp.judging.prompts import rerender
 from interp.judging.residual_features import (
     HOOK_POINT,
     HOOK_POINT_DOC,
-    POOLS,
-    extract_features,
     task_pools,
 )
 from interp.methods.probing import (
@@ -68,18 +63,15 @@ from interp.stages.common import check_run_model, refuse_reasoning_judge, stage_
 from interp.stages.configs import ProbeConfig
 from interp.stages.stored import (
     FEATURES_VERSION,
-    drop_stale_features,
-    features_ident,
+    cached_features,
     features_path,
-    read_features,
     store_features,
-    write_features,
 )
 from interp.store.records import Record, limit_per_dataset, qa_key
 from interp.store.rundir import RunDir
 
 __all__ = ["NAME", "SPEC", "SUMMARIES", "Config", "ProbeConfig", "cached_features",
-           "format_summary", "load_probe_records", "run", "store_features"]
+           "features_path", "format_summary", "load_probe_records", "run", "store_features"]
 
 SPEC = spec("probe")
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
@@ -119,93 +111,6 @@ def load_probe_records(run: RunDir, handle: ModelHandle | None = None) -> list[R
             raise ProbeError(f"the records were made by {models}, the loaded model is "
                              f"{handle.spec!r}: probe with the model that made them")
     return records
-
-
-def cached_features(run: RunDir, handle: ModelHandle, records: Sequence[Record], task: str, *,
-                    pools: Sequence[str] = POOLS, batch_size: int = 4,
-                    templates_path: str | None = None, chunk: int = 32,
-                    facts: Mapping[str, Any] | None = None, recompute: bool = False,
-                    log: Callable[[str], None] = print) -> tuple[dict[str, np.ndarray], dict]:
-    """Features of ``records`` for ``task``, read from / appended to the run's cache (step 2).
-
-    The cache's signature covers the model (spec, sha256), hook point, depth, version and the
-    result-relevant runtime facts; each cached row also stores the signature of its prompt's
-    token ids, and a row whose record now renders to other token ids (same record id, e.g.
-    after ``interp asymmetry --overwrite`` with another template) is recomputed. The harness
-    fills this cache in its one pass (:func:`store_features`), so after it no forward runs.
-
-    Args:
-        run: the run directory.
-        handle: the model that made the records.
-        records: ``ok`` records.
-        task: ``eval`` or ``gen``.
-        pools: pools wanted (a cache missing one is recomputed).
-        batch_size: prompts per forward.
-        templates_path: the run's template file.
-        chunk: records per cache write.
-        facts: :func:`interp.models.loading.result_facts` of this call (None: not keyed on them).
-        recompute: ignore the cache and compute every record's features again.
-        log: progress lines.
-
-    Returns:
-        ``({pool: [n_records, n_layers, d_model] float32 array in records' order}, info)`` with
-        ``info = {"candidate_fallback": [record keys], "n_computed": int, "signature": str}``
-        (``signature``: of the cache and of every record's prompt, in order).
-
-    Raises:
-        interp.core.errors.RunDirError: a record whose re-rendered prompt does not match it.
-    """
-    pools = task_pools(task, pools)
-    path = features_path(run, task)
-    ident = features_ident(handle, facts)
-    sig = signature(ident)
-    prompts = {_key(r): rerender(r, task, handle.tokenizer, templates_path=templates_path)
-               for r in records}
-    now = {k: signature(p.input_ids) for k, p in prompts.items()}
-    cache = ({}, [], [], []) if recompute else read_features(path, sig, pools, log)
-    have, keys, sigs, fallback = drop_stale_features(*cache, now=now)
-    known = set(keys)
-    todo = [r for r in records if _key(r) not in known]
-    if todo:
-        log(f"[probe] {task} prompt: {len(records) - len(todo)} records cached, "
-            f"{len(todo)} to extract")
-    all_pools = sorted(set(pools) | set(have)) if have else list(pools)
-    t0 = time.perf_counter()
-    for s in range(0, len(todo), chunk):
-        part = todo[s:s + chunk]
-        try:
-            feats, fell = extract_features(handle, [prompts[_key(r)] for r in part],
-                                           pools=all_pools, batch_size=batch_size)
-        except Interrupted as exc:  # keep the features of the chunk's finished batches
-            idx, feats, fell = exc.done
-            if idx:
-                part = [part[i] for i in idx]
-                _append(have, keys, sigs, fallback, feats, fell, part, now, all_pools)
-                write_features(path, have, ident, keys, sigs, all_pools, fallback)
-            raise
-        _append(have, keys, sigs, fallback, feats, fell, part, now, all_pools)
-        write_features(path, have, ident, keys, sigs, all_pools, fallback)
-        log(f"[probe] {task}: {len(keys)} / {len(records)} records "
-            f"({time.perf_counter() - t0:.0f} s)")
-    pos = {k: i for i, k in enumerate(keys)}
-    idx = [pos[_key(r)] for r in records]
-    out = {p: have[p][idx].numpy() for p in pools}
-    want = {_key(r) for r in records}
-    return out, {"candidate_fallback": [k for k in fallback if k in want],
-                 "n_computed": len(todo),
-                 "signature": signature({"cache": sig, "prompts": [now[_key(r)] for r in records],
-                                         "pools": list(pools)})}
-
-
-def _append(have: dict[str, torch.Tensor], keys: list[Any], sigs: list[Any],
-            fallback: list[Any], feats: Mapping[str, torch.Tensor], fell: Sequence[bool],
-            part: Sequence[Record], now: Mapping[Any, Any], pools: Sequence[str]) -> None:
-    """Add the features of ``part`` (in its order) to the cache's rows, in place."""
-    for p in pools:
-        have[p] = torch.cat([have[p], feats[p]]) if p in have and len(keys) else feats[p]
-    keys += [_key(r) for r in part]
-    sigs += [now[_key(r)] for r in part]
-    fallback += [_key(r) for r, fb in zip(part, fell) if fb]
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Stored parts that more than one stage reads or writes: recordings, feature caches, metrics.
 
-The attention stage (:mod:`interp.stages.attention`) and the probe stage
-(:mod:`interp.stages.probe`) read these parts; the asymmetry harness writes them too, in its one
+The attention stage (:mod:`interp.stages.attention`), the probe stage
+(:mod:`interp.stages.probe`) and the calibration stage (:mod:`interp.stages.calibration`,
+through :func:`cached_features`) read these parts; the asymmetry harness writes them too, in its one
 pass (:mod:`interp.stages.asymmetry`, ``one_pass``, :func:`store_one_pass`), under the same
 signatures, so that the stages find them fresh and run no forward. The attention recorder
 (:func:`record_attention`) is here too: the audit stage (:mod:`interp.stages.audit`) uses it
@@ -13,6 +14,7 @@ attention stage's and the probe stage's ``parts``); no stage module imports anot
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from safetensors import safe_open
 
 from interp.analysis.span_mass import SPANS, TASKS, span_mass, span_names
 from interp.core.contract import spec
-from interp.core.errors import RunDirError
+from interp.core.errors import Interrupted, RunDirError
 from interp.core.io import (
     finite,
     is_fresh,
@@ -36,14 +38,15 @@ from interp.core.layers import parse_layers
 from interp.core.progress import tqdm
 from interp.hooks.recorder import record_rows
 from interp.judging.prefill import Capture
-from interp.judging.prompts import record_prompts
-from interp.judging.residual_features import HOOK_POINT
+from interp.judging.prompts import record_prompts, rerender
+from interp.judging.residual_features import HOOK_POINT, POOLS, extract_features, task_pools
 from interp.models.loading import ModelHandle
 from interp.stages.common import ok_records, stage_facts
 from interp.store.records import Record, limit_per_dataset, qa_key
 from interp.store.rundir import RunDir
 
-__all__ = ["FEATURES_VERSION", "RECORDING_VERSION", "activations_path", "features_path",
+__all__ = ["FEATURES_VERSION", "RECORDING_VERSION", "activations_path", "cached_features",
+           "features_path",
            "load_masses", "read_attention_summary", "record_attention", "rows_path",
            "qa_record_signature", "recording_signature", "save_recording", "store_features",
            "store_one_pass"]
@@ -397,3 +400,95 @@ def store_one_pass(run: RunDir, handle: ModelHandle, records: Sequence[Record],
     for t, items in feats.items():
         store_features(run, handle, t, items, facts=facts)
     return len(capture.got)
+
+
+def _record_key(rec: Record | Mapping[str, Any]) -> str:
+    return "/".join(qa_key(rec))
+
+
+def cached_features(run: RunDir, handle: ModelHandle, records: Sequence[Record], task: str, *,
+                    pools: Sequence[str] = POOLS, batch_size: int = 4,
+                    templates_path: str | None = None, chunk: int = 32,
+                    facts: Mapping[str, Any] | None = None, recompute: bool = False,
+                    log: Callable[[str], None] = print) -> tuple[dict[str, np.ndarray], dict]:
+    """Features of ``records`` for ``task``, read from / appended to the run's cache (step 2).
+
+    The cache's signature covers the model (spec, sha256), hook point, depth, version and the
+    result-relevant runtime facts; each cached row also stores the signature of its prompt's
+    token ids, and a row whose record now renders to other token ids (same record id, e.g.
+    after ``interp asymmetry --overwrite`` with another template) is recomputed. The harness
+    fills this cache in its one pass (:func:`store_features`), so after it no forward runs.
+
+    Args:
+        run: the run directory.
+        handle: the model that made the records.
+        records: ``ok`` records.
+        task: ``eval`` or ``gen``.
+        pools: pools wanted (a cache missing one is recomputed).
+        batch_size: prompts per forward.
+        templates_path: the run's template file.
+        chunk: records per cache write.
+        facts: :func:`interp.models.loading.result_facts` of this call (None: not keyed on them).
+        recompute: ignore the cache and compute every record's features again.
+        log: progress lines.
+
+    Returns:
+        ``({pool: [n_records, n_layers, d_model] float32 array in records' order}, info)`` with
+        ``info = {"candidate_fallback": [record keys], "n_computed": int, "signature": str}``
+        (``signature``: of the cache and of every record's prompt, in order).
+
+    Raises:
+        interp.core.errors.RunDirError: a record whose re-rendered prompt does not match it.
+    """
+    pools = task_pools(task, pools)
+    path = features_path(run, task)
+    ident = features_ident(handle, facts)
+    sig = signature(ident)
+    prompts = {_record_key(r): rerender(r, task, handle.tokenizer, templates_path=templates_path)
+               for r in records}
+    now = {k: signature(p.input_ids) for k, p in prompts.items()}
+    cache = ({}, [], [], []) if recompute else read_features(path, sig, pools, log)
+    have, keys, sigs, fallback = drop_stale_features(*cache, now=now)
+    known = set(keys)
+    todo = [r for r in records if _record_key(r) not in known]
+    if todo:
+        log(f"[probe] {task} prompt: {len(records) - len(todo)} records cached, "
+            f"{len(todo)} to extract")
+    all_pools = sorted(set(pools) | set(have)) if have else list(pools)
+    t0 = time.perf_counter()
+    for s in range(0, len(todo), chunk):
+        part = todo[s:s + chunk]
+        try:
+            feats, fell = extract_features(handle, [prompts[_record_key(r)] for r in part],
+                                           pools=all_pools, batch_size=batch_size)
+        except Interrupted as exc:  # keep the features of the chunk's finished batches
+            idx, feats, fell = exc.done
+            if idx:
+                part = [part[i] for i in idx]
+                _append(have, keys, sigs, fallback, feats, fell, part, now, all_pools)
+                write_features(path, have, ident, keys, sigs, all_pools, fallback)
+            raise
+        _append(have, keys, sigs, fallback, feats, fell, part, now, all_pools)
+        write_features(path, have, ident, keys, sigs, all_pools, fallback)
+        log(f"[probe] {task}: {len(keys)} / {len(records)} records "
+            f"({time.perf_counter() - t0:.0f} s)")
+    pos = {k: i for i, k in enumerate(keys)}
+    idx = [pos[_record_key(r)] for r in records]
+    out = {p: have[p][idx].numpy() for p in pools}
+    want = {_record_key(r) for r in records}
+    return out, {"candidate_fallback": [k for k in fallback if k in want],
+                 "n_computed": len(todo),
+                 "signature": signature({"cache": sig,
+                                         "prompts": [now[_record_key(r)] for r in records],
+                                         "pools": list(pools)})}
+
+
+def _append(have: dict[str, torch.Tensor], keys: list[Any], sigs: list[Any],
+            fallback: list[Any], feats: Mapping[str, torch.Tensor], fell: Sequence[bool],
+            part: Sequence[Record], now: Mapping[Any, Any], pools: Sequence[str]) -> None:
+    """Add the features of ``part`` (in its order) to the cache's rows, in place."""
+    for p in pools:
+        have[p] = torch.cat([have[p], feats[p]]) if p in have and len(keys) else feats[p]
+    keys += [_record_key(r) for r in part]
+    sigs += [now[_record_key(r)] for r in part]
+    fallback += [_record_key(r) for r, fb in zip(part, fell) if fb]

@@ -15,8 +15,8 @@ from interp.store.rundir import RunDir
 
 def test_stage_list_is_explicit_and_complete():
     assert list(stages.STAGES) == [
-        "attention", "probe", "transfer", "patching", "steering", "lens", "pairwise", "record",
-        "audit", "reasoning"]
+        "attention", "probe", "transfer", "patching", "steering", "lens", "calibration",
+        "pairwise", "record", "audit", "reasoning"]
     for name, stage in pipeline.STAGES.items():
         assert stage.NAME == name
         assert callable(stage.run) and callable(stage.format_summary)
