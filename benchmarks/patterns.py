@@ -87,8 +87,17 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=["plain", "eager", "patterns", "streamed"])
     ap.add_argument("--skip-memory-above", type=float, default=6.0,
                     help="GiB of patterns above which the in-memory methods are left out")
+    ap.add_argument("--memory-only", action="store_true",
+                    help="measure memory alone (mallopt: blocks of 1 MiB or more mmapped, so "
+                         "the RSS follows the live tensors; this slows allocation, so time "
+                         "in another process)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.memory_only:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(-3, 2**20)  # M_MMAP_THRESHOLD
+        args.repeats = 0
 
     import torch
 
@@ -150,19 +159,21 @@ def main() -> None:
                 times[name].append((time.process_time() - c, time.perf_counter() - w))
                 del out
         for name in methods:
-            row[f"{name}_cpu_s"] = statistics.median(t[0] for t in times[name])
-            row[f"{name}_wall_s"] = statistics.median(t[1] for t in times[name])
-        if "patterns" in methods and "eager" in methods:
+            row[f"{name}_cpu_s"] = statistics.median(t[0] for t in times[name] or [(0, 0)])
+            row[f"{name}_wall_s"] = statistics.median(t[1] for t in times[name] or [(0, 0)])
+        if "patterns" in methods and "eager" in methods and not args.memory_only:
             with torch.no_grad(), attn_implementation(handle, "eager"):
                 ref = model(input_ids=ids[None], use_cache=False, output_attentions=True,
                             logits_to_keep=1).attentions
             got = patterns().acts["pattern"]
             row["patterns_max_abs_err_vs_eager"] = max(
                 float((got[x] - ref[x][0]).abs().max()) for x in range(n_layers))
+            del ref, got
+        if "patterns" in methods:
             rec = patterns()
             row["patterns_returned_mib"] = (rec.rows.nbytes + sum(
                 v.nbytes for v in rec.acts.values())) / 2**20
-            del ref, got, rec
+            del rec
         results.append(row)
         ref_cpu = row.get("eager_cpu_s")
         print(f"{n:>5} tokens, patterns {size_mib:.0f} MiB: " + " | ".join(
@@ -176,10 +187,15 @@ def main() -> None:
         for m in args.methods:
             if f"{m}_cpu_s" not in row:
                 continue
-            x = row[f"{m}_cpu_s"] / row["eager_cpu_s"] if "eager_cpu_s" in row else float("nan")
+            x = row[f"{m}_cpu_s"] / row["eager_cpu_s"] if row.get("eager_cpu_s") else float("nan")
             print(f"{row['tokens']:>6}  {m:<9} {row[f'{m}_cpu_s']:>6.2f}  "
                   f"{row[f'{m}_wall_s']:>6.2f}  {x:>12.2f}  {row[f'{m}_peak_mib']:>8.0f}  "
                   f"{row[f'{m}_peak_mib'] / row['patterns_mib']:>15.2f}")
+    for row in results:
+        if "patterns_returned_mib" in row:
+            print(f"{row['tokens']:>6}  patterns returns {row['patterns_returned_mib']:.0f} MiB in "
+                  f"all (patterns, residual streams, z, rows): peak / returned = "
+                  f"{row['patterns_peak_mib'] / row['patterns_returned_mib']:.2f}")
     print(f"\ntorch threads: {torch.get_num_threads()}")
     if args.out:
         Path(args.out).write_text(json.dumps({"threads": torch.get_num_threads(),

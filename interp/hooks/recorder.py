@@ -203,7 +203,7 @@ def pattern_attention(query: Float[Tensor, "1 head q d"], key: Float[Tensor, "1 
                       value: Float[Tensor, "1 kv_head k dv"], mask: Tensor | None,
                       scaling: float, emit: Callable[[int, Tensor], None], *,
                       into: Tensor | None = None,
-                      chunk_bytes: int = PATTERN_CHUNK_BYTES) -> Float[Tensor, "1 q head dv"]:
+                      chunk_bytes: int | None = None) -> Float[Tensor, "1 q head dv"]:
     """Attention whose output is computed from its full pattern, each head's pattern once.
 
     The eager algorithm (Vaswani et al. 2017; transformers' ``eager_attention_forward``):
@@ -228,7 +228,7 @@ def pattern_attention(query: Float[Tensor, "1 head q d"], key: Float[Tensor, "1 
             of its own) when it lies on the query's device; elsewhere the chunks are computed
             on the query's device and ``emit`` moves them.
         chunk_bytes: at most this many bytes of scores per chunk without ``into`` (at least one
-            head).
+            head; None: :data:`PATTERN_CHUNK_BYTES`, read at call time).
 
     Returns:
         The attention output ``[1, q, n_heads, dv]`` in the query's dtype (the layout
@@ -241,7 +241,8 @@ def pattern_attention(query: Float[Tensor, "1 head q d"], key: Float[Tensor, "1 
     q, k_t, v = query[0].float(), key[0].float().transpose(-1, -2), value[0].float()
     out = torch.empty(n_heads, q_len, v.shape[-1], dtype=torch.float32, device=dev)
     whole = into is not None and into.device == dev
-    step = n_heads if whole else max(1, chunk_bytes // (q_len * k_len * 4))
+    budget = PATTERN_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    step = n_heads if whole else max(1, budget // (q_len * k_len * 4))
     step = min(step, n_heads)
     buf = None if whole else torch.empty(step, q_len, k_len, dtype=torch.float32, device=dev)
     if mask is None:
