@@ -21,12 +21,18 @@ position that predicts the first output token):
    head_dim]`` (``attn.hook_z``), ``result_last`` ``[n_sel, n_heads, d_model]`` (each head's
    output at the last position projected by its slice of ``W_O``, TransformerLens
    ``hook_result``), and with ``patterns`` the full pattern ``[n_sel, n_heads, pos, pos]``
-   (``hook_pattern``), computed inside the attention function like the last row.
+   (``hook_pattern``), computed inside the attention function once per layer: in float32 the
+   layer's output is computed FROM it (:func:`pattern_attention`, as eager attention does,
+   in place, so no second pass beside SDPA), written into one tensor allocated before the
+   forward (no stacked copy: peak memory is the patterns plus the forward's own). A
+   half-precision model keeps SDPA's output (so that recording changes no other number) and
+   computes each head's pattern beside it.
 5. Streaming (:func:`record_stream`, used by ``interp record``): the same forward, but every
    tensor goes to the caller's ``sink`` the moment it is computed and nothing is kept: the full
    pattern of a layer in chunks of query heads (at most :data:`PATTERN_CHUNK_BYTES` of float32
-   scores per chunk), the residual streams and ``attn.hook_z`` through
-   :func:`interp.hooks.capture.hooked` with ``stream``. Peak memory is one chunk plus the
+   scores per chunk; in float32 each chunk also gives its heads' output, as in step 4), the
+   residual streams and ``attn.hook_z`` through :func:`interp.hooks.capture.hooked` with
+   ``stream``. Peak memory is one chunk plus the
    forward's own, whatever the number of layers recorded.
 6. Context mass (:func:`context_mass`): of recorded last rows, the attention mass on a span
    (the context), mean over query heads and over a band of layers; the one definition that
