@@ -448,8 +448,11 @@ def _record_hf(handle: ModelHandle, ids: Tensor, layers: list[int],
             w_o = module_weight(resolve(model, hook_name(x, "attn.hook_z"))[0])  # [d_model, H*d]
             n_h, d_h = z_last.shape
             res.append(torch.einsum("hd,mhd->hm", z_last, w_o.view(-1, n_h, d_h).to(z_last)))
-        for key in ("resid_pre", "resid_post", "z"):
-            acts[key] = stack_cpu([store[_act_names(x)[key]][0] for x in layers])
+        for key in ("resid_pre", "resid_post", "z"):  # each stacked, then its sources freed
+            names = [_act_names(x)[key] for x in layers]
+            acts[key] = stack_cpu([store[n][0] for n in names])
+            for n in names:
+                del store[n]
         acts["result_last"] = stack_cpu(res)
         if patterns:
             acts["pattern"] = cap.pattern
