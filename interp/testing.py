@@ -36,6 +36,9 @@ Algorithm of :func:`tiny_tokenizer`:
 from __future__ import annotations
 
 import functools
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +57,9 @@ from interp.judging.prompts import get_template, render
 from interp.models.loading import ModelHandle
 from interp.store.rundir import RunDir
 
-__all__ = ["CHAT_TEMPLATE", "CORPUS", "FAMILIES", "LLAMA3_CHAT_TEMPLATE", "LLAMA31_ROPE_SCALING",
-           "llama31_checkpoint", "rehearsal_datasets", "synthetic_probe_run", "tiny_checkpoint",
+__all__ = ["CHAT_TEMPLATE", "CORPUS", "FAMILIES", "LLAMA3_CHAT_TEMPLATE", "LLAMA31_8B",
+           "LLAMA31_ROPE_SCALING", "llama31_checkpoint", "llama31_standin", "mmap_large_blocks",
+           "peak_rss_rise", "rehearsal_datasets", "synthetic_probe_run", "tiny_checkpoint",
            "tiny_llama", "tiny_tokenizer"]
 
 CHAT_TEMPLATE = (
@@ -180,8 +184,9 @@ def tiny_tokenizer(vocab_size: int = 512, template: str = "chatml") -> Any:
 def _config(tokenizer: Any, arch: str, **kw: Any) -> Any:
     """The transformers config of :func:`tiny_llama` (``kw``: shape and init settings)."""
     common = dict(
-        vocab_size=len(tokenizer), hidden_size=kw["d_model"],
-        intermediate_size=2 * kw["d_model"], num_hidden_layers=kw["n_layers"],
+        vocab_size=kw.get("vocab_size") or len(tokenizer), hidden_size=kw["d_model"],
+        intermediate_size=kw.get("intermediate_size") or 2 * kw["d_model"],
+        num_hidden_layers=kw["n_layers"],
         num_attention_heads=kw["n_heads"], num_key_value_heads=kw["n_kv_heads"],
         max_position_embeddings=kw["max_positions"], rope_theta=kw["rope_theta"],
         initializer_range=kw["init_std"], tie_word_embeddings=kw.get("tied", False),
@@ -190,6 +195,8 @@ def _config(tokenizer: Any, arch: str, **kw: Any) -> Any:
         attention_dropout=kw["attention_dropout"])
     if kw["rope_scaling"]:
         common["rope_scaling"] = dict(kw["rope_scaling"])
+    if kw.get("head_dim"):
+        common["head_dim"] = kw["head_dim"]
     if arch == "llama":
         return LlamaConfig(**common), LlamaForCausalLM
     if arch == "qwen2":
@@ -213,6 +220,10 @@ def tiny_llama(
     rope_theta: float = 10000.0,
     max_positions: int = 4096,
     tied: bool = False,
+    vocab_size: int | None = None,
+    head_dim: int | None = None,
+    intermediate_size: int | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> ModelHandle:
     """A tiny random GQA causal LM (``LlamaForCausalLM`` by default) built from a config.
 
@@ -235,6 +246,12 @@ def tiny_llama(
         rope_theta: RoPE base.
         max_positions: ``max_position_embeddings``.
         tied: tie the unembedding to the embedding (``tie_word_embeddings``, as SmolLM2 does).
+        vocab_size: rows of the embedding and unembedding (None: ``len(tokenizer)``); a
+            larger one gives a model the memory of a big vocabulary whose extra tokens the
+            tokenizer never produces.
+        head_dim: width of one head (None: ``d_model // n_heads``).
+        intermediate_size: MLP width (None: ``2 * d_model``).
+        dtype: the weights' dtype, drawn in it (a bfloat16 model never holds a float32 copy).
 
     Returns:
         A :class:`interp.models.loading.ModelHandle` (spec ``"tiny-llama"`` or ``"tiny-qwen2"``,
@@ -247,15 +264,23 @@ def tiny_llama(
                        n_kv_heads=n_kv_heads, init_std=init_std,
                        attn_implementation=attn_implementation,
                        attention_dropout=attention_dropout, rope_scaling=rope_scaling,
-                       rope_theta=rope_theta, max_positions=max_positions, tied=tied)
+                       rope_theta=rope_theta, max_positions=max_positions, tied=tied,
+                       vocab_size=vocab_size, head_dim=head_dim,
+                       intermediate_size=intermediate_size)
     torch.manual_seed(seed)
-    model = cls(cfg).eval()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        model = cls(cfg).eval()
+    finally:
+        torch.set_default_dtype(default)
     model.requires_grad_(False)
     spec = f"tiny-{arch}"
     info = {"spec": spec, "source": "random", "sha256": None, "revision": None,
             "n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": n_kv_heads,
-            "head_dim": d_model // n_heads, "d_model": d_model, "dtype": "float32",
-            "device": "cpu", "max_positions": max_positions}
+            "head_dim": head_dim or d_model // n_heads, "d_model": d_model,
+            "dtype": str(dtype).removeprefix("torch."), "device": "cpu",
+            "max_positions": max_positions}
     return ModelHandle(model=model, tokenizer=tokenizer, spec=spec, info=info)
 
 
@@ -302,6 +327,104 @@ def llama31_checkpoint(
                            d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, seed=seed,
                            vocab_size=vocab_size, dtype=dtype, rope_scaling=LLAMA31_ROPE_SCALING,
                            rope_theta=500000.0, max_positions=131072)
+
+
+LLAMA31_8B = {"d_model": 4096, "n_heads": 32, "n_kv_heads": 8, "head_dim": 128,
+              "intermediate_size": 14336, "vocab_size": 128256, "rope_theta": 500000.0,
+              "rope_scaling": LLAMA31_ROPE_SCALING, "max_positions": 131072, "tied": False}
+"""Llama-3.1-8B(-Instruct)'s config.json in :func:`tiny_llama`'s terms (32 layers there)."""
+
+
+def llama31_standin(n_layers: int = 4, *, narrow: int | None = None, seed: int = 0,
+                    dtype: torch.dtype = torch.bfloat16) -> ModelHandle:
+    """A random model with Llama-3.1-8B's configuration except the number of layers.
+
+    :data:`LLAMA31_8B`: hidden 4,096, 32 query / 8 key-value heads of width 128, MLP 14,336,
+    vocabulary 128,256 (untied), ``rope_theta`` 500,000 with :data:`LLAMA31_ROPE_SCALING`;
+    Llama 3's chat template and special tokens through :func:`tiny_tokenizer`
+    (``template="llama3"``, whose small BPE never produces the ids above its own 512). Weights
+    are drawn in ``dtype`` with ``initializer_range`` 0.02 (Llama's), so a 4-layer bfloat16
+    stand-in holds 3.6 GB of weights and never a float32 copy. The paper-shaped memory and
+    time model of docs/performance.md is measured on it (``benchmarks/standin.py``).
+
+    Args:
+        n_layers: decoder blocks (32 in the real model).
+        narrow: a smaller hidden and MLP width (``narrow`` and ``2 * narrow``) that keeps the
+            vocabulary, the head layout (32 / 8 heads of width 128) and the rope scaling: the
+            reduced stand-in of the memory-bound tests.
+        seed: seed of the random weights.
+        dtype: the weights' dtype (bfloat16, as Llama 3.1's checkpoint).
+
+    Returns:
+        A :class:`interp.models.loading.ModelHandle` on the CPU.
+    """
+    shape = dict(LLAMA31_8B)
+    if narrow:
+        shape.update(d_model=int(narrow), intermediate_size=2 * int(narrow))
+    return tiny_llama(tiny_tokenizer(template="llama3"), n_layers=n_layers, seed=seed,
+                      init_std=0.02, dtype=dtype, **shape)
+
+
+def mmap_large_blocks(threshold: int = 2**20) -> bool:
+    """Make glibc serve every allocation of ``threshold`` bytes or more by ``mmap``.
+
+    Such a block goes back to the system when it is freed, so the resident set size follows
+    the live tensors; by default glibc raises its threshold up to 32 MiB as blocks are freed,
+    and a later tensor below it reuses freed heap memory without raising the RSS. Process-wide
+    and lasting; used by :func:`peak_rss_rise`'s callers (memory tests, benchmarks).
+
+    Returns:
+        Whether the setting took (False where the C library is not glibc).
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(-3, int(threshold)))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
+def peak_rss_rise(fn: Callable[[], Any], every_s: float = 0.002) -> tuple[Any, float]:
+    """Call ``fn`` and measure its peak resident memory above the memory before it.
+
+    A thread reads ``VmRSS`` from ``/proc/self/status`` every ``every_s`` seconds while
+    ``fn`` runs (torch releases the GIL in its kernels). A peak shorter than the interval can
+    be missed, so the result is a lower bound of the true peak: good for asserting that
+    memory grew at least so much, and, after :func:`mmap_large_blocks` (freed tensors go back
+    to the system, later ones cannot hide in them), for asserting it stayed within a budget.
+
+    Returns:
+        ``(fn's result, peak rise in MiB)``.
+
+    Raises:
+        OSError: no ``/proc/self/status`` (Linux only).
+    """
+    def rss() -> float:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise OSError("no VmRSS in /proc/self/status")
+
+    base = rss()
+    peak = [base]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss())
+            time.sleep(every_s)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        out = fn()
+        peak[0] = max(peak[0], rss())
+    finally:
+        done.set()
+        t.join()
+    return out, peak[0] - base
 
 
 def tiny_checkpoint(path: str | Path, *, template: str = "chatml", arch: str = "llama",

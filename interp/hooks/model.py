@@ -256,11 +256,12 @@ class HookedModel:
         rows = None
         if self.backend_name == "hf":
             with torch.no_grad(), inference_guard(self.model), \
-                    recording(self.handle, pattern_layers) as cap, \
+                    recording(self.handle, pattern_layers, ids.shape[1]) as cap, \
                     hooked(self.model, cache=points) as store:
                 out = self.model(input_ids=ids, use_cache=False, logits_to_keep=keep)
             acts = dict(store)
-            acts.update({f"blocks.{x}.{PATTERN}": cap.pattern[x][None] for x in pattern_layers})
+            acts.update({f"blocks.{x}.{PATTERN}": cap.pattern[cap.pattern_index[x]][None]
+                         for x in pattern_layers})
             rows = torch.stack([cap.rows[x][0] for x in range(self.n_layers)]).float().cpu()
             out_logits = out.logits
         else:

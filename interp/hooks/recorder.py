@@ -21,12 +21,18 @@ position that predicts the first output token):
    head_dim]`` (``attn.hook_z``), ``result_last`` ``[n_sel, n_heads, d_model]`` (each head's
    output at the last position projected by its slice of ``W_O``, TransformerLens
    ``hook_result``), and with ``patterns`` the full pattern ``[n_sel, n_heads, pos, pos]``
-   (``hook_pattern``), computed inside the attention function like the last row.
+   (``hook_pattern``), computed inside the attention function once per layer: in float32 the
+   layer's output is computed FROM it (:func:`pattern_attention`, as eager attention does,
+   in place, so no second pass beside SDPA), written into one tensor allocated before the
+   forward (no stacked copy: peak memory is the patterns plus the forward's own). A
+   half-precision model keeps SDPA's output (so that recording changes no other number) and
+   computes each head's pattern beside it.
 5. Streaming (:func:`record_stream`, used by ``interp record``): the same forward, but every
    tensor goes to the caller's ``sink`` the moment it is computed and nothing is kept: the full
    pattern of a layer in chunks of query heads (at most :data:`PATTERN_CHUNK_BYTES` of float32
-   scores per chunk), the residual streams and ``attn.hook_z`` through
-   :func:`interp.hooks.capture.hooked` with ``stream``. Peak memory is one chunk plus the
+   scores per chunk; in float32 each chunk also gives its heads' output, as in step 4), the
+   residual streams and ``attn.hook_z`` through :func:`interp.hooks.capture.hooked` with
+   ``stream``. Peak memory is one chunk plus the
    forward's own, whatever the number of layers recorded.
 6. Context mass (:func:`context_mass`): of recorded last rows, the attention mass on a span
    (the context), mean over query heads and over a band of layers; the one definition that
@@ -64,7 +70,7 @@ from interp.models.points import hook_name, hook_site, resolve
 
 __all__ = ["BACKENDS", "IMPLEMENTATION", "PATTERN_CHUNK_BYTES", "PATTERN_POINT", "Recording",
            "STREAM_POINTS", "Sink", "batch_rows", "context_mass", "full_pattern", "last_row",
-           "sdpa_forward",
+           "pattern_attention", "sdpa_forward",
            "record_rows",
            "record_stream", "recording", "register_attention", "register_recorder"]
 
@@ -108,7 +114,8 @@ class _Capture:
 
     pattern_layers: set[int]
     rows: dict[int, Tensor] = field(default_factory=dict)
-    pattern: dict[int, Tensor] = field(default_factory=dict)
+    pattern: Tensor | None = None  # [n_pattern_layers, n_heads, q, k] float32, preallocated
+    pattern_index: dict[int, int] = field(default_factory=dict)  # layer -> row of ``pattern``
     sink: Sink | None = None
 
 
@@ -182,20 +189,142 @@ def sdpa_forward(module: Any, query: Tensor, key: Tensor, value: Tensor,
     return out, int(module.layer_idx), scale
 
 
+_UNFUSED_KWARGS = ("position_bias", "softcap", "s_aux", "sinks")
+"""Attention arguments the fused pattern path (:func:`pattern_attention`) does not implement:
+a layer that gets one computes its output with SDPA and its pattern beside it."""
+
+
+def _fusable(module: Any, query: Tensor, dropout: float, kwargs: Mapping[str, Any]) -> bool:
+    """Whether a layer's output may come from its float32 pattern (:func:`pattern_attention`).
+
+    Only in float32: there the output differs from SDPA's by float32 rounding (about 1e-6);
+    a half-precision model keeps SDPA's output, so that recording a pattern changes no other
+    number of the forward, and computes the pattern beside it.
+    """
+    return (query.dtype == torch.float32 and query.shape[0] == 1
+            and not (dropout and module.training)
+            and all(kwargs.get(k) is None for k in _UNFUSED_KWARGS))
+
+
+def pattern_attention(query: Float[Tensor, "1 head q d"], key: Float[Tensor, "1 kv_head k d"],
+                      value: Float[Tensor, "1 kv_head k dv"], mask: Tensor | None,
+                      scaling: float, emit: Callable[[int, Tensor], None], *,
+                      into: Tensor | None = None,
+                      chunk_bytes: int | None = None) -> Float[Tensor, "1 q head dv"]:
+    """Attention whose output is computed from its full pattern, each head's pattern once.
+
+    The eager algorithm (Vaswani et al. 2017; transformers' ``eager_attention_forward``):
+    ``A_h = softmax(q_h K_g^T * scaling + mask)``, ``out_h = A_h V_g`` with query head ``h``
+    reading key/value head ``g = h // (n_heads / n_kv_heads)``, in float32 and in place: the
+    scores of a chunk of query heads are written into one buffer, scaled, masked and
+    softmaxed there, then multiplied by the values and handed to ``emit``. Nothing but the
+    chunk is allocated at ``[heads, q, k]`` size, so recording the pattern costs no second pass
+    beside the model's own attention and no copy.
+
+    Args:
+        query: post-RoPE queries of one prompt (batch 1).
+        key: post-RoPE keys (GQA as in :func:`last_row`).
+        value: values.
+        mask: the layer's attention mask (bool: True = attend; float: additive), or None for a
+            causal mask.
+        scaling: the score scale.
+        emit: called as ``emit(h0, pattern)`` for each chunk, ``pattern`` ``[n, q, k]`` float32
+            of query heads ``h0 .. h0 + n - 1``, every row summing to 1. The buffer is reused
+            for the next chunk: copy or write it before returning.
+        into: ``[n_heads, q, k]`` float32 to fill with the whole pattern (one chunk; no buffer
+            of its own) when it lies on the query's device; elsewhere the chunks are computed
+            on the query's device and ``emit`` moves them.
+        chunk_bytes: at most this many bytes of scores per chunk without ``into`` (at least one
+            head; None: :data:`PATTERN_CHUNK_BYTES`, read at call time).
+
+    Returns:
+        The attention output ``[1, q, n_heads, dv]`` in the query's dtype (the layout
+        transformers' attention functions return).
+    """
+    n_heads, q_len = query.shape[1], query.shape[2]
+    k_len = key.shape[2]
+    group = n_heads // key.shape[1]
+    dev = query.device
+    q, k_t, v = query[0].float(), key[0].float().transpose(-1, -2), value[0].float()
+    out = torch.empty(n_heads, q_len, v.shape[-1], dtype=torch.float32, device=dev)
+    whole = into is not None and into.device == dev
+    budget = PATTERN_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    step = n_heads if whole else max(1, budget // (q_len * k_len * 4))
+    step = min(step, n_heads)
+    buf = None if whole else torch.empty(step, q_len, k_len, dtype=torch.float32, device=dev)
+    if mask is None:
+        blocked: Tensor | None = torch.ones(q_len, k_len, dtype=torch.bool, device=dev).triu(
+            k_len - q_len + 1)
+    elif mask.dtype == torch.bool:
+        blocked = ~mask[0, :, :, :k_len]  # [1 or n_heads, q, k]
+    else:
+        blocked = None
+    for h0 in range(0, n_heads, step):
+        h1 = min(n_heads, h0 + step)
+        a = into[h0:h1] if whole else buf[:h1 - h0]
+        for h in range(h0, h1):
+            torch.matmul(q[h], k_t[h // group], out=a[h - h0])
+        a.mul_(scaling)
+        if blocked is not None:
+            a.masked_fill_(blocked if blocked.shape[0] == 1 or blocked.ndim == 2
+                           else blocked[h0:h1], float("-inf"))
+        else:
+            add = mask[0, :, :, :k_len]
+            a.add_((add if add.shape[0] == 1 else add[h0:h1]).float())
+        torch.ops.aten._softmax.out(a, -1, False, out=a)  # in place: the kernel works by row
+        for h in range(h0, h1):
+            torch.matmul(a[h - h0], v[h // group], out=out[h])
+        emit(h0, a)
+    return out.transpose(0, 1)[None].contiguous().to(query.dtype)
+
+
 def _recording_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
                          attention_mask: Tensor | None, scaling: float | None = None,
                          dropout: float = 0.0, **kwargs: Any) -> tuple[Tensor, None]:
-    """SDPA attention that also records the last-token row (registered as ``interp_last_row``)."""
-    out, layer, scale = sdpa_forward(module, query, key, value, attention_mask, scaling, dropout,
-                                     kwargs)
+    """SDPA attention that also records the last-token row (registered as ``interp_last_row``).
+
+    A layer whose full pattern is asked for computes its output from that pattern instead
+    (:func:`pattern_attention`): the pattern is computed once, as eager attention does.
+    """
     cap = _ACTIVE.get()
-    if cap is not None:
-        cap.rows[layer] = last_row(query, key, attention_mask, scale)
-        if layer in cap.pattern_layers and cap.sink is not None:
-            _stream_pattern(cap.sink, layer, query, key, attention_mask, scale)
-        elif layer in cap.pattern_layers:
-            cap.pattern[layer] = full_pattern(query, key, attention_mask, scale)[0]
+    layer = int(module.layer_idx)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if cap is None or layer not in cap.pattern_layers or not _fusable(module, query, dropout,
+                                                                       kwargs):
+        out, layer, scale = sdpa_forward(module, query, key, value, attention_mask, scaling,
+                                         dropout, kwargs)
+        if cap is not None:
+            cap.rows[layer] = last_row(query, key, attention_mask, scale)
+            if layer in cap.pattern_layers:
+                _pattern_beside(cap, layer, query, key, attention_mask, scale)
+        return out, None
+    cap.rows[layer] = last_row(query, key, attention_mask, scale)
+    if cap.sink is not None:
+        name, sink = f"blocks.{layer}.{PATTERN_POINT}", cap.sink
+        out = pattern_attention(query, key, value, attention_mask, scale,
+                                lambda h0, a: sink(name, h0, a))
+    else:
+        into = cap.pattern[cap.pattern_index[layer]]  # on the CPU; the layer's device may differ
+
+        def emit(h0: int, a: Tensor) -> None:
+            if a.device != into.device:
+                into[h0:h0 + len(a)].copy_(a)
+
+        out = pattern_attention(query, key, value, attention_mask, scale, emit, into=into)
     return out, None
+
+
+def _pattern_beside(cap: _Capture, layer: int, query: Tensor, key: Tensor, mask: Tensor | None,
+                    scale: float) -> None:
+    """The full pattern of a layer whose output SDPA computed (arguments the fused path lacks)."""
+    if cap.sink is not None:
+        _stream_pattern(cap.sink, layer, query, key, mask, scale)
+        return
+    into = cap.pattern[cap.pattern_index[layer]]
+    for h0 in range(query.shape[1]):  # one head at a time: no [n_heads, q, k] temporary
+        into[h0].copy_(full_pattern(query[:, h0:h0 + 1],
+                                    key[:, h0 // (query.shape[1] // key.shape[1])][:, None],
+                                    mask, scale)[0, 0])
 
 
 def _stream_pattern(sink: Sink, layer: int, query: Tensor, key: Tensor, mask: Tensor | None,
@@ -306,6 +435,10 @@ def _record_hf(handle: ModelHandle, ids: Tensor, layers: list[int],
     """Step 2 and 4 of the module algorithm (one forward)."""
     model = handle.model
     cap = _Capture(pattern_layers=set(layers) if patterns else set())
+    if patterns and layers:  # one tensor, filled layer by layer: no stacked second copy
+        n = ids.shape[1]
+        cap.pattern = torch.empty(len(layers), handle.n_heads, n, n, dtype=torch.float32)
+        cap.pattern_index = {x: i for i, x in enumerate(layers)}
     names = [n for layer in layers for n in _act_names(layer).values()]
     rows, store = _forward(handle, ids, cap, names)
     acts: dict[str, Tensor] = {}
@@ -316,11 +449,14 @@ def _record_hf(handle: ModelHandle, ids: Tensor, layers: list[int],
             w_o = module_weight(resolve(model, hook_name(x, "attn.hook_z"))[0])  # [d_model, H*d]
             n_h, d_h = z_last.shape
             res.append(torch.einsum("hd,mhd->hm", z_last, w_o.view(-1, n_h, d_h).to(z_last)))
-        for key in ("resid_pre", "resid_post", "z"):
-            acts[key] = stack_cpu([store[_act_names(x)[key]][0] for x in layers])
+        for key in ("resid_pre", "resid_post", "z"):  # each stacked, then its sources freed
+            names = [_act_names(x)[key] for x in layers]
+            acts[key] = stack_cpu([store[n][0] for n in names])
+            for n in names:
+                del store[n]
         acts["result_last"] = stack_cpu(res)
         if patterns:
-            acts["pattern"] = stack_cpu([cap.pattern[x] for x in layers])
+            acts["pattern"] = cap.pattern
     return Recording(rows=rows.float().cpu(), acts={k: v.cpu() for k, v in acts.items()},
                      layers=layers)
 
@@ -454,19 +590,26 @@ def record_stream(handle: ModelHandle, input_ids: Sequence[int] | Int[Tensor, " 
 
 
 @contextlib.contextmanager
-def recording(handle: ModelHandle, pattern_layers: Sequence[int] = ()) -> Iterator[_Capture]:
+def recording(handle: ModelHandle, pattern_layers: Sequence[int] = (), n_pos: int = 0
+              ) -> Iterator[_Capture]:
     """Run every forward inside with the recording attention function (module docstring).
 
     The forward must be ONE prompt (batch 1, no padding). After it, the yielded capture holds
     ``rows[layer]`` ``[1, n_heads, pos]`` (the last position's exact attention rows, float32)
-    for every layer, and ``pattern[layer]`` ``[n_heads, pos, pos]`` (float32) for each layer
-    of ``pattern_layers``. Used by :meth:`interp.hooks.model.HookedModel.run_with_cache`.
+    for every layer, and ``pattern[pattern_index[layer]]`` ``[n_heads, pos, pos]`` (float32,
+    one tensor allocated before the forward, each layer's pattern computed once) for each
+    layer of ``pattern_layers``; ``n_pos`` is the prompt's length. Used by
+    :meth:`interp.hooks.model.HookedModel.run_with_cache`.
 
     Raises:
         AttentionError: (on exit) a layer saw no attention call: a model whose attention does
             not go through ``AttentionInterface``.
     """
-    cap = _Capture(pattern_layers=set(pattern_layers))
+    layers = sorted(set(pattern_layers))
+    cap = _Capture(pattern_layers=set(layers))
+    if layers:
+        cap.pattern = torch.empty(len(layers), handle.n_heads, n_pos, n_pos, dtype=torch.float32)
+        cap.pattern_index = {x: i for i, x in enumerate(layers)}
     token = _ACTIVE.set(cap)
     try:
         with attn_implementation(handle, register_recorder()):

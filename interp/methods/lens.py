@@ -75,9 +75,33 @@ from interp.models.readout import (
     readout,
 )
 
-__all__ = ["NORM_KINDS", "Readout", "TunedLens", "direct_logit_attribution",
+__all__ = ["LOGIT_CHUNK_BYTES", "NORM_KINDS", "Readout", "TunedLens", "direct_logit_attribution",
            "first_agreeing_layer", "fit_tuned_lens", "lens_kl", "lens_logits", "norm_kind",
-           "readout", "reply_lens", "residual_stack", "stack_names", "token_lens"]
+           "position_chunks", "readout", "reply_lens", "residual_stack", "stack_names",
+           "token_lens"]
+
+LOGIT_CHUNK_BYTES = 256 * 2**20
+"""Float32 lens logits ``[layers, positions, vocab]`` of one chunk at most: a readout of many
+positions through every layer is computed a chunk of positions at a time
+(:func:`position_chunks`), so its peak memory is a few chunks (the logits, their log-softmax),
+whatever the number of positions; at Llama 3.1's 128,256 tokens and 33 readouts one position
+alone is 17 MiB, so a chunk holds 15 positions."""
+
+
+def position_chunks(n: int, n_layers: int, vocab: int,
+                    budget: int | None = None) -> list[tuple[int, int]]:
+    """``(start, end)`` chunks of ``n`` positions whose float32 lens logits fit ``budget``.
+
+    Args:
+        n: positions.
+        n_layers: readouts per position (``n_layers + 1`` for a residual stack).
+        vocab: the unembedding's rows.
+        budget: bytes of ``[n_layers, chunk, vocab]`` float32 (None: :data:`LOGIT_CHUNK_BYTES`,
+            read at call time); at least one position per chunk.
+    """
+    budget = LOGIT_CHUNK_BYTES if budget is None else budget
+    step = max(1, int(budget) // max(1, n_layers * vocab * 4))
+    return [(s, min(n, s + step)) for s in range(0, n, step)]
 
 
 def stack_names(n_layers: int) -> list[str]:
@@ -180,10 +204,17 @@ def reply_lens(handle: Any, prompt: Sequence[int], replies: Sequence[Sequence[in
         pos = list(range(len(prompt) - 1, len(seq)))
         stack, logits = residual_stack(handle, seq, pos)
         tok = torch.tensor(list(r))
+        chunks = position_chunks(len(r), stack.shape[0], ro.weight.shape[0])
         for k, t in named.items():
-            lp = lens_logits(ro, stack, t).log_softmax(-1)       # [layer, pos, vocab]
-            per[k].append(lp[:, torch.arange(len(r)), tok].sum(-1))
-            first[k].append(lp[:, 0, tok[0]])
+            total = torch.zeros(stack.shape[0], dtype=torch.float32)
+            for s, e in chunks:  # [layer, chunk, vocab] at a time (LOGIT_CHUNK_BYTES)
+                lp = lens_logits(ro, stack[:, s:e], t).log_softmax(-1)
+                picked = lp[:, torch.arange(e - s), tok[s:e]]   # [layer, chunk]
+                total += picked.sum(-1)
+                if s == 0:
+                    first[k].append(picked[:, 0].clone())
+                del lp
+            per[k].append(total)
         own.append(logits.log_softmax(-1)[torch.arange(len(r)), tok].sum())
     out = {k: torch.stack(v).double() for k, v in per.items()}
     one = {k: torch.stack(v).double() for k, v in first.items()}
@@ -388,17 +419,21 @@ class TunedLens(torch.nn.Module):
 
 def lens_kl(ro: Readout, stack: Float[Tensor, "layer n d_model"],
             final_logits: Float[Tensor, "n vocab"], lens: TunedLens | None = None, *,
-            chunk: int = 64) -> Float[Tensor, " layer"]:
+            chunk: int | None = None) -> Float[Tensor, " layer"]:
     """Mean ``KL(final || lens)`` per layer (nats): how far each layer's readout is from the output.
 
     The tuned-lens paper's evaluation (Belrose et al. 2023, Fig. 2): a translator is worth its
-    parameters where it lowers this below the logit lens's.
+    parameters where it lowers this below the logit lens's. Computed ``chunk`` positions at a
+    time (None: as many as :data:`LOGIT_CHUNK_BYTES` of ``[layer, chunk, vocab]`` allow).
     """
     total = torch.zeros(stack.shape[0], dtype=torch.float64)
+    n = stack.shape[1]
+    spans = (position_chunks(n, stack.shape[0], ro.weight.shape[0]) if chunk is None
+             else [(s, min(n, s + chunk)) for s in range(0, n, chunk)])
     with torch.no_grad():
-        for s in range(0, stack.shape[1], chunk):
-            p = final_logits[s:s + chunk].float().log_softmax(-1)             # [c, vocab]
-            q = lens_logits(ro, stack[:, s:s + chunk], lens).log_softmax(-1)  # [L, c, vocab]
+        for s, e in spans:
+            p = final_logits[s:e].float().log_softmax(-1)             # [c, vocab]
+            q = lens_logits(ro, stack[:, s:e], lens).log_softmax(-1)  # [L, c, vocab]
             total += (p.exp() * (p - q)).sum(-1).sum(-1).double()
     return total / stack.shape[1]
 

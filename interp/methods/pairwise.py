@@ -65,7 +65,7 @@ import numpy as np
 from interp.core.errors import PairwiseError
 
 __all__ = ["MIN_SWAP_NATS", "ORDERS", "SOURCES", "JudgePair", "build_judge_pairs", "letter_replies",
-           "measure_pair", "order_outcomes", "render_orders", "split_passages"]
+           "measure_pair", "order_outcomes", "render_orders", "score_orders", "split_passages"]
 
 SOURCES = ("hard_negative", "model")
 """Where a pair's wrong answer comes from (module docstring)."""
@@ -214,6 +214,30 @@ def split_passages(passages: Sequence[str], salt: str = "pairwise") -> list[str]
     """
     return ["select" if int(hashlib.sha1(f"{salt}:{p}".encode()).hexdigest()[:8], 16) % 2 == 0
             else "test" for p in passages]
+
+
+def score_orders(handle: Any, pair: JudgePair, template: Any, replies: Any) -> dict[str, Any]:
+    """Behaviour only: both orders' letter scores, one full forward per order.
+
+    Each order's prompt runs once (batch 1, so no padding), and the letters' whole replies are
+    teacher-forced through that forward's KV cache (:func:`interp.judging.verdict.
+    score_verdicts`); nothing inside the model is read. The content and position terms and the
+    outcomes follow from ``s1`` and ``s2`` (:func:`order_outcomes`). The same ``s1`` and
+    ``s2`` as :func:`measure_pair`'s, for a study of position consistency over thousands of
+    pairs.
+
+    Returns:
+        JSON-safe ``{"s1", "s2", "n_tokens": [n1, n2]}`` (nats).
+
+    Raises:
+        PromptError: a pair that cannot be rendered.
+    """
+    from interp.judging.verdict import score_verdicts
+
+    p1, p2 = render_orders(handle.tokenizer, template, pair)
+    sc = score_verdicts(handle, [p1.input_ids, p2.input_ids], batch_size=1, replies=replies)
+    s1, s2 = (sc.logprob_correct - sc.logprob_incorrect).tolist()
+    return {"s1": float(s1), "s2": float(s2), "n_tokens": [len(p1), len(p2)]}
 
 
 def measure_pair(handle: Any, pair: JudgePair, template: Any, replies: Any,

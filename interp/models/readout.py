@@ -206,8 +206,10 @@ def logit_attribution(acts: Mapping[str, Tensor], model: Any, a: int, b: int, *,
     n = len(layers)
     last = {k: v.double().cpu() for k, v in acts.items()}
     h = last[f"blocks.{n - 1}.hook_resid_post"]
-    w = ro.weight.double().cpu()
-    direction, norm_bias = ro.fold(h, w[a] - w[b])                    # [d_model], float
+    # the two unembedding rows only: a float64 copy of the whole unembedding would be
+    # vocab x d_model x 8 bytes (4.2 GB at Llama 3.1's 128,256 x 4,096)
+    w_ab = ro.weight[[a, b]].double().cpu()
+    direction, norm_bias = ro.fold(h, w_ab[0] - w_ab[1])              # [d_model], float
     heads = torch.zeros(n, int(base.config.num_attention_heads), dtype=torch.float64)
     mlp = torch.zeros(n, dtype=torch.float64)
     attn_bias = torch.zeros(n, dtype=torch.float64)

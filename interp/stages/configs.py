@@ -558,6 +558,10 @@ class PairwiseConfig:
             ``templates/pairwise.toml``).
         top_k: heads chosen on the selection passages and tested on the others.
         batch_size: patched rows per forward.
+        behaviour_only: measure the behaviour alone (both orders' scores, the outcomes,
+            content and position terms: one forward per order,
+            :func:`interp.methods.pairwise.score_orders`) and skip patching, attribution,
+            attention and the lens.
         n_boot: passage-cluster bootstrap resamples.
         seed: seed of the bootstrap.
         figures: draw the figures.
@@ -572,6 +576,7 @@ class PairwiseConfig:
     templates_path: str | None = None
     top_k: int = option(5, kind="count")
     batch_size: int = option(16, kind="count")
+    behaviour_only: bool = False
     n_boot: int = option(1000, kind="count")
     seed: int = 0
     figures: bool = True

@@ -14,7 +14,10 @@ Algorithm of :func:`run`:
 2. Per pair, reuse ``DIR/pairwise/parts/{dataset}__{id}__{source}.json`` when fresh, else
    measure it (:func:`interp.methods.pairwise.measure_pair`: both orders' letter scores, the
    swapped-order patching of the verdict position by layer and by head, the attribution, the
-   attention masses and the logit lens) and write the part atomically.
+   attention masses and the logit lens) and write the part atomically. With
+   ``behaviour_only``, a fresh full part is kept and any other pair gets both orders' scores
+   alone (:func:`interp.methods.pairwise.score_orders`, one forward per order); step 3 then
+   stops after the outcomes, and step 4 draws nothing.
 3. Summary (:func:`summarise`), per dataset and over all, each with a passage-cluster
    bootstrap 95% CI: accuracy (an inconsistent pair is a miss), position consistency, each
    order's accuracy, flips towards first and second, preference fairness, content and
@@ -91,7 +94,12 @@ def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwri
     """Steps 1-2: ``(parts, skipped, made now)``."""
     from interp.core.progress import resumed, tqdm
     from interp.judging.prompts import get_pairwise_template
-    from interp.methods.pairwise import build_judge_pairs, letter_replies, measure_pair
+    from interp.methods.pairwise import (
+        build_judge_pairs,
+        letter_replies,
+        measure_pair,
+        score_orders,
+    )
 
     cfg.validate()
     band = parse_layers(cfg.band, handle.n_layers)
@@ -136,12 +144,21 @@ def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwri
             from interp.methods.pairwise import render_orders
 
             ids = [p.input_ids for p in render_orders(handle.tokenizer, template, pair)]
-            sig = signature({"model": handle.spec, "sha256": handle.info.get("sha256"), **facts,
-                             "replies": replies.id_lists(), "ids": ids, "band": band})
+            base = {"model": handle.spec, "sha256": handle.info.get("sha256"), **facts,
+                    "replies": replies.id_lists(), "ids": ids}
+            sig = signature({**base, "band": band})
             f = SPEC.parts[0].path(run_dir.path, pair.dataset, pair.key)
+            if cfg.behaviour_only and not is_fresh(f, sig):
+                # a fresh full measurement holds the scores too: keep it; else the scores alone
+                sig = signature({**base, "behaviour_only": True})
             if is_fresh(f, sig):
                 part = read_json(f)["pairwise"]
                 resumed(bar)
+            elif cfg.behaviour_only:
+                part = score_orders(handle, pair, template, replies)
+                write_json(f, {"signature": sig, "pairwise": part})
+                made += 1
+                bar.update(1)
             else:
                 part = measure_pair(handle, pair, template, replies, band,
                                     batch_size=cfg.batch_size)
@@ -287,6 +304,9 @@ def summarise(parts: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str,
                key=lambda x: x[1])
     s["one_letter"] = ({"letter": side[0], "share": side[1]}
                        if side[1] >= ONE_LETTER_SHARE else None)
+    if cfg.behaviour_only:   # the scores alone: nothing inside the model was read
+        s["behaviour_only"] = True
+        return s
     mass = {o: {k: np.array([p["mass"][o][k] for p in parts]) for k in
                 ("answer_a", "answer_b", "context")} for o in ORDERS}
     s["mass"] = {o: {k: mean_stat(v, g, rng, cfg.n_boot) for k, v in d.items()}
@@ -370,7 +390,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PairwiseConfig, 
     s = summarise(parts, skipped, cfg, {**handle.info, "n_layers": handle.n_layers,
                                         "n_heads": handle.n_heads})
     write_result(run_dir.sub(SPEC.folder) / "summary.json", s, n=len(parts), log=log)
-    if cfg.figures and parts:
+    if cfg.figures and parts and not cfg.behaviour_only:
         try:
             from interp.plots.pairwise import plot_pairwise
 

@@ -141,7 +141,9 @@ def test_field_objects_on_the_same_weights(on_disk, hf_run):
     again = HookedModel.wrap(bridge)
     assert again.model.model.layers[0].self_attn.o_proj.weight is weight
     assert type(again.model.model.layers[0]).__name__ == "LlamaDecoderLayer"
-    torch.testing.assert_close(again.run_with_cache(IDS, names=[])[0], logits, atol=1e-6,
+    # (the reference recorded every pattern, so its outputs were computed from them as eager
+    # attention does: equal to SDPA's up to float rounding)
+    torch.testing.assert_close(again.run_with_cache(IDS, names=[])[0], logits, atol=1e-5,
                                rtol=0)
     # nnsight: the very model, no copy
     assert HookedModel.wrap(model.to_nnsight()).model is on_disk.model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -17,8 +18,10 @@ from interp.methods.pairwise import (
     measure_pair,
     order_outcomes,
     render_orders,
+    score_orders,
     split_passages,
 )
+from interp.store.rundir import RunDir
 from interp.testing import tiny_llama, tiny_tokenizer
 
 REC = {"dataset": "squad_v2", "id": "r1", "context": "The Eiffel Tower is in Paris.",
@@ -114,6 +117,32 @@ def test_measurements_agree_with_the_model_and_patching_the_last_block_is_the_sw
         assert all(0 <= v <= 1 for v in m["mass"][order].values())
 
 
+def test_behaviour_only_scores_equal_the_full_measurement_in_one_forward_per_order(handle):
+    pair = build_judge_pairs([REC], ["p1"], {}, sources=["model"])[0][0]
+    tpl = get_pairwise_template()
+    replies = letter_replies(handle.tokenizer)
+    full = measure_pair(handle, pair, tpl, replies, [0, 1], batch_size=4)
+    p1, p2 = render_orders(handle.tokenizer, tpl, pair)
+    seen: list[int] = []
+
+    def count(module, args, kwargs):
+        x = kwargs.get("input_ids")
+        x = x if x is not None else kwargs.get("inputs_embeds")
+        seen.append(int(x.shape[1]))
+
+    hook = handle.model.model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        got = score_orders(handle, pair, tpl, replies)
+    finally:
+        hook.remove()
+    assert got["s1"] == pytest.approx(full["s1"], abs=1e-5)
+    assert got["s2"] == pytest.approx(full["s2"], abs=1e-5)
+    assert got["n_tokens"] == [len(p1), len(p2)]
+    longest_reply = max(len(r) for r in replies.ids)
+    # one forward of each order's whole prompt; the rest are reply tokens through its cache
+    assert sorted(n for n in seen if n > longest_reply) == sorted([len(p1), len(p2)])
+
+
 def test_the_stage_writes_outcomes_held_out_heads_and_figures_and_resumes(tmp_path, handle):
     from interp.stages import pairwise as stage
     from interp.testing import synthetic_probe_run
@@ -146,6 +175,22 @@ def test_the_stage_writes_outcomes_held_out_heads_and_figures_and_resumes(tmp_pa
     assert stage._parts(run, handle, cfg, overwrite=False, log=logs.append)[2] == 0
     assert {p: p.stat().st_mtime_ns for p in parts} == before
     assert "consistency" in stage.format_summary(s)
+    # behaviour only, in a copy without the parts: the same outcomes from the scores alone
+    bcfg = stage.PairwiseConfig(limit=None, band="all", n_boot=50, progress=False,
+                                behaviour_only=True)
+    other = RunDir(shutil.copytree(run.path, tmp_path / "other"))
+    shutil.rmtree(other.path / "pairwise")
+    shutil.rmtree(other.path / "figures", ignore_errors=True)
+    quick = stage.run(other, handle, bcfg, log=logs.append)
+    assert quick["behaviour_only"] and "patching" not in quick and "held_out" not in quick
+    for k in ("accurate", "consistent", "flip_first", "flip_second", "content", "position"):
+        assert quick["outcomes"]["all"][k]["mean"] == pytest.approx(o[k]["mean"], abs=1e-5), k
+    assert "consistency" in stage.format_summary(quick)
+    assert not list((other.path / "figures").glob("pairwise_*.png"))
+    assert stage._parts(other, handle, bcfg, overwrite=False, log=logs.append)[2] == 0
+    # where the full measurement is fresh, behaviour only keeps it and it stays fresh
+    assert stage._parts(run, handle, bcfg, overwrite=False, log=logs.append)[2] == 0
+    assert stage._parts(run, handle, cfg, overwrite=False, log=logs.append)[2] == 0
     # a judge that answers one letter in both orders of (nearly) every pair is named so
     side = max(o["flip_first"]["mean"], o["flip_second"]["mean"])
     assert (s["one_letter"] is not None) == (side >= stage.ONE_LETTER_SHARE)

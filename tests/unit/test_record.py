@@ -253,7 +253,7 @@ def test_bad_layers_fail_before_recording(tiny3, run3):
     with pytest.raises(LayerSpecError):
         stage.record(run3, tiny3, _cfg(layers="0-7"), log=lambda s: None)
     with pytest.raises(LayerSpecError):
-        stage.record(run3, tiny3, stage.RecordConfig(), log=lambda s: None)  # band last8 of 3
+        stage.record(run3, tiny3, stage.RecordConfig(layers="last4"), log=lambda s: None)
     assert not (run3.path / "record").exists()
 
 
