@@ -45,7 +45,11 @@ def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
     """GA, EA, EA_forced; Delta and Delta_forced; the 3-way split of generated verdicts.
 
     Panel 1: GA, EA (generated verdict, no verdict = wrong) and EA_forced (p_correct > 0.5)
-    with 95% CIs (bootstrap over passages). Panel 2: Delta = EA - GA and Delta_forced, on an
+    with 95% CIs (bootstrap over passages), and beside them the judge's base-rate-free
+    numbers, whose chance level (0.5) is dotted: balanced accuracy and the AUC of
+    ``logit_diff`` on its own answers, and, when the run holds the balanced judge set
+    (``metrics["balanced"]``, :mod:`interp.methods.balanced`), the same on the gold answers
+    against wrong ones. Panel 2: Delta = EA - GA and Delta_forced, on an
     axis fitted to the values and CIs. Panel 3: per group, answers with y* Correct and y*
     Incorrect, stacked shares of generated verdicts accept / reject / none, and the
     forced-choice acceptance as a diamond. Panel 1 spans the top row, panels 2 and 3 share
@@ -66,21 +70,28 @@ def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
     axes = [fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]),
             fig.add_subplot(grid[1, 1])]
     degenerate = False
-    for ax, keys, w in ((axes[0], ("GA", "EA", "EA_forced"), 0.27),
-                        (axes[1], ("delta", "delta_forced"), 0.38)):
+    bal = (metrics.get("balanced") or {})
+    sets = {**(bal.get("per_dataset") or {}), "overall": bal.get("overall") or {}}
+    top = [{**m, **{f"set_{k}": v for k, v in (sets.get(d) or {}).items()}} for d, m in groups]
+    keys0 = ("GA", "EA", "EA_forced", "balanced_accuracy", "auc_logit_diff") + (
+        ("set_balanced_accuracy", "set_auc_logit_diff") if bal else ())
+    for ax, keys, w, rows in ((axes[0], keys0, 0.8 / len(keys0), top),
+                              (axes[1], ("delta", "delta_forced"), 0.38, [m for _, m in groups])):
         for j, key in enumerate(keys):
             degenerate |= ci_bars(
-                ax, x + (j - (len(keys) - 1) / 2) * w, [m[key] for _, m in groups],
-                [m.get(f"{key}_ci") for _, m in groups], w,
-                color=COLORS.get(key, "#8172B3" if "forced" in key else None),
-                label=_ASYM_LABELS[key], alpha=0.6 if key == "delta_forced" else 1.0)
+                ax, x + (j - (len(keys) - 1) / 2) * w, [m.get(key) for m in rows],
+                [m.get(f"{key}_ci") for m in rows], w,
+                color=COLORS.get(key, _BASE_RATE_FREE.get(key, "#8172B3")),
+                label=_ASYM_LABELS[key], alpha=0.6 if key == "delta_forced" else 1.0,
+                upright=len(keys) > 3)
         ax.set_xticks(x, labels, fontsize=8)
-    axes[0].legend(frameon=False, fontsize=8, ncol=3, loc="upper center")
+    axes[0].axhline(0.5, color="0.4", lw=0.8, ls=":")
+    axes[0].legend(frameon=False, fontsize=7, ncol=4, loc="upper center")
     axes[1].legend(frameon=False, fontsize=7)
-    axes[0].set_ylim(-0.03, 1.15)
+    axes[0].set_ylim(-0.03, 1.4)
     axes[0].set_ylabel("accuracy")
-    axes[0].set_title("Generation (GA) vs self-evaluation (EA); number: the bar's value",
-                      fontsize=10)
+    axes[0].set_title("Generation (GA) vs self-evaluation (EA), and the judge's base-rate-free "
+                      "numbers (dotted: their chance, 0.5); number: the bar's value", fontsize=9)
     ends = [abs(v) for _, m in groups for k in ("delta", "delta_forced")
             for v in [m[k], *(m.get(f"{k}_ci") or [])] if v is not None]
     lim = max(0.1, 1.15 * max(ends, default=0.0))
@@ -97,6 +108,12 @@ def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
     return save(fig, out_dir, name)
 
 
+_BASE_RATE_FREE = {"balanced_accuracy": "#937860", "auc_logit_diff": "#DA8BC3",
+                   "set_balanced_accuracy": "#8C8C8C", "set_auc_logit_diff": "#CCB974"}
 _ASYM_LABELS = {"GA": "GA", "EA": "EA (generated verdict)", "EA_forced": "EA forced choice",
+                "balanced_accuracy": "balanced accuracy, own answers",
+                "auc_logit_diff": "AUC of logit_diff, own answers",
+                "set_balanced_accuracy": "balanced accuracy, gold vs wrong set",
+                "set_auc_logit_diff": "AUC, gold vs wrong set",
                 "delta": "Δ = EA − GA", "delta_forced": "Δ forced = EA_forced − GA"}
 
