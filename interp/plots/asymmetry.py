@@ -65,33 +65,38 @@ def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
     """
     groups, labels = dataset_groups(metrics)
     x = np.arange(len(groups))
-    fig = plt.figure(figsize=(max(9.0, 1.7 * len(groups) + 3.5), 8.4))
-    grid = fig.add_gridspec(2, 2, height_ratios=[1, 1.1])
-    axes = [fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]),
-            fig.add_subplot(grid[1, 1])]
-    degenerate = False
     bal = (metrics.get("balanced") or {})
     sets = {**(bal.get("per_dataset") or {}), "overall": bal.get("overall") or {}}
-    top = [{**m, **{f"set_{k}": v for k, v in (sets.get(d) or {}).items()}} for d, m in groups]
-    keys0 = ("GA", "EA", "EA_forced", "balanced_accuracy", "auc_logit_diff") + (
+    free = [{**m, **{f"set_{k}": v for k, v in (sets.get(d) or {}).items()}} for d, m in groups]
+    free_keys = ("balanced_accuracy", "auc_logit_diff") + (
         ("set_balanced_accuracy", "set_auc_logit_diff") if bal else ())
-    for ax, keys, w, rows in ((axes[0], keys0, 0.8 / len(keys0), top),
-                              (axes[1], ("delta", "delta_forced"), 0.38, [m for _, m in groups])):
+    fig = plt.figure(figsize=(max(10.0, 1.7 * len(groups) + 3.5), 11.6))
+    grid = fig.add_gridspec(3, 2, height_ratios=[1, 1, 1.1])
+    axes = [fig.add_subplot(grid[0, :]), fig.add_subplot(grid[2, 0]),
+            fig.add_subplot(grid[2, 1]), fig.add_subplot(grid[1, :])]
+    degenerate = False
+    for ax, keys, rows in ((axes[0], ("GA", "EA", "EA_forced"), [m for _, m in groups]),
+                           (axes[1], ("delta", "delta_forced"), [m for _, m in groups]),
+                           (axes[3], free_keys, free)):
+        w = 0.8 / len(keys) if len(keys) > 2 else 0.38
         for j, key in enumerate(keys):
             degenerate |= ci_bars(
                 ax, x + (j - (len(keys) - 1) / 2) * w, [m.get(key) for m in rows],
                 [m.get(f"{key}_ci") for m in rows], w,
                 color=COLORS.get(key, _BASE_RATE_FREE.get(key, "#8172B3")),
-                label=_ASYM_LABELS[key], alpha=0.6 if key == "delta_forced" else 1.0,
-                upright=len(keys) > 3)
+                label=_ASYM_LABELS[key], alpha=0.6 if key == "delta_forced" else 1.0)
         ax.set_xticks(x, labels, fontsize=8)
-    axes[0].axhline(0.5, color="0.4", lw=0.8, ls=":")
-    axes[0].legend(frameon=False, fontsize=7, ncol=4, loc="upper center")
-    axes[1].legend(frameon=False, fontsize=7)
-    axes[0].set_ylim(-0.03, 1.4)
+    axes[0].legend(frameon=False, fontsize=8, ncol=3, loc="upper center")
+    axes[0].set_ylim(-0.03, 1.15)
     axes[0].set_ylabel("accuracy")
-    axes[0].set_title("Generation (GA) vs self-evaluation (EA), and the judge's base-rate-free "
-                      "numbers (dotted: their chance, 0.5); number: the bar's value", fontsize=9)
+    axes[0].set_title("Generation (GA) vs self-evaluation (EA); number: the bar's value",
+                      fontsize=10)
+    axes[3].axhline(0.5, color="0.3", lw=0.8, ls=":")
+    axes[3].legend(frameon=False, fontsize=7, ncol=2, loc="upper center")
+    axes[3].set_ylim(-0.03, 1.3)
+    axes[3].set_ylabel("0.5: chance")
+    axes[3].set_title("Does the judge tell right from wrong? Balanced accuracy and AUC, free of "
+                      "the base rate (dotted: a judge that ignores correctness)", fontsize=10)
     ends = [abs(v) for _, m in groups for k in ("delta", "delta_forced")
             for v in [m[k], *(m.get(f"{k}_ci") or [])] if v is not None]
     lim = max(0.1, 1.15 * max(ends, default=0.0))

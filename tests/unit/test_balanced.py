@@ -15,7 +15,8 @@ from interp.methods.balanced import (
 
 def _rec(i: int, label: bool, verdict, ld: float, dataset: str = "squad_v2",
          passage: int | None = None) -> dict:
-    return {"id": f"r{i}", "dataset": dataset, "context": f"passage {i if passage is None else passage}",
+    ctx = f"passage {i if passage is None else passage}"
+    return {"id": f"r{i}", "dataset": dataset, "context": ctx,
             "question": "q?", "answers": ["gold"], "oracle_label": label, "verdict": verdict,
             "logit_diff": ld, "p_correct": float(1 / (1 + np.exp(-ld))),
             "verdict_coverage": 0.9, "logprob_correct": ld / 2, "logprob_incorrect": -ld / 2,
