@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     tmpl = {t: get_template(t) for t in templates}   # an unknown name fails here, early
     own, bal = _candidates(run, a.limit)
     a.out.mkdir(parents=True, exist_ok=True)
-    jobs = [(t, s) for t in templates for s in SETS if not (t == "default" and s == "own")]
+    # own answers first (one pass per record), then the balanced set (two)
+    jobs = [(t, s) for s in SETS for t in templates if not (t == "default" and s == "own")]
     handle = None
     for t, s in jobs:
         rows = own if s == "own" else bal["records"]

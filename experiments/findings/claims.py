@@ -27,14 +27,19 @@ from interp.methods.pairwise import MIN_SWAP_NATS
 __all__ = ["CLAIMS", "DECISIONS", "MIN_COVERAGE", "Cell", "Extract", "decide"]
 
 DECISIONS = ("supported", "contradicted", "undecided", "not measurable", "control",
-             "not measured")
+             "not measured", "not testable: judge at chance", "reversed under control",
+             "exploratory (selected and tested on the same pairs)")
 """What a row can read. ``supported`` / ``contradicted``: the 95% CI lies wholly on the
 claim's side of its threshold (zero, 0.5 for an AUC, the claim's own bounds) or wholly on the
 other; ``undecided``: it includes the threshold; ``not measurable``: the measurement is
 degenerate (coverage under :data:`MIN_COVERAGE`, one class, a judge that gives one reply to
 every answer, a value that is not what its name says), and the row says why; ``control``: a
 row whose outcome is fixed or nearly so by construction, shown so a reader can check the
-machinery, not counted as evidence; ``not measured``: the study has no such file."""
+machinery, not counted as evidence; ``not measured``: the study has no such file. The last
+three come from the one rule every row goes through (:mod:`experiments.findings.rules`): a
+claim about judging whose judge does not tell right from wrong answers (its AUC's CI spans
+0.5), a claim its control contradicts, and a row whose unit was chosen on the pairs it is
+tested on."""
 MIN_COVERAGE = 0.5
 """A judge that gives a verdict on fewer than this share of its answers is not measured as a
 judge: its EA is mostly the no-verdict replies counted wrong."""

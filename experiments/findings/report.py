@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.findings.claims import CLAIMS, Cell
+from experiments.findings.rules import apply_rules, controlled
 from experiments.findings.state import (
     ARCHIVE_SUFFIX,
     UNPACKED,
@@ -101,39 +102,14 @@ def claims(fig_dir: str | Path, models: Sequence[str]) -> list[dict[str, Any]]:
         models: model slugs (the file prefixes).
 
     Returns:
-        ``[{"claim", "measure", "cells": {model: Cell}}]`` in :data:`CLAIMS` order.
+        ``[{"claim", "measure", "cells": {model: Cell}}]`` in :data:`CLAIMS` order, each cell
+        decided by the one rule of :mod:`experiments.findings.rules` (thresholds, coverage and
+        degenerate cases, the discriminability precondition, selection, controls both ways).
     """
     d = Path(fig_dir)
     rows = [{"claim": c, "measure": q, "control": k, "cells": {m: f(d, m) for m in models}}
             for c, q, k, f in CLAIMS]
-    return controlled(rows)
-
-
-def controlled(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A claim is supported only when its control rows agree.
-
-    The rows after a claim whose names start with ``...`` and say ``(control)`` are its
-    controls; a claim read ``supported`` while one of its controls reads otherwise becomes
-    ``undecided`` and names that control and its reading. The rule lives here, beside the
-    table, and is tested on constructed rows (tests/unit/test_findings.py).
-    """
-    from dataclasses import replace
-
-    head = None
-    for r in rows:
-        if not r["claim"].startswith("..."):
-            head = r
-            continue
-        if head is None or "(control)" not in r["claim"]:
-            continue
-        for m, c in r["cells"].items():
-            h = head["cells"][m]
-            if h.decision == "supported" and c.decision in ("contradicted", "undecided",
-                                                            "not measurable"):
-                what = r["claim"].removeprefix("... ").removesuffix(" (control)")
-                head["cells"][m] = replace(h, decision="undecided", verdict=(
-                    f"{h.verdict}; its control ({what}) reads {c.decision}"))
-    return rows
+    return apply_rules(rows, d)
 
 
 def render(fig_dir: str | Path, models: Sequence[str]) -> str:
