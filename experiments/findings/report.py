@@ -119,12 +119,27 @@ def render(fig_dir: str | Path, models: Sequence[str]) -> str:
         f"{m}: value [CI] (n, passages) | decision: reading" for m in models) + " |"
     lines = [head, "|" + "---|" * (3 + 2 * len(models))]
     for r in rows:
-        cells = " | ".join(f"{c.text()} | **{c.decision}**: {c.verdict}"
-                           for c in r["cells"].values())
-        lines.append(f"| {r['claim']} | {r['measure']} | {r['control']} | {cells} |")
+        cells = " | ".join(f"{c.text()} | **{c.decision}**{_holm(r, m)}: {c.verdict}"
+                           for m, c in r["cells"].items())
+        lines.append(f"| {_named(r)} | {r['measure']} | {r['control']} | {cells} |")
+    lines += ["", "Primary rows, named before the next run and Holm-corrected together per "
+              "model (experiments/findings/rules.py, `PRIMARY`); every other row is "
+              "exploratory:", ""] + [f"- {r['primary']}" for r in rows if r.get("primary")]
     srcs = sorted({c.source for r in rows for c in r["cells"].values() if c.value is not None})
     lines += ["", "Sources (under the findings folder):", ""] + [f"- `{s}`" for s in srcs]
     return "\n".join(lines)
+
+
+def _holm(row: dict[str, Any], model: str) -> str:
+    """`` (Holm p 0.03)``: a primary row's Holm-adjusted p-value for one model, or nothing."""
+    q = (row.get("holm") or {}).get(model)
+    return "" if q is None else f" (Holm p {q:.2g})"
+
+
+def _named(row: dict[str, Any], name: str | None = None) -> str:
+    """A row's claim, with its hypothesis label (``[H1]``) when it is a primary row."""
+    h = (row.get("primary") or "").split(":", 1)[0]
+    return (name or row["claim"]) + (f" [{h}]" if h else "")
 
 
 def render_headline(fig_dir: str | Path, models: Sequence[str]) -> str:
@@ -138,8 +153,10 @@ def render_headline(fig_dir: str | Path, models: Sequence[str]) -> str:
              "|" + "---|" * (3 + len(models))]
     for claim, paper, *shown in HEADLINE:
         r = rows[claim]
-        cells = " | ".join(f"{c.text()} **{c.decision}**" for c in r["cells"].values())
-        lines.append(f"| {shown[0] if shown else claim} | {paper} | {r['control']} | {cells} |")
+        cells = " | ".join(f"{c.text()} **{c.decision}**{_holm(r, m)}"
+                           for m, c in r["cells"].items())
+        lines.append(f"| {_named(r, shown[0] if shown else claim)} | {paper} | {r['control']} | "
+                     f"{cells} |")
     return "\n".join(lines)
 
 

@@ -42,8 +42,8 @@ from typing import Any
 
 from experiments.findings.claims import MIN_COVERAGE, Cell
 
-__all__ = ["DECIDED", "EXPLORATORY", "NOT_TESTABLE", "REVERSED", "RULES", "Rule",
-           "apply_rules", "controlled", "coverage", "judge_aucs"]
+__all__ = ["DECIDED", "EXPLORATORY", "NOT_TESTABLE", "PRIMARY", "REVERSED", "RULES", "Rule",
+           "apply_rules", "ci_p_value", "controlled", "coverage", "holm", "judge_aucs"]
 
 NOT_TESTABLE = "not testable: judge at chance"
 REVERSED = "reversed under control"
@@ -259,8 +259,82 @@ def controlled(rows: list[dict[str, Any]], controls: Mapping[str, Sequence[str]]
     return rows
 
 
+PRIMARY: dict[str, tuple[str, tuple[float, ...]]] = {
+    "GA > EA on SQuAD 2.0 (3.1)": ("H1: the model generates better than it judges on SQuAD "
+                                   "2.0, EA - GA < 0", (0.0,)),
+    "GA > EA on DROP (3.1)": ("H2: the same on DROP", (0.0,)),
+    "GA > EA on HotpotQA (3.1)": ("H3: the same on HotpotQA", (0.0,)),
+    "the judge reads the context 3-5x less (3.2)": (
+        "H4: the generator's last token puts 3-5x the judge's attention on the context",
+        (3.0, 5.0)),
+    "LoRA-Gen over-accepts (3.3)": ("H5: LoRA-Gen's judge accepts more of the base's wrong "
+                                    "answers than the base judge", (0.0,)),
+    "LoRA-Eval degrades generation (3.3)": ("H6: LoRA-Eval lowers GA", (0.0,)),
+}
+"""The primary rows: the paper's own claims, with their hypotheses and the bounds a CI-based
+test compares with (the nearest to the estimate); corrected together for multiplicity
+(:func:`holm`). Every other row is exploratory: read at 95% without correction, a lead for
+another study, not a finding."""
+
+
+def ci_p_value(value: float, ci: Sequence[float], null: float) -> float | None:
+    """A two-sided p-value of ``value`` against ``null`` from its 95% interval.
+
+    The normal approximation: se = (hi - lo) / (2 x 1.96), z = (value - null) / se. None for
+    an interval of zero width (no evidence of precision).
+    """
+    from math import erfc, sqrt
+
+    lo, hi = ci
+    if hi <= lo:
+        return None
+    z = (value - null) / ((hi - lo) / (2 * 1.959964))
+    return erfc(abs(z) / sqrt(2))
+
+
+def holm(p: Mapping[str, float], alpha: float = 0.05) -> dict[str, float]:
+    """Holm's step-down adjusted p-values (Holm 1979), each capped at 1 and kept monotone.
+
+    A hypothesis is rejected at family-wise level ``alpha`` when its adjusted p is under it.
+    """
+    order = sorted(p, key=lambda k: p[k])
+    out, run = {}, 0.0
+    for i, k in enumerate(order):
+        run = max(run, min(1.0, (len(order) - i) * p[k]))
+        out[k] = run
+    return out
+
+
+def _holm_rows(rows: list[dict[str, Any]], alpha: float = 0.05) -> None:
+    """The primary rows of each model, Holm-corrected.
+
+    The family is every primary row with an interval (whatever it decides); a supported or
+    contradicted row whose adjusted p is not under ``alpha`` reads undecided. Each primary
+    row gets ``row["holm"] = {model: adjusted p}``, which the tables print.
+    """
+    by = {r["claim"]: r for r in rows if r["claim"] in PRIMARY}
+    models = {m for r in by.values() for m in r["cells"]}
+    for m in models:
+        ps = {}
+        for name, r in by.items():
+            c = r["cells"][m]
+            if c.value is not None and c.ci and None not in c.ci:   # every tested primary row
+                null = min(PRIMARY[name][1], key=lambda b: abs(b - c.value))
+                if (p := ci_p_value(c.value, c.ci, null)) is not None:
+                    ps[name] = p
+        for name, q in holm(ps, alpha).items():
+            c = by[name]["cells"][m]
+            by[name].setdefault("holm", {})[m] = q
+            if c.decision in DECIDED and q >= alpha:
+                by[name]["cells"][m] = replace(c, decision="undecided", verdict=(
+                    f"{c.verdict}; {c.decision} at 95%, not after Holm's correction over "
+                    f"{len(ps)} primary rows"))
+
+
 def apply_rules(rows: list[dict[str, Any]], fig_dir: str | Path) -> list[dict[str, Any]]:
-    """Steps (a)-(e) on every row (module docstring); rows without a rule are refused.
+    """Steps (a)-(e) on every row (module docstring), then Holm over the primary rows.
+
+    Rows without a rule are refused.
 
     Raises:
         KeyError: a row with no :data:`RULES` entry.
@@ -269,7 +343,10 @@ def apply_rules(rows: list[dict[str, Any]], fig_dir: str | Path) -> list[dict[st
     for r in rows:
         rule = RULES[r["claim"]]
         r["cells"] = {m: _one_cell(c, rule, d, m) for m, c in r["cells"].items()}
-    return controlled(rows, {c: RULES[c].controls for c in RULES})
+        r["primary"] = PRIMARY.get(r["claim"], ("", ()))[0]
+    rows = controlled(rows, {c: RULES[c].controls for c in RULES})
+    _holm_rows(rows)
+    return rows
 
 
 def _r(threshold: str, judge: tuple[str, ...] | str = (), cov: str = "n/a: no judge verdicts",

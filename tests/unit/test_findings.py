@@ -869,3 +869,16 @@ def test_pairwise_cells_read_both_orders_and_call_a_one_letter_judge_so(tmp_path
     _write(tmp_path, "views/m__pairwise_summary.json", r)
     u = _cells(tmp_path, ["m"])[units]["m"]
     assert u.decision == "not measurable" and "4.20 is not a share" in u.verdict
+
+
+def test_holm_and_ci_p_values_by_hand():
+    """Holm (1979): p sorted 0.01, 0.02, 0.04 over 3 -> 0.03, 0.04, 0.04 (monotone)."""
+    from experiments.findings.rules import PRIMARY, RULES, ci_p_value, holm
+
+    assert holm({"a": 0.04, "b": 0.01, "c": 0.02}) == pytest.approx(
+        {"b": 0.03, "c": 0.04, "a": 0.04})
+    assert holm({"a": 0.6, "b": 0.5}) == {"b": 1.0, "a": 1.0}
+    # a 95% interval that touches the null gives p = 0.05; a zero-width one gives none
+    assert ci_p_value(1.96, [0.0, 3.92], 0.0) == pytest.approx(0.05, abs=1e-4)
+    assert ci_p_value(1.0, [1.0, 1.0], 0.0) is None
+    assert set(PRIMARY) <= set(RULES) and len(PRIMARY) >= 5
