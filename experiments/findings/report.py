@@ -125,6 +125,17 @@ def render(fig_dir: str | Path, models: Sequence[str]) -> str:
     lines += ["", "Primary rows, named before the next run and Holm-corrected together per "
               "model (experiments/findings/rules.py, `PRIMARY`); every other row is "
               "exploratory:", ""] + [f"- {r['primary']}" for r in rows if r.get("primary")]
+    if (Path(fig_dir) / "replication").is_dir():
+        rep = {r["claim"]: r for r in claims(Path(fig_dir) / "replication", models)}
+        lines += ["", "The primary rows re-decided on the replication split (a fifth of the "
+                  "passages, `experiments/findings/replication_ids.json`, read by no selection; "
+                  "`python -m experiments.findings.replication RUNS figures/findings`), where "
+                  "the stored state keeps their records:", ""]
+        for r in rows:
+            cells = rep[r["claim"]]["cells"]
+            if r.get("primary") and any(c.value is not None for c in cells.values()):
+                lines.append(f"- {_named(r)}: " + "; ".join(
+                    f"{m} {c.text()} **{c.decision}**" for m, c in cells.items()))
     srcs = sorted({c.source for r in rows for c in r["cells"].values() if c.value is not None})
     lines += ["", "Sources (under the findings folder):", ""] + [f"- `{s}`" for s in srcs]
     return "\n".join(lines)

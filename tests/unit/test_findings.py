@@ -882,3 +882,35 @@ def test_holm_and_ci_p_values_by_hand():
     assert ci_p_value(1.96, [0.0, 3.92], 0.0) == pytest.approx(0.05, abs=1e-4)
     assert ci_p_value(1.0, [1.0, 1.0], 0.0) is None
     assert set(PRIMARY) <= set(RULES) and len(PRIMARY) >= 5
+
+
+def test_the_replication_split_is_by_passage_committed_and_read_by_no_selection():
+    """The replication split is by passage, committed, and read by no selection.
+
+    The committed ids are the rule's on the bundled validation records (a fifth of the
+    passages, every question of a passage on one side), and no code but the replication
+    module names the file.
+    """
+    from experiments.findings.replication import IDS_FILE, SHARE, in_split, replication_ids
+    from interp.data import passage_key
+
+    recs = []
+    for ds in ("squad_v2", "drop", "hotpotqa", "musique"):
+        path = ROOT / "interp" / "bundled" / ds / "validation.jsonl"
+        recs += [{**json.loads(x), "dataset": ds} for x in path.read_text().splitlines()]
+    ids = json.loads(IDS_FILE.read_text())["ids"]
+    every = replication_ids(recs)
+    for ds, kept in ids.items():
+        assert set(kept) <= set(every[ds])
+    by_passage: dict[str, set[bool]] = {}
+    for r in recs:
+        by_passage.setdefault(passage_key(r), set()).add(in_split(passage_key(r)))
+    assert all(len(v) == 1 for v in by_passage.values())
+    share = sum(in_split(p) for p in by_passage) / len(by_passage)
+    assert abs(share - 1 / SHARE) < 0.05
+    code = [p for p in (*ROOT.joinpath("interp").rglob("*.py"),
+                        *ROOT.joinpath("experiments").rglob("*.py"))]
+    assert [p.name for p in code if "IDS_FILE" in p.read_text()] == ["replication.py"]
+    # the report only names it in a sentence
+    assert sorted(p.name for p in code if "replication_ids" in p.read_text()) == [
+        "replication.py", "report.py"]
