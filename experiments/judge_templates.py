@@ -13,7 +13,8 @@ The summary gives, per template and set, the AUC of ``logit_diff`` against the l
 balanced accuracy, with 95% passage-cluster bootstrap intervals
 (:func:`interp.methods.balanced.compute_balanced`), and whether each AUC's interval excludes
 0.5. Resumable: judged records are appended per chunk to ``OUT/<model>__<template>__<set>
-.jsonl`` and a rerun judges only the rest::
+.jsonl`` and a rerun judges only the rest; ``--summary-only`` summarises what is stored, and
+the summary's ``partial`` names each set judged only in part (its candidates so far)::
 
     python -m experiments.judge_templates RUNS_FINDINGS MODEL OUT [--limit 150]
         [--templates default,fewshot] [--chunk 8]
@@ -82,6 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--templates", default="default,fewshot")
     ap.add_argument("--chunk", type=int, default=8)
     ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--summary-only", action="store_true",
+                    help="judge nothing: summarise what is stored (a partial run says so)")
     a = ap.parse_args(argv)
     run = a.run / a.model
     if not (run / "records.jsonl").is_file():
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     # own answers first (one pass per record), then the balanced set (two)
     jobs = [(t, s) for s in SETS for t in templates if not (t == "default" and s == "own")]
+    jobs = [] if a.summary_only else jobs
     handle = None
     for t, s in jobs:
         rows = own if s == "own" else bal["records"]
@@ -130,6 +134,9 @@ def main(argv: list[str] | None = None) -> None:
     res = summarize(a.out, a.model, templates, own, bal["counts"])
     res["command"] = ("python -m experiments.judge_templates runs/findings " + a.model +
                       f" OUT --limit {a.limit} --templates {a.templates}")
+    res["partial"] = {f"{t}/{s}": g["n"] for t, ss in res["templates"].items()
+                      for s, g in ss.items()
+                      if g["n"] < (len(own) if s == "own" else 2 * bal["counts"]["n_pairs"])}
     (a.out / f"{a.model}__judge_templates.json").write_text(json.dumps(res, indent=1) + "\n")
     for t, sets in res["templates"].items():
         for s, g in sets.items():
