@@ -423,7 +423,9 @@ RULES: dict[str, Rule] = {
         "0", "about generation accuracy", "n/a: GA needs no judge",
         "the paired base model is the estimate's own baseline"),
     "steering the judge's context up (x4) makes it right more often": _r(
-        "0", (":overall",), "steer::4.0", _ST4),
+        "0", (":overall",), "steer::4.0", _ST4 + (
+            "... on right answers (helping would raise it)",
+            "... on wrong answers (helping would lower it)")),
     "... and reject wrong answers more": _r("0", (":overall",), "steer::4.0", _ST4),
     "... and keep accepting right answers": _r("0 (no decrease)", (":overall",), "steer::4.0",
                                                _ST4),
@@ -444,7 +446,8 @@ RULES: dict[str, Rule] = {
         "0", (":overall",), "steer::4.0", "it is already context minus control"),
     "steering the judge's context x8 makes it right more often": _r(
         "0", (":overall",), "steer:steer/:8.0",
-        ("... x8, context minus control, on wrong answers",)),
+        ("... x8, context minus control, on wrong answers",
+         "... x8, context minus control, on right answers")),
     "... x8: acceptance of wrong answers": _r("0", (":overall",), "steer:steer/:8.0",
                                               ("... x8, context minus control, on wrong answers",)),
     "... x8: acceptance of right answers": _r("0 (no decrease)", (":overall",),
@@ -455,7 +458,8 @@ RULES: dict[str, Rule] = {
         "0", (":overall",), "steer:steer/:8.0", "it is already context minus control"),
     "steering the judge's context x16 makes it right more often": _r(
         "0", (":overall",), "steer:steer/:16.0",
-        _ST16 + ("... x16, context minus control, on wrong answers",)),
+        _ST16 + ("... x16, context minus control, on wrong answers",
+                 "... x16, context minus control, on right answers")),
     "... x16: acceptance of wrong answers": _r("0", (":overall",), "steer:steer/:16.0", _ST16),
     "... x16: acceptance of right answers": _r("0 (no decrease)", (":overall",),
                                                "steer:steer/:16.0", _ST16),
@@ -463,6 +467,10 @@ RULES: dict[str, Rule] = {
         "0", (":overall",), "steer:steer/:16.0", _IS_CTRL),
     "... x16, context minus control, on wrong answers": _r(
         "0", (":overall",), "steer:steer/:16.0", "it is already context minus control"),
+    "... x16, context minus control, on right answers": _r(
+        "0", (":overall",), "steer:steer/:16.0", "it is already context minus control"),
+    "... x8, context minus control, on right answers": _r(
+        "0", (":overall",), "steer:steer/:8.0", "it is already context minus control"),
     "lowering the generator's context attention (x0.25) lowers GA": _r(
         "0", "about generation accuracy", "n/a: GA needs no judge",
         "the non-context keys at the same factor are in the summary, not a row"),
