@@ -208,7 +208,11 @@ def test_steering_patching_and_probe_cells(tmp_path):
                  "permutation": {"n": 100, "p_value": 0.0099}}}})
     cells = _cells(tmp_path, ["m"])
     up = cells["steering the judge's context up (x4) makes it right more often"]["m"]
-    assert (up.value, up.n, up.n_passages, up.verdict) == (0.04, 120, 90, "undecided")
+    assert (up.value, up.n, up.n_passages, up.verdict) == (
+        0.04, 120, 90, "undecided; its control (on right answers (helping would raise it)) "
+                       "reads contradicted")
+    # steering that pushes right answers down too is a shift, not better judging
+    assert up.decision == "reversed under control"
     rej = cells["... and reject wrong answers more"]["m"]
     assert rej.verdict == "down" and rej.text() == "-0.100 [-0.200, -0.050] (n=120, p=90)"
     assert cells["... control: the NON-context keys x4 (n_keys in the summary)"]["m"].value == 0.0
