@@ -55,7 +55,7 @@ def write_metrics(run: RunDir, config: Any = None, *, write: bool = True) -> dic
         rows = read_jsonl(bal)
         keep = {r["dataset"] for r in records}
         metrics["balanced"] = compute_balanced(
-            [r for r in rows if r["dataset"] in keep and r.get("balanced_role")],
+            [r for r in rows if r.get("balanced_role") and r["dataset"] in keep],
             {d: c for d, c in (next((r["counts"] for r in rows if "counts" in r), {})).items()
              if d in keep}, n_boot=n_boot, seed=seed)
     if write:

@@ -112,3 +112,25 @@ def test_compute_balanced_and_table():
     text = format_metrics(m)
     assert " BA " in text.splitlines()[0] and "acc|wrong" in text
     assert "left out 0 without a gold answer, 2 without a wrong one" in text
+
+
+def test_write_metrics_reads_a_stored_balanced_set(tmp_path):
+    """A run with balanced/records.jsonl (its counts line first) gets metrics['balanced']."""
+    import json
+
+    from interp.stages.run_metrics import BALANCED_RECORDS, write_metrics
+    from interp.store.rundir import RunDir
+
+    recs = [_rec(i, i % 2 == 0, True, 1.0) for i in range(4)]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    cands = [{**_rec(10 + i, i % 2 == 0, i % 2 == 0, 1.0 if i % 2 == 0 else -1.0, passage=i // 2),
+              "balanced_role": "gold" if i % 2 == 0 else "wrong"} for i in range(4)]
+    (tmp_path / "balanced").mkdir()
+    (tmp_path / BALANCED_RECORDS).write_text(json.dumps(
+        {"counts": {"squad_v2": {"n_pairs": 2, "n_without_gold": 0, "n_without_negative": 1}}})
+        + "\n" + "".join(json.dumps(c) + "\n" for c in cands))
+    m = write_metrics(RunDir(tmp_path), write=False)
+    b = m["balanced"]
+    assert b["overall"]["n"] == 4 and b["overall"]["balanced_accuracy"] == 1.0
+    assert b["counts"]["squad_v2"]["n_without_negative"] == 1
+    assert m["overall"]["balanced_accuracy"] == 0.5   # its own answers: it accepts all
