@@ -28,7 +28,7 @@ import typer
 from typer.core import TyperGroup
 
 from interp.core.contract import SPECS, StageSpec, kept_runs
-from interp.core.errors import InterpError
+from interp.core.errors import InterpError, RunDirError
 from interp.core.inputs import read_toml
 from interp.core.layers import DEFAULT_BAND
 from interp.core.names import model_slug
@@ -299,11 +299,17 @@ def _read_run(run: Path, require: bool = True, **layers: str) -> None:
 
 
 @app.command()
-def metrics(run: Annotated[Path, typer.Option(help="run directory")]) -> None:
+def metrics(run: Annotated[Path, typer.Option(help="run directory")],
+            balanced: Annotated[bool, typer.Option(
+                "--balanced", help="also judge each record's gold answer and a wrong one "
+                "(its hard negative, else its own wrong answer): balanced accuracy and AUC "
+                "on a set with GA = 0.5; loads the model, two judge passes per record")
+            ] = False) -> None:
     """Recompute metrics.json and the asymmetry figure from a run's records.
 
     A run that cannot be written (a read-only mount) is read: its table is printed and its
-    files are left as they are.
+    files are left as they are. ``--balanced`` first judges the balanced judge set
+    (:func:`interp.stages.asymmetry.judge_balanced`, resumable).
     """
     _read_run(run)
     from interp.core.io import unwritable
@@ -312,6 +318,11 @@ def metrics(run: Annotated[Path, typer.Option(help="run directory")]) -> None:
 
     rd = RunDir(run)
     cfg = stage.AsymmetryConfig.from_mapping(rd.manifest()["config"])
+    if balanced:
+        if (err := unwritable(rd.path)) is not None:
+            raise RunDirError(f"{rd.path} cannot be written ({err.strerror or err}): "
+                                     f"--balanced stores the judged set there")
+        stage.judge_balanced(rd, cfg, log=typer.echo)
     if (err := unwritable(rd.path)) is None:
         typer.echo(stage.format_summary(stage.write_metrics(rd, cfg)))
         typer.echo(f"wrote {rd.path / 'metrics.json'}, {rd.path / 'figures/asymmetry.png'}")

@@ -1,8 +1,10 @@
 """The findings study (docs/findings.md): an experiment written against interp, not part of it.
 
 :mod:`experiments.findings.report` writes the claims table, :mod:`experiments.findings.claims`
-reads each claim, :mod:`experiments.findings.state` keeps the resumable state (one checksummed
-archive, ``experiments/findings/state.tar.xz``). Run as ``python -m experiments.findings``.
+reads each claim, :mod:`experiments.findings.rules` decides every row by one rule,
+:mod:`experiments.findings.replication` re-decides the primary rows on a held-out split,
+:mod:`experiments.findings.state` keeps the resumable state (one checksummed archive,
+``experiments/findings/state.tar.xz``). Run as ``python -m experiments.findings``.
 """
 
 from experiments.findings.report import (

@@ -27,14 +27,19 @@ from interp.methods.pairwise import MIN_SWAP_NATS
 __all__ = ["CLAIMS", "DECISIONS", "MIN_COVERAGE", "Cell", "Extract", "decide"]
 
 DECISIONS = ("supported", "contradicted", "undecided", "not measurable", "control",
-             "not measured")
+             "not measured", "not testable: judge at chance", "reversed under control",
+             "exploratory (selected and tested on the same pairs)")
 """What a row can read. ``supported`` / ``contradicted``: the 95% CI lies wholly on the
 claim's side of its threshold (zero, 0.5 for an AUC, the claim's own bounds) or wholly on the
 other; ``undecided``: it includes the threshold; ``not measurable``: the measurement is
 degenerate (coverage under :data:`MIN_COVERAGE`, one class, a judge that gives one reply to
 every answer, a value that is not what its name says), and the row says why; ``control``: a
 row whose outcome is fixed or nearly so by construction, shown so a reader can check the
-machinery, not counted as evidence; ``not measured``: the study has no such file."""
+machinery, not counted as evidence; ``not measured``: the study has no such file. The last
+three come from the one rule every row goes through (:mod:`experiments.findings.rules`): a
+claim about judging whose judge does not tell right from wrong answers (its AUC's CI spans
+0.5), a claim its control contradicts, and a row whose unit was chosen on the pairs it is
+tested on."""
 MIN_COVERAGE = 0.5
 """A judge that gives a verdict on fewer than this share of its answers is not measured as a
 judge: its EA is mostly the no-verdict replies counted wrong."""
@@ -887,6 +892,8 @@ CLAIMS: tuple[tuple[str, str, str, Extract], ...] = (
      _steer("eval", "accept_correct", "8.0", sign=0, sub="steer/")),
     ("... x8, context minus control, on wrong answers", "d logit_diff context - control, wrong",
      _ST, _steer_vs_control("eval", "logit_diff_incorrect", "8.0", right=-1, sub="steer/")),
+    ("... x8, context minus control, on right answers", "d logit_diff context - control, right",
+     _ST, _steer_vs_control("eval", "logit_diff_correct", "8.0", right=+1, sub="steer/")),
     ("steering the judge's context x16 makes it right more often", "dEA_forced, alpha 16", _ST,
      _steer("eval", "ea_forced", "16.0", sub="steer/")),
     ("... x16: acceptance of wrong answers", "d acceptance given wrong, alpha 16", _ST,
@@ -898,6 +905,8 @@ CLAIMS: tuple[tuple[str, str, str, Extract], ...] = (
                                          sub="steer/")),
     ("... x16, context minus control, on wrong answers", "d logit_diff context - control, wrong",
      _ST, _steer_vs_control("eval", "logit_diff_incorrect", "16.0", right=-1, sub="steer/")),
+    ("... x16, context minus control, on right answers", "d logit_diff context - control, right",
+     _ST, _steer_vs_control("eval", "logit_diff_correct", "16.0", right=+1, sub="steer/")),
     ("lowering the generator's context attention (x0.25) lowers GA", "dGA, alpha 0.25", _ST,
      _steer("gen", "ga", "0.25", sign=-1)),
     ("where the verdict is decided: candidate swap, residual stream", "restored share",

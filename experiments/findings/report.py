@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from experiments.findings.claims import CLAIMS, Cell
+from experiments.findings.rules import apply_rules, controlled
 from experiments.findings.state import (
     ARCHIVE_SUFFIX,
     UNPACKED,
@@ -101,39 +102,14 @@ def claims(fig_dir: str | Path, models: Sequence[str]) -> list[dict[str, Any]]:
         models: model slugs (the file prefixes).
 
     Returns:
-        ``[{"claim", "measure", "cells": {model: Cell}}]`` in :data:`CLAIMS` order.
+        ``[{"claim", "measure", "cells": {model: Cell}}]`` in :data:`CLAIMS` order, each cell
+        decided by the one rule of :mod:`experiments.findings.rules` (thresholds, coverage and
+        degenerate cases, the discriminability precondition, selection, controls both ways).
     """
     d = Path(fig_dir)
     rows = [{"claim": c, "measure": q, "control": k, "cells": {m: f(d, m) for m in models}}
             for c, q, k, f in CLAIMS]
-    return controlled(rows)
-
-
-def controlled(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A claim is supported only when its control rows agree.
-
-    The rows after a claim whose names start with ``...`` and say ``(control)`` are its
-    controls; a claim read ``supported`` while one of its controls reads otherwise becomes
-    ``undecided`` and names that control and its reading. The rule lives here, beside the
-    table, and is tested on constructed rows (tests/unit/test_findings.py).
-    """
-    from dataclasses import replace
-
-    head = None
-    for r in rows:
-        if not r["claim"].startswith("..."):
-            head = r
-            continue
-        if head is None or "(control)" not in r["claim"]:
-            continue
-        for m, c in r["cells"].items():
-            h = head["cells"][m]
-            if h.decision == "supported" and c.decision in ("contradicted", "undecided",
-                                                            "not measurable"):
-                what = r["claim"].removeprefix("... ").removesuffix(" (control)")
-                head["cells"][m] = replace(h, decision="undecided", verdict=(
-                    f"{h.verdict}; its control ({what}) reads {c.decision}"))
-    return rows
+    return apply_rules(rows, d)
 
 
 def render(fig_dir: str | Path, models: Sequence[str]) -> str:
@@ -143,12 +119,38 @@ def render(fig_dir: str | Path, models: Sequence[str]) -> str:
         f"{m}: value [CI] (n, passages) | decision: reading" for m in models) + " |"
     lines = [head, "|" + "---|" * (3 + 2 * len(models))]
     for r in rows:
-        cells = " | ".join(f"{c.text()} | **{c.decision}**: {c.verdict}"
-                           for c in r["cells"].values())
-        lines.append(f"| {r['claim']} | {r['measure']} | {r['control']} | {cells} |")
+        cells = " | ".join(f"{c.text()} | **{c.decision}**{_holm(r, m)}: {c.verdict}"
+                           for m, c in r["cells"].items())
+        lines.append(f"| {_named(r)} | {r['measure']} | {r['control']} | {cells} |")
+    lines += ["", "Primary rows, named before the next run and Holm-corrected together per "
+              "model (experiments/findings/rules.py, `PRIMARY`); every other row is "
+              "exploratory:", ""] + [f"- {r['primary']}" for r in rows if r.get("primary")]
+    if (Path(fig_dir) / "replication").is_dir():
+        rep = {r["claim"]: r for r in claims(Path(fig_dir) / "replication", models)}
+        lines += ["", "The primary rows re-decided on the replication split (a fifth of the "
+                  "passages, `experiments/findings/replication_ids.json`, read by no selection; "
+                  "`python -m experiments.findings.replication RUNS figures/findings`), where "
+                  "the stored state keeps their records:", ""]
+        for r in rows:
+            cells = rep[r["claim"]]["cells"]
+            if r.get("primary") and any(c.value is not None for c in cells.values()):
+                lines.append(f"- {_named(r)}: " + "; ".join(
+                    f"{m} {c.text()} **{c.decision}**" for m, c in cells.items()))
     srcs = sorted({c.source for r in rows for c in r["cells"].values() if c.value is not None})
     lines += ["", "Sources (under the findings folder):", ""] + [f"- `{s}`" for s in srcs]
     return "\n".join(lines)
+
+
+def _holm(row: dict[str, Any], model: str) -> str:
+    """`` (Holm p 0.03)``: a primary row's Holm-adjusted p-value for one model, or nothing."""
+    q = (row.get("holm") or {}).get(model)
+    return "" if q is None else f" (Holm p {q:.2g})"
+
+
+def _named(row: dict[str, Any], name: str | None = None) -> str:
+    """A row's claim, with its hypothesis label (``[H1]``) when it is a primary row."""
+    h = (row.get("primary") or "").split(":", 1)[0]
+    return (name or row["claim"]) + (f" [{h}]" if h else "")
 
 
 def render_headline(fig_dir: str | Path, models: Sequence[str]) -> str:
@@ -162,8 +164,10 @@ def render_headline(fig_dir: str | Path, models: Sequence[str]) -> str:
              "|" + "---|" * (3 + len(models))]
     for claim, paper, *shown in HEADLINE:
         r = rows[claim]
-        cells = " | ".join(f"{c.text()} **{c.decision}**" for c in r["cells"].values())
-        lines.append(f"| {shown[0] if shown else claim} | {paper} | {r['control']} | {cells} |")
+        cells = " | ".join(f"{c.text()} **{c.decision}**{_holm(r, m)}"
+                           for m, c in r["cells"].items())
+        lines.append(f"| {_named(r, shown[0] if shown else claim)} | {paper} | {r['control']} | "
+                     f"{cells} |")
     return "\n".join(lines)
 
 

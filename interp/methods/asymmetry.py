@@ -63,10 +63,12 @@ from interp.judging.judge import judge_candidates, judge_room, parse_record_verd
 from interp.judging.prefill import Capture, PromptPass, run_prompts
 from interp.judging.prompts import RenderedPrompt, Template, render
 from interp.judging.reasoning import MAX_REASONING_TOKENS
+from interp.methods.balanced import own_balanced
 from interp.models.loading import ModelHandle
 from interp.store.records import NO_ANSWER, Record, check_verdict_scores
 
-__all__ = ["METRIC_DEFINITIONS", "compute_metrics", "evaluate_examples", "format_metrics",
+__all__ = ["METRIC_DEFINITIONS", "compute_metrics", "evaluate_examples", "format_balanced",
+           "format_metrics",
            "group_metrics", "judge_records", "parse_record_verdict"]
 
 
@@ -316,6 +318,10 @@ METRIC_DEFINITIONS = {
     "mean_p_correct": "mean over records of sigmoid(logit_diff)",
     "auc_logit_diff": "ROC AUC of logit_diff = log P(Correct) - log P(Incorrect) against y* "
                       "(None with one class); _ci: its passage-cluster interval",
+    "balanced_accuracy": "(acceptance of right answers + rejection of wrong answers) / 2 by "
+                         "the generated verdict, no verdict wrong on both sides: 0.5 for a "
+                         "judge whose verdict ignores correctness, whatever GA is (None with "
+                         "one class); _forced: by the forced choice (interp.methods.balanced)",
     "mcnemar": "exact McNemar test of generator-right vs judge-right (b: only the generator "
                "right, c: only the judge right); it assumes independent records",
     "degenerate_cis": "the *_ci keys whose interval has zero width (every bootstrap resample "
@@ -458,6 +464,7 @@ def group_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]], *, n_
         "auc_logit_diff": auc,
         "auc_logit_diff_ci": None if auc is None else bs.interval(bs.aucs(y, ld)),
         "mcnemar": mcnemar(y, right),
+        **own_balanced(bs, y, v, forced),
     }
     if not scored:  # never a 0 standing for "not measured"
         why = next((r["verdict_score_reason"] for r in records
@@ -516,7 +523,7 @@ def format_metrics(metrics: Mapping[str, Any]) -> str:
     """
     head = (f"{'dataset':<10} {'n':>4} {'pass':>5} {'GA':>5} {'EA':>5} {'EA_f':>5} "
             f"{'delta':>6} {'95% CI delta':>15} {'d_f':>6} {'acc|C':>5} {'acc|I':>5} "
-            f"{'none':>5} {'fC|C':>5} {'fC|I':>5} {'cov':>5} {'AUC':>5}")
+            f"{'none':>5} {'fC|C':>5} {'fC|I':>5} {'cov':>5} {'AUC':>5} {'BA':>5} {'BA_f':>5}")
     rows = [head, "-" * len(head)]
     few, zero, forced, unavailable = [], [], [], []
     groups = in_dataset_order(metrics["per_dataset"]) + [("overall", metrics["overall"])]
@@ -549,7 +556,8 @@ def format_metrics(metrics: Mapping[str, Any]) -> str:
             f"{f(m['acceptance_rate_incorrect']):>5} {f(m['verdict_shares']['none']):>5} "
             f"{f(m['acceptance_rate_correct_forced']):>5} "
             f"{f(m['acceptance_rate_incorrect_forced']):>5} "
-            f"{f(m['mean_verdict_coverage']):>5} {f(m['auc_logit_diff']):>5}")
+            f"{f(m['mean_verdict_coverage']):>5} {f(m['auc_logit_diff']):>5} "
+            f"{f(m.get('balanced_accuracy')):>5} {f(m.get('balanced_accuracy_forced')):>5}")
     # one line per fact: groups whose notes differ only in their counts share it
     notes = ["* " + n for n in merge_notes(few)] + [
         "  " + n for n in merge_notes(zero) + merge_notes(forced) + merge_notes(unavailable)]
@@ -562,5 +570,45 @@ def format_metrics(metrics: Mapping[str, Any]) -> str:
     legend = ("EA_f/d_f: forced choice p_correct > 0.5; acc|C, acc|I: generated verdict "
               "'Correct' among answers with y* Correct / Incorrect (no verdict = not accepted); "
               "none: share with no verdict; fC|C, fC|I: forced-choice acceptance; cov: mean "
-              "P(Correct)+P(Incorrect); AUC: logit_diff vs y*; CIs: bootstrap over passages")
-    return "\n".join(rows + notes + [legend])
+              "P(Correct)+P(Incorrect); AUC: logit_diff vs y*; BA, BA_f: balanced accuracy "
+              "(acc|C + rejection|I) / 2, generated and forced (0.5: a judge that ignores "
+              "correctness); CIs: bootstrap over passages")
+    out = rows + notes + [legend]
+    if metrics.get("balanced"):
+        out += ["", format_balanced(metrics["balanced"])]
+    return "\n".join(out)
+
+
+def format_balanced(balanced: Mapping[str, Any]) -> str:
+    """A plain-text table of the balanced judge set (``metrics.json['balanced']``).
+
+    Per dataset and overall: records with a gold and a wrong candidate (pairs), passages,
+    acceptance of the right (gold) and of the wrong candidates, balanced accuracy and the
+    AUC of ``logit_diff``, each with its passage-cluster 95% interval.
+    """
+    head = (f"{'balanced':<10} {'pairs':>5} {'pass':>5} {'acc|right':>17} {'acc|wrong':>17} "
+            f"{'BA':>17} {'AUC':>17}")
+    rows = [head, "-" * len(head)]
+    counts = balanced.get("counts") or {}
+    groups = list(balanced["per_dataset"].items()) + [("overall", balanced["overall"])]
+    for name, g in groups:
+        if not g.get("n"):
+            rows.append(f"{name:<10} {0:>5}")
+            continue
+
+        def c(key: str) -> str:
+            v = g.get(key)
+            return "-" if v is None else f"{v:.2f} {ci_text(g.get(key + '_ci'))}"
+
+        rows.append(f"{name:<10} {g['n'] // 2:>5} {g['n_passages']:>5} "
+                    f"{c('acceptance_right'):>17} {c('acceptance_wrong'):>17} "
+                    f"{c('balanced_accuracy'):>17} {c('auc_logit_diff'):>17}")
+        if g.get("one_reply"):
+            rows.append(f"  {name}: {g['one_reply']}")
+    for name, k in counts.items():
+        if k.get("n_without_gold") or k.get("n_without_negative"):
+            rows.append(f"  {name}: left out {k.get('n_without_gold', 0)} without a gold "
+                        f"answer, {k.get('n_without_negative', 0)} without a wrong one")
+    rows.append("balanced set: each record's gold answer and one wrong answer (its mined hard "
+                "negative, else its own wrong answer): GA = 0.5 by construction")
+    return "\n".join(rows)

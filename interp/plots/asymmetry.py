@@ -45,7 +45,11 @@ def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
     """GA, EA, EA_forced; Delta and Delta_forced; the 3-way split of generated verdicts.
 
     Panel 1: GA, EA (generated verdict, no verdict = wrong) and EA_forced (p_correct > 0.5)
-    with 95% CIs (bootstrap over passages). Panel 2: Delta = EA - GA and Delta_forced, on an
+    with 95% CIs (bootstrap over passages), and beside them the judge's base-rate-free
+    numbers, whose chance level (0.5) is dotted: balanced accuracy and the AUC of
+    ``logit_diff`` on its own answers, and, when the run holds the balanced judge set
+    (``metrics["balanced"]``, :mod:`interp.methods.balanced`), the same on the gold answers
+    against wrong ones. Panel 2: Delta = EA - GA and Delta_forced, on an
     axis fitted to the values and CIs. Panel 3: per group, answers with y* Correct and y*
     Incorrect, stacked shares of generated verdicts accept / reject / none, and the
     forced-choice acceptance as a diamond. Panel 1 spans the top row, panels 2 and 3 share
@@ -61,26 +65,38 @@ def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
     """
     groups, labels = dataset_groups(metrics)
     x = np.arange(len(groups))
-    fig = plt.figure(figsize=(max(9.0, 1.7 * len(groups) + 3.5), 8.4))
-    grid = fig.add_gridspec(2, 2, height_ratios=[1, 1.1])
-    axes = [fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]),
-            fig.add_subplot(grid[1, 1])]
+    bal = (metrics.get("balanced") or {})
+    sets = {**(bal.get("per_dataset") or {}), "overall": bal.get("overall") or {}}
+    free = [{**m, **{f"set_{k}": v for k, v in (sets.get(d) or {}).items()}} for d, m in groups]
+    free_keys = ("balanced_accuracy", "auc_logit_diff") + (
+        ("set_balanced_accuracy", "set_auc_logit_diff") if bal else ())
+    fig = plt.figure(figsize=(max(10.0, 1.7 * len(groups) + 3.5), 11.6))
+    grid = fig.add_gridspec(3, 2, height_ratios=[1, 1, 1.1])
+    axes = [fig.add_subplot(grid[0, :]), fig.add_subplot(grid[2, 0]),
+            fig.add_subplot(grid[2, 1]), fig.add_subplot(grid[1, :])]
     degenerate = False
-    for ax, keys, w in ((axes[0], ("GA", "EA", "EA_forced"), 0.27),
-                        (axes[1], ("delta", "delta_forced"), 0.38)):
+    for ax, keys, rows in ((axes[0], ("GA", "EA", "EA_forced"), [m for _, m in groups]),
+                           (axes[1], ("delta", "delta_forced"), [m for _, m in groups]),
+                           (axes[3], free_keys, free)):
+        w = 0.8 / len(keys) if len(keys) > 2 else 0.38
         for j, key in enumerate(keys):
             degenerate |= ci_bars(
-                ax, x + (j - (len(keys) - 1) / 2) * w, [m[key] for _, m in groups],
-                [m.get(f"{key}_ci") for _, m in groups], w,
-                color=COLORS.get(key, "#8172B3" if "forced" in key else None),
+                ax, x + (j - (len(keys) - 1) / 2) * w, [m.get(key) for m in rows],
+                [m.get(f"{key}_ci") for m in rows], w,
+                color=COLORS.get(key, _BASE_RATE_FREE.get(key, "#8172B3")),
                 label=_ASYM_LABELS[key], alpha=0.6 if key == "delta_forced" else 1.0)
         ax.set_xticks(x, labels, fontsize=8)
     axes[0].legend(frameon=False, fontsize=8, ncol=3, loc="upper center")
-    axes[1].legend(frameon=False, fontsize=7)
     axes[0].set_ylim(-0.03, 1.15)
     axes[0].set_ylabel("accuracy")
     axes[0].set_title("Generation (GA) vs self-evaluation (EA); number: the bar's value",
                       fontsize=10)
+    axes[3].axhline(0.5, color="0.3", lw=0.8, ls=":")
+    axes[3].legend(frameon=False, fontsize=7, ncol=2, loc="upper center")
+    axes[3].set_ylim(-0.03, 1.3)
+    axes[3].set_ylabel("0.5: chance")
+    axes[3].set_title("Does the judge tell right from wrong? Balanced accuracy and AUC, free of "
+                      "the base rate (dotted: a judge that ignores correctness)", fontsize=10)
     ends = [abs(v) for _, m in groups for k in ("delta", "delta_forced")
             for v in [m[k], *(m.get(f"{k}_ci") or [])] if v is not None]
     lim = max(0.1, 1.15 * max(ends, default=0.0))
@@ -97,6 +113,12 @@ def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
     return save(fig, out_dir, name)
 
 
+_BASE_RATE_FREE = {"balanced_accuracy": "#937860", "auc_logit_diff": "#DA8BC3",
+                   "set_balanced_accuracy": "#8C8C8C", "set_auc_logit_diff": "#CCB974"}
 _ASYM_LABELS = {"GA": "GA", "EA": "EA (generated verdict)", "EA_forced": "EA forced choice",
+                "balanced_accuracy": "balanced accuracy, own answers",
+                "auc_logit_diff": "AUC of logit_diff, own answers",
+                "set_balanced_accuracy": "balanced accuracy, gold vs wrong set",
+                "set_auc_logit_diff": "AUC, gold vs wrong set",
                 "delta": "Δ = EA − GA", "delta_forced": "Δ forced = EA_forced − GA"}
 

@@ -36,6 +36,8 @@ Algorithm of :func:`run`:
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
@@ -50,7 +52,7 @@ from interp.core.errors import ConfigError, Interrupted, RunDirError, ShardError
 from interp.core.inputs import new_run_dir
 from interp.core.io import write_json
 from interp.core.progress import Share, tqdm
-from interp.data import QAExample
+from interp.data import DATASETS, QAExample
 from interp.endpoints import is_endpoint_spec, oracle_facts, run_served
 from interp.judging.grading import BaseOracle, RuleOracle, make_oracle, parse_oracle_spec
 from interp.judging.prefill import Capture
@@ -80,7 +82,7 @@ from interp.store.rundir import RunDir
 
 __all__ = ["KEY_FIELDS", "NAME", "SUMMARIES", "AsymmetryConfig", "check_inputs",
            "format_oracle_agreement", "format_summary", "oracle_agreement", "run",
-           "stale_records", "store_one_pass", "write_metrics"]
+           "judge_balanced", "stale_records", "store_one_pass", "write_metrics"]
 
 SPEC = spec("asymmetry")
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
@@ -287,6 +289,81 @@ def _keep(rd: RunDir, handle: ModelHandle, config: AsymmetryConfig,
     kept = [r for r in recs if r is not None]
     rd.append_records(kept)
     return kept
+
+
+def judge_balanced(rd: RunDir, config: AsymmetryConfig, *, handle: ModelHandle | None = None,
+                   log: Callable[[str], None] = print, chunk: int = 8) -> int:
+    """Judge the run's balanced judge set, resumably (``interp metrics --balanced``).
+
+    For each ``ok`` record with a gold answer, the run's judge (its model and template) scores
+    the gold answer and one wrong answer: the record's mined hard negative
+    (:func:`interp.stages.common.stored_negatives`), else its own answer when the oracle graded
+    it Incorrect (:func:`interp.methods.balanced.balanced_candidates`). Cost: two judge passes
+    (a verdict decode and the whole-reply score) per kept record, about twice the judge's share
+    of the run. Candidates are appended per chunk to :data:`interp.stages.run_metrics.
+    BALANCED_RECORDS` (its first line the set's counts); a rerun judges only the rest, and a
+    candidate that changed (another hard negative) is judged again. Nothing is mined here: a
+    record with no hard negative and a right answer is left out and counted.
+
+    Returns:
+        How many candidates were judged now.
+
+    Raises:
+        RunDirError: a cross-judged run (its judge scores another model's answers; judge the
+            source run instead).
+    """
+    from interp.core.errors import RunDirError
+    from interp.core.io import read_jsonl, write_jsonl
+    from interp.methods.asymmetry import judge_records
+    from interp.methods.balanced import balanced_candidates
+    from interp.stages.common import stored_negatives
+    from interp.stages.run_metrics import BALANCED_RECORDS
+
+    if config.answers_from:
+        raise RunDirError(f"{rd.path} is cross-judged (answers from {config.answers_from}); "
+                          f"run `interp metrics --balanced` on the source run")
+    names = {d for d in config.datasets}
+    records = [r for r in rd.read_records() if r["dataset"] in names or not (
+        names & set(DATASETS))]
+    cands, counts = [], {}
+    for ds in sorted({r["dataset"] for r in records}):
+        mine = [r for r in records if r["dataset"] == ds]
+        c, counts[ds] = balanced_candidates(mine, stored_negatives(rd.path, mine))
+        cands += c
+    path = rd.path / BALANCED_RECORDS
+    key = lambda r: (r["dataset"], str(r["id"]), r["balanced_role"], r["answer"])  # noqa: E731
+    old = [r for r in read_jsonl(path) if r.get("balanced_role")] if path.is_file() else []
+    wanted = {key(c) for c in cands}
+    kept = [r for r in old if key(r) in wanted]  # a changed candidate is judged again
+    done = {key(r) for r in kept}
+    write_jsonl(path, [{"counts": counts}, *kept])
+    todo = [c for c in cands if key(c) not in done]
+    log(f"[balanced] {counts and sum(c['n_pairs'] for c in counts.values())} records with a "
+        f"gold and a wrong answer: {len(todo)} of {len(cands)} candidates to judge")
+    if not todo:
+        return 0
+    template = get_template(config.template, config.templates_path)
+    handle = handle or load_model(config.model, device=config.device, dtype=config.dtype,
+                                  **placement(config))
+    check_run_model(rd, handle)
+    bar = tqdm(total=len(todo), desc="balanced", unit="answer")
+    for s in range(0, len(todo), chunk):
+        part = todo[s:s + chunk]
+        judged, _ = judge_records(handle, part, template=template,
+                                  verdict_max_new_tokens=config.verdict_max_new_tokens,
+                                  max_reasoning_tokens=config.max_reasoning_tokens,
+                                  batch_size=config.batch_size)
+        rows = [{**{k: v for k, v in j.items() if k != "prompts"},
+                 "balanced_role": src["balanced_role"],
+                 "negative_source": src["negative_source"]}
+                for src, j in zip(part, judged)]
+        with path.open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+            f.flush()
+            os.fsync(f.fileno())
+        bar.update(len(part))
+    bar.close()
+    return len(todo)
 
 
 def _limit(config: AsymmetryConfig, dataset: str) -> int | None:

@@ -37,7 +37,32 @@ from interp.store.rundir import RunDir
 __all__ = ["Stage", "check_against_shape", "check_run_model", "current_share", "fitting",
            "load_run_model",
            "ok_records", "own_share", "refuse_reasoning_judge", "check_capabilities", "run_judge",
-           "share_of_records", "stage_facts"]
+           "share_of_records", "stage_facts", "stored_negatives"]
+
+
+def stored_negatives(run_path: Any, records: Sequence[Mapping[str, Any]]
+                     ) -> dict[tuple[str, str], str]:
+    """The run's closed-book hard negatives: ``(dataset, id) -> answer`` graded Incorrect.
+
+    The patching stage's store (``DIR/patching/hard_negatives.jsonl``, mined by
+    :func:`interp.methods.transfer.mine_hard_negatives`) first, then the records' own
+    ``hard_negative`` / ``hard_negatives`` fields. Read by the pairwise judge and the
+    balanced judge set (:mod:`interp.methods.balanced`).
+    """
+    from pathlib import Path
+
+    from interp.core.io import read_jsonl
+
+    out: dict[tuple[str, str], str] = {}
+    store = Path(run_path) / "patching" / "hard_negatives.jsonl"
+    for row in read_jsonl(store) if store.is_file() else []:
+        if row.get("hard_negative"):
+            out[(row["dataset"], str(row["id"]))] = row["hard_negative"]
+    for rec in records:
+        hn = rec.get("hard_negative") or next(iter(rec.get("hard_negatives") or []), None)
+        if hn:
+            out.setdefault((rec["dataset"], str(rec["id"])), hn)
+    return out
 
 _SHARE: ContextVar[tuple[int, int] | None] = ContextVar("interp_share_of_records", default=None)
 """This process's share ``(index, count)`` of a stage's records, or None: all of them."""

@@ -48,10 +48,10 @@ from interp.analysis.stats import (
 )
 from interp.core.contract import spec
 from interp.core.inputs import write_result
-from interp.core.io import is_fresh, read_json, read_jsonl, signature, write_json, write_jsonl
+from interp.core.io import is_fresh, read_json, signature, write_json, write_jsonl
 from interp.core.layers import parse_layers
 from interp.models.loading import ModelHandle
-from interp.stages.common import fitting, ok_records, stage_facts
+from interp.stages.common import fitting, ok_records, stage_facts, stored_negatives
 from interp.stages.configs import PairwiseConfig
 from interp.store.rundir import RunDir
 
@@ -77,16 +77,7 @@ OUTCOMES = ("accurate", "consistent", "right_first", "right_second", "flip_first
 def _negatives(run_dir: RunDir, records: Sequence[Mapping[str, Any]]
                ) -> dict[tuple[str, str], str]:
     """Step 1's hard negatives: the patching stage's store, then the records' own."""
-    out: dict[tuple[str, str], str] = {}
-    store = run_dir.path / "patching" / "hard_negatives.jsonl"
-    for row in read_jsonl(store) if store.is_file() else []:
-        if row.get("hard_negative"):
-            out[(row["dataset"], str(row["id"]))] = row["hard_negative"]
-    for rec in records:
-        hn = rec.get("hard_negative") or next(iter(rec.get("hard_negatives") or []), None)
-        if hn:
-            out.setdefault((rec["dataset"], str(rec["id"])), hn)
-    return out
+    return stored_negatives(run_dir.path, records)
 
 
 def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwrite: bool,

@@ -160,7 +160,8 @@ def test_controls_of_study_1_and_2_are_rows_of_their_own(tmp_path):
     head = cells["the judge reads the context 3-5x less (3.2)"]["m"]
     assert head.verdict == ("yes, 3-5x; its control (renormalised to context+question, the "
                             "spans both prompts have) reads contradicted")
-    assert head.decision == "undecided"  # 3.4x in mass, 1.04x relative to the question
+    # 3.4x in mass, 1.04x relative to the question: the control contradicts the claim
+    assert head.decision == "reversed under control"
     like = cells["... renormalised to context+question, the spans both prompts have (control)"]
     assert like["m"].verdict == "gone (CI spans 1)"
     # over 1 but far under the claim: said so, not "survives"
@@ -207,7 +208,11 @@ def test_steering_patching_and_probe_cells(tmp_path):
                  "permutation": {"n": 100, "p_value": 0.0099}}}})
     cells = _cells(tmp_path, ["m"])
     up = cells["steering the judge's context up (x4) makes it right more often"]["m"]
-    assert (up.value, up.n, up.n_passages, up.verdict) == (0.04, 120, 90, "undecided")
+    assert (up.value, up.n, up.n_passages, up.verdict) == (
+        0.04, 120, 90, "undecided; its control (on right answers (helping would raise it)) "
+                       "reads contradicted")
+    # steering that pushes right answers down too is a shift, not better judging
+    assert up.decision == "reversed under control"
     rej = cells["... and reject wrong answers more"]["m"]
     assert rej.verdict == "down" and rej.text() == "-0.100 [-0.200, -0.050] (n=120, p=90)"
     assert cells["... control: the NON-context keys x4 (n_keys in the summary)"]["m"].value == 0.0
@@ -724,22 +729,92 @@ def test_a_ci_decides_a_claim_only_when_it_excludes_the_threshold(ci, threshold,
     assert decide(ci, threshold, sign) == want
 
 
-def test_a_claim_is_supported_only_when_its_controls_agree():
+def test_controls_decide_a_claim_both_ways():
+    """(d): every control decides its claim both ways.
+
+    A contradicting control reverses a claim; a supporting one reverses a contradicted claim;
+    an undecided one leaves a decided claim undecided; a subgroup is not a control.
+    """
     from experiments.findings.claims import Cell
-    from experiments.findings.report import controlled
+    from experiments.findings.rules import NOT_TESTABLE, REVERSED, controlled
 
     def row(claim, decision):
         return {"claim": claim, "cells": {"m": Cell(1.0, [0.5, 1.5], 10, 10, "yes",
                                                     decision=decision)}}
 
-    rows = controlled([row("A", "supported"), row("... a control (control)", "undecided"),
-                       row("B", "supported"), row("... a subgroup", "contradicted"),
-                       row("... another control (control)", "supported"),
-                       row("C", "contradicted"), row("... its control (control)", "undecided")])
-    a, b, c = (rows[i]["cells"]["m"] for i in (0, 2, 5))
-    assert (a.decision, a.verdict) == ("undecided", "yes; its control (a control) reads undecided")
-    assert b.decision == "supported"  # a subgroup is not a control; the control agrees
-    assert c.decision == "contradicted"  # a control never upgrades a claim
+    rows = controlled([row("A", "supported"), row("a control", "undecided"),
+                       row("B", "supported"), row("a subgroup", "contradicted"),
+                       row("another control", "supported"),
+                       row("C", "contradicted"), row("its control", "undecided"),
+                       row("D", "undecided"), row("D's control", "contradicted"),
+                       row("E", "contradicted"), row("E's control", "supported"),
+                       row("F", NOT_TESTABLE), row("F's control", "contradicted")],
+                      {"A": ["a control"], "B": ["another control"], "C": ["its control"],
+                       "D": ["D's control"], "E": ["E's control"], "F": ["F's control"]})
+    got = {r["claim"]: r["cells"]["m"] for r in rows}
+    assert (got["A"].decision, got["A"].verdict) == (
+        "undecided", "yes; its control (a control) reads undecided")
+    assert got["B"].decision == "supported"   # a subgroup is not a control; the control agrees
+    assert got["C"].decision == "undecided"   # a contradiction needs its controls too
+    assert got["D"].decision == got["E"].decision == got["F"].decision == REVERSED
+
+
+def test_every_claims_row_declares_each_step_of_the_rule():
+    """(a)-(e) for every row.
+
+    A threshold, the discriminability precondition or why not, a coverage check or why not,
+    its controls or why none, and how its unit was selected.
+    """
+    from experiments.findings.claims import CLAIMS
+    from experiments.findings.rules import RULES, Rule
+
+    names = [c[0] for c in CLAIMS]
+    assert sorted(names) == sorted(RULES), "every row has exactly one rule"
+    bad = {n: RULES[n].problems() for n in names if RULES[n].problems()}
+    assert not bad, bad
+    for n in names:   # a control named by a rule is a row of the table
+        assert set(RULES[n].controls) <= set(names), n
+    # the check itself fails on a rule that skips a step
+    assert Rule("", (), "", "x", (), "", "maybe").problems() == [
+        "(a) no threshold", "(b) give judge AUCs or why the row is not about judging, not both",
+        "(c) no coverage check", "(d) give control rows or why there is none, not both",
+        "(e) selection must be none, held out or same"]
+
+
+def _study1(d: Path, model: str, auc_ci, *, sub: str = "", none: int = 0, ci=(-0.3, -0.1),
+            coverage: float = 0.9) -> None:
+    g = {"n": 100, "n_passages": 100, "GA": 0.5, "EA": 0.3, "delta": -0.2, "delta_ci": list(ci),
+         "verdicts": {"accept": 50, "reject": 50 - none, "none": none},
+         "acceptance_rate": 0.5, "auc_logit_diff": sum(auc_ci) / 2,
+         "auc_logit_diff_ci": list(auc_ci), "mean_verdict_coverage": coverage}
+    (d / sub).mkdir(parents=True, exist_ok=True)
+    (d / f"{sub}{model}__asymmetry_metrics.json").write_text(json.dumps(
+        {"per_dataset": {"squad_v2": g}, "overall": g}))
+
+
+def test_a_claim_about_judging_needs_a_judge_that_discriminates(tmp_path):
+    """(b) and (c) on a Study 1 row.
+
+    GA > EA with a judge whose AUC CI spans 0.5 is not testable, whatever its CI says; with one
+    whose AUC CI excludes 0.5 the CI decides; coverage under the floor and a CI of zero width
+    are not measurable.
+    """
+    from experiments.findings.rules import NOT_TESTABLE
+
+    claim = "GA > EA on SQuAD 2.0 (3.1)"
+    _study1(tmp_path, "chance", (0.45, 0.62))
+    _study1(tmp_path, "good", (0.6, 0.8))
+    _study1(tmp_path, "mute", (0.6, 0.8), none=60)
+    _study1(tmp_path, "flat", (0.6, 0.8), ci=(-0.2, -0.2))
+    for m in ("chance", "good", "mute", "flat"):   # controls that agree
+        _study1(tmp_path, m, (0.6, 0.8), sub="matched/")
+    cells = _cells(tmp_path, ["chance", "good", "mute", "flat"])[claim]
+    assert cells["chance"].decision == NOT_TESTABLE
+    assert "judge AUC 0.54 [0.45, 0.62] (default squad_v2)" in cells["chance"].verdict
+    assert cells["good"].decision == "supported"
+    assert cells["mute"].decision == "not measurable" and "a verdict on 40%" in \
+        cells["mute"].verdict
+    assert cells["flat"].decision == "not measurable" and "zero width" in cells["flat"].verdict
 
 
 def test_a_degenerate_measurement_is_not_measurable_and_says_why(tmp_path):
@@ -891,3 +966,48 @@ def test_pairwise_cells_read_both_orders_and_call_a_one_letter_judge_so(tmp_path
     _write(tmp_path, "views/m__pairwise_summary.json", r)
     u = _cells(tmp_path, ["m"])[units]["m"]
     assert u.decision == "not measurable" and "4.20 is not a share" in u.verdict
+
+
+def test_holm_and_ci_p_values_by_hand():
+    """Holm (1979): p sorted 0.01, 0.02, 0.04 over 3 -> 0.03, 0.04, 0.04 (monotone)."""
+    from experiments.findings.rules import PRIMARY, RULES, ci_p_value, holm
+
+    assert holm({"a": 0.04, "b": 0.01, "c": 0.02}) == pytest.approx(
+        {"b": 0.03, "c": 0.04, "a": 0.04})
+    assert holm({"a": 0.6, "b": 0.5}) == {"b": 1.0, "a": 1.0}
+    # a 95% interval that touches the null gives p = 0.05; a zero-width one gives none
+    assert ci_p_value(1.96, [0.0, 3.92], 0.0) == pytest.approx(0.05, abs=1e-4)
+    assert ci_p_value(1.0, [1.0, 1.0], 0.0) is None
+    assert set(PRIMARY) <= set(RULES) and len(PRIMARY) >= 5
+
+
+def test_the_replication_split_is_by_passage_committed_and_read_by_no_selection():
+    """The replication split is by passage, committed, and read by no selection.
+
+    The committed ids are the rule's on the bundled validation records (a fifth of the
+    passages, every question of a passage on one side), and no code but the replication
+    module names the file.
+    """
+    from experiments.findings.replication import IDS_FILE, SHARE, in_split, replication_ids
+    from interp.data import passage_key
+
+    recs = []
+    for ds in ("squad_v2", "drop", "hotpotqa", "musique"):
+        path = ROOT / "interp" / "bundled" / ds / "validation.jsonl"
+        recs += [{**json.loads(x), "dataset": ds} for x in path.read_text().splitlines()]
+    ids = json.loads(IDS_FILE.read_text())["ids"]
+    every = replication_ids(recs)
+    for ds, kept in ids.items():
+        assert set(kept) <= set(every[ds])
+    by_passage: dict[str, set[bool]] = {}
+    for r in recs:
+        by_passage.setdefault(passage_key(r), set()).add(in_split(passage_key(r)))
+    assert all(len(v) == 1 for v in by_passage.values())
+    share = sum(in_split(p) for p in by_passage) / len(by_passage)
+    assert abs(share - 1 / SHARE) < 0.05
+    code = [p for p in (*ROOT.joinpath("interp").rglob("*.py"),
+                        *ROOT.joinpath("experiments").rglob("*.py"))]
+    assert [p.name for p in code if "IDS_FILE" in p.read_text()] == ["replication.py"]
+    # the report only names it in a sentence
+    assert sorted(p.name for p in code if "replication_ids" in p.read_text()) == [
+        "replication.py", "report.py"]

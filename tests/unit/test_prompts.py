@@ -158,3 +158,32 @@ def test_offsets_of_a_tokenizer_without_a_normaliser_are_not_moved():
     assert plain.backend_tokenizer.normalizer is None
     offsets = [(0, 9), (10, 16), (16, 21)]   # a gap a normaliser did not make stays a gap
     assert normalised_offsets(plain, "Context: Sample input", offsets) == offsets
+
+
+def test_the_fewshot_judge_shows_train_examples_and_no_validation_passage():
+    """The few-shot judge's worked examples come from the TRAIN split only.
+
+    Whole bundled SQuAD 2.0 TRAIN records (passage, question), two graded Correct with their
+    gold answer and two Incorrect with another answer; no passage of any bundled validation
+    file appears in the prompt.
+    """
+    import json
+    import re
+    from pathlib import Path
+
+    t = get_template("fewshot")
+    root = Path(__file__).resolve().parents[2] / "interp" / "bundled"
+    train = {r["id"]: r for r in map(json.loads, (root / "squad_v2/train.jsonl").open())}
+    ids = re.findall(r"\b[0-9a-f]{24}\b", t.description)
+    assert len(ids) == 4
+    verdicts = re.findall(r"Verdict: (Correct|Incorrect)", t.eval_user)
+    assert sorted(verdicts) == ["Correct", "Correct", "Incorrect", "Incorrect"]
+    for rid in ids:
+        r = train[rid]
+        assert f"Context: {r['context']}\nQuestion: {r['question']}\n" in t.eval_user
+        block = t.eval_user.split(f"Question: {r['question']}\n", 1)[1].split("\n\n", 1)[0]
+        answer, verdict = re.match(r"Proposed answer: (.*)\nVerdict: (\w+)", block).groups()
+        assert (verdict == "Correct") == (answer in r["answers"]) and answer in r["context"]
+    for f in root.glob("*/validation.jsonl"):
+        for r in map(json.loads, f.open()):
+            assert r["context"] not in t.eval_user
