@@ -44,6 +44,7 @@ from interp.core.io import is_fresh, read_json, read_jsonl, signature, write_jso
 from interp.core.layers import parse_layers
 from interp.core.progress import resumed
 from interp.judging.prompts import get_template, render
+from interp.judging.verdict import verdict_replies
 from interp.methods.pairs import PatchPair, build_pairs
 from interp.methods.patch_sweeps import agreement, head_units, resid_units, sweep
 from interp.methods.patching import Patcher
@@ -306,6 +307,22 @@ def gap_signature(handle: ModelHandle, pair: PatchPair,
                       "runtime": facts})
 
 
+def _fits_then(handle: ModelHandle, accept: Callable[[PatchPair], dict[str, Any] | None] | None,
+               reply: int) -> Callable[[PatchPair], dict[str, Any] | None]:
+    """The positions rule, then ``accept`` (the gap filter, or None).
+
+    A pair whose longer prompt, with the verdict reply's tokens, exceeds the model's positions
+    (:meth:`interp.models.loading.ModelHandle.overflow`) is skipped with reason ``too_long``
+    before anything runs on it.
+    """
+    def check(pair: PatchPair) -> dict[str, Any] | None:
+        n = max(len(pair.clean), len(pair.corrupt))
+        if why := handle.overflow(n, reply, what="patching prompt", new="for the verdict reply"):
+            return {"reason": "too_long", "message": why}
+        return accept(pair) if accept is not None else None
+    return check
+
+
 def _gap_filter(handle: ModelHandle, cfg: PatchingConfig, pk: str, layers: list[int],
                 band: list[int], run_root: Path, facts: Mapping[str, Any] | None,
                 ) -> Callable[[PatchPair], dict[str, Any] | None]:
@@ -389,11 +406,17 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, 
     summary: dict[str, Any] = {}
     for pk in cfg.pairs:
         masses: dict[str, dict[str, float]] = {}   # pair -> context masses, across kinds
-        accept = (_gap_filter(handle, cfg, pk, layers, band, run_dir.path, facts)
-                  if cfg.limit_kept else None)
+        reply = max(map(len, verdict_replies(handle.tokenizer).ids))
+        gap = (_gap_filter(handle, cfg, pk, layers, band, run_dir.path, facts)
+               if cfg.limit_kept else None)
         pairs, skipped = build_pairs(records, pk, template, handle.tokenizer, oracle=oracle,
                                      mine=miner, limit=cfg.limit, max_tokens=cfg.max_tokens,
-                                     equal_length=cfg.equal_length, accept=accept, log=log)
+                                     equal_length=cfg.equal_length,
+                                     accept=_fits_then(handle, gap, reply), log=log)
+        if long := [x for x in skipped if x["reason"] == "too_long" and "positions" in
+                    x["message"]]:
+            log(f"[patching] {len(long)} {pk} pairs skipped: longer than the model's "
+                f"{handle.max_positions} positions (first: {long[0]['message']})")
         for kind in cfg.kinds:
             d = root / pk / kind
             t0 = time.perf_counter()

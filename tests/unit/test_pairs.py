@@ -143,3 +143,22 @@ def test_equal_length_prefers_a_wrong_answer_of_the_gold_s_length(tokenizer, toy
     first = candidate_swap_pair(tokenizer, tpl, rec, oracle, equal_length=True,
                                 mine=lambda r: ["also far too long an answer"])
     assert first.corrupt_answer == long_wrong
+
+
+def test_the_patching_stage_skips_a_pair_longer_than_the_models_positions(tokenizer, toy_records,
+                                                                          monkeypatch):
+    """One positions rule: a pair whose prompt and verdict reply exceed the model is skipped."""
+    from interp.stages.patching import _fits_then
+    from interp.testing import tiny_llama
+
+    handle = tiny_llama(tokenizer, n_layers=1, d_model=32, n_heads=4, n_kv_heads=2)
+    p = candidate_swap_pair(tokenizer, get_template(), toy_records[1], RuleOracle())
+    n = max(len(p.clean), len(p.corrupt))
+    seen = []
+    check = _fits_then(handle, lambda pair: seen.append(pair) or None, reply=2)
+    assert check(p) is None and seen == [p]          # fits: the gap filter decides
+    monkeypatch.setattr(handle.model.config, "max_position_embeddings", n + 1)
+    why = check(p)
+    assert why == {"reason": "too_long", "message": f"patching prompt has {n} tokens; with 2 "
+                   f"for the verdict reply it exceeds the model's {n + 1} positions"}
+    assert seen == [p]                                # never scored
