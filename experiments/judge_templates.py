@@ -14,7 +14,7 @@ balanced accuracy, with 95% passage-cluster bootstrap intervals
 (:func:`interp.methods.balanced.compute_balanced`), and whether each AUC's interval excludes
 0.5. Resumable: judged records are appended per chunk to ``OUT/<model>__<template>__<set>
 .jsonl`` and a rerun judges only the rest; ``--summary-only`` summarises what is stored, and
-the summary's ``partial`` names each set judged only in part (its candidates so far)::
+the summary's ``partial`` names each set judged only in part (the candidates judged)::
 
     python -m experiments.judge_templates RUNS_FINDINGS MODEL OUT [--limit 150]
         [--templates default,fewshot] [--chunk 8]
@@ -51,7 +51,7 @@ def _candidates(run: Path, limit: int) -> tuple[list[dict[str, Any]], dict[str, 
 
 def summarize(out: Path, model: str, templates: list[str], own: list[dict[str, Any]],
               counts: dict[str, Any]) -> dict[str, Any]:
-    """The per-template, per-set metrics of what is judged so far."""
+    """The per-template, per-set metrics of the candidates judged."""
     from interp.core.io import read_jsonl
     from interp.methods.balanced import compute_balanced
 

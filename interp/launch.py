@@ -29,7 +29,7 @@ Algorithm:
    ``torch.distributed`` (gloo) barrier; rank 0 merges. That is all the process group is used
    for.
 6. **Alive** (:func:`heartbeat`, :func:`dead_ranks`): from the start of its work each joined
-   process refreshes ``OUT/shards/heartbeats/I-of-N.json`` (pid, host, launch session,
+   process refreshes ``OUT/shards/heartbeats/I-of-N.json`` (pid, host, launch identity,
    barriers passed) every :data:`HEARTBEAT_S` seconds. A process waiting at a barrier looks at
    the others' every second: one whose process is gone (same host), whose heartbeat is older
    than :func:`stale_after` (default :data:`STALE_S`), or which has written none that long,
@@ -323,7 +323,7 @@ def stale_after(env: Mapping[str, str] | None = None) -> float:
     return value
 
 
-def _session() -> str:
+def _launch_id() -> str:
     """This launch's identity (heartbeats an earlier launch left are not this one's)."""
     e = os.environ
     return ":".join(e.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"))
@@ -344,7 +344,7 @@ class _Beat:
 
         write_json(self.path, {"rank": self.shard.index, "count": self.shard.count,
                                "pid": os.getpid(), "host": socket.gethostname(),
-                               "session": _session(), "passed": self.passed,
+                               "launch": _launch_id(), "passed": self.passed,
                                "time": time.time()})
 
     def run(self) -> None:
@@ -405,7 +405,7 @@ def dead_ranks(folder: str | Path, shard: Shard, *, waited: float, passed: int =
     Args:
         folder: ``OUT/shards/heartbeats``.
         shard: this process's shard.
-        waited: seconds this process has waited at the barrier so far.
+        waited: seconds this process has waited at the barrier until now.
         passed: barriers this process has passed (a rank that passed more is not waited for).
         stale: the age of a dead rank's heartbeat (default :func:`stale_after`).
 
@@ -413,7 +413,7 @@ def dead_ranks(folder: str | Path, shard: Shard, *, waited: float, passed: int =
         The dead ranks, by index (empty: none known dead).
     """
     stale = stale_after() if stale is None else stale
-    host, session, now = socket.gethostname(), _session(), time.time()
+    host, launch, now = socket.gethostname(), _launch_id(), time.time()
     out = []
     for i in range(shard.count):
         if i == shard.index:
@@ -425,7 +425,7 @@ def dead_ranks(folder: str | Path, shard: Shard, *, waited: float, passed: int =
             age = now - path.stat().st_mtime
         except (OSError, ValueError):
             beat, age = None, 0.0
-        if beat is None or beat.get("session") != session:
+        if beat is None or beat.get("launch") != launch:
             if waited > stale:
                 out.append(f"{name} (no heartbeat in {waited:.0f} s at the barrier: it never "
                            f"started, or died before its work)")

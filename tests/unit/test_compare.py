@@ -47,7 +47,11 @@ def test_one_table_with_a_row_per_model_and_dataset(grid):
         metrics = json.loads((run / "metrics.json").read_text())
         att = json.loads((run / "attention" / "summary.json").read_text())
         mine = {r["dataset"]: r for r in rows if r["model"] == spec}
-        assert mine["overall"]["n"] == metrics["overall"]["n"] == 4
+        # 4 records each: the ok ones are in the table; a tiny random model may generate
+        # nothing for one (status no_answer, counted apart, never judged)
+        assert mine["overall"]["n"] == metrics["overall"]["n"] == 4 - sum(
+            (metrics.get("no_answer") or {}).values())
+        assert metrics["overall"]["n"] >= 2
         assert mine["drop"]["GA"] == metrics["per_dataset"]["drop"]["GA"]
         assert mine["overall"]["delta"] == metrics["overall"]["delta"]
         assert mine["squad_v2"]["ctx_eval"] == att["per_dataset"]["squad_v2"]["eval"][

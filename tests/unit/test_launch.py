@@ -383,13 +383,13 @@ def test_a_dead_rank_is_named_from_its_heartbeat(tmp_path, monkeypatch):
     for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511",
                  "TORCHELASTIC_RUN_ID": "r"}.items():
         monkeypatch.setenv(k, v)
-    session, host = "r:127.0.0.1:29511", socket.gethostname()
+    launch, host = "r:127.0.0.1:29511", socket.gethostname()
     folder = tmp_path / "heartbeats"
     me = Shard(0, 4, "torchrun")
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        _beat_file(folder, "1-of-4", pid=child.pid, host=host, session=session, passed=0)
-        _beat_file(folder, "2-of-4", pid=os.getpid(), host="elsewhere", session=session,
+        _beat_file(folder, "1-of-4", pid=child.pid, host=host, launch=launch, passed=0)
+        _beat_file(folder, "2-of-4", pid=os.getpid(), host="elsewhere", launch=launch,
                    passed=0)
         old = time.time() - 200
         os.utime(folder / "2-of-4.json", (old, old))           # its last beat: 200 s ago
@@ -405,10 +405,10 @@ def test_a_dead_rank_is_named_from_its_heartbeat(tmp_path, monkeypatch):
     assert any(g.startswith("3-of-4 (no heartbeat in 95 s")
                for g in dead_ranks(folder, me, waited=95, stale=90))
     # a rank that passed this barrier is not waited for, whatever its process did since
-    _beat_file(folder, "1-of-4", pid=child.pid, host=host, session=session, passed=1)
+    _beat_file(folder, "1-of-4", pid=child.pid, host=host, launch=launch, passed=1)
     assert not any(g.startswith("1-of-4") for g in dead_ranks(folder, me, waited=5, stale=90))
     # a heartbeat of an earlier launch is no heartbeat of this one
-    _beat_file(folder, "1-of-4", pid=child.pid, host=host, session="old:x:1", passed=0)
+    _beat_file(folder, "1-of-4", pid=child.pid, host=host, launch="old:x:1", passed=0)
     assert not any(g.startswith("1-of-4") for g in dead_ranks(folder, me, waited=5, stale=90))
 
 

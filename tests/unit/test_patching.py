@@ -189,7 +189,9 @@ def test_bad_hooks_layers_and_config(tiny, patch_prompts):
     assert PatchingConfig(layers="last1").layer_list(tiny.n_layers) == [1]
     r = patch(tiny, clean.input_ids, corrupt.input_ids, hook="blocks.1.hook_resid_post",
               positions=[-1], **kw)
-    assert r.patched.shape == (1,) and np.isfinite(r.effect[0])
+    # the gap rule: an effect only for a pair whose |gap| reaches min_gap (1 nat by default)
+    assert r.patched.shape == (1,) and np.isfinite(r.effect[0]) == r.measurable
+    assert r.measurable == (abs(r.gap) >= 1.0) and (r.note == "") == (r.measurable and r.gap > 0)
 
 
 def test_ratio_of_sums_is_not_a_mean_of_ratios():

@@ -63,7 +63,7 @@ def test_view_refuses_bad_input(tiny, view_run):
     with pytest.raises(RunDirError, match="no ok record"):
         write_view(view_run, tiny, "missing", band="all")
     with pytest.raises(LayerSpecError):
-        write_view(view_run, tiny, "ex0", band="last8")  # the tiny model has 2 layers
+        write_view(view_run, tiny, "ex0", band="last4")  # the tiny model has 2 layers
     with pytest.raises(RunDirError, match="labels"):
         page_data({"id": "a", "dataset": "d"}, {"gen": ["a"], "eval": ["a"]},
                   {"gen": ["x"], "eval": []}, {"gen": np.ones((1, 1, 1)),
