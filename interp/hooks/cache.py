@@ -67,6 +67,9 @@ def act_name(name: str, layer: int | None = None, n_layers: int | None = None) -
     Raises:
         HookError: an unknown name, a short name without a layer, or a layer out of range.
     """
+    if not isinstance(name, str):
+        raise HookError(f"an activation is named by a string, not {name!r}: "
+                        f"cache['resid_post', 3] or cache['blocks.3.hook_resid_post']")
     if name.startswith("blocks."):
         return name if n_layers is None else _full(name, n_layers)
     point = SHORTHAND.get(name, name)
@@ -75,6 +78,8 @@ def act_name(name: str, layer: int | None = None, n_layers: int | None = None) -
                         f"point of {list(POINTS)}, with a layer: cache[{name!r}, 3]")
     if layer is None:
         raise HookError(f"{name!r} needs a layer: cache[{name!r}, 3]")
+    if isinstance(layer, bool) or not isinstance(layer, int):
+        raise HookError(f"the layer of {name!r} must be an integer, not {layer!r}")
     full = f"blocks.{int(layer)}.{point}"
     return full if n_layers is None else _full(full, n_layers)
 
@@ -144,9 +149,11 @@ class ActivationCache(Mapping[str, Tensor]):
         return len(self.cache_dict)
 
     def __contains__(self, key: object) -> bool:
+        if not isinstance(key, (str, tuple)):
+            return False
         try:
-            return self._key(key) in self.cache_dict  # type: ignore[arg-type]
-        except (HookError, TypeError):
+            return self._key(key) in self.cache_dict
+        except HookError:
             return False
 
     def __repr__(self) -> str:
@@ -211,6 +218,8 @@ class ActivationCache(Mapping[str, Tensor]):
         names = ["blocks.0.hook_resid_pre"] + [f"blocks.{i}.hook_resid_post"
                                                for i in range(self.n_layers)]
         stack = torch.stack([self[n] for n in names])
+        if isinstance(pos, int):
+            self._check_pos(pos, stack.shape[2])
         if pos is not None:
             stack = stack[:, :, pos:pos + 1 if pos != -1 else None] if isinstance(pos, int) \
                 else stack[:, :, pos]
@@ -233,14 +242,20 @@ class ActivationCache(Mapping[str, Tensor]):
 
         Returns:
             ``{"heads": [n_layers, n_heads], "mlp": [n_layers], "attn_bias": [n_layers],
-            "embed", "lm_bias", "sum", "total"}`` in nats (float64).
+            "embed", "lm_bias", "norm_bias", "sum", "total"}`` in nats (float64;
+            ``norm_bias``: a LayerNorm final norm's bias on the direction, 0 for RMSNorm).
 
         Raises:
             KeyError: an activation the attribution reads was not cached
                 (:func:`interp.models.readout.attribution_names`).
-            HookError: a cache without a model.
+            HookError: a cache without a model, a token outside the vocabulary or a position
+                outside the prompt.
         """
         model = self._model()
+        vocab = int(readout(model).weight.shape[0])
+        if bad := [t for t in (a, b) if not 0 <= int(t) < vocab]:
+            raise HookError(f"token ids {bad} are outside the vocabulary 0..{vocab - 1}")
+        self._check_pos(pos, self[f"blocks.{self.n_layers - 1}.hook_resid_post"].shape[1])
         acts = {n: self[n][0, pos] for n in attribution_names(self.n_layers)}
         out = logit_attribution(acts, model, a, b)
         ro = readout(model)
@@ -284,6 +299,12 @@ class ActivationCache(Mapping[str, Tensor]):
                                 f"'pattern' at those layers")
             rows = torch.stack([self["pattern", x][0, :, -1, :] for x in band])
         return span_mass_of(rows, self.labels, span)
+
+    @staticmethod
+    def _check_pos(pos: int, n: int) -> None:
+        if not -n <= pos < n:
+            raise HookError(f"position {pos} is outside the prompt's {n} positions "
+                            f"(-{n}..{n - 1})")
 
     def _model(self) -> Any:
         if self.model is None:

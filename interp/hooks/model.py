@@ -136,10 +136,13 @@ class HookedModel:
             model, tokenizer = _unwrap_bridge(obj), tokenizer or getattr(obj, "tokenizer", None)
         elif hasattr(obj, "_module") and hasattr(obj, "trace"):  # nnsight's LanguageModel
             model, tokenizer = obj._module, tokenizer or getattr(obj, "tokenizer", None)
-        if not hasattr(model, "config") or not callable(model):
+        if not hasattr(model, "config") or not callable(model) or not callable(
+                getattr(model, "get_output_embeddings", None)) or \
+                model.get_output_embeddings() is None:
             raise BackendError(f"cannot wrap a {type(obj).__name__}: pass a Hugging Face causal "
-                               f"LM and its tokenizer, a ModelHandle, an nnsight LanguageModel "
-                               f"or a TransformerLens TransformerBridge")
+                               f"LM (*ForCausalLM, with its LM head) and its tokenizer, a "
+                               f"ModelHandle, an nnsight LanguageModel or a TransformerLens "
+                               f"TransformerBridge")
         if tokenizer is None:
             raise BackendError("wrapping a Hugging Face model needs its tokenizer: "
                                "HookedModel.wrap(model, tokenizer)")
@@ -201,17 +204,33 @@ class HookedModel:
         """Token ids ``[1, pos]`` on the model's device (module docstring of :data:`Prompt`).
 
         Raises:
-            HookError: an empty prompt, or ids that are not one sequence.
+            HookError: an empty prompt, ids that are not one sequence of integers of the
+                vocabulary, or a prompt longer than the model's positions.
         """
         if isinstance(prompt, str):
             ids = self.tokenizer(prompt, return_tensors="pt")["input_ids"]
         else:
-            raw = getattr(prompt, "input_ids", prompt)
-            ids = torch.as_tensor(raw, dtype=torch.long)
+            raw = prompt["input_ids"] if isinstance(prompt, Mapping) and "input_ids" in \
+                prompt else getattr(prompt, "input_ids", prompt)
+            try:
+                ids = torch.as_tensor(raw)
+            except (TypeError, ValueError, RuntimeError):
+                raise HookError(f"cannot read token ids from a {type(prompt).__name__}: pass "
+                                f"a string, ids [pos] or [1, pos], or a prompt object") from None
+            if ids.numel() and (ids.is_floating_point() or ids.is_complex()
+                                or ids.dtype == torch.bool):
+                raise HookError(f"token ids must be integers, not {ids.dtype}")
+            ids = ids.long()
             ids = ids[None] if ids.ndim == 1 else ids
         if ids.ndim != 2 or ids.shape[0] != 1 or ids.shape[1] == 0:
             raise HookError(f"run one non-empty prompt at a time: got ids of shape "
                             f"{list(ids.shape)} (pass [pos] or [1, pos])")
+        vocab = int(self.model.get_input_embeddings().num_embeddings)
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise HookError(f"token ids must lie in 0..{vocab - 1} (the vocabulary), got "
+                            f"{int(ids.min())}..{int(ids.max())}")
+        if why := self.handle.overflow(ids.shape[1], what="the prompt"):
+            raise HookError(why)
         return ids.to(self.device)
 
     def to_str_tokens(self, prompt: Prompt) -> list[str]:
@@ -282,9 +301,16 @@ class HookedModel:
             return every
         if callable(names) and not isinstance(names, str):
             return [n for n in every if names(n)]
+        if not isinstance(names, (str, Iterable)):
+            raise HookError(f"names must be hook names, a short name, a filter or None, not "
+                            f"{type(names).__name__}")
         out: list[str] = []
         for name in [names] if isinstance(names, str) else list(names):
-            if name.startswith("blocks."):
+            if isinstance(name, tuple):               # ("resid_post", 3), as cache keys are
+                out.append(act_name(*name, n_layers=self.n_layers))
+            elif not isinstance(name, str):
+                raise HookError(f"a name must be a string or (short name, layer), not {name!r}")
+            elif name.startswith("blocks."):
                 out.append(act_name(name, None, self.n_layers))
             else:
                 out += [act_name(name, x, self.n_layers) for x in range(self.n_layers)]

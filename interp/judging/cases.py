@@ -76,7 +76,7 @@ class Case:
         Raises:
             PromptError: an empty candidate, or a field the chat template rewrote.
         """
-        if not candidate.strip():
+        if not isinstance(candidate, str) or not candidate.strip():
             raise PromptError("the candidate answer is empty: a judge prompt needs an answer "
                               "to judge")
         return render(self.tokenizer, self.template, "eval", context=self.context,
@@ -100,11 +100,20 @@ def case(tokenizer: Any, source: Any, *, template: str | Template | None = None,
             stored answer (e.g. one the notebook just generated).
 
     Raises:
-        PromptError: an unknown template, or a field the chat template rewrote.
+        PromptError: a source that is neither an example nor a record (or lacks its context
+            or question), an unknown template, or a field the chat template rewrote.
         interp.core.errors.RunDirError: a record whose prompts no longer render as stored
             (another tokenizer or template file), or which lacks a field.
     """
     rec = source.to_dict() if hasattr(source, "to_dict") else source
+    if not isinstance(rec, Mapping) and not all(hasattr(source, k) for k in
+                                                ("context", "question", "answers")):
+        raise PromptError(f"case() takes a QAExample or a record of records.jsonl, not a "
+                          f"{type(source).__name__}")
+    if isinstance(rec, Mapping) and (missing := [k for k in ("context", "question")
+                                                 if not isinstance(rec.get(k), str)]):
+        raise PromptError(f"the record lacks {missing}: pass a QAExample or a record of "
+                          f"records.jsonl")
     if isinstance(rec, Mapping):
         name = template if isinstance(template, str) else rec.get("template") or "default"
         tpl = template if isinstance(template, Template) else get_template(name, templates_path)

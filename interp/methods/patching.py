@@ -648,7 +648,7 @@ def patch(handle: ModelHandle, clean_ids: TokenIds, corrupt_ids: TokenIds, *, ho
 
 def patch_pair(handle: Any, pair: Any, *, hook: str, unit: str | None = None,
                positions: Sequence[int] | None = None, heads: Sequence[int] | None = None,
-               backend: str = "hf", min_gap: float = MIN_GAP) -> PatchResult:
+               backend: str | None = None, min_gap: float = MIN_GAP) -> PatchResult:
     """Patch one pair of the command line's kinds at one hook point, with its gap rule.
 
     Example:
@@ -665,7 +665,8 @@ def patch_pair(handle: Any, pair: Any, *, hook: str, unit: str | None = None,
             :meth:`PatchPair.span_units`) instead of ``positions``.
         positions: corrupt positions (None with no ``unit``: every patchable one).
         heads: query heads (``attn.hook_z`` only).
-        backend: ``hf``, ``transformer_lens`` or ``nnsight``; a HookedModel's own by default.
+        backend: ``hf``, ``transformer_lens`` or ``nnsight`` (None: a HookedModel's own,
+            else ``hf``); an unknown name is refused.
         min_gap: the gap rule (:func:`patch`).
 
     Returns:
@@ -676,7 +677,8 @@ def patch_pair(handle: Any, pair: Any, *, hook: str, unit: str | None = None,
         PatchingError: a unit the pair does not have (names the ones it has), or as
             :func:`patch`.
     """
-    handle, backend = getattr(handle, "handle", handle), getattr(handle, "backend_name", backend)
+    backend = backend or getattr(handle, "backend_name", "hf")
+    handle = getattr(handle, "handle", handle)
     if unit is not None:
         units = pair.span_units()
         if unit not in units:

@@ -235,3 +235,50 @@ def test_patching_from_python_keeps_the_gap_rule(on_disk, tiny_tokenizer):
     small = PatchResult(clean=0.2, corrupt=-0.16, patched=np.array([-4.66]),
                         logprob_correct=np.zeros(1), logprob_incorrect=np.zeros(1), min_gap=1.0)
     assert np.isnan(small.effect[0]) and "0.36 < min_gap 1.0" in small.note
+
+
+def test_bad_inputs_of_the_front_door_are_one_line(on_disk, hf_run, tiny_tokenizer):
+    """Every bad input a user can pass is a one-line error before any forward."""
+    from interp.core.errors import PromptError
+    from interp.methods.pairs import case_pair
+    from interp.methods.patching import patch_pair
+
+    model = HookedModel(on_disk)
+    _, cache = hf_run
+    vocab = on_disk.model.config.vocab_size
+    for prompt, match in ((torch.tensor([0.7, 1.9]), "must be integers"),
+                          ([1, 2, vocab], f"0..{vocab - 1}"), ([1, -5, 3], "0..."),
+                          (["a b", "c d"], "cannot read token ids"), (None, "cannot read"),
+                          (torch.ones(2, 3, dtype=torch.long), "one non-empty prompt"),
+                          (torch.ones(4097, dtype=torch.long), "exceeds the model's 4096")):
+        with pytest.raises(HookError, match=match):
+            model.run_with_cache(prompt, names=[])
+    assert model.to_tokens({"input_ids": [[5, 9]]}).tolist() == [[5, 9]]
+    _, c2 = model.run_with_cache(IDS, names=[("resid_post", 1)])
+    assert list(c2) == ["blocks.1.hook_resid_post"]
+    with pytest.raises(HookError, match="names must be"):
+        model.run_with_cache(IDS, names=123)
+    assert 3 not in cache and ("resid_post", "x") not in cache and "resid_post" not in cache
+    with pytest.raises(HookError, match="must be an integer"):
+        cache["resid_post", "x"]
+    with pytest.raises(HookError, match="named by a string"):
+        cache[3]
+    with pytest.raises(HookError, match="position 100 is outside"):
+        cache.accumulated_resid(pos=100)
+    with pytest.raises(HookError, match="position 100 is outside"):
+        cache.logit_attrs(3, 4, pos=100)
+    with pytest.raises(HookError, match="outside the vocabulary"):
+        cache.logit_attrs(3, vocab)
+    with pytest.raises(BackendError, match="with its LM head"):
+        HookedModel.wrap(on_disk.model.model, on_disk.tokenizer)
+    with pytest.raises(PromptError, match="lacks \\['context', 'question'\\]"):
+        case(tiny_tokenizer, {"id": 1})
+    with pytest.raises(PromptError, match="not a NoneType"):
+        case(tiny_tokenizer, None)
+    ex = QAExample(id="q1", dataset="squad_v2", context="Paris is the capital of France.",
+                   question="What is the capital of France?", answers=["Paris"])
+    with pytest.raises(PromptError, match="empty"):
+        case(tiny_tokenizer, ex).judging(None)
+    pair = case_pair(case(tiny_tokenizer, ex), "candidate-swap", wrong="Lyon")
+    with pytest.raises(BackendError, match="unknown backend 'nnsite'"):
+        patch_pair(model, pair, hook="blocks.0.hook_resid_pre", unit="all", backend="nnsite")
