@@ -34,13 +34,12 @@ and fails on one whose rule leaves any of (a)-(e) unsaid.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from experiments.findings.claims import MIN_COVERAGE, Cell
+from experiments.findings.claims import MIN_COVERAGE, Cell, _get, _read
 
 __all__ = ["DECIDED", "EXPLORATORY", "NOT_TESTABLE", "PRIMARY", "REVERSED", "RULES", "Rule",
            "apply_rules", "ci_p_value", "controlled", "coverage", "holm", "judge_aucs"]
@@ -98,18 +97,6 @@ class Rule:
         if self.selection not in ("none", "held out", "same"):
             out.append("(e) selection must be none, held out or same")
         return out
-
-
-def _read(path: Path) -> Any:
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def _get(d: Any, *keys: Any) -> Any:
-    for k in keys:
-        if not isinstance(d, Mapping) or k not in d:
-            return None
-        d = d[k]
-    return d
 
 
 def _dataset_aucs(path: Path, datasets: Sequence[str] | None, label: str
