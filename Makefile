@@ -58,10 +58,10 @@ study: $(STAMP)
 FINDINGS_PROCS ?= 1
 FINDINGS_RUN = OMP_NUM_THREADS=$$(( $$(nproc) / $(FINDINGS_PROCS) )) $(BIN)/torchrun --standalone \
 	--nproc_per_node $(FINDINGS_PROCS) -m interp run
-# The run directories' JSON (records, parts, permutations: every costly result) is kept in one
-# checksummed archive and restored first, so the study resumes on a fresh machine instead of
+# The run directories' JSON (records, parts, permutations: every costly result) is kept in
+# checksummed archives, one per stage and model (a save rewrites the changed ones), restored first, so the study resumes on a fresh machine instead of
 # starting again; `make findings-state` saves it after an interrupted run (docs/findings.md).
-FINDINGS_STATE = experiments/findings/state.tar.xz
+FINDINGS_STATE = experiments/findings/state.parts
 FINDINGS_OUTS = findings findings_matched findings_gap findings_pool findings_steer findings_views
 # Each run folder's stored work was made under one transformers version, which its stages check
 # (a part made under another version is refused, never mixed in); each config runs under its

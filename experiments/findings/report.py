@@ -318,21 +318,30 @@ def collect(out: str | Path, fig_dir: str | Path) -> dict[str, list[str]]:
     return progress
 
 
-def save_archived(runs: str | Path, state: str | Path, outs: Sequence[str]) -> str:
-    """:func:`save_state` into a folder, or into an archive when ``state`` ends in ``.tar.xz``.
+def _packed(state: Path) -> None:
+    """Refuse a saved state's path that is a file (an archive of an older layout)."""
+    if state.exists() and not state.is_dir():
+        raise ValueError(f"{state} is not a folder: a saved state is a folder, a packed one "
+                         f"ends in {ARCHIVE_SUFFIX} (experiments/findings/state{ARCHIVE_SUFFIX})")
 
-    An archive is unpacked into ``runs/.state`` first (kept when it is already that archive's),
-    saved into as a folder, and packed again (:func:`pack_state`), so the folder rules (only
-    the state's own run may replace it, stale files go) hold for the archive too.
+
+def save_archived(runs: str | Path, state: str | Path, outs: Sequence[str]) -> str:
+    """:func:`save_state` into a folder, or into a packed state when ``state`` ends in ``.parts``.
+
+    A packed state is unpacked into ``runs/.state`` first (kept when it is already that
+    state's), saved into as a folder, and packed again (:func:`pack_state`: only the parts
+    whose files changed are rewritten), so the folder rules (only the state's own run may
+    replace it, stale files go) hold for the packed state too.
 
     Returns:
-        One line: how many files the state keeps, and the archive's sha256.
+        One line: how many files the state keeps, and the digest of its sums.
     """
     runs, state = Path(runs), Path(state)
     if not state.name.endswith(ARCHIVE_SUFFIX):
         return f"{save_state(runs, state, outs)} files kept in {state}"
     folder = runs / UNPACKED
     if state.exists():
+        _packed(state)
         unpack_state(state, folder)
     n = save_state(runs, folder, outs)
     digest = pack_state(folder, state)
@@ -341,16 +350,18 @@ def save_archived(runs: str | Path, state: str | Path, outs: Sequence[str]) -> s
 
 
 def restore_archived(state: str | Path, runs: str | Path) -> str:
-    """:func:`restore_state` from a folder, or from a checked archive (``.tar.xz``).
+    """:func:`restore_state` from a folder, or from a checked packed state (``.parts``).
 
     Returns:
         One line: how many files were restored.
 
     Raises:
-        ValueError: the archive's sha256 is not the recorded one (nothing restored).
+        ValueError: a part's sha256 is not the recorded one, or ``state`` is a file (nothing
+            restored).
     """
     state, runs = Path(state), Path(runs)
     src = state
+    _packed(state)
     if state.name.endswith(ARCHIVE_SUFFIX):
         src = runs / UNPACKED
         unpack_state(state, src)

@@ -3,8 +3,9 @@
 A study of hours is interrupted and resumed, and may resume on a fresh machine without
 ``runs/``. :func:`save_state` mirrors what is costly to make again of each run directory into a
 state folder; :func:`restore_state` puts it back where the run directory is missing. In git the
-state is one checksummed archive (``experiments/findings/state.tar.xz``, :func:`pack_state`,
-:func:`unpack_state`). CLI: ``python -m experiments.findings --save-state RUNS STATE OUT ...`` and
+state is a folder of checksummed part archives (``experiments/findings/state.parts``: one per
+stage and model, :func:`pack_state`, :func:`unpack_state`), so a save adds to a clone only the
+parts that changed. CLI: ``python -m experiments.findings --save-state RUNS STATE OUT ...`` and
 ``--restore-state STATE RUNS`` (:func:`experiments.findings.report.main`).
 """
 
@@ -16,9 +17,9 @@ from pathlib import Path
 
 from interp.core.names import CROSS_JUDGES
 
-__all__ = ["ARCHIVE_SUFFIX", "SEED_FILES", "STATE_MARK", "STATE_MAX_PART_BYTES", "STATE_SKIP",
-           "STATE_SUFFIXES", "UNPACKED",
-           "STATE_WHOLE", "pack_state", "restore_state", "save_state", "seed_run", "unpack_state"]
+__all__ = ["ARCHIVE_SUFFIX", "PART_DEPTH", "SEED_FILES", "STATE_MARK", "STATE_MAX_PART_BYTES",
+           "STATE_SKIP", "STATE_SUFFIXES", "STATE_WHOLE", "SUMS", "UNPACKED", "pack_state",
+           "part_of", "restore_state", "save_state", "seed_run", "unpack_state"]
 
 
 STATE_SUFFIXES = (".json", ".jsonl")
@@ -236,13 +237,32 @@ def seed_run(src: str | Path, dst: str | Path, models: Sequence[str] = (),
     return n
 
 
-ARCHIVE_SUFFIX = ".tar.xz"
-"""A saved state kept in git is one archive (:func:`pack_state`): a deterministic tar of the
-state folder (names sorted, times, owners and modes fixed), xz-compressed, with its sha256 in
-``<archive>.sha256`` beside it."""
+ARCHIVE_SUFFIX = ".parts"
+"""A saved state kept in git is a folder of part archives named ``*.parts``
+(:func:`pack_state`): one deterministic xz-compressed tar per part (:func:`part_of`) and the
+parts' sha256 in :data:`SUMS`. A save rewrites only the parts whose files changed, so git keeps
+every unchanged part's blob and a clone grows by what changed, not by the whole state."""
 UNPACKED = ".state"
-"""The folder of ``runs/`` an archive is unpacked into (:func:`unpack_state`): the state folder
-:func:`save_state` and :func:`restore_state` work on, which :func:`pack_state` packs again."""
+"""The folder of ``runs/`` a packed state is unpacked into (:func:`unpack_state`): the state
+folder :func:`save_state` and :func:`restore_state` work on, which :func:`pack_state` packs
+again."""
+SUMS = "SHA256SUMS"
+"""The packed state's list of its parts with their sha256 (``sha256sum`` format), written last."""
+PART_DEPTH = 3
+"""A part holds the files of one folder ``<out>/<model>/<stage>`` (with all below it), or the
+files directly in ``<out>/<model>`` or ``<out>``: a stage's work is one part, a model's Study 1
+another (:func:`part_of`)."""
+
+
+def part_of(rel: str | Path) -> str:
+    """The part (:data:`PART_DEPTH`) a state file belongs to, from its path in the state folder.
+
+    ``findings/m/steering/parts/a.json`` -> ``findings/m/steering``;
+    ``findings/m/records.jsonl`` -> ``findings/m``; ``findings/summary.json`` -> ``findings``.
+    A file directly in the state folder belongs to the part ``_``.
+    """
+    parent = Path(rel).parent.parts[:PART_DEPTH]
+    return "/".join(parent) if parent else "_"
 
 
 def _sha256(path: Path) -> str:
@@ -255,93 +275,134 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def pack_state(folder: str | Path, archive: str | Path) -> str:
-    """Pack a state folder into one checksummed archive, the same bytes for the same files.
+def _tar_xz(folder: Path, files: Sequence[Path]) -> bytes:
+    """``files`` (under ``folder``) as one xz-compressed tar, the same bytes for the same files.
 
-    Every file of ``folder`` (hidden ones aside) goes in under its path relative to ``folder``,
-    in sorted order, with mtime 0, owner 0 and mode 0644, so that an unchanged state packs to
-    an unchanged archive (git stores it once). Written to a temporary file and renamed, then
-    ``<archive>.sha256`` (``sha256sum`` format).
-
-    Returns:
-        The archive's sha256 (hex).
+    Names sorted, mtime 0, owner 0, mode 0644.
     """
+    import io
     import lzma
-    import os
     import tarfile
 
-    folder, archive = Path(folder), Path(archive)
-    tmp = archive.with_name(archive.name + ".tmp")
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    with lzma.open(tmp, "wb", preset=6) as xz, tarfile.open(fileobj=xz, mode="w",
+    buf = io.BytesIO()
+    with lzma.open(buf, "wb", preset=6) as xz, tarfile.open(fileobj=xz, mode="w",
                                                              format=tarfile.PAX_FORMAT) as tar:
-        for p in sorted(q for q in folder.rglob("*") if q.is_file()
-                        and not any(s.startswith(".") for s in q.relative_to(folder).parts)):
+        for p in sorted(files):
             info = tarfile.TarInfo(p.relative_to(folder).as_posix())
             info.size, info.mtime, info.mode = p.stat().st_size, 0, 0o644
             with open(p, "rb") as f:
                 tar.addfile(info, f)
-    os.replace(tmp, archive)
-    digest = _sha256(archive)
-    archive.with_name(archive.name + ".sha256").write_text(f"{digest}  {archive.name}\n")
-    return digest
+    return buf.getvalue()
 
 
-def unpack_state(archive: str | Path, folder: str | Path) -> int:
-    """Unpack a checked archive (:func:`pack_state`) into ``folder``, replacing what was there.
+def pack_state(folder: str | Path, packed: str | Path) -> str:
+    """Pack a state folder into a folder of checksummed part archives (:data:`ARCHIVE_SUFFIX`).
 
-    A folder already unpacked from the same archive bytes (its ``.sha256`` says so) is kept as
-    it is: it may hold work :func:`save_state` put there since. Otherwise the archive is
-    extracted into a temporary folder beside ``folder`` first, and ``folder`` is replaced only
-    once the whole archive has extracted: an archive that does not (truncated, not xz, not a
-    tar, a member outside the folder), even one whose ``.sha256`` was written for its damaged
-    bytes, leaves ``folder`` as it was.
+    Every file of ``folder`` (hidden ones aside) goes into the archive of its part
+    (:func:`part_of`), ``<packed>/<part>.tar.xz``, with its path relative to ``folder``, in
+    sorted order, mtime 0, owner 0 and mode 0644: the same files pack to the same bytes, and a
+    part whose bytes are unchanged is not written again (git keeps its blob; a clone grows by
+    the parts that changed). Each part is written to a temporary file and renamed; parts of
+    files no longer in the state are removed; :data:`SUMS` is written last, so a pack cut short
+    is refused by :func:`unpack_state` (its sums do not match) and packing again completes it.
+
+    Returns:
+        The packed state's digest: the sha256 of its :data:`SUMS` file (hex).
+    """
+    import hashlib
+    import os
+
+    folder, packed = Path(folder), Path(packed)
+    parts: dict[str, list[Path]] = {}
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder)
+        if p.is_file() and not any(s.startswith(".") for s in rel.parts):
+            parts.setdefault(part_of(rel), []).append(p)
+    packed.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for part, files in sorted(parts.items()):
+        data = _tar_xz(folder, files)
+        dst = packed / f"{part}.tar.xz"
+        if not (dst.is_file() and dst.read_bytes() == data):
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dst.with_name(dst.name + ".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, dst)
+        lines.append(f"{hashlib.sha256(data).hexdigest()}  {part}.tar.xz\n")
+    keep = {f"{part}.tar.xz" for part in parts}
+    for p in sorted(packed.rglob("*"), reverse=True):  # stale parts, then the folders left empty
+        rel = p.relative_to(packed).as_posix()
+        if p.is_file() and rel != SUMS and rel not in keep:
+            p.unlink()
+        elif p.is_dir() and not any(p.iterdir()):
+            p.rmdir()
+    text = "".join(lines)
+    (packed / SUMS).write_text(text)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def unpack_state(packed: str | Path, folder: str | Path) -> int:
+    """Unpack a checked packed state (:func:`pack_state`) into ``folder``, replacing what was there.
+
+    Every part is checked against :data:`SUMS` before anything is unpacked. A folder already
+    unpacked from the same packed state (its ``.sha256`` holds the sums' digest) is kept as it
+    is: it may hold work :func:`save_state` put there since. Otherwise the parts are extracted
+    into a temporary folder beside ``folder`` first, and ``folder`` is replaced only once all
+    have extracted: a part that does not (truncated, not xz, not a tar, a member outside the
+    folder), even one whose sum was written for its damaged bytes, leaves ``folder`` as it was.
 
     Returns:
         The number of files unpacked (0 when the folder was kept).
 
     Raises:
-        FileNotFoundError: the archive or its ``.sha256`` is missing.
-        ValueError: the archive's sha256 is not the one recorded beside it, or the archive does
-            not extract (nothing unpacked, ``folder`` untouched).
+        FileNotFoundError: the packed state, its :data:`SUMS` or a part it lists is missing.
+        ValueError: a part's sha256 is not the one :data:`SUMS` records, or a part does not
+            extract (nothing unpacked, ``folder`` untouched).
     """
+    import hashlib
     import lzma
     import os
     import tarfile
 
-    archive, folder = Path(archive), Path(folder)
-    sums = archive.with_name(archive.name + ".sha256")
-    for p in (archive, sums):
-        if not p.is_file():
-            raise FileNotFoundError(f"{p} does not exist: a saved state is {archive.name} "
-                                    f"and {sums.name} beside it")
-    recorded = sums.read_text().split()
-    want, got = (recorded[0] if recorded else ""), _sha256(archive)
-    if want != got:
-        raise ValueError(f"{archive} has sha256 {got[:12]}..., not {want[:12] or 'none'}... as "
-                         f"{sums.name} records: a damaged or partly written archive; "
-                         f"nothing unpacked")
+    packed, folder = Path(packed), Path(folder)
+    sums = packed / SUMS
+    if not sums.is_file():
+        raise FileNotFoundError(f"{sums} does not exist: a saved state is a folder of part "
+                                f"archives with their {SUMS}")
+    text = sums.read_text()
+    listed = [line.split(None, 1) for line in text.splitlines() if line.strip()]
+    for want, name in listed:
+        part = packed / name.strip()
+        if not part.is_file():
+            raise FileNotFoundError(f"{part} does not exist although {SUMS} lists it: take the "
+                                    f"saved state back from git (git checkout -- {packed})")
+        if (got := _sha256(part)) != want:
+            raise ValueError(f"{part} has sha256 {got[:12]}..., not {want[:12]}... as {SUMS} "
+                             f"records: a damaged or partly written state; nothing unpacked")
+    digest = hashlib.sha256(text.encode()).hexdigest()
     mark = folder / ".sha256"
-    if mark.is_file() and mark.read_text().strip() == got:
+    if mark.is_file() and mark.read_text().strip() == digest:
         return 0
     tmp, old = (folder.with_name(f".{folder.name}.{what}") for what in ("unpacking", "replaced"))
     for p in (tmp, old):
         shutil.rmtree(p, ignore_errors=True)
     tmp.mkdir(parents=True)
+    n = 0
     try:
-        with tarfile.open(archive, "r:xz") as tar:
-            members = tar.getmembers()
-            tar.extractall(tmp, filter="data")
-        (tmp / ".sha256").write_text(got + "\n")
+        for _, name in listed:
+            with tarfile.open(packed / name.strip(), "r:xz") as tar:
+                n += len(tar.getmembers())
+                tar.extractall(tmp, filter="data")
+        (tmp / ".sha256").write_text(digest + "\n")
     except (tarfile.TarError, lzma.LZMAError, EOFError, OSError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
         kept = f"{folder} kept as it was" if folder.exists() else "nothing unpacked"
-        raise ValueError(f"{archive} does not extract ({type(e).__name__}: {e}) although its "
-                         f"sha256 matches {sums.name}: a truncated or damaged archive was "
-                         f"checksummed; {kept}. Take both files back from git "
-                         f"(git checkout -- {archive} {sums})") from None
+        raise ValueError(f"{packed / name.strip()} does not extract ({type(e).__name__}: {e}) "
+                         f"although its sha256 matches {SUMS}: a truncated or damaged part was "
+                         f"checksummed; {kept}. Take the saved state back from git "
+                         f"(git checkout -- {packed})") from None
     if folder.exists():
         os.replace(folder, old)
     os.replace(tmp, folder)
     shutil.rmtree(old, ignore_errors=True)
-    return len(members)
+    return n

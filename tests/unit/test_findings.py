@@ -590,40 +590,64 @@ def test_a_judge_with_one_reply_for_every_answer_is_flagged(tmp_path):
     assert "by construction" not in mu2 and "10 of 30 replies without a verdict" in mu2
 
 
-def test_the_state_archive_is_deterministic_checked_and_round_trips(tmp_path):
+def test_the_packed_state_is_deterministic_checked_and_round_trips(tmp_path):
     from experiments.findings import restore_archived, save_archived
-    from experiments.findings.state import UNPACKED, pack_state, unpack_state
+    from experiments.findings.state import SUMS, UNPACKED, pack_state, part_of, unpack_state
 
+    assert part_of("findings/m/steering/parts/a.json") == "findings/m/steering"
+    assert part_of("findings/m/records.jsonl") == "findings/m"
+    assert part_of("findings/summary.json") == "findings"
     run = tmp_path / "runs/findings/m"
     (run / "steering/parts").mkdir(parents=True)
+    (run / "patching/parts").mkdir(parents=True)
     (run / "records.jsonl").write_text('{"id": 1}\n')
     (run / "steering/parts/a.json").write_text('{"x": 2}')
-    archive = tmp_path / "git/state.tar.xz"
-    assert save_archived(tmp_path / "runs", archive, ["findings"]).startswith("2 files kept in")
-    first = archive.read_bytes()
+    (run / "patching/parts/p.json").write_text('{"p": 0}')
+    packed = tmp_path / "git/state.parts"
+    assert save_archived(tmp_path / "runs", packed, ["findings"]).startswith("3 files kept in")
+    parts = {p.relative_to(packed).as_posix() for p in packed.rglob("*.tar.xz")}
+    assert parts == {"findings/m.tar.xz", "findings/m/steering.tar.xz",
+                     "findings/m/patching.tar.xz"}
+    first = {p: (packed / p).read_bytes() for p in parts}
     # the same files pack to the same bytes (git keeps one copy), whatever their mtimes
     import os
     os.utime(run / "records.jsonl", (1, 1))
-    save_archived(tmp_path / "runs", archive, ["findings"])
-    assert archive.read_bytes() == first
-    assert pack_state(tmp_path / "runs" / UNPACKED, tmp_path / "again.tar.xz") == \
-        (archive.parent / "state.tar.xz.sha256").read_text().split()[0]
+    save_archived(tmp_path / "runs", packed, ["findings"])
+    assert {p: (packed / p).read_bytes() for p in parts} == first
+    digest = (tmp_path / "runs" / UNPACKED / ".sha256").read_text().strip()
+    assert pack_state(tmp_path / "runs" / UNPACKED, tmp_path / "again.parts") == digest
+    # a save that changes one stage's files rewrites that part only: the others keep their
+    # bytes and their modification times (nothing written)
+    stamps = {p: (packed / p).stat().st_mtime_ns for p in parts}
+    (run / "steering/parts/b.json").write_text('{"y": 3}')
+    save_archived(tmp_path / "runs", packed, ["findings"])
+    changed = {p for p in parts if (packed / p).read_bytes() != first[p]}
+    assert changed == {"findings/m/steering.tar.xz"}
+    assert all((packed / p).stat().st_mtime_ns == stamps[p] for p in parts - changed)
     # a fresh machine restores it; a run that exists is kept
     fresh = tmp_path / "fresh"
-    assert restore_archived(archive, fresh) == f"2 files restored from {archive}"
+    assert restore_archived(packed, fresh) == f"4 files restored from {packed}"
     assert (fresh / "findings/m/steering/parts/a.json").read_text() == '{"x": 2}'
-    # a stale part goes from the archive too
-    (run / "steering/parts/a.json").unlink()
-    save_archived(tmp_path / "runs", archive, ["findings"])
-    assert unpack_state(archive, tmp_path / "u") == 1
-    assert not (tmp_path / "u/findings/m/steering/parts/a.json").exists()
-    # a damaged archive is refused in one line, and nothing is unpacked
-    archive.write_bytes(archive.read_bytes()[:-8] + b"\0" * 8)
-    with pytest.raises(ValueError, match="not .* as state.tar.xz.sha256 records"):
-        unpack_state(archive, tmp_path / "v")
+    # a stale stage goes from the packed state too, with its part
+    import shutil
+    shutil.rmtree(run / "patching")
+    save_archived(tmp_path / "runs", packed, ["findings"])
+    assert not (packed / "findings/m/patching.tar.xz").exists()
+    assert unpack_state(packed, tmp_path / "u") == 3
+    assert not (tmp_path / "u/findings/m/patching").exists()
+    # a damaged part is refused in one line, and nothing is unpacked
+    part = packed / "findings/m/steering.tar.xz"
+    part.write_bytes(part.read_bytes()[:-8] + b"\0" * 8)
+    with pytest.raises(ValueError, match=f"steering.tar.xz has sha256 .* not .* as {SUMS} "
+                                         f"records"):
+        unpack_state(packed, tmp_path / "v")
     assert not (tmp_path / "v").exists()
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        unpack_state(tmp_path / "none.tar.xz", tmp_path / "w")
+        unpack_state(tmp_path / "none.parts", tmp_path / "w")
+    # an archive of an older layout (a file) is refused in one line
+    (tmp_path / "old.tar.xz").write_bytes(b"x")
+    with pytest.raises(ValueError, match="is not a folder: a saved state is a folder"):
+        restore_archived(tmp_path / "old.tar.xz", tmp_path / "w")
 
 
 def _tree(root):
@@ -631,8 +655,8 @@ def _tree(root):
             if p.is_file()}
 
 
-def test_a_truncated_archive_with_a_rewritten_checksum_loses_nothing(tmp_path):
-    """A damaged archive whose .sha256 was written for its cut bytes loses nothing.
+def test_a_truncated_part_with_a_rewritten_checksum_loses_nothing(tmp_path):
+    """A damaged part whose sum was written for its cut bytes loses nothing.
 
     ``--restore-state`` and ``--save-state``: one line, exit 2, the unpacked state and the runs
     untouched.
@@ -643,30 +667,31 @@ def test_a_truncated_archive_with_a_rewritten_checksum_loses_nothing(tmp_path):
     import sys
 
     from experiments.findings import save_archived
-    from experiments.findings.state import UNPACKED
+    from experiments.findings.state import SUMS, UNPACKED
 
     runs = tmp_path / "runs"
     run = runs / "findings/m"
     (run / "steering/parts").mkdir(parents=True)
     (run / "records.jsonl").write_text('{"id": 1}\n' * 2000)
     (run / "steering/parts/a.json").write_text('{"x": 2}')
-    archive = tmp_path / "git/state.tar.xz"
-    save_archived(runs, archive, ["findings"])
-    # the unpacked state holds work saved since the archive (a later part)
+    packed = tmp_path / "git/state.parts"
+    save_archived(runs, packed, ["findings"])
+    # the unpacked state holds work saved since the packed state (a later part)
     (runs / UNPACKED / "findings/m/steering/parts/b.json").write_text('{"y": 3}')
-    good = archive.read_bytes()
-    archive.write_bytes(good[:len(good) // 2])
-    (archive.parent / "state.tar.xz.sha256").write_text(
-        f"{hashlib.sha256(good[:len(good) // 2]).hexdigest()}  state.tar.xz\n")
+    part = packed / "findings/m.tar.xz"
+    good, sums = part.read_bytes(), (packed / SUMS).read_text()
+    part.write_bytes(good[:len(good) // 2])
+    (packed / SUMS).write_text(sums.replace(hashlib.sha256(good).hexdigest(),
+                                            hashlib.sha256(good[:len(good) // 2]).hexdigest()))
     before = _tree(runs)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    for argv in (["--restore-state", str(archive), str(runs)],
-                 ["--save-state", str(runs), str(archive), "findings"]):
+    for argv in (["--restore-state", str(packed), str(runs)],
+                 ["--save-state", str(runs), str(packed), "findings"]):
         r = subprocess.run([sys.executable, "-m", "experiments.findings", *argv],
                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
         assert r.returncode == 2, r.stderr
         assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
-        assert r.stderr.startswith(f"error: {archive} does not extract"), r.stderr
+        assert r.stderr.startswith(f"error: {part} does not extract"), r.stderr
         assert f"{runs / UNPACKED} kept as it was" in r.stderr
         assert _tree(runs) == before
         assert not [p.name for p in runs.iterdir() if p.name.endswith(
@@ -674,16 +699,15 @@ def test_a_truncated_archive_with_a_rewritten_checksum_loses_nothing(tmp_path):
     # with nothing unpacked yet (a fresh machine), the same: nothing made
     fresh = tmp_path / "fresh"
     r = subprocess.run([sys.executable, "-m", "experiments.findings", "--restore-state",
-                        str(archive), str(fresh)], capture_output=True, text=True, env=env,
+                        str(packed), str(fresh)], capture_output=True, text=True, env=env,
                        cwd=tmp_path, timeout=120)
     assert r.returncode == 2 and "nothing unpacked" in r.stderr, r.stderr
     assert not fresh.exists() or not any(fresh.iterdir())
-    # the archive taken back whole restores as before
-    archive.write_bytes(good)
-    (archive.parent / "state.tar.xz.sha256").write_text(
-        f"{hashlib.sha256(good).hexdigest()}  state.tar.xz\n")
+    # the part taken back whole restores as before
+    part.write_bytes(good)
+    (packed / SUMS).write_text(sums)
     r = subprocess.run([sys.executable, "-m", "experiments.findings", "--restore-state",
-                        str(archive), str(fresh)], capture_output=True, text=True, env=env,
+                        str(packed), str(fresh)], capture_output=True, text=True, env=env,
                        cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
     assert (fresh / "findings/m/records.jsonl").read_text() == '{"id": 1}\n' * 2000
