@@ -29,6 +29,11 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
          "--remote-debugging-pipe")
 
 
+MISSING = ("headless Chromium not installed: apt-get install chromium (as root; .ci/run does "
+           "it before make test)")
+"""The skip reason of a browser test where :func:`available` is false."""
+
+
 def available() -> bool:
     """Whether a Chromium executable is installed."""
     return Path(CHROMIUM).is_file() and os.access(CHROMIUM, os.X_OK)

@@ -85,8 +85,7 @@ def _pick(select: str, value: str) -> str:
             f"s.dispatchEvent(new Event('change')); return s.value; }})()")
 
 
-@pytest.mark.skipif(not chromium.available(),
-                    reason="headless Chromium not installed (apt-get install chromium)")
+@pytest.mark.skipif(not chromium.available(), reason=chromium.MISSING)
 def test_page_in_headless_chromium(tiny, view_run, tmp_path):
     path = write_view(view_run, tiny, "ex0", tmp_path / "view.html", band="all")
     with chromium.Chromium() as c:
@@ -117,8 +116,7 @@ def test_page_in_headless_chromium(tiny, view_run, tmp_path):
     print(f"\nscreenshot of the view page: {shot}")
 
 
-@pytest.mark.skipif(not chromium.available(),
-                    reason="headless Chromium not installed (apt-get install chromium)")
+@pytest.mark.skipif(not chromium.available(), reason=chromium.MISSING)
 def test_chromium_helper_reports_console_errors_and_exceptions(tmp_path):
     """The check above can fail: a page that logs an error and throws is caught."""
     bad = tmp_path / "bad.html"
