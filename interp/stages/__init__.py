@@ -21,10 +21,10 @@ from typing import Any
 
 from interp.core.contract import SPECS
 
-__all__ = ["STAGES", "Stage", "asymmetry", "attention", "audit", "check_run_model",
+__all__ = ["STAGES", "asymmetry", "attention", "audit", "check_run_model",
            "load_run_model", "patching", "probe", "reasoning", "record", "steering", "transfer"]
 
-_COMMON = ("Stage", "check_run_model", "load_run_model")
+_COMMON = ("check_run_model", "load_run_model")
 
 
 def __getattr__(name: str) -> Any:

@@ -55,7 +55,7 @@ from interp.analysis.stats import (
     passage_note,
     ratio_stat,
 )
-from interp.core.contract import spec
+from interp.core.contract import stage_of
 from interp.core.errors import LensError
 from interp.core.inputs import write_result
 from interp.core.io import is_fresh, read_json, signature, write_json
@@ -65,19 +65,12 @@ from interp.stages.common import fitting, ok_records, stage_facts
 from interp.stages.configs import LensConfig
 from interp.store.rundir import RunDir
 
-__all__ = ["NAME", "SUMMARIES", "Config", "LensConfig", "format_summary", "run", "summarise"]
+__all__ = ["LensConfig", "format_summary", "run", "summarise"]
 
-SPEC = spec("lens")
+SPEC = stage_of(__name__)
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
-NAME = SPEC.name
-SUMMARIES = SPEC.summaries
-"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 LENSES = ("logit", "tuned")
 TASKS = ("judge", "judge_first", "gen")
-
-
-Config = LensConfig
-"""The stage's config class (the Stage protocol's name for it)."""
 
 
 def _train_settings(cfg: LensConfig) -> dict[str, Any]:
@@ -111,7 +104,7 @@ def _training_positions(handle: ModelHandle, cfg: LensConfig, log: Callable[[str
     if not jobs:
         raise LensError(f"no bundled train split among {cfg.train_datasets}: the tuned lens "
                         f"needs one (squad_v2, hotpotqa or musique), or set tuned = false")
-    jobs, long = fitting(handle, jobs, lambda job: len(job[0]), stage=NAME,
+    jobs, long = fitting(handle, jobs, lambda job: len(job[0]), stage=SPEC.name,
                          what="tuned-lens training prompt", log=log)
     if not jobs:
         raise LensError(f"no tuned-lens training prompt fits the model's {handle.max_positions} "
@@ -235,9 +228,9 @@ def _records(run_dir: RunDir, handle: ModelHandle, cfg: LensConfig, *, overwrite
 
     cfg.validate()
     parse_layers(cfg.band, handle.n_layers)
-    manifest, records = ok_records(run_dir, handle, cfg.limit, stage=NAME,
+    manifest, records = ok_records(run_dir, handle, cfg.limit, stage=SPEC.name,
                                    max_tokens=cfg.max_tokens)
-    facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
+    facts = stage_facts(run_dir, handle, SPEC.name, overwrite=overwrite)
     # the tuned lens is trained (or loaded) only when a record needs it: parts made with it
     # carry its signature, so a run whose parts are all fresh needs neither its weights nor
     # its training (only its report, tuned_lens.json)

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from interp.analysis.stats import fit_note, make_folds, passage_groups
-from interp.core.contract import spec
+from interp.core.contract import stage_of
 from interp.core.errors import ProbeError
 from interp.core.io import is_fresh, read_json, signature, write_json
 from interp.core.layers import parse_layers
@@ -70,17 +70,11 @@ from interp.stages.stored import (
 from interp.store.records import Record, limit_per_dataset, qa_key
 from interp.store.rundir import RunDir
 
-__all__ = ["NAME", "SPEC", "SUMMARIES", "Config", "ProbeConfig", "cached_features",
-           "features_path", "format_summary", "load_probe_records", "run", "store_features"]
+__all__ = ["SPEC", "ProbeConfig", "cached_features", "features_path", "format_summary",
+           "load_probe_records", "run", "store_features"]
 
-SPEC = spec("probe")
+SPEC = stage_of(__name__)
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
-NAME = SPEC.name
-SUMMARIES = SPEC.summaries
-"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
-
-
-Config = ProbeConfig
 
 
 def _key(rec: Record | Mapping[str, Any]) -> str:
@@ -285,13 +279,13 @@ def run(run_dir: RunDir, handle: ModelHandle, cfg: ProbeConfig | None = None, *,
     cfg = cfg or ProbeConfig()
     manifest = run_dir.manifest()
     check_run_model(run_dir, handle, manifest)
-    refuse_reasoning_judge(run_dir, manifest, NAME)
+    refuse_reasoning_judge(run_dir, manifest, SPEC.name)
     records = limit_per_dataset(load_probe_records(run_dir, handle), cfg.limit)
     layers = parse_layers(cfg.layers, handle.n_layers, default="all")
     y = np.array([bool(r["oracle_label"]) for r in records])
     groups = np.array(passage_groups(records))
     folds = make_folds(y, cfg.folds, cfg.seed, groups=groups)
-    facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
+    facts = stage_facts(run_dir, handle, SPEC.name, overwrite=overwrite)
     data = _Data(records, layers, y, np.array([r["dataset"] for r in records]), groups, folds,
                  judge_metrics(records, folds), facts)
     results = _header(cfg, handle, data)

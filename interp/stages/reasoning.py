@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from safetensors import safe_open
 
-from interp.core.contract import spec
+from interp.core.contract import stage_of
 from interp.core.errors import ConfigError
 from interp.core.io import atomic_write_text, finite, save_tensors, signature, write_json
 from interp.core.layers import parse_layers
@@ -48,16 +48,10 @@ from interp.stages.stored import load_masses
 from interp.store import RunDir
 from interp.store.records import qa_key as record_key
 
-__all__ = ["NAME", "SPEC", "SUMMARIES", "Config", "ReasoningConfig", "format_summary", "run"]
+__all__ = ["SPEC", "ReasoningConfig", "format_summary", "run"]
 
-SPEC = spec("reasoning")
+SPEC = stage_of(__name__)
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
-NAME = SPEC.name
-SUMMARIES = SPEC.summaries
-"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
-
-
-Config = ReasoningConfig
 
 
 def _mass_path(rd: RunDir, rec: Mapping[str, Any]) -> Any:

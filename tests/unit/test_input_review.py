@@ -12,11 +12,11 @@ import torch
 from typer.testing import CliRunner
 
 from interp import cli
+from interp.core.contract import spec
 from interp.core.errors import ConfigError, DataError, InterpError, ModelSpecError
 from interp.core.inputs import check_device, check_dtype
 from interp.data import load_examples
 from interp.models.loading import load_model
-from interp.stages import STAGES
 
 
 def _line(i, qid):
@@ -85,22 +85,22 @@ def test_cli_asymmetry_refuses_dtype_and_device_in_one_line(tmp_path, args):
 def test_numeric_lists_are_refused_by_one_helper(alphas):
     with pytest.raises(ConfigError, match=r"^--alphas \(\[steering\] alphas\) must be a list "
                                           r"of numbers, not "):
-        STAGES["steering"].Config.from_mapping({"alphas": alphas})
+        spec("steering").config_class.from_mapping({"alphas": alphas})
 
 
 def test_numeric_fields_of_every_stage_are_checked():
-    assert STAGES["steering"].Config.from_mapping({"alphas": ["0.5", "1"]}).alphas == [0.5, 1.0]
+    assert spec("steering").config_class.from_mapping({"alphas": ["0.5", "1"]}).alphas == [0.5, 1.0]
     # a float field holds floats (summaries key results by str(alpha): "1.0", never "1")
-    alphas = STAGES["steering"].Config.from_mapping({"alphas": [1, 2]}).alphas
+    alphas = spec("steering").config_class.from_mapping({"alphas": [1, 2]}).alphas
     assert alphas == [1.0, 2.0] and all(type(a) is float for a in alphas)
     with pytest.raises(InterpError, match=r"--lr \(\[transfer\] lr\) must be a number"):
-        STAGES["transfer"].Config.from_mapping({"lr": "fast"})
+        spec("transfer").config_class.from_mapping({"lr": "fast"})
     with pytest.raises(InterpError, match=r"--min-gap \(\[patching\] min_gap\) must be a number"):
-        STAGES["patching"].Config.from_mapping({"min_gap": [1]})
+        spec("patching").config_class.from_mapping({"min_gap": [1]})
     with pytest.raises(InterpError, match=r"\[transfer\] lora_layers\) must be a list of whole"):
-        STAGES["transfer"].Config.from_mapping({"lora_layers": [1, 2.5]})
+        spec("transfer").config_class.from_mapping({"lora_layers": [1, 2.5]})
     with pytest.raises(InterpError, match=r"\[probe\] C\) must be a number"):
-        STAGES["probe"].Config.from_mapping({"C": "1"})
+        spec("probe").config_class.from_mapping({"C": "1"})
 
 
 def test_cli_steer_alphas_abc_is_one_line(tmp_path):

@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from interp.core.contract import spec
+from interp.core.contract import stage_of
 from interp.core.errors import TransferError
 from interp.core.io import (
     read_json,
@@ -97,11 +97,8 @@ from interp.stages.transfer.table import build_table, format_table
 from interp.store.rundir import RunDir
 
 MODELS = ("base",) + ADAPTERS
-SPEC = spec("transfer")
+SPEC = stage_of(__name__)
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
-NAME = SPEC.name
-SUMMARIES = SPEC.summaries
-"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 
 # ---------------------------------------------------------------------------------------------
 # Checks
@@ -358,7 +355,7 @@ def _prepare(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferCon
                              from_hub=cfg.from_hub) for ds in cfg.datasets}
     reconcile_config(tdir, cfg, overwrite, provenance(handle, cfg, template, pool, val))
     if run_dir.manifest_path.exists():  # the full runtime facts, per stage (checked above)
-        stage_facts(run_dir, handle, NAME, overwrite=True)
+        stage_facts(run_dir, handle, SPEC.name, overwrite=True)
     oracle = make_oracle(cfg.oracle, device=cfg.device, dtype=cfg.dtype)
     t0 = time.perf_counter()
     negatives = _hard_negatives(tdir, handle, pool, oracle, cfg, log)
@@ -496,8 +493,4 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     from interp.core.inputs import read_toml
 
     data = read_toml(path)
-    return dict(data[NAME]) if NAME in data else data
-
-
-Config = TransferConfig
-"""The stage's config class (the Stage protocol's name for it)."""
+    return dict(data[SPEC.name]) if SPEC.name in data else data
