@@ -169,8 +169,9 @@ class StageSpec:
         config_file: its command also takes ``--config FILE`` (a TOML table of its config).
         judged_input: its command may instead judge a JSONL judge dataset into a new run
             (``--judged FILE --model M --out DIR``).
-        config_module: the light module holding ``config`` (:mod:`interp.stages.configs`),
-            so a config is checked before the stage's module and its libraries load.
+        config_module: the light module holding ``config`` (default
+            ``interp.stages.configs.<name>``, :mod:`interp.stages.configs`), so a config is
+            checked before the stage's module and its libraries load.
     """
 
     name: str
@@ -191,11 +192,12 @@ class StageSpec:
     model_from: str = "run"
     config_file: bool = False
     judged_input: bool = False
-    config_module: str = "interp.stages.configs"
+    config_module: str = ""
 
     def __post_init__(self) -> None:
         for name, default in (("command", self.name), ("module", f"interp.stages.{self.name}"),
-                              ("config", f"{self.name.capitalize()}Config")):
+                              ("config", f"{self.name.capitalize()}Config"),
+                              ("config_module", f"interp.stages.configs.{self.name}")):
             if not getattr(self, name):
                 object.__setattr__(self, name, default)
 

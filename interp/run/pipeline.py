@@ -62,7 +62,7 @@ from interp.core.names import did_you_mean, model_slug
 from interp.core.vocab import DEFAULT_MODEL
 from interp.judging.prompts import get_template
 from interp.launch import Shard, current_shard, heartbeat
-from interp.stages.configs import ASYMMETRY_KEY_FIELDS, AsymmetryConfig
+from interp.stages.configs.asymmetry import ASYMMETRY_KEY_FIELDS, AsymmetryConfig
 from interp.store.rundir import RunDir
 
 __all__ = ["STAGE_NAMES", "load_config", "model_slug", "out_dir", "plan", "publish_run_dir",

@@ -74,7 +74,7 @@ from interp.models.loading import (
     runtime_facts,
 )
 from interp.stages.common import check_run_model, stage_facts
-from interp.stages.configs import ASYMMETRY_KEY_FIELDS, AsymmetryConfig
+from interp.stages.configs.asymmetry import ASYMMETRY_KEY_FIELDS, AsymmetryConfig
 from interp.stages.run_metrics import write_metrics
 from interp.stages.stored import store_one_pass
 from interp.store.records import Record, limit_per_dataset, qa_key

@@ -47,7 +47,7 @@ from interp.core.io import (
 from interp.core.layers import parse_layers
 from interp.models.loading import ModelHandle
 from interp.plots import attention as attention_plots
-from interp.stages.configs import AttentionConfig
+from interp.stages.configs.attention import AttentionConfig
 from interp.stages.stored import (
     activations_path,
     load_masses,

@@ -49,7 +49,7 @@ from interp.methods.cross_judge import GivenAnswer, judge_answers
 from interp.models.loading import ModelHandle, result_facts, runtime_facts
 from interp.plots.cross import plot_audit_roc
 from interp.stages.common import stage_facts
-from interp.stages.configs import AuditConfig
+from interp.stages.configs.audit import AuditConfig
 from interp.stages.run_metrics import write_metrics
 from interp.stages.stored import load_masses, record_attention, store_one_pass
 from interp.store import RunDir

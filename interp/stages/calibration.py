@@ -58,7 +58,7 @@ from interp.core.io import is_fresh, read_json, signature, write_json, write_jso
 from interp.core.layers import parse_layers
 from interp.models.loading import ModelHandle
 from interp.stages.common import ok_records, stage_facts
-from interp.stages.configs import CalibrationConfig
+from interp.stages.configs.calibration import CalibrationConfig
 from interp.store.records import qa_key
 from interp.store.rundir import RunDir
 
@@ -381,8 +381,8 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: CalibrationConfi
         The summary (also ``DIR/calibration/summary.json``).
 
     Raises:
-        CalibrationError: a bad setting.
-        ProbeError: too few passages of a class for the probe's folds.
+        StageError: a bad setting.
+        StageError: too few passages of a class for the probe's folds.
         RunDirError: the run has no manifest or records; another model than the run's; parts
             stored under other runtime facts and not ``overwrite``.
     """

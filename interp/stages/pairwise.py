@@ -52,7 +52,7 @@ from interp.core.io import is_fresh, read_json, signature, write_json, write_jso
 from interp.core.layers import parse_layers
 from interp.models.loading import ModelHandle
 from interp.stages.common import fitting, ok_records, stage_facts, stored_negatives
-from interp.stages.configs import PairwiseConfig
+from interp.stages.configs.pairwise import PairwiseConfig
 from interp.store.rundir import RunDir
 
 __all__ = ["PairwiseConfig", "format_summary", "run", "summarise"]
@@ -103,7 +103,7 @@ def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwri
     skipped += [{"dataset": p.dataset, "id": p.record_id, "source": p.source,
                  "reason": "too_long", "detail": why} for p, why in long]
     if not pairs:   # refused before anything is written: a finished run's files stay
-        from interp.core.errors import PairwiseError
+        from interp.core.errors import StageError
 
         why = {r["reason"] for r in skipped}
         hint = ("none of its records has a hard negative: `interp patch --pairs "
@@ -113,8 +113,8 @@ def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwri
         if long:
             hint = (f"no pair's prompt fits the model's {handle.max_positions} positions "
                     f"(first: {long[0][1]}): choose shorter records (--max-tokens)")
-        raise PairwiseError(f"no pair builds from {run_dir.path}: {hint}; skipped "
-                            f"{len(skipped)} ({', '.join(sorted(why)) or 'no record'})")
+        raise StageError("pairwise", f"no pair builds from {run_dir.path}: {hint}; skipped "
+                                     f"{len(skipped)} ({', '.join(sorted(why)) or 'no record'})")
     root = run_dir.sub(SPEC.folder)
     write_jsonl(root / "pairs.jsonl",
                 [{"dataset": p.dataset, "id": p.record_id, "source": p.source,
@@ -365,7 +365,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PairwiseConfig, 
         The summary (also ``DIR/pairwise/summary.json``).
 
     Raises:
-        PairwiseError: a bad setting, or no pair builds.
+        StageError: a bad setting, or no pair builds.
         PromptError: an unknown pairwise template.
         RunDirError: the run has no manifest or records; another model than the run's; parts
             stored under other runtime facts and not ``overwrite``.

@@ -50,7 +50,7 @@ from interp.methods.patch_sweeps import agreement, head_units, resid_units, swee
 from interp.methods.patching import Patcher
 from interp.models.loading import ModelHandle
 from interp.stages.common import ok_records, stage_facts
-from interp.stages.configs import PatchingConfig
+from interp.stages.configs.patching import PatchingConfig
 from interp.stages.patching_summary import format_summary, summarise
 from interp.store.rundir import RunDir
 
@@ -378,7 +378,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, 
         ``DIR/patching/summary.json``).
 
     Raises:
-        PatchingError: bad config values (unknown kinds).
+        StageError: bad config values (unknown kinds).
         LayerSpecError: layers or band out of range.
         RunDirError: the run has no manifest or no records, or parts computed under other
             runtime facts and not ``overwrite``.

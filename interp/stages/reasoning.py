@@ -43,7 +43,7 @@ from interp.methods.asymmetry import judge_records
 from interp.methods.reasoning_compare import format_side_by_side, side_by_side
 from interp.models.loading import ModelHandle
 from interp.stages.common import ok_records
-from interp.stages.configs import ReasoningConfig
+from interp.stages.configs.reasoning import ReasoningConfig
 from interp.stages.stored import load_masses
 from interp.store import RunDir
 from interp.store.records import qa_key as record_key

@@ -63,7 +63,7 @@ from interp.judging.prompts import RenderedPrompt, record_prompts
 from interp.models.loading import ModelHandle
 from interp.plots.record import plot_span_to_span
 from interp.stages.common import ok_records
-from interp.stages.configs import POSITIONS, RecordConfig
+from interp.stages.configs.record import POSITIONS, RecordConfig
 from interp.store.recordings import RECORDINGS_DIR, recording_index_path
 from interp.store.records import Record, limit_per_dataset
 from interp.store.rundir import RunDir

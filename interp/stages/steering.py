@@ -47,14 +47,15 @@ from interp.analysis.stats import (
     passage_note,
 )
 from interp.core.contract import stage_of
-from interp.core.errors import SteeringError
+from interp.core.errors import StageError
 from interp.core.inputs import write_result
 from interp.core.io import is_fresh, read_json, signature, write_json, write_table
 from interp.core.layers import parse_layers
 from interp.methods.steering import parse_heads, steer_generator, steer_judge
 from interp.models.loading import ModelHandle
 from interp.stages.common import ok_records, stage_facts
-from interp.stages.configs import TASKS, SteeringConfig
+from interp.stages.configs import TASKS
+from interp.stages.configs.steering import SteeringConfig
 from interp.store.rundir import RunDir
 
 __all__ = ["SteeringConfig", "format_summary", "make_parts", "run", "summarise"]
@@ -75,7 +76,8 @@ def _units(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig
                            layers=band)["diff"]
     units = parse_heads(cfg.heads, band, handle.n_heads, ranked=ranked)
     if bad := [x for x in units if not 0 <= x < handle.n_layers]:
-        raise SteeringError(f"heads on layers {bad}: valid layers 0..{handle.n_layers - 1}")
+        raise StageError("steering",
+                         f"heads on layers {bad}: valid layers 0..{handle.n_layers - 1}")
     return band, units
 
 
@@ -338,7 +340,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
         The summary (also ``DIR/steering/summary.json``).
 
     Raises:
-        SteeringError: bad alphas, tasks, band or heads.
+        StageError: bad alphas, tasks, band or heads.
         RunDirError: the run has no manifest or records; another model than the run's;
             parts stored under other runtime facts and not ``overwrite``; ``top-diff`` without
             an attention summary; a record whose prompts no longer render as stored.

@@ -156,7 +156,7 @@ def test_asymmetry_into_another_models_run_is_refused_before_loading(tmp_path):
 
 
 def test_run_config_checks_every_stage_against_the_model_before_any_stage_runs(tiny, tmp_path):
-    from interp.core.errors import LayerSpecError, SteeringError
+    from interp.core.errors import LayerSpecError, StageError
     from interp.run.pipeline import run_config
 
     model_dir = tmp_path / "tiny-model"
@@ -170,7 +170,7 @@ def test_run_config_checks_every_stage_against_the_model_before_any_stage_runs(t
                                              r"last 80"):
         run_config({**base, "attention": {"band": "last80"}}, log=lambda s: None)
     assert not (tmp_path / "runs").exists()  # no run dir left behind, the harness never ran
-    with pytest.raises(SteeringError, match=r"^\[steering\] for .*tiny-model: heads '0.9'"):
+    with pytest.raises(StageError, match=r"^\[steering\] for .*tiny-model: heads '0.9'"):
         run_config({**base, "steering": {"heads": "0.9", "band": "all"}}, log=lambda s: None)
     assert not (tmp_path / "runs").exists()
 
@@ -216,14 +216,14 @@ def test_a_grid_folder_names_its_runs(tmp_path):
 
 def test_messages_name_the_cli_option():
     from interp.analysis.stats import make_folds
-    from interp.core.errors import ProbeError
+    from interp.core.errors import StageError
 
     with pytest.raises(DataError, match=r"--from-hub; config key from_hub = true"):
         load_examples("drop", split="train")
-    with pytest.raises(ProbeError, match=r"\(each needs >= 2, and 2 is the fewest folds\); add "
+    with pytest.raises(StageError, match=r"\(each needs >= 2, and 2 is the fewest folds\); add "
                                          r"records"):
         make_folds([True, False, False], 2, 0)
-    with pytest.raises(ProbeError, match=r"use fewer --folds \(2 is the fewest\) or add"):
+    with pytest.raises(StageError, match=r"use fewer --folds \(2 is the fewest\) or add"):
         make_folds([True, True, False, False], 3, 0)
     res = CliRunner().invoke(cli.app, ["transfer", "--help"])
     assert "a [transfer] table" in " ".join(res.output.replace("│", " ").split())

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.core.contract import stage_of
-from interp.core.errors import TransferError
+from interp.core.errors import StageError
 from interp.core.io import (
     read_json,
     read_jsonl,
@@ -155,7 +155,7 @@ def reconcile_config(tdir: Path, config: TransferConfig, overwrite: bool,
     with ``overwrite``. Provenance stored by an older version (absent) is not compared.
 
     Raises:
-        TransferError: a training setting changed and not ``overwrite`` (the message lists the
+        StageError: a training setting changed and not ``overwrite`` (the message lists the
             changes and names ``--overwrite``).
     """
     path = tdir / "config.json"
@@ -176,8 +176,9 @@ def reconcile_config(tdir: Path, config: TransferConfig, overwrite: bool,
                      for k in sorted(changed - set(EVAL_PROVENANCE))})
         if diff and not overwrite:
             lines = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
-            raise TransferError(f"{tdir} was made with another transfer config ({lines}); use "
-                                f"another --out or --overwrite")
+            raise StageError("transfer",
+                             f"{tdir} was made with another transfer config ({lines}); use "
+                             f"another --out or --overwrite")
         if diff:
             _remove(tdir, _ALL_OUTPUTS)
     write_json(path, {**cfg, "provenance": new_prov} if prov is not None else cfg)
@@ -201,8 +202,8 @@ def _hard_negatives(tdir: Path, handle: ModelHandle, pool: list[QAExample], orac
         write_jsonl_once(path, mine_hard_negatives(handle, pool, oracle, config, log=log))
     negatives = read_jsonl(path)
     if [r["id"] for r in negatives] != [ex.id for ex in pool]:
-        raise TransferError(f"{path} does not match the training pool; delete it or use "
-                            f"--overwrite")
+        raise StageError("transfer", f"{path} does not match the training pool; delete it or use "
+                                     f"--overwrite")
     return negatives
 
 
@@ -382,7 +383,7 @@ def make_parts(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferC
         The number of parts this process owns (made now or found made).
 
     Raises:
-        TransferError: as :func:`run`, before any training.
+        StageError: as :func:`run`, before any training.
     """
     from interp.stages.common import current_share
 
@@ -420,7 +421,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig, 
         the table's headline numbers and file paths.
 
     Raises:
-        TransferError: unknown dataset split, config or provenance (model sha256, runtime
+        StageError: unknown dataset split, config or provenance (model sha256, runtime
             facts, template texts, training prompts) mismatch with stored work and not
             ``overwrite``.
         LayerSpecError: bad ``patch_layers``.
