@@ -6,7 +6,8 @@ run`` runs them). A spec declares:
 * ``name``: the stage's one name: its config table (``[steering]``), its ``--only`` name and
   (with ``command``, the short form ``steer``) its command; :func:`spec` accepts either;
 * ``module`` and ``config``: where the stage's code and its config dataclass live (imported
-  only when used, so the command line starts without torch);
+  only when used, so the command line starts without torch); by default
+  ``interp.stages.<name>`` and ``<Name>Config`` in ``interp.stages.configs.<name>``;
 * ``needs``: what must exist in the run directory before it runs (:class:`Need`): every stage
   but ``asymmetry`` and ``transfer`` reads a finished asymmetry run's ``records.jsonl``;
   steering with ``heads = "top-diff:K"`` reads ``attention/summary.json`` (``reasoning``
@@ -25,8 +26,12 @@ run`` runs them). A spec declares:
 * ``tables_only``: the function of ``module`` that rebuilds ``tables`` and ``figures`` from
   the parts without a model (None: rerun the stage; its fresh parts are reused).
 
-Every stage module provides ``run(run_dir, handle, cfg, *, overwrite=False, log=print) ->
-summary`` and ``format_summary(summary) -> str`` (:func:`check_module` checks it). This module
+This entry is the one place a stage's facts are written: the stage module reads it as
+``SPEC = stage_of(__name__)``, its config class (:class:`interp.core.options.StageConfig`)
+finds its table's name here, the command line builds the stage's command and its place in
+``interp --help`` from it. Every stage module provides ``run(run_dir, handle, cfg, *,
+overwrite=False, log=print) -> summary`` and ``format_summary(summary) -> str``
+(:func:`check_module` checks it). This module
 imports nothing heavy: the command line, ``interp run``'s checks and tools that merge shards
 read the layout without loading torch.
 """

@@ -41,6 +41,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from interp.core import contract
 from interp.core.errors import ConfigError, StageError
 from interp.core.names import did_you_mean
 
@@ -270,10 +271,8 @@ class StageConfig:
         Raises:
             KeyError: no stage declares this class (or a class it derives from).
         """
-        from interp.core.contract import SPECS
-
         for klass in cls.__mro__:
-            for s in SPECS:
+            for s in contract.SPECS:
                 if (s.config, s.config_module) == (klass.__name__, klass.__module__):
                     return s.name
         raise KeyError(f"no stage in interp.core.contract.SPECS has the config {cls.__name__}")
