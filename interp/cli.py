@@ -56,11 +56,26 @@ def _is_usage_error(err: Exception) -> bool:
     return hasattr(err, "format_message") and isinstance(getattr(err, "exit_code", None), int)
 
 
-ORDER = ("run", "asymmetry", "metrics", "view", "attention", "heads", "probe", "patch", "steer",
-         "lens", "calibration", "pairwise", "record", "audit", "reasoning", "transfer", "merge",
-         "serve", "oracle-agreement")
-"""The order of ``interp --help`` and the CLI reference: the one a user meets the commands in
-(the demo's ``run`` first, then Study 1 and its outputs, the stages, scale and servers)."""
+def _order() -> tuple[str, ...]:
+    """The order of ``interp --help`` and the CLI reference, derived from the stage contract.
+
+    The order a user meets the commands in: the demo's ``run`` first, then Study 1 and its
+    outputs, the stages that read its run (in the contract's run order), the stages that start
+    without one, then scale and servers. Only the commands that are no stage are named here,
+    each beside the stage it belongs to (:data:`_BESIDE`); a new stage takes its place from its
+    contract entry.
+    """
+    first, *rest = SPECS  # asymmetry: it makes the run every other stage reads
+    stages = [first, *(s for s in rest if s.needs_run), *(s for s in rest if not s.needs_run)]
+    return ("run", *(c for s in stages for c in (s.command, *_BESIDE.get(s.name, ()))),
+            "merge", "serve", "oracle-agreement")
+
+
+_BESIDE = {"asymmetry": ("metrics", "view"), "attention": ("heads",)}
+"""The commands that are no stage and follow one in the help: what reads its output."""
+
+ORDER = _order()
+"""The order of ``interp --help`` and the CLI reference (:func:`_order`)."""
 
 
 class _Group(TyperGroup):

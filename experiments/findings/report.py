@@ -298,13 +298,13 @@ def collect(out: str | Path, fig_dir: str | Path) -> dict[str, list[str]]:
     Returns:
         ``{model slug: [stages published]}`` (also ``progress.json``), every model's.
     """
+    from interp.core.contract import SPECS
     from interp.run.pipeline import CROSS_FILES, STAGES, publish_run_dir
-    from interp.stages import asymmetry
 
     out, dest = Path(out), Path(fig_dir)
     listed = dest / "progress.json"
     progress: dict[str, list[str]] = json.loads(listed.read_text()) if listed.exists() else {}
-    tables = {"asymmetry": asymmetry.SUMMARIES, **{n: s.SUMMARIES for n, s in STAGES.items()}}
+    tables = {s.name: s.summaries for s in SPECS}
     for run in sorted(p for p in out.iterdir() if (p / "metrics.json").exists()):
         publish_run_dir(run, dest, list(STAGES), f"{run.name}__")
         progress[run.name] = [n for n, t in tables.items() if any((run / src).exists()

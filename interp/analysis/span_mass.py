@@ -62,7 +62,7 @@ from interp.analysis.stats import (
     passage_groups,
     passage_note,
 )
-from interp.core.errors import AttentionError
+from interp.core.errors import StageError
 from interp.core.names import dataset_order, in_dataset_order
 from interp.store.records import Record
 
@@ -127,15 +127,16 @@ def span_mass(rows: Float[Tensor, "... pos"], labels: Sequence[str],
         A span absent from the prompt (``candidate`` in gen) gets 0.
 
     Raises:
-        AttentionError: ``labels`` and ``rows`` disagree in length, or a label is not in
+        StageError: ``labels`` and ``rows`` disagree in length, or a label is not in
             ``spans``.
     """
     if rows.shape[-1] != len(labels):
-        raise AttentionError(f"{len(labels)} labels for rows over {rows.shape[-1]} positions")
+        raise StageError("attention",
+                         f"{len(labels)} labels for rows over {rows.shape[-1]} positions")
     spans = list(spans or span_names(labels))
     index = {s: i for i, s in enumerate(spans)}
     if unknown := set(labels) - set(index):
-        raise AttentionError(f"labels {sorted(unknown)} are not among the spans {spans}")
+        raise StageError("attention", f"labels {sorted(unknown)} are not among the spans {spans}")
     onehot = torch.zeros(len(labels), len(spans), dtype=torch.float32)
     onehot[torch.arange(len(labels)), torch.tensor([index[lab] for lab in labels])] = 1.0
     return rows.float().cpu() @ onehot
@@ -164,13 +165,14 @@ def span_to_span(pattern: Float[Tensor, "... q k"], labels: Sequence[str],
         has no such query position.
 
     Raises:
-        AttentionError: ``pattern`` is not square over ``len(labels)`` positions, or a label
+        StageError: ``pattern`` is not square over ``len(labels)`` positions, or a label
             is not in ``spans``.
     """
     n = len(labels)
     if pattern.shape[-2:] != (n, n):
-        raise AttentionError(f"span_to_span needs patterns [..., {n}, {n}] for {n} labels, "
-                             f"got {tuple(pattern.shape)}")
+        raise StageError("attention",
+                         f"span_to_span needs patterns [..., {n}, {n}] for {n} labels, "
+                         f"got {tuple(pattern.shape)}")
     spans = list(spans or span_names(labels))
     keyed = span_mass(pattern, labels, spans)  # [..., q, n_spans]
     qlab = [*labels[:-1], LAST]
@@ -215,14 +217,14 @@ def span_tokens(records: Sequence[Record] | Sequence[Mapping[str, Any]], task: s
     ``template`` counts every position of no field (the prompt's length minus the fields).
 
     Raises:
-        AttentionError: a record without ``prompts.{task}``.
+        StageError: a record without ``prompts.{task}``.
     """
     out = np.zeros((len(records), len(spans)))
     for i, r in enumerate(records):
         stored = (r.get("prompts") or {}).get(task)
         if not stored:
-            raise AttentionError(f"record {r.get('dataset')}/{r.get('id')} has no "
-                                 f"prompts.{task}: not an ok asymmetry record")
+            raise StageError("attention", f"record {r.get('dataset')}/{r.get('id')} has no "
+                                          f"prompts.{task}: not an ok asymmetry record")
         for j, s in enumerate(spans):
             if s in stored["token_spans"]:
                 a, b = stored["token_spans"][s]
@@ -346,7 +348,7 @@ def summarize(records: Sequence[Record] | Sequence[Mapping[str, Any]], mass: Map
         (``{task: [n_layers][n_heads]}`` mean context mass).
 
     Raises:
-        AttentionError: a record without its stored prompt spans.
+        StageError: a record without its stored prompt spans.
     """
     rng = np.random.default_rng(seed)
     band = list(band)
@@ -446,13 +448,13 @@ def top_heads(summary: Mapping[str, Any], *, dataset: str | None = None, top: in
         eval, diff}`` sorted descending by the ranking's key.
 
     Raises:
-        AttentionError: an unknown dataset (names the known ones).
+        StageError: an unknown dataset (names the known ones).
     """
     if dataset is None:
         grp = summary["overall"]
     elif dataset not in summary["per_dataset"]:
-        raise AttentionError(f"no dataset {dataset!r} in the summary; have "
-                             f"{sorted(summary['per_dataset'])}")
+        raise StageError("attention", f"no dataset {dataset!r} in the summary; have "
+                                      f"{sorted(summary['per_dataset'])}")
     else:
         grp = summary["per_dataset"][dataset]
     g = np.asarray(grp["head_context"]["gen"])

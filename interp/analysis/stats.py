@@ -44,7 +44,7 @@ from jaxtyping import Bool, Float, Int
 from scipy.stats import binomtest, pearsonr, rankdata, spearmanr
 from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
 
-from interp.core.errors import ProbeError
+from interp.core.errors import StageError
 from interp.data import passage_key
 
 __all__ = ["DEGENERATE_MARK", "MIN_FIT_CLASS", "MIN_FIT_RECORDS", "MIN_PASSAGES",
@@ -600,7 +600,7 @@ def make_folds(y: Bool[Array, " n"], folds: int, seed: int, *,
         what: what the examples are, for the error message.
 
     Raises:
-        ProbeError: fewer than ``folds`` examples (with groups: groups) of a class; the
+        StageError: fewer than ``folds`` examples (with groups: groups) of a class; the
             message gives the counts.
     """
     y = np.asarray(y, bool)
@@ -609,12 +609,12 @@ def make_folds(y: Bool[Array, " n"], folds: int, seed: int, *,
     if groups is not None:
         g = np.asarray(groups)
         if len(g) != len(y):
-            raise ProbeError(f"groups has {len(g)} entries for {len(y)} labels")
+            raise StageError("probe", f"groups has {len(g)} entries for {len(y)} labels")
         n_c, n_i = len(set(g[y].tolist())), len(set(g[~y].tolist()))
         unit = "groups (passages)"
     if min(n_c, n_i) < folds:
-        raise ProbeError(
-            f"too few {unit} of a class for {folds}-fold cross-validation of {what}: "
+        raise StageError(
+            "probe", f"too few {unit} of a class for {folds}-fold cross-validation of {what}: "
             f"y*=Correct {n_c}, y*=Incorrect {n_i} (each needs >= {folds}"
             + ("); use fewer --folds (2 is the fewest) or add records" if folds > 2 else
                f", and {folds} is the fewest folds); add records")

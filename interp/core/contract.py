@@ -6,7 +6,8 @@ run`` runs them). A spec declares:
 * ``name``: the stage's one name: its config table (``[steering]``), its ``--only`` name and
   (with ``command``, the short form ``steer``) its command; :func:`spec` accepts either;
 * ``module`` and ``config``: where the stage's code and its config dataclass live (imported
-  only when used, so the command line starts without torch);
+  only when used, so the command line starts without torch); by default
+  ``interp.stages.<name>`` and ``<Name>Config`` in ``interp.stages.configs.<name>``;
 * ``needs``: what must exist in the run directory before it runs (:class:`Need`): every stage
   but ``asymmetry`` and ``transfer`` reads a finished asymmetry run's ``records.jsonl``;
   steering with ``heads = "top-diff:K"`` reads ``attention/summary.json`` (``reasoning``
@@ -25,8 +26,12 @@ run`` runs them). A spec declares:
 * ``tables_only``: the function of ``module`` that rebuilds ``tables`` and ``figures`` from
   the parts without a model (None: rerun the stage; its fresh parts are reused).
 
-Every stage module provides ``run(run_dir, handle, cfg, *, overwrite=False, log=print) ->
-summary`` and ``format_summary(summary) -> str`` (:func:`check_module` checks it). This module
+This entry is the one place a stage's facts are written: the stage module reads it as
+``SPEC = stage_of(__name__)``, its config class (:class:`interp.core.options.StageConfig`)
+finds its table's name here, the command line builds the stage's command and its place in
+``interp --help`` from it. Every stage module provides ``run(run_dir, handle, cfg, *,
+overwrite=False, log=print) -> summary`` and ``format_summary(summary) -> str``
+(:func:`check_module` checks it). This module
 imports nothing heavy: the command line, ``interp run``'s checks and tools that merge shards
 read the layout without loading torch.
 """
@@ -46,7 +51,7 @@ from interp.core.errors import ConfigError, RunDirError
 from interp.core.names import flat_key, safe_name
 
 __all__ = ["SPECS", "Need", "Part", "StageSpec", "check_module", "check_needs", "flat_key",
-           "kept_runs", "kept_work", "safe_name", "spec", "stage_names"]
+           "kept_runs", "kept_work", "safe_name", "spec", "stage_names", "stage_of"]
 
 RUN_ARGS = ("run_dir", "handle", "cfg", "overwrite", "log")
 """The parameters of every stage's ``run``, in this order (``overwrite`` and ``log`` keyword
@@ -135,9 +140,10 @@ class StageSpec:
 
     Attributes:
         name: config table, ``--only`` and canonical name.
-        command: the command's name (``steer``); the command also answers to ``name``.
-        module: the stage's module.
-        config: the name of its config dataclass in ``module``.
+        command: the command's name (``steer``; default ``name``); the command also answers
+            to ``name``.
+        module: the stage's module (default ``interp.stages.<name>``).
+        config: the name of its config dataclass (default ``<Name>Config``).
         help: the command's help text.
         folder: its folder in the run directory ("" for files at the top).
         needs: files of other stages it reads (:class:`Need`).
@@ -168,16 +174,17 @@ class StageSpec:
         config_file: its command also takes ``--config FILE`` (a TOML table of its config).
         judged_input: its command may instead judge a JSONL judge dataset into a new run
             (``--judged FILE --model M --out DIR``).
-        config_module: the light module holding ``config`` (:mod:`interp.stages.configs`),
-            so a config is checked before the stage's module and its libraries load.
+        config_module: the light module holding ``config`` (default
+            ``interp.stages.configs.<name>``, :mod:`interp.stages.configs`), so a config is
+            checked before the stage's module and its libraries load.
     """
 
     name: str
-    command: str
-    module: str
-    config: str
     help: str
     folder: str
+    command: str = ""
+    module: str = ""
+    config: str = ""
     needs: tuple[Need, ...] = ()
     parts: tuple[Part, ...] = ()
     tables: tuple[str, ...] = ()
@@ -190,7 +197,14 @@ class StageSpec:
     model_from: str = "run"
     config_file: bool = False
     judged_input: bool = False
-    config_module: str = "interp.stages.configs"
+    config_module: str = ""
+
+    def __post_init__(self) -> None:
+        for name, default in (("command", self.name), ("module", f"interp.stages.{self.name}"),
+                              ("config", f"{self.name.capitalize()}Config"),
+                              ("config_module", f"interp.stages.configs.{self.name}")):
+            if not getattr(self, name):
+                object.__setattr__(self, name, default)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -233,9 +247,9 @@ _RECORDS = Need("asymmetry", "records.jsonl")
 
 SPECS: tuple[StageSpec, ...] = (
     StageSpec(
-        name="asymmetry", command="asymmetry", module="interp.stages.asymmetry",
+        name="asymmetry",
         model_needs=frozenset({"generate", "judge"}), model_from="stage",
-        config="AsymmetryConfig", folder="", needs_run=False,
+        folder="", needs_run=False,
         help="Study 1: generate, grade with the oracle, self-evaluate; write GA/EA/Delta.",
         parts=(Part("records.jsonl", "records", "lines", "the record's own fields (question, "
                     "context, answers, generation prompt); manifest.json key fields",
@@ -243,9 +257,9 @@ SPECS: tuple[StageSpec, ...] = (
         tables=("metrics.json",), summaries={"metrics.json": "asymmetry_metrics.json"},
         figures=("figures/asymmetry.png",), tables_only="write_metrics"),
     StageSpec(
-        name="attention", command="attention", module="interp.stages.attention",
+        name="attention",
         model_needs=frozenset({"attention"}),
-        config="AttentionConfig", folder="attention", needs=(_RECORDS,),
+        folder="attention", needs=(_RECORDS,),
         help="Study 2: last-token attention rows and span mass per layer and head.",
         parts=(Part("attention/records/{dataset}/{id}.safetensors", "attention recordings",
                     "record", "safetensors metadata 'signature' (model, sha256, prompts' token "
@@ -256,7 +270,7 @@ SPECS: tuple[StageSpec, ...] = (
         summaries={"attention/summary.json": "attention_summary.json"},
         figures=("figures/attention_*.png",), tables_only="write_tables", parts_only="record"),
     StageSpec(
-        name="probe", command="probe", module="interp.stages.probe", config="ProbeConfig",
+        name="probe",
         model_needs=frozenset({"activations"}),
         folder="probes", needs=(_RECORDS,),
         help="Probes on the residual stream predicting y*: the representation as a judge.",
@@ -266,9 +280,9 @@ SPECS: tuple[StageSpec, ...] = (
         tables=("probes/results.json",), summaries={"probes/results.json": "probes_results.json"},
         figures=("figures/probes.png",)),
     StageSpec(
-        name="transfer", command="transfer", module="interp.stages.transfer",
+        name="transfer",
         model_needs=frozenset({"weights"}), model_from="config", config_file=True,
-        config="TransferConfig", config_module="interp.stages.transfer.config",
+        config_module="interp.stages.transfer.config",
         folder="transfer", needs_run=False,
         help="Study 3: hard negatives, LoRA-Gen/Eval/Both adapters, transfer table and figures.",
         parts=(Part("transfer/adapters/{adapter}/adapter_config.json", "trained adapters",
@@ -282,9 +296,9 @@ SPECS: tuple[StageSpec, ...] = (
         summaries={"transfer/table.json": "transfer_table.json"},
         figures=("figures/transfer_*.png",), parts_only="make_parts"),
     StageSpec(
-        name="patching", command="patch", module="interp.stages.patching",
+        name="patching", command="patch",
         model_needs=frozenset({"activations"}),
-        config="PatchingConfig", folder="patching", needs=(_RECORDS,),
+        folder="patching", needs=(_RECORDS,),
         help="Activation / attribution patching between the judge and the generator.",
         parts=(Part("patching/{pairs}/{kind}/parts/{dataset}__{id}.json", "patching parts",
                     "record", "JSON key meta.signature (model, sweep settings, the pair's token "
@@ -293,9 +307,9 @@ SPECS: tuple[StageSpec, ...] = (
         summaries={"patching/summary.json": "patching_summary.json"},
         figures=("figures/patching_*.png",)),
     StageSpec(
-        name="steering", command="steer", module="interp.stages.steering",
+        name="steering", command="steer",
         model_needs=frozenset({"attention"}),
-        config="SteeringConfig", folder="steering",
+        folder="steering",
         needs=(_RECORDS, Need("attention", "attention/summary.json", ("heads", "top-diff:"))),
         help="Attention steering: scale the context attention of the judge's verdict position.",
         parts=(Part("steering/parts/{dataset}__{id}.json", "steering parts", "record",
@@ -305,7 +319,7 @@ SPECS: tuple[StageSpec, ...] = (
         summaries={"steering/summary.json": "steering_summary.json"},
         figures=("figures/steering.png",), parts_only="make_parts"),
     StageSpec(
-        name="lens", command="lens", module="interp.stages.lens", config="LensConfig",
+        name="lens",
         model_needs=frozenset({"activations", "weights"}),
         folder="lens", needs=(_RECORDS,),
         help="Verdict lens: logit lens, tuned lens and direct logit attribution of the verdict "
@@ -320,9 +334,8 @@ SPECS: tuple[StageSpec, ...] = (
         summaries={"lens/summary.json": "lens_summary.json"},
         figures=("figures/lens_*.png",)),
     StageSpec(
-        name="calibration", command="calibration", module="interp.stages.calibration",
-        config="CalibrationConfig", model_needs=frozenset({"attention", "activations",
-                                                           "weights"}),
+        name="calibration",
+        model_needs=frozenset({"attention", "activations", "weights"}),
         folder="calibration", needs=(_RECORDS,),
         help="Does the judge know what the generator knew? Calibration of four confidence "
              "signals, the self-check in the generator's conversation, and its cache.",
@@ -334,8 +347,8 @@ SPECS: tuple[StageSpec, ...] = (
         summaries={"calibration/summary.json": "calibration_summary.json"},
         figures=("figures/calibration_*.png",)),
     StageSpec(
-        name="pairwise", command="pairwise", module="interp.stages.pairwise",
-        config="PairwiseConfig", model_needs=frozenset({"attention", "activations", "weights"}),
+        name="pairwise",
+        model_needs=frozenset({"attention", "activations", "weights"}),
         folder="pairwise", needs=(_RECORDS,),
         help="Pairwise judge with order swap: position consistency, content and position "
              "terms, and the heads that carry the order.",
@@ -346,7 +359,7 @@ SPECS: tuple[StageSpec, ...] = (
         summaries={"pairwise/summary.json": "pairwise_summary.json"},
         figures=("figures/pairwise_*.png",)),
     StageSpec(
-        name="record", command="record", module="interp.stages.record", config="RecordConfig",
+        name="record",
         model_needs=frozenset({"attention", "activations"}),
         folder="record", needs=(_RECORDS,),
         help="Full attention patterns, residual streams and head outputs of every prompt, on "
@@ -359,7 +372,7 @@ SPECS: tuple[StageSpec, ...] = (
         figures=("figures/record_span_to_span.png",), tables_only="write_tables",
         parts_only="record"),
     StageSpec(
-        name="audit", command="audit", module="interp.stages.audit", config="AuditConfig",
+        name="audit",
         model_needs=frozenset({"attention"}), judged_input=True,
         folder="audit", needs=(_RECORDS,),
         help="Did the judge read? Attention on context/candidate per verdict, AUCs, flagged "
@@ -369,9 +382,9 @@ SPECS: tuple[StageSpec, ...] = (
         summaries={"audit/summary.json": "audit_summary.json"},
         figures=("figures/audit_roc.png",), tables_only="write_audit"),
     StageSpec(
-        name="reasoning", command="reasoning", module="interp.stages.reasoning",
+        name="reasoning",
         model_needs=frozenset({"generate", "judge", "attention"}),
-        config="ReasoningConfig", folder="reasoning", needs=(_RECORDS,),
+        folder="reasoning", needs=(_RECORDS,),
         help="A reasoning judge on the run's answers, side by side with its one-word judge.",
         parts=(Part("reasoning/records.jsonl", "reasoning judgments", "lines",
                     "each line's 'judge_signature' (model, sha256, template, budget, the "
@@ -395,6 +408,20 @@ def spec(name: str) -> StageSpec:
         if name in s.names:
             return s
     raise ConfigError(f"unknown stage {name!r}; stages: {', '.join(stage_names())}")
+
+
+def stage_of(module: str) -> StageSpec:
+    """The stage whose code is ``module`` (a stage module sets ``SPEC`` by its own name).
+
+    A stage module states none of its contract's facts again; it reads them from its entry.
+
+    Raises:
+        KeyError: no stage is declared with that module.
+    """
+    for s in SPECS:
+        if s.module == module:
+            return s
+    raise KeyError(f"no stage in interp.core.contract.SPECS has the module {module}")
 
 
 def stage_names() -> list[str]:

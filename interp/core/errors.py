@@ -9,6 +9,9 @@ else is a bug and keeps its traceback.
 :class:`InterpError` derives from :class:`ValueError` because nearly all of these are invalid
 values given by the user (a layer out of range, an unknown dataset, a malformed file).
 
+A stage has no error class of its own: bad input to a study, its methods or its stage is a
+:class:`StageError` that names the stage (``err.stage``), so a new stage adds nothing here.
+
 :class:`Interrupted` is no error: it is the ``KeyboardInterrupt`` of a Ctrl-C (or of a SIGTERM,
 which the command line turns into one) carrying the work a batched loop finished before it, so
 that each caller on the way out can keep that work before passing the interrupt on.
@@ -17,32 +20,30 @@ that each caller on the way out can keep that work before passing the interrupt 
 from __future__ import annotations
 
 __all__ = [
-    "AttentionError",
     "BackendError",
     "ConfigError",
     "DataError",
+    "EndpointError",
     "GradingError",
     "HookError",
     "InterpError",
     "Interrupted",
     "LayerSpecError",
-    "CalibrationError",
-    "LensError",
-    "PairwiseError",
     "ModelSpecError",
     "PairError",
-    "PatchingError",
-    "ProbeError",
     "PromptError",
     "RunDirError",
     "ShardError",
-    "SteeringError",
-    "TransferError",
+    "StageError",
 ]
 
 
 class InterpError(ValueError):
     """Base of every error ``interp`` raises on purpose; the CLI prints it as one line."""
+
+    def reworded(self, message: str) -> InterpError:
+        """The same error (class and attributes) with another message (a prefix added)."""
+        return type(self)(message)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -118,16 +119,38 @@ class GradingError(InterpError):
     """An oracle or grading request that cannot be carried out (unknown dataset, oracle)."""
 
 
-class AttentionError(InterpError):
-    """Bad input to the attention study (spans that do not match, unknown backend)."""
 
 
-class PatchingError(InterpError):
-    """Bad patching input (hook point, positions, heads), or a patch that patches nothing."""
+class StageError(InterpError):
+    """Bad input to one study, its methods or its stage: the one error class of every stage.
+
+    A span that does not match the prompt (``attention``), a pair kind or hook point the
+    patching engine does not know (``patching``), alpha <= 0 (``steering``), too few records
+    of a class for a probe (``probe``), an adapter trained on another base model
+    (``transfer``), ... The message says what to fix; ``stage`` names the stage of the
+    contract (:data:`interp.core.contract.SPECS`) whose input it is, for code that tells them
+    apart (``err.stage == "probe"``). A stage needs no class of its own.
+
+    Attributes:
+        stage: the stage's name (``steering``, ``probe``, ...).
+    """
+
+    def __init__(self, stage: str, message: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+
+    def reworded(self, message: str) -> StageError:
+        """The same stage's error with another message."""
+        return type(self)(self.stage, message)
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return type(self), (self.stage, str(self))  # across processes (probe n_jobs)
 
 
-class PairError(PatchingError):
+class PairError(StageError):
     """A clean/corrupt pair that cannot be built or aligned (names the first difference).
+
+    A patching-stage error (``stage`` is ``patching``) with a reason the stage counts.
 
     Attributes:
         reason: a short code of why (``no_gold``, ``no_incorrect_answer``, ``too_long``, ...),
@@ -135,32 +158,15 @@ class PairError(PatchingError):
     """
 
     def __init__(self, message: str, reason: str = "other"):
-        super().__init__(message)
+        super().__init__("patching", message)
         self.reason = reason
 
+    def reworded(self, message: str) -> PairError:
+        """The same pair error (and reason) with another message."""
+        return type(self)(message, self.reason)
 
-class CalibrationError(InterpError):
-    """Bad calibration-stage input (bins, folds, a layer outside the model)."""
-
-
-class LensError(InterpError):
-    """Bad verdict-lens input (positions outside a prompt, a model without a final norm)."""
-
-
-class PairwiseError(InterpError):
-    """Bad pairwise-judge input (an unknown pair source, letters that tokenize alike)."""
-
-
-class ProbeError(InterpError):
-    """Input a probe cannot be fitted on (too few of a class, unknown layer or pool)."""
-
-
-class TransferError(InterpError):
-    """Bad transfer input (no train split, an adapter trained on another base model)."""
-
-
-class SteeringError(InterpError):
-    """Bad steering input (unknown span, alpha <= 0, layers outside the model)."""
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return type(self), (str(self), self.reason)
 
 
 class ShardError(InterpError):

@@ -4,7 +4,8 @@ Each field of a stage's config dataclass is declared once: its type (the annotat
 default and (with :func:`option`) its kind and command-line name, its help text in the class
 docstring's ``Attributes:`` (:func:`field_help`). From that one declaration come
 
-* the TOML table of ``interp run`` and the one-line errors (:func:`config_from_table`);
+* the TOML table of ``interp run`` and the one-line errors (:func:`config_from_table`, which
+  every stage config's ``from_mapping`` calls: :class:`StageConfig`, the one implementation);
 * the options of the stage's command and their ``--help`` (:mod:`interp.cli` builds them);
 * the checks every config shares: counts (``kind="count"``: a whole number >= 1, or
   ``"all"``/None for every record where the default is None) and layer selections
@@ -31,19 +32,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import re
 import types
 import typing
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
-from interp.core.errors import ConfigError
+from interp.core import contract
+from interp.core.errors import ConfigError, StageError
 from interp.core.names import did_you_mean
 
-__all__ = ["ALL", "CliOption", "allows_none", "check_counts", "check_numbers", "cli_options",
-           "config_from_table", "conform",
+__all__ = ["ALL", "CliOption", "StageConfig", "allows_none", "check_counts", "check_numbers",
+           "cli_options", "config_from_table", "conform",
            "field_help", "fields_of_kind", "given", "option", "option_name", "parse_count",
            "renamed_keys", "split_list"]
 
@@ -243,6 +246,57 @@ def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
         raise error(f"[{section}]: {err}") from None
     check_counts(cfg, section, error)
     return cfg
+
+
+class StageConfig:
+    """The base of every stage's config dataclass: one ``from_mapping`` for all of them.
+
+    A config declares its fields (:func:`option`) and, where a value needs a check beyond its
+    type, a ``validate`` method (or ``__post_init__``) that raises what it declares; its table's
+    name is its stage's, read from the stage contract (:data:`interp.core.contract.SPECS`
+    names each stage's config class), never written in the class.
+
+    Attributes:
+        table_error: the error a bad table raises (an unknown key, a value of another type,
+            a count below 1): :class:`interp.core.errors.ConfigError`, or the stage's own
+            :class:`interp.core.errors.StageError` (raised with the stage's name).
+    """
+
+    table_error: ClassVar[type[Exception]] = ConfigError
+
+    @classmethod
+    def stage(cls) -> str:
+        """The stage this config belongs to (its contract entry's ``name``).
+
+        Raises:
+            KeyError: no stage declares this class (or a class it derives from).
+        """
+        for klass in cls.__mro__:
+            for s in contract.SPECS:
+                if (s.config, s.config_module) == (klass.__name__, klass.__module__):
+                    return s.name
+        raise KeyError(f"no stage in interp.core.contract.SPECS has the config {cls.__name__}")
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any]) -> Any:
+        """Build from a config table, refusing unknown keys and values, then :meth:`validate`.
+
+        Raises:
+            ConfigError: an unknown key (the message lists the known ones), a value of another
+                type, a count below 1 (:func:`config_from_table`), or what ``__post_init__``
+                raises; ``table_error`` instead where the class declares one.
+            interp.core.errors.InterpError: what the class's :meth:`validate` raises.
+        """
+        name = cls.stage()
+        error: Any = cls.table_error
+        if isinstance(error, type) and issubclass(error, StageError):
+            error = functools.partial(error, name)  # raised as StageError(stage, message)
+        cfg = config_from_table(cls, d, name, error)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Check values beyond their types (a config with such checks overrides this)."""
 
 
 def _default_text(f: dataclasses.Field) -> str:

@@ -57,7 +57,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from interp.core.errors import AttentionError
+from interp.core.errors import StageError
 from interp.core.layers import parse_layers
 from interp.core.vocab import ATTENTION_BACKENDS
 from interp.hooks.backends import get_backend
@@ -378,16 +378,17 @@ def batch_rows(handle: ModelHandle) -> Iterator[Callable[[], Float[Tensor, "batc
         device-mapped model may compute on several devices, :mod:`interp.models.devices`).
 
     Raises:
-        AttentionError: (from the returned function) a layer saw no attention call.
+        StageError: (from the returned function) a layer saw no attention call.
     """
     cap = _Capture(pattern_layers=set())
     token = _ACTIVE.set(cap)
 
     def rows() -> Tensor:
         if missing := [x for x in range(handle.n_layers) if x not in cap.rows]:
-            raise AttentionError(f"the recorder saw no attention call in layers {missing}: "
-                                 f"{type(handle.model).__name__} does not use "
-                                 f"AttentionInterface")
+            raise StageError("attention",
+                             f"the recorder saw no attention call in layers {missing}: "
+                             f"{type(handle.model).__name__} does not use "
+                             f"AttentionInterface")
         return stack_cpu([cap.rows[x] for x in range(handle.n_layers)], dim=1)
 
     try:
@@ -400,8 +401,8 @@ def batch_rows(handle: ModelHandle) -> Iterator[Callable[[], Float[Tensor, "batc
 def _as_ids(input_ids: Sequence[int] | Tensor, device: torch.device) -> Tensor:
     ids = torch.as_tensor(input_ids, dtype=torch.long)
     if ids.ndim != 1 or ids.numel() == 0:
-        raise AttentionError(f"input_ids must be one non-empty sequence, got shape "
-                             f"{tuple(ids.shape)}")
+        raise StageError("attention", f"input_ids must be one non-empty sequence, got shape "
+                                      f"{tuple(ids.shape)}")
     return ids[None].to(device)
 
 
@@ -425,8 +426,8 @@ def _forward(handle: ModelHandle, ids: Tensor, cap: _Capture, names: Sequence[st
         _ACTIVE.reset(token)
     missing = [layer for layer in range(handle.n_layers) if layer not in cap.rows]
     if missing:
-        raise AttentionError(f"the recorder saw no attention call in layers {missing}: "
-                             f"{type(model).__name__} does not use AttentionInterface")
+        raise StageError("attention", f"the recorder saw no attention call in layers {missing}: "
+                                      f"{type(model).__name__} does not use AttentionInterface")
     return stack_cpu([cap.rows[layer][0] for layer in range(handle.n_layers)]), store
 
 
@@ -520,7 +521,7 @@ def record_rows(handle: ModelHandle, input_ids: Sequence[int] | Int[Tensor, " po
     is left with the hooks, attention kernel and training flags it had.
 
     Raises:
-        AttentionError: an unknown backend, activations requested from a backend other than
+        StageError: an unknown backend, activations requested from a backend other than
             ``hf``, or a model whose attention does not go through ``AttentionInterface``.
         interp.core.errors.LayerSpecError: an ``act_layers`` entry outside the model (names the
             valid range).
@@ -529,10 +530,11 @@ def record_rows(handle: ModelHandle, input_ids: Sequence[int] | Int[Tensor, " po
             backend cannot wrap (names the supported ones).
     """
     if backend not in BACKENDS:
-        raise AttentionError(f"unknown backend {backend!r}; use one of {list(BACKENDS)}")
+        raise StageError("attention", f"unknown backend {backend!r}; use one of {list(BACKENDS)}")
     if act_layers and backend != "hf":
-        raise AttentionError("residual streams / head outputs are recorded by the 'hf' backend "
-                             f"only, not {backend!r}")
+        raise StageError("attention",
+                         "residual streams / head outputs are recorded by the 'hf' backend "
+                         f"only, not {backend!r}")
     layers = parse_layers(list(act_layers), handle.n_layers) if len(act_layers) else []
     ids = _as_ids(input_ids, handle.device)
     with inference_guard(handle.model):
@@ -571,13 +573,13 @@ def record_stream(handle: ModelHandle, input_ids: Sequence[int] | Int[Tensor, " 
         :func:`record_rows`).
 
     Raises:
-        AttentionError: a point outside :data:`STREAM_POINTS`, or a model whose attention does
+        StageError: a point outside :data:`STREAM_POINTS`, or a model whose attention does
             not go through ``AttentionInterface``.
         interp.core.errors.HookError: a layer outside the model.
     """
     if bad := set(points) - set(STREAM_POINTS):
-        raise AttentionError(f"record_stream cannot send {sorted(bad)}; use points of "
-                             f"{list(STREAM_POINTS)}")
+        raise StageError("attention", f"record_stream cannot send {sorted(bad)}; use points of "
+                                      f"{list(STREAM_POINTS)}")
     # a layer outside the model fails before the forward; negative layers count from the end
     layers = sorted({hook_site(handle.model, hook_name(x, "hook_resid_pre")).layer
                      for x in layers})
@@ -602,7 +604,7 @@ def recording(handle: ModelHandle, pattern_layers: Sequence[int] = (), n_pos: in
     :meth:`interp.hooks.model.HookedModel.run_with_cache`.
 
     Raises:
-        AttentionError: (on exit) a layer saw no attention call: a model whose attention does
+        StageError: (on exit) a layer saw no attention call: a model whose attention does
             not go through ``AttentionInterface``.
     """
     layers = sorted(set(pattern_layers))
@@ -617,5 +619,6 @@ def recording(handle: ModelHandle, pattern_layers: Sequence[int] = (), n_pos: in
     finally:
         _ACTIVE.reset(token)
     if missing := [x for x in range(handle.n_layers) if x not in cap.rows]:
-        raise AttentionError(f"the recorder saw no attention call in layers {missing}: "
-                             f"{type(handle.model).__name__} does not use AttentionInterface")
+        raise StageError("attention",
+                         f"the recorder saw no attention call in layers {missing}: "
+                         f"{type(handle.model).__name__} does not use AttentionInterface")

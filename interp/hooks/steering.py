@@ -47,7 +47,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.core.errors import SteeringError
+from interp.core.errors import StageError
 from interp.hooks.recorder import last_row, register_attention, sdpa_forward
 from interp.hooks.wrappers import attn_implementation, to_tlens
 from interp.models.loading import ModelHandle
@@ -94,12 +94,13 @@ def control_keys(n_prompt: int, context: tuple[int, int]) -> list[int]:
         Sorted key positions (possibly fewer than ``end - start``).
 
     Raises:
-        SteeringError: the context span is empty or outside the prompt.
+        StageError: the context span is empty or outside the prompt.
     """
     s, e = context
     if not 0 <= s < e <= n_prompt:
-        raise SteeringError(f"the context span {tuple(context)} must be inside a prompt of "
-                            f"{n_prompt} tokens")
+        raise StageError("steering",
+                         f"the context span {tuple(context)} must be inside a prompt of "
+                         f"{n_prompt} tokens")
     cand = [k for k in range(1, n_prompt - 1) if not s <= k < e]
     if len(cand) <= e - s:
         return cand
@@ -142,7 +143,8 @@ class Steer:
         if layer not in self.units:
             return None
         if batch != len(self.alphas):
-            raise SteeringError(f"the forward has {batch} rows but {len(self.alphas)} alphas")
+            raise StageError("steering",
+                             f"the forward has {batch} rows but {len(self.alphas)} alphas")
         out = torch.zeros(batch, n_heads, n_keys, dtype=torch.float32, device=device)
         heads = self.units[layer]
         hs = list(range(n_heads)) if heads is None else list(heads)
@@ -204,21 +206,25 @@ def register_steering() -> str:
 def _check(handle: ModelHandle, st: Steer) -> None:
     """Refuse bad layers, heads, spans and alphas before any forward."""
     if not st.alphas or any(not (a > 0 and math.isfinite(a)) for a in st.alphas):
-        raise SteeringError(f"every alpha must be a finite number > 0, got {list(st.alphas)}")
+        raise StageError("steering",
+                         f"every alpha must be a finite number > 0, got {list(st.alphas)}")
     bad = [x for x in st.units if not 0 <= x < handle.n_layers]
     if bad:
-        raise SteeringError(f"steered layers {bad} out of range; valid: 0..{handle.n_layers - 1}")
+        raise StageError("steering",
+                         f"steered layers {bad} out of range; valid: 0..{handle.n_layers - 1}")
     for layer, heads in st.units.items():
         if heads is not None and (not heads or any(not 0 <= h < handle.n_heads for h in heads)):
-            raise SteeringError(f"layer {layer}: heads {list(heads)} out of range; valid: "
-                                f"0..{handle.n_heads - 1}")
+            raise StageError("steering", f"layer {layer}: heads {list(heads)} out of range; valid: "
+                                         f"0..{handle.n_heads - 1}")
     s, e = st.keys
     if not 0 <= s < e:
-        raise SteeringError(f"the steered key span must be [start, end) with 0 <= start < end, "
-                            f"got {st.keys}")
+        raise StageError("steering",
+                         f"the steered key span must be [start, end) with 0 <= start < end, "
+                         f"got {st.keys}")
     if st.positions is not None and (not st.positions or min(st.positions) < 0):
-        raise SteeringError(f"the steered key positions must be a non-empty list of positions "
-                            f">= 0, got {list(st.positions)[:8]}")
+        raise StageError("steering",
+                         f"the steered key positions must be a non-empty list of positions "
+                         f">= 0, got {list(st.positions)[:8]}")
 
 
 @contextlib.contextmanager
@@ -239,7 +245,7 @@ def steering(handle: ModelHandle, st: Steer) -> Iterator[Steer]:
         ``st``.
 
     Raises:
-        SteeringError: alphas not > 0, layers or heads outside the model, an empty span.
+        StageError: alphas not > 0, layers or heads outside the model, an empty span.
     """
     _check(handle, st)
     token = _ACTIVE.set(st)
@@ -266,11 +272,11 @@ def tl_steered_logits(handle: ModelHandle, ids: Int[Tensor, "batch pos"], st: St
         Logits ``[batch, logits_to_keep, vocab]``.
 
     Raises:
-        SteeringError: as :func:`steering`, or ``query`` outside the prompt.
+        StageError: as :func:`steering`, or ``query`` outside the prompt.
     """
     _check(handle, st)
     if not 0 <= query < ids.shape[1]:
-        raise SteeringError(f"query position {query} outside the prompt of {ids.shape[1]}")
+        raise StageError("steering", f"query position {query} outside the prompt of {ids.shape[1]}")
     bridge = to_tlens(handle)
     la = st.log_alpha(ids.device)
 

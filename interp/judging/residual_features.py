@@ -24,7 +24,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.core.errors import Interrupted, ProbeError
+from interp.core.errors import Interrupted, StageError
 from interp.core.progress import tqdm
 from interp.core.vocab import POOLS
 from interp.hooks.model import HookedModel
@@ -61,13 +61,14 @@ def residual_stream(handle: ModelHandle, input_ids: Int[Tensor, "batch seq"],
         :func:`interp.hooks.capture.hooked`); the caller's training flags come back after.
 
     Raises:
-        ProbeError: ids that are not ``[batch, seq]`` or a mask of another shape (before any
+        StageError: ids that are not ``[batch, seq]`` or a mask of another shape (before any
             hook is registered).
     """
     dev = handle.device
     if input_ids.dim() != 2 or (attention_mask is not None
                                 and tuple(attention_mask.shape) != tuple(input_ids.shape)):
-        raise ProbeError(f"input_ids must be [batch, seq] and attention_mask the same shape, got "
+        raise StageError("probe",
+                         f"input_ids must be [batch, seq] and attention_mask the same shape, got "
                          f"{list(input_ids.shape)} and "
                          f"{None if attention_mask is None else list(attention_mask.shape)}")
     input_ids = input_ids.to(dev)
@@ -95,7 +96,7 @@ def pool_resid(resid: Float[Tensor, "layer seq d_model"], candidate: Sequence[in
         pool was asked for without a candidate span and the last position was used.
 
     Raises:
-        ProbeError: an unknown pool.
+        StageError: an unknown pool.
     """
     out: dict[str, Tensor] = {}
     fell_back = False
@@ -115,7 +116,7 @@ def pool_resid(resid: Float[Tensor, "layer seq d_model"], candidate: Sequence[in
             else:
                 out[p] = resid[:, candidate[0]:candidate[1]].mean(1)
         else:
-            raise ProbeError(f"unknown pool {p!r}; known: {list(POOLS)}")
+            raise StageError("probe", f"unknown pool {p!r}; known: {list(POOLS)}")
     return out, fell_back
 
 

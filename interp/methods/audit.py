@@ -61,7 +61,7 @@ from interp.analysis.stats import (
     passage_groups,
     passage_note,
 )
-from interp.core.errors import ProbeError
+from interp.core.errors import StageError
 from interp.core.names import dataset_order
 from interp.core.vocab import DETECTOR_FEATURES
 from interp.methods.probing import cross_validate
@@ -209,7 +209,7 @@ def detector(X: Float[np.ndarray, "n f"], wrong: np.ndarray,
                           f"needs >= 2 of each"}
     try:
         fl = make_folds(wrong, k, seed, groups=groups, what="verdicts")
-    except ProbeError as err:
+    except StageError as err:
         return {"possible": False, "reason": str(err)}
     summary, oof = cross_validate(X, wrong, fl, "logreg", C=C, seed=seed)
     return {"possible": True, "folds": k, "n_features": int(X.shape[1]), "cv": summary,

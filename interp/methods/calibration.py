@@ -365,7 +365,7 @@ def oof_probe(feats: Float[np.ndarray, "n layer d"], y: Bool[np.ndarray, " n"],
         {layer: mean inner AUC}]}``.
 
     Raises:
-        ProbeError: too few passages of a class for ``folds`` (from ``make_folds``).
+        StageError: too few passages of a class for ``folds`` (from ``make_folds``).
     """
     y = np.asarray(y, bool)
     g = np.asarray([str(x) for x in groups])

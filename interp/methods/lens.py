@@ -63,7 +63,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.core.errors import LensError
+from interp.core.errors import StageError
 from interp.hooks.model import HookedModel
 from interp.hooks.recorder import batch_rows
 from interp.models.readout import (
@@ -131,12 +131,12 @@ def residual_stack(handle: Any, ids: Sequence[int], positions: Sequence[int]
         ``[len(positions), d_vocab]`` (float32, CPU).
 
     Raises:
-        LensError: an empty ``ids`` or a position outside it.
+        StageError: an empty ``ids`` or a position outside it.
     """
     n = len(ids)
     pos = [p + n if p < 0 else p for p in positions]
     if not n or any(not 0 <= p < n for p in pos):
-        raise LensError(f"positions {list(positions)} outside a prompt of {n} tokens")
+        raise StageError("lens", f"positions {list(positions)} outside a prompt of {n} tokens")
     names = stack_names(handle.n_layers)
     keep = torch.tensor(pos)
     rows: dict[str, Tensor] = {}
@@ -190,10 +190,10 @@ def reply_lens(handle: Any, prompt: Sequence[int], replies: Sequence[Sequence[in
         With a mapping ``lens``, both map each name to its ``[n_replies, n_layers + 1]``.
 
     Raises:
-        LensError: an empty prompt or reply.
+        StageError: an empty prompt or reply.
     """
     if not prompt or not replies or any(not r for r in replies):
-        raise LensError("reply_lens needs a prompt and non-empty replies")
+        raise StageError("lens", "reply_lens needs a prompt and non-empty replies")
     ro = readout(handle.model)
     named = dict(lens) if isinstance(lens, Mapping) else {"": lens}
     per: dict[str, list[Tensor]] = {k: [] for k in named}
@@ -245,11 +245,12 @@ def token_lens(handle: Any, prompt: Sequence[int], target: int, *,
         distractor's id; the target's rank in the model's own logits (0: the model's top token).
 
     Raises:
-        LensError: an empty prompt, or a target outside the vocabulary.
+        StageError: an empty prompt, or a target outside the vocabulary.
     """
     ro = readout(handle.model)
     if not 0 <= target < ro.weight.shape[0]:
-        raise LensError(f"target token {target} outside the vocabulary of {ro.weight.shape[0]}")
+        raise StageError("lens",
+                         f"target token {target} outside the vocabulary of {ro.weight.shape[0]}")
     stack, logits = residual_stack(handle, list(prompt), [-1])
     final = logits[0].clone()
     rank = int((final > final[target]).sum())
@@ -281,12 +282,12 @@ def first_agreeing_layer(curve: Sequence[float], skip: int = 0) -> int:
     say) sets alone moves a lot between ``skip=0`` and ``skip=1``.
 
     Raises:
-        LensError: an empty curve or a negative ``skip``.
+        StageError: an empty curve or a negative ``skip``.
     """
     if not len(curve):
-        raise LensError("empty lens curve")
+        raise StageError("lens", "empty lens curve")
     if skip < 0:
-        raise LensError(f"skip must be >= 0, got {skip}")
+        raise StageError("lens", f"skip must be >= 0, got {skip}")
 
     def sign(x: float) -> float:
         return math.copysign(1.0, x) if x else 0.0
@@ -341,7 +342,7 @@ def direct_logit_attribution(handle: Any, prompt: Sequence[int], a: int, b: int,
         ``stack`` and ``rows`` also those.
 
     Raises:
-        LensError: an unsupported model or final norm (see :func:`readout`,
+        StageError: an unsupported model or final norm (see :func:`readout`,
             :meth:`Readout.fold`).
     """
     model = handle.model
@@ -384,8 +385,8 @@ class TunedLens(torch.nn.Module):
                   ) -> Float[Tensor, "layer ... d_model"]:
         """``T_L`` applied to ``stack[L]`` for every layer (the last one unchanged)."""
         if stack.shape[0] != self.n_layers + 1:
-            raise LensError(f"a stack of {stack.shape[0]} layers for a tuned lens of "
-                            f"{self.n_layers + 1}")
+            raise StageError("lens", f"a stack of {stack.shape[0]} layers for a tuned lens of "
+                                     f"{self.n_layers + 1}")
         head = stack[:-1].float()
         shape = head.shape
         flat = head.reshape(self.n_layers, -1, self.d_model)
@@ -403,13 +404,13 @@ class TunedLens(torch.nn.Module):
         """Read translators written by :meth:`save`.
 
         Raises:
-            LensError: a file without ``weight`` and ``bias`` of matching shapes.
+            StageError: a file without ``weight`` and ``bias`` of matching shapes.
         """
         from interp.core.io import load_tensors
 
         t = load_tensors(path)
         if set(t) != {"weight", "bias"} or t["weight"].shape[:1] != t["bias"].shape[:1]:
-            raise LensError(f"{path} is not a tuned lens (tensors {sorted(t)})")
+            raise StageError("lens", f"{path} is not a tuned lens (tensors {sorted(t)})")
         lens = cls(t["weight"].shape[0], t["weight"].shape[-1])
         with torch.no_grad():
             lens.weight.copy_(t["weight"])
@@ -468,16 +469,18 @@ def fit_tuned_lens(ro: Readout, stack: Float[Tensor, "layer n d_model"],
         The trained lens (its parameters frozen).
 
     Raises:
-        LensError: fewer positions than ``d_model / 8`` (the least-squares start is then
+        StageError: fewer positions than ``d_model / 8`` (the least-squares start is then
             underdetermined beyond what the ridge penalty fixes) or a bad setting.
     """
     n_layers = stack.shape[0] - 1
     d, n = stack.shape[-1], stack.shape[1]
     if n < max(8, d // 8):
-        raise LensError(f"{n} training positions for a residual width of {d}: need at least "
-                        f"{max(8, d // 8)} (raise the tuned lens's train_limit)")
+        raise StageError("lens",
+                         f"{n} training positions for a residual width of {d}: need at least "
+                         f"{max(8, d // 8)} (raise the tuned lens's train_limit)")
     if ridge < 0 or kl_steps < 0 or batch < 1 or lr <= 0:
-        raise LensError("tuned lens: ridge >= 0, kl_steps >= 0, batch >= 1 and lr > 0 needed")
+        raise StageError("lens",
+                         "tuned lens: ridge >= 0, kl_steps >= 0, batch >= 1 and lr > 0 needed")
     lens = TunedLens(n_layers, d)
     y = stack[-1].double()
     with torch.no_grad():

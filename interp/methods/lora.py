@@ -39,7 +39,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from interp.core.errors import TransferError
+from interp.core.errors import StageError
 from interp.core.io import atomic_path, read_json, save_tensors, write_json
 from interp.core.progress import tqdm
 from interp.judging.prompts import Template, render
@@ -198,7 +198,7 @@ def check_adapter_state(model: Any, path: Path) -> None:
         path: the adapter's safetensors file.
 
     Raises:
-        TransferError: one line naming the file and the missing, unexpected or unloaded keys.
+        StageError: one line naming the file and the missing, unexpected or unloaded keys.
     """
     from peft import get_peft_model_state_dict
     from safetensors.torch import load_file
@@ -214,8 +214,9 @@ def check_adapter_state(model: Any, path: Path) -> None:
     parts = [f"{what} {len(keys)} key(s): {few(keys)}" for what, keys in
              (("lacks", missing), ("has unexpected", extra), ("did not load", unloaded)) if keys]
     if parts:
-        raise TransferError(f"adapter file {path} {'; '.join(parts)}; it would leave the model "
-                            f"(partly) equal to its base: retrain it or fix its keys")
+        raise StageError("transfer",
+                         f"adapter file {path} {'; '.join(parts)}; it would leave the model "
+                         f"(partly) equal to its base: retrain it or fix its keys")
 
 
 def _load_checkpoint(ck: Path, model: Any, opt: Any) -> dict[str, Any]:
@@ -268,7 +269,7 @@ def check_in_memory(handle: ModelHandle, what: str) -> None:
     weight loaded.
 
     Raises:
-        TransferError: some weights are on the ``meta`` device (one line naming the device
+        StageError: some weights are on the ``meta`` device (one line naming the device
             map's offloaded modules and what to do).
     """
     meta = [n for n, p in handle.model.named_parameters() if p.device.type == "meta"]
@@ -277,10 +278,11 @@ def check_in_memory(handle: ModelHandle, what: str) -> None:
     dm = handle.info.get("device_map") or {}
     off = sorted({k for k, v in dm.items() if v in ("disk", "meta")}) or sorted(
         {n.rsplit(".", 2)[0] for n in meta})
-    raise TransferError(f"{what} needs every weight of {handle.spec} in memory, but its "
-                        f"device_map offloads {len(off)} modules ({', '.join(off[:3])}"
-                        f"{', ...' if len(off) > 3 else ''}): load it without disk offload "
-                        f"(device_map 'auto' with enough memory, or max_memory) for LoRA")
+    raise StageError("transfer",
+                     f"{what} needs every weight of {handle.spec} in memory, but its "
+                     f"device_map offloads {len(off)} modules ({', '.join(off[:3])}"
+                     f"{', ...' if len(off) > 3 else ''}): load it without disk offload "
+                     f"(device_map 'auto' with enough memory, or max_memory) for LoRA")
 
 
 def train_adapter(handle: ModelHandle, encoded: Sequence[Mapping[str, list[int]]],
@@ -312,7 +314,7 @@ def train_adapter(handle: ModelHandle, encoded: Sequence[Mapping[str, list[int]]
         that resumed it.
 
     Raises:
-        TransferError: an empty training set, or a model with offloaded weights
+        StageError: an empty training set, or a model with offloaded weights
             (:func:`check_in_memory`).
     """
     from peft import get_peft_model
@@ -322,7 +324,7 @@ def train_adapter(handle: ModelHandle, encoded: Sequence[Mapping[str, list[int]]
     if (out_dir / "interp_adapter.json").exists():
         return read_json(out_dir / "interp_adapter.json")
     if not encoded:
-        raise TransferError(f"adapter {name}: empty training set")
+        raise StageError("transfer", f"adapter {name}: empty training set")
     check_in_memory(handle, f"training the LoRA adapter {name}")
     torch.manual_seed(config.seed)
     model = get_peft_model(copy.deepcopy(handle.model), _lora_config(config))
@@ -423,7 +425,7 @@ def load_adapter(handle: ModelHandle, adapter_dir: str | Path, *, name: str | No
         ``spec`` is ``"<base spec>+<name>"``.
 
     Raises:
-        TransferError: the folder is not an adapter, it was trained on another base model
+        StageError: the folder is not an adapter, it was trained on another base model
             (the message shows both fingerprints), or its weight file's keys do not load
             exactly (:func:`check_adapter_state`), or the base model has offloaded weights
             (:func:`check_in_memory`).
@@ -434,14 +436,16 @@ def load_adapter(handle: ModelHandle, adapter_dir: str | Path, *, name: str | No
     adapter_dir = Path(adapter_dir)
     meta_path = adapter_dir / "interp_adapter.json"
     if not (adapter_dir / "adapter_config.json").exists() or not meta_path.exists():
-        raise TransferError(f"{adapter_dir} holds no trained adapter (adapter_config.json and "
-                            f"interp_adapter.json expected); train it with `interp transfer`")
+        raise StageError("transfer",
+                         f"{adapter_dir} holds no trained adapter (adapter_config.json and "
+                         f"interp_adapter.json expected); train it with `interp transfer`")
     meta = read_json(meta_path)
     want, have = meta.get("base", {}), model_fingerprint(handle)
     diff = {k: (want.get(k), have[k]) for k in have if want.get(k) != have[k]}
     if diff:
         lines = "; ".join(f"{k}: adapter {a!r} vs model {b!r}" for k, (a, b) in diff.items())
-        raise TransferError(f"adapter {adapter_dir} was trained on another base model ({lines})")
+        raise StageError("transfer",
+                         f"adapter {adapter_dir} was trained on another base model ({lines})")
     name = name or adapter_dir.name
     model = PeftModel.from_pretrained(copy.deepcopy(handle.model), str(adapter_dir)).eval()
     check_adapter_state(model, adapter_dir / "adapter_model.safetensors")

@@ -51,7 +51,7 @@ from typing import Any
 
 from interp.analysis.stats import passage_groups
 from interp.core.contract import flat_key
-from interp.core.errors import PairError, PatchingError
+from interp.core.errors import PairError, StageError
 from interp.core.vocab import PAIR_KINDS
 from interp.judging.cases import Case
 from interp.judging.prompts import RenderedPrompt, Template, render
@@ -314,11 +314,12 @@ def gen_eval_pair(tokenizer: Any, template: Template, rec: Mapping[str, Any],
         max_tokens: skip longer eval prompts (``too_long``).
 
     Raises:
-        PatchingError: an unknown direction.
+        StageError: an unknown direction.
         PairError: a prompt longer than ``max_tokens``.
     """
     if direction not in ("gen-to-eval", "eval-to-gen"):
-        raise PatchingError(f"direction must be gen-to-eval or eval-to-gen, not {direction!r}")
+        raise StageError("patching",
+                         f"direction must be gen-to-eval or eval-to-gen, not {direction!r}")
     gen, ev = _gen_and_eval(tokenizer, template, rec, max_tokens)
     clean, corrupt = (gen, ev) if direction == "gen-to-eval" else (ev, gen)
     pos_map = [-1] * (len(corrupt) - 1) + [len(clean) - 1]
@@ -390,10 +391,10 @@ def build_pairs(records: Sequence[Mapping[str, Any]], kind: str, template: Templ
         ``(pairs, skipped)`` where ``skipped`` lists ``{"id", "dataset", "reason", "message"}``.
 
     Raises:
-        PatchingError: an unknown pair kind (lists the valid ones).
+        StageError: an unknown pair kind (lists the valid ones).
     """
     if kind not in PAIR_KINDS:
-        raise PatchingError(f"unknown pair kind {kind!r}; valid: {list(PAIR_KINDS)}")
+        raise StageError("patching", f"unknown pair kind {kind!r}; valid: {list(PAIR_KINDS)}")
     if oracle is None:
         from interp.judging.grading import RuleOracle
 
@@ -450,7 +451,7 @@ def case_pair(c: Case, kind: str, *, wrong: str | None = None) -> PatchPair:
             patched as a unit).
 
     Raises:
-        PatchingError: an unknown kind, or a candidate swap without ``wrong``.
+        StageError: an unknown kind, or a candidate swap without ``wrong``.
         PairError: no gold answer, a wrong answer that is the gold, or a judge prompt missing
             (a case without the model's own answer for the last-position kinds).
     """
@@ -459,8 +460,8 @@ def case_pair(c: Case, kind: str, *, wrong: str | None = None) -> PatchPair:
         if not c.answers:
             raise PairError(f"record {rid}: no gold answer (unanswerable?)", "no_gold")
         if not wrong or not wrong.strip():
-            raise PatchingError("a candidate swap needs the wrong answer: case_pair(c, "
-                                "'candidate-swap', wrong='...')")
+            raise StageError("patching", "a candidate swap needs the wrong answer: case_pair(c, "
+                                         "'candidate-swap', wrong='...')")
         if _norm(wrong) in {_norm(g) for g in c.answers}:
             raise PairError(f"record {rid}: {wrong!r} is a gold answer", "no_incorrect_answer")
         clean, corrupt = c.judging(c.gold), c.judging(wrong)
@@ -470,8 +471,8 @@ def case_pair(c: Case, kind: str, *, wrong: str | None = None) -> PatchPair:
         pair.start = min(pair.patchable())
         return pair
     if kind not in ("gen-to-eval", "eval-to-gen"):
-        raise PatchingError(f"unknown pair kind {kind!r}; from a case: candidate-swap, "
-                            f"gen-to-eval, eval-to-gen")
+        raise StageError("patching", f"unknown pair kind {kind!r}; from a case: candidate-swap, "
+                                     f"gen-to-eval, eval-to-gen")
     if c.judge is None:
         raise PairError(f"record {rid}: the case has no judge prompt (no own answer): build it "
                         f"from a record of a finished run", "no_incorrect_answer")

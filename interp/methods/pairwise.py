@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from interp.core.errors import PairwiseError
+from interp.core.errors import StageError
 
 __all__ = ["MIN_SWAP_NATS", "ORDERS", "SOURCES", "JudgePair", "build_judge_pairs", "letter_replies",
            "measure_pair", "order_outcomes", "render_orders", "score_orders", "split_passages"]
@@ -131,10 +131,10 @@ def build_judge_pairs(records: Sequence[Mapping[str, Any]], passages: Sequence[s
         right one).
 
     Raises:
-        PairwiseError: an unknown source.
+        StageError: an unknown source.
     """
     if bad := [s for s in sources if s not in SOURCES]:
-        raise PairwiseError(f"unknown pair source {bad[0]!r}; use {list(SOURCES)}")
+        raise StageError("pairwise", f"unknown pair source {bad[0]!r}; use {list(SOURCES)}")
     pairs: list[JudgePair] = []
     skipped: list[dict[str, Any]] = []
     count: dict[str, int] = {}
@@ -170,7 +170,7 @@ def letter_replies(tokenizer: Any) -> Any:
 
     a, b = (tuple(reply_tokens(tokenizer, w)) for w in LETTERS)
     if a == b:
-        raise PairwiseError("the replies A and B tokenize alike; cannot score the choice")
+        raise StageError("pairwise", "the replies A and B tokenize alike; cannot score the choice")
     return VerdictReplies(a, b, {w: tokenizer.convert_ids_to_tokens(list(r))
                                  for w, r in zip(LETTERS, (a, b))})
 

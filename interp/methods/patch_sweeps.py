@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from interp.analysis.stats import correlations
-from interp.core.errors import PatchingError
+from interp.core.errors import StageError
 from interp.core.tokens import token_strings
 from interp.core.vocab import EXACT_MODES
 from interp.hooks.recorder import context_mass
@@ -154,12 +154,13 @@ def sweep(pt: Patcher, pair: PatchPair, units: Sequence[Unit], *, resid_hook: st
         measured) and ``info`` (``attr_wall_s``, ``exact_wall_s``, ``n_exact``).
 
     Raises:
-        PatchingError: an unknown ``exact`` mode or ``top_k < 1``.
+        StageError: an unknown ``exact`` mode or ``top_k < 1``.
     """
     if exact not in (*EXACT_MODES, "both"):
-        raise PatchingError(f"exact must be one of {[*EXACT_MODES, 'both']}, not {exact!r}")
+        raise StageError("patching",
+                         f"exact must be one of {[*EXACT_MODES, 'both']}, not {exact!r}")
     if top_k < 1:
-        raise PatchingError(f"top_k must be >= 1, got {top_k}")
+        raise StageError("patching", f"top_k must be >= 1, got {top_k}")
     est = np.full(len(units), np.nan)
     attr_wall = 0.0
     if exact in ("topk", "both") and units:

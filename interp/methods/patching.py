@@ -25,7 +25,7 @@ Algorithm (:class:`Patcher`):
    position there that maps to itself is a no-op (:func:`interp.methods.pairs.patchable_positions`).
 2. Refusal (docs/stages.md, patch): a patch request that would touch no activation (a position in
    the shared prefix, a position mapped to -1, a row with no position) raises
-   :class:`~interp.core.errors.PatchingError` naming the position, before any forward.
+   :class:`~interp.core.errors.StageError` naming the position, before any forward.
 3. Caching: one clean forward (on the ``donor`` model when there is one) stores the activations
    at the hook points a sweep needs and scores the clean prompt; the corrupt prompt is scored
    once, through the prefix cache of step 4 when there is one (so an unpatched row would read
@@ -64,7 +64,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from interp.core.errors import PatchingError
+from interp.core.errors import StageError
 from interp.core.vocab import MIN_GAP
 from interp.hooks.backends import (
     HFBackend,
@@ -104,11 +104,12 @@ def _parse(name: str, n_layers: int) -> tuple[int, str]:
 
     Raises:
         HookError: an unknown name or a layer out of range (lists the valid ones).
-        PatchingError: a known point that is not patchable here (lists the patchable ones).
+        StageError: a known point that is not patchable here (lists the patchable ones).
     """
     layer, point = parse_hook(name, n_layers)
     if point not in PATCH_POINTS:
-        raise PatchingError(f"{name!r} is not patchable; valid points: {list(PATCH_POINTS)}")
+        raise StageError("patching",
+                         f"{name!r} is not patchable; valid points: {list(PATCH_POINTS)}")
     return layer, point
 
 
@@ -153,8 +154,9 @@ def _as_ids(ids: TokenIds, name: str) -> Int[Tensor, " seq"]:
     if t.dim() == 2 and t.shape[0] == 1:
         t = t[0]
     if t.dim() != 1 or t.numel() == 0:
-        raise PatchingError(f"{name} must be one prompt's token ids [seq] or [1, seq], got shape "
-                            f"{tuple(t.shape)}")
+        raise StageError("patching",
+                         f"{name} must be one prompt's token ids [seq] or [1, seq], got shape "
+                         f"{tuple(t.shape)}")
     return t
 
 
@@ -260,7 +262,7 @@ class Patcher:
         start: first patchable position (:func:`patchable_positions`).
 
     Raises:
-        PatchingError: ids of the wrong shape, unequal lengths without ``pos_map``, a bad
+        StageError: ids of the wrong shape, unequal lengths without ``pos_map``, a bad
             ``pos_map``.
         BackendError: an unknown backend.
         PromptError: a tokenizer whose verdict replies cannot be separated.
@@ -277,14 +279,16 @@ class Patcher:
         n = len(self.corrupt_ids)
         if pos_map is None:
             if len(self.clean_ids) != n:
-                raise PatchingError(f"clean and corrupt prompts have {len(self.clean_ids)} and "
-                                    f"{n} tokens; pass pos_map to align them")
+                raise StageError("patching",
+                                 f"clean and corrupt prompts have {len(self.clean_ids)} and "
+                                 f"{n} tokens; pass pos_map to align them")
             pos_map = list(range(n))
         self.pos_map = torch.as_tensor(list(pos_map), dtype=torch.long)
         if len(self.pos_map) != n or int(self.pos_map.max()) >= len(self.clean_ids) \
                 or int(self.pos_map.min()) < -1:
-            raise PatchingError("pos_map must have one entry per corrupt position, each < the "
-                                "clean length or -1")
+            raise StageError("patching",
+                             "pos_map must have one entry per corrupt position, each < the "
+                             "clean length or -1")
         self.be = get_backend(handle, backend)
         same = donor is None or donor is handle
         self.donor_be = self.be if same else get_backend(donor, backend)
@@ -300,8 +304,9 @@ class Patcher:
         self.held = dict(held or {})
         for h, v in self.held.items():
             if v.shape[0] != n:
-                raise PatchingError(f"held {h}: {v.shape[0]} positions, the corrupt prompt has "
-                                    f"{n}")
+                raise StageError("patching",
+                                 f"held {h}: {v.shape[0]} positions, the corrupt prompt has "
+                                 f"{n}")
         self._clean_cache: dict[str, Tensor] = {}
         self._attribution: dict[tuple, dict[str, np.ndarray]] = {}
         self._prefix = None
@@ -386,23 +391,24 @@ class Patcher:
         if p.positions is None:
             pos[self.patchable()] = True
             if not pos.any():
-                raise PatchingError(f"{p.hook}: no position to patch (shared prefix 0.."
-                                    f"{self.shared - 1}, no other mapped position)")
+                raise StageError("patching", f"{p.hook}: no position to patch (shared prefix 0.."
+                                             f"{self.shared - 1}, no other mapped position)")
             return pos
         if not p.positions:
-            raise PatchingError(f"{p.hook}: an empty position list patches nothing")
+            raise StageError("patching", f"{p.hook}: an empty position list patches nothing")
         for q in p.positions:
             i = int(q) + n if int(q) < 0 else int(q)
             if not 0 <= i < n:
-                raise PatchingError(f"{p.hook}: position {q} outside the corrupt prompt "
-                                    f"(0..{n - 1}, or negative from the end)")
+                raise StageError("patching", f"{p.hook}: position {q} outside the corrupt prompt "
+                                             f"(0..{n - 1}, or negative from the end)")
             if i < self.shared and self.pos_map[i] == i:
-                raise PatchingError(f"{p.hook}: position {i} lies in the shared prefix "
-                                    f"0..{self.shared - 1}: its activations are identical in "
-                                    f"both runs, so patching it changes nothing")
+                raise StageError("patching",
+                                 f"{p.hook}: position {i} lies in the shared prefix "
+                                 f"0..{self.shared - 1}: its activations are identical in "
+                                 f"both runs, so patching it changes nothing")
             if self.pos_map[i] < 0:
-                raise PatchingError(f"{p.hook}: position {i} has no clean counterpart "
-                                    f"(pos_map -1): there is nothing to patch it with")
+                raise StageError("patching", f"{p.hook}: position {i} has no clean counterpart "
+                                             f"(pos_map -1): there is nothing to patch it with")
             pos[i] = True
         return pos
 
@@ -411,7 +417,7 @@ class Patcher:
         pos = self._positions(p)
         if point != "attn.hook_z":
             if p.heads is not None:
-                raise PatchingError(f"heads= only applies to attn.hook_z, not {p.hook!r}")
+                raise StageError("patching", f"heads= only applies to attn.hook_z, not {p.hook!r}")
             return pos
         h = torch.zeros(self.handle.n_heads, dtype=torch.bool)
         if p.heads is None:
@@ -419,8 +425,8 @@ class Patcher:
         else:
             bad = [x for x in p.heads if not 0 <= x < self.handle.n_heads]
             if bad or not p.heads:
-                raise PatchingError(f"heads {list(p.heads)} out of range or empty; valid: "
-                                    f"0..{self.handle.n_heads - 1}")
+                raise StageError("patching", f"heads {list(p.heads)} out of range or empty; valid: "
+                                             f"0..{self.handle.n_heads - 1}")
             h[list(p.heads)] = True
         return pos[:, None] & h[None, :]
 
@@ -429,8 +435,8 @@ class Patcher:
         out = []
         for k, r in enumerate(rows):
             if not r:
-                raise PatchingError(f"row {k} patches nothing (the corrupt run is "
-                                    f"PatchResult.corrupt)")
+                raise StageError("patching", f"row {k} patches nothing (the corrupt run is "
+                                             f"PatchResult.corrupt)")
             m: dict[str, Tensor] = {}
             for p in r:
                 mk = self._row_mask(p)
@@ -471,7 +477,7 @@ class Patcher:
             :class:`PatchResult` with the whole-reply scores of every row.
 
         Raises:
-            PatchingError: a row that touches no activation (module step 2), bad heads.
+            StageError: a row that touches no activation (module step 2), bad heads.
         """
         rows = [[r] if isinstance(r, Patch) else list(r) for r in rows]
         masks_all = self._masks(rows)   # refuses before any forward
@@ -525,10 +531,10 @@ class Patcher:
             scored are 0. Computed once per (layers, hook, positions) and kept.
 
         Raises:
-            PatchingError: another backend than ``hf``; positions that cannot be patched.
+            StageError: another backend than ``hf``; positions that cannot be patched.
         """
         if not isinstance(self.be, HFBackend):
-            raise PatchingError("attribution patching runs on the hf backend")
+            raise StageError("patching", "attribution patching runs on the hf backend")
         nl, n = self.handle.n_layers, len(self.corrupt_ids)
         layers = list(range(nl)) if layers is None else list(layers)
         key = (tuple(layers), resid_hook, None if positions is None else tuple(positions))
@@ -622,7 +628,7 @@ def patch(handle: ModelHandle, clean_ids: TokenIds, corrupt_ids: TokenIds, *, ho
 
     Raises:
         HookError: unknown hook or layer (lists valid ones).
-        PatchingError: a point that is not patchable, bad heads, or positions that touch no
+        StageError: a point that is not patchable, bad heads, or positions that touch no
             activation (named in the message).
         ModelSpecError: query heads not a multiple of key/value heads.
 
@@ -630,10 +636,11 @@ def patch(handle: ModelHandle, clean_ids: TokenIds, corrupt_ids: TokenIds, *, ho
     gets its training flags and hooks back afterwards, whatever raises.
     """
     if getattr(corrupt_ids, "task", None) == "gen" or getattr(clean_ids, "task", None) == "gen":
-        raise PatchingError("patch() scores the corrupt prompt with the judge's verdict "
-                            "replies; a generator prompt is not a judge prompt: patch a pair "
-                            "of the CLI's kinds with patch_pair(case_pair(case, 'gen-to-eval'"
-                            " or 'eval-to-gen'), ...)")
+        raise StageError("patching",
+                         "patch() scores the corrupt prompt with the judge's verdict "
+                         "replies; a generator prompt is not a judge prompt: patch a pair "
+                         "of the CLI's kinds with patch_pair(case_pair(case, 'gen-to-eval'"
+                         " or 'eval-to-gen'), ...)")
     clean_ids = getattr(clean_ids, "input_ids", clean_ids)
     corrupt_ids = getattr(corrupt_ids, "input_ids", corrupt_ids)
     _parse(hook, handle.n_layers)
@@ -674,7 +681,7 @@ def patch_pair(handle: Any, pair: Any, *, hook: str, unit: str | None = None,
         by ``sign(gap)``.
 
     Raises:
-        PatchingError: a unit the pair does not have (names the ones it has), or as
+        StageError: a unit the pair does not have (names the ones it has), or as
             :func:`patch`.
     """
     backend = backend or getattr(handle, "backend_name", "hf")
@@ -682,7 +689,8 @@ def patch_pair(handle: Any, pair: Any, *, hook: str, unit: str | None = None,
     if unit is not None:
         units = pair.span_units()
         if unit not in units:
-            raise PatchingError(f"the pair has no unit {unit!r}; its units: {sorted(units)}")
+            raise StageError("patching",
+                             f"the pair has no unit {unit!r}; its units: {sorted(units)}")
         positions = units[unit]
     return patch(handle, pair.clean.input_ids, pair.corrupt.input_ids, hook=hook,
                  positions=positions, heads=heads, backend=backend, pos_map=pair.pos_map,

@@ -72,7 +72,7 @@ from interp.analysis.stats import (
     roc_auc,
     strata_indices,
 )
-from interp.core.errors import ProbeError
+from interp.core.errors import StageError
 from interp.core.io import atomic_path, finite, read_json, write_json
 from interp.core.progress import tqdm
 from interp.core.vocab import PROBES
@@ -206,13 +206,14 @@ def fit_probe(X: Float[np.ndarray, "n d"], y: Bool[np.ndarray, " n"], kind: str 
         The :class:`FittedProbe`.
 
     Raises:
-        ProbeError: unknown kind or a single class in ``y``.
+        StageError: unknown kind or a single class in ``y``.
     """
     y = np.asarray(y, dtype=bool)
     if kind not in PROBES:
-        raise ProbeError(f"unknown probe {kind!r}; known: {list(PROBES)}")
+        raise StageError("probe", f"unknown probe {kind!r}; known: {list(PROBES)}")
     if y.all() or not y.any():
-        raise ProbeError(f"cannot fit a probe on one class (n={len(y)}, correct={int(y.sum())})")
+        raise StageError("probe",
+                         f"cannot fit a probe on one class (n={len(y)}, correct={int(y.sum())})")
     scaler = StandardScaler().fit(X)
     Z = scaler.transform(X)
     with warnings.catch_warnings():
@@ -528,7 +529,7 @@ def nested_selection(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"],
         select_by value} per outer fold, "n_distinct": distinct cells chosen, "inner_folds"}``.
 
     Raises:
-        ProbeError: an outer training part with too few passages of a class for the inner
+        StageError: an outer training part with too few passages of a class for the inner
             folds (:func:`interp.analysis.stats.make_folds`).
     """
     g = np.asarray(groups)
@@ -622,7 +623,7 @@ def permutation_null(feats: Mapping[str, Features], y: Bool[np.ndarray, " n"],
         yp = permute()
         try:
             fp = make_folds(yp, folds, seed + 1 + i, groups=groups)
-        except ProbeError:   # the permuted positives fell into fewer passages than folds
+        except StageError:   # the permuted positives fell into fewer passages than folds
             outcomes.append(None)
         else:
             rows = sweep(feats, yp, layers, fp, probes=[probe], fit_kw=fit_kw,

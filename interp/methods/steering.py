@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from jaxtyping import Float
 
-from interp.core.errors import SteeringError
+from interp.core.errors import StageError
 from interp.core.vocab import ALPHAS
 from interp.hooks.backends import extend_prompts, reply_extensions, reply_logprobs
 from interp.hooks.recorder import context_mass
@@ -55,11 +55,11 @@ def top_diff_k(spec: str) -> int:
     """The ``K`` of a ``top-diff:K`` head spec.
 
     Raises:
-        SteeringError: ``K`` is not a whole number >= 1.
+        StageError: ``K`` is not a whole number >= 1.
     """
     k = spec.strip().split(":", 1)[1]
     if not k.isdigit() or int(k) < 1:
-        raise SteeringError(f"heads {spec!r}: K of top-diff:K must be a whole number >= 1")
+        raise StageError("steering", f"heads {spec!r}: K of top-diff:K must be a whole number >= 1")
     return int(k)
 
 
@@ -79,7 +79,7 @@ def parse_heads(spec: str | Sequence[str], band: Sequence[int], n_heads: int, *,
         ``{layer: None}`` for every band layer, or ``{layer: [heads]}``.
 
     Raises:
-        SteeringError: an unparseable spec, a head out of range, or ``top-diff`` without a
+        StageError: an unparseable spec, a head out of range, or ``top-diff`` without a
             ranking (run ``interp attention`` first).
     """
     if not isinstance(spec, str):
@@ -90,16 +90,18 @@ def parse_heads(spec: str | Sequence[str], band: Sequence[int], n_heads: int, *,
     pairs: list[tuple[int, int]] = []
     if s.startswith("top-diff:"):
         if ranked is None:
-            raise SteeringError("heads 'top-diff:K' needs the attention summary's head ranking; "
-                                "run `interp attention` on the run first")
+            raise StageError("steering",
+                             "heads 'top-diff:K' needs the attention summary's head ranking; "
+                             "run `interp attention` on the run first")
         pairs = [(int(r["layer"]), int(r["head"])) for r in list(ranked)[:top_diff_k(spec)]]
     else:
         try:
             pairs = [(int(a), int(b)) for a, b in (x.split(".") for x in s.split(",") if x)]
         except ValueError as err:
-            raise SteeringError(f"heads {spec!r}: use 'all', 'top-diff:K' or 'L.H,L.H'") from err
+            raise StageError("steering",
+                             f"heads {spec!r}: use 'all', 'top-diff:K' or 'L.H,L.H'") from err
     if not pairs or any(not 0 <= h < n_heads for _, h in pairs):
-        raise SteeringError(f"heads {spec!r}: empty, or a head outside 0..{n_heads - 1}")
+        raise StageError("steering", f"heads {spec!r}: empty, or a head outside 0..{n_heads - 1}")
     out: dict[int, list[int] | None] = {}
     for layer, h in pairs:
         out.setdefault(layer, []).append(h)  # type: ignore[union-attr]
@@ -150,7 +152,7 @@ def steer_judge(handle: ModelHandle, ids: Sequence[int], context: tuple[int, int
         ``positions``).
 
     Raises:
-        SteeringError: an unknown backend, alphas not > 0, layers or heads out of range.
+        StageError: an unknown backend, alphas not > 0, layers or heads out of range.
     """
     replies = replies or verdict_replies(handle.tokenizer)
     if backend == "hf":
@@ -174,7 +176,8 @@ def steer_judge(handle: ModelHandle, ids: Sequence[int], context: tuple[int, int
         lp = reply_logprobs(logits, replies.ids, exts, len(alphas))
         mass = steered = np.full(len(alphas), np.nan)
     else:
-        raise SteeringError(f"steering runs on 'hf' or 'transformer_lens', not {backend!r}")
+        raise StageError("steering",
+                         f"steering runs on 'hf' or 'transformer_lens', not {backend!r}")
     lp = lp.double().cpu().numpy()
     ld = lp[:, 0] - lp[:, 1]
     return {"logprob_correct": lp[:, 0], "logprob_incorrect": lp[:, 1], "logit_diff": ld,

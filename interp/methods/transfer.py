@@ -74,7 +74,7 @@ from typing import Any, Protocol
 
 import torch
 
-from interp.core.errors import TransferError
+from interp.core.errors import StageError
 from interp.data import DataError, QAExample, load_examples
 from interp.hooks.guard import inference_guard
 from interp.judging.grading import BaseOracle, extract_answer, is_abstention, normalize_answer
@@ -323,7 +323,7 @@ def mine_hard_negatives(handle: ModelHandle, pool: Sequence[QAExample], oracle: 
         (``"closed_book"`` or ``"rotation"``), ``fallback`` (bool), ``donor_id`` (rotation).
 
     Raises:
-        TransferError: with ``rotation``, no usable negative at all for a record (all golds
+        StageError: with ``rotation``, no usable negative at all for a record (all golds
             in the pool equal).
     """
     if not isinstance(config, HardNegativeSettings):
@@ -368,10 +368,11 @@ def mine_hard_negatives(handle: ModelHandle, pool: Sequence[QAExample], oracle: 
     for k in pending if rotation else ():
         ans, donor = rotation_answer(k, pool, oracle, seed=config.seed)
         if ans is None:
-            raise TransferError(f"record {pool[k].id}: no hard negative (every closed-book "
-                                f"attempt was rejected, and every other pool record's gold "
-                                f"answer equals this record's or the oracle {oracle.name} "
-                                f"judges it correct here); use more training records")
+            raise StageError("transfer",
+                             f"record {pool[k].id}: no hard negative (every closed-book "
+                             f"attempt was rejected, and every other pool record's gold "
+                             f"answer equals this record's or the oracle {oracle.name} "
+                             f"judges it correct here); use more training records")
         rows[k].update(hard_negative=ans, source="rotation", fallback=True, donor_id=donor)
     return rows
 
@@ -427,7 +428,7 @@ def training_pool(config: TransferSettings, tokenizer: Any, template: Template, 
     """Step 1 of the module algorithm: train-split records that fit ``max_length``.
 
     Raises:
-        TransferError: a dataset has no train split (DROP in the bundled data) or no record
+        StageError: a dataset has no train split (DROP in the bundled data) or no record
             fits ``max_length``.
     """
     per_ds = math.ceil(config.max_train_examples / len(config.datasets))
@@ -437,9 +438,10 @@ def training_pool(config: TransferSettings, tokenizer: Any, template: Template, 
         try:
             examples = load_examples(ds, split="train", from_hub=config.from_hub)
         except DataError as err:
-            raise TransferError(f"the transfer study trains on the train split of {ds!r}, "
-                                f"which is not available: {err}. Use squad_v2, hotpotqa or "
-                                f"musique (bundled train splits) or a train file.") from err
+            raise StageError("transfer",
+                             f"the transfer study trains on the train split of {ds!r}, "
+                             f"which is not available: {err}. Use squad_v2, hotpotqa or "
+                             f"musique (bundled train splits) or a train file.") from err
         kept, too_long = [], 0
         for ex in examples:
             if len(kept) >= per_ds:
@@ -458,8 +460,8 @@ def training_pool(config: TransferSettings, tokenizer: Any, template: Template, 
                 continue
             kept.append(ex)
         if not kept:
-            raise TransferError(f"no train record of {ds!r} fits max_length="
-                                f"{config.max_length} tokens; raise max_length")
+            raise StageError("transfer", f"no train record of {ds!r} fits max_length="
+                                         f"{config.max_length} tokens; raise max_length")
         log(f"[pool] {ds}: {len(kept)} train records ({too_long} longer than "
             f"{config.max_length} tokens skipped)")
         pool += kept
@@ -518,7 +520,7 @@ def cross_model_patching(base: ModelHandle, adapter: ModelHandle,
     training flags and hooks back afterwards, whatever raises.
 
     Raises:
-        TransferError: a layer out of range (the message gives the valid range),
+        StageError: a layer out of range (the message gives the valid range),
             ``positions`` other than ``all`` / ``last``, the same model twice, or two
             models of different shapes (layers, width, heads, vocabulary; named in the
             message).
@@ -527,19 +529,20 @@ def cross_model_patching(base: ModelHandle, adapter: ModelHandle,
         Paper section 3.3 (patching across the base model and the LoRA adapters).
     """
     if adapter is base or adapter.model is base.model:
-        raise TransferError("cross-model patching needs two models; the adapter given is the "
-                            "base model itself (patching it into itself changes nothing)")
+        raise StageError("transfer",
+                         "cross-model patching needs two models; the adapter given is the "
+                         "base model itself (patching it into itself changes nothing)")
     n = base.n_layers
     layers = list(range(n)) if layers is None else [int(x) for x in layers]
     if bad := [L for L in layers if not 0 <= L < n]:
-        raise TransferError(f"patch layers {bad} out of range; valid layers: 0..{n - 1}")
+        raise StageError("transfer", f"patch layers {bad} out of range; valid layers: 0..{n - 1}")
     if positions not in ("all", "last"):
-        raise TransferError(f"positions must be 'all' or 'last', not {positions!r}")
+        raise StageError("transfer", f"positions must be 'all' or 'last', not {positions!r}")
     shape = {k: (getattr(base.model.config, k, None), getattr(adapter.model.config, k, None))
              for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")}
     if diff := {k: v for k, v in shape.items() if v[0] != v[1]}:
-        raise TransferError(f"cross-model patching needs two models of one shape; base vs "
-                            f"adapter differ in {diff}")
+        raise StageError("transfer", f"cross-model patching needs two models of one shape; base vs "
+                                     f"adapter differ in {diff}")
     with inference_guard(base, adapter):
         return _cross_model(base, adapter, prompts, positions, layers)
 
@@ -589,11 +592,11 @@ def holdout_split(n: int, hold: int) -> tuple[list[int], list[int]]:
     gives its share of the held-out records.
 
     Raises:
-        TransferError: ``hold`` not in ``1..n-1``.
+        StageError: ``hold`` not in ``1..n-1``.
     """
     if not 0 < hold < n:
-        raise TransferError(f"select_holdout = {hold} must be between 1 and the pool's "
-                            f"{n} records less one")
+        raise StageError("transfer", f"select_holdout = {hold} must be between 1 and the pool's "
+                                     f"{n} records less one")
     held = sorted({int((k + 0.5) * n / hold) for k in range(hold)})
     return [i for i in range(n) if i not in set(held)], held
 
@@ -641,11 +644,11 @@ def selection_score(adapter: str, own: Sequence[Mapping[str, Any]] = (),
         the rule's metrics (None if one is undefined).
 
     Raises:
-        TransferError: an unknown adapter name.
+        StageError: an unknown adapter name.
     """
     if adapter not in SELECTION_RULE:
-        raise TransferError(f"no selection rule for adapter {adapter!r}; one of "
-                            f"{sorted(SELECTION_RULE)}")
+        raise StageError("transfer", f"no selection rule for adapter {adapter!r}; one of "
+                                     f"{sorted(SELECTION_RULE)}")
     own = [r for r in own if r.get("status", "ok") == "ok"]
     judged = [r for r in judged if r.get("status", "ok") == "ok"]
     n = len(judged)

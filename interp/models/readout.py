@@ -20,7 +20,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.core.errors import LensError
+from interp.core.errors import StageError
 from interp.models.points import base_model
 
 __all__ = ["NORM_KINDS", "Readout", "attribution_names", "logit_attribution", "norm_kind",
@@ -43,15 +43,16 @@ def norm_kind(norm: Any) -> str:
         ``"rms"`` or ``"layer"``.
 
     Raises:
-        LensError: another norm (the lens would fold it wrongly).
+        StageError: another norm (the lens would fold it wrongly).
     """
     if isinstance(norm, torch.nn.LayerNorm):
         return "layer"
     if isinstance(norm, getattr(torch.nn, "RMSNorm", ())) or type(norm).__name__.endswith(
             "RMSNorm"):
         return "rms"
-    raise LensError(f"the final norm is a {type(norm).__name__}; the lens folds only RMSNorm "
-                    f"and LayerNorm final norms")
+    raise StageError("lens",
+                     f"the final norm is a {type(norm).__name__}; the lens folds only RMSNorm "
+                     f"and LayerNorm final norms")
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class Readout:
             ``(direction [d_model] float64, bias term float)``.
 
         Raises:
-            LensError: the module's own output on ``h`` is not the folded norm's (a norm of
+            StageError: the module's own output on ``h`` is not the folded norm's (a norm of
                 another kind behind a supported name, e.g. a gain stored as ``w - 1``).
         """
         gain = getattr(self.norm, "weight", None)
@@ -135,9 +136,10 @@ class Readout:
         folded = s * g * centre(h) + b
         tol = max(1e-3, 4 * torch.finfo(p.dtype).eps)  # the module computes in its dtype
         if not torch.allclose(own, folded, rtol=tol, atol=tol * float(own.abs().max()) + 1e-6):
-            raise LensError(f"the final norm {type(self.norm).__name__} does not compute a "
-                            f"{self.kind} norm (max difference "
-                            f"{float((own - folded).abs().max()):.3g}); the lens cannot fold it")
+            raise StageError("lens",
+                             f"the final norm {type(self.norm).__name__} does not compute a "
+                             f"{self.kind} norm (max difference "
+                             f"{float((own - folded).abs().max()):.3g}); the lens cannot fold it")
         return centre(s * g * du), float(b @ du)
 
 
@@ -145,7 +147,7 @@ def readout(model: Any) -> Readout:
     """The final norm and the unembedding ``model`` uses (a PEFT model is unwrapped).
 
     Raises:
-        LensError: the model has no ``model.norm`` or no output embedding, or its final norm is
+        StageError: the model has no ``model.norm`` or no output embedding, or its final norm is
             neither RMSNorm nor LayerNorm (:func:`norm_kind`).
     """
     base = base_model(model)
@@ -153,8 +155,9 @@ def readout(model: Any) -> Readout:
     norm = getattr(inner, "norm", None)
     out = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     if norm is None or out is None:
-        raise LensError(f"{type(base).__name__} has no final norm at model.norm or no output "
-                        f"embedding; the lens supports decoder-only *ForCausalLM models")
+        raise StageError("lens",
+                         f"{type(base).__name__} has no final norm at model.norm or no output "
+                         f"embedding; the lens supports decoder-only *ForCausalLM models")
     emb = base.get_input_embeddings()
     tied = emb is not None and out.weight.data_ptr() == emb.weight.data_ptr()
     return Readout(norm=norm, weight=out.weight, bias=getattr(out, "bias", None), tied=tied,
@@ -196,7 +199,7 @@ def logit_attribution(acts: Mapping[str, Tensor], model: Any, a: int, b: int, *,
         is the sum of every attribution.
 
     Raises:
-        LensError: an unsupported model or final norm (see :func:`readout`,
+        StageError: an unsupported model or final norm (see :func:`readout`,
             :meth:`Readout.fold`).
         KeyError: an activation of :func:`attribution_names` missing from ``acts``.
     """

@@ -23,10 +23,11 @@ Algorithm of :func:`run_config`:
    on that run directory with the same model; each stage's wall and CPU seconds are logged
    when it ends.
 3. With ``figures`` and ``publish = true``, and only when the whole study ran to its end in
-   this call (no ``--only``), copy every figure and each stage's ``SUMMARIES`` tables (plus
-   ``metrics.json`` as ``asymmetry_metrics.json``) into that folder (prefixed by the model slug
-   when there are several models): the committed ``figures/`` are replaced only by the command
-   that makes the committed study, complete. ``out/summary.json`` holds every model's metrics
+   this call (no ``--only``), copy every figure and each stage's published tables (the
+   ``summaries`` of its contract entry: ``metrics.json`` as ``asymmetry_metrics.json``, ...)
+   into that folder (prefixed by the model slug when there are several models): the
+   committed ``figures/`` are replaced only by the command that makes the committed study,
+   complete. ``out/summary.json`` holds every model's metrics
    and ``out/summary.txt`` every stage's summary table as text; the last lines printed say
    where the figures and the summary table are (and repeat the config's ``description``).
 4. With several models: one table and figures that put them side by side
@@ -61,7 +62,7 @@ from interp.core.names import did_you_mean, model_slug
 from interp.core.vocab import DEFAULT_MODEL
 from interp.judging.prompts import get_template
 from interp.launch import Shard, current_shard, heartbeat
-from interp.stages.configs import ASYMMETRY_KEY_FIELDS, AsymmetryConfig
+from interp.stages.configs.asymmetry import ASYMMETRY_KEY_FIELDS, AsymmetryConfig
 from interp.store.rundir import RunDir
 
 __all__ = ["STAGE_NAMES", "load_config", "model_slug", "out_dir", "plan", "publish_run_dir",
@@ -257,17 +258,16 @@ def plan(counts: Mapping[str, Mapping[str, int]], runs: Sequence[tuple[str, Any]
 
 
 def publish_run_dir(run_dir: Path, dest: Path, names: Sequence[str], prefix: str) -> None:
-    """Step 3 for one run directory: its figures and the ``SUMMARIES`` tables of ``names``.
+    """Step 3 for one run directory: its figures and the published tables of ``names``.
 
-    Only the files that exist are copied (a stage that has not run leaves nothing), each as
-    ``dest/{prefix}{name}``.
+    The tables are the contract's ``summaries`` (:attr:`interp.core.contract.StageSpec.
+    summaries`) of Study 1 and of each stage in ``names``. Only the files that exist are copied
+    (a stage that has not run leaves nothing), each as ``dest/{prefix}{name}``.
     """
     dest.mkdir(parents=True, exist_ok=True)
-    from interp.stages import STAGES, asymmetry
-
-    tables = dict(asymmetry.SUMMARIES)
+    tables = dict(contract.spec("asymmetry").summaries)
     for name in names:
-        tables.update(STAGES[name].SUMMARIES)
+        tables.update(contract.spec(name).summaries)
     files = [(p, p.name) for p in sorted((run_dir / "figures").glob("*.png"))]
     files += [(run_dir / src, name) for src, name in tables.items() if (run_dir / src).exists()]
     for src, name in files:

@@ -21,10 +21,9 @@ from typing import Any
 
 from interp.core.contract import SPECS
 
-__all__ = ["STAGES", "Stage", "asymmetry", "attention", "audit", "check_run_model",
-           "load_run_model", "patching", "probe", "reasoning", "record", "steering", "transfer"]
+__all__ = ["STAGES", "check_run_model", "load_run_model", *(s.name for s in SPECS)]
 
-_COMMON = ("Stage", "check_run_model", "load_run_model")
+_COMMON = ("check_run_model", "load_run_model")
 
 
 def __getattr__(name: str) -> Any:
@@ -35,6 +34,6 @@ def __getattr__(name: str) -> Any:
         return stages
     if name in _COMMON:
         return getattr(importlib.import_module("interp.stages.common"), name)
-    if name in {s.name for s in SPECS}:
-        return importlib.import_module(f"interp.stages.{name}")
+    if stage := next((s for s in SPECS if s.name == name), None):
+        return stage.load()
     raise AttributeError(f"module 'interp.stages' has no attribute {name!r}")

@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from interp.core.contract import spec
+from interp.core.contract import stage_of
 from interp.core.costs import CPU_S_PER_UNIT, SOURCE, format_cpu, wall_prior_s
 from interp.core.errors import ConfigError, Interrupted, RunDirError, ShardError
 from interp.core.inputs import new_run_dir
@@ -74,21 +74,18 @@ from interp.models.loading import (
     runtime_facts,
 )
 from interp.stages.common import check_run_model, stage_facts
-from interp.stages.configs import ASYMMETRY_KEY_FIELDS, AsymmetryConfig
+from interp.stages.configs.asymmetry import ASYMMETRY_KEY_FIELDS, AsymmetryConfig
 from interp.stages.run_metrics import write_metrics
 from interp.stages.stored import store_one_pass
 from interp.store.records import Record, limit_per_dataset, qa_key
 from interp.store.rundir import RunDir
 
-__all__ = ["KEY_FIELDS", "NAME", "SUMMARIES", "AsymmetryConfig", "check_inputs",
-           "format_oracle_agreement", "format_summary", "oracle_agreement", "run",
-           "judge_balanced", "stale_records", "store_one_pass", "write_metrics"]
+__all__ = ["KEY_FIELDS", "AsymmetryConfig", "check_inputs", "format_oracle_agreement",
+           "format_summary", "oracle_agreement", "run", "judge_balanced", "stale_records",
+           "store_one_pass", "write_metrics"]
 
-SPEC = spec("asymmetry")
+SPEC = stage_of(__name__)
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
-NAME = SPEC.name
-SUMMARIES = SPEC.summaries
-"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 KEY_FIELDS = ASYMMETRY_KEY_FIELDS
 """Config fields that must match to reuse a run directory (others may change freely)."""
 

@@ -39,7 +39,7 @@ from interp.analysis.span_mass import (
     summarize,
     top_heads,
 )
-from interp.core.contract import spec
+from interp.core.contract import stage_of
 from interp.core.io import (
     write_json,
     write_table,
@@ -47,7 +47,7 @@ from interp.core.io import (
 from interp.core.layers import parse_layers
 from interp.models.loading import ModelHandle
 from interp.plots import attention as attention_plots
-from interp.stages.configs import AttentionConfig
+from interp.stages.configs.attention import AttentionConfig
 from interp.stages.stored import (
     activations_path,
     load_masses,
@@ -60,19 +60,12 @@ from interp.stages.stored import read_attention_summary as read_summary
 from interp.stages.stored import record_attention as record
 from interp.store.rundir import RunDir
 
-__all__ = ["NAME", "SPEC", "SUMMARIES", "AttentionConfig", "Config", "activations_path",
-           "format_summary", "load_masses", "read_summary", "record", "rows_path",
-           "qa_record_signature", "recording_signature", "run", "save_recording",
-           "write_tables"]
+__all__ = ["SPEC", "AttentionConfig", "activations_path", "format_summary", "load_masses",
+           "read_summary", "record", "rows_path", "qa_record_signature", "recording_signature",
+           "run", "save_recording", "write_tables"]
 
-SPEC = spec("attention")
+SPEC = stage_of(__name__)
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
-NAME = SPEC.name
-SUMMARIES = SPEC.summaries
-"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
-
-
-Config = AttentionConfig
 
 
 def write_tables(run: RunDir, cfg: AttentionConfig | None = None, *,

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from interp.core.contract import spec
+from interp.core.contract import spec, stage_of
 from interp.core.errors import DataError
 from interp.core.io import atomic_write_text, read_jsonl, write_json, write_table
 from interp.core.layers import parse_layers
@@ -49,22 +49,17 @@ from interp.methods.cross_judge import GivenAnswer, judge_answers
 from interp.models.loading import ModelHandle, result_facts, runtime_facts
 from interp.plots.cross import plot_audit_roc
 from interp.stages.common import stage_facts
-from interp.stages.configs import AuditConfig
+from interp.stages.configs.audit import AuditConfig
 from interp.stages.run_metrics import write_metrics
 from interp.stages.stored import load_masses, record_attention, store_one_pass
 from interp.store import RunDir
 from interp.store.records import qa_key
 
-__all__ = ["NAME", "SPEC", "SUMMARIES", "AuditConfig", "Config", "format_summary",
-           "judged_run", "read_judged", "run", "write_audit"]
+__all__ = ["SPEC", "AuditConfig", "format_summary", "judged_run", "read_judged", "run",
+           "write_audit"]
 
-SPEC = spec("audit")
+SPEC = stage_of(__name__)
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
-NAME = SPEC.name
-SUMMARIES = SPEC.summaries
-
-
-Config = AuditConfig
 
 
 def run(run_dir: RunDir, handle: ModelHandle, cfg: AuditConfig | None = None, *,

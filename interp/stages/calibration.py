@@ -52,26 +52,20 @@ from interp.analysis.stats import (
     passage_groups,
     passage_note,
 )
-from interp.core.contract import spec
+from interp.core.contract import stage_of
 from interp.core.inputs import write_result
 from interp.core.io import is_fresh, read_json, signature, write_json, write_jsonl
 from interp.core.layers import parse_layers
 from interp.models.loading import ModelHandle
 from interp.stages.common import ok_records, stage_facts
-from interp.stages.configs import CalibrationConfig
+from interp.stages.configs.calibration import CalibrationConfig
 from interp.store.records import qa_key
 from interp.store.rundir import RunDir
 
-__all__ = ["NAME", "SIGNALS", "SUMMARIES", "CalibrationConfig", "Config", "format_summary",
-           "run", "summarise"]
+__all__ = ["SIGNALS", "CalibrationConfig", "format_summary", "run", "summarise"]
 
-SPEC = spec("calibration")
+SPEC = stage_of(__name__)
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
-NAME = SPEC.name
-SUMMARIES = SPEC.summaries
-"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
-Config = CalibrationConfig
-"""The stage's config class (the Stage protocol's name for it)."""
 
 SIGNALS = {
     "judge": "the fresh judge's whole-reply forced choice p_correct = sigmoid(log P(Correct) - "
@@ -113,14 +107,14 @@ def _records(run_dir: RunDir, handle: ModelHandle, cfg: CalibrationConfig, *, ov
     cfg.validate()
     patch_layers = parse_layers(cfg.patch_layers, handle.n_layers)
     parse_layers(cfg.probe_layers, handle.n_layers)
-    manifest, records = ok_records(run_dir, handle, cfg.limit, stage=NAME,
+    manifest, records = ok_records(run_dir, handle, cfg.limit, stage=SPEC.name,
                                    max_tokens=cfg.max_tokens)
     skipped = [r for r in records if not (r.get("generation") or "").strip()]
     if skipped:
         log(f"[calibration] {len(skipped)} records with an empty generation have no "
             f"self-check; left out")
     records = [r for r in records if (r.get("generation") or "").strip()]
-    facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
+    facts = stage_facts(run_dir, handle, SPEC.name, overwrite=overwrite)
     replies = verdict_replies(handle.tokenizer)
     tp = manifest.get("config", {}).get("templates_path")
     settings = {"patch": cfg.patch, "patch_layers": patch_layers if cfg.patch else None,
@@ -387,8 +381,8 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: CalibrationConfi
         The summary (also ``DIR/calibration/summary.json``).
 
     Raises:
-        CalibrationError: a bad setting.
-        ProbeError: too few passages of a class for the probe's folds.
+        StageError: a bad setting.
+        StageError: too few passages of a class for the probe's folds.
         RunDirError: the run has no manifest or records; another model than the run's; parts
             stored under other runtime facts and not ``overwrite``.
     """

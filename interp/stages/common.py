@@ -1,17 +1,18 @@
-"""What every stage that reads a finished run shares: the Stage protocol and the model reload.
+"""What every stage that reads a finished run shares: record selection, runtime facts, the model.
 
-A stage module (``interp.stages.attention``, ``interp.stages.probe``, ...) provides:
+A stage's facts (its name, command, config class, files, needs, parts) are its entry in
+:data:`interp.core.contract.SPECS`, and nowhere else; its module reads them as ``SPEC =
+stage_of(__name__)``. The module provides what :func:`interp.core.contract.check_module`
+checks:
 
-* ``NAME``: its config table name (``[attention]`` in an experiment TOML);
-* ``SUMMARIES``: run-dir tables that ``interp run`` copies next to the figures (source -> name);
-* ``Config``: a dataclass with ``from_mapping(table)`` that refuses unknown keys
-  (:func:`interp.core.options.config_from_table`);
 * ``run(run_dir, handle, cfg, *, overwrite=False, log=print) -> summary``: the study on a
   finished asymmetry run (resumable; fresh parts are reused, :func:`interp.core.io.is_fresh`);
   it first calls :func:`stage_facts`, which refuses to reuse work computed under other
   result-relevant runtime facts unless ``overwrite``, and puts those facts into every part's
   signature;
-* ``format_summary(summary) -> str``: the summary as text for the terminal.
+* ``format_summary(summary) -> str``: the summary as text for the terminal;
+* its config class (``cfg``), a :class:`interp.core.options.StageConfig` dataclass whose
+  ``from_mapping(table)`` refuses unknown keys.
 
 :func:`load_run_model` is the ONE way to load the model of a run: the manifest's model spec,
 device and dtype, and a check that the loaded weights are those the run was made with.
@@ -22,7 +23,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, Protocol
+from typing import Any
 
 from interp.core import contract
 from interp.core.capabilities import capabilities, is_served
@@ -34,7 +35,7 @@ from interp.stages.configs import check_against_shape
 from interp.store.records import limit_per_dataset
 from interp.store.rundir import RunDir
 
-__all__ = ["Stage", "check_against_shape", "check_run_model", "current_share", "fitting",
+__all__ = ["check_against_shape", "check_run_model", "current_share", "fitting",
            "load_run_model",
            "ok_records", "own_share", "refuse_reasoning_judge", "check_capabilities", "run_judge",
            "share_of_records", "stage_facts", "stored_negatives"]
@@ -107,21 +108,6 @@ def own_share(records: Sequence[Mapping[str, Any]], index: int, count: int) -> l
     turns = passage_turns(records, count)
     return [r for r, t in zip(records, turns, strict=True) if t == index]
 
-
-
-class Stage(Protocol):
-    """The interface of a stage module (module docstring); modules satisfy it structurally."""
-
-    NAME: str
-    SUMMARIES: Mapping[str, str]
-    Config: Any
-
-    def run(self, run: RunDir, handle: ModelHandle, cfg: Any, *, overwrite: bool = False,
-            log: Callable[[str], None] = print) -> dict[str, Any]:
-        """Run the study on ``run`` and return its summary (``overwrite``: :func:`stage_facts`)."""
-
-    def format_summary(self, summary: Mapping[str, Any]) -> str:
-        """The summary as text."""
 
 
 def check_run_model(run: RunDir, handle: ModelHandle,

@@ -55,29 +55,22 @@ from interp.analysis.stats import (
     passage_note,
     ratio_stat,
 )
-from interp.core.contract import spec
-from interp.core.errors import LensError
+from interp.core.contract import stage_of
+from interp.core.errors import StageError
 from interp.core.inputs import write_result
 from interp.core.io import is_fresh, read_json, signature, write_json
 from interp.core.layers import parse_layers
 from interp.models.loading import ModelHandle
 from interp.stages.common import fitting, ok_records, stage_facts
-from interp.stages.configs import LensConfig
+from interp.stages.configs.lens import LensConfig
 from interp.store.rundir import RunDir
 
-__all__ = ["NAME", "SUMMARIES", "Config", "LensConfig", "format_summary", "run", "summarise"]
+__all__ = ["LensConfig", "format_summary", "run", "summarise"]
 
-SPEC = spec("lens")
+SPEC = stage_of(__name__)
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
-NAME = SPEC.name
-SUMMARIES = SPEC.summaries
-"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 LENSES = ("logit", "tuned")
 TASKS = ("judge", "judge_first", "gen")
-
-
-Config = LensConfig
-"""The stage's config class (the Stage protocol's name for it)."""
 
 
 def _train_settings(cfg: LensConfig) -> dict[str, Any]:
@@ -109,14 +102,16 @@ def _training_positions(handle: ModelHandle, cfg: LensConfig, log: Callable[[str
                 jobs.append((render(handle.tokenizer, tpl, task, answer=answer, **kw).input_ids,
                              f"{ds}:{passage_key(e)}"))
     if not jobs:
-        raise LensError(f"no bundled train split among {cfg.train_datasets}: the tuned lens "
-                        f"needs one (squad_v2, hotpotqa or musique), or set tuned = false")
-    jobs, long = fitting(handle, jobs, lambda job: len(job[0]), stage=NAME,
+        raise StageError("lens",
+                         f"no bundled train split among {cfg.train_datasets}: the tuned lens "
+                         f"needs one (squad_v2, hotpotqa or musique), or set tuned = false")
+    jobs, long = fitting(handle, jobs, lambda job: len(job[0]), stage=SPEC.name,
                          what="tuned-lens training prompt", log=log)
     if not jobs:
-        raise LensError(f"no tuned-lens training prompt fits the model's {handle.max_positions} "
-                        f"positions (first: {long[0][1]}): train on datasets with shorter "
-                        f"passages (train_datasets) or set tuned = false")
+        raise StageError("lens",
+                         f"no tuned-lens training prompt fits the model's {handle.max_positions} "
+                         f"positions (first: {long[0][1]}): train on datasets with shorter "
+                         f"passages (train_datasets) or set tuned = false")
     out, groups = [], []
     half = cfg.train_positions // 2
     for ids, g in tqdm(jobs, desc="tuned lens: positions", unit="prompt",
@@ -158,8 +153,8 @@ def _tuned_lens(run_dir: RunDir, handle: ModelHandle, cfg: LensConfig, facts: Ma
     tr = [p for p, g in zip(parts, groups) if g not in held]
     te = [p for p, g in zip(parts, groups) if g in held]
     if not tr or not te:
-        raise LensError(f"{len(uniq)} training passages cannot be split {cfg.heldout:.2f} "
-                        f"held out; raise train_limit")
+        raise StageError("lens", f"{len(uniq)} training passages cannot be split {cfg.heldout:.2f} "
+                                 f"held out; raise train_limit")
     cat = [(torch.cat([s for s, _ in ps], 1), torch.cat([lg for _, lg in ps])) for ps in (tr, te)]
     ro = readout(handle.model)
     with tqdm(total=cfg.kl_steps, desc="tuned lens: KL steps", unit="step",
@@ -235,9 +230,9 @@ def _records(run_dir: RunDir, handle: ModelHandle, cfg: LensConfig, *, overwrite
 
     cfg.validate()
     parse_layers(cfg.band, handle.n_layers)
-    manifest, records = ok_records(run_dir, handle, cfg.limit, stage=NAME,
+    manifest, records = ok_records(run_dir, handle, cfg.limit, stage=SPEC.name,
                                    max_tokens=cfg.max_tokens)
-    facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
+    facts = stage_facts(run_dir, handle, SPEC.name, overwrite=overwrite)
     # the tuned lens is trained (or loaded) only when a record needs it: parts made with it
     # carry its signature, so a run whose parts are all fresh needs neither its weights nor
     # its training (only its report, tuned_lens.json)
@@ -387,7 +382,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: LensConfig, *,
         The summary (also ``DIR/lens/summary.json``).
 
     Raises:
-        LensError: a bad setting, or no bundled train split for the tuned lens.
+        StageError: a bad setting, or no bundled train split for the tuned lens.
         RunDirError: the run has no manifest or records; another model than the run's; parts
             stored under other runtime facts and not ``overwrite``.
     """

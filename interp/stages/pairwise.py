@@ -46,25 +46,19 @@ from interp.analysis.stats import (
     passage_note,
     ratio_stat,
 )
-from interp.core.contract import spec
+from interp.core.contract import stage_of
 from interp.core.inputs import write_result
 from interp.core.io import is_fresh, read_json, signature, write_json, write_jsonl
 from interp.core.layers import parse_layers
 from interp.models.loading import ModelHandle
 from interp.stages.common import fitting, ok_records, stage_facts, stored_negatives
-from interp.stages.configs import PairwiseConfig
+from interp.stages.configs.pairwise import PairwiseConfig
 from interp.store.rundir import RunDir
 
-__all__ = ["NAME", "SUMMARIES", "Config", "PairwiseConfig", "format_summary", "run",
-           "summarise"]
+__all__ = ["PairwiseConfig", "format_summary", "run", "summarise"]
 
-SPEC = spec("pairwise")
+SPEC = stage_of(__name__)
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
-NAME = SPEC.name
-SUMMARIES = SPEC.summaries
-"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
-Config = PairwiseConfig
-"""The stage's config class (the Stage protocol's name for it)."""
 
 ONE_LETTER_SHARE = 0.95
 """The share of pairs answered with the same letter in both orders from which the summary,
@@ -94,7 +88,7 @@ def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwri
 
     cfg.validate()
     band = parse_layers(cfg.band, handle.n_layers)
-    _, records = ok_records(run_dir, handle, None, stage=NAME, max_tokens=cfg.max_tokens)
+    _, records = ok_records(run_dir, handle, None, stage=SPEC.name, max_tokens=cfg.max_tokens)
     template = get_pairwise_template(cfg.template, cfg.templates_path)
     pairs, skipped = build_judge_pairs(records, passage_groups(records),
                                        _negatives(run_dir, records), sources=cfg.sources,
@@ -104,12 +98,12 @@ def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwri
     replies = letter_replies(handle.tokenizer)
     pairs, long = fitting(
         handle, pairs, lambda p: max(len(o) for o in render_orders(handle.tokenizer, template, p)),
-        stage=NAME, what="pairwise prompt", new_tokens=max(map(len, replies.ids)),
+        stage=SPEC.name, what="pairwise prompt", new_tokens=max(map(len, replies.ids)),
         new="for the letter reply", log=log)
     skipped += [{"dataset": p.dataset, "id": p.record_id, "source": p.source,
                  "reason": "too_long", "detail": why} for p, why in long]
     if not pairs:   # refused before anything is written: a finished run's files stay
-        from interp.core.errors import PairwiseError
+        from interp.core.errors import StageError
 
         why = {r["reason"] for r in skipped}
         hint = ("none of its records has a hard negative: `interp patch --pairs "
@@ -119,8 +113,8 @@ def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwri
         if long:
             hint = (f"no pair's prompt fits the model's {handle.max_positions} positions "
                     f"(first: {long[0][1]}): choose shorter records (--max-tokens)")
-        raise PairwiseError(f"no pair builds from {run_dir.path}: {hint}; skipped "
-                            f"{len(skipped)} ({', '.join(sorted(why)) or 'no record'})")
+        raise StageError("pairwise", f"no pair builds from {run_dir.path}: {hint}; skipped "
+                                     f"{len(skipped)} ({', '.join(sorted(why)) or 'no record'})")
     root = run_dir.sub(SPEC.folder)
     write_jsonl(root / "pairs.jsonl",
                 [{"dataset": p.dataset, "id": p.record_id, "source": p.source,
@@ -128,7 +122,7 @@ def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwri
                  for p in pairs] + [{**s, "built": False} for s in skipped])
     log(f"[pairwise] {len(pairs)} pairs over {len({p.passage for p in pairs})} passages "
         f"({len(skipped)} skipped)")
-    facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
+    facts = stage_facts(run_dir, handle, SPEC.name, overwrite=overwrite)
     parts, made = [], 0
     with tqdm(total=len(pairs), desc="pairwise", unit="pair", disable=not cfg.progress) as bar:
         for pair in pairs:
@@ -371,7 +365,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PairwiseConfig, 
         The summary (also ``DIR/pairwise/summary.json``).
 
     Raises:
-        PairwiseError: a bad setting, or no pair builds.
+        StageError: a bad setting, or no pair builds.
         PromptError: an unknown pairwise template.
         RunDirError: the run has no manifest or records; another model than the run's; parts
             stored under other runtime facts and not ``overwrite``.

@@ -38,7 +38,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from interp.core.contract import spec
+from interp.core.contract import stage_of
 from interp.core.inputs import write_result
 from interp.core.io import is_fresh, read_json, read_jsonl, signature, write_json, write_jsonl
 from interp.core.layers import parse_layers
@@ -50,22 +50,14 @@ from interp.methods.patch_sweeps import agreement, head_units, resid_units, swee
 from interp.methods.patching import Patcher
 from interp.models.loading import ModelHandle
 from interp.stages.common import ok_records, stage_facts
-from interp.stages.configs import PatchingConfig
+from interp.stages.configs.patching import PatchingConfig
 from interp.stages.patching_summary import format_summary, summarise
 from interp.store.rundir import RunDir
 
-__all__ = ["NAME", "SUMMARIES", "Config", "Miner", "PatchingConfig", "format_summary",
-           "gap_signature", "run", "run_pair"]
+__all__ = ["Miner", "PatchingConfig", "format_summary", "gap_signature", "run", "run_pair"]
 
-SPEC = spec("patching")
+SPEC = stage_of(__name__)
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
-NAME = SPEC.name
-SUMMARIES = SPEC.summaries
-"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
-
-
-Config = PatchingConfig
-"""The stage's config class (the Stage protocol's name for it)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,7 +378,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, 
         ``DIR/patching/summary.json``).
 
     Raises:
-        PatchingError: bad config values (unknown kinds).
+        StageError: bad config values (unknown kinds).
         LayerSpecError: layers or band out of range.
         RunDirError: the run has no manifest or no records, or parts computed under other
             runtime facts and not ``overwrite``.
@@ -395,8 +387,8 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: PatchingConfig, 
     cfg.validate()
     layers = cfg.layer_list(handle.n_layers)
     band = parse_layers(cfg.band, handle.n_layers)
-    manifest, records = ok_records(run_dir, handle, None, stage=NAME)
-    facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
+    manifest, records = ok_records(run_dir, handle, None, stage=SPEC.name)
+    facts = stage_facts(run_dir, handle, SPEC.name, overwrite=overwrite)
     mcfg = manifest.get("config", {})
     template = get_template(mcfg.get("template", "default"), mcfg.get("templates_path"))
     root = run_dir.sub(SPEC.folder)

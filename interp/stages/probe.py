@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from interp.analysis.stats import fit_note, make_folds, passage_groups
-from interp.core.contract import spec
-from interp.core.errors import ProbeError
+from interp.core.contract import stage_of
+from interp.core.errors import StageError
 from interp.core.io import is_fresh, read_json, signature, write_json
 from interp.core.layers import parse_layers
 from interp.judging.residual_features import (
@@ -60,7 +60,7 @@ from interp.methods.probing import (
 from interp.models.loading import ModelHandle
 from interp.plots.probes import plot_probes
 from interp.stages.common import check_run_model, refuse_reasoning_judge, stage_facts
-from interp.stages.configs import ProbeConfig
+from interp.stages.configs.probe import ProbeConfig
 from interp.stages.stored import (
     FEATURES_VERSION,
     cached_features,
@@ -70,17 +70,11 @@ from interp.stages.stored import (
 from interp.store.records import Record, limit_per_dataset, qa_key
 from interp.store.rundir import RunDir
 
-__all__ = ["NAME", "SPEC", "SUMMARIES", "Config", "ProbeConfig", "cached_features",
-           "features_path", "format_summary", "load_probe_records", "run", "store_features"]
+__all__ = ["SPEC", "ProbeConfig", "cached_features", "features_path", "format_summary",
+           "load_probe_records", "run", "store_features"]
 
-SPEC = spec("probe")
+SPEC = stage_of(__name__)
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
-NAME = SPEC.name
-SUMMARIES = SPEC.summaries
-"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
-
-
-Config = ProbeConfig
 
 
 def _key(rec: Record | Mapping[str, Any]) -> str:
@@ -92,24 +86,25 @@ def load_probe_records(run: RunDir, handle: ModelHandle | None = None) -> list[R
 
     Raises:
         interp.core.errors.RunDirError: no records.jsonl (names ``interp asymmetry``).
-        ProbeError: no ok records, duplicate record keys, records without an oracle label, or
+        StageError: no ok records, duplicate record keys, records without an oracle label, or
             records made by another model than ``handle``.
     """
     records = run.read_records(status="ok")
     if not records:
-        raise ProbeError(f"{run.path} has no ok records: run `interp asymmetry --out {run.path}`"
+        raise StageError("probe",
+                         f"{run.path} has no ok records: run `interp asymmetry --out {run.path}`"
                          f" first")
     keys = [_key(r) for r in records]
     if len(set(keys)) != len(keys):
         dup = sorted({k for k in keys if keys.count(k) > 1})[:5]
-        raise ProbeError(f"{run.path}/records.jsonl repeats records {dup}")
+        raise StageError("probe", f"{run.path}/records.jsonl repeats records {dup}")
     if missing := [_key(r) for r in records if r.get("oracle_label") is None][:5]:
-        raise ProbeError(f"records without oracle_label (y*): {missing}")
+        raise StageError("probe", f"records without oracle_label (y*): {missing}")
     if handle is not None:
         models = sorted({r.get("model") for r in records})
         if models != [handle.spec]:
-            raise ProbeError(f"the records were made by {models}, the loaded model is "
-                             f"{handle.spec!r}: probe with the model that made them")
+            raise StageError("probe", f"the records were made by {models}, the loaded model is "
+                                      f"{handle.spec!r}: probe with the model that made them")
     return records
 
 
@@ -279,19 +274,19 @@ def run(run_dir: RunDir, handle: ModelHandle, cfg: ProbeConfig | None = None, *,
             model than the run's, records that do not match their prompts, features computed
             under other runtime facts and not ``overwrite``.
         interp.core.errors.LayerSpecError: layers outside the model.
-        ProbeError: too few examples of a class for the folds (with counts), records made by
+        StageError: too few examples of a class for the folds (with counts), records made by
             another model.
     """
     cfg = cfg or ProbeConfig()
     manifest = run_dir.manifest()
     check_run_model(run_dir, handle, manifest)
-    refuse_reasoning_judge(run_dir, manifest, NAME)
+    refuse_reasoning_judge(run_dir, manifest, SPEC.name)
     records = limit_per_dataset(load_probe_records(run_dir, handle), cfg.limit)
     layers = parse_layers(cfg.layers, handle.n_layers, default="all")
     y = np.array([bool(r["oracle_label"]) for r in records])
     groups = np.array(passage_groups(records))
     folds = make_folds(y, cfg.folds, cfg.seed, groups=groups)
-    facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
+    facts = stage_facts(run_dir, handle, SPEC.name, overwrite=overwrite)
     data = _Data(records, layers, y, np.array([r["dataset"] for r in records]), groups, folds,
                  judge_metrics(records, folds), facts)
     results = _header(cfg, handle, data)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from safetensors import safe_open
 
-from interp.core.contract import spec
+from interp.core.contract import stage_of
 from interp.core.errors import ConfigError
 from interp.core.io import atomic_write_text, finite, save_tensors, signature, write_json
 from interp.core.layers import parse_layers
@@ -43,21 +43,15 @@ from interp.methods.asymmetry import judge_records
 from interp.methods.reasoning_compare import format_side_by_side, side_by_side
 from interp.models.loading import ModelHandle
 from interp.stages.common import ok_records
-from interp.stages.configs import ReasoningConfig
+from interp.stages.configs.reasoning import ReasoningConfig
 from interp.stages.stored import load_masses
 from interp.store import RunDir
 from interp.store.records import qa_key as record_key
 
-__all__ = ["NAME", "SPEC", "SUMMARIES", "Config", "ReasoningConfig", "format_summary", "run"]
+__all__ = ["SPEC", "ReasoningConfig", "format_summary", "run"]
 
-SPEC = spec("reasoning")
+SPEC = stage_of(__name__)
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
-NAME = SPEC.name
-SUMMARIES = SPEC.summaries
-"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
-
-
-Config = ReasoningConfig
 
 
 def _mass_path(rd: RunDir, rec: Mapping[str, Any]) -> Any:

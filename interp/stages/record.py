@@ -52,7 +52,7 @@ from safetensors.torch import load_file
 
 from interp.analysis.span_mass import TASKS, query_span_names, span_names, span_to_span
 from interp.analysis.span_mass import summarize_span_to_span as _summarize
-from interp.core.contract import spec
+from interp.core.contract import stage_of
 from interp.core.errors import ConfigError, RunDirError
 from interp.core.io import read_json, save_tensors, signature, write_json, write_table
 from interp.core.layers import parse_layers
@@ -63,27 +63,21 @@ from interp.judging.prompts import RenderedPrompt, record_prompts
 from interp.models.loading import ModelHandle
 from interp.plots.record import plot_span_to_span
 from interp.stages.common import ok_records
-from interp.stages.configs import POSITIONS, RecordConfig
+from interp.stages.configs.record import POSITIONS, RecordConfig
 from interp.store.recordings import RECORDINGS_DIR, recording_index_path
 from interp.store.records import Record, limit_per_dataset
 from interp.store.rundir import RunDir
 from interp.store.shards import TensorStreamWriter, plan_shards
 
-__all__ = ["NAME", "SUMMARIES", "Config", "RecordConfig", "format_summary", "query_positions",
-           "record", "record_prompt", "run", "write_tables"]
+__all__ = ["RecordConfig", "format_summary", "query_positions", "record", "record_prompt", "run",
+           "write_tables"]
 
-SPEC = spec("record")
+SPEC = stage_of(__name__)
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
-NAME = SPEC.name
-SUMMARIES = SPEC.summaries
-"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 RECORD_VERSION = "1"
 """Part of every record's signature: bump it when what a recording holds changes."""
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 S2S_FILE = "span_to_span.safetensors"
-
-
-Config = RecordConfig
 
 
 def query_positions(labels: Sequence[str], mode: str) -> list[int]:
@@ -282,7 +276,7 @@ def record(run: RunDir, handle: ModelHandle, cfg: RecordConfig | None = None, *,
         interp.core.errors.LayerSpecError: ``layers`` or ``band`` outside the model.
     """
     cfg = cfg or RecordConfig()
-    manifest, records = ok_records(run, handle, cfg.limit, stage=NAME)
+    manifest, records = ok_records(run, handle, cfg.limit, stage=SPEC.name)
     layers = parse_layers(cfg.layers, handle.n_layers)
     parse_layers(cfg.band, handle.n_layers)  # a bad band fails before the slow work
     tpath = manifest.get("config", {}).get("templates_path")
@@ -426,7 +420,7 @@ def run(run_dir: RunDir, handle: ModelHandle, cfg: RecordConfig | None = None, *
         run_dir: asymmetry run directory.
         handle: the run's model (:func:`interp.stages.load_run_model`).
         cfg: settings.
-        overwrite: accepted for the Stage protocol (``interp run --overwrite``); a recorded
+        overwrite: accepted as every stage's ``run`` is (``interp run --overwrite``); a recorded
             part is redone whenever its signature differs, so there is nothing to refuse.
         log: progress lines.
 

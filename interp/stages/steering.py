@@ -46,32 +46,22 @@ from interp.analysis.stats import (
     passage_groups,
     passage_note,
 )
-from interp.core.contract import spec
-from interp.core.errors import SteeringError
+from interp.core.contract import stage_of
+from interp.core.errors import StageError
 from interp.core.inputs import write_result
 from interp.core.io import is_fresh, read_json, signature, write_json, write_table
 from interp.core.layers import parse_layers
 from interp.methods.steering import parse_heads, steer_generator, steer_judge
 from interp.models.loading import ModelHandle
 from interp.stages.common import ok_records, stage_facts
-from interp.stages.configs import TASKS, SteeringConfig
+from interp.stages.configs import TASKS
+from interp.stages.configs.steering import SteeringConfig
 from interp.store.rundir import RunDir
 
-__all__ = ["NAME", "SUMMARIES", "Config", "SteeringConfig", "format_summary", "make_parts",
-           "run", "summarise"]
+__all__ = ["SteeringConfig", "format_summary", "make_parts", "run", "summarise"]
 
-SPEC = spec("steering")
+SPEC = stage_of(__name__)
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
-NAME = SPEC.name
-SUMMARIES = SPEC.summaries
-"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
-"""What ``keys`` may name: the context span, and the non-context control
-(:func:`interp.hooks.steering.control_keys`: as many non-context keys, the first and last
-positions excluded)."""
-
-
-Config = SteeringConfig
-"""The stage's config class (the Stage protocol's name for it)."""
 
 
 def _units(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig
@@ -86,7 +76,8 @@ def _units(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig
                            layers=band)["diff"]
     units = parse_heads(cfg.heads, band, handle.n_heads, ranked=ranked)
     if bad := [x for x in units if not 0 <= x < handle.n_layers]:
-        raise SteeringError(f"heads on layers {bad}: valid layers 0..{handle.n_layers - 1}")
+        raise StageError("steering",
+                         f"heads on layers {bad}: valid layers 0..{handle.n_layers - 1}")
     return band, units
 
 
@@ -282,9 +273,9 @@ def _steer_records(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig, *,
     from interp.judging.prompts import rerender
 
     cfg.validate()
-    manifest, records = ok_records(run_dir, handle, cfg.limit, stage=NAME,
+    manifest, records = ok_records(run_dir, handle, cfg.limit, stage=SPEC.name,
                                    per_label=cfg.per_label, max_tokens=cfg.max_tokens)
-    facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
+    facts = stage_facts(run_dir, handle, SPEC.name, overwrite=overwrite)
     band, units = _units(run_dir, handle, cfg)
     mcfg = manifest.get("config", {})
     oracle = make_oracle(cfg.oracle or mcfg.get("oracle") or "rule", device=str(handle.device),
@@ -349,7 +340,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
         The summary (also ``DIR/steering/summary.json``).
 
     Raises:
-        SteeringError: bad alphas, tasks, band or heads.
+        StageError: bad alphas, tasks, band or heads.
         RunDirError: the run has no manifest or records; another model than the run's;
             parts stored under other runtime facts and not ``overwrite``; ``top-diff`` without
             an attention summary; a record whose prompts no longer render as stored.

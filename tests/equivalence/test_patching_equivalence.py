@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from interp.core.errors import PatchingError
+from interp.core.errors import StageError
 from interp.methods.pairs import align_positions
 from interp.methods.patching import Patch, Patcher
 from interp.methods.transfer import cross_model_patching
@@ -62,10 +62,10 @@ def test_a_patch_that_touches_nothing_is_refused(multi_on_disk, multi_prompts, b
     assert prefix > 4
     pt = Patcher(multi_on_disk, clean.input_ids, corrupt.input_ids, pos_map=pm,
                  backend=backend)
-    with pytest.raises(PatchingError, match="position 1 lies in the shared prefix"):
+    with pytest.raises(StageError, match="position 1 lies in the shared prefix"):
         pt.run([Patch("blocks.0.hook_resid_post", (1,))])
     unmapped = pm.index(-1)
-    with pytest.raises(PatchingError, match=f"position {unmapped} has no clean counterpart"):
+    with pytest.raises(StageError, match=f"position {unmapped} has no clean counterpart"):
         pt.run([Patch("blocks.1.attn.hook_z", (unmapped,), (2,))])
     assert pt.clean_lp is None  # refused before any forward
 
@@ -141,7 +141,7 @@ def test_cross_model_patching_ground_truths(tiny, perturbed, patch_prompts):
     # a model patched with a copy of itself does not change; with itself it is refused
     import copy
 
-    from interp.core.errors import TransferError
+    from interp.core.errors import StageError
     from interp.models.loading import ModelHandle
 
     twin = ModelHandle(model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer, spec="twin",
@@ -149,7 +149,7 @@ def test_cross_model_patching_ground_truths(tiny, perturbed, patch_prompts):
     same = cross_model_patching(tiny, twin, [p], positions="all")
     np.testing.assert_allclose(same["patched_a_to_b"][0], same["ld_base"][0], atol=1e-5)
     assert same["fraction_a_to_b"] is None
-    with pytest.raises(TransferError, match="the base model itself"):
+    with pytest.raises(StageError, match="the base model itself"):
         cross_model_patching(tiny, tiny, [p])
     # batched rows equal one-layer-at-a-time runs
     both = cross_model_patching(tiny, perturbed, [p], positions="last", layers=[0, 1])

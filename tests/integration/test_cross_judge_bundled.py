@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from interp.core.errors import ProbeError
+from interp.core.errors import StageError
 from interp.core.io import write_jsonl
 from interp.methods.cross_judge import format_matrix, judge_matrix
 from interp.plots.cross import plot_cross_probe, plot_judge_matrix
@@ -92,7 +92,7 @@ def test_cross_model_probes_next_to_both_verbal_judges(grid):
     for judge, source in ((SMOL, QWEN), (QWEN, SMOL)):
         try:
             probe_stage.run(RunDir(dirs[(judge, source)]), handles[judge], cfg, log=_quiet)
-        except ProbeError as err:  # the source's answers are (nearly) all of one class
+        except StageError as err:  # the source's answers are (nearly) all of one class
             pytest.skip(f"{source}'s {N} answers cannot be split into 2 grouped folds: {err}")
         e = cross_probe(dirs[(judge, source)], dirs[(source, source)])
         src = RunDir(dirs[(source, source)]).read_records()

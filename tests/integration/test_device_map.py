@@ -89,16 +89,16 @@ def test_placement_options_are_checked_before_loading(tmp_path):
 
 def test_lora_on_an_offloaded_model_is_refused_in_one_line(offloaded, tmp_path):
     """Offloaded blocks live on the meta device: peft cannot wrap them, nor train them."""
-    from interp.core.errors import TransferError
+    from interp.core.errors import StageError
     from interp.methods.lora import load_adapter, train_adapter
     from interp.stages.transfer import TransferConfig
 
     ids = offloaded.tokenizer.encode("Paris is the capital of France.")
-    with pytest.raises(TransferError, match=r"^training the LoRA adapter x needs every weight "
+    with pytest.raises(StageError, match=r"^training the LoRA adapter x needs every weight "
                                             r"of smollm2-135m-instruct in memory, but its "
                                             r"device_map offloads 10 modules"):
         train_adapter(offloaded, [{"input_ids": ids, "labels": ids}], TransferConfig(),
                       tmp_path / "adapters/x", name="x", log=lambda s: None)
-    with pytest.raises(TransferError, match="^loading a LoRA adapter needs every weight"):
+    with pytest.raises(StageError, match="^loading a LoRA adapter needs every weight"):
         load_adapter(offloaded, tmp_path / "adapters/x")
     assert not (tmp_path / "adapters").exists() and not (tmp_path / "checkpoints").exists()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from interp.analysis.stats import passage_groups
-from interp.core.errors import ProbeError
+from interp.core.errors import StageError
 from interp.judging.prompts import rerender
 from interp.stages.probe import ProbeConfig
 from interp.stages.probe import run as run_probes
@@ -40,7 +40,7 @@ def test_bundled_quick_run(bundled, quick_run, tmp_path):
     g = np.array(passage_groups(recs))          # the folds count passages, not records
     n_c, n_i = len(set(g[y].tolist())), len(set(g[~y].tolist()))
     if min(n_c, n_i) < 2:
-        with pytest.raises(ProbeError, match=f"y\\*=Correct {n_c}, y\\*=Incorrect {n_i}"):
+        with pytest.raises(StageError, match=f"y\\*=Correct {n_c}, y\\*=Incorrect {n_i}"):
             run_probes(run, bundled, cfg, log=lambda s: None)
     else:
         res = run_probes(run, bundled, cfg, log=lambda s: None)

@@ -25,7 +25,7 @@ import torch
 from transformers import LlamaForCausalLM
 from transformers.generation.utils import GenerationMixin
 
-from interp.core.errors import ProbeError
+from interp.core.errors import StageError
 from interp.judging import prefill
 from interp.models.loading import PAPER_MODEL
 from interp.run.pipeline import load_config, run_config, swap_sources
@@ -65,7 +65,7 @@ def _first_balanced_seed(root: Path, data: dict[str, str], log) -> tuple[Path, d
         counts.append((seed, sum(y), len(y) - sum(y)))
         try:
             make_folds(y, paper["probe"]["folds"], 0, groups=passage_groups(records))
-        except ProbeError:
+        except StageError:
             continue
         return ckpt, cfg
     pytest.fail(f"no stand-in seed in {SEEDS} labels >= 5 passages per class "

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from interp.analysis.span_mass import SPANS, span_mass, summarize, top_heads
-from interp.core.errors import AttentionError, ConfigError, LayerSpecError
+from interp.core.errors import ConfigError, LayerSpecError, StageError
 from interp.hooks.recorder import record_rows
 from interp.judging.prompts import get_template, render
 from interp.stages import attention as stage
@@ -35,7 +35,7 @@ def test_span_mass_sums_to_one_and_matches_positions(tiny):
     g = _prompt(tiny.tokenizer, "gen")
     mg = span_mass(record_rows(tiny, g.input_ids).rows, g.labels)
     assert mg[..., SPANS.index("candidate")].abs().max() == 0
-    with pytest.raises(AttentionError, match="labels"):
+    with pytest.raises(StageError, match="labels"):
         span_mass(rows, p.labels[:-1])
 
 
@@ -59,9 +59,9 @@ def test_activations_are_consistent(tiny):
     hk.remove()
     torch.testing.assert_close(a["result_last"][1].sum(0), out["o"][0, -1], atol=1e-5,
                                rtol=1e-4)
-    with pytest.raises(AttentionError, match="hf"):
+    with pytest.raises(StageError, match="hf"):
         record_rows(tiny, p.input_ids, backend="eager", act_layers=[0])
-    with pytest.raises(AttentionError, match="unknown backend 'tlens'"):
+    with pytest.raises(StageError, match="unknown backend 'tlens'"):
         record_rows(tiny, p.input_ids, backend="tlens")
 
 
@@ -125,14 +125,14 @@ def test_summary_against_manual_means():
     hc = mass["gen"][..., 0].mean(0)
     assert heads["gen"][0]["gen"] == pytest.approx(hc.max(), rel=1e-5)
     assert len(heads["diff"]) == 3
-    with pytest.raises(AttentionError, match="dataset"):
+    with pytest.raises(StageError, match="dataset"):
         top_heads(s, dataset="nope")
 
 
 def test_config_refuses_unknown_keys_and_backends():
     with pytest.raises(ConfigError, match=r"\[attention\]: unknown config keys"):
         stage.AttentionConfig.from_mapping({"layer": "last8"})
-    with pytest.raises(AttentionError, match="unknown backend 'tlens'; use one of"):
+    with pytest.raises(StageError, match="unknown backend 'tlens'; use one of"):
         stage.AttentionConfig.from_mapping({"backend": "tlens"})
 
 

@@ -182,7 +182,7 @@ def test_verdict_direction_is_the_first_tokens_unembedding_difference(tiny):
 
 
 def test_the_stage_writes_cards_tables_and_figures_and_resumes(tmp_path):
-    from interp.core.errors import CalibrationError
+    from interp.core.errors import StageError
     from interp.stages import calibration as stage
     from interp.testing import synthetic_probe_run, tiny_llama, tiny_tokenizer
 
@@ -220,5 +220,5 @@ def test_the_stage_writes_cards_tables_and_figures_and_resumes(tmp_path):
     s2 = stage.run(run, handle, cfg, log=logs.append)
     assert {p: p.stat().st_mtime_ns for p in parts} == before
     assert s2["all"]["cards"] == g["cards"]
-    with pytest.raises(CalibrationError, match="n_bins"):
+    with pytest.raises(StageError, match="n_bins"):
         stage.CalibrationConfig.from_mapping({"n_bins": 1})

@@ -27,8 +27,8 @@ def test_every_stage_has_the_same_run_signature():
         params = inspect.signature(s.load().run).parameters
         assert list(params)[:5] == ["run_dir", "handle", "cfg", "overwrite", "log"], s.name
         assert params["overwrite"].kind is inspect.Parameter.KEYWORD_ONLY
-        assert s.load().NAME == s.name and s.load().SPEC is s
-        assert s.config_class is getattr(s.load(), "Config", s.config_class)
+        assert s.load().SPEC is s  # the module reads its facts from its entry
+        assert s.config_class is getattr(s.load(), s.config)
 
 
 def test_the_specs_are_the_stage_list():
@@ -94,14 +94,14 @@ def test_kept_work_counts_every_declared_part(tmp_path):
                 tmp_path, **{**coords, "dataset": "d"})
             f.parent.mkdir(parents=True, exist_ok=True)
             f.write_text('{"id": "1"}\n{"id": "2"}\n')
-    said = kept_work([tmp_path])
+    said = kept_work([tmp_path])  # a stage appended to the contract adds its parts after these
     assert said.startswith("2 records, 1 attention recordings, 1 saved activations, 1 probe "
                            "feature caches, 1 trained adapters, 1 learning-rate selection "
-                           "files, 1 transfer evaluations")
-    assert said.endswith(f"1 steering parts, 1 lens parts, 1 tuned lens translators, 1 "
-                         f"calibration parts, 1 pairwise parts, 1 recorded prompts, 2 "
-                         f"reasoning judgments, 1 reasoning span masses in "
-                         f"{tmp_path}")
+                           "files, 1 transfer evaluations, 1 patching parts, 1 steering parts, "
+                           "1 lens parts, 1 tuned lens translators, 1 calibration parts, 1 "
+                           "pairwise parts, 1 recorded prompts, 2 reasoning judgments, 1 "
+                           "reasoning span masses")
+    assert said.endswith(f" in {tmp_path}")
 
 
 def _steer_run(tmp_path):
@@ -183,3 +183,107 @@ def test_the_wrote_line_names_only_the_files_the_stage_wrote(tmp_path):
     line = lens.written(tmp_path)
     # no tuned lens was trained (--no-tuned): its report is not claimed
     assert line == f"wrote {tmp_path / 'lens/summary.json'}, {tmp_path / 'figures/lens_*.png'}"
+
+
+def _module_files(module: str) -> list[Path]:
+    path = ROOT / module.replace(".", "/")
+    return [path / "__init__.py", *sorted(path.glob("[!_]*.py"))] if path.is_dir() else [
+        path.with_suffix(".py")]
+
+
+def test_a_stage_states_its_facts_in_its_contract_entry_only():
+    from interp.core import errors
+    from interp.core.options import StageConfig
+
+    for s in SPECS:
+        for f in _module_files(s.module) + _module_files(s.config_module):
+            for node in ast.parse(f.read_text()).body:
+                if not isinstance(node, ast.Assign):
+                    continue
+                names = [ast.unparse(t) for t in node.targets]
+                value = ast.unparse(node.value)
+                assert not value.startswith(("spec(", "SPEC.")), (f, names, value)
+                assert "Config" not in names and "NAME" not in names, (f, names)
+                if names == ["SPEC"]:
+                    assert value == "stage_of(__name__)", (f, value)
+        assert s.load().SPEC is s
+        cls = s.config_class
+        assert issubclass(cls, StageConfig) and cls.stage() == s.name
+        assert "from_mapping" not in vars(cls), cls  # the one implementation: StageConfig's
+        assert not hasattr(errors, f"{s.name.capitalize()}Error"), s.name
+    commands = [s.command for s in SPECS]
+    assert sorted(c for c in cli.ORDER if c in commands) == sorted(commands)
+    assert len(set(cli.ORDER)) == len(cli.ORDER)
+
+
+def test_a_new_stage_takes_every_place_from_its_entry(monkeypatch, tmp_path):
+    """A hypothetical stage ``demo``, appended to the contract, takes its place everywhere.
+
+    Its entry alone names its module, config, command and place in ``interp --help``, its
+    table's errors, needs and kept parts.
+    """
+    from dataclasses import dataclass
+
+    from interp.core.options import StageConfig, option
+
+    demo = contract.StageSpec(
+        name="demo", help="A demo stage.", folder="demo", needs=(contract.Need(
+            "asymmetry", "records.jsonl"),),
+        parts=(contract.Part("demo/parts/{dataset}__{id}.json", "demo parts", "record",
+                             "JSON key 'signature'", naming="flat"),),
+        tables=("demo/summary.json",), summaries={"demo/summary.json": "demo_summary.json"})
+    assert (demo.command, demo.module, demo.config, demo.config_module) == (
+        "demo", "interp.stages.demo", "DemoConfig", "interp.stages.configs.demo")
+    specs = (*SPECS, demo)
+    monkeypatch.setattr(contract, "SPECS", specs)
+    monkeypatch.setattr(cli, "SPECS", specs)
+
+    @dataclass
+    class DemoConfig(StageConfig):
+        limit: int | None = option(None, kind="count")
+        band: str = option("last8", kind="layers")
+
+    DemoConfig.__module__ = "interp.stages.configs.demo"
+    assert DemoConfig.from_mapping({"limit": 2}).limit == 2
+    with pytest.raises(ConfigError, match=r"^\[demo\]: unknown config keys \['limt'\] "
+                                          r"\(did you mean 'limit'\?\)"):
+        DemoConfig.from_mapping({"limt": 2})
+    with pytest.raises(ConfigError, match=r"^--limit \(\[demo\] limit\) must be a whole"):
+        DemoConfig.from_mapping({"limit": 0})
+    order = cli._order()
+    assert order.index("reasoning") < order.index("demo") < order.index("transfer")
+    assert [c for c in order if c != "demo"] == list(cli.ORDER)
+    assert spec("demo") is demo and contract.stage_names()[-2:] == ["reasoning", "demo"]
+    run = _steer_run(tmp_path)
+    (run / "records.jsonl").unlink()
+    with pytest.raises(RunDirError, match=r"^\[demo\] needs .*records.jsonl, which the "
+                                          r"asymmetry stage writes"):
+        check_needs(run, [("demo", DemoConfig())])
+    part = demo.parts[0].path(run, "squad_v2", "a")
+    part.parent.mkdir(parents=True)
+    part.write_text("{}")
+    assert kept_work([run]) == f"1 demo parts in {run}"
+
+
+def test_one_stage_error_carries_the_stage_name_across_processes():
+    import pickle
+
+    from interp.core.errors import InterpError, PairError, StageError
+
+    err = StageError("steering", "alphas must include 1 (the unsteered reference)")
+    assert isinstance(err, InterpError) and err.stage == "steering"
+    assert str(err) == "alphas must include 1 (the unsteered reference)"
+    back = pickle.loads(pickle.dumps(err))
+    assert (type(back), back.stage, str(back)) == (StageError, "steering", str(err))
+    moved = err.reworded(f"[steering] {err}")
+    assert (moved.stage, str(moved)) == ("steering", f"[steering] {err}")
+    pair = pickle.loads(pickle.dumps(PairError("record 1: no gold answer", "no_gold")))
+    assert (pair.stage, pair.reason, str(pair)) == ("patching", "no_gold",
+                                                    "record 1: no gold answer")
+    assert pair.reworded("x").reason == "no_gold"
+    with pytest.raises(StageError, match=r"^alphas must include 1") as got:
+        spec("steering").config_class.from_mapping({"alphas": [0.5]})
+    assert got.value.stage == "steering"
+    with pytest.raises(StageError, match=r"^\[transfer\]: unknown config keys") as got:
+        spec("transfer").config_class.from_mapping({"lrr": 1})
+    assert got.value.stage == "transfer"

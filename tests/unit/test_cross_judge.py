@@ -243,7 +243,8 @@ def test_steering_record_and_audit_stages_run_on_a_cross_judged_run(grid, tmp_pa
               "audit": {"band": "all", "folds": 2, "n_boot": 20}}
     for name, table in tables.items():
         stage = STAGES[name]
-        summary = stage.run(RunDir(d), handle, stage.Config.from_mapping(table), log=_quiet)
+        cfg = stage.SPEC.config_class.from_mapping(table)
+        summary = stage.run(RunDir(d), handle, cfg, log=_quiet)
         assert stage.format_summary(summary)
     assert (d / "steering" / "summary.json").exists() and (d / "record").is_dir()
     assert read_json(d / "audit" / "summary.json")["n"] == N

@@ -23,8 +23,7 @@ from interp.core.errors import (
     InterpError,
     LayerSpecError,
     ModelSpecError,
-    ProbeError,
-    TransferError,
+    StageError,
 )
 from interp.hooks.backends import get_backend
 from interp.hooks.capture import hooked
@@ -144,9 +143,9 @@ BAD_INPUT = [
     ("patcher: bad head", lambda h, d, c, k: Patcher(h, c.input_ids, k.input_ids).run(
         [Patch("blocks.1.attn.hook_z", None, (4,))]), InterpError, r"heads \[4\] out of range"),
     ("cross-model: bad layer", lambda h, d, c, k: cross_model_patching(
-        h, d, [k.input_ids], layers=[0, 2]), TransferError, r"\[2\] out of range.*0..1"),
+        h, d, [k.input_ids], layers=[0, 2]), StageError, r"\[2\] out of range.*0..1"),
     ("residual_stream: bad mask", lambda h, d, c, k: residual_stream(
-        h, torch.tensor([k.input_ids]), torch.ones(1, 3)), ProbeError, "the same shape"),
+        h, torch.tensor([k.input_ids]), torch.ones(1, 3)), StageError, "the same shape"),
 ]
 
 MID_FORWARD = [

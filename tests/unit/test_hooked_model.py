@@ -206,7 +206,7 @@ def test_case_prompts_and_span_mass(on_disk, tiny_tokenizer):
 
 def test_patching_from_python_keeps_the_gap_rule(on_disk, tiny_tokenizer):
     """patch_pair on case_pair gives the CLI's pairs; the gap rule and orientation hold."""
-    from interp.core.errors import PatchingError
+    from interp.core.errors import StageError
     from interp.methods.pairs import case_pair
     from interp.methods.patching import PatchResult, patch, patch_pair
 
@@ -221,11 +221,11 @@ def test_patching_from_python_keeps_the_gap_rule(on_disk, tiny_tokenizer):
     assert full.patched[0] == pytest.approx(full.clean, abs=1e-4)
     ruled = patch_pair(model, pair, hook="blocks.0.hook_resid_pre", unit="all", min_gap=1e9)
     assert not ruled.measurable and np.isnan(ruled.effect[0]) and "min_gap" in ruled.note
-    with pytest.raises(PatchingError, match="no unit 'question'.*its units"):
+    with pytest.raises(StageError, match="no unit 'question'.*its units"):
         patch_pair(model, pair, hook="blocks.0.hook_resid_pre", unit="question")
-    with pytest.raises(PatchingError, match="generator prompt is not a judge prompt"):
+    with pytest.raises(StageError, match="generator prompt is not a judge prompt"):
         patch(on_disk, c.gen, pair.corrupt, hook="blocks.0.hook_resid_post")
-    with pytest.raises(PatchingError, match="needs the wrong answer"):
+    with pytest.raises(StageError, match="needs the wrong answer"):
         case_pair(c, "candidate-swap")
     # orientation: a pair whose clean score is below its corrupt one reads 1 when restored
     lo = PatchResult(clean=-2.0, corrupt=1.0, patched=np.array([-2.0, 1.0, -0.5]),

@@ -12,11 +12,11 @@ import torch
 from typer.testing import CliRunner
 
 from interp import cli
+from interp.core.contract import spec
 from interp.core.errors import ConfigError, DataError, InterpError, ModelSpecError
 from interp.core.inputs import check_device, check_dtype
 from interp.data import load_examples
 from interp.models.loading import load_model
-from interp.stages import STAGES
 
 
 def _line(i, qid):
@@ -85,22 +85,22 @@ def test_cli_asymmetry_refuses_dtype_and_device_in_one_line(tmp_path, args):
 def test_numeric_lists_are_refused_by_one_helper(alphas):
     with pytest.raises(ConfigError, match=r"^--alphas \(\[steering\] alphas\) must be a list "
                                           r"of numbers, not "):
-        STAGES["steering"].Config.from_mapping({"alphas": alphas})
+        spec("steering").config_class.from_mapping({"alphas": alphas})
 
 
 def test_numeric_fields_of_every_stage_are_checked():
-    assert STAGES["steering"].Config.from_mapping({"alphas": ["0.5", "1"]}).alphas == [0.5, 1.0]
+    assert spec("steering").config_class.from_mapping({"alphas": ["0.5", "1"]}).alphas == [0.5, 1.0]
     # a float field holds floats (summaries key results by str(alpha): "1.0", never "1")
-    alphas = STAGES["steering"].Config.from_mapping({"alphas": [1, 2]}).alphas
+    alphas = spec("steering").config_class.from_mapping({"alphas": [1, 2]}).alphas
     assert alphas == [1.0, 2.0] and all(type(a) is float for a in alphas)
     with pytest.raises(InterpError, match=r"--lr \(\[transfer\] lr\) must be a number"):
-        STAGES["transfer"].Config.from_mapping({"lr": "fast"})
+        spec("transfer").config_class.from_mapping({"lr": "fast"})
     with pytest.raises(InterpError, match=r"--min-gap \(\[patching\] min_gap\) must be a number"):
-        STAGES["patching"].Config.from_mapping({"min_gap": [1]})
+        spec("patching").config_class.from_mapping({"min_gap": [1]})
     with pytest.raises(InterpError, match=r"\[transfer\] lora_layers\) must be a list of whole"):
-        STAGES["transfer"].Config.from_mapping({"lora_layers": [1, 2.5]})
+        spec("transfer").config_class.from_mapping({"lora_layers": [1, 2.5]})
     with pytest.raises(InterpError, match=r"\[probe\] C\) must be a number"):
-        STAGES["probe"].Config.from_mapping({"C": "1"})
+        spec("probe").config_class.from_mapping({"C": "1"})
 
 
 def test_cli_steer_alphas_abc_is_one_line(tmp_path):
@@ -156,7 +156,7 @@ def test_asymmetry_into_another_models_run_is_refused_before_loading(tmp_path):
 
 
 def test_run_config_checks_every_stage_against_the_model_before_any_stage_runs(tiny, tmp_path):
-    from interp.core.errors import LayerSpecError, SteeringError
+    from interp.core.errors import LayerSpecError, StageError
     from interp.run.pipeline import run_config
 
     model_dir = tmp_path / "tiny-model"
@@ -170,7 +170,7 @@ def test_run_config_checks_every_stage_against_the_model_before_any_stage_runs(t
                                              r"last 80"):
         run_config({**base, "attention": {"band": "last80"}}, log=lambda s: None)
     assert not (tmp_path / "runs").exists()  # no run dir left behind, the harness never ran
-    with pytest.raises(SteeringError, match=r"^\[steering\] for .*tiny-model: heads '0.9'"):
+    with pytest.raises(StageError, match=r"^\[steering\] for .*tiny-model: heads '0.9'"):
         run_config({**base, "steering": {"heads": "0.9", "band": "all"}}, log=lambda s: None)
     assert not (tmp_path / "runs").exists()
 
@@ -216,14 +216,14 @@ def test_a_grid_folder_names_its_runs(tmp_path):
 
 def test_messages_name_the_cli_option():
     from interp.analysis.stats import make_folds
-    from interp.core.errors import ProbeError
+    from interp.core.errors import StageError
 
     with pytest.raises(DataError, match=r"--from-hub; config key from_hub = true"):
         load_examples("drop", split="train")
-    with pytest.raises(ProbeError, match=r"\(each needs >= 2, and 2 is the fewest folds\); add "
+    with pytest.raises(StageError, match=r"\(each needs >= 2, and 2 is the fewest folds\); add "
                                          r"records"):
         make_folds([True, False, False], 2, 0)
-    with pytest.raises(ProbeError, match=r"use fewer --folds \(2 is the fewest\) or add"):
+    with pytest.raises(StageError, match=r"use fewer --folds \(2 is the fewest\) or add"):
         make_folds([True, True, False, False], 3, 0)
     res = CliRunner().invoke(cli.app, ["transfer", "--help"])
     assert "a [transfer] table" in " ".join(res.output.replace("│", " ").split())

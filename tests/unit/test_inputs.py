@@ -44,10 +44,11 @@ def test_counts_must_be_whole_numbers_of_at_least_one(value):
 def test_every_stage_config_refuses_limit_zero():
     for name, stage in STAGES.items():
         key = "eval_limit" if name == "transfer" else "limit"
+        cls = stage.SPEC.config_class
         with pytest.raises(InterpError, match=rf"\[{name}\] {key}\) must be a whole number"):
-            stage.Config.from_mapping({key: 0})
-        if stage.Config.__dataclass_fields__[key].default is None:
-            check_counts(stage.Config.from_mapping({key: None}), name)  # None: every record
+            cls.from_mapping({key: 0})
+        if cls.__dataclass_fields__[key].default is None:
+            check_counts(cls.from_mapping({key: None}), name)  # None: every record
 
 
 def test_new_run_dir_removes_only_what_it_created_without_results(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.core.errors import LensError
+from interp.core.errors import StageError
 from interp.judging.prompts import get_template, render
 from interp.judging.verdict import score_verdicts, verdict_replies
 from interp.methods.lens import (
@@ -131,7 +131,7 @@ def test_token_lens_targets_the_gold_token_against_the_models_best_other(model, 
     assert out["distractor"] == int(other.argmax())
     assert float(out["logit_diff"][-1]) == pytest.approx(out["model"], abs=1e-4)
     assert out["rank"] == int((logits > logits[5]).sum())
-    with pytest.raises(LensError, match="outside the vocabulary"):
+    with pytest.raises(StageError, match="outside the vocabulary"):
         token_lens(model, prompt, target=10**6)
 
 
@@ -153,7 +153,7 @@ def test_first_agreeing_layer_letting_one_layer_disagree(curve, strict, skip1):
     assert first_agreeing_layer(curve, skip=1) == skip1
     assert first_agreeing_layer(curve, skip=len(curve)) == next(
         i for i, x in enumerate(curve) if (x > 0) == (curve[-1] > 0))
-    with pytest.raises(LensError, match="skip must be >= 0"):
+    with pytest.raises(StageError, match="skip must be >= 0"):
         first_agreeing_layer(curve, skip=-1)
 
 
@@ -195,16 +195,16 @@ def test_tuned_lens_last_layer_is_the_model_and_it_beats_the_logit_lens_held_out
 def test_tuned_lens_refuses_too_few_positions_and_bad_settings(model):
     ro = readout(model.model)
     stack, logits = _training_stack(model, n_prompts=1)
-    with pytest.raises(LensError, match="training positions"):
+    with pytest.raises(StageError, match="training positions"):
         fit_tuned_lens(ro, stack[:, :4], logits[:4])
-    with pytest.raises(LensError, match="kl_steps"):
+    with pytest.raises(StageError, match="kl_steps"):
         fit_tuned_lens(ro, stack, logits, kl_steps=-1)
 
 
 def test_reply_lens_refuses_empty_input(model, prompt):
-    with pytest.raises(LensError):
+    with pytest.raises(StageError):
         reply_lens(model, prompt, [[]])
-    with pytest.raises(LensError, match="outside a prompt"):
+    with pytest.raises(StageError, match="outside a prompt"):
         residual_stack(model, prompt, [len(prompt)])
 
 
@@ -289,9 +289,9 @@ def test_the_stage_writes_curves_checks_and_figures_and_resumes(tmp_path, monkey
 def test_the_stage_refuses_a_bad_setting_before_model_work(tmp_path):
     from interp.stages import lens as stage
 
-    with pytest.raises(LensError):
+    with pytest.raises(StageError):
         stage.LensConfig(heldout=1.5).validate()
-    with pytest.raises(LensError):
+    with pytest.raises(StageError):
         stage.LensConfig.from_mapping({"train_positions": 1}).validate()
 
 
@@ -369,10 +369,10 @@ def test_an_unsupported_final_norm_is_refused_in_one_line():
     prompt = render(m.tokenizer, get_template(), "eval", answer="Paris", **KW).input_ids
     r = verdict_replies(m.tokenizer)
     m.model.model.norm = ScaleNorm()
-    with pytest.raises(LensError, match="final norm is a ScaleNorm;.*RMSNorm and LayerNorm"):
+    with pytest.raises(StageError, match="final norm is a ScaleNorm;.*RMSNorm and LayerNorm"):
         readout(m.model)
     m.model.model.norm = GemmaRMSNorm(64)
-    with pytest.raises(LensError, match="GemmaRMSNorm does not compute a rms norm") as e:
+    with pytest.raises(StageError, match="GemmaRMSNorm does not compute a rms norm") as e:
         direct_logit_attribution(m, prompt, r.correct[0], r.incorrect[0])
     assert "\n" not in str(e.value)
 
@@ -381,7 +381,7 @@ def test_tuned_lens_training_prompts_longer_than_the_models_positions_are_skippe
         monkeypatch):
     """The tuned lens trains only on prompts the model reads; the printout counts the rest."""
     import interp.methods.lens as lens_methods
-    from interp.core.errors import LensError
+    from interp.core.errors import StageError
     from interp.stages import lens as stage
 
     tok = tiny_tokenizer(vocab_size=280)
@@ -401,5 +401,5 @@ def test_tuned_lens_training_prompts_longer_than_the_models_positions_are_skippe
         f"model's {room} positions (first: tuned-lens training prompt has "
         f"{next(n for n in every if n > room)} tokens; it exceeds the model's {room} positions)"]
     monkeypatch.setattr(handle.model.config, "max_position_embeddings", 4)
-    with pytest.raises(LensError, match="no tuned-lens training prompt fits the model's 4 "):
+    with pytest.raises(StageError, match="no tuned-lens training prompt fits the model's 4 "):
         stage._training_positions(handle, cfg, logs.append)

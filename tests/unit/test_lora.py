@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from interp.core.errors import TransferError
+from interp.core.errors import StageError
 from interp.judging.prompts import get_template
 from interp.methods.lora import (
     encode_example,
@@ -125,10 +125,10 @@ def test_adapter_of_another_base_model_is_refused(tiny, tokenizer, tmp_path, qa_
     train_adapter(tiny, enc, lora_cfg(epochs=1), tmp_path / "adapters" / "x", name="x",
                   log=lambda s: None)
     other = tiny_llama(tokenizer, n_layers=3, d_model=64, n_heads=4, n_kv_heads=2, seed=1)
-    with pytest.raises(TransferError, match="another base model.*n_layers: adapter 2 vs "
+    with pytest.raises(StageError, match="another base model.*n_layers: adapter 2 vs "
                                             "model 3"):
         load_adapter(other, tmp_path / "adapters" / "x")
-    with pytest.raises(TransferError, match="no trained adapter"):
+    with pytest.raises(StageError, match="no trained adapter"):
         load_adapter(tiny, tmp_path)
     meta = json.loads((tmp_path / "adapters" / "x" / "interp_adapter.json").read_text())
     assert meta["base"] == model_fingerprint(tiny)
@@ -155,7 +155,7 @@ def test_adapter_file_with_missing_or_misprefixed_keys_is_refused(tiny, tokenize
              for k, v in w.items()}
     save_file(w, str(ad / "adapter_model.safetensors"), metadata={"format": "pt"})
     word = "lacks" if fault == "missing" else "unexpected"
-    with pytest.raises(TransferError, match=f"adapter_model.safetensors.*{word}.*lora_"):
+    with pytest.raises(StageError, match=f"adapter_model.safetensors.*{word}.*lora_"):
         load_adapter(tiny, ad)
 
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from interp.core.errors import PairError, PatchingError
+from interp.core.errors import PairError, StageError
 from interp.judging.grading import RuleOracle
 from interp.judging.prompts import get_template, render
 from interp.methods.pairs import (
@@ -86,7 +86,7 @@ def test_last_position_pairs_and_the_control(tokenizer, toy_records):
     assert g2e.span_units()["verdict"] == [len(g2e.corrupt) - 1]
     e2g = gen_eval_pair(tokenizer, tpl, r, "eval-to-gen")
     assert (e2g.clean.task, e2g.corrupt.task) == ("eval", "gen")
-    with pytest.raises(PatchingError, match="direction"):
+    with pytest.raises(StageError, match="direction"):
         gen_eval_pair(tokenizer, tpl, r, "gen-to-gen")
     c = control_pair(tokenizer, tpl, r)
     (c0, c1), (g0, _) = c.corrupt.token_spans["context"], c.clean.token_spans["context"]
@@ -112,7 +112,7 @@ def test_build_pairs_limit_skips_and_kinds(tokenizer, toy_records):
     short, skipped = build_pairs(toy_records, "eval-to-gen", tpl, tokenizer, max_tokens=10,
                                  log=lambda s: None)
     assert not short and {s["reason"] for s in skipped} == {"too_long"}
-    with pytest.raises(PatchingError, match="unknown pair kind"):
+    with pytest.raises(StageError, match="unknown pair kind"):
         build_pairs(toy_records, "task-swap", tpl, tokenizer)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from interp.core.errors import PairwiseError, PromptError
+from interp.core.errors import PromptError, StageError
 from interp.judging.prompts import PairwiseTemplate, get_pairwise_template, render_pairwise
 from interp.judging.verdict import score_verdicts
 from interp.methods.pairwise import (
@@ -60,7 +60,7 @@ def test_pair_building_keeps_only_a_wrong_answer_that_differs_from_gold():
     assert why[("r2", "model")] == "no_wrong_answer" and why[("r3", "model")] == "same_answers"
     assert why[("r4", "model")] == "no_gold"
     assert len(build_judge_pairs(recs * 3, list("abcdefghijkl"), {}, limit=2)[0]) == 2
-    with pytest.raises(PairwiseError, match="unknown pair source"):
+    with pytest.raises(StageError, match="unknown pair source"):
         build_judge_pairs(recs, list("abcd"), {}, sources=["gold"])
 
 
@@ -200,7 +200,7 @@ def test_the_stage_writes_outcomes_held_out_heads_and_figures_and_resumes(tmp_pa
     # list of pairs stays as it was
     (run.path / "patching" / "hard_negatives.jsonl").unlink()
     listed = (run.path / "pairwise" / "pairs.jsonl").read_bytes()
-    with pytest.raises(PairwiseError, match="none of its records has a hard negative: "
+    with pytest.raises(StageError, match="none of its records has a hard negative: "
                                             "`interp patch --pairs candidate-swap` mines them"):
         stage.run(run, handle, stage.PairwiseConfig(sources=("hard_negative",), limit=None,
                                                     band="all", progress=False),
@@ -248,17 +248,17 @@ def test_pairs_longer_than_the_models_positions_are_skipped_with_the_reason_and_
     # a model on which no pair fits is refused in one line, the finished list kept
     before = (run.path / "pairwise/pairs.jsonl").read_bytes()
     monkeypatch.setattr(handle.model.config, "max_position_embeddings", 8)
-    with pytest.raises(PairwiseError, match="no pair's prompt fits the model's 8 positions"):
+    with pytest.raises(StageError, match="no pair's prompt fits the model's 8 positions"):
         stage.run(run, handle, cfg, log=logs.append)
     assert (run.path / "pairwise/pairs.jsonl").read_bytes() == before
 
 
 def test_the_config_refuses_bad_values_before_model_work():
-    from interp.stages.configs import PairwiseConfig
+    from interp.stages.configs.pairwise import PairwiseConfig
 
-    with pytest.raises(PairwiseError, match="did you mean 'model'"):
+    with pytest.raises(StageError, match="did you mean 'model'"):
         PairwiseConfig(sources=["modle"]).validate()
-    with pytest.raises(PairwiseError, match="sources is empty"):
+    with pytest.raises(StageError, match="sources is empty"):
         PairwiseConfig.from_mapping({"sources": []})
     with pytest.raises(PromptError, match="unknown pairwise template"):
         PairwiseConfig(template="x").validate()

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
-from interp.core.errors import BackendError, HookError, LayerSpecError, PatchingError
+from interp.core.errors import BackendError, HookError, LayerSpecError, StageError
 from interp.core.io import read_jsonl, write_json, write_jsonl
 from interp.hooks.backends import BACKENDS, get_backend
 from interp.judging.verdict import score_verdicts, verdict_replies
@@ -138,23 +138,23 @@ def test_requests_that_patch_nothing_are_refused_with_the_position(tiny, patch_p
     pm, prefix, _ = align_positions(clean.input_ids, corrupt.input_ids)
     pt = Patcher(tiny, clean.input_ids, corrupt.input_ids, pos_map=pm)
     assert pt.shared == prefix and pt.start == prefix
-    with pytest.raises(PatchingError, match="position 1 lies in the shared prefix"):
+    with pytest.raises(StageError, match="position 1 lies in the shared prefix"):
         pt.run([Patch("blocks.0.hook_resid_pre", (1,))])
-    with pytest.raises(PatchingError, match="row 0 patches nothing"):
+    with pytest.raises(StageError, match="row 0 patches nothing"):
         pt.run([[]])
-    with pytest.raises(PatchingError, match="an empty position list"):
+    with pytest.raises(StageError, match="an empty position list"):
         pt.run([Patch("blocks.0.hook_resid_pre", ())])
     # a position mapped to -1
     other = list(pm)
     other[prefix + 1] = -1
     pt2 = Patcher(tiny, clean.input_ids, corrupt.input_ids, pos_map=other)
-    with pytest.raises(PatchingError, match=f"position {prefix + 1} has no clean counterpart"):
+    with pytest.raises(StageError, match=f"position {prefix + 1} has no clean counterpart"):
         pt2.run([Patch("blocks.1.attn.hook_z", (prefix, prefix + 1), (0,))])
     # refused before any forward: no baseline was computed
     assert pt2.clean_lp is None and pt2.corrupt_lp is None
     # the same prompt twice: nothing can be patched
     same = Patcher(tiny, corrupt.input_ids, corrupt.input_ids)
-    with pytest.raises(PatchingError, match="no position to patch"):
+    with pytest.raises(StageError, match="no position to patch"):
         same.run([Patch("blocks.0.hook_resid_post")])
 
 
@@ -166,23 +166,23 @@ def test_bad_hooks_layers_and_config(tiny, patch_prompts):
         patch(tiny, clean.input_ids, corrupt.input_ids, hook="blocks.0.mlp.hook_post", **kw)
     with pytest.raises(HookError, match="valid layers: 0..1"):
         patch(tiny, clean.input_ids, corrupt.input_ids, hook="blocks.7.hook_resid_post", **kw)
-    with pytest.raises(PatchingError, match="not patchable.*attn.hook_z"):
+    with pytest.raises(StageError, match="not patchable.*attn.hook_z"):
         patch(tiny, clean.input_ids, corrupt.input_ids, hook="blocks.0.hook_mlp_out", **kw)
-    with pytest.raises(PatchingError, match="heads= only"):
+    with pytest.raises(StageError, match="heads= only"):
         patch(tiny, clean.input_ids, corrupt.input_ids, hook="blocks.0.hook_resid_pre",
               heads=[0], **kw)
-    with pytest.raises(PatchingError, match=r"heads \[4\] out of range or empty; valid: 0..3"):
+    with pytest.raises(StageError, match=r"heads \[4\] out of range or empty; valid: 0..3"):
         patch(tiny, clean.input_ids, corrupt.input_ids, hook="blocks.0.attn.hook_z",
               heads=[4], **kw)
-    with pytest.raises(PatchingError, match="pass pos_map"):
+    with pytest.raises(StageError, match="pass pos_map"):
         Patcher(tiny, clean.input_ids[:-1], corrupt.input_ids)
     with pytest.raises(ValueError, match=r"\[patching\]: unknown config keys"):
         PatchingConfig.from_mapping({"pairz": "gen-to-eval"})
-    with pytest.raises(PatchingError, match="unknown pair kind 'task-swap'"):
+    with pytest.raises(StageError, match="unknown pair kind 'task-swap'"):
         PatchingConfig.from_mapping({"pairs": "task-swap"})
-    with pytest.raises(PatchingError, match="unknown kind 'headz'"):
+    with pytest.raises(StageError, match="unknown kind 'headz'"):
         PatchingConfig.from_mapping({"kinds": "resid,headz"})
-    with pytest.raises(PatchingError, match="exact must be one of"):
+    with pytest.raises(StageError, match="exact must be one of"):
         PatchingConfig.from_mapping({"exact": "some"})
     with pytest.raises(LayerSpecError, match="0-1"):
         PatchingConfig(layers="0-5").layer_list(tiny.n_layers)
@@ -494,5 +494,5 @@ def test_held_unit_at_its_own_value_changes_nothing_and_blocks_paths(multi, mult
     # the senders move the verdict, and holding layer 1 changes how much
     assert abs(r.patched[2] - r.corrupt) > 1e-3
     assert abs(r.patched[3] - r.patched[2]) > 1e-4
-    with pytest.raises(PatchingError, match="held blocks.1.attn.hook_z: 3 positions"):
+    with pytest.raises(StageError, match="held blocks.1.attn.hook_z: 3 positions"):
         Patcher(multi, clean.input_ids, corrupt.input_ids, pos_map=pm, held={recv: own[:3]})

@@ -10,7 +10,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from interp.analysis.stats import make_folds
-from interp.core.errors import LayerSpecError, ProbeError
+from interp.core.errors import LayerSpecError, StageError
 from interp.judging.residual_features import POOLS, pool_resid
 from interp.methods import probing
 from interp.methods.probing import (
@@ -185,14 +185,14 @@ def test_run_probes_end_to_end_and_resume(tiny, tmp_path):
 
 def test_too_few_examples_error_and_bad_config(tiny, tmp_path):
     run, _ = _synthetic_run(tmp_path, tiny, n_good=2, n_bad=6)
-    with pytest.raises(ProbeError, match=r"y\*=Correct 2, y\*=Incorrect 6"):
+    with pytest.raises(StageError, match=r"y\*=Correct 2, y\*=Incorrect 6"):
         run_probes(run, tiny, ProbeConfig(folds=3), log=lambda s: None)
     # limit keeps the first N records of each dataset: here k = 0, 2 (hotpotqa), 1, 3 (squad_v2)
-    with pytest.raises(ProbeError, match=r"y\*=Correct 2, y\*=Incorrect 2"):
+    with pytest.raises(StageError, match=r"y\*=Correct 2, y\*=Incorrect 2"):
         run_probes(run, tiny, ProbeConfig(folds=3, limit=2), log=lambda s: None)
     with pytest.raises(ValueError, match="\\[probe\\]: unknown config keys \\['foo'\\]"):
         ProbeConfig.from_mapping({"foo": 1})
-    with pytest.raises(ProbeError, match="unknown probe"):
+    with pytest.raises(StageError, match="unknown probe"):
         ProbeConfig(probes=["forest"])
     empty = RunDir(tmp_path / "empty")
     with pytest.raises(Exception, match="interp asymmetry"):

@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from interp.core.errors import RunDirError, TransferError
+from interp.core.errors import RunDirError, StageError
 from interp.core.io import load_tensors
 from interp.models.loading import CUDA_RESULT_FACTS, RESULT_FACTS, result_facts, runtime_facts
 from interp.stages import attention as attention_stage
@@ -183,7 +183,7 @@ def test_transfer_refuses_other_provenance_and_redoes_eval_for_new_eval_prompts(
     transfer_stage.reconcile_config(tmp_path, cfg, False, {**prov, "eval_prompts": "e2"})
     assert not (tmp_path / "table.json").exists() and not (tmp_path / "eval").exists()
     assert (tmp_path / "hard_negatives.jsonl").exists()
-    with pytest.raises(TransferError, match=r"provenance.runtime.dtype: 'float32' -> "
+    with pytest.raises(StageError, match=r"provenance.runtime.dtype: 'float32' -> "
                                             r"'bfloat16'.*--overwrite"):
         transfer_stage.reconcile_config(tmp_path, cfg, False, {**prov, "eval_prompts": "e2",
                                                                "runtime.dtype": "bfloat16"})

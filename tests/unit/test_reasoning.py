@@ -371,9 +371,9 @@ def test_reasoning_run_is_refused_by_attention_and_the_stage_is_a_command(tiny, 
                    (patching, patching.PatchingConfig(limit=1, band="all")),
                    (probe, probe.ProbeConfig(layers="all", folds=2)),
                    (record, record.RecordConfig(band="all"))):
-        with pytest.raises(ConfigError, match=rf"^\[{mod.NAME}\] .* judged by a reasoning"):
+        with pytest.raises(ConfigError, match=rf"^\[{mod.SPEC.name}\] .* judged by a reasoning"):
             mod.run(rd, tiny, c, log=lambda s: None)
-        assert not (tmp_path / mod.SPEC.folder).exists(), mod.NAME
+        assert not (tmp_path / mod.SPEC.folder).exists(), mod.SPEC.name
     res = CliRunner().invoke(cli.app, ["reasoning", "--help"])
     assert res.exit_code == 0 and "--max-reasoning-tokens" in res.output
     assert "reasoning" in pipeline.STAGES

@@ -10,7 +10,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from interp.analysis.span_mass import LAST, span_to_span
-from interp.core.errors import AttentionError, ConfigError, LayerSpecError, RunDirError
+from interp.core.errors import ConfigError, LayerSpecError, RunDirError, StageError
 from interp.core.io import is_tmp_path
 from interp.hooks.cache import load_cache
 from interp.hooks.recorder import record_stream
@@ -100,7 +100,7 @@ def test_span_to_span_by_hand():
     assert s.shape == (len(spans) + 1, len(spans))
     torch.testing.assert_close(s, want, equal_nan=True)
     torch.testing.assert_close(s[[0, 1, 3, 4]].sum(-1), torch.ones(4))
-    with pytest.raises(AttentionError, match="span_to_span needs"):
+    with pytest.raises(StageError, match="span_to_span needs"):
         span_to_span(p[:, :4], labels)
     assert LAST == "last"
 
@@ -150,7 +150,7 @@ def test_record_stream_sends_layer_after_layer(tiny3, tiny_tokenizer):
     assert seen == [(f"blocks.{x}.{pt}", 0, shape) for x in (0, 2) for pt, shape in (
         ("hook_resid_pre", (n, 64)), ("attn.hook_pattern", (h, n, n)),
         ("attn.hook_z", (n, h, 16)), ("hook_resid_post", (n, 64)))]
-    with pytest.raises(AttentionError, match="cannot send"):
+    with pytest.raises(StageError, match="cannot send"):
         record_stream(tiny3, p.input_ids, lambda *a: None, layers=[0], points=["hook_mlp_out"])
 
 

@@ -20,7 +20,7 @@ from interp.analysis.stats import (
     roc_auc,
     wilson_ci,
 )
-from interp.core.errors import ProbeError
+from interp.core.errors import StageError
 
 
 def test_folds_disjoint_and_class_count_error():
@@ -31,7 +31,7 @@ def test_folds_disjoint_and_class_count_error():
     for tr, te in folds:
         assert not set(tr) & set(te)
         assert y[te].any() and (~y[te]).any()
-    with pytest.raises(ProbeError, match=r"y\*=Correct 2, y\*=Incorrect 18"):
+    with pytest.raises(StageError, match=r"y\*=Correct 2, y\*=Incorrect 18"):
         make_folds(np.array([True] * 2 + [False] * 18), 5, seed=0)
 
 
@@ -48,7 +48,7 @@ def test_group_folds_keep_each_passage_in_one_fold():
     # the class check counts passages, not records: 6 Correct records on 2 passages
     y2 = np.zeros(45, bool)
     y2[:6] = True
-    with pytest.raises(ProbeError, match=r"too few groups \(passages\).*y\*=Correct 2"):
+    with pytest.raises(StageError, match=r"too few groups \(passages\).*y\*=Correct 2"):
         make_folds(y2, 3, seed=0, groups=groups)
     recs = [{"dataset": "squad_v2", "context": "A"}, {"dataset": "squad_v2", "context": "A"},
             {"dataset": "drop", "context": "A"}, {"dataset": "squad_v2", "context": "B"}]

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from interp.core.errors import SteeringError
+from interp.core.errors import StageError
 from interp.hooks.recorder import record_rows
 from interp.hooks.steering import Steer, steering
 from interp.judging.prompts import get_template, render
@@ -80,13 +80,13 @@ def test_bad_steering_input(tiny, prompt):
                     (Steer({5: None}, ctx, [1.0]), r"layers \[5\] out of range; valid: 0..1"),
                     (Steer({1: [7]}, ctx, [1.0]), "heads .7. out of range"),
                     (Steer({1: None}, (5, 5), [1.0]), "key span")):
-        with pytest.raises(SteeringError, match=msg), steering(tiny, st):
+        with pytest.raises(StageError, match=msg), steering(tiny, st):
             pass
-    with pytest.raises(SteeringError, match="3 rows but 2 alphas"), torch.no_grad(), \
+    with pytest.raises(StageError, match="3 rows but 2 alphas"), torch.no_grad(), \
             steering(tiny, Steer({1: None}, ctx, [1.0, 2.0])):
         tiny.model(input_ids=torch.tensor([prompt.input_ids] * 3), use_cache=False)
     assert tiny.model.config._attn_implementation == "sdpa"  # restored after the error
-    with pytest.raises(SteeringError, match="'hf' or 'transformer_lens'"):
+    with pytest.raises(StageError, match="'hf' or 'transformer_lens'"):
         steer_judge(tiny, prompt.input_ids, ctx, {1: None}, [1.0], band=[1], backend="eager")
 
 
@@ -95,11 +95,11 @@ def test_parse_heads():
     assert parse_heads("3.1, 2.0,3.2", [0], 4) == {3: [1, 2], 2: [0]}
     ranked = [{"layer": 5, "head": 1}, {"layer": 4, "head": 0}, {"layer": 5, "head": 3}]
     assert parse_heads("top-diff:2", [0], 4, ranked=ranked) == {5: [1], 4: [0]}
-    with pytest.raises(SteeringError, match="interp attention"):
+    with pytest.raises(StageError, match="interp attention"):
         parse_heads("top-diff:2", [0], 4)
-    with pytest.raises(SteeringError, match="head outside 0..3"):
+    with pytest.raises(StageError, match="head outside 0..3"):
         parse_heads("1.4", [0], 4)
-    with pytest.raises(SteeringError, match="use 'all'"):
+    with pytest.raises(StageError, match="use 'all'"):
         parse_heads("heads", [0], 4)
 
 
@@ -138,7 +138,7 @@ def test_stage_tables_summary_and_resume(tiny, tmp_path):
     cm = [s["eval"][a]["overall"]["context_mass"]["mean"] for a in ("0.5", "1.0", "2.0")]
     assert cm[0] < cm[1] < cm[2]
     assert (run_dir.path / "figures/steering.png").exists()
-    with pytest.raises(SteeringError, match="include 1"):
+    with pytest.raises(StageError, match="include 1"):
         SteeringConfig.from_mapping({"alphas": [0.5, 2]})
     # resume: the parts are read back, the summary is the same
     stored = json.loads((run_dir.path / "steering/summary.json").read_text())
@@ -202,7 +202,7 @@ def test_control_keys_are_non_context_and_as_many():
     assert keys[0] == 1 and keys[-1] == 38  # spread over the prompt, both ends
     # a context longer than the rest of the prompt: every non-context key but the two ends
     assert control_keys(12, (2, 10)) == [1, 10]
-    with pytest.raises(SteeringError, match="inside a prompt of 12"):
+    with pytest.raises(StageError, match="inside a prompt of 12"):
         control_keys(12, (2, 13))
 
 
@@ -232,7 +232,7 @@ def test_control_steering_moves_only_the_listed_keys(tiny, prompt):
     plain = steer_judge(tiny, prompt.input_ids, ctx, {1: None}, [1.0, 4.0], band=[1])
     assert j["logit_diff"][0] == plain["logit_diff"][0]  # alpha 1: the same batch, unsteered
     assert j["logit_diff"][1] != plain["logit_diff"][1]
-    with pytest.raises(SteeringError, match="non-empty list of positions"), \
+    with pytest.raises(StageError, match="non-empty list of positions"), \
             steering(tiny, Steer({1: None}, ctx, [1.0], positions=[])):
         pass
 
@@ -252,7 +252,7 @@ def test_stage_with_the_control(tiny, tmp_path):
     np.testing.assert_array_equal(a.logit_diff.to_numpy(), b.logit_diff.to_numpy())
     assert "control judge alpha" in __import__("interp.stages.steering", fromlist=["x"]) \
         .format_summary(s)
-    with pytest.raises(SteeringError, match="keys must be among"):
+    with pytest.raises(StageError, match="keys must be among"):
         SteeringConfig.from_mapping({"keys": ["context", "question"]})
 
 

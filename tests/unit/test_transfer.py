@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from interp.core.errors import TransferError
+from interp.core.errors import StageError
 from interp.judging.grading import RuleOracle, normalize_answer
 from interp.judging.prompts import get_template
 from interp.methods.transfer import (
@@ -24,9 +24,9 @@ from interp.stages.transfer import TransferConfig
 
 
 def test_unknown_config_key_is_a_clear_error():
-    with pytest.raises(TransferError, match=r"\[transfer\]: unknown config keys.*'rnak'.*known"):
+    with pytest.raises(StageError, match=r"\[transfer\]: unknown config keys.*'rnak'.*known"):
         TransferConfig.from_mapping({"rnak": 4})
-    with pytest.raises(TransferError, match="patch_positions"):
+    with pytest.raises(StageError, match="patch_positions"):
         TransferConfig(patch_positions="middle")
 
 
@@ -48,7 +48,7 @@ def test_answers_are_not_refusals(text):
 
 def test_missing_train_split_is_a_clear_error(tokenizer):
     cfg = TransferConfig(datasets=["drop"])
-    with pytest.raises(TransferError, match="train split of 'drop'.*squad_v2"):
+    with pytest.raises(StageError, match="train split of 'drop'.*squad_v2"):
         training_pool(cfg, tokenizer, get_template("default"), log=lambda s: None)
 
 
@@ -145,7 +145,7 @@ def test_selection_score_follows_the_rule_and_marks_collapse():
     # records that failed (not ok) do not count; a missing side leaves the score undefined
     assert selection_score("lora_gen", own=own + [{"status": "error"}])["n_own"] == 4
     assert selection_score("lora_both", own=own)["score"] is None
-    with pytest.raises(TransferError, match="no selection rule for adapter 'lora_x'"):
+    with pytest.raises(StageError, match="no selection rule for adapter 'lora_x'"):
         selection_score("lora_x", own=own)
 
 
@@ -168,15 +168,15 @@ def test_choose_learning_rates_ranks_collapsed_judges_last_and_ties_to_the_small
 def test_holdout_split_spreads_the_held_out_records_over_the_pool():
     train, held = holdout_split(10, 3)
     assert held == [1, 5, 8] and sorted(train + held) == list(range(10))
-    with pytest.raises(TransferError, match="select_holdout = 10 must be between 1"):
+    with pytest.raises(StageError, match="select_holdout = 10 must be between 1"):
         holdout_split(10, 10)
 
 
 def test_lr_grid_settings_are_checked_before_any_work():
     assert TransferConfig(lr_grid=[3e-4, 1e-4, 3e-4]).lr_grid == [1e-4, 3e-4]
-    with pytest.raises(TransferError, match="lr_grid must list learning rates > 0"):
+    with pytest.raises(StageError, match="lr_grid must list learning rates > 0"):
         TransferConfig(lr_grid=[0.0, 1e-4])
-    with pytest.raises(TransferError, match=r"select_holdout \(80\) must be under "
+    with pytest.raises(StageError, match=r"select_holdout \(80\) must be under "
                                             r"max_train_examples \(80\)"):
         TransferConfig(lr_grid=[1e-4], select_holdout=80)
 

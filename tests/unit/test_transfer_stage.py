@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from interp.core.errors import LayerSpecError, TransferError
+from interp.core.errors import LayerSpecError, StageError
 from interp.stages.transfer import TransferConfig, run
 
 
@@ -55,7 +55,7 @@ def test_transfer_stage_on_tiny_model(tiny, tmp_path):
     assert u["train_seconds"] == s["train_seconds"] and u["headline"]["base"]["squad_v2"]["n"] == 1
     # a changed training setting without overwrite is refused
     cfg.rank = 4
-    with pytest.raises(TransferError, match="another transfer config.*rank: 2 -> 4"):
+    with pytest.raises(StageError, match="another transfer config.*rank: 2 -> 4"):
         run(tmp_path, tiny, cfg, log=lambda x: None)
 
 

@@ -73,7 +73,7 @@ def test_view_refuses_bad_input(tiny, view_run):
 def test_default_path_and_record_stage_are_independent(tiny, view_run):
     path = write_view(view_run, tiny, "ex1", band="1")
     assert path == view_run.path / "view" / "squad_v2" / "ex1.html"
-    assert not (view_run.path / record_stage.NAME).exists()  # no `interp record` needed
+    assert not (view_run.path / record_stage.SPEC.folder).exists()  # no `interp record` needed
 
 
 _COLOURS = "Array.from(document.querySelectorAll('#text-eval .tok, #text-gen .tok'))" \

@@ -51,8 +51,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from interp.core.contract import spec
-from interp.core.errors import TransferError
+from interp.core.contract import stage_of
+from interp.core.errors import StageError
 from interp.core.io import (
     read_json,
     read_jsonl,
@@ -97,11 +97,8 @@ from interp.stages.transfer.table import build_table, format_table
 from interp.store.rundir import RunDir
 
 MODELS = ("base",) + ADAPTERS
-SPEC = spec("transfer")
+SPEC = stage_of(__name__)
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
-NAME = SPEC.name
-SUMMARIES = SPEC.summaries
-"""Run-dir tables that ``interp run`` copies next to the figures (source -> name)."""
 
 # ---------------------------------------------------------------------------------------------
 # Checks
@@ -158,7 +155,7 @@ def reconcile_config(tdir: Path, config: TransferConfig, overwrite: bool,
     with ``overwrite``. Provenance stored by an older version (absent) is not compared.
 
     Raises:
-        TransferError: a training setting changed and not ``overwrite`` (the message lists the
+        StageError: a training setting changed and not ``overwrite`` (the message lists the
             changes and names ``--overwrite``).
     """
     path = tdir / "config.json"
@@ -179,8 +176,9 @@ def reconcile_config(tdir: Path, config: TransferConfig, overwrite: bool,
                      for k in sorted(changed - set(EVAL_PROVENANCE))})
         if diff and not overwrite:
             lines = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
-            raise TransferError(f"{tdir} was made with another transfer config ({lines}); use "
-                                f"another --out or --overwrite")
+            raise StageError("transfer",
+                             f"{tdir} was made with another transfer config ({lines}); use "
+                             f"another --out or --overwrite")
         if diff:
             _remove(tdir, _ALL_OUTPUTS)
     write_json(path, {**cfg, "provenance": new_prov} if prov is not None else cfg)
@@ -204,8 +202,8 @@ def _hard_negatives(tdir: Path, handle: ModelHandle, pool: list[QAExample], orac
         write_jsonl_once(path, mine_hard_negatives(handle, pool, oracle, config, log=log))
     negatives = read_jsonl(path)
     if [r["id"] for r in negatives] != [ex.id for ex in pool]:
-        raise TransferError(f"{path} does not match the training pool; delete it or use "
-                            f"--overwrite")
+        raise StageError("transfer", f"{path} does not match the training pool; delete it or use "
+                                     f"--overwrite")
     return negatives
 
 
@@ -358,7 +356,7 @@ def _prepare(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferCon
                              from_hub=cfg.from_hub) for ds in cfg.datasets}
     reconcile_config(tdir, cfg, overwrite, provenance(handle, cfg, template, pool, val))
     if run_dir.manifest_path.exists():  # the full runtime facts, per stage (checked above)
-        stage_facts(run_dir, handle, NAME, overwrite=True)
+        stage_facts(run_dir, handle, SPEC.name, overwrite=True)
     oracle = make_oracle(cfg.oracle, device=cfg.device, dtype=cfg.dtype)
     t0 = time.perf_counter()
     negatives = _hard_negatives(tdir, handle, pool, oracle, cfg, log)
@@ -385,7 +383,7 @@ def make_parts(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferC
         The number of parts this process owns (made now or found made).
 
     Raises:
-        TransferError: as :func:`run`, before any training.
+        StageError: as :func:`run`, before any training.
     """
     from interp.stages.common import current_share
 
@@ -423,7 +421,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig, 
         the table's headline numbers and file paths.
 
     Raises:
-        TransferError: unknown dataset split, config or provenance (model sha256, runtime
+        StageError: unknown dataset split, config or provenance (model sha256, runtime
             facts, template texts, training prompts) mismatch with stored work and not
             ``overwrite``.
         LayerSpecError: bad ``patch_layers``.
@@ -496,8 +494,4 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     from interp.core.inputs import read_toml
 
     data = read_toml(path)
-    return dict(data[NAME]) if NAME in data else data
-
-
-Config = TransferConfig
-"""The stage's config class (the Stage protocol's name for it)."""
+    return dict(data[SPEC.name]) if SPEC.name in data else data

@@ -7,13 +7,11 @@ compares a stored config with a new one field group by field group (:data:`KEY_F
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from interp.core.errors import TransferError
-from interp.core.options import config_from_table, option, split_list
+from interp.core.errors import StageError
+from interp.core.options import StageConfig, option, split_list
 
 __all__ = ["EVAL_FIELDS", "KEY_FIELDS", "PATCH_FIELDS", "SELECT_FIELDS", "TransferConfig"]
 
@@ -42,7 +40,7 @@ _ALL_OUTPUTS = ("hard_negatives.jsonl", "train_sets", "adapters", "checkpoints",
 
 
 @dataclass
-class TransferConfig:
+class TransferConfig(StageConfig):
     """Configuration of the transfer study (defaults: the CPU quickstart on the bundled model).
 
     Attributes:
@@ -97,6 +95,10 @@ class TransferConfig:
         device, dtype: where the CLI loads the model.
     """
 
+    table_error = StageError
+    """A bad ``[transfer]`` table raises the stage's error (:class:`interp.core.options.
+    StageConfig`)."""
+
     model: str = "smollm2-135m-instruct"
     datasets: list[str] = option(["squad_v2"], flag="dataset", short="d")
     from_hub: bool = False
@@ -141,28 +143,22 @@ class TransferConfig:
     def __post_init__(self) -> None:
         self.datasets = split_list(self.datasets)
         if self.patch_positions not in ("all", "last"):
-            raise TransferError(f"patch_positions must be 'all' or 'last', not "
-                                f"{self.patch_positions!r}")
+            raise StageError("transfer", f"patch_positions must be 'all' or 'last', not "
+                                         f"{self.patch_positions!r}")
         for k in ("max_train_examples", "max_length", "hard_negative_attempts", "rank",
                   "epochs", "train_batch_size", "checkpoint_every", "select_holdout"):
             if int(getattr(self, k)) < 1:
-                raise TransferError(f"transfer config {k} must be >= 1, got {getattr(self, k)}")
+                raise StageError("transfer",
+                                 f"transfer config {k} must be >= 1, got {getattr(self, k)}")
         if self.lr_grid is not None:
             self.lr_grid = sorted({float(x) for x in self.lr_grid})
             if not self.lr_grid or self.lr_grid[0] <= 0:
-                raise TransferError(f"transfer config lr_grid must list learning rates > 0, "
-                                    f"got {self.lr_grid}")
+                raise StageError("transfer",
+                                 f"transfer config lr_grid must list learning rates > 0, "
+                                 f"got {self.lr_grid}")
             if self.select_holdout >= self.max_train_examples:
-                raise TransferError(
+                raise StageError(
+                    "transfer",
                     f"transfer config select_holdout ({self.select_holdout}) must be under "
                     f"max_train_examples ({self.max_train_examples}): the held-out records "
                     f"come out of the training pool")
-
-    @classmethod
-    def from_mapping(cls, d: Mapping[str, Any]) -> TransferConfig:
-        """Build from a mapping (a TOML table), refusing unknown keys.
-
-        Raises:
-            TransferError: an unknown key (the message lists the known ones).
-        """
-        return config_from_table(cls, d, "transfer", TransferError)

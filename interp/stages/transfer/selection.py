@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from interp.core.errors import TransferError
+from interp.core.errors import StageError
 from interp.core.io import read_json, read_jsonl, write_json, write_jsonl
 from interp.data import QAExample
 from interp.judging.grading import BaseOracle
@@ -88,8 +88,8 @@ class _Selection:
                  log: Callable[[str], None]):
         train_idx, held_idx = holdout_split(len(pool), config.select_holdout)
         if len(train_idx) < config.train_batch_size:
-            raise TransferError(
-                f"the training pool has {len(pool)} records, too few to hold out "
+            raise StageError(
+                "transfer", f"the training pool has {len(pool)} records, too few to hold out "
                 f"select_holdout = {config.select_holdout} and train on train_batch_size = "
                 f"{config.train_batch_size}; lower select_holdout or raise max_train_examples")
         self.handle, self.template, self.config, self.log = handle, template, config, log
@@ -194,7 +194,7 @@ def select_learning_rates(tdir: Path, handle: ModelHandle, template: Template,
         judged answer) and ``train_seconds`` of every candidate trained in this folder.
 
     Raises:
-        TransferError: a pool too small to hold out ``select_holdout`` records and still train
+        StageError: a pool too small to hold out ``select_holdout`` records and still train
             on ``train_batch_size`` (before any training).
     """
     sel = _Selection(tdir, handle, template, oracle, pool, negatives, config, log)
