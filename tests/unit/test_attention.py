@@ -59,8 +59,20 @@ def test_activations_are_consistent(tiny):
     hk.remove()
     torch.testing.assert_close(a["result_last"][1].sum(0), out["o"][0, -1], atol=1e-5,
                                rtol=1e-4)
-    with pytest.raises(AttentionError, match="hf"):
-        record_rows(tiny, p.input_ids, backend="eager", act_layers=[0])
+    with pytest.raises(AttentionError, match="exact recorder only .backend='hf' without "
+                       "attn., not backend='hf', attn='eager'"):
+        record_rows(tiny, p.input_ids, backend="hf", attn="eager", act_layers=[0])
+    with pytest.raises(AttentionError, match="exact recorder only.*not backend='nnsight'"):
+        record_rows(tiny, p.input_ids, backend="nnsight", act_layers=[0])
+    with pytest.raises(AttentionError, match="unknown backend 'eager'.*write backend='hf', "
+                       "attn='eager'"):
+        record_rows(tiny, p.input_ids, backend="eager")
+    with pytest.raises(AttentionError, match="attn='eager': the 'hf' backend only, not "
+                       "'nnsight'"):
+        record_rows(tiny, p.input_ids, backend="nnsight", attn="eager")
+    with pytest.raises(AttentionError, match="attn='sdpa': the recorder's check path is "
+                       "attn='eager'"):
+        record_rows(tiny, p.input_ids, attn="sdpa")
     with pytest.raises(AttentionError, match="unknown backend 'tlens'"):
         record_rows(tiny, p.input_ids, backend="tlens")
 
