@@ -43,7 +43,6 @@ from interp.core.options import (
 )
 from interp.core.vocab import (
     ALPHAS,
-    ATTENTION_BACKENDS,
     DEFAULT_MODEL,
     DETECTOR_FEATURES,
     EXACT_MODES,
@@ -52,6 +51,8 @@ from interp.core.vocab import (
     PAIR_KINDS,
     POOLS,
     PROBES,
+    attention_backend,
+    check_backend,
 )
 from interp.launch import parse_shard
 
@@ -294,7 +295,8 @@ class AttentionConfig:
     """Settings of the attention stage (``[attention]`` table of a config).
 
     Attributes:
-        backend: one of :data:`interp.hooks.recorder.BACKENDS` (``hf`` default).
+        backend: one of :data:`interp.hooks.backends.BACKENDS` (``hf`` default), or ``eager``:
+            the ``hf`` backend under eager attention, a check of the exact recorder.
         band: band for the summary and head ranking (:func:`interp.core.layers.parse_layers`:
             ``last8``, ``24-31``, ``all``).
         limit: records per dataset (first N ok records; all or None: every one).
@@ -324,9 +326,7 @@ class AttentionConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        if self.backend not in ATTENTION_BACKENDS:
-            raise AttentionError(f"unknown backend {self.backend!r}; use one of "
-                                 f"{list(ATTENTION_BACKENDS)}")
+        attention_backend(self.backend, AttentionError)
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any]) -> AttentionConfig:
@@ -716,8 +716,8 @@ class PatchingConfig:
         if self.top_k < 1 or self.min_gap < 0 or self.batch_size < 1:
             raise PatchingError(f"top_k and batch_size must be >= 1 and min_gap >= 0, got "
                                 f"{self.top_k}, {self.batch_size}, {self.min_gap}")
-        if self.backend != "hf":
-            raise PatchingError("sweeps run on the hf backend (use patch() for the others)")
+        check_backend(self.backend, PatchingError, needs="gradients",
+                      what="the sweeps (attribution patching; patch() takes every backend)")
 
     def layer_list(self, n_layers: int) -> list[int]:
         """The swept layers.
