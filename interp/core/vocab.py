@@ -30,8 +30,6 @@ BACKENDS = tuple(BACKEND_OFFERS)
 BACKEND_SPELLINGS = {"eager": ("hf", "eager")}
 """Other values ``[attention] backend`` (``interp attention --backend``) accepts -> ``(backend,
 attn)``: ``eager`` is the ``hf`` backend under eager attention, a check of the exact recorder."""
-ATTENTION_BACKENDS = (*BACKENDS, *BACKEND_SPELLINGS)
-"""The values of ``[attention] backend`` (:func:`attention_backend` checks them)."""
 POOLS = ("last", "candidate", "mean", "max", "min")
 """The pools of :func:`interp.judging.residual_features.pool_resid`."""
 MAX_REASONING_TOKENS = 192
