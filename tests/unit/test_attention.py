@@ -9,6 +9,7 @@ import torch
 
 from interp.analysis.span_mass import SPANS, span_mass, summarize, top_heads
 from interp.core.errors import AttentionError, ConfigError, LayerSpecError
+from interp.core.vocab import attention_backend
 from interp.hooks.recorder import record_rows
 from interp.judging.prompts import get_template, render
 from interp.stages import attention as stage
@@ -146,6 +147,10 @@ def test_config_refuses_unknown_keys_and_backends():
         stage.AttentionConfig.from_mapping({"layer": "last8"})
     with pytest.raises(AttentionError, match="unknown backend 'tlens'; use one of"):
         stage.AttentionConfig.from_mapping({"backend": "tlens"})
+    # "eager", a backend value before it became an attention option, still reads as one
+    assert stage.AttentionConfig.from_mapping({"backend": "eager"}).backend == "eager"
+    assert attention_backend("eager", AttentionError) == ("hf", "eager")
+    assert attention_backend("nnsight", AttentionError) == ("nnsight", None)
 
 
 @pytest.fixture(scope="module")
