@@ -19,6 +19,9 @@ that each caller on the way out can keep that work before passing the interrupt 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 __all__ = [
     "BackendError",
     "ConfigError",
@@ -138,6 +141,15 @@ class StageError(InterpError):
     def __init__(self, stage: str, message: str) -> None:
         super().__init__(message)
         self.stage = stage
+
+    @classmethod
+    def of(cls, stage: str) -> Callable[[str], StageError]:
+        """A one-argument factory of this stage's error, for code that takes an error class.
+
+        ``StageError.of("steering")("alpha must be > 0")`` is
+        ``StageError("steering", "alpha must be > 0")``.
+        """
+        return functools.partial(cls, stage)
 
     def reworded(self, message: str) -> StageError:
         """The same stage's error with another message."""

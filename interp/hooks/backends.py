@@ -25,6 +25,16 @@ over the batch: the patched activation is ``where(mask, source, activation)``.
    weights; inside a trace, module inputs/outputs are read and assigned in execution order.
    Module paths come from :func:`interp.models.points.hook_site`.
 
+What a backend offers beyond this protocol is declared once, torch-free, in
+:data:`interp.core.vocab.BACKEND_OFFERS` (checked in one line by
+:func:`interp.core.vocab.check_backend` before any forward), and done by the backend object:
+``hf`` runs under another attention kernel (``attn``; ``eager`` is the exact recorder's check
+path), with gradients and key/value prefixes, and steers with its rows kept
+(:meth:`HFBackend.steered`, :meth:`HFBackend.steered_score`); ``transformer_lens`` steers
+without rows (:meth:`TLBackend.steered_score`); every backend gives full patterns
+(``patterns``: the recorder's check paths). :func:`get_backend` is the one place a name picks
+a class.
+
 Lifetimes: :func:`get_backend` builds a backend per call (cheap); only the TransformerLens
 bridge, which wraps a COPY of the model, is cached (weakly, :mod:`interp.hooks.wrappers`), so
 it dies with the model. Nothing here keeps a model alive.
@@ -50,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -58,6 +69,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from interp.core.errors import BackendError
+from interp.core.vocab import BACKENDS, check_backend
 from interp.hooks.capture import Edit, hooked
 from interp.hooks.guard import inference_guard
 from interp.hooks.wrappers import attn_implementation, envoy, to_nnsight, to_tlens
@@ -88,9 +100,6 @@ __all__ = [
     "reply_extensions",
     "reply_logprobs",
 ]
-
-BACKENDS = ("hf", "transformer_lens", "nnsight")
-"""The backend names, one per backend, used by every command and API."""
 
 Logits = Float[Tensor, "batch keep vocab"]
 Masks = Mapping[str, Bool[Tensor, "batch pos *heads"]]
@@ -292,11 +301,6 @@ class Backend(Protocol):
         ...
 
 
-def _attn_paths(handle: ModelHandle, layers: Sequence[int]) -> list[str]:
-    """Module paths of the attention blocks of ``layers`` (their second output: the weights)."""
-    return [hook_site(handle.model, f"blocks.{x}.hook_attn_out").module_path for x in layers]
-
-
 class HFBackend:
     """The Hugging Face model, read and edited through :func:`interp.hooks.capture.hooked`.
 
@@ -381,6 +385,60 @@ class HFBackend:
         with self._attn(), torch.no_grad(), inference_guard(self.model):
             out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
         return output_cache(out)
+
+    def _steer_last(self, ids: Int[Tensor, "1 pos"], steer: Any) -> dict[str, Any]:
+        """The steered forward's arguments: the last position per alpha, the unsteered prefix."""
+        return {"ids": ids[:, -1:].expand(len(steer.alphas), -1),
+                "prefix": self.prefix_cache(ids[:, :-1]) if ids.shape[1] > 1 else None,
+                "extra_hooks": lambda: steer.attention(self.handle)}
+
+    @torch.no_grad()
+    def steered(self, ids: Int[Tensor, "1 pos"], steer: Any) -> Forward:
+        """The prompt's last position once per alpha of ``steer``, after the unsteered prefix.
+
+        Step 1 of :mod:`interp.methods.steering`: every position but the last runs once,
+        unsteered (its key/value cache is the same for every alpha and is expanded to the
+        batch); then the last position runs for all alphas (one batch row each) inside
+        ``steer.attention(handle)`` (:func:`interp.hooks.steering.steering`), which keeps the
+        steered last rows of every layer in ``steer.rows`` when ``steer.keep_rows``.
+
+        Args:
+            ids: the prompt ``[1, pos]``.
+            steer: the intervention, an :class:`interp.hooks.steering.Steer`.
+
+        Returns:
+            :class:`Forward`: ``logits [n_alpha, 1, vocab]`` of the last position and the
+            key/value cache of every row (``kv``), for decoding on.
+        """
+        kw = self._steer_last(ids, steer)
+        return self.forward(kw.pop("ids"), return_kv=True, **kw)
+
+    @torch.no_grad()
+    def steered_score(self, ids: Int[Tensor, "1 pos"], replies: Sequence[Sequence[int]],
+                      steer: Any) -> tuple[Float[Tensor, "alpha n_reply"],
+                                           dict[int, Tensor] | None]:
+        """Whole-reply verdict scores under steering, one row per alpha (``hf``).
+
+        :meth:`steered`, scored as :meth:`score` does: the replies' later tokens are scored
+        from each row's key/value cache outside the steering, so only the verdict position's
+        query is steered.
+
+        Args:
+            ids: the judge prompt ``[1, pos]``.
+            replies: token ids of each reply.
+            steer: the intervention (:class:`interp.hooks.steering.Steer`).
+
+        Returns:
+            ``(logprobs [n_alpha, n_reply], rows)``: ``log P(reply | steered prompt)`` in nats
+            and ``steer.rows`` (layer -> steered last rows ``[n_alpha, n_heads, pos]``, filled
+            when ``steer.keep_rows``).
+
+        Raises:
+            StageError: as :func:`interp.hooks.steering.steering`.
+        """
+        kw = self._steer_last(ids, steer)
+        lp, _, _ = self.score(kw.pop("ids"), replies, **kw)
+        return lp, steer.rows
 
 
 class _FullPromptBackend:
@@ -468,6 +526,40 @@ class TLBackend(_FullPromptBackend):
             logits = self.bridge.run_with_hooks(ids, fwd_hooks=hooks, return_type="logits")
         return logits[:, -keep:, :], cache
 
+    @torch.no_grad()
+    def steered_score(self, ids: Int[Tensor, "1 pos"], replies: Sequence[Sequence[int]],
+                      steer: Any) -> tuple[Float[Tensor, "alpha n_reply"], None]:
+        """Whole-reply verdict scores under steering on the bridge, one row per alpha.
+
+        The prompt is extended by the replies (:func:`reply_extensions`, one row per
+        extension and alpha) and run once with ``steer.score_hooks`` at the verdict position
+        (``pos - 1``) under eager attention; the appended reply positions are not steered. It
+        agrees with :meth:`HFBackend.steered_score` to 1e-4 (tests/equivalence).
+
+        Args:
+            ids: the judge prompt ``[1, pos]``.
+            replies: token ids of each reply.
+            steer: the intervention (:class:`interp.hooks.steering.Steer`).
+
+        Returns:
+            ``(logprobs [n_alpha, n_reply], None)``: no steered rows (no context mass).
+
+        Raises:
+            StageError: as :meth:`interp.hooks.steering.Steer.check`.
+        """
+        exts = reply_extensions(replies)
+        width = max(len(e) for e in exts)
+        b = len(steer.alphas)
+        tok = self.handle.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        st = dataclasses.replace(steer, alphas=list(steer.alphas) * len(exts), keep_rows=False,
+                                 rows={})
+        hooks = st.score_hooks(self.handle, query=ids.shape[1] - 1)
+        with attn_implementation(self.handle, "eager"), inference_guard(self.bridge):
+            logits = self.bridge.run_with_hooks(extend_prompts(ids.expand(b, -1), exts, pad),
+                                                fwd_hooks=hooks, return_type="logits")
+        return reply_logprobs(logits[:, -(width + 1):, :], replies, exts, b), None
+
     def patterns(self, ids: Int[Tensor, "1 pos"], layers: Sequence[int]
                  ) -> dict[int, Float[Tensor, "1 head pos pos"]]:
         """Full attention patterns of ``layers``: the bridge's ``blocks.L.attn.hook_pattern``."""
@@ -523,7 +615,8 @@ class NNsightBackend(_FullPromptBackend):
         saved = []
         with attn_implementation(self.handle, "eager"), torch.no_grad(), \
                 inference_guard(self.handle.model), self.lm.trace(ids):
-            for path in _attn_paths(self.handle, layers):
+            for x in layers:  # the attention block's second output: its weights
+                path = hook_site(self.handle.model, f"blocks.{x}.hook_attn_out").module_path
                 saved.append(envoy(self.lm, path).output[1].save())
         return {x: getattr(v, "value", v).float().cpu() for x, v in zip(layers, saved,
                                                                        strict=True)}
@@ -540,14 +633,11 @@ def get_backend(handle: ModelHandle, backend: str = "hf", *, attn: str | None = 
             the exact recorder, whose patterns are ``output_attentions``).
 
     Raises:
-        BackendError: an unknown backend name (lists the valid ones), or ``attn`` with a
-            backend other than ``hf``.
+        BackendError: an unknown backend name (lists the valid ones, and what to write for
+            ``eager``: ``backend="hf", attn="eager"``), or ``attn`` with a backend other than
+            ``hf`` (:func:`interp.core.vocab.check_backend`).
     """
-    classes = {"hf": HFBackend, "transformer_lens": TLBackend, "nnsight": NNsightBackend}
-    if backend not in classes:
-        raise BackendError(f"unknown backend {backend!r}; valid: {list(BACKENDS)}")
+    check_backend(backend, BackendError, attn=attn)
     if backend == "hf":
         return HFBackend(handle, attn=attn)
-    if attn is not None:
-        raise BackendError(f"attn={attn!r} is an option of the 'hf' backend, not {backend!r}")
-    return classes[backend](handle)
+    return {"transformer_lens": TLBackend, "nnsight": NNsightBackend}[backend](handle)

@@ -44,7 +44,8 @@ from torch import Tensor
 
 from interp.core.errors import BackendError, HookError
 from interp.core.layers import parse_layers
-from interp.hooks.backends import BACKENDS, Backend, Forward, get_backend
+from interp.core.vocab import check_backend
+from interp.hooks.backends import Backend, Forward, get_backend
 from interp.hooks.cache import PATTERN, POINTS, ActivationCache, act_name
 from interp.hooks.capture import Edit, Stream, hooked
 from interp.hooks.guard import inference_guard
@@ -73,7 +74,8 @@ class HookedModel:
 
     Args:
         handle: the loaded model (:func:`interp.models.loading.load_model`).
-        backend: ``hf`` (default), ``transformer_lens`` or ``nnsight`` (:data:`BACKENDS`).
+        backend: ``hf`` (default), ``transformer_lens`` or ``nnsight``
+            (:data:`interp.hooks.backends.BACKENDS`).
 
     Raises:
         BackendError: an unknown backend (lists the valid ones), or an architecture that
@@ -81,8 +83,7 @@ class HookedModel:
     """
 
     def __init__(self, handle: ModelHandle, *, backend: str = "hf") -> None:
-        if backend not in BACKENDS:
-            raise BackendError(f"unknown backend {backend!r}; valid: {list(BACKENDS)}")
+        check_backend(backend, BackendError)
         self.handle = handle
         self.backend_name = backend
         self._backend: Backend | None = None
@@ -104,8 +105,7 @@ class HookedModel:
             interp.core.errors.ModelSpecError: as :func:`interp.models.loading.load_model`.
             BackendError: an unknown backend.
         """
-        if backend not in BACKENDS:  # before the weights load
-            raise BackendError(f"unknown backend {backend!r}; valid: {list(BACKENDS)}")
+        check_backend(backend, BackendError)  # before the weights load
         return cls(load_model(spec, **load_kwargs), backend=backend)
 
     @classmethod

@@ -12,7 +12,8 @@ position that predicts the first output token):
    ``h // (n_heads / n_kv_heads)`` (transformers' ``repeat_kv``), so every query head reports
    its own row. Cost: about one plain SDPA forward (``benchmarks/attention_recorder.py``);
    eager attention with ``output_attentions=True`` costs 3.3x that at 2048 tokens.
-3. Check paths: ``eager`` (``output_attentions=True``), ``transformer_lens`` (TransformerBridge
+3. Check paths, each a backend's ``patterns`` (:mod:`interp.hooks.backends`): ``hf`` with
+   ``attn="eager"`` (``output_attentions=True``), ``transformer_lens`` (TransformerBridge
    ``blocks.L.attn.hook_pattern``) and ``nnsight`` (the attention module's second output under
    eager attention) give the same rows (tests/equivalence).
 4. Optional activations of chosen layers (``hf`` only), read in the same forward through
@@ -59,7 +60,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from interp.core.errors import StageError
 from interp.core.layers import parse_layers
-from interp.core.vocab import ATTENTION_BACKENDS
+from interp.core.vocab import BACKEND_OFFERS, check_backend
 from interp.hooks.backends import get_backend
 from interp.hooks.capture import hooked
 from interp.hooks.guard import inference_guard
@@ -68,14 +69,12 @@ from interp.models.devices import module_weight, stack_cpu
 from interp.models.loading import ModelHandle
 from interp.models.points import hook_name, hook_site, resolve
 
-__all__ = ["BACKENDS", "IMPLEMENTATION", "PATTERN_CHUNK_BYTES", "PATTERN_POINT", "Recording",
+__all__ = ["IMPLEMENTATION", "PATTERN_CHUNK_BYTES", "PATTERN_POINT", "Recording",
            "STREAM_POINTS", "Sink", "batch_rows", "context_mass", "full_pattern", "last_row",
            "pattern_attention", "sdpa_forward",
            "record_rows",
            "record_stream", "recording", "register_attention", "register_recorder"]
 
-BACKENDS = ATTENTION_BACKENDS
-"""Recorder backends: ``hf`` (exact rows inside the attention function) and the check paths."""
 IMPLEMENTATION = "interp_last_row"
 """Name under which the recording attention function is registered with transformers."""
 PATTERN_POINT = "attn.hook_pattern"
@@ -401,8 +400,9 @@ def batch_rows(handle: ModelHandle) -> Iterator[Callable[[], Float[Tensor, "batc
 def _as_ids(input_ids: Sequence[int] | Tensor, device: torch.device) -> Tensor:
     ids = torch.as_tensor(input_ids, dtype=torch.long)
     if ids.ndim != 1 or ids.numel() == 0:
-        raise StageError("attention", f"input_ids must be one non-empty sequence, got shape "
-                                      f"{tuple(ids.shape)}")
+        raise StageError("attention",
+                         f"input_ids must be one non-empty sequence, got shape "
+                         f"{tuple(ids.shape)}")
     return ids[None].to(device)
 
 
@@ -426,8 +426,9 @@ def _forward(handle: ModelHandle, ids: Tensor, cap: _Capture, names: Sequence[st
         _ACTIVE.reset(token)
     missing = [layer for layer in range(handle.n_layers) if layer not in cap.rows]
     if missing:
-        raise StageError("attention", f"the recorder saw no attention call in layers {missing}: "
-                                      f"{type(model).__name__} does not use AttentionInterface")
+        raise StageError("attention",
+                         f"the recorder saw no attention call in layers {missing}: "
+                         f"{type(model).__name__} does not use AttentionInterface")
     return stack_cpu([cap.rows[layer][0] for layer in range(handle.n_layers)]), store
 
 
@@ -462,14 +463,6 @@ def _record_hf(handle: ModelHandle, ids: Tensor, layers: list[int],
                      layers=layers)
 
 
-def _record_check(handle: ModelHandle, ids: Tensor, backend: str) -> Tensor:
-    """Step 3: rows ``[n_layers, n_heads, pos]`` from a library's eager attention weights."""
-    be = get_backend(handle, "hf", attn="eager") if backend == "eager" else \
-        get_backend(handle, backend)  # an unsupported architecture fails here
-    pats = be.patterns(ids, range(handle.n_layers))
-    return torch.stack([pats[x][0, :, -1, :] for x in range(handle.n_layers)])
-
-
 @torch.no_grad()
 def context_mass(rows: Mapping[int, Tensor] | Tensor, band: Sequence[int],
                  span: tuple[int, int], positions: Sequence[int] | None = None
@@ -502,15 +495,19 @@ def context_mass(rows: Mapping[int, Tensor] | Tensor, band: Sequence[int],
 
 
 def record_rows(handle: ModelHandle, input_ids: Sequence[int] | Int[Tensor, " pos"], *,
-                backend: str = "hf", act_layers: Sequence[int] = (),
+                backend: str = "hf", attn: str | None = None, act_layers: Sequence[int] = (),
                 patterns: bool = False) -> Recording:
     """Record the last-token attention row of every layer and query head for one prompt.
 
     Args:
         handle: the model (any device/dtype; rows come back float32 on CPU).
         input_ids: token ids ``[pos]``, fed exactly (no BOS added by any backend).
-        backend: one of :data:`BACKENDS` (module docstring, steps 2-3).
-        act_layers: layers whose residual streams / per-head outputs to keep (``hf`` only).
+        backend: one of :data:`interp.hooks.backends.BACKENDS` (module docstring, steps 2-3):
+            ``hf`` records with the exact recorder, the others (their ``patterns``) check it.
+        attn: ``eager``: the ``hf`` backend's check path instead, eager attention's
+            ``output_attentions`` (None: the exact recorder).
+        act_layers: layers whose residual streams / per-head outputs to keep (the exact
+            recorder only).
         patterns: also keep full patterns ``[n_heads, pos, pos]`` of ``act_layers``.
 
     Returns:
@@ -521,26 +518,36 @@ def record_rows(handle: ModelHandle, input_ids: Sequence[int] | Int[Tensor, " po
     is left with the hooks, attention kernel and training flags it had.
 
     Raises:
-        StageError: an unknown backend, activations requested from a backend other than
-            ``hf``, or a model whose attention does not go through ``AttentionInterface``.
+        StageError: an unknown backend (``eager``: names ``backend="hf", attn="eager"``),
+            an ``attn`` other than ``eager`` or with a backend other than ``hf``, activations
+            requested from another path than the exact recorder, or a model whose attention
+            does not go through ``AttentionInterface``.
         interp.core.errors.LayerSpecError: an ``act_layers`` entry outside the model (names the
             valid range).
         interp.core.errors.ModelSpecError: query heads not a multiple of key/value heads.
         interp.core.errors.BackendError: an architecture the ``nnsight`` / ``transformer_lens``
             backend cannot wrap (names the supported ones).
     """
-    if backend not in BACKENDS:
-        raise StageError("attention", f"unknown backend {backend!r}; use one of {list(BACKENDS)}")
-    if act_layers and backend != "hf":
+    check_backend(backend, StageError.of("attention"), attn=attn)
+    if attn not in (None, "eager"):
         raise StageError("attention",
-                         "residual streams / head outputs are recorded by the 'hf' backend "
-                         f"only, not {backend!r}")
+                         f"attn={attn!r}: the recorder's check path is attn='eager' "
+                         "(output_attentions); leave attn out for the exact recorder")
+    exact = attn is None and "exact_rows" in BACKEND_OFFERS[backend]
+    if act_layers and not exact:
+        raise StageError("attention",
+                         "residual streams / head outputs are recorded by the exact "
+                         f"recorder only (backend='hf' without attn), not backend="
+                         f"{backend!r}{f', attn={attn!r}' if attn else ''}")
     layers = parse_layers(list(act_layers), handle.n_layers) if len(act_layers) else []
     ids = _as_ids(input_ids, handle.device)
     with inference_guard(handle.model):
-        if backend == "hf":
+        if exact:
             return _record_hf(handle, ids, layers, patterns)
-        return Recording(rows=_record_check(handle, ids, backend).float().cpu())
+        # the check paths: a library's attention weights (an unsupported architecture fails)
+        pats = get_backend(handle, backend, attn=attn).patterns(ids, range(handle.n_layers))
+        rows = torch.stack([pats[x][0, :, -1, :] for x in range(handle.n_layers)])
+        return Recording(rows=rows.float().cpu())
 
 
 STREAM_POINTS = ("hook_resid_pre", "attn.hook_z", "hook_resid_post")
@@ -578,8 +585,9 @@ def record_stream(handle: ModelHandle, input_ids: Sequence[int] | Int[Tensor, " 
         interp.core.errors.HookError: a layer outside the model.
     """
     if bad := set(points) - set(STREAM_POINTS):
-        raise StageError("attention", f"record_stream cannot send {sorted(bad)}; use points of "
-                                      f"{list(STREAM_POINTS)}")
+        raise StageError("attention",
+                         f"record_stream cannot send {sorted(bad)}; use points of "
+                         f"{list(STREAM_POINTS)}")
     # a layer outside the model fails before the forward; negative layers count from the end
     layers = sorted({hook_site(handle.model, hook_name(x, "hook_resid_pre")).layer
                      for x in layers})

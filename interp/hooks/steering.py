@@ -4,7 +4,9 @@ The causal test of the mechanism of paper section 3.2 (docs/stages.md, steer): t
 position reads the context less than the generator's answer position does; multiply that
 reading by ``alpha`` and see what the verdict does.
 
-Algorithm (:func:`steering`, :func:`tl_steered_logits`):
+Algorithm (:func:`steering`, :meth:`Steer.score_hooks`; the backends run them:
+:meth:`interp.hooks.backends.HFBackend.steered_score`,
+:meth:`interp.hooks.backends.TLBackend.steered_score`):
 
 1. A :class:`Steer` names the steered layers (and per layer the query heads, or all), the
    steered keys (the span ``[start, end)``, e.g. the prompt's context, or instead a list of
@@ -39,21 +41,20 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
 from interp.core.errors import StageError
 from interp.hooks.recorder import last_row, register_attention, sdpa_forward
-from interp.hooks.wrappers import attn_implementation, to_tlens
+from interp.hooks.wrappers import attn_implementation
 from interp.models.loading import ModelHandle
 
-__all__ = ["IMPLEMENTATION", "Steer", "control_keys", "key_mask", "register_steering", "steering",
-           "tl_steered_logits"]
+__all__ = ["IMPLEMENTATION", "Steer", "control_keys", "key_mask", "register_steering", "steering"]
 
 
 def key_mask(span: tuple[int, int], n_keys: int, positions: Sequence[int] | None = None,
@@ -131,6 +132,56 @@ class Steer:
     keep_rows: bool = True
     positions: Sequence[int] | None = None
     rows: dict[int, Tensor] = field(default_factory=dict)
+
+    def check(self, handle: ModelHandle) -> None:
+        """Refuse bad layers, heads, spans and alphas before any forward.
+
+        Raises:
+            StageError: alphas not finite and > 0, layers or heads outside the model, an
+                empty span or bad key positions.
+        """
+        _check(handle, self)
+
+    def attention(self, handle: ModelHandle) -> contextlib.AbstractContextManager[Steer]:
+        """The ``hf`` way (module step 2): :func:`steering` of ``handle`` with this intervention."""
+        return steering(handle, self)
+
+    def score_hooks(self, handle: ModelHandle, query: int
+                    ) -> list[tuple[str, Callable[[Tensor, Any], Tensor]]]:
+        """The ``transformer_lens`` way (module step 3): forward hooks on the bridge's scores.
+
+        Each hook adds ``log(alpha)`` (one alpha per batch row) to the pre-softmax scores
+        ``blocks.L.attn.hook_attn_scores`` ``[batch, head, query, key]`` of the steered heads
+        at query position ``query`` and the steered keys (``keep_rows`` does not apply: no
+        rows are kept).
+
+        Args:
+            handle: the model (its layers and heads check the intervention).
+            query: the steered query position (the verdict position, ``n - 1`` of the prompt).
+
+        Returns:
+            ``[(hook name, hook fn)]`` for TransformerLens ``run_with_hooks(fwd_hooks=...)``.
+
+        Raises:
+            StageError: as :meth:`check`, or ``query`` < 0.
+        """
+        _check(handle, self)
+        if query < 0:
+            raise StageError("steering", f"query position {query} outside the prompt")
+
+        def mk(layer: int) -> Callable[[Tensor, Any], Tensor]:
+            heads = self.units[layer]
+
+            def fn(scores: Tensor, hook: Any) -> Tensor:
+                la = self.log_alpha(scores.device)
+                hs = list(range(scores.shape[1])) if heads is None else list(heads)
+                m = key_mask(self.keys, scores.shape[-1], self.positions, scores.device)
+                scores = scores.clone()
+                scores[:, hs, query, :] += (la[:, None, None] * m).to(scores.dtype)
+                return scores
+            return fn
+
+        return [(f"blocks.{layer}.attn.hook_attn_scores", mk(layer)) for layer in self.units]
 
     def log_alpha(self, device: torch.device) -> Float[Tensor, " batch"]:
         """``log(alpha)`` per row (float32)."""
@@ -214,8 +265,9 @@ def _check(handle: ModelHandle, st: Steer) -> None:
                          f"steered layers {bad} out of range; valid: 0..{handle.n_layers - 1}")
     for layer, heads in st.units.items():
         if heads is not None and (not heads or any(not 0 <= h < handle.n_heads for h in heads)):
-            raise StageError("steering", f"layer {layer}: heads {list(heads)} out of range; valid: "
-                                         f"0..{handle.n_heads - 1}")
+            raise StageError("steering",
+                             f"layer {layer}: heads {list(heads)} out of range; valid: "
+                             f"0..{handle.n_heads - 1}")
     s, e = st.keys
     if not 0 <= s < e:
         raise StageError("steering",
@@ -254,44 +306,3 @@ def steering(handle: ModelHandle, st: Steer) -> Iterator[Steer]:
             yield st
     finally:
         _ACTIVE.reset(token)
-
-
-@torch.no_grad()
-def tl_steered_logits(handle: ModelHandle, ids: Int[Tensor, "batch pos"], st: Steer, *,
-                      query: int, logits_to_keep: int = 1) -> Float[Tensor, "batch keep vocab"]:
-    """The steered forward through TransformerLens (module docstring, step 3).
-
-    Args:
-        handle: the model (wrapped in a cached TransformerBridge copy).
-        ids: token ids, one row per alpha of ``st``.
-        st: the intervention (``keep_rows`` is ignored here).
-        query: the steered query position (the verdict position, ``n - 1`` of the prompt).
-        logits_to_keep: how many last positions get logits.
-
-    Returns:
-        Logits ``[batch, logits_to_keep, vocab]``.
-
-    Raises:
-        StageError: as :func:`steering`, or ``query`` outside the prompt.
-    """
-    _check(handle, st)
-    if not 0 <= query < ids.shape[1]:
-        raise StageError("steering", f"query position {query} outside the prompt of {ids.shape[1]}")
-    bridge = to_tlens(handle)
-    la = st.log_alpha(ids.device)
-
-    def mk(layer: int) -> Any:
-        heads = st.units[layer]
-
-        def fn(scores: Tensor, hook: Any) -> Tensor:
-            hs = list(range(scores.shape[1])) if heads is None else list(heads)
-            m = key_mask(st.keys, scores.shape[-1], st.positions, scores.device)
-            scores = scores.clone()
-            scores[:, hs, query, :] += (la[:, None, None] * m).to(scores.dtype)
-            return scores
-        return fn
-
-    hooks = [(f"blocks.{layer}.attn.hook_attn_scores", mk(layer)) for layer in st.units]
-    with attn_implementation(handle, "eager"):
-        logits = bridge.run_with_hooks(ids, fwd_hooks=hooks, return_type="logits")
-    return logits[:, -logits_to_keep:, :]

@@ -58,7 +58,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from interp.analysis.stats import make_folds, roc_auc
-from interp.hooks.capture import hooked
+from interp.hooks.model import HookedModel
 from interp.hooks.steering import Steer, steering
 from interp.judging.parsing import parse_verdict
 from interp.judging.prompts import RenderedPrompt
@@ -207,7 +207,7 @@ def self_check(handle: ModelHandle, prompt: RenderedPrompt, replies: VerdictRepl
         raise ValueError("nothing follows the answer in the self-check prompt")
     ids = torch.tensor([prompt.input_ids], device=handle.device)
     hooks = [f"blocks.{L}.hook_resid_pre" for L in range(handle.n_layers)]
-    with hooked(handle.model, cache=hooks) as acts:
+    with HookedModel(handle).hooks(cache=hooks) as acts:
         out = handle.model(input_ids=ids, use_cache=True)
     states = torch.stack([acts[h][0, b] for h in hooks]).float().cpu()
     logits = out.logits[0].float()
@@ -249,7 +249,7 @@ def states_after_answer(handle: ModelHandle, prompt: RenderedPrompt
     """
     b = prompt.token_spans["candidate"][1]
     hooks = [f"blocks.{L}.hook_resid_pre" for L in range(handle.n_layers)]
-    with hooked(handle.model, cache=hooks) as acts:
+    with HookedModel(handle).hooks(cache=hooks) as acts:
         handle.model(input_ids=torch.tensor([prompt.input_ids[:b + 1]], device=handle.device),
                      use_cache=False, logits_to_keep=1)
     return torch.stack([acts[h][0, b] for h in hooks]).float().cpu()
@@ -295,6 +295,7 @@ def patch_verdict_position(handle: ModelHandle, ids: Sequence[int],
     n = len(ids)
     t = torch.tensor([list(ids)], device=handle.device)
     prefix = output_cache(handle.model(input_ids=t[:, :-1], use_cache=True))
+    model = HookedModel(handle)
     model_dtype = next(handle.model.parameters()).dtype
     mask = torch.ones(1, n, dtype=torch.long, device=handle.device)
 
@@ -309,7 +310,7 @@ def patch_verdict_position(handle: ModelHandle, ids: Sequence[int],
                 return x
             edits[f"blocks.{L}.hook_resid_pre"] = edit
         try:
-            with hooked(handle.model, edits=edits):
+            with model.hooks(edits=edits):
                 out = handle.model(input_ids=t[:, -1:], use_cache=True,
                                    **{cache_kwarg(handle.model): prefix})
             last = out.logits[:, -1].float()

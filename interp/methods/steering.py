@@ -8,7 +8,9 @@ and lowering the generator's should lower its accuracy (docs/stages.md, steer). 
 
 Algorithm, one record and a grid of ``alpha`` (all alphas at once, one batch row each):
 
-1. Judge (:func:`steer_judge`): the eval prompt with the record's own answer. ``hf``: every
+1. Judge (:func:`steer_judge`): the eval prompt with the record's own answer, on a backend
+   that offers steering (:data:`interp.core.vocab.BACKEND_OFFERS`; the backend object does
+   the forward). ``hf`` (:meth:`interp.hooks.backends.HFBackend.steered_score`): every
    position but the last is run once, unsteered (its key/value cache is the same for every
    alpha); then one forward of the last position (the verdict position) for all alphas under
    :func:`interp.hooks.steering.steering`: in the steered layers (default the attention band),
@@ -17,9 +19,10 @@ Algorithm, one record and a grid of ``alpha`` (all alphas at once, one batch row
    (mean over heads and the band). The replies' later tokens are scored from each row's cache
    WITHOUT steering (:func:`interp.models.kv_cache.continuation_logprobs`): ``logit_diff`` (nats),
    ``p_correct``, ``verdict_coverage``, and the forced verdict ``logit_diff > 0``.
-   ``transformer_lens``: the same on TransformerBridge (:func:`interp.hooks.steering.
-   tl_steered_logits`), the replies appended (:func:`interp.hooks.backends.reply_extensions`),
-   steering only the verdict position's query; it agrees with ``hf`` to 1e-4.
+   ``transformer_lens`` (:meth:`interp.hooks.backends.TLBackend.steered_score`): the same on
+   TransformerBridge (:meth:`interp.hooks.steering.Steer.score_hooks`), the replies appended
+   (:func:`interp.hooks.backends.reply_extensions`), steering only the verdict position's
+   query; it agrees with ``hf`` to 1e-4 and keeps no rows (context mass NaN).
 2. Generator (:func:`steer_generator`): the gen prompt; the same single-position forward gives
    the generator's context mass at the position that predicts the answer's first token; then
    the answer is decoded greedily under steering (every new token's query steered on the
@@ -37,12 +40,12 @@ import torch
 from jaxtyping import Float
 
 from interp.core.errors import StageError
-from interp.core.vocab import ALPHAS
-from interp.hooks.backends import extend_prompts, reply_extensions, reply_logprobs
+from interp.core.vocab import ALPHAS, check_backend
+from interp.hooks.backends import get_backend
 from interp.hooks.recorder import context_mass
-from interp.hooks.steering import Steer, steering, tl_steered_logits
+from interp.hooks.steering import Steer, steering
 from interp.judging.verdict import VerdictReplies, verdict_replies
-from interp.models.kv_cache import cache_kwarg, continuation_logprobs, output_cache
+from interp.models.kv_cache import cache_kwarg, output_cache
 from interp.models.loading import ModelHandle, stop_ids
 
 __all__ = ["ALPHAS", "parse_heads", "steer_generator", "steer_judge", "top_diff_k"]
@@ -109,23 +112,6 @@ def parse_heads(spec: str | Sequence[str], band: Sequence[int], n_heads: int, *,
 
 
 @torch.no_grad()
-def _last_forward(handle: ModelHandle, ids: Sequence[int], st: Steer) -> tuple[Any, Any, int]:
-    """Step 1 (``hf``): the unsteered prefix once, the last position for every alpha."""
-    model = handle.model
-    t = torch.tensor([list(ids)], device=handle.device)
-    b = len(st.alphas)
-    kw: dict[str, Any] = {"use_cache": True, "logits_to_keep": 1}
-    if t.shape[1] > 1:
-        pre = output_cache(model(input_ids=t[:, :-1], use_cache=True, logits_to_keep=1))
-        if b > 1:
-            pre.batch_repeat_interleave(b)
-        kw[cache_kwarg(model)] = pre
-    with steering(handle, st):
-        out = model(input_ids=t[:, -1:].expand(b, -1), **kw)
-    return out.logits[:, -1], output_cache(out), t.shape[1]
-
-
-@torch.no_grad()
 def steer_judge(handle: ModelHandle, ids: Sequence[int], context: tuple[int, int],
                 units: Units, alphas: Sequence[float], *, band: Sequence[int],
                 backend: str = "hf", replies: VerdictReplies | None = None,
@@ -140,7 +126,8 @@ def steer_judge(handle: ModelHandle, ids: Sequence[int], context: tuple[int, int
         units: steered layer -> heads (None: all), e.g. :func:`parse_heads`.
         alphas: the factors (one batch row each).
         band: layers averaged for the context mass (``hf``).
-        backend: ``hf`` or ``transformer_lens`` (no context mass: NaN).
+        backend: a backend offering ``steering`` (:data:`interp.core.vocab.BACKEND_OFFERS`):
+            ``hf``, or ``transformer_lens`` (it keeps no steered rows: context mass NaN).
         replies: verdict replies (default: from the tokenizer).
         positions: steer these key positions instead of the context (the non-context
             control, :func:`interp.hooks.steering.control_keys`).
@@ -152,32 +139,21 @@ def steer_judge(handle: ModelHandle, ids: Sequence[int], context: tuple[int, int
         ``positions``).
 
     Raises:
-        StageError: an unknown backend, alphas not > 0, layers or heads out of range.
+        StageError: an unknown backend or one without steering (``nnsight``), alphas not
+            > 0, layers or heads out of range (all before any forward).
     """
+    check_backend(backend, StageError.of("steering"), needs="steering")  # before any forward
     replies = replies or verdict_replies(handle.tokenizer)
-    if backend == "hf":
-        st = Steer(units=units, keys=context, alphas=list(alphas), keep_rows=True,
-                   positions=positions)
-        last, kv, n = _last_forward(handle, ids, st)
-        mask = torch.ones(len(alphas), n, dtype=torch.long, device=handle.device)
-        lp = continuation_logprobs(handle.model, last, kv, mask, replies.ids)
-        mass = context_mass(st.rows, band, context)
-        steered = context_mass(st.rows, band, context, positions)
-    elif backend == "transformer_lens":
-        exts = reply_extensions(replies.ids)
-        width = max(len(e) for e in exts)
-        tok = handle.tokenizer
-        t = torch.tensor([list(ids)] * len(alphas), device=handle.device)
-        ext = extend_prompts(t, exts, tok.pad_token_id or 0)
-        st = Steer(units=units, keys=context, alphas=list(alphas) * len(exts), keep_rows=False,
-                   positions=positions)
-        logits = tl_steered_logits(handle, ext, st, query=len(ids) - 1,
-                                   logits_to_keep=width + 1)
-        lp = reply_logprobs(logits, replies.ids, exts, len(alphas))
+    st = Steer(units=units, keys=context, alphas=list(alphas), keep_rows=True,
+               positions=positions)
+    st.check(handle)
+    be = get_backend(handle, backend)
+    lp, rows = be.steered_score(torch.tensor([list(ids)], device=handle.device), replies.ids, st)
+    if rows is None:  # a backend that keeps no steered rows (transformer_lens): no mass
         mass = steered = np.full(len(alphas), np.nan)
     else:
-        raise StageError("steering",
-                         f"steering runs on 'hf' or 'transformer_lens', not {backend!r}")
+        mass = context_mass(rows, band, context)
+        steered = context_mass(rows, band, context, positions)
     lp = lp.double().cpu().numpy()
     ld = lp[:, 0] - lp[:, 1]
     return {"logprob_correct": lp[:, 0], "logprob_incorrect": lp[:, 1], "logit_diff": ld,
@@ -216,7 +192,8 @@ def steer_generator(handle: ModelHandle, ids: Sequence[int], context: tuple[int,
     eos = set(stop_ids(tok, model))  # Llama 3: <|eot_id|> is not the EOS token
     st = Steer(units=units, keys=context, alphas=list(alphas), keep_rows=True,
                positions=positions)
-    logits, kv, n = _last_forward(handle, ids, st)
+    first = get_backend(handle, "hf").steered(torch.tensor([list(ids)], device=handle.device), st)
+    logits, kv = first.logits[:, -1], first.kv
     mass = context_mass(st.rows, band, context)
     steered = context_mass(st.rows, band, context, positions)
     st.keep_rows = False

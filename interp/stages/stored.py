@@ -25,7 +25,7 @@ from safetensors import safe_open
 
 from interp.analysis.span_mass import SPANS, TASKS, span_mass, span_names
 from interp.core.contract import spec
-from interp.core.errors import Interrupted, RunDirError
+from interp.core.errors import Interrupted, RunDirError, StageError
 from interp.core.io import (
     finite,
     is_fresh,
@@ -36,6 +36,7 @@ from interp.core.io import (
 )
 from interp.core.layers import parse_layers
 from interp.core.progress import tqdm
+from interp.core.vocab import attention_backend
 from interp.hooks.recorder import record_rows
 from interp.judging.prefill import Capture
 from interp.judging.prompts import record_prompts, rerender
@@ -291,12 +292,17 @@ def _has_rows(path: Path) -> bool:
 
 def _record_one(run: RunDir, handle: ModelHandle, rec: Record, prompts: Mapping[str, Any],
                 cfg: Any, act_layers: list[int], sigs: tuple[str, str]) -> None:
-    """Step 2 for one record: record both prompts and save masses (and rows, activations)."""
+    """Step 2 for one record: record both prompts and save masses (and rows, activations).
+
+    The recording is labelled with ``cfg.backend`` as written (``eager``: the ``hf`` backend
+    under eager attention), so a check recording is never taken for an exact one.
+    """
+    backend, attn = attention_backend(cfg.backend, StageError.of("attention"))
     rows: dict[str, torch.Tensor] = {}
     acts: dict[str, torch.Tensor] = {}
     for task, p in prompts.items():
-        got = record_rows(handle, p.input_ids, backend=cfg.backend, act_layers=act_layers,
-                          patterns=cfg.save_patterns)
+        got = record_rows(handle, p.input_ids, backend=backend, attn=attn,
+                          act_layers=act_layers, patterns=cfg.save_patterns)
         rows[task] = got.rows
         acts.update({f"{task}.{k}": v for k, v in got.acts.items()})
     if acts:

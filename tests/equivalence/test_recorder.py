@@ -19,7 +19,7 @@ def _prompt(tokenizer):
 def test_hf_rows_are_exact_and_sum_to_one(tiny):
     ids = _prompt(tiny.tokenizer).input_ids
     hf = record_rows(tiny, ids).rows
-    eager = record_rows(tiny, ids, backend="eager").rows
+    eager = record_rows(tiny, ids, attn="eager").rows
     assert hf.shape == (tiny.n_layers, tiny.n_heads, len(ids))
     torch.testing.assert_close(hf.sum(-1), torch.ones(hf.shape[:2]), atol=1e-5, rtol=0)
     assert (hf - eager).abs().max().item() <= 1e-5
@@ -66,8 +66,8 @@ def test_backends_agree_on_a_tiny_checkpoint(tiny, tmp_path):
     handle = load_model(str(tmp_path), device="cpu", dtype="float32")
     ids = _prompt(handle.tokenizer).input_ids
     hf = record_rows(handle, ids).rows
-    for backend in ("eager", "nnsight", "transformer_lens"):
-        rows = record_rows(handle, ids, backend=backend).rows
+    for backend, attn in (("hf", "eager"), ("nnsight", None), ("transformer_lens", None)):
+        rows = record_rows(handle, ids, backend=backend, attn=attn).rows
         assert (rows - hf).abs().max().item() <= 1e-5, backend
     assert handle.model.config._attn_implementation == "sdpa"
 

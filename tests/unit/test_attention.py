@@ -9,6 +9,7 @@ import torch
 
 from interp.analysis.span_mass import SPANS, span_mass, summarize, top_heads
 from interp.core.errors import ConfigError, LayerSpecError, StageError
+from interp.core.vocab import attention_backend
 from interp.hooks.recorder import record_rows
 from interp.judging.prompts import get_template, render
 from interp.stages import attention as stage
@@ -59,8 +60,20 @@ def test_activations_are_consistent(tiny):
     hk.remove()
     torch.testing.assert_close(a["result_last"][1].sum(0), out["o"][0, -1], atol=1e-5,
                                rtol=1e-4)
-    with pytest.raises(StageError, match="hf"):
-        record_rows(tiny, p.input_ids, backend="eager", act_layers=[0])
+    with pytest.raises(StageError, match="exact recorder only .backend='hf' without "
+                       "attn., not backend='hf', attn='eager'"):
+        record_rows(tiny, p.input_ids, backend="hf", attn="eager", act_layers=[0])
+    with pytest.raises(StageError, match="exact recorder only.*not backend='nnsight'"):
+        record_rows(tiny, p.input_ids, backend="nnsight", act_layers=[0])
+    with pytest.raises(StageError, match="unknown backend 'eager'.*write backend='hf', "
+                       "attn='eager'"):
+        record_rows(tiny, p.input_ids, backend="eager")
+    with pytest.raises(StageError, match="attn='eager': the 'hf' backend only, not "
+                       "'nnsight'"):
+        record_rows(tiny, p.input_ids, backend="nnsight", attn="eager")
+    with pytest.raises(StageError, match="attn='sdpa': the recorder's check path is "
+                       "attn='eager'"):
+        record_rows(tiny, p.input_ids, attn="sdpa")
     with pytest.raises(StageError, match="unknown backend 'tlens'"):
         record_rows(tiny, p.input_ids, backend="tlens")
 
@@ -134,6 +147,10 @@ def test_config_refuses_unknown_keys_and_backends():
         stage.AttentionConfig.from_mapping({"layer": "last8"})
     with pytest.raises(StageError, match="unknown backend 'tlens'; use one of"):
         stage.AttentionConfig.from_mapping({"backend": "tlens"})
+    # "eager", a backend value before it became an attention option, still reads as one
+    assert stage.AttentionConfig.from_mapping({"backend": "eager"}).backend == "eager"
+    assert attention_backend("eager", StageError.of("attention")) == ("hf", "eager")
+    assert attention_backend("nnsight", StageError.of("attention")) == ("nnsight", None)
 
 
 @pytest.fixture(scope="module")

@@ -64,7 +64,7 @@ def setup(tiny_tokenizer):
     bomb = Bomb(h.model)
     # transformers installs its output-capturing hooks for good on the first forward with
     # output_attentions=True (the eager recorder): install them before anything is counted
-    record_rows(h, corrupt.input_ids, backend="eager")
+    record_rows(h, corrupt.input_ids, attn="eager")
     return h, donor, clean, corrupt, bomb
 
 
@@ -110,7 +110,7 @@ BAD_INPUT = [
         h, k.input_ids, act_layers=[0, 99]), LayerSpecError,
      r"layer 99 is out of range; valid layers are 0-1"),
     ("record_rows: nnsight act_layers", lambda h, d, c, k: record_rows(
-        h, k.input_ids, backend="nnsight", act_layers=[0]), InterpError, "'hf' backend only"),
+        h, k.input_ids, backend="nnsight", act_layers=[0]), InterpError, "exact recorder only"),
     ("hf forward: bad hook", lambda h, d, c, k: get_backend(h, "hf").forward(
         torch.tensor([k.input_ids]), cache_hooks=["blocks.2.hook_resid_pre"]), HookError,
      r"layer 2 .* valid layers: 0..1"),
@@ -152,7 +152,7 @@ MID_FORWARD = [
     ("hooked", lambda h, d, c, k: _hooked_forward(h, k.input_ids)),
     ("record_rows hf", lambda h, d, c, k: record_rows(h, k.input_ids, act_layers=[0, 1],
                                                       patterns=True)),
-    ("record_rows eager", lambda h, d, c, k: record_rows(h, k.input_ids, backend="eager")),
+    ("record_rows eager", lambda h, d, c, k: record_rows(h, k.input_ids, attn="eager")),
     ("record_rows nnsight", lambda h, d, c, k: record_rows(h, k.input_ids, backend="nnsight")),
     ("hf forward", lambda h, d, c, k: get_backend(h, "hf").forward(
         torch.tensor([k.input_ids]), cache_hooks=["blocks.1.attn.hook_z"])),
@@ -209,7 +209,7 @@ def test_query_heads_not_a_multiple_of_kv_heads_is_a_named_error(tiny_tokenizer,
     bad = tiny_llama(tiny_tokenizer, n_layers=2, d_model=48, n_heads=6, n_kv_heads=4)
     msg = r"6 query heads and 4 key/value heads: query heads must be a multiple"
     calls = [lambda: record_rows(bad, corrupt.input_ids),
-             lambda: record_rows(bad, corrupt.input_ids, backend="eager"),
+             lambda: record_rows(bad, corrupt.input_ids, attn="eager"),
              lambda: patch(bad, clean.input_ids, corrupt.input_ids,
                            hook="blocks.0.hook_resid_pre"),
              lambda: Patcher(bad, clean.input_ids, corrupt.input_ids).attribution(),

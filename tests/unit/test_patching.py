@@ -184,6 +184,11 @@ def test_bad_hooks_layers_and_config(tiny, patch_prompts):
         PatchingConfig.from_mapping({"kinds": "resid,headz"})
     with pytest.raises(StageError, match="exact must be one of"):
         PatchingConfig.from_mapping({"exact": "some"})
+    with pytest.raises(StageError, match=r"^the sweeps \(attribution patching; patch\(\) takes "
+                       r"every backend\): the 'hf' backend only, not 'nnsight'$"):
+        PatchingConfig.from_mapping({"backend": "nnsight"})
+    with pytest.raises(StageError, match="unknown backend 'tl'; valid: "):
+        PatchingConfig.from_mapping({"backend": "tl"})
     with pytest.raises(LayerSpecError, match="0-1"):
         PatchingConfig(layers="0-5").layer_list(tiny.n_layers)
     assert PatchingConfig(layers="last1").layer_list(tiny.n_layers) == [1]

@@ -176,7 +176,7 @@ def test_forced_choice_after_reasoning_is_teacher_forced(tiny):
         # masses: every row sums to 1; the verdict position's equals an independent recording
         assert torch.allclose(j.verdict_mass.sum(-1), torch.ones(tiny.n_layers, tiny.n_heads),
                               atol=1e-5)
-        rows = record_rows(tiny, j.sequence, backend="eager").rows
+        rows = record_rows(tiny, j.sequence, attn="eager").rows
         assert torch.allclose(j.verdict_mass, span_mass(rows, j.labels, REASONING_SPANS),
                               atol=1e-4)
         if j.n_reasoning:

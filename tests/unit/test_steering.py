@@ -86,8 +86,14 @@ def test_bad_steering_input(tiny, prompt):
             steering(tiny, Steer({1: None}, ctx, [1.0, 2.0])):
         tiny.model(input_ids=torch.tensor([prompt.input_ids] * 3), use_cache=False)
     assert tiny.model.config._attn_implementation == "sdpa"  # restored after the error
-    with pytest.raises(StageError, match="'hf' or 'transformer_lens'"):
+    with pytest.raises(StageError, match="unknown backend 'eager'; valid: "):
         steer_judge(tiny, prompt.input_ids, ctx, {1: None}, [1.0], band=[1], backend="eager")
+    with pytest.raises(StageError, match="^steering: the 'hf' or 'transformer_lens' "
+                       "backend only, not 'nnsight'$"):
+        steer_judge(tiny, prompt.input_ids, ctx, {1: None}, [1.0], band=[1], backend="nnsight")
+    with pytest.raises(StageError, match="alpha must be a finite number > 0"):
+        steer_judge(tiny, prompt.input_ids, ctx, {1: None}, [0.0], band=[1],
+                    backend="transformer_lens")
 
 
 def test_parse_heads():

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from interp.core.errors import StageError
 from interp.core.layers import DEFAULT_BAND
 from interp.core.options import StageConfig, option
-from interp.core.vocab import ATTENTION_BACKENDS
+from interp.core.vocab import attention_backend
 
 __all__ = ["AttentionConfig"]
 
@@ -20,7 +20,8 @@ class AttentionConfig(StageConfig):
     """Settings of the attention stage (``[attention]`` table of a config).
 
     Attributes:
-        backend: one of :data:`interp.hooks.recorder.BACKENDS` (``hf`` default).
+        backend: one of :data:`interp.hooks.backends.BACKENDS` (``hf`` default), or ``eager``:
+            the ``hf`` backend under eager attention, a check of the exact recorder.
         band: band for the summary and head ranking (:func:`interp.core.layers.parse_layers`:
             ``last8``, ``24-31``, ``all``).
         limit: records per dataset (first N ok records; all or None: every one).
@@ -50,6 +51,4 @@ class AttentionConfig(StageConfig):
     progress: bool = True
 
     def __post_init__(self) -> None:
-        if self.backend not in ATTENTION_BACKENDS:
-            raise StageError("attention", f"unknown backend {self.backend!r}; use one of "
-                                          f"{list(ATTENTION_BACKENDS)}")
+        attention_backend(self.backend, StageError.of("attention"))

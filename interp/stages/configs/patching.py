@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from interp.core.errors import StageError
 from interp.core.layers import DEFAULT_BAND, parse_layers
 from interp.core.options import StageConfig, option
-from interp.core.vocab import EXACT_MODES, MIN_GAP, PAIR_KINDS
+from interp.core.vocab import EXACT_MODES, MIN_GAP, PAIR_KINDS, check_backend
 
 __all__ = ["PatchingConfig", "SWEEP_KINDS"]
 
@@ -108,9 +108,8 @@ class PatchingConfig(StageConfig):
         if self.top_k < 1 or self.min_gap < 0 or self.batch_size < 1:
             raise StageError("patching", f"top_k and batch_size must be >= 1 and min_gap >= 0, got "
                                          f"{self.top_k}, {self.batch_size}, {self.min_gap}")
-        if self.backend != "hf":
-            raise StageError("patching",
-                             "sweeps run on the hf backend (use patch() for the others)")
+        check_backend(self.backend, StageError.of("patching"), needs="gradients",
+                      what="the sweeps (attribution patching; patch() takes every backend)")
 
     def layer_list(self, n_layers: int) -> list[int]:
         """The swept layers.
