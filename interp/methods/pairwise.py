@@ -51,6 +51,10 @@ Inside (:func:`measure_pair`), at the verdict position:
 4. The logit lens of ``s`` at every layer in both orders, hence the content and position
    terms per layer: for one-token letters read from step 2's forward (the residual stream
    summed from its components), else :func:`interp.methods.lens.reply_lens`.
+
+Steps 2-4 read step 1's two scored forwards (the clean order's whole prompt, the corrupt
+order's verdict token over the key/value cache of its prefix) rather than forwards of their
+own: one full forward per order.
 """
 
 from __future__ import annotations
