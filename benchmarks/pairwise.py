@@ -14,7 +14,10 @@ record's (a wrong answer to this question), measure per pair and way:
 * ``seconds`` and ``cpu_seconds``: wall time and process CPU time of one measurement (band
   ``last8``, every band head patched, ``--batch-size`` rows a forward), after one warm-up
   pair measured by both;
-* ``max_abs_diff``: the largest difference between the two measurements' numbers.
+* ``max_abs_diff``, ``max_rel_diff``: the largest difference between the two measurements'
+  numbers, absolute and relative to ``max(1, |unfused|)``; ``lens_last_minus_score``: per
+  way, the larger gap of the lens's last layer and the letter score over the two orders
+  (float rounding between a whole-prompt forward and one token over a key/value cache).
 
 Run: ``python benchmarks/pairwise.py [--model smollm2-135m-instruct] [--pairs 6]
 [--max-tokens 700] [--threads 1] [--out FILE.json]``. Not part of the test suite.
@@ -27,6 +30,8 @@ import json
 import statistics
 import time
 from typing import Any
+
+import numpy as np
 
 
 def main() -> None:
@@ -100,14 +105,21 @@ def main() -> None:
                 rows[w].append({"tokens_prompt": n, "seconds": dt, "cpu_seconds": dc,
                                 "forwards": len(calls), "full": sum(c > 0 for c in calls),
                                 "tokens": sum(abs(c) for c in calls)})
-            diffs.append(max(abs(x - y) for x, y in zip(numbers(got["fused"]),
-                                                        numbers(got["unfused"]))))
+            x, y = np.array(numbers(got["fused"])), np.array(numbers(got["unfused"]))
+            diffs.append((float(np.abs(x - y).max()),
+                          float((np.abs(x - y) / np.maximum(1.0, np.abs(y))).max())))
+            for w in ways:   # the lens's last layer against the letter score, both orders
+                g = got[w]
+                rows[w][-1]["lens_last_minus_score"] = max(
+                    abs(g["lens"]["right_first"][-1] - g["s1"]),
+                    abs(g["lens"]["right_second"][-1] - g["s2"]))
             print(f"pair {k}: {n} tokens, " + ", ".join(
                 f"{w} {rows[w][-1]['cpu_seconds']:.2f} CPU-s" for w in ways), flush=True)
     finally:
         hook.remove()
     out: dict[str, Any] = {"model": a.model, "threads": a.threads, "batch_size": a.batch_size,
-                           "max_abs_diff": max(diffs[1:])}
+                           "max_abs_diff": max(d[0] for d in diffs[1:]),
+                           "max_rel_diff": max(d[1] for d in diffs[1:])}
     for w in ways:
         r = rows[w][1:]   # the first pair is the warm-up
         out[w] = {"pairs": r, "median_cpu_seconds": statistics.median(x["cpu_seconds"] for x in r),
