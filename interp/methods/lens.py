@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +75,8 @@ from interp.models.readout import (
     readout,
 )
 
-__all__ = ["LOGIT_CHUNK_BYTES", "NORM_KINDS", "Readout", "TunedLens", "direct_logit_attribution",
+__all__ = ["LOGIT_CHUNK_BYTES", "NORM_KINDS", "Readout", "TunedLens", "attribution_reader",
+           "direct_logit_attribution",
            "first_agreeing_layer", "fit_tuned_lens", "lens_kl", "lens_logits", "norm_kind",
            "position_chunks", "readout", "reply_lens", "residual_stack", "stack_names",
            "token_lens"]
@@ -345,22 +346,53 @@ def direct_logit_attribution(handle: Any, prompt: Sequence[int], a: int, b: int,
         StageError: an unsupported model or final norm (see :func:`readout`,
             :meth:`Readout.fold`).
     """
-    model = handle.model
-    n = handle.n_layers
-    names = attribution_names(n)
+    x = torch.tensor([list(prompt)], device=handle.device)
+    with attribution_reader(handle, rows=rows) as result:
+        out = handle.model(input_ids=x, use_cache=False, logits_to_keep=1)
+    return result(out.logits[0, -1], a, b, stack=stack)
+
+
+@contextlib.contextmanager
+def attribution_reader(handle: Any, *, rows: bool = False
+                       ) -> Iterator[Callable[..., dict[str, Any]]]:
+    """Read what :func:`direct_logit_attribution` needs from a forward run inside the block.
+
+    The hook points of :func:`interp.models.readout.attribution_names` are streamed at the
+    last position of the forward's input (the prompt's last token, also when the forward runs
+    that token alone over a key/value cache of the earlier ones) and nothing else is kept; with
+    ``rows`` the forward runs under the attention recorder
+    (:func:`interp.hooks.recorder.batch_rows`). So the attribution comes from a forward that
+    the caller runs for its own ends (the pairwise judge's scored forwards,
+    :func:`interp.methods.pairwise.measure_pair`) instead of one of its own.
+
+    Yields:
+        ``result(last_logits, a, b, *, stack=False)``: the dict of
+        :func:`direct_logit_attribution` from the LAST forward inside the block, with
+        ``last_logits`` that forward's logits at its last position ``[vocab]`` (``total`` is
+        ``last_logits[a] - last_logits[b]`` in float64) and, with ``rows``, ``"rows"``
+        ``[n_layers, n_heads, key_len]`` float32 of batch row 0.
+
+    Raises:
+        LensError: (from ``result``) an unsupported model or final norm.
+        AttentionError: (from ``result``, with ``rows``) a layer the recorder did not see.
+    """
+    names = attribution_names(handle.n_layers)
     last: dict[str, Tensor] = {}
 
     def stream(name: str, value: Tensor) -> None:
         last[name] = value[0, -1].double().cpu()
 
-    x = torch.tensor([list(prompt)], device=handle.device)
     with (batch_rows(handle) if rows else contextlib.nullcontext()) as read_rows, \
             HookedModel(handle).hooks(cache=names, stream=stream):
-        out = model(input_ids=x, use_cache=False, logits_to_keep=1)
-    extra: dict[str, Any] = {"rows": read_rows()[0]} if rows else {}
-    attrs = logit_attribution(last, model, a, b, stack=stack)
-    total = float(out.logits[0, -1, a].double() - out.logits[0, -1, b].double())
-    return {**attrs, "total": total, **extra}
+
+        def result(last_logits: Tensor, a: int, b: int, *, stack: bool = False
+                   ) -> dict[str, Any]:
+            extra: dict[str, Any] = {"rows": read_rows()[0]} if rows else {}
+            attrs = logit_attribution(last, handle.model, a, b, stack=stack)
+            total = float(last_logits[a].double() - last_logits[b].double())
+            return {**attrs, "total": total, **extra}
+
+        yield result
 
 
 class TunedLens(torch.nn.Module):

@@ -51,12 +51,17 @@ Inside (:func:`measure_pair`), at the verdict position:
 4. The logit lens of ``s`` at every layer in both orders, hence the content and position
    terms per layer: for one-token letters read from step 2's forward (the residual stream
    summed from its components), else :func:`interp.methods.lens.reply_lens`.
+
+Steps 2-4 read step 1's two scored forwards (the clean order's whole prompt, the corrupt
+order's verdict token over the key/value cache of its prefix) rather than forwards of their
+own: one full forward per order.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -242,7 +247,19 @@ def score_orders(handle: Any, pair: JudgePair, template: Any, replies: Any) -> d
 
 def measure_pair(handle: Any, pair: JudgePair, template: Any, replies: Any,
                  band: Sequence[int], *, batch_size: int = 16) -> dict[str, Any]:
-    """Steps 1-4 of the module docstring for one pair.
+    """Steps 1-4 of the module docstring for one pair, in one full forward per order.
+
+    The order ``right_second`` (the patching's clean run) runs its whole prompt once; the order
+    ``right_first`` (the corrupt run) runs its prompt up to the verdict position once, the key/
+    value cache every patched row starts from, and the verdict position's token over it
+    (:class:`interp.methods.patching.Patcher`, module step 4). Steps 2-4 read those two
+    forwards (:func:`interp.methods.lens.attribution_reader` through
+    :meth:`Patcher.ensure_clean`'s ``extra_hooks``) instead of forwards of their own. The
+    letters' later tokens and the patched rows are one-token steps over the key/value
+    caches. Letters of more than one token (no bundled tokenizer's) read the lens from
+    :func:`interp.methods.lens.reply_lens`'s own forwards, one per order and letter. The
+    outputs equal those of each step's own forwards (:func:`_measure_pair_unfused`) up to
+    float rounding (``tests/unit/test_pairwise.py``).
 
     Args:
         handle: a :class:`interp.models.loading.ModelHandle`.
@@ -262,13 +279,32 @@ def measure_pair(handle: Any, pair: JudgePair, template: Any, replies: Any,
     Raises:
         PromptError: a pair that cannot be rendered.
     """
-    from interp.hooks.recorder import context_mass
-    from interp.methods.lens import (
-        direct_logit_attribution,
-        lens_logits,
-        readout,
-        reply_lens,
-    )
+    from interp.methods.lens import attribution_reader
+
+    pt, rows, (p1, p2) = _patching_rows(handle, pair, template, replies, band, batch_size)
+    read: dict[str, Any] = {}
+
+    def reader(order: str) -> Any:
+        @contextlib.contextmanager
+        def enter() -> Iterator[None]:
+            with attribution_reader(handle, rows=True) as result:
+                read[order] = result
+                yield
+        return enter
+
+    pt.ensure_clean(sorted({p.hook for p in rows}),
+                    extra_hooks={"clean": reader("right_second"),
+                                 "corrupt": reader("right_first")})
+    one = all(len(r) == 1 for r in replies.ids)
+    logits = {"right_first": pt.corrupt_logits, "right_second": pt.clean_logits}
+    dla = {o: read[o](logits[o], replies.correct[0], replies.incorrect[0], stack=one)
+           for o in ORDERS}
+    return _pair_result(handle, pt, pt.run(rows), dla, (p1, p2), replies, band)
+
+
+def _patching_rows(handle: Any, pair: JudgePair, template: Any, replies: Any,
+                   band: Sequence[int], batch_size: int) -> tuple[Any, list[Any], tuple[Any, Any]]:
+    """Step 1's patcher (clean ``right_second``, corrupt ``right_first``), its rows, the prompts."""
     from interp.methods.patching import Patch, Patcher
     from interp.models.points import hook_name
 
@@ -277,21 +313,29 @@ def measure_pair(handle: Any, pair: JudgePair, template: Any, replies: Any,
     pos_map = [-1] * (n1 - 1) + [n2 - 1]
     pt = Patcher(handle, p2.input_ids, p1.input_ids, pos_map=pos_map, replies=replies,
                  batch_size=batch_size)
-    n, h = handle.n_layers, handle.n_heads
     last = (n1 - 1,)
-    rows = [Patch(hook_name(i, "hook_resid_post"), positions=last) for i in range(n)] + \
+    rows = [Patch(hook_name(i, "hook_resid_post"), positions=last)
+            for i in range(handle.n_layers)] + \
         [Patch(hook_name(i, "attn.hook_z"), positions=last, heads=(j,))
-         for i in band for j in range(h)]
-    res = pt.run(rows)
+         for i in band for j in range(handle.n_heads)]
+    return pt, rows, (p1, p2)
+
+
+def _pair_result(handle: Any, pt: Any, res: Any, dla: Mapping[str, Mapping[str, Any]],
+                 prompts: tuple[Any, Any], replies: Any, band: Sequence[int]) -> dict[str, Any]:
+    """:func:`measure_pair`'s dict from the patching, each order's attribution (with its rows)."""
+    from interp.hooks.recorder import context_mass
+    from interp.methods.lens import lens_logits, readout, reply_lens
+
+    n, h = handle.n_layers, handle.n_heads
     out: dict[str, Any] = {
-        "s1": pt.corrupt_ld, "s2": pt.clean_ld, "n_tokens": [n1, n2],
+        "s1": pt.corrupt_ld, "s2": pt.clean_ld, "n_tokens": [len(p) for p in prompts],
         "patch": {"resid": res.patched[:n].tolist(), "head_layers": list(band),
                   "heads": res.patched[n:].reshape(len(band), h).tolist()},
         "dla": {}, "mass": {}, "lens": {}}
     one = all(len(r) == 1 for r in replies.ids)
-    for order, p in zip(ORDERS, (p1, p2)):
-        d = direct_logit_attribution(handle, p.input_ids, replies.correct[0],
-                                     replies.incorrect[0], stack=one, rows=True)
+    for order, p in zip(ORDERS, prompts):
+        d = dla[order]
         out["dla"][order] = {"heads": d["heads"].tolist(), "mlp": d["mlp"].tolist(),
                              "total": d["total"], "sum": d["sum"]}
         rec = d["rows"]   # the attention rows of the attribution's own forward
@@ -305,3 +349,23 @@ def measure_pair(handle: Any, pair: JudgePair, template: Any, replies: Any,
             lp = reply_lens(handle, p.input_ids, replies.ids)["logprobs"]
         out["lens"][order] = (lp[0] - lp[1]).tolist()
     return out
+
+
+def _measure_pair_unfused(handle: Any, pair: JudgePair, template: Any, replies: Any,
+                          band: Sequence[int], *, batch_size: int = 16) -> dict[str, Any]:
+    """:func:`measure_pair` with each step's own forwards: four full forwards a pair.
+
+    The patcher's clean run and its corrupt run (the prefix, then the verdict position), then
+    one attribution forward of each order's whole prompt. The reference that the unit tests
+    hold :func:`measure_pair` to and that ``benchmarks/pairwise.py`` times beside it; not
+    for studies.
+    """
+    from interp.methods.lens import direct_logit_attribution
+
+    pt, rows, (p1, p2) = _patching_rows(handle, pair, template, replies, band, batch_size)
+    res = pt.run(rows)
+    one = all(len(r) == 1 for r in replies.ids)
+    dla = {o: direct_logit_attribution(handle, p.input_ids, replies.correct[0],
+                                       replies.incorrect[0], stack=one, rows=True)
+           for o, p in zip(ORDERS, (p1, p2))}
+    return _pair_result(handle, pt, res, dla, (p1, p2), replies, band)

@@ -312,6 +312,8 @@ class Patcher:
         self._prefix = None
         self.clean_lp: Float[Tensor, "1 2"] | None = None
         self.corrupt_lp: Float[Tensor, "1 2"] | None = None
+        self.clean_logits: Float[Tensor, " vocab"] | None = None
+        self.corrupt_logits: Float[Tensor, " vocab"] | None = None
         self.clean_forward_s = float("nan")
 
     # -- baselines ------------------------------------------------------------------------
@@ -336,32 +338,53 @@ class Patcher:
                          "verdict_coverage": math.exp(c) + math.exp(i)}
         return out
 
-    def ensure_clean(self, hooks: Iterable[str]) -> None:
+    def ensure_clean(self, hooks: Iterable[str], *,
+                     extra_hooks: Mapping[str, Callable[[], Any]] | None = None) -> None:
         """Score the clean and the corrupt prompt once (module step 3).
 
         The clean forward runs again when hook points not cached yet are asked for.
+
+        Args:
+            hooks: hook points whose clean activations the patched rows take.
+            extra_hooks: ``"clean"`` and/or ``"corrupt"`` -> a context-manager factory entered
+                around that run's prompt forward (``hf`` only; not the replies' tokens), for
+                the runs this call makes: what else a caller reads of the two runs (an
+                attribution, the attention rows) comes from these forwards instead of its own.
+                With the prefix cache the corrupt forward is the prompt from :attr:`start` on
+                over the cached prefix (module step 4). The last-position logits ``[vocab]``
+                of both runs are kept as :attr:`clean_logits` and :attr:`corrupt_logits`.
+
+        Raises:
+            PatchingError: an extra hook of another run than ``clean`` or ``corrupt``.
         """
+        extra = dict(extra_hooks or {})
+        if bad := sorted(set(extra) - {"clean", "corrupt"}):
+            raise PatchingError(f"extra_hooks for {bad}: only 'clean' and 'corrupt' runs exist")
         need = [h for h in hooks if h not in self._clean_cache]
         for h in need:
             _parse(h, self.handle.n_layers)
         if need or self.clean_lp is None:
             t0 = time.perf_counter()
             with torch.no_grad():
-                lp, _, acts = self.donor_be.score(self.clean_ids[None], self.replies.ids,
-                                                  cache_hooks=need)
+                lp, last, acts = self.donor_be.score(self.clean_ids[None], self.replies.ids,
+                                                     cache_hooks=need,
+                                                     extra_hooks=extra.get("clean"))
             dt = time.perf_counter() - t0
             self.clean_forward_s = dt if math.isnan(self.clean_forward_s) else min(
                 dt, self.clean_forward_s)
             self.clean_lp = lp.double().cpu()
+            self.clean_logits = last[0]
             self._clean_cache.update({k: v[0] for k, v in acts.items()})
         if self.corrupt_lp is None:
             # with the prefix cache, the corrupt run is scored as every patched row is: the
             # cached prefix, then the suffix (an unpatched row reads exactly corrupt_ld)
             off = self._offset()
             with torch.no_grad():
-                lp, _, _ = self.be.score(self.corrupt_ids[None, off:], self.replies.ids,
-                                         prefix=self._prefix_cache())
+                lp, last, _ = self.be.score(self.corrupt_ids[None, off:], self.replies.ids,
+                                            prefix=self._prefix_cache(),
+                                            extra_hooks=extra.get("corrupt"))
             self.corrupt_lp = lp.double().cpu()
+            self.corrupt_logits = last[0]
 
     def _prefix_cache(self) -> Any:
         """Module step 4's key/value cache of the corrupt prompt before ``start``, run once.

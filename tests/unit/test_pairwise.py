@@ -117,6 +117,82 @@ def test_measurements_agree_with_the_model_and_patching_the_last_block_is_the_sw
         assert all(0 <= v <= 1 for v in m["mass"][order].values())
 
 
+def _flat(d, key=""):
+    """Every number of a measure_pair result, by its path."""
+    if isinstance(d, dict):
+        for k, v in d.items():
+            yield from _flat(v, f"{key}/{k}")
+    elif isinstance(d, list) and d and isinstance(d[0], (list, dict)):
+        for i, v in enumerate(d):
+            yield from _flat(v, f"{key}[{i}]")
+    else:
+        yield key, np.asarray(d, dtype=float)
+
+
+def test_the_fused_measurement_equals_each_steps_own_forwards_in_two_full_forwards(handle):
+    from interp.judging.verdict import VerdictReplies
+    from interp.methods.pairwise import _measure_pair_unfused
+
+    recs = [REC, {**REC, "id": "r2", "answer": "Berlin, the capital of Germany"},
+            {**REC, "id": "r3", "context": "Mount Fuji is the highest peak in Japan, near "
+             "Tokyo.", "question": "What is the highest peak in Japan?",
+             "answers": ["Mount Fuji"], "answer": "Kilimanjaro"}]
+    pairs = build_judge_pairs(recs, ["p1", "p2", "p3"], {}, sources=["model"])[0]
+    tpl = get_pairwise_template()
+    one = letter_replies(handle.tokenizer)
+    two = VerdictReplies(one.correct + one.incorrect, one.incorrect + one.correct,
+                         {"A": ["A", "B"], "B": ["B", "A"]})   # letters of two tokens
+    band, bs = [0, 1], 3
+    n_rows = handle.n_layers + len(band) * handle.n_heads
+    seen: list[int] = []
+
+    def count(module, args, kwargs):
+        seen.append(int(kwargs["input_ids"].shape[1]))
+
+    hook = handle.model.model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        for pair in pairs:
+            p1, p2 = render_orders(handle.tokenizer, tpl, pair)
+            for replies in (one, two):
+                seen.clear()
+                got = measure_pair(handle, pair, tpl, replies, band, batch_size=bs)
+                fused = list(seen)
+                seen.clear()
+                want = _measure_pair_unfused(handle, pair, tpl, replies, band, batch_size=bs)
+                old = list(seen)
+                a, b = dict(_flat(got)), dict(_flat(want))
+                assert a.keys() == b.keys() and len(a) > 10
+                for k in a:
+                    assert a[k].shape == b[k].shape, k
+                    assert np.abs(a[k] - b[k]).max() <= 1e-5, (k, a[k], b[k])
+                assert got["s1"] == want["s1"] and got["s2"] == want["s2"]   # same forwards
+                assert got["patch"] == want["patch"]
+                full = sorted(n for n in fused if n > 1)
+                if replies is one:
+                    # the clean order's whole prompt, the corrupt order's up to the verdict
+                    # position; then one-token steps over the key/value caches: the verdict
+                    # token of the corrupt order and one per batch of patched rows
+                    assert full == sorted([len(p1) - 1, len(p2)])
+                    assert fused.count(1) == 1 + -(-n_rows // bs)
+                    assert sorted(n for n in old if n > 1) == sorted(
+                        [len(p1) - 1, len(p2), len(p1), len(p2)])
+                else:
+                    # the same two and the lens's own forward per order and letter; the
+                    # one-token steps also score each letter's second token over the cache
+                    # of every scored run (the two orders and each batch of patched rows)
+                    lens = [len(p) + 1 for p in (p1, p2) for _ in range(2)]
+                    assert full == sorted([len(p1) - 1, len(p2)] + lens)
+                    batches = -(-n_rows // bs)
+                    assert fused.count(1) == 1 + batches + 2 * (2 + batches)
+    finally:
+        hook.remove()
+    from interp.core.errors import PatchingError
+    from interp.methods.patching import Patcher
+
+    with pytest.raises(PatchingError, match="only 'clean' and 'corrupt' runs exist"):
+        Patcher(handle, p2.input_ids, p2.input_ids).ensure_clean([], extra_hooks={"donor": None})
+
+
 def test_behaviour_only_scores_equal_the_full_measurement_in_one_forward_per_order(handle):
     pair = build_judge_pairs([REC], ["p1"], {}, sources=["model"])[0][0]
     tpl = get_pairwise_template()
