@@ -373,8 +373,8 @@ def attribution_reader(handle: Any, *, rows: bool = False
         ``[n_layers, n_heads, key_len]`` float32 of batch row 0.
 
     Raises:
-        LensError: (from ``result``) an unsupported model or final norm.
-        AttentionError: (from ``result``, with ``rows``) a layer the recorder did not see.
+        StageError: (from ``result``) an unsupported model or final norm, or (with ``rows``) a
+            layer the recorder did not see.
     """
     names = attribution_names(handle.n_layers)
     last: dict[str, Tensor] = {}

@@ -355,11 +355,12 @@ class Patcher:
                 of both runs are kept as :attr:`clean_logits` and :attr:`corrupt_logits`.
 
         Raises:
-            PatchingError: an extra hook of another run than ``clean`` or ``corrupt``.
+            StageError: an extra hook of another run than ``clean`` or ``corrupt``.
         """
         extra = dict(extra_hooks or {})
         if bad := sorted(set(extra) - {"clean", "corrupt"}):
-            raise PatchingError(f"extra_hooks for {bad}: only 'clean' and 'corrupt' runs exist")
+            raise StageError("patching",
+                             f"extra_hooks for {bad}: only 'clean' and 'corrupt' runs exist")
         need = [h for h in hooks if h not in self._clean_cache]
         for h in need:
             _parse(h, self.handle.n_layers)

@@ -186,10 +186,10 @@ def test_the_fused_measurement_equals_each_steps_own_forwards_in_two_full_forwar
                     assert fused.count(1) == 1 + batches + 2 * (2 + batches)
     finally:
         hook.remove()
-    from interp.core.errors import PatchingError
+    from interp.core.errors import StageError
     from interp.methods.patching import Patcher
 
-    with pytest.raises(PatchingError, match="only 'clean' and 'corrupt' runs exist"):
+    with pytest.raises(StageError, match="only 'clean' and 'corrupt' runs exist"):
         Patcher(handle, p2.input_ids, p2.input_ids).ensure_clean([], extra_hooks={"donor": None})
 
 
