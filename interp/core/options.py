@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from interp.core.errors import ConfigError
+from interp.core.inputs import check_device, check_dtype
 from interp.core.names import did_you_mean
 
 __all__ = ["ALL", "CliOption", "allows_none", "check_counts", "check_numbers", "cli_options",
@@ -226,8 +227,6 @@ def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
             this machine cannot load a model on (:func:`interp.core.inputs.check_device`,
             :func:`interp.core.inputs.check_dtype`).
     """
-    from interp.core.inputs import check_device, check_dtype
-
     known = set(cls.__dataclass_fields__)
     table = renamed_keys(cls, table, section, error)
     if unknown := set(table) - known:

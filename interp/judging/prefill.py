@@ -45,7 +45,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.core.errors import Interrupted
-from interp.core.progress import advance
+from interp.core.progress import advance, tqdm
 from interp.hooks.guard import inference_guard
 from interp.hooks.model import HookedModel
 from interp.models.kv_cache import (
@@ -241,8 +241,6 @@ def run_prompts(
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     if progress:
-        from interp.core.progress import tqdm
-
         batches = tqdm(batches, desc=progress, unit="batch", leave=False)
     out: list[PromptPass] = [PromptPass() for _ in prompts]
     finished: list[int] = []

@@ -64,6 +64,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.core.errors import LensError
+from interp.core.io import load_tensors, save_tensors
 from interp.hooks.model import HookedModel
 from interp.hooks.recorder import batch_rows
 from interp.models.readout import (
@@ -394,8 +395,6 @@ class TunedLens(torch.nn.Module):
 
     def save(self, path: str | Path, metadata: Mapping[str, str] | None = None) -> Path:
         """Write the translators as safetensors (``weight``, ``bias``) with ``metadata``."""
-        from interp.core.io import save_tensors
-
         return save_tensors(path, {"weight": self.weight, "bias": self.bias}, metadata)
 
     @classmethod
@@ -405,8 +404,6 @@ class TunedLens(torch.nn.Module):
         Raises:
             LensError: a file without ``weight`` and ``bias`` of matching shapes.
         """
-        from interp.core.io import load_tensors
-
         t = load_tensors(path)
         if set(t) != {"weight", "bias"} or t["weight"].shape[:1] != t["bias"].shape[:1]:
             raise LensError(f"{path} is not a tuned lens (tensors {sorted(t)})")

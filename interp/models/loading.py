@@ -35,7 +35,9 @@ import torch
 
 from interp.core.capabilities import IN_PROCESS, is_served
 from interp.core.errors import ModelSpecError
+from interp.core.inputs import check_device, check_dtype
 from interp.core.names import did_you_mean
+from interp.core.progress import quiet_library_bars
 from interp.core.vocab import DEFAULT_MODEL
 from interp.models.files import (
     check_folder,
@@ -351,9 +353,6 @@ def load_model(
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from interp.core.inputs import check_device, check_dtype
-    from interp.core.progress import quiet_library_bars
-
     check_device(device, ModelSpecError)
     check_dtype(dtype, ModelSpecError)
     placement = check_device_map(device_map, max_memory, offload_folder)
@@ -432,8 +431,6 @@ def check_device_map(device_map: str | Mapping[str, Any] | None,
             unknown strategy; a device a mapping names that this machine lacks; ``"disk"``
             without ``offload_folder``.
     """
-    from interp.core.inputs import check_device
-
     if device_map is None:
         if max_memory is not None or offload_folder is not None:
             raise ModelSpecError("--max-memory and --offload-folder need --device-map (auto, "

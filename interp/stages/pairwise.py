@@ -47,9 +47,12 @@ from interp.analysis.stats import (
     ratio_stat,
 )
 from interp.core.contract import spec
+from interp.core.errors import PairwiseError
 from interp.core.inputs import write_result
 from interp.core.io import is_fresh, read_json, signature, write_json, write_jsonl
 from interp.core.layers import parse_layers
+from interp.core.progress import resumed, tqdm
+from interp.judging.prompts import get_pairwise_template
 from interp.models.loading import ModelHandle
 from interp.stages.common import fitting, ok_records, stage_facts, stored_negatives
 from interp.stages.configs import PairwiseConfig
@@ -83,8 +86,6 @@ def _negatives(run_dir: RunDir, records: Sequence[Mapping[str, Any]]
 def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwrite: bool,
            log: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
     """Steps 1-2: ``(parts, skipped, made now)``."""
-    from interp.core.progress import resumed, tqdm
-    from interp.judging.prompts import get_pairwise_template
     from interp.methods.pairwise import (
         build_judge_pairs,
         letter_replies,
@@ -109,7 +110,6 @@ def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwri
     skipped += [{"dataset": p.dataset, "id": p.record_id, "source": p.source,
                  "reason": "too_long", "detail": why} for p, why in long]
     if not pairs:   # refused before anything is written: a finished run's files stay
-        from interp.core.errors import PairwiseError
 
         why = {r["reason"] for r in skipped}
         hint = ("none of its records has a hard negative: `interp patch --pairs "

@@ -42,7 +42,9 @@ from interp.core.contract import spec
 from interp.core.inputs import write_result
 from interp.core.io import is_fresh, read_json, read_jsonl, signature, write_json, write_jsonl
 from interp.core.layers import parse_layers
-from interp.core.progress import resumed
+from interp.core.progress import resumed, tqdm
+from interp.data import QAExample
+from interp.judging.grading import make_oracle
 from interp.judging.prompts import get_template, render
 from interp.judging.verdict import verdict_replies
 from interp.methods.pairs import PatchPair, build_pairs
@@ -107,7 +109,6 @@ class Miner:
 
     def __call__(self, rec: Mapping[str, Any]) -> list[str]:
         """The record's closed-book hard negatives (0 or 1), graded Incorrect by the oracle."""
-        from interp.data import QAExample
         from interp.methods.transfer import HardNegativeSettings, mine_hard_negatives
 
         key = (rec["dataset"], str(rec["id"]))
@@ -250,8 +251,6 @@ def part_signature(cfg: PatchingConfig, kind: str, layers: Sequence[int], band: 
 
 def _bar(total: int | None, desc: str, enabled: bool, **kw: Any) -> Any:
     """A progress bar of the stage (``enabled`` False: silent)."""
-    from interp.core.progress import tqdm
-
     return tqdm(total=total, desc=desc, disable=not enabled, leave=False, **kw)
 
 
@@ -368,8 +367,6 @@ def _gap_filter(handle: ModelHandle, cfg: PatchingConfig, pk: str, layers: list[
 
 
 def _oracle(cfg: PatchingConfig, mcfg: Mapping[str, Any], handle: ModelHandle) -> Any:
-    from interp.judging.grading import make_oracle
-
     return make_oracle(cfg.oracle or mcfg.get("oracle") or "rule", device=str(handle.device),
                        dtype=mcfg.get("dtype"), run_model=handle)
 

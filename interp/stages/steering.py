@@ -51,6 +51,9 @@ from interp.core.errors import SteeringError
 from interp.core.inputs import write_result
 from interp.core.io import is_fresh, read_json, signature, write_json, write_table
 from interp.core.layers import parse_layers
+from interp.core.progress import resumed, tqdm
+from interp.judging.grading import extract_answer, make_oracle
+from interp.judging.prompts import rerender
 from interp.methods.steering import parse_heads, steer_generator, steer_judge
 from interp.models.loading import ModelHandle
 from interp.stages.common import ok_records, stage_facts
@@ -94,7 +97,6 @@ def _steer_one(handle: ModelHandle, rec: Mapping[str, Any], cfg: SteeringConfig,
                units: Mapping[int, Any], oracle: Any, prompts: Mapping[str, Any]) -> list[dict]:
     """Step 2 for one record: one row per (task, keys, alpha)."""
     from interp.hooks.steering import control_keys
-    from interp.judging.grading import extract_answer
 
     rows = []
     base = {"id": rec["id"], "dataset": rec["dataset"], "y_star": bool(rec["oracle_label"])}
@@ -277,10 +279,6 @@ def summarise(df: Any, cfg: SteeringConfig, band: list[int], units: Mapping[int,
 def _steer_records(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig, *,
                    overwrite: bool) -> tuple[Any, ...]:
     """Steps 1-2 of the module algorithm: ``(records, rows, band, units, made now)``."""
-    from interp.core.progress import resumed, tqdm
-    from interp.judging.grading import make_oracle
-    from interp.judging.prompts import rerender
-
     cfg.validate()
     manifest, records = ok_records(run_dir, handle, cfg.limit, stage=NAME,
                                    per_label=cfg.per_label, max_tokens=cfg.max_tokens)
