@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.core.capabilities import is_served
+from interp.core.contract import check_needs
 from interp.core.errors import (
     AttentionError,
     CalibrationError,
@@ -34,6 +35,7 @@ from interp.core.errors import (
     SteeringError,
 )
 from interp.core.layers import DEFAULT_BAND, band_note, parse_layers
+from interp.core.names import did_you_mean
 from interp.core.options import (
     check_counts,
     config_from_table,
@@ -53,7 +55,12 @@ from interp.core.vocab import (
     POOLS,
     PROBES,
 )
+from interp.data import load_examples
+from interp.data.examples import DATASETS
+from interp.judging.grading import parse_oracle_spec
+from interp.judging.prompts import get_pairwise_template, get_template
 from interp.launch import parse_shard
+from interp.store.rundir import RunDir
 
 __all__ = ["ASYMMETRY_KEY_FIELDS", "DTYPE_NAMES", "KEYS", "POSITIONS", "SWEEP_KINDS", "TASKS",
            "WHAT",
@@ -224,10 +231,6 @@ class AsymmetryConfig:
         :func:`interp.stages.asymmetry.check_inputs` (step 0 of Study 1) documents the
         checks, the return value and the errors raised.
         """
-        from interp.data import load_examples
-        from interp.judging.grading import parse_oracle_spec
-        from interp.judging.prompts import get_template
-
         config = self
         check_counts(config, "asymmetry")
         if not config.datasets:
@@ -457,8 +460,6 @@ class LensConfig:
 
     def validate(self) -> None:
         """Raises LensError on a bad held-out share, ridge, rate, sizes or dataset."""
-        from interp.data.examples import DATASETS
-
         if not 0 < self.heldout < 1:
             raise LensError(f"heldout must lie strictly between 0 and 1, got {self.heldout}")
         if self.ridge < 0 or not self.lr > 0:
@@ -467,8 +468,6 @@ class LensConfig:
         if self.train_positions < 2 or self.kl_batch < 1 or self.train_limit < 2:
             raise LensError("train_positions >= 2, train_limit >= 2 and kl_batch >= 1 needed")
         if self.tuned and (bad := [d for d in self.train_datasets if d not in DATASETS]):
-            from interp.core.names import did_you_mean
-
             raise LensError(f"unknown train dataset {bad[0]!r}{did_you_mean(bad[0], DATASETS)};"
                             f" known: {', '.join(DATASETS)}")
 
@@ -601,8 +600,6 @@ class PairwiseConfig:
             PairwiseError: an unknown or empty ``sources``, a missing ``templates_path``.
             PromptError: an unknown ``template``.
         """
-        from interp.core.names import did_you_mean
-
         known = ("hard_negative", "model")
         if not self.sources:
             raise PairwiseError(f"sources is empty; use some of {list(known)}")
@@ -611,8 +608,6 @@ class PairwiseConfig:
                                 f" use {list(known)}")
         if self.templates_path is not None and not Path(self.templates_path).is_file():
             raise PairwiseError(f"templates_path {self.templates_path!r} is not a file")
-        from interp.judging.prompts import get_pairwise_template
-
         get_pairwise_template(self.template, self.templates_path)
 
 
@@ -1080,9 +1075,6 @@ def check_run(run_dir: str | Path, stage: str, cfg: Any, *, needs: bool = True) 
         LayerSpecError: ``cfg`` selects layers outside the run's model.
         InterpError: what the config's own ``check`` raises against the model's shape.
     """
-    from interp.core.contract import check_needs
-    from interp.store.rundir import RunDir
-
     run = RunDir(run_dir)
     run.require_run()
     model = run.manifest().get("model") or {}
