@@ -50,7 +50,7 @@ from interp.core.contract import spec
 from interp.core.costs import CPU_S_PER_UNIT, SOURCE, format_cpu, wall_prior_s
 from interp.core.errors import ConfigError, Interrupted, RunDirError, ShardError
 from interp.core.inputs import new_run_dir
-from interp.core.io import write_json
+from interp.core.io import read_jsonl, write_json, write_jsonl
 from interp.core.progress import Share, tqdm
 from interp.data import DATASETS, QAExample
 from interp.endpoints import is_endpoint_spec, oracle_facts, run_served
@@ -312,8 +312,6 @@ def judge_balanced(rd: RunDir, config: AsymmetryConfig, *, handle: ModelHandle |
         RunDirError: a cross-judged run (its judge scores another model's answers; judge the
             source run instead).
     """
-    from interp.core.errors import RunDirError
-    from interp.core.io import read_jsonl, write_jsonl
     from interp.methods.asymmetry import judge_records
     from interp.methods.balanced import balanced_candidates
     from interp.stages.common import stored_negatives
