@@ -21,10 +21,10 @@ from typing import Any
 
 from interp.core.contract import SPECS
 
-__all__ = ["STAGES", "Stage", "asymmetry", "attention", "audit", "check_run_model",
-           "load_run_model", "patching", "probe", "reasoning", "record", "steering", "transfer"]
-
 _COMMON = ("Stage", "check_run_model", "load_run_model")
+
+__all__ = ["STAGES", *_COMMON, *(s.name for s in SPECS)]
+"""Every stage of the contract by name, so a new stage is listed here with its spec."""
 
 
 def __getattr__(name: str) -> Any:
