@@ -1,7 +1,7 @@
 """The reasoning judge: it reasons before its verdict, and everything is read after its reasoning.
 
 A template with ``judge = "reasoning"`` (``[reasoning]`` in ``interp/templates/paper.toml``;
-the think-then-verdict control of seed 002, PAPER.md "Related seed: reasoning judges") asks
+the think-then-verdict control of seed 002, the paper's "Related seed: reasoning judges") asks
 the judge to check the candidate against the context step by step and to end with a final
 line ``Verdict: Correct`` or ``Verdict: Incorrect``. Algorithm, per eval prompt
 (:func:`judge_reasoning`):

@@ -138,7 +138,8 @@ class Patch:
     """One intervention of a patched run: copy clean activations into the corrupt run.
 
     Attributes:
-        hook: hook-point name (:func:`valid_hooks`).
+        hook: hook-point name, ``blocks.{L}.{point}`` with a point of
+            :data:`interp.models.points.HOOK_POINTS`.
         positions: corrupt-run positions to patch (None: every patchable position).
         heads: query heads to patch (``attn.hook_z`` only; None: all heads).
     """
@@ -606,7 +607,8 @@ def patch(handle: ModelHandle, clean_ids: TokenIds, corrupt_ids: TokenIds, *, ho
         clean_ids: token ids of the clean prompt ``[seq]``.
         corrupt_ids: token ids of the corrupt prompt ``[seq]`` (same length unless
             ``pos_map``).
-        hook: hook-point name (:func:`valid_hooks`).
+        hook: hook-point name, ``blocks.{L}.{point}`` with a point of
+            :data:`interp.models.points.HOOK_POINTS`.
         positions: corrupt positions to patch (None: every patchable one; negative counts
             from the end).
         heads: query heads (``attn.hook_z`` only).
