@@ -123,3 +123,13 @@ def test_the_public_api_is_complete_in_a_fresh_interpreter():
 
     got = _fresh("public API")
     assert got == {"loaded_by_parsing": [], "resolved": sorted(interp.API)}
+
+
+def test_the_run_directory_layout_names_every_stage_folder():
+    import re
+
+    import interp.store
+    from interp.core.contract import SPECS
+
+    listed = set(re.findall(r"DIR/(\w+)/", interp.store.__doc__))
+    assert {s.folder for s in SPECS if s.folder} <= listed
