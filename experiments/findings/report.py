@@ -193,7 +193,8 @@ def reproduce_command(source: str) -> str:
            f"{''.join(' ' + m for m in seed.split()[1:])} && " if seed else "")
     publish = f"python -m experiments.findings --collect runs/{cfg} figures/findings/{sub}" \
         .rstrip("/")
-    if name.endswith("__heads_held_out.json"):   # reads the head test experiments/head_test.py
+    # held_out_heads reads the head test's output (experiments/findings/head_test.py)
+    if name.endswith("__heads_held_out.json"):
         return (f"python -m experiments.findings.held_out_heads runs/{cfg}/{model} "
                 f"figures/findings/{sub}{model}__head_test.json figures/findings/{sub}"
                 f"{model}__heads_held_out.json")

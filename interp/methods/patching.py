@@ -254,7 +254,7 @@ class Patcher:
             of the clean run's. With the corrupt run's own activation
             (:func:`own_activation`) a patch holds the unit still while other patches act:
             every path through it is blocked (path patching in its blocking form, Wang et
-            al. 2022 section 3.1; ``experiments/path_test.py``).
+            al. 2022 section 3.1; ``experiments/findings/path_test.py``).
 
     Attributes:
         shared: length of the shared prefix (module step 1); 0 with another donor model.
