@@ -39,6 +39,7 @@ from interp.core.inputs import check_device, check_dtype
 from interp.core.names import did_you_mean
 from interp.core.progress import quiet_library_bars
 from interp.core.vocab import DEFAULT_MODEL
+from interp.models.devices import input_device
 from interp.models.files import (
     check_folder,
     check_loaded,
@@ -467,8 +468,6 @@ def check_device_map(device_map: str | Mapping[str, Any] | None,
 
 def handle_device(model: Any) -> torch.device:
     """Where a model's inputs go (:func:`interp.models.devices.input_device`)."""
-    from interp.models.devices import input_device
-
     return input_device(model)
 def _added_ids(tokenizer: Any, special_only: bool) -> set[int]:
     """Ids of the tokenizer's added tokens (``added_tokens_decoder``), optionally special only.

@@ -51,6 +51,7 @@ from interp.analysis.stats import (
     mean_stat,
     passage_groups,
     passage_note,
+    roc_auc,
 )
 from interp.core.contract import spec
 from interp.core.inputs import write_result
@@ -298,8 +299,6 @@ def _group(rows: Sequence[Mapping[str, Any]], cfg: CalibrationConfig,
 
 
 def _auc(y: np.ndarray, x: np.ndarray) -> float | None:
-    from interp.analysis.stats import roc_auc
-
     return roc_auc(y, x)
 
 

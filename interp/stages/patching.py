@@ -44,12 +44,14 @@ from interp.core.io import is_fresh, read_json, read_jsonl, signature, write_jso
 from interp.core.layers import parse_layers
 from interp.core.progress import resumed, tqdm
 from interp.data import QAExample
+from interp.hooks.recorder import context_mass, record_rows
 from interp.judging.grading import make_oracle
 from interp.judging.prompts import get_template, render
 from interp.judging.verdict import verdict_replies
 from interp.methods.pairs import PatchPair, build_pairs
 from interp.methods.patch_sweeps import agreement, head_units, resid_units, sweep
 from interp.methods.patching import Patcher
+from interp.methods.transfer import HardNegativeSettings, mine_hard_negatives
 from interp.models.loading import ModelHandle
 from interp.stages.common import ok_records, stage_facts
 from interp.stages.configs import PatchingConfig
@@ -109,8 +111,6 @@ class Miner:
 
     def __call__(self, rec: Mapping[str, Any]) -> list[str]:
         """The record's closed-book hard negatives (0 or 1), graded Incorrect by the oracle."""
-        from interp.methods.transfer import HardNegativeSettings, mine_hard_negatives
-
         key = (rec["dataset"], str(rec["id"]))
         if key not in self.rows:
             h = int(hashlib.sha1(key[1].encode()).hexdigest()[:6], 16)
@@ -152,7 +152,6 @@ def _context_mass(handle: ModelHandle, ids: Sequence[int], span: tuple[int, int]
     """The prompt's last-row attention mass on its context (mean over heads and band)."""
     if not span:
         return float("nan")
-    from interp.hooks.recorder import context_mass, record_rows
 
     return float(context_mass(record_rows(handle, list(ids)).rows, band, span))
 

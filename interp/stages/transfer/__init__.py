@@ -77,7 +77,7 @@ from interp.methods.transfer import (
     training_pool,
 )
 from interp.models.loading import ModelHandle, result_facts, runtime_facts
-from interp.stages.common import stage_facts
+from interp.stages.common import current_share, stage_facts
 from interp.stages.transfer.config import (
     _ALL_OUTPUTS,
     EVAL_FIELDS,
@@ -388,8 +388,6 @@ def make_parts(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferC
     Raises:
         TransferError: as :func:`run`, before any training.
     """
-    from interp.stages.common import current_share
-
     index, count = current_share() or (0, 1)
     p = _prepare(run_dir, handle, cfg, overwrite, log)
     if p.cfg.lr_grid:
