@@ -299,8 +299,8 @@ def collect(out: str | Path, fig_dir: str | Path) -> dict[str, list[str]]:
     Returns:
         ``{model slug: [stages published]}`` (also ``progress.json``), every model's.
     """
-    from interp.run.pipeline import CROSS_FILES, STAGES, publish_run_dir
-    from interp.stages import asymmetry
+    from interp.run.pipeline import CROSS_FILES, publish_run_dir
+    from interp.stages import STAGES, asymmetry
 
     out, dest = Path(out), Path(fig_dir)
     listed = dest / "progress.json"
