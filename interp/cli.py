@@ -28,12 +28,19 @@ import typer
 from typer.core import TyperGroup
 
 from interp.core.contract import SPECS, StageSpec, kept_runs
-from interp.core.errors import InterpError, RunDirError
+from interp.core.errors import ConfigError, InterpError, LayerSpecError, RunDirError
 from interp.core.inputs import read_toml
-from interp.core.layers import DEFAULT_BAND
+from interp.core.io import check_writable, unwritable
+from interp.core.layers import DEFAULT_BAND, parse_layers
 from interp.core.names import model_slug
 from interp.core.options import cli_options, given, parse_count, split_list
 from interp.core.vocab import DEFAULT_MODEL
+from interp.judging.grading import parse_oracle_spec
+from interp.launch import current_shard, finish
+from interp.models.gguf import check_gguf
+from interp.run.pipeline import out_dir, run_config
+from interp.stages.configs import check_run
+from interp.store.rundir import RunDir
 
 __all__ = ["app", "main"]
 
@@ -293,10 +300,6 @@ def _read_run(run: Path, require: bool = True, **layers: str) -> None:
     manifest records (:func:`interp.stages.configs.check_run`'s checks for the commands that
     are not stages). ``require``: refuse a folder without a manifest (else check what is there).
     """
-    from interp.core.errors import LayerSpecError
-    from interp.core.layers import parse_layers
-    from interp.store.rundir import RunDir
-
     rd = RunDir(run)
     if require:
         rd.require_run()
@@ -327,9 +330,7 @@ def metrics(run: Annotated[Path, typer.Option(help="run directory")],
     (:func:`interp.stages.asymmetry.judge_balanced`, resumable).
     """
     _read_run(run)
-    from interp.core.io import unwritable
     from interp.stages import asymmetry as stage
-    from interp.store.rundir import RunDir
 
     rd = RunDir(run)
     cfg = stage.AsymmetryConfig.from_mapping(rd.manifest()["config"])
@@ -361,14 +362,11 @@ def oracle_agreement_cmd(
         help="seconds one try of an openai:MODEL oracle's request may take (default 60)")] = None,
 ) -> None:
     """Cohen's kappa and the confusion table of the rule oracle vs an LLM oracle on a run."""
-    from interp.judging.grading import parse_oracle_spec
-
     parse_oracle_spec(oracle)
     if timeout_s is not None and not timeout_s > 0:
         raise typer.BadParameter(f"--timeout-s must be > 0 seconds, not {timeout_s}")
     _read_run(run)
     from interp.stages import asymmetry as stage
-    from interp.store.rundir import RunDir
 
     table = {k: v for k, v in (("base_url", base_url), ("timeout_s", timeout_s)) if v}
     res = stage.oracle_agreement(RunDir(run), oracle, limit=limit, device=device,
@@ -392,10 +390,7 @@ def run_cmd(
     shard: Annotated[str | None, typer.Option(help=_SHARD_HELP)] = None,
 ) -> None:
     """Run a configured grid (models x datasets) and its stages."""
-    doc = read_toml(config)  # a missing or broken file is said before the slow imports
-    from interp.launch import current_shard, finish
-    from interp.run.pipeline import out_dir, run_config
-
+    doc = read_toml(config)  # a missing or broken file is said before anything else
     grid = Path(out or out_dir(doc, config))
     asym = doc.get("asymmetry") if isinstance(doc.get("asymmetry"), dict) else {}
     models = asym.get("models", [asym.get("model", DEFAULT_MODEL)])
@@ -440,8 +435,6 @@ def serve_cmd(
         from interp.models.loading import bundled_gguf
 
         gguf = bundled_gguf(model)
-    from interp.models.gguf import check_gguf
-
     check_gguf(gguf)  # truncated or not a GGUF: said before the server reads it
     name = alias or (Path(model).stem if model.endswith(".gguf") else model)
     base = f"http://127.0.0.1:{port}/v1"
@@ -498,10 +491,8 @@ def view_cmd(
     attention sink) aside when scaling. Each span's mass is listed beside its prompt.
     """
     _read_run(run, band=band)
-    from interp.core.io import check_writable
     from interp.run.view import find_record, write_view
     from interp.stages import load_run_model
-    from interp.store.rundir import RunDir
 
     rd = RunDir(run)
     rec = find_record(rd, record_id, dataset)  # a wrong id fails before the model loads
@@ -522,9 +513,7 @@ def heads_cmd(
     """List the top heads by context mass in gen, in eval, and by gen minus eval."""
     _read_run(run, require=False, layers=layers)  # it reads attention/summary.json only
     from interp.analysis import span_mass as attention
-    from interp.core.layers import parse_layers
     from interp.stages.stored import read_attention_summary
-    from interp.store.rundir import RunDir
 
     summary = read_attention_summary(RunDir(run))
     ranked = attention.top_heads(summary, dataset=dataset, top=top,
@@ -610,8 +599,6 @@ def _run_stage(s: StageSpec, cls: Any, kw: dict[str, Any]) -> None:
     Every check that needs no model (the config's values, its inputs, the run directory)
     comes before the stage's module, and torch and transformers with it, is imported.
     """
-    from interp.store.rundir import RunDir
-
     values = given(cls, kw)
     if "backend" in values:
         values["backend"] = BACKEND_ALIASES.get(values["backend"], values["backend"])
@@ -622,9 +609,6 @@ def _run_stage(s: StageSpec, cls: Any, kw: dict[str, Any]) -> None:
         cfg.check_inputs()  # datasets, template, oracle: before the stage's libraries load
     where = Path(kw.get("run") or kw["out"]) if kw.get("run") or kw.get("out") else None
     if where is not None and s.needs_run and not kw.get("judged"):
-        from interp.core.io import check_writable
-        from interp.stages.configs import check_run
-
         check_writable(where, f"interp {s.command}")
         # the run's manifest, layers, needs and records: said before the stage's libraries load
         check_run(where, s.name, cfg,
@@ -637,8 +621,6 @@ def _run_stage(s: StageSpec, cls: Any, kw: dict[str, Any]) -> None:
     if s.judged_input:
         _audit_dir(mod, kw)
     where = Path(kw.get("run") or kw["out"])
-    from interp.core.io import check_writable
-
     check_writable(where, f"interp {s.command}")  # before any model loads
     rd = RunDir(_watch(where))
     if kw.get("judged"):
@@ -670,7 +652,6 @@ def _run_asymmetry(rd: Any, handle: Any, cfg: Any, *, overwrite: bool,
         ``metrics.json`` (unsharded, or torchrun's rank 0 after the merge); None for a
         process that only wrote its shard (:func:`interp.run.merge.run_asymmetry`).
     """
-    from interp.launch import current_shard, finish
     from interp.run.merge import run_asymmetry
 
     try:
@@ -687,7 +668,6 @@ def _audit_dir(mod: Any, kw: dict[str, Any]) -> None:
         ConfigError: neither or both of ``--run`` and ``--judged``; ``--judged`` without
             ``--model`` and ``--out``.
     """
-    from interp.core.errors import ConfigError
     from interp.models.loading import load_model
 
     if (kw["run"] is None) == (kw["judged"] is None):

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.core.errors import ShardError
+from interp.core.io import write_json
 from interp.data import QAExample, passage_turns
 
 __all__ = ["HEARTBEAT_S", "SHARDS_DIR", "STALE_S", "Shard", "assign", "barrier", "check_count",
@@ -340,8 +341,6 @@ class _Beat:
         self.thread.start()
 
     def write(self) -> None:
-        from interp.core.io import write_json
-
         write_json(self.path, {"rank": self.shard.index, "count": self.shard.count,
                                "pid": os.getpid(), "host": socket.gethostname(),
                                "launch": _launch_id(), "passed": self.passed,

@@ -53,7 +53,9 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from interp.judging.prompts import get_template, render
+from interp.data import DATASETS, load_examples
+from interp.data.loading import save_examples
+from interp.judging.prompts import get_template, load_templates, render
 from interp.models.loading import ModelHandle
 from interp.store.rundir import RunDir
 
@@ -128,8 +130,6 @@ CORPUS = (
 
 def _template_texts() -> list[str]:
     """The bundled prompt templates' texts (every variant's system and user messages)."""
-    from interp.judging.prompts import load_templates
-
     return [" ".join((t.gen_system, t.gen_user, t.eval_system, t.eval_user))
             for t in load_templates().values()]
 
@@ -478,9 +478,6 @@ def rehearsal_datasets(out_dir: str | Path, n: int = 3, max_chars: int | None = 
         :func:`interp.run.pipeline.swap_sources`.
     """
     from dataclasses import replace
-
-    from interp.data import DATASETS, load_examples
-    from interp.data.loading import save_examples
 
     out = {}
     for name in names or DATASETS:

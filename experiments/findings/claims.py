@@ -8,7 +8,7 @@ findings`` files of :mod:`experiments.findings.report`), and nothing else. Each 
 the other side, ``undecided`` when it spans it, ``not measured`` when the study has not
 produced the file.
 
-Claims (paper section in brackets, PAPER.md): Study 1 (3.1), Study 2 and its controls (3.2),
+Claims (the paper's section in brackets): Study 1 (3.1), Study 2 and its controls (3.2),
 transfer (3.3); then what the paper did not ask: steering with its non-context control,
 activation patching, probes, the audit, the reasoning judge, self vs other.
 """

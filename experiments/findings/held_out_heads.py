@@ -1,6 +1,6 @@
 r"""The top head of the candidate swap, chosen on half the pairs and tested on the other half.
 
-The head tests (experiments/head_test.py) patch the heads the sweep ranked first, on the
+The head tests (experiments/findings/head_test.py) patch the heads the sweep ranked first, on the
 same pairs the sweep ranked them on: a description of those pairs, not a test. Here the pairs
 are split by passage into two halves (a seeded hash of the passage id, so no passage is on
 both sides); on each half the sweep's exact per-pair rows (the ``heads`` parts of the
@@ -97,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for p in (folder, test_path):
         if not p.exists():
             raise SystemExit(f"error: {p} does not exist (run the patching stage of "
-                             f"experiments/findings_gap.toml and experiments/head_test.py)")
+                             f"experiments/findings_gap.toml and "
+                             f"experiments/findings/head_test.py)")
     parts = [json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))]
     test = json.loads(test_path.read_text())
     a, b = halves([p["meta"]["passage"] for p in parts])

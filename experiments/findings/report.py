@@ -193,7 +193,8 @@ def reproduce_command(source: str) -> str:
            f"{''.join(' ' + m for m in seed.split()[1:])} && " if seed else "")
     publish = f"python -m experiments.findings --collect runs/{cfg} figures/findings/{sub}" \
         .rstrip("/")
-    if name.endswith("__heads_held_out.json"):   # reads the head test experiments/head_test.py
+    # held_out_heads reads the head test's output (experiments/findings/head_test.py)
+    if name.endswith("__heads_held_out.json"):
         return (f"python -m experiments.findings.held_out_heads runs/{cfg}/{model} "
                 f"figures/findings/{sub}{model}__head_test.json figures/findings/{sub}"
                 f"{model}__heads_held_out.json")
@@ -299,7 +300,8 @@ def collect(out: str | Path, fig_dir: str | Path) -> dict[str, list[str]]:
         ``{model slug: [stages published]}`` (also ``progress.json``), every model's.
     """
     from interp.core.contract import SPECS
-    from interp.run.pipeline import CROSS_FILES, STAGES, publish_run_dir
+    from interp.run.pipeline import CROSS_FILES, publish_run_dir
+    from interp.stages import STAGES
 
     out, dest = Path(out), Path(fig_dir)
     listed = dest / "progress.json"

@@ -30,6 +30,7 @@ from typing import Any
 
 from interp.core.contract import kept_work
 from interp.core.errors import ConfigError
+from interp.core.io import write_json
 
 __all__ = ["MODEL_DTYPES", "check_device", "check_dtype",
            "kept_work", "new_run_dir", "read_toml", "write_result"]
@@ -150,8 +151,6 @@ def write_result(path: str | Path, obj: Any, *, n: int,
         Whether the file was written: False when ``n == 0`` and the file already exists (a run
         that had nothing to do never replaces a result).
     """
-    from interp.core.io import write_json
-
     path = Path(path)
     if n == 0 and path.exists():
         if log:

@@ -89,8 +89,6 @@ def check_writable(folder: str | Path, what: str) -> None:
         RunDirError: ``folder`` is read-only (the message names the OS reason and what can be
             done: read the run, or write elsewhere).
     """
-    from interp.core.errors import RunDirError
-
     if (err := unwritable(folder)) is not None:
         raise RunDirError(f"{folder} cannot be written ({err.strerror or err}): {what} needs a "
                           f"writable folder; a finished run there can still be read (interp "

@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 
 from interp.core import contract
 from interp.core.errors import ConfigError, StageError
+from interp.core.inputs import check_device, check_dtype
 from interp.core.names import did_you_mean
 
 __all__ = ["ALL", "CliOption", "StageConfig", "allows_none", "check_counts", "check_numbers",
@@ -229,8 +230,6 @@ def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
             this machine cannot load a model on (:func:`interp.core.inputs.check_device`,
             :func:`interp.core.inputs.check_dtype`).
     """
-    from interp.core.inputs import check_device, check_dtype
-
     known = set(cls.__dataclass_fields__)
     table = renamed_keys(cls, table, section, error)
     if unknown := set(table) - known:

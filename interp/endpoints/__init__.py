@@ -8,8 +8,9 @@
 * :mod:`interp.endpoints.oracle`: :class:`EndpointOracle`;
 * :mod:`interp.endpoints.study`: Study 1 of a served model.
 
-Usage and what each server gives: docs/endpoints.md. Importing this package imports none of
-these modules: each name loads on first use.
+Usage and what each server gives: docs/endpoints.md. Importing this package imports the
+request cache (standard library and ``filelock`` only) and none of the other modules: each of
+their names loads on first use, as they import ``httpx`` or torch.
 """
 
 from __future__ import annotations
@@ -17,21 +18,23 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from interp.endpoints.cache import CACHE_FILE, RequestCache, request_key
+
 _HOMES = {
-    "CACHE_FILE": "cache", "RequestCache": "cache", "request_key": "cache",
     "PREFIX": "client", "Endpoint": "client", "EndpointConfig": "client",
     "RequestFailed": "client", "is_endpoint_spec": "client",
     "EndpointOracle": "oracle", "endpoint_for": "oracle",
     "evaluate_served": "study", "oracle_facts": "study", "run_served": "study",
 }
 
-__all__ = sorted(_HOMES)
+__all__ = ["CACHE_FILE", "RequestCache", "request_key", *sorted(_HOMES)]
 
 
 def __getattr__(name: str) -> Any:
-    """Each name from its module, imported on first use.
+    """Each name of :data:`_HOMES` from its module, imported on first use.
 
-    So a config's endpoint table is checked without importing the study's libraries.
+    So a config's endpoint table is checked without importing ``httpx`` or the study's
+    libraries.
     """
     if name not in _HOMES:
         raise AttributeError(f"module 'interp.endpoints' has no attribute {name!r}")

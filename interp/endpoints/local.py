@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from interp.core.errors import ConfigError
+
 __all__ = ["LocalServer", "check_port", "free_port"]
 
 
@@ -34,8 +36,6 @@ def check_port(port: int, host: str = "127.0.0.1") -> None:
     Raises:
         interp.core.errors.ConfigError: one line naming the port and what to do.
     """
-    from interp.core.errors import ConfigError
-
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

@@ -44,7 +44,7 @@ from interp.endpoints.client import Endpoint, RequestFailed
 from interp.endpoints.oracle import endpoint_for
 from interp.endpoints.scoring import score_replies
 from interp.judging.grading import BaseOracle, extract_answer, make_oracle
-from interp.judging.prompts import Template, chat_messages
+from interp.judging.prompts import Template, chat_messages, get_template
 from interp.judging.verdict import VerdictScores
 from interp.methods.asymmetry import _example_fields, parse_record_verdict
 from interp.store.records import Record, qa_key
@@ -150,8 +150,6 @@ def run_served(config: Any, rd: RunDir, loaded: Mapping[str, list[QAExample]], *
             loads), or the failures pass ``max_error_rate`` (finished records kept).
         interp.core.errors.RunDirError: another config or server, or stale records.
     """
-    from interp.judging.prompts import get_template
-
     template = get_template(config.template, config.templates_path)
     endpoint = endpoint_for(config.model, config.endpoint_table("model"), rd,
                             "asymmetry.model_endpoint")

@@ -45,9 +45,11 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.core.errors import Interrupted
-from interp.core.progress import advance
+from interp.core.progress import advance, tqdm
 from interp.hooks.guard import inference_guard
 from interp.hooks.model import HookedModel
+from interp.hooks.recorder import batch_rows
+from interp.judging.residual_features import pool_resid
 from interp.models.kv_cache import (
     cache_kwarg,
     continuation_logprobs,
@@ -122,8 +124,6 @@ def _pooling(handle: ModelHandle, lengths: Sequence[int], width: int,
              spans: Sequence[tuple[int, int] | None], pools: Sequence[str]
              ) -> Iterator[list[dict[int, tuple[dict[str, Tensor], bool]]]]:
     """Forward hooks that pool each row's ``resid_post`` per layer (module docstring, step 2)."""
-    from interp.judging.residual_features import pool_resid
-
     got: list[dict[int, tuple[dict[str, Tensor], bool]]] = [{} for _ in lengths]
     if not pools:
         yield got
@@ -241,8 +241,6 @@ def run_prompts(
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     if progress:
-        from interp.core.progress import tqdm
-
         batches = tqdm(batches, desc=progress, unit="batch", leave=False)
     out: list[PromptPass] = [PromptPass() for _ in prompts]
     finished: list[int] = []
@@ -264,8 +262,6 @@ def _run_batches(handle: ModelHandle, prompts: Sequence[Sequence[int]], batches:
                  stop_strings: Sequence[str], continuations: Sequence[Sequence[int]] | None,
                  rows: bool, pools: Sequence[str], keep_first_logits: bool, tail: int) -> None:
     """The batches of :func:`run_prompts`: fills ``out`` and lists each finished prompt."""
-    from interp.hooks.recorder import batch_rows
-
     with inference_guard(handle.model):
         for idx in batches:
             ids, mask = left_pad([prompts[i] for i in idx], pad_id, handle.device)

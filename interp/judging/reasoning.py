@@ -1,7 +1,7 @@
 """The reasoning judge: it reasons before its verdict, and everything is read after its reasoning.
 
 A template with ``judge = "reasoning"`` (``[reasoning]`` in ``interp/templates/paper.toml``;
-the think-then-verdict control of seed 002, PAPER.md "Related seed: reasoning judges") asks
+the think-then-verdict control of seed 002, the paper's "Related seed: reasoning judges") asks
 the judge to check the candidate against the context step by step and to end with a final
 line ``Verdict: Correct`` or ``Verdict: Incorrect``. Algorithm, per eval prompt
 (:func:`judge_reasoning`):
@@ -65,6 +65,7 @@ from torch import Tensor
 from interp.analysis.span_mass import SPANS, span_mass
 from interp.core.errors import PromptError
 from interp.core.vocab import MAX_REASONING_TOKENS
+from interp.hooks.recorder import record_stream
 from interp.judging.parsing import parse_verdict, reasoning_end
 from interp.judging.prefill import run_prompts
 from interp.judging.prompts import RenderedPrompt
@@ -307,8 +308,6 @@ def _forced(tokenizer: Any, ends: VerdictEndings, reply: Sequence[int], k: int) 
 def _reasoning_mass(handle: ModelHandle, seq: Sequence[int], labels: Sequence[str],
                     first: int, last: int) -> Tensor:
     """Step 7: mean span masses of the rows of query positions ``[first, last)``."""
-    from interp.hooks.recorder import record_stream
-
     out = torch.zeros(handle.n_layers, handle.n_heads, len(REASONING_SPANS))
 
     def sink(name: str, start: int, value: Tensor) -> None:

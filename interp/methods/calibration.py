@@ -63,6 +63,7 @@ from interp.hooks.steering import Steer, steering
 from interp.judging.parsing import parse_verdict
 from interp.judging.prompts import RenderedPrompt
 from interp.judging.verdict import VerdictReplies
+from interp.methods.lens import readout
 from interp.methods.probing import fit_probe
 from interp.models.kv_cache import cache_kwarg, continuation_logprobs, crop_cache, output_cache
 from interp.models.loading import ModelHandle
@@ -412,8 +413,6 @@ def verdict_direction(handle: ModelHandle, replies: VerdictReplies) -> dict[str,
         ``{"unembed": [d] W_U[c0] - W_U[i0], "read": [d] the same times the final norm's
         weight, "tokens": [first token of "Correct", of "Incorrect"]}`` (numpy float64).
     """
-    from interp.methods.lens import readout
-
     ro = readout(handle.model)
     W = ro.weight.detach().double().cpu()
     u = (W[replies.correct[0]] - W[replies.incorrect[0]]).numpy()

@@ -35,7 +35,7 @@ source's
    sweep of J's residual stream on the eval prompts of G's answers, next to J's verbal judge
    and G's self-judge on the same records and the same folds.
 
-Source: PAPER.md "Study 1" (templates, oracle, GA/EA/Δ) and "Related seed:
+Source: the paper's "Study 1" (templates, oracle, GA/EA/Δ) and "Related seed:
 representation-as-a-judge"; ``docs/cross_judging.md``.
 """
 

@@ -64,6 +64,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.core.errors import StageError
+from interp.core.io import load_tensors, save_tensors
 from interp.hooks.model import HookedModel
 from interp.hooks.recorder import batch_rows
 from interp.models.readout import (
@@ -427,8 +428,6 @@ class TunedLens(torch.nn.Module):
 
     def save(self, path: str | Path, metadata: Mapping[str, str] | None = None) -> Path:
         """Write the translators as safetensors (``weight``, ``bias``) with ``metadata``."""
-        from interp.core.io import save_tensors
-
         return save_tensors(path, {"weight": self.weight, "bias": self.bias}, metadata)
 
     @classmethod
@@ -438,8 +437,6 @@ class TunedLens(torch.nn.Module):
         Raises:
             StageError: a file without ``weight`` and ``bias`` of matching shapes.
         """
-        from interp.core.io import load_tensors
-
         t = load_tensors(path)
         if set(t) != {"weight", "bias"} or t["weight"].shape[:1] != t["bias"].shape[:1]:
             raise StageError("lens", f"{path} is not a tuned lens (tensors {sorted(t)})")

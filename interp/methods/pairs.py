@@ -54,6 +54,7 @@ from interp.core.contract import flat_key
 from interp.core.errors import PairError, StageError
 from interp.core.vocab import PAIR_KINDS
 from interp.judging.cases import Case
+from interp.judging.grading import RuleOracle
 from interp.judging.prompts import RenderedPrompt, Template, render
 
 __all__ = [
@@ -396,8 +397,6 @@ def build_pairs(records: Sequence[Mapping[str, Any]], kind: str, template: Templ
     if kind not in PAIR_KINDS:
         raise StageError("patching", f"unknown pair kind {kind!r}; valid: {list(PAIR_KINDS)}")
     if oracle is None:
-        from interp.judging.grading import RuleOracle
-
         oracle = RuleOracle()
     build: dict[str, Callable[[Mapping[str, Any]], PatchPair]] = {
         "candidate-swap": lambda r: candidate_swap_pair(tokenizer, template, r, oracle,

@@ -68,6 +68,8 @@ from typing import Any
 import numpy as np
 
 from interp.core.errors import StageError
+from interp.judging.prompts import render_pairwise
+from interp.models.points import hook_name
 
 __all__ = ["MIN_SWAP_NATS", "ORDERS", "SOURCES", "JudgePair", "build_judge_pairs", "letter_replies",
            "measure_pair", "order_outcomes", "render_orders", "score_orders", "split_passages"]
@@ -182,8 +184,6 @@ def letter_replies(tokenizer: Any) -> Any:
 
 def render_orders(tokenizer: Any, template: Any, pair: JudgePair) -> tuple[Any, Any]:
     """The pair's prompts in both orders: ``(right_first, right_second)``."""
-    from interp.judging.prompts import render_pairwise
-
     kw = {"context": pair.context, "question": pair.question}
     return (render_pairwise(tokenizer, template, answer_a=pair.right, answer_b=pair.wrong, **kw),
             render_pairwise(tokenizer, template, answer_a=pair.wrong, answer_b=pair.right, **kw))
@@ -306,7 +306,6 @@ def _patching_rows(handle: Any, pair: JudgePair, template: Any, replies: Any,
                    band: Sequence[int], batch_size: int) -> tuple[Any, list[Any], tuple[Any, Any]]:
     """Step 1's patcher (clean ``right_second``, corrupt ``right_first``), its rows, the prompts."""
     from interp.methods.patching import Patch, Patcher
-    from interp.models.points import hook_name
 
     p1, p2 = render_orders(handle.tokenizer, template, pair)
     n1, n2 = len(p1), len(p2)

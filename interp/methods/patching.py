@@ -139,7 +139,8 @@ class Patch:
     """One intervention of a patched run: copy clean activations into the corrupt run.
 
     Attributes:
-        hook: hook-point name (:func:`valid_hooks`).
+        hook: hook-point name, ``blocks.{L}.{point}`` with a point of
+            :data:`interp.models.points.HOOK_POINTS`.
         positions: corrupt-run positions to patch (None: every patchable position).
         heads: query heads to patch (``attn.hook_z`` only; None: all heads).
     """
@@ -255,7 +256,7 @@ class Patcher:
             of the clean run's. With the corrupt run's own activation
             (:func:`own_activation`) a patch holds the unit still while other patches act:
             every path through it is blocked (path patching in its blocking form, Wang et
-            al. 2022 section 3.1; ``experiments/path_test.py``).
+            al. 2022 section 3.1; ``experiments/findings/path_test.py``).
 
     Attributes:
         shared: length of the shared prefix (module step 1); 0 with another donor model.
@@ -636,7 +637,8 @@ def patch(handle: ModelHandle, clean_ids: TokenIds, corrupt_ids: TokenIds, *, ho
         clean_ids: token ids of the clean prompt ``[seq]``.
         corrupt_ids: token ids of the corrupt prompt ``[seq]`` (same length unless
             ``pos_map``).
-        hook: hook-point name (:func:`valid_hooks`).
+        hook: hook-point name, ``blocks.{L}.{point}`` with a point of
+            :data:`interp.models.points.HOOK_POINTS`.
         positions: corrupt positions to patch (None: every patchable one; negative counts
             from the end).
         heads: query heads (``attn.hook_z`` only).

@@ -42,7 +42,7 @@ Algorithm (the run-directory work, caches and ``results.json`` are
    figure ``DIR/figures/probes.png`` is drawn from ``results.json``.
 
 Source: seed 003 (INSPECTOR: hidden states, pooled mean/last/min/max, logistic regression
-first, also linear SVM and MLP, cross-validated per layer); PAPER.md "Related seed:
+first, also linear SVM and MLP, cross-validated per layer); the paper's "Related seed:
 representation-as-a-judge".
 """
 

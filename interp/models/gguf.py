@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.core.errors import ModelSpecError
+from interp.core.io import atomic_path
 
 CACHE_VERSION = 2
 """Version of the cached checkpoint layout; bump when what is cached changes (2: the
@@ -353,7 +354,6 @@ def bundled_file(alias: str) -> tuple[Path, str, list[dict[str, str]]]:
     path = cache_dir() / "models" / "gguf" / b.filename
     if path.is_file() and path.stat().st_size == b.size and sha256_file(path) == b.sha256:
         return path, b.sha256, packages
-    from interp.core.io import atomic_path
 
     h = hashlib.sha256()
     with atomic_path(path) as tmp:

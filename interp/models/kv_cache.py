@@ -19,6 +19,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from interp.models.points import base_model
+
 __all__ = ["cache_kwarg", "continuation_logprobs", "crop_cache", "left_pad", "output_cache",
            "pad_token_id", "position_ids"]
 
@@ -64,8 +66,6 @@ def cache_kwarg(model: Any) -> str:
     ``**kwargs`` and passes them to its base model, so the base model's signature decides
     (else every adapter forward would pass the deprecated name).
     """
-    from interp.models.points import base_model
-
     params = inspect.signature(base_model(model).forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 

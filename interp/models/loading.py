@@ -35,8 +35,11 @@ import torch
 
 from interp.core.capabilities import IN_PROCESS, is_served
 from interp.core.errors import ModelSpecError
+from interp.core.inputs import check_device, check_dtype
 from interp.core.names import did_you_mean
+from interp.core.progress import quiet_library_bars
 from interp.core.vocab import DEFAULT_MODEL
+from interp.models.devices import input_device
 from interp.models.files import (
     check_folder,
     check_loaded,
@@ -351,9 +354,6 @@ def load_model(
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from interp.core.inputs import check_device, check_dtype
-    from interp.core.progress import quiet_library_bars
-
     check_device(device, ModelSpecError)
     check_dtype(dtype, ModelSpecError)
     placement = check_device_map(device_map, max_memory, offload_folder)
@@ -432,8 +432,6 @@ def check_device_map(device_map: str | Mapping[str, Any] | None,
             unknown strategy; a device a mapping names that this machine lacks; ``"disk"``
             without ``offload_folder``.
     """
-    from interp.core.inputs import check_device
-
     if device_map is None:
         if max_memory is not None or offload_folder is not None:
             raise ModelSpecError("--max-memory and --offload-folder need --device-map (auto, "
@@ -470,8 +468,6 @@ def check_device_map(device_map: str | Mapping[str, Any] | None,
 
 def handle_device(model: Any) -> torch.device:
     """Where a model's inputs go (:func:`interp.models.devices.input_device`)."""
-    from interp.models.devices import input_device
-
     return input_device(model)
 def _added_ids(tokenizer: Any, special_only: bool) -> set[int]:
     """Ids of the tokenizer's added tokens (``added_tokens_decoder``), optionally special only.

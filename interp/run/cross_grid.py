@@ -28,17 +28,19 @@ from typing import Any
 
 import numpy as np
 
-from interp.analysis.stats import passage_groups
+from interp.analysis.stats import make_folds, passage_groups
 from interp.core.errors import ConfigError, RunDirError
-from interp.core.io import atomic_write_text, write_json
+from interp.core.io import atomic_write_text, read_json, write_json
 from interp.core.names import cross_name
 from interp.core.options import config_from_table
 from interp.methods.cross_judge import format_matrix, judge_matrix, ok_by_key
+from interp.methods.probing import judge_metrics
 from interp.models.loading import load_model
 from interp.plots.cross import plot_cross_probe, plot_judge_matrix
 from interp.stages import STAGES, asymmetry
+from interp.stages.probe import ProbeConfig, load_probe_records
 from interp.store import RunDir
-from interp.store.records import qa_key
+from interp.store.records import limit_per_dataset, qa_key
 
 __all__ = ["CrossJudgeConfig", "cross_dir", "cross_probe", "cross_stage_config", "run_cross"]
 
@@ -209,12 +211,6 @@ def cross_probe(cross_run: str | Path, source_run: str | Path, *,
         RunDirError: no probe results in ``cross_run`` (names ``interp probe``), or a source
             record missing or with another label than the judged one.
     """
-    from interp.analysis.stats import make_folds
-    from interp.core.io import read_json
-    from interp.methods.probing import judge_metrics
-    from interp.stages.probe import ProbeConfig, load_probe_records
-    from interp.store.records import limit_per_dataset
-
     path = Path(cross_run) / "probes" / "results.json"
     if not path.exists():
         raise RunDirError(f"{path} does not exist: run `interp probe --run {cross_run}` first")

@@ -4,10 +4,10 @@ Algorithm of :func:`run_config`:
 
 1. Read the TOML file and check it BEFORE any model is loaded: top-level keys (``name``,
    ``out``, ``figures``, ``publish``, ``description``, ``[asymmetry]`` and one table per stage
-   of :data:`STAGES`), the ``--only`` names (each must be ``asymmetry`` or a stage the config
-   has), every stage table (its ``Config.from_mapping`` refuses unknown keys and counts below
-   1) and the asymmetry inputs of every model (:func:`interp.stages.asymmetry.check_inputs`:
-   datasets, fields, limit).
+   of :data:`interp.stages.STAGES`), the ``--only`` names (each must be ``asymmetry`` or a
+   stage the config has), every stage table (its ``Config.from_mapping`` refuses unknown keys
+   and counts below 1) and the asymmetry inputs of every model
+   (:func:`interp.stages.asymmetry.check_inputs`: datasets, fields, limit).
    Then every stage config to run is checked against every model's shape, read from its
    config alone (:func:`interp.models.loading.model_shape`,
    :func:`interp.stages.common.check_against_shape`:
@@ -19,9 +19,9 @@ Algorithm of :func:`run_config`:
    measured per-record costs (:mod:`interp.core.costs`).
 2. For each model of ``[asymmetry] models``: load it once, run Study 1 into
    ``out/<model-slug>/`` (:mod:`interp.stages.asymmetry`; with ``--only`` excluding it, only
-   ``metrics.json`` is recomputed), then each configured stage in the order of :data:`STAGES`
-   on that run directory with the same model; each stage's wall and CPU seconds are logged
-   when it ends.
+   ``metrics.json`` is recomputed), then each configured stage in the order of
+   :data:`interp.stages.STAGES` on that run directory with the same model; each stage's wall
+   and CPU seconds are logged when it ends.
 3. With ``figures`` and ``publish = true``, and only when the whole study ran to its end in
    this call (no ``--only``), copy every figure and each stage's published tables (the
    ``summaries`` of its contract entry: ``metrics.json`` as ``asymmetry_metrics.json``, ...)
@@ -55,13 +55,14 @@ from typing import Any
 
 from interp.core import contract
 from interp.core.capabilities import is_served
+from interp.core.costs import SOURCE, estimate, format_cpu, units
 from interp.core.errors import ConfigError
 from interp.core.inputs import new_run_dir, read_toml
 from interp.core.io import atomic_write_text, write_json
 from interp.core.names import did_you_mean, model_slug
 from interp.core.vocab import DEFAULT_MODEL
 from interp.judging.prompts import get_template
-from interp.launch import Shard, current_shard, heartbeat
+from interp.launch import Shard, barrier, current_shard, heartbeat
 from interp.stages.configs.asymmetry import ASYMMETRY_KEY_FIELDS, AsymmetryConfig
 from interp.store.rundir import RunDir
 
@@ -78,19 +79,6 @@ CROSS_FILES = ("cross_judge.json", "cross_probe.json", "figures/cross_judge.png"
 
 STAGE_NAMES = tuple(s.name for s in contract.SPECS if s.name != "asymmetry")
 """Every stage ``interp run`` knows, by config-table name, in the order they run."""
-
-
-def __getattr__(name: str) -> Any:
-    """``STAGES`` (name -> stage module, in :data:`STAGE_NAMES` order), imported on first use.
-
-    The config checks of :func:`run_config` need none of them, so a bad config is refused
-    before torch and transformers load.
-    """
-    if name == "STAGES":
-        from interp import stages
-
-        return dict(stages.STAGES)
-    raise AttributeError(f"module 'interp.run.pipeline' has no attribute {name!r}")
 
 
 def out_dir(cfg: Mapping[str, Any], path: str | Path) -> Path:
@@ -236,8 +224,6 @@ def plan(counts: Mapping[str, Mapping[str, int]], runs: Sequence[tuple[str, Any]
     Returns:
         One line per model, then the total.
     """
-    from interp.core.costs import SOURCE, estimate, format_cpu, units
-
     lines, total, unknown = [], 0.0, False
     for spec, per_ds in counts.items():
         work = {"asymmetry": stage_units("asymmetry", None, per_ds)} if with_asymmetry else {}
@@ -294,8 +280,8 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
             :func:`swap_sources` returns).
         overwrite: discard run directories made with another asymmetry config, and let
             every stage redo work computed under other runtime settings.
-        only: run only these stages (``asymmetry`` and/or names of :data:`STAGES`, or their
-            command names: ``steer`` is ``steering``).
+        only: run only these stages (``asymmetry`` and/or names of
+            :data:`interp.stages.STAGES`, or their command names: ``steer`` is ``steering``).
         out: the folder of the run directories instead of the config's ``out``.
         log: progress lines.
         shard: this process's shard (:func:`interp.launch.current_shard`; None: unsharded).
@@ -430,7 +416,6 @@ def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Pa
     every other stage runs on rank 0 alone. A barrier (:func:`interp.launch.barrier`) follows
     each step, so a stage reads what the one before it wrote.
     """
-    from interp.launch import barrier
     from interp.models.loading import load_model, placement
     from interp.run.merge import run_asymmetry
     from interp.stages import STAGES, asymmetry

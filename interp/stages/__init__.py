@@ -21,9 +21,10 @@ from typing import Any
 
 from interp.core.contract import SPECS
 
-__all__ = ["STAGES", "check_run_model", "load_run_model", *(s.name for s in SPECS)]
-
 _COMMON = ("check_run_model", "load_run_model")
+
+__all__ = ["STAGES", *_COMMON, *(s.name for s in SPECS)]
+"""Every stage of the contract by name, so a new stage is listed here with its spec."""
 
 
 def __getattr__(name: str) -> Any:

@@ -50,7 +50,7 @@ from interp.core.contract import stage_of
 from interp.core.costs import CPU_S_PER_UNIT, SOURCE, format_cpu, wall_prior_s
 from interp.core.errors import ConfigError, Interrupted, RunDirError, ShardError
 from interp.core.inputs import new_run_dir
-from interp.core.io import write_json
+from interp.core.io import read_jsonl, write_json, write_jsonl
 from interp.core.progress import Share, tqdm
 from interp.data import DATASETS, QAExample
 from interp.endpoints import is_endpoint_spec, oracle_facts, run_served
@@ -61,7 +61,8 @@ from interp.judging.residual_features import POOLS
 from interp.judging.verdict import verdict_replies
 from interp.launch import Shard, assign, selection_sha256
 from interp.methods.agreement import oracle_agreement as grade_agreement
-from interp.methods.asymmetry import evaluate_examples, format_metrics
+from interp.methods.asymmetry import evaluate_examples, format_metrics, judge_records
+from interp.methods.balanced import balanced_candidates
 from interp.methods.cross_judge import (
     judge_from_source,
     load_answer_source,
@@ -73,9 +74,9 @@ from interp.models.loading import (
     result_facts,
     runtime_facts,
 )
-from interp.stages.common import check_run_model, stage_facts
+from interp.stages.common import check_run_model, stage_facts, stored_negatives
 from interp.stages.configs.asymmetry import ASYMMETRY_KEY_FIELDS, AsymmetryConfig
-from interp.stages.run_metrics import write_metrics
+from interp.stages.run_metrics import BALANCED_RECORDS, write_metrics
 from interp.stages.stored import store_one_pass
 from interp.store.records import Record, limit_per_dataset, qa_key
 from interp.store.rundir import RunDir
@@ -309,13 +310,6 @@ def judge_balanced(rd: RunDir, config: AsymmetryConfig, *, handle: ModelHandle |
         RunDirError: a cross-judged run (its judge scores another model's answers; judge the
             source run instead).
     """
-    from interp.core.errors import RunDirError
-    from interp.core.io import read_jsonl, write_jsonl
-    from interp.methods.asymmetry import judge_records
-    from interp.methods.balanced import balanced_candidates
-    from interp.stages.common import stored_negatives
-    from interp.stages.run_metrics import BALANCED_RECORDS
-
     if config.answers_from:
         raise RunDirError(f"{rd.path} is cross-judged (answers from {config.answers_from}); "
                           f"run `interp metrics --balanced` on the source run")

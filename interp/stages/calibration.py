@@ -51,11 +51,14 @@ from interp.analysis.stats import (
     mean_stat,
     passage_groups,
     passage_note,
+    roc_auc,
 )
 from interp.core.contract import stage_of
 from interp.core.inputs import write_result
 from interp.core.io import is_fresh, read_json, signature, write_json, write_jsonl
 from interp.core.layers import parse_layers
+from interp.core.progress import resumed, tqdm
+from interp.judging.prompts import get_template, render_self_check, rerender
 from interp.models.loading import ModelHandle
 from interp.stages.common import ok_records, stage_facts
 from interp.stages.configs.calibration import CalibrationConfig
@@ -84,8 +87,6 @@ SIGNALS = {
 
 
 def _self_prompt(rec: Mapping[str, Any], tokenizer: Any, templates_path: str | None) -> Any:
-    from interp.judging.prompts import get_template, render_self_check
-
     tpl = get_template(rec.get("template") or "default", templates_path)
     return render_self_check(tokenizer, tpl, context=rec["context"], question=rec["question"],
                              answer=rec["generation"])
@@ -95,8 +96,6 @@ def _records(run_dir: RunDir, handle: ModelHandle, cfg: CalibrationConfig, *, ov
              log: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
                                                   dict[str, Any], int]:
     """Steps 1-2: ``(records, parts, facts, n_skipped)`` (parts in the records' order)."""
-    from interp.core.progress import resumed, tqdm
-    from interp.judging.prompts import rerender
     from interp.judging.verdict import verdict_replies
     from interp.methods.calibration import (
         patch_verdict_position,
@@ -294,8 +293,6 @@ def _group(rows: Sequence[Mapping[str, Any]], cfg: CalibrationConfig,
 
 
 def _auc(y: np.ndarray, x: np.ndarray) -> float | None:
-    from interp.analysis.stats import roc_auc
-
     return roc_auc(y, x)
 
 

@@ -29,6 +29,8 @@ from interp.core import contract
 from interp.core.capabilities import capabilities, is_served
 from interp.core.contract import check_needs
 from interp.core.errors import ConfigError, RunDirError
+from interp.core.io import read_jsonl
+from interp.data import passage_turns
 from interp.judging.prompts import get_template
 from interp.models.loading import ModelHandle, load_model, placement, result_facts, runtime_facts
 from interp.stages.configs import check_against_shape
@@ -51,8 +53,6 @@ def stored_negatives(run_path: Any, records: Sequence[Mapping[str, Any]]
     balanced judge set (:mod:`interp.methods.balanced`).
     """
     from pathlib import Path
-
-    from interp.core.io import read_jsonl
 
     out: dict[tuple[str, str], str] = {}
     store = Path(run_path) / "patching" / "hard_negatives.jsonl"
@@ -103,8 +103,6 @@ def own_share(records: Sequence[Mapping[str, Any]], index: int, count: int) -> l
     :func:`interp.launch.assign`): passages in the order of their first record, passage ``k``
     to share ``k mod count``. Every record is in exactly one share.
     """
-    from interp.data import passage_turns
-
     turns = passage_turns(records, count)
     return [r for r, t in zip(records, turns, strict=True) if t == index]
 

@@ -56,10 +56,13 @@ from interp.analysis.stats import (
     ratio_stat,
 )
 from interp.core.contract import stage_of
-from interp.core.errors import StageError
+from interp.core.errors import PromptError, StageError
 from interp.core.inputs import write_result
 from interp.core.io import is_fresh, read_json, signature, write_json
 from interp.core.layers import parse_layers
+from interp.core.progress import resumed, tqdm
+from interp.data.loading import bundled_splits, load_examples, passage_key
+from interp.judging.prompts import get_template, render, rerender
 from interp.models.loading import ModelHandle
 from interp.stages.common import fitting, ok_records, stage_facts
 from interp.stages.configs.lens import LensConfig
@@ -82,9 +85,6 @@ def _train_settings(cfg: LensConfig) -> dict[str, Any]:
 def _training_positions(handle: ModelHandle, cfg: LensConfig, log: Callable[[str], None]
                         ) -> tuple[list[Any], list[str]]:
     """Step 2's positions: ``([(stack, logits) per prompt], [passage per prompt])``."""
-    from interp.core.progress import tqdm
-    from interp.data.loading import bundled_splits, load_examples, passage_key
-    from interp.judging.prompts import get_template, render
     from interp.methods.lens import residual_stack
 
     rng = np.random.default_rng(cfg.seed)
@@ -137,7 +137,6 @@ def _tuned_lens(run_dir: RunDir, handle: ModelHandle, cfg: LensConfig, facts: Ma
     """Step 2: the tuned lens and its held-out report (reused when fresh)."""
     import torch
 
-    from interp.core.progress import tqdm
     from interp.methods.lens import TunedLens, fit_tuned_lens, lens_kl, readout
 
     root = run_dir.sub(SPEC.folder)
@@ -181,7 +180,6 @@ def _tuned_lens(run_dir: RunDir, handle: ModelHandle, cfg: LensConfig, facts: Ma
 
 
 def _gold_token(tokenizer: Any, rec: Mapping[str, Any]) -> int | None:
-    from interp.core.errors import PromptError
     from interp.judging.verdict import reply_tokens
 
     answers = [a for a in rec.get("answers") or [] if a.strip()]
@@ -224,8 +222,6 @@ def _records(run_dir: RunDir, handle: ModelHandle, cfg: LensConfig, *, overwrite
              log: Callable[[str], None]) -> tuple[list[dict[str, Any]], dict[str, Any] | None,
                                                   int]:
     """Steps 1-3: ``(parts, tuned-lens report, made now)``."""
-    from interp.core.progress import resumed, tqdm
-    from interp.judging.prompts import rerender
     from interp.judging.verdict import verdict_replies
 
     cfg.validate()

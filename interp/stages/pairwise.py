@@ -47,9 +47,23 @@ from interp.analysis.stats import (
     ratio_stat,
 )
 from interp.core.contract import stage_of
+from interp.core.errors import StageError
 from interp.core.inputs import write_result
 from interp.core.io import is_fresh, read_json, signature, write_json, write_jsonl
 from interp.core.layers import parse_layers
+from interp.core.progress import resumed, tqdm
+from interp.judging.prompts import get_pairwise_template
+from interp.methods.pairwise import (
+    MIN_SWAP_NATS,
+    ORDERS,
+    build_judge_pairs,
+    letter_replies,
+    measure_pair,
+    order_outcomes,
+    render_orders,
+    score_orders,
+    split_passages,
+)
 from interp.models.loading import ModelHandle
 from interp.stages.common import fitting, ok_records, stage_facts, stored_negatives
 from interp.stages.configs.pairwise import PairwiseConfig
@@ -77,15 +91,6 @@ def _negatives(run_dir: RunDir, records: Sequence[Mapping[str, Any]]
 def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwrite: bool,
            log: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
     """Steps 1-2: ``(parts, skipped, made now)``."""
-    from interp.core.progress import resumed, tqdm
-    from interp.judging.prompts import get_pairwise_template
-    from interp.methods.pairwise import (
-        build_judge_pairs,
-        letter_replies,
-        measure_pair,
-        score_orders,
-    )
-
     cfg.validate()
     band = parse_layers(cfg.band, handle.n_layers)
     _, records = ok_records(run_dir, handle, None, stage=SPEC.name, max_tokens=cfg.max_tokens)
@@ -93,7 +98,6 @@ def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwri
     pairs, skipped = build_judge_pairs(records, passage_groups(records),
                                        _negatives(run_dir, records), sources=cfg.sources,
                                        limit=cfg.limit)
-    from interp.methods.pairwise import render_orders
 
     replies = letter_replies(handle.tokenizer)
     pairs, long = fitting(
@@ -103,7 +107,6 @@ def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwri
     skipped += [{"dataset": p.dataset, "id": p.record_id, "source": p.source,
                  "reason": "too_long", "detail": why} for p, why in long]
     if not pairs:   # refused before anything is written: a finished run's files stay
-        from interp.core.errors import StageError
 
         why = {r["reason"] for r in skipped}
         hint = ("none of its records has a hard negative: `interp patch --pairs "
@@ -126,8 +129,6 @@ def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwri
     parts, made = [], 0
     with tqdm(total=len(pairs), desc="pairwise", unit="pair", disable=not cfg.progress) as bar:
         for pair in pairs:
-            from interp.methods.pairwise import render_orders
-
             ids = [p.input_ids for p in render_orders(handle.tokenizer, template, pair)]
             base = {"model": handle.spec, "sha256": handle.info.get("sha256"), **facts,
                     "replies": replies.id_lists(), "ids": ids}
@@ -157,8 +158,6 @@ def _parts(run_dir: RunDir, handle: ModelHandle, cfg: PairwiseConfig, *, overwri
 
 def _outcomes(parts: Sequence[Mapping[str, Any]], rng: np.random.Generator, n_boot: int
               ) -> dict[str, Any]:
-    from interp.methods.pairwise import order_outcomes
-
     o = order_outcomes([p["s1"] for p in parts], [p["s2"] for p in parts])
     g = [p["passage"] for p in parts]
     out = {k: mean_stat(o[k], g, rng, n_boot) for k in OUTCOMES}
@@ -174,8 +173,6 @@ def _unit_names(n_layers: int, n_heads: int, band: Sequence[int]) -> list[tuple[
 
 def _position_units(parts: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
     """Per pair: each unit's position term (mean of its two orders' attributions), nats."""
-    from interp.methods.pairwise import ORDERS
-
     h = np.mean([[p["dla"][o]["heads"] for o in ORDERS] for p in parts], 1)   # [n, L, H]
     m = np.mean([[p["dla"][o]["mlp"] for o in ORDERS] for p in parts], 1)     # [n, L]
     tot = np.mean([[p["dla"][o]["total"] for o in ORDERS] for p in parts], 1)  # [n]
@@ -186,8 +183,6 @@ def _held_out(parts: Sequence[Mapping[str, Any]], n_layers: int, n_heads: int,
               band: Sequence[int], k: int, rng: np.random.Generator, n_boot: int
               ) -> dict[str, Any]:
     """Step 3's held-out tests: heads chosen on ``select`` passages, measured on ``test``."""
-    from interp.methods.pairwise import split_passages
-
     side = split_passages([p["passage"] for p in parts])
     sel = [p for p, s in zip(parts, side) if s == "select"]
     test = [p for p, s in zip(parts, side) if s == "test"]
@@ -260,8 +255,6 @@ def summarise(parts: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str,
         and consistency near 0 or 1 with a position term near its extreme mean a judge that
         answers one letter whatever it reads (a degenerate case the report names).
     """
-    from interp.methods.pairwise import ORDERS, order_outcomes
-
     rng = np.random.default_rng(cfg.seed)
     n_layers, n_heads = int(handle_info["n_layers"]), int(handle_info["n_heads"])
     band = parse_layers(cfg.band, n_layers)
@@ -406,8 +399,6 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     h = summary.get("held_out") or {}
     gap = ((summary.get("patching") or {}).get("gap") or {}).get("mean")
     if h.get("order_heads"):
-        from interp.methods.pairwise import MIN_SWAP_NATS
-
         small = (f" (shares of a swap that moves the score by {gap:+.2f} nats on average, "
                  f"under {MIN_SWAP_NATS:g})" if gap is not None and abs(gap) < MIN_SWAP_NATS
                  else "")

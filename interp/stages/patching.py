@@ -42,12 +42,16 @@ from interp.core.contract import stage_of
 from interp.core.inputs import write_result
 from interp.core.io import is_fresh, read_json, read_jsonl, signature, write_json, write_jsonl
 from interp.core.layers import parse_layers
-from interp.core.progress import resumed
+from interp.core.progress import resumed, tqdm
+from interp.data import QAExample
+from interp.hooks.recorder import context_mass, record_rows
+from interp.judging.grading import make_oracle
 from interp.judging.prompts import get_template, render
 from interp.judging.verdict import verdict_replies
 from interp.methods.pairs import PatchPair, build_pairs
 from interp.methods.patch_sweeps import agreement, head_units, resid_units, sweep
 from interp.methods.patching import Patcher
+from interp.methods.transfer import HardNegativeSettings, mine_hard_negatives
 from interp.models.loading import ModelHandle
 from interp.stages.common import ok_records, stage_facts
 from interp.stages.configs.patching import PatchingConfig
@@ -99,9 +103,6 @@ class Miner:
 
     def __call__(self, rec: Mapping[str, Any]) -> list[str]:
         """The record's closed-book hard negatives (0 or 1), graded Incorrect by the oracle."""
-        from interp.data import QAExample
-        from interp.methods.transfer import HardNegativeSettings, mine_hard_negatives
-
         key = (rec["dataset"], str(rec["id"]))
         if key not in self.rows:
             h = int(hashlib.sha1(key[1].encode()).hexdigest()[:6], 16)
@@ -143,7 +144,6 @@ def _context_mass(handle: ModelHandle, ids: Sequence[int], span: tuple[int, int]
     """The prompt's last-row attention mass on its context (mean over heads and band)."""
     if not span:
         return float("nan")
-    from interp.hooks.recorder import context_mass, record_rows
 
     return float(context_mass(record_rows(handle, list(ids)).rows, band, span))
 
@@ -242,8 +242,6 @@ def part_signature(cfg: PatchingConfig, kind: str, layers: Sequence[int], band: 
 
 def _bar(total: int | None, desc: str, enabled: bool, **kw: Any) -> Any:
     """A progress bar of the stage (``enabled`` False: silent)."""
-    from interp.core.progress import tqdm
-
     return tqdm(total=total, desc=desc, disable=not enabled, leave=False, **kw)
 
 
@@ -360,8 +358,6 @@ def _gap_filter(handle: ModelHandle, cfg: PatchingConfig, pk: str, layers: list[
 
 
 def _oracle(cfg: PatchingConfig, mcfg: Mapping[str, Any], handle: ModelHandle) -> Any:
-    from interp.judging.grading import make_oracle
-
     return make_oracle(cfg.oracle or mcfg.get("oracle") or "rule", device=str(handle.device),
                        dtype=mcfg.get("dtype"), run_model=handle)
 

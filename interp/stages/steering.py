@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from interp.analysis.span_mass import top_heads
 from interp.analysis.stats import (
     MIN_PASSAGES,
     ci_text,
@@ -51,11 +52,16 @@ from interp.core.errors import StageError
 from interp.core.inputs import write_result
 from interp.core.io import is_fresh, read_json, signature, write_json, write_table
 from interp.core.layers import parse_layers
+from interp.core.progress import resumed, tqdm
+from interp.hooks.steering import control_keys
+from interp.judging.grading import extract_answer, make_oracle
+from interp.judging.prompts import rerender
 from interp.methods.steering import parse_heads, steer_generator, steer_judge
 from interp.models.loading import ModelHandle
 from interp.stages.common import ok_records, stage_facts
 from interp.stages.configs import TASKS
 from interp.stages.configs.steering import SteeringConfig
+from interp.stages.stored import read_attention_summary
 from interp.store.rundir import RunDir
 
 __all__ = ["SteeringConfig", "format_summary", "make_parts", "run", "summarise"]
@@ -69,9 +75,6 @@ def _units(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig
     band = parse_layers(cfg.band, handle.n_layers)
     ranked = None
     if cfg.heads.strip().lower().startswith("top-diff:"):
-        from interp.analysis.span_mass import top_heads
-        from interp.stages.stored import read_attention_summary
-
         ranked = top_heads(read_attention_summary(run_dir), top=handle.n_layers * handle.n_heads,
                            layers=band)["diff"]
     units = parse_heads(cfg.heads, band, handle.n_heads, ranked=ranked)
@@ -84,9 +87,6 @@ def _units(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig
 def _steer_one(handle: ModelHandle, rec: Mapping[str, Any], cfg: SteeringConfig, band: list[int],
                units: Mapping[int, Any], oracle: Any, prompts: Mapping[str, Any]) -> list[dict]:
     """Step 2 for one record: one row per (task, keys, alpha)."""
-    from interp.hooks.steering import control_keys
-    from interp.judging.grading import extract_answer
-
     rows = []
     base = {"id": rec["id"], "dataset": rec["dataset"], "y_star": bool(rec["oracle_label"])}
     for task in [t for t in TASKS if t in cfg.tasks]:
@@ -268,10 +268,6 @@ def summarise(df: Any, cfg: SteeringConfig, band: list[int], units: Mapping[int,
 def _steer_records(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig, *,
                    overwrite: bool) -> tuple[Any, ...]:
     """Steps 1-2 of the module algorithm: ``(records, rows, band, units, made now)``."""
-    from interp.core.progress import resumed, tqdm
-    from interp.judging.grading import make_oracle
-    from interp.judging.prompts import rerender
-
     cfg.validate()
     manifest, records = ok_records(run_dir, handle, cfg.limit, stage=SPEC.name,
                                    per_label=cfg.per_label, max_tokens=cfg.max_tokens)

@@ -5,8 +5,12 @@ Layout (every command reads and writes one)::
     DIR/manifest.json     config, model provenance, package versions, seed, git commit
     DIR/records.jsonl     one line per (example): prompt spans, generation, oracle label, verdict
     DIR/metrics.json      GA, EA, Delta with CIs, acceptance rates, per dataset
-    DIR/attention/ DIR/activations/ (attention --save-resid) DIR/record/ DIR/patching/
-    DIR/steering/ DIR/transfer/ DIR/probes/ DIR/figures/
+    DIR/requests.jsonl    the request cache of a served model or LLM oracle (openai:MODEL)
+    DIR/attention/ DIR/probes/ DIR/transfer/ DIR/patching/ DIR/steering/ DIR/lens/
+    DIR/calibration/ DIR/pairwise/ DIR/record/ DIR/audit/ DIR/reasoning/
+                          one folder per stage (``StageSpec.folder``, interp.core.contract)
+    DIR/activations/      residual streams of ``interp attention --save-resid``
+    DIR/figures/ DIR/view/ (interp view) DIR/shards/I-of-N/ (each shard of a sharded run)
 
 JSON files are written to a temporary file and renamed (atomic). ``records.jsonl`` is appended
 line by line with a flush and fsync after each batch; a line cut by a crash is reported and

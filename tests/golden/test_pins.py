@@ -44,7 +44,7 @@ import torch
 
 PINS = Path(__file__).parent / "pins"
 # Floats from float32 forward passes move in their last bits with the CPU's BLAS kernels; CI's
-# machine moved the patching pins by 3.3e-6 relative (test_golden_patching_transfer.py), and
+# machine moved the patching pins by 3.3e-6 relative (test_patching_transfer.py), and
 # an AMD EPYC CI machine moved these pins (made on another CPU) by up to 2.2e-5 relative: sums
 # over hundreds of activations (z, result_last, pooled features) and logit_diff. Real changes
 # move these numbers by 1e-3 or more, so 1e-4 keeps the pins sharp without tying them to a CPU.

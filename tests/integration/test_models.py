@@ -12,7 +12,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_bundled_provenance(bundled):
-    """The bundled model's manifest facts: GGUF sha256, GQA shape from DESIGN.md."""
+    """The bundled model's manifest facts: GGUF sha256, GQA shape of SmolLM2-135M's config."""
     info = bundled.info
     assert info["sha256"] == sha256_file(bundled_gguf())
     assert (info["n_layers"], info["n_heads"], info["n_kv_heads"], info["head_dim"]) == (

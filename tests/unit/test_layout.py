@@ -88,12 +88,18 @@ def test_the_public_api_is_importable_from_interp(name):
 def _import_side_effects(tree) -> list[str]:
     """Module-level statements that write into a name the module imported.
 
-    A table filled when the module is imported: ``TABLE["kind"] = ...``, ``TABLE.update(...)``.
+    A table filled when the module is imported: ``TABLE["kind"] = ...``, ``TABLE.update(...)``,
+    and a function of ``interp`` called, or used as a decorator, at module level
+    (``register("kind", f)``, ``@register("kind")``): a registration by import.
     """
     import ast
 
     imported = {(a.asname or a.name).split(".")[0] for n in tree.body
                 if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    from_interp = {(a.asname or a.name).split(".")[0] for n in tree.body
+                   if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("interp")
+                   or isinstance(n, ast.Import) and n.names[0].name.startswith("interp")
+                   for a in n.names}
 
     def root(node):
         while isinstance(node, (ast.Subscript, ast.Attribute, ast.Call)):
@@ -113,6 +119,11 @@ def _import_side_effects(tree) -> list[str]:
                                         "register", "__setitem__"}
               and root(n.value.func.value) in imported):
             out.append(ast.unparse(n))
+        elif isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) and root(
+                n.value.func) in from_interp:
+            out.append(ast.unparse(n))
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out += [f"@{ast.unparse(d)}" for d in n.decorator_list if root(d) in from_interp]
     return out
 
 
@@ -124,13 +135,16 @@ def test_no_module_fills_another_modules_table_when_imported():
     """
     import ast
 
-    found = {name: bad for name, (path, _) in _modules().items()
-             if (bad := _import_side_effects(ast.parse(path.read_text(encoding="utf-8"))))}
+    found = {name: bad for name, (path, _) in _modules().items() if name != "interp.__main__"
+             and (bad := _import_side_effects(ast.parse(path.read_text(encoding="utf-8"))))}
     assert not found, found
     caught = _import_side_effects(ast.parse(
         "from interp.judging.grading import ORACLE_KINDS\nimport x\n"
-        "ORACLE_KINDS['openai'] = (True, f)\nx.TABLE.update(a=1)\nlocal = {}\nlocal['k'] = 1\n"))
-    assert caught == ["ORACLE_KINDS['openai'] = (True, f)", "x.TABLE.update(a=1)"]
+        "from interp.x import register\nimport functools\n"
+        "ORACLE_KINDS['openai'] = (True, f)\nx.TABLE.update(a=1)\nlocal = {}\nlocal['k'] = 1\n"
+        "register('k', f)\n@register('j')\ndef g(): pass\n@functools.cache\ndef h(): pass\n"))
+    assert caught == ["ORACLE_KINDS['openai'] = (True, f)", "x.TABLE.update(a=1)",
+                      "register('k', f)", "@register('j')"]
 
 
 def test_importing_interp_imports_no_torch():

@@ -343,9 +343,8 @@ def test_reasoning_run_is_refused_by_attention_and_the_stage_is_a_command(tiny, 
     """
     from typer.testing import CliRunner
 
-    from interp import cli
+    from interp import cli, stages
     from interp.core.errors import ConfigError
-    from interp.run import pipeline
     from interp.stages import attention
     from interp.stages.asymmetry import AsymmetryConfig
     from interp.stages.asymmetry import run as run_asymmetry
@@ -376,7 +375,7 @@ def test_reasoning_run_is_refused_by_attention_and_the_stage_is_a_command(tiny, 
         assert not (tmp_path / mod.SPEC.folder).exists(), mod.SPEC.name
     res = CliRunner().invoke(cli.app, ["reasoning", "--help"])
     assert res.exit_code == 0 and "--max-reasoning-tokens" in res.output
-    assert "reasoning" in pipeline.STAGES
+    assert "reasoning" in stages.STAGES
     got = ReasoningConfig.from_mapping({"limit": "all", "batch_size": 2})
     assert got.limit is None and got.batch_size == 2
 

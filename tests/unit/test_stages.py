@@ -17,11 +17,11 @@ def test_stage_list_is_explicit_and_complete():
     assert list(stages.STAGES)[:11] == [  # a new stage is appended, in the contract alone
         "attention", "probe", "transfer", "patching", "steering", "lens", "calibration",
         "pairwise", "record", "audit", "reasoning"]
-    for name, stage in pipeline.STAGES.items():
+    for name, stage in stages.STAGES.items():
         assert stage.SPEC.name == name
         assert callable(stage.run) and callable(stage.format_summary)
         assert hasattr(stage.SPEC.config_class, "from_mapping")
-    assert list(pipeline.STAGES)[:2] == ["attention", "probe"]
+    assert list(stages.STAGES)[:2] == ["attention", "probe"]
 
 
 @pytest.fixture()
@@ -63,7 +63,7 @@ def test_every_stage_refuses_another_models_run(tiny_run, name):
     m = read_json(run.manifest_path)
     m["model"]["sha256"] = "0" * 64
     write_json(run.manifest_path, m)
-    stage = pipeline.STAGES[name]
+    stage = stages.STAGES[name]
     table = {"layers": "all", "band": "all"} if name == "patching" else {}  # a 2-layer model
     with pytest.raises(RunDirError, match=r"sha256 000000000000\), not .*use the run's model"):
         stage.run(run, handle, stage.SPEC.config_class.from_mapping(table), log=lambda s: None)

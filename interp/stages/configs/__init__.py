@@ -18,9 +18,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from interp.core.contract import check_needs
 from interp.core.errors import InterpError, LayerSpecError
 from interp.core.layers import band_note, parse_layers
 from interp.core.options import fields_of_kind
+from interp.store.rundir import RunDir
 
 __all__ = ["TASKS", "check_against_shape", "check_run"]
 
@@ -98,9 +100,6 @@ def check_run(run_dir: str | Path, stage: str, cfg: Any, *, needs: bool = True) 
         LayerSpecError: ``cfg`` selects layers outside the run's model.
         InterpError: what the config's own ``check`` raises against the model's shape.
     """
-    from interp.core.contract import check_needs
-    from interp.store.rundir import RunDir
-
     run = RunDir(run_dir)
     run.require_run()
     model = run.manifest().get("model") or {}

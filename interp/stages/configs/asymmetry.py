@@ -16,6 +16,9 @@ from interp.core.capabilities import is_served
 from interp.core.errors import ConfigError, DataError, InterpError
 from interp.core.options import StageConfig, check_counts, option
 from interp.core.vocab import DEFAULT_MODEL, MAX_REASONING_TOKENS
+from interp.data import load_examples
+from interp.judging.grading import parse_oracle_spec
+from interp.judging.prompts import get_template
 from interp.launch import parse_shard
 
 __all__ = ["ASYMMETRY_KEY_FIELDS", "AsymmetryConfig"]
@@ -159,10 +162,6 @@ class AsymmetryConfig(StageConfig):
         :func:`interp.stages.asymmetry.check_inputs` (step 0 of Study 1) documents the
         checks, the return value and the errors raised.
         """
-        from interp.data import load_examples
-        from interp.judging.grading import parse_oracle_spec
-        from interp.judging.prompts import get_template
-
         config = self
         check_counts(config, "asymmetry")
         if not config.datasets:

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 
 from interp.core.errors import StageError
 from interp.core.layers import DEFAULT_BAND
+from interp.core.names import did_you_mean
 from interp.core.options import StageConfig, option
+from interp.data.examples import DATASETS
 
 __all__ = ["LensConfig"]
 
@@ -58,8 +60,6 @@ class LensConfig(StageConfig):
 
     def validate(self) -> None:
         """Raises StageError on a bad held-out share, ridge, rate, sizes or dataset."""
-        from interp.data.examples import DATASETS
-
         if not 0 < self.heldout < 1:
             raise StageError("lens",
                              f"heldout must lie strictly between 0 and 1, got {self.heldout}")
@@ -70,8 +70,6 @@ class LensConfig(StageConfig):
             raise StageError("lens",
                              "train_positions >= 2, train_limit >= 2 and kl_batch >= 1 needed")
         if self.tuned and (bad := [d for d in self.train_datasets if d not in DATASETS]):
-            from interp.core.names import did_you_mean
-
             raise StageError("lens",
                              f"unknown train dataset {bad[0]!r}{did_you_mean(bad[0], DATASETS)};"
                              f" known: {', '.join(DATASETS)}")

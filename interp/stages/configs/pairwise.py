@@ -11,7 +11,9 @@ from pathlib import Path
 
 from interp.core.errors import StageError
 from interp.core.layers import DEFAULT_BAND
+from interp.core.names import did_you_mean
 from interp.core.options import StageConfig, option
+from interp.judging.prompts import get_pairwise_template
 
 __all__ = ["PairwiseConfig"]
 
@@ -64,8 +66,6 @@ class PairwiseConfig(StageConfig):
             StageError: an unknown or empty ``sources``, a missing ``templates_path``.
             PromptError: an unknown ``template``.
         """
-        from interp.core.names import did_you_mean
-
         known = ("hard_negative", "model")
         if not self.sources:
             raise StageError("pairwise", f"sources is empty; use some of {list(known)}")
@@ -75,6 +75,5 @@ class PairwiseConfig(StageConfig):
                              f" use {list(known)}")
         if self.templates_path is not None and not Path(self.templates_path).is_file():
             raise StageError("pairwise", f"templates_path {self.templates_path!r} is not a file")
-        from interp.judging.prompts import get_pairwise_template
 
         get_pairwise_template(self.template, self.templates_path)

@@ -53,6 +53,7 @@ from typing import Any
 
 from interp.core.contract import stage_of
 from interp.core.errors import StageError
+from interp.core.inputs import read_toml
 from interp.core.io import (
     read_json,
     read_jsonl,
@@ -63,6 +64,7 @@ from interp.core.io import (
 )
 from interp.core.layers import parse_layers
 from interp.core.names import safe_name
+from interp.core.progress import tqdm
 from interp.data import QAExample, load_examples
 from interp.judging.grading import BaseOracle, make_oracle
 from interp.judging.prompts import Template, get_template, render
@@ -75,7 +77,7 @@ from interp.methods.transfer import (
     training_pool,
 )
 from interp.models.loading import ModelHandle, result_facts, runtime_facts
-from interp.stages.common import stage_facts
+from interp.stages.common import current_share, stage_facts
 from interp.stages.transfer.config import (
     _ALL_OUTPUTS,
     EVAL_FIELDS,
@@ -255,7 +257,6 @@ def _evaluate(tdir: Path, handle: ModelHandle, template: Template, oracle: BaseO
     evals: dict[str, dict[str, list[dict[str, Any]]]] = {"self": {}, "judge_base_answers": {}}
     kw = _eval_kw(template, oracle, config)
     base_answers: dict[str, list[str | None]] = {}
-    from interp.core.progress import tqdm
 
     # one bar over the models (base and each adapter), each evaluated on every dataset
     for mname in tqdm(MODELS, desc="transfer eval", unit="model", leave=False):
@@ -385,8 +386,6 @@ def make_parts(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferC
     Raises:
         StageError: as :func:`run`, before any training.
     """
-    from interp.stages.common import current_share
-
     index, count = current_share() or (0, 1)
     p = _prepare(run_dir, handle, cfg, overwrite, log)
     if p.cfg.lr_grid:
@@ -491,7 +490,5 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     Raises:
         interp.core.errors.ConfigError: the file is missing or not TOML.
     """
-    from interp.core.inputs import read_toml
-
     data = read_toml(path)
     return dict(data[SPEC.name]) if SPEC.name in data else data

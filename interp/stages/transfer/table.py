@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from interp.analysis.stats import cluster_bootstrap_mean, passage_groups
 from interp.methods.asymmetry import group_metrics
 
 __all__ = ["VS_BASE", "build_table", "format_table", "paired_vs_base"]
@@ -80,8 +81,6 @@ def paired_vs_base(evals: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]
         ``(dataset, id)``.
     """
     import numpy as np
-
-    from interp.analysis.stats import cluster_bootstrap_mean, passage_groups
 
     def ok(recs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], Mapping[str, Any]]:
         return {(r["dataset"], r["id"]): r for r in recs if r.get("status") == "ok"}

@@ -22,8 +22,8 @@ and integers exactly; a mismatch names the first differing path.
 Regenerate (only when a change of results is intended, e.g. the later issue that changes the
 verdict score and the pairs; say why in the commit message and review the JSON diff)::
 
-    INTERP_REGEN_GOLDEN=1 PYTHONPATH=$PWD .venv/bin/python -m pytest -q -m integration \
-        tests/integration/test_golden_patching_transfer.py
+    INTERP_REGEN_GOLDEN=1 PYTHONPATH=$PWD .venv/bin/python -m pytest -q \
+        tests/golden/test_patching_transfer.py
 
 which rewrites ``tests/golden/patching_transfer.json`` and skips the comparisons.
 """
@@ -51,9 +51,7 @@ from interp.stages.patching import PatchingConfig, run_pair
 from interp.stages.patching_summary import summarise
 from interp.stages.transfer import TransferConfig
 
-pytestmark = pytest.mark.integration
-
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "patching_transfer.json"
+GOLDEN = Path(__file__).resolve().parent / "patching_transfer.json"
 REGEN = os.environ.get("INTERP_REGEN_GOLDEN") == "1"
 # Every pinned number here comes out of float32 forward passes (logit differences, patching
 # effects, fractions of them), whose last bits move with the CPU's BLAS kernels (instruction set,

@@ -1,6 +1,6 @@
 """A targeted test of attention heads a candidate-swap heads sweep singled out.
 
-Usage: ``python experiments/head_test.py RUN_DIR OUT_JSON L14.H5 [L12.H7 ...] [L14.*]``
+Usage: ``python -m experiments.findings.head_test RUN_DIR OUT_JSON L14.H5 [L12.H7 ...] [L14.*]``
 
 RUN_DIR is a finished patching run with the ``candidate-swap`` pairs swept over ``heads``
 (``experiments/findings_gap.toml``). The sweep patched each head alone, clean into corrupt:

@@ -1,15 +1,15 @@
 """Do earlier heads act on the verdict THROUGH a later head? Blocking the receiver, both ways.
 
-Usage: ``python experiments/path_test.py RUN_DIR OUT_JSON RECEIVERS SENDERS [SENDERS ...]``
+Usage: ``python -m experiments.findings.path_test RUN_DIR OUT_JSON RECEIVERS SENDERS [SENDERS ...]``
 
 ``RECEIVERS``: heads of one layer, comma-separated (``L14.H5,L14.H3``; ``L14.*`` the layer's
 every head); ``L14.H5@last`` holds the head at the verdict position only, ``L14.H5@rest``
 at every other patchable position. ``SENDERS``: a head set of earlier layers, ``+``-joined
 (``L10.H4+L12.H2+L12.H7``). RUN_DIR and its pairs are those of
-``experiments/head_test.py``: a finished candidate-swap heads sweep, its pairs rebuilt from
+``experiments/findings/head_test.py``: a finished candidate-swap heads sweep, its pairs rebuilt from
 each part's stored answers and checked against the stored token counts.
 
-For each sender set, at every patchable position, both ways (:mod:`experiments.head_test`):
+For each sender set, at every patchable position, both ways (:mod:`experiments.findings.head_test`):
 
 * ``denoise``: the senders' outputs (``attn.hook_z``) from the clean prompt patched into the
   corrupt one; once with everything else free (``free``), and once per receiver with that
@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments.findings.head_test import parse_heads, swept_pairs
 from interp.analysis.stats import cluster_bootstrap_ratio
 from interp.core.errors import ConfigError
 from interp.core.io import write_json
@@ -54,9 +55,6 @@ from interp.methods.patching import Patch, Patcher, own_activation
 from interp.models.points import hook_name
 from interp.stages import load_run_model
 from interp.store import RunDir
-
-sys.path.insert(0, str(Path(__file__).parent))
-from head_test import parse_heads, swept_pairs  # noqa: E402
 
 
 def parse_senders(spec: str, n_layers: int, n_heads: int) -> list[tuple[int, tuple]]:
