@@ -48,12 +48,15 @@ import torch
 
 from interp.core.contract import spec
 from interp.core.costs import CPU_S_PER_UNIT, SOURCE, format_cpu, wall_prior_s
-from interp.core.errors import ConfigError, Interrupted, RunDirError, ShardError
+from interp.core.errors import ConfigError, EndpointError, Interrupted, RunDirError, ShardError
 from interp.core.inputs import new_run_dir
 from interp.core.io import write_json
 from interp.core.progress import Share, tqdm
 from interp.data import DATASETS, QAExample
-from interp.endpoints import is_endpoint_spec, oracle_facts, run_served
+from interp.endpoints.cache import CACHE_FILE
+from interp.endpoints.client import RequestFailed, is_endpoint_spec
+from interp.endpoints.oracle import endpoint_for
+from interp.endpoints.study import ServedReplies, oracle_facts, served_model_info
 from interp.judging.grading import BaseOracle, RuleOracle, make_oracle, parse_oracle_spec
 from interp.judging.prefill import Capture
 from interp.judging.prompts import Template, get_template, render
@@ -153,9 +156,8 @@ def run(
             f"{', '.join(f'{len(v)} {k}' for k, v in loaded.items())} records into {out} "
             f"(if interrupted, the same command resumes){cost}")
         if is_endpoint_spec(config.model):  # a served model: its replies, no internals
-            return run_served(config, RunDir(out), loaded, overwrite=overwrite, log=log,
-                              chunk=chunk, key_fields=KEY_FIELDS, stale=stale_records,
-                              finish=write_metrics)
+            return _run_served(config, RunDir(out), loaded, overwrite=overwrite, log=log,
+                               chunk=chunk)
         return _run(config, RunDir(out), loaded, overwrite=overwrite, handle=handle, log=log,
                     chunk=chunk, shard=owned)
 
@@ -272,6 +274,79 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     if shard is not None:
         return {}
     # metrics.json describes the whole run directory: every dataset run into it
+    every = manifest["config"].get("datasets", config.datasets)
+    return write_metrics(rd, replace(config, datasets=list(every)))
+
+
+def _run_served(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExample]], *,
+                overwrite: bool, log: Callable[[str], None], chunk: int | None
+                ) -> dict[str, Any]:
+    """Steps 1-3 of :func:`run` for a served model (``model = "openai:MODEL"``).
+
+    The same harness (:func:`interp.methods.asymmetry.evaluate_examples`) on the replies of
+    :class:`interp.endpoints.study.ServedReplies`, one example per call, ``concurrency`` calls
+    at a time (:meth:`interp.endpoints.client.Endpoint.map`). Examples whose requests failed
+    are left undone (a rerun does them); the run stops with one line past ``max_error_rate``,
+    after appending every finished record.
+
+    Raises:
+        interp.core.errors.EndpointError: the preflight fails (before any local oracle model
+            loads), or the failures pass ``max_error_rate`` (finished records kept).
+        interp.core.errors.RunDirError: another config or server, or stale records.
+    """
+    template = get_template(config.template, config.templates_path)
+    endpoint = endpoint_for(config.model, config.endpoint_table("model"), rd,
+                            "asymmetry.model_endpoint")
+    source = ServedReplies(endpoint)
+    finished = {qa_key(r): r for r in (rd.read_records(status=None)
+                                           if rd.records_path.exists() else [])}
+    todo_all = [ex for exs in loaded.values() for ex in exs
+                if (ex.dataset, ex.id) not in finished]
+    facts = endpoint.result_facts() if todo_all or not rd.manifest_path.exists() else None
+    oracle = make_oracle(config.oracle, device=config.device, dtype=config.dtype, run=rd,
+                         endpoint=config.endpoint_table("oracle"),
+                         served={endpoint.spec: endpoint})
+    if facts is not None:
+        facts = {**facts, **oracle_facts(oracle)}
+    manifest = rd.init_manifest(
+        asdict(config), model_info=served_model_info(endpoint) if facts else
+        {"spec": endpoint.spec, "source": "openai-endpoint"}, overwrite=overwrite,
+        key_fields=KEY_FIELDS, runtime=facts, result_facts=facts)
+    done = set(finished)
+    chunk = chunk or config.chunk_batches * config.batch_size
+    kw = dict(template=template, oracle=oracle, max_new_tokens=config.max_new_tokens,
+              verdict_max_new_tokens=config.verdict_max_new_tokens,
+              max_reasoning_tokens=config.max_reasoning_tokens)
+    for ds in config.datasets:
+        examples = loaded[ds]
+        done -= rd.redo_stale(stale_records(finished, examples, None, template), ds,
+                              overwrite=overwrite)
+        todo = [ex for ex in examples if (ex.dataset, ex.id) not in done]
+        log(f"[{ds}] {len(examples)} examples, {len(examples) - len(todo)} already done")
+        t0, failed = time.perf_counter(), 0
+        bar = tqdm(total=len(todo), desc=ds, unit="ex", disable=not todo)
+        for s in range(0, len(todo), chunk):
+            part = todo[s:s + chunk]
+            got = endpoint.map(lambda ex: evaluate_examples(source, [ex], **kw)[0], part)
+            recs = [{**r, "template": config.template} for r in got if isinstance(r, dict)]
+            rd.append_records(recs)
+            done.update(qa_key(r) for r in recs)
+            bar.update(len(part))
+            errs = [r for r in got if not isinstance(r, dict)]
+            failed += sum(isinstance(e, RequestFailed) for e in errs)
+            if stop := next((e for e in errs if isinstance(e, EndpointError)), None):
+                bar.close()
+                raise stop
+        bar.close()
+        if todo:
+            dt = time.perf_counter() - t0
+            log(f"[{ds}] {len(todo) - failed} examples in {dt:.1f} s "
+                f"({60 * len(todo) / dt:.1f} examples/minute); {failed} left undone after "
+                f"failed requests (run again to do them)" if failed else
+                f"[{ds}] {len(todo)} examples in {dt:.1f} s "
+                f"({60 * len(todo) / dt:.1f} examples/minute)")
+    log(f"requests: {endpoint.requests} sent, {endpoint.cache.hits} served from "
+        f"{rd.path / CACHE_FILE}, {endpoint.failed} failed")
     every = manifest["config"].get("datasets", config.datasets)
     return write_metrics(rd, replace(config, datasets=list(every)))
 
