@@ -32,6 +32,12 @@ Algorithm of :func:`run`:
 3. ``metrics.json`` (:func:`interp.methods.asymmetry.compute_metrics`) over every dataset run into
    the directory, and the asymmetry figure; a cross-judged run adds ``answer_sources``
    (:func:`interp.methods.cross_judge.source_metrics`).
+
+A served model (``model = "openai:MODEL"``) runs the same harness on the replies of
+:class:`interp.endpoints.study.ServedReplies` (:func:`_run_served`: no weights, so no one-pass
+parts and no tokenizer check of stale records). With a shard (:mod:`interp.launch`) the steps
+run on the shard's records into ``OUT/shards/I-of-N``, and under torchrun rank 0 merges the
+shards (:mod:`interp.stages.merge`) once every process is done (:func:`run`).
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ from interp.judging.prefill import Capture
 from interp.judging.prompts import Template, get_template, render
 from interp.judging.residual_features import POOLS
 from interp.judging.verdict import verdict_replies
-from interp.launch import Shard, assign, selection_sha256
+from interp.launch import Shard, assign, barrier, check_count, heartbeat, selection_sha256
 from interp.methods.agreement import oracle_agreement as grade_agreement
 from interp.methods.asymmetry import evaluate_examples, format_metrics
 from interp.methods.cross_judge import (
@@ -78,6 +84,7 @@ from interp.models.loading import (
 )
 from interp.stages.common import check_run_model, stage_facts
 from interp.stages.configs import ASYMMETRY_KEY_FIELDS, AsymmetryConfig
+from interp.stages.merge import merge_shards
 from interp.stages.run_metrics import write_metrics
 from interp.stages.stored import store_one_pass
 from interp.store.records import Record, limit_per_dataset, qa_key
@@ -105,13 +112,16 @@ def run(
     log: Callable[[str], None] = print,
     chunk: int | None = None,
     shard: Shard | None = None,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """Run Study 1 into a run directory, resuming finished work; return metrics.json's content.
 
-    The stage contract's signature (:mod:`interp.core.contract`). With ``shard``
-    (:mod:`interp.launch`) only the shard's records are run, into ``run_dir/shards/I-of-N``
-    (an ordinary resumable run whose manifest says which records it owns); its
-    ``metrics.json`` is left to the merge (:mod:`interp.run.merge`), and ``{}`` is returned.
+    The stage contract's signature (:mod:`interp.core.contract`), plus this process's
+    ``shard`` (:mod:`interp.launch`: ``--shard I/N``, torchrun, a SLURM array). With one,
+    only the shard's records are run, into ``run_dir/shards/I-of-N`` (an ordinary resumable
+    run whose manifest says which records it owns; ``run_dir`` may not hold shards of another
+    count); under torchrun every process then waits for the others
+    (:func:`interp.launch.barrier`) and rank 0 merges them into ``run_dir``
+    (:func:`interp.stages.merge.merge_shards`; the shards' writer locks are released by then).
 
     Args:
         run_dir: run directory (created when missing).
@@ -123,6 +133,11 @@ def run(
             batch_size``; the examples of a chunk are sorted by prompt length into batches).
         shard: run only this shard's records (:func:`interp.launch.assign`).
 
+    Returns:
+        ``metrics.json`` of ``run_dir`` (unsharded, or torchrun's rank 0 after the merge);
+        None for a process that only wrote its shard (the other ranks, and ``--shard`` /
+        SLURM shards, which ``interp merge`` joins once all are finished).
+
     Raises:
         interp.core.errors.ConfigError: a count below 1 or an unknown oracle spec (before any
             model loads, as every error of :func:`check_inputs`).
@@ -130,9 +145,35 @@ def run(
             result facts, or stale records (:func:`stale_records`), and not overwrite; or
             another process is writing it (:meth:`interp.store.rundir.RunDir.writer`).
         interp.core.errors.DataError: unknown dataset, malformed file.
+        interp.core.errors.ShardError: a served model with a shard, ``run_dir`` holds shards
+            of another count, or the merge is refused.
+    """
+    out = run_dir.path if isinstance(run_dir, RunDir) else Path(run_dir)
+    if shard is None:
+        return _run_process(out, handle, cfg, overwrite=overwrite, log=log, chunk=chunk)
+    check_count(out, shard)
+    heartbeat(out, shard)   # the others waiting at the barrier see this process is alive
+    _run_process(out, handle, cfg, overwrite=overwrite, log=log, chunk=chunk, shard=shard)
+    if not shard.joined:
+        log(f"[shard {shard.name}] done in {shard.dir(out)}; when all {shard.count} are, "
+            f"join them: interp merge {out / 'shards'}/*-of-{shard.count} --out {out}")
+        return None
+    barrier(shard, what=f"its records in {shard.dir(out)}")
+    if shard.index != 0:
+        return None
+    return merge_shards([Shard(i, shard.count).dir(out) for i in range(shard.count)], out,
+                        overwrite=overwrite, log=log)
+
+
+def _run_process(out: Path, handle: ModelHandle | None, cfg: AsymmetryConfig | None, *,
+                 overwrite: bool, log: Callable[[str], None], chunk: int | None,
+                 shard: Shard | None = None) -> dict[str, Any]:
+    """Steps 0-3 of the module docstring in this process: the whole run, or its shard's.
+
+    A shard's run goes into ``out/shards/I-of-N`` and writes no ``metrics.json`` (``{}`` is
+    returned: the merge writes it).
     """
     config = cfg or AsymmetryConfig()
-    out = run_dir.path if isinstance(run_dir, RunDir) else Path(run_dir)
     loaded = check_inputs(config)
     owned = None
     if shard is not None:
