@@ -94,6 +94,7 @@ class ServedReplies:
     def __init__(self, endpoint: Endpoint):
         self.endpoint = endpoint
         self.spec = endpoint.spec
+        self.capabilities = endpoint.capabilities
 
     def check(self, template: Template, verdict_max_new_tokens: int,
               max_reasoning_tokens: int) -> None:

@@ -55,6 +55,7 @@ from interp.analysis.stats import (
     passage_note,
     roc_auc,
 )
+from interp.core.capabilities import IN_PROCESS
 from interp.core.errors import ConfigError, Interrupted, PromptError
 from interp.core.names import dataset_order, in_dataset_order
 from interp.data import QAExample
@@ -67,7 +68,7 @@ from interp.methods.balanced import own_balanced
 from interp.models.loading import ModelHandle
 from interp.store.records import NO_ANSWER, Record, check_verdict_scores
 
-__all__ = ["METRIC_DEFINITIONS", "LocalReplies", "ReplySource", "compute_metrics",
+__all__ = ["CAPTURE_NEEDS", "METRIC_DEFINITIONS", "LocalReplies", "ReplySource", "compute_metrics",
            "evaluate_examples", "format_balanced", "format_metrics", "group_metrics",
            "judge_records", "parse_record_verdict", "reply_source"]
 
@@ -99,6 +100,11 @@ def _render(handle: ModelHandle, template: Template, task: str, ex: QAExample,
                   answer=answer, reference=ex.answers[0] if ex.answers else "")
 
 
+CAPTURE_NEEDS = frozenset({"attention", "activations"})
+"""What a reply source must be able to do for the one-pass capture
+(:class:`interp.judging.prefill.Capture`)."""
+
+
 class ReplySource(Protocol):
     """Where Study 1's replies come from: the one interface of :func:`evaluate_examples`.
 
@@ -111,9 +117,12 @@ class ReplySource(Protocol):
 
     Attributes:
         spec: the model's spec, the records' ``model``.
+        capabilities: what the model can do (:mod:`interp.core.capabilities`); the one-pass
+            capture needs ``attention`` and ``activations``.
     """
 
     spec: str
+    capabilities: frozenset[str]
 
     def check(self, template: Template, verdict_max_new_tokens: int,
               max_reasoning_tokens: int) -> None:
@@ -177,6 +186,7 @@ class LocalReplies:
     def __init__(self, handle: ModelHandle):
         self.handle = handle
         self.spec = handle.spec
+        self.capabilities = getattr(handle, "capabilities", IN_PROCESS)
 
     def check(self, template: Template, verdict_max_new_tokens: int,
               max_reasoning_tokens: int) -> None:
@@ -224,7 +234,8 @@ class LocalReplies:
 
 def reply_source(model: ModelHandle | ReplySource) -> ReplySource:
     """``model`` as a :class:`ReplySource`: a loaded model wrapped in :class:`LocalReplies`."""
-    return LocalReplies(model) if isinstance(model, ModelHandle) else model
+    return model if callable(getattr(model, "gen_prompts", None)) else LocalReplies(
+        model)  # type: ignore[arg-type]
 
 
 def evaluate_examples(
@@ -272,6 +283,8 @@ def evaluate_examples(
         is neither graded nor judged: an empty candidate has no span to judge).
 
     Raises:
+        interp.core.errors.ConfigError: a capture with a reasoning template, or from a
+            source without :data:`CAPTURE_NEEDS` (a served model).
         interp.core.errors.Interrupted: a Ctrl-C (or SIGTERM); its ``done`` is the list of
             records as above with None for each example not finished before it: the skipped
             ones are, and once the judging has begun those whose judge batch finished
@@ -282,6 +295,9 @@ def evaluate_examples(
     source = reply_source(model)
     # refuses a template whose replies cannot be scored, before any generation
     source.check(template, verdict_max_new_tokens, max_reasoning_tokens)
+    if capture is not None and not CAPTURE_NEEDS <= source.capabilities:
+        raise ConfigError(f"{source.spec} cannot show its attention and activations, so the "
+                          f"one-pass capture does not apply (one_pass = false)")
     if capture is not None and template.judge != "word":
         raise ConfigError(f"template {template.name!r} judges with reasoning: its verdict "
                           f"position lies after the reasoning, so the one-pass capture of the "

@@ -653,3 +653,15 @@ def test_served_and_local_study_1_give_the_same_records_on_the_same_replies(tiny
         mine = {k: v for k, v in a.items() if k not in local_only}
         assert json.dumps({k: v for k, v in b.items() if k != "model"}) == json.dumps(mine)
     assert served_m["overall"] == local_m["overall"]
+    # the one-pass capture needs what a served model cannot show: refused before a request
+    from interp.data import load_examples
+    from interp.endpoints.study import ServedReplies
+    from interp.judging.grading import RuleOracle
+    from interp.judging.prefill import Capture
+    from interp.methods.asymmetry import evaluate_examples
+
+    posts = chat_posts(httpserver)
+    with pytest.raises(ConfigError, match="openai:fake cannot show its attention"):
+        evaluate_examples(ServedReplies(endpoint(httpserver)), load_examples("squad_v2", limit=1),
+                          template=tpl, oracle=RuleOracle(), capture=Capture())
+    assert chat_posts(httpserver) == posts
