@@ -267,51 +267,40 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     finished = {qa_key(r): r for r in (rd.read_records(status=None)
                                            if rd.records_path.exists() else [])}
     source = load_answer_source(config.answers_from) if config.answers_from else None
-    done = set(finished)
-    chunk = chunk or config.chunk_batches * config.batch_size
-    for ds in config.datasets:
-        examples = loaded[ds]
-        stale = stale_records(finished, examples, handle.tokenizer, template)
+
+    def stale(examples: Sequence[QAExample]) -> dict[tuple[str, str], str]:
+        out = stale_records(finished, examples, handle.tokenizer, template)
         if source is not None:  # a judged answer the source has since replaced
-            stale.update({k: "its source answer changed" for k, r in finished.items()
-                          if k not in stale and r.get("status") == "ok"
-                          and k in source.records and r.get("answer") != (
-                              source.records[k].get("answer"))})
-        done -= rd.redo_stale(stale, ds, overwrite=overwrite)
-        todo = [ex for ex in examples if (ex.dataset, ex.id) not in done]
-        log(f"[{ds}] {len(examples)} examples, {len(examples) - len(todo)} already done")
-        t0 = time.perf_counter()
-        bar = tqdm(total=len(todo), desc=ds, unit="ex", disable=not todo,
-                   prior_s=wall_prior_s(handle.spec, "asymmetry", torch.get_num_threads()))
-        for s in range(0, len(todo), chunk):
-            part = todo[s:s + chunk]
-            # a reasoning judge's verdict position lies after its reasoning: no one-pass
-            cap = Capture(rows=True, pools=POOLS) if config.one_pass and \
-                template.judge == "word" else None
-            kw = dict(template=template, max_new_tokens=config.max_new_tokens,
-                      verdict_max_new_tokens=config.verdict_max_new_tokens,
-                      batch_size=config.batch_size, capture=cap)
-            with Share(bar, len(part), prompts_per_example=1 if source is not None else 2) as share:
-                try:
-                    recs = (judge_from_source(handle, part, source, **kw) if source is not None
-                            else evaluate_examples(
-                                handle, part, oracle=oracle,
-                                max_reasoning_tokens=config.max_reasoning_tokens, **kw))
-                except Interrupted as exc:  # keep the chunk's finished records, then stop
-                    if isinstance(exc.done, list):
-                        _keep(rd, handle, config, exc.done, cap, facts)
-                    raise
-            recs = _keep(rd, handle, config, recs, cap, facts)
-            done.update(qa_key(r) for r in recs)
-            share.done()
-            for r in recs:
-                if r["status"] != "ok":
-                    log(f"[{ds}] {r['status'].replace('_', ' ')} {r['id']}: {r['reason']}")
-        bar.close()
-        if todo:
-            dt = time.perf_counter() - t0
-            log(f"[{ds}] {len(todo)} examples in {dt:.1f} s "
-                f"({60 * len(todo) / dt:.1f} examples/minute)")
+            out.update({k: "its source answer changed" for k, r in finished.items()
+                        if k not in out and r.get("status") == "ok"
+                        and k in source.records and r.get("answer") != (
+                            source.records[k].get("answer"))})
+        return out
+
+    def evaluate(part: list[QAExample], bar: Any) -> tuple[list[Record], int, None]:
+        # a reasoning judge's verdict position lies after its reasoning: no one-pass
+        cap = Capture(rows=True, pools=POOLS) if config.one_pass and \
+            template.judge == "word" else None
+        kw = dict(template=template, max_new_tokens=config.max_new_tokens,
+                  verdict_max_new_tokens=config.verdict_max_new_tokens,
+                  batch_size=config.batch_size, capture=cap)
+        with Share(bar, len(part), prompts_per_example=1 if source is not None else 2) as share:
+            try:
+                recs = (judge_from_source(handle, part, source, **kw) if source is not None
+                        else evaluate_examples(
+                            handle, part, oracle=oracle,
+                            max_reasoning_tokens=config.max_reasoning_tokens, **kw))
+            except Interrupted as exc:  # keep the chunk's finished records, then stop
+                if isinstance(exc.done, list):
+                    _keep(rd, handle, config, exc.done, cap, facts)
+                raise
+        kept = _keep(rd, handle, config, recs, cap, facts)
+        share.done()
+        return kept, 0, None
+
+    _each_chunk(config, rd, loaded, finished, overwrite=overwrite, log=log, chunk=chunk,
+                stale=stale, evaluate=evaluate,
+                prior_s=wall_prior_s(handle.spec, "asymmetry", torch.get_num_threads()))
     if shard is not None:
         return {}
     # metrics.json describes the whole run directory: every dataset run into it
@@ -353,29 +342,60 @@ def _run_served(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[Q
         asdict(config), model_info=served_model_info(endpoint) if facts else
         {"spec": endpoint.spec, "source": "openai-endpoint"}, overwrite=overwrite,
         key_fields=KEY_FIELDS, runtime=facts, result_facts=facts)
-    done = set(finished)
-    chunk = chunk or config.chunk_batches * config.batch_size
     kw = dict(template=template, oracle=oracle, max_new_tokens=config.max_new_tokens,
               verdict_max_new_tokens=config.verdict_max_new_tokens,
               max_reasoning_tokens=config.max_reasoning_tokens)
+
+    def evaluate(part: list[QAExample], bar: Any
+                 ) -> tuple[list[Record], int, EndpointError | None]:
+        got = endpoint.map(lambda ex: evaluate_examples(source, [ex], **kw)[0], part)
+        recs = [{**r, "template": config.template} for r in got if isinstance(r, dict)]
+        rd.append_records(recs)
+        bar.update(len(part))
+        errs = [r for r in got if not isinstance(r, dict)]
+        return recs, sum(isinstance(e, RequestFailed) for e in errs), next(
+            (e for e in errs if isinstance(e, EndpointError)), None)
+
+    _each_chunk(config, rd, loaded, finished, overwrite=overwrite, log=log, chunk=chunk,
+                stale=lambda examples: stale_records(finished, examples, None, template),
+                evaluate=evaluate)
+    log(f"requests: {endpoint.requests} sent, {endpoint.cache.hits} served from "
+        f"{rd.path / CACHE_FILE}, {endpoint.failed} failed")
+    every = manifest["config"].get("datasets", config.datasets)
+    return write_metrics(rd, replace(config, datasets=list(every)))
+
+
+def _each_chunk(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExample]],
+                finished: Mapping[tuple[str, str], Mapping[str, Any]], *, overwrite: bool,
+                log: Callable[[str], None], chunk: int | None,
+                stale: Callable[[Sequence[QAExample]], Mapping[tuple[str, str], str]],
+                evaluate: Callable[[list[QAExample], Any],
+                                   tuple[list[Record], int, Exception | None]],
+                prior_s: float | None = None) -> None:
+    """Step 2 of the module docstring for any model: per dataset, the records left, by chunk.
+
+    Stale records are dropped and redone (refused unless ``overwrite``); each chunk of the
+    rest goes to ``evaluate(part, bar)``, which appends its finished records and returns
+    them, how many examples were left undone after failed requests, and an error that stops
+    the run (raised after the chunk's records are kept).
+    """
+    done = set(finished)
+    chunk = chunk or config.chunk_batches * config.batch_size
     for ds in config.datasets:
         examples = loaded[ds]
-        done -= rd.redo_stale(stale_records(finished, examples, None, template), ds,
-                              overwrite=overwrite)
+        done -= rd.redo_stale(dict(stale(examples)), ds, overwrite=overwrite)
         todo = [ex for ex in examples if (ex.dataset, ex.id) not in done]
         log(f"[{ds}] {len(examples)} examples, {len(examples) - len(todo)} already done")
         t0, failed = time.perf_counter(), 0
-        bar = tqdm(total=len(todo), desc=ds, unit="ex", disable=not todo)
+        bar = tqdm(total=len(todo), desc=ds, unit="ex", disable=not todo, prior_s=prior_s)
         for s in range(0, len(todo), chunk):
-            part = todo[s:s + chunk]
-            got = endpoint.map(lambda ex: evaluate_examples(source, [ex], **kw)[0], part)
-            recs = [{**r, "template": config.template} for r in got if isinstance(r, dict)]
-            rd.append_records(recs)
+            recs, n_failed, stop = evaluate(todo[s:s + chunk], bar)
             done.update(qa_key(r) for r in recs)
-            bar.update(len(part))
-            errs = [r for r in got if not isinstance(r, dict)]
-            failed += sum(isinstance(e, RequestFailed) for e in errs)
-            if stop := next((e for e in errs if isinstance(e, EndpointError)), None):
+            failed += n_failed
+            for r in recs:
+                if r["status"] != "ok":
+                    log(f"[{ds}] {r['status'].replace('_', ' ')} {r['id']}: {r['reason']}")
+            if stop is not None:
                 bar.close()
                 raise stop
         bar.close()
@@ -386,10 +406,6 @@ def _run_served(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[Q
                 f"failed requests (run again to do them)" if failed else
                 f"[{ds}] {len(todo)} examples in {dt:.1f} s "
                 f"({60 * len(todo) / dt:.1f} examples/minute)")
-    log(f"requests: {endpoint.requests} sent, {endpoint.cache.hits} served from "
-        f"{rd.path / CACHE_FILE}, {endpoint.failed} failed")
-    every = manifest["config"].get("datasets", config.datasets)
-    return write_metrics(rd, replace(config, datasets=list(every)))
 
 
 def _keep(rd: RunDir, handle: ModelHandle, config: AsymmetryConfig,
