@@ -199,8 +199,8 @@ def _run_process(out: Path, handle: ModelHandle | None, cfg: AsymmetryConfig | N
         if is_endpoint_spec(config.model):  # a served model: its replies, no internals
             return _run_served(config, RunDir(out), loaded, overwrite=overwrite, log=log,
                                chunk=chunk)
-        return _run(config, RunDir(out), loaded, overwrite=overwrite, handle=handle, log=log,
-                    chunk=chunk, shard=owned)
+        return _run_local(config, RunDir(out), loaded, overwrite=overwrite, handle=handle,
+                          log=log, chunk=chunk, shard=owned)
 
 
 def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
@@ -224,7 +224,7 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
     return config.check_inputs()
 
 
-def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExample]], *,
+def _run_local(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExample]], *,
          overwrite: bool, handle: ModelHandle | None, log: Callable[[str], None],
          chunk: int | None, shard: dict[str, Any] | None = None) -> dict[str, Any]:
     """Steps 1-3 of :func:`run` (the module docstring) on checked inputs.
@@ -277,7 +277,7 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
                             source.records[k].get("answer"))})
         return out
 
-    def evaluate(part: list[QAExample], bar: Any) -> tuple[list[Record], int, None]:
+    def chunk_records(part: list[QAExample], bar: Any) -> tuple[list[Record], int, None]:
         # a reasoning judge's verdict position lies after its reasoning: no one-pass
         cap = Capture(rows=True, pools=POOLS) if config.one_pass and \
             template.judge == "word" else None
@@ -299,7 +299,7 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
         return kept, 0, None
 
     _each_chunk(config, rd, loaded, finished, overwrite=overwrite, log=log, chunk=chunk,
-                stale=stale, evaluate=evaluate,
+                stale=stale, chunk_records=chunk_records,
                 prior_s=wall_prior_s(handle.spec, "asymmetry", torch.get_num_threads()))
     if shard is not None:
         return {}
@@ -346,7 +346,7 @@ def _run_served(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[Q
               verdict_max_new_tokens=config.verdict_max_new_tokens,
               max_reasoning_tokens=config.max_reasoning_tokens)
 
-    def evaluate(part: list[QAExample], bar: Any
+    def chunk_records(part: list[QAExample], bar: Any
                  ) -> tuple[list[Record], int, EndpointError | None]:
         got = endpoint.map(lambda ex: evaluate_examples(source, [ex], **kw)[0], part)
         recs = [{**r, "template": config.template} for r in got if isinstance(r, dict)]
@@ -358,7 +358,7 @@ def _run_served(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[Q
 
     _each_chunk(config, rd, loaded, finished, overwrite=overwrite, log=log, chunk=chunk,
                 stale=lambda examples: stale_records(finished, examples, None, template),
-                evaluate=evaluate)
+                chunk_records=chunk_records)
     log(f"requests: {endpoint.requests} sent, {endpoint.cache.hits} served from "
         f"{rd.path / CACHE_FILE}, {endpoint.failed} failed")
     every = manifest["config"].get("datasets", config.datasets)
@@ -369,13 +369,13 @@ def _each_chunk(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[Q
                 finished: Mapping[tuple[str, str], Mapping[str, Any]], *, overwrite: bool,
                 log: Callable[[str], None], chunk: int | None,
                 stale: Callable[[Sequence[QAExample]], Mapping[tuple[str, str], str]],
-                evaluate: Callable[[list[QAExample], Any],
+                chunk_records: Callable[[list[QAExample], Any],
                                    tuple[list[Record], int, Exception | None]],
                 prior_s: float | None = None) -> None:
     """Step 2 of the module docstring for any model: per dataset, the records left, by chunk.
 
     Stale records are dropped and redone (refused unless ``overwrite``); each chunk of the
-    rest goes to ``evaluate(part, bar)``, which appends its finished records and returns
+    rest goes to ``chunk_records(part, bar)``, which appends its finished records and returns
     them, how many examples were left undone after failed requests, and an error that stops
     the run (raised after the chunk's records are kept).
     """
@@ -389,7 +389,7 @@ def _each_chunk(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[Q
         t0, failed = time.perf_counter(), 0
         bar = tqdm(total=len(todo), desc=ds, unit="ex", disable=not todo, prior_s=prior_s)
         for s in range(0, len(todo), chunk):
-            recs, n_failed, stop = evaluate(todo[s:s + chunk], bar)
+            recs, n_failed, stop = chunk_records(todo[s:s + chunk], bar)
             done.update(qa_key(r) for r in recs)
             failed += n_failed
             for r in recs:
