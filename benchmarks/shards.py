@@ -7,7 +7,7 @@ Measured in one run, one after the other, on the bundled SmolLM2 (float32, CPU):
 2. the same command as TWO processes started together, ``--shard 0/2`` and ``--shard 1/2``,
    each with ``OMP_NUM_THREADS=1`` (wall time until both finished);
 3. ``interp merge`` of the two shards (its own wall time, and in-process seconds of
-   :func:`interp.run.merge.merge_shards` as it logs them).
+   :func:`interp.stages.merge.merge_shards` as it logs them).
 
 Each timing includes its process's start and model load (as a user would run it). The merged
 records must equal the single process's (same ids, answers and verdicts). Results go to

@@ -455,8 +455,8 @@ def merge_cmd(
         help="replace a run in --out made with another config")] = False,
 ) -> None:
     """Join finished shards (--shard I/N, SLURM arrays, Ray tasks) into one run directory."""
-    from interp.run.merge import merge_shards
     from interp.stages import asymmetry as stage
+    from interp.stages.merge import merge_shards
 
     metrics = merge_shards(shards, out, overwrite=overwrite, log=typer.echo)
     typer.echo(stage.format_summary(metrics))
@@ -629,36 +629,24 @@ def _run_stage(s: StageSpec, cls: Any, kw: dict[str, Any]) -> None:
     elif kw.get("tables_only"):
         summary = getattr(mod, s.tables_only)(rd, cfg)  # type: ignore[arg-type]
     else:
-        run, handle = mod.run, None
+        handle, shard = None, {}
         if s.model_from == "run":
             handle = load_run_model(rd, device=kw["device"], stage=s.name, config=cfg)
         elif s.model_from == "stage":  # loaded by the stage after its checks; maybe sharded
-            run = _run_asymmetry
+            shard = {"shard": current_shard(cfg.shard)}   # --shard, torchrun, SLURM
         else:  # "config"
             check_capabilities(s.name, cfg.model)
             handle = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
-        summary = run(rd, handle, cfg, overwrite=kw["overwrite"], log=typer.echo)
+        try:
+            summary = mod.run(rd, handle, cfg, overwrite=kw["overwrite"], log=typer.echo,
+                              **shard)
+        finally:
+            if shard:
+                finish()  # leave the process group, stop the heartbeat
         if summary is None:  # a shard's records only: the merge writes metrics.json
             return
     typer.echo(mod.format_summary(summary))
     typer.echo(s.written(where))
-
-
-def _run_asymmetry(rd: Any, handle: Any, cfg: Any, *, overwrite: bool,
-                   log: Any) -> dict[str, Any] | None:
-    """Study 1 in this process's shard (``--shard``, torchrun, SLURM; :mod:`interp.launch`).
-
-    Returns:
-        ``metrics.json`` (unsharded, or torchrun's rank 0 after the merge); None for a
-        process that only wrote its shard (:func:`interp.run.merge.run_asymmetry`).
-    """
-    from interp.run.merge import run_asymmetry
-
-    try:
-        return run_asymmetry(rd.path, handle, cfg, shard=current_shard(cfg.shard),
-                             overwrite=overwrite, log=log)
-    finally:
-        finish()
 
 
 def _audit_dir(mod: Any, kw: dict[str, Any]) -> None:

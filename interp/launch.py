@@ -2,7 +2,7 @@
 
 ``interp`` has no scheduler of its own: torchrun (or ``accelerate launch``), a SLURM job array,
 Ray or a shell loop starts the processes; each process learns its shard here and works on its
-records only, into an ordinary resumable run directory of its own; :mod:`interp.run.merge` turns
+records only, into an ordinary resumable run directory of its own; :mod:`interp.stages.merge` turns
 the finished shards into one run.
 
 Algorithm:
@@ -23,7 +23,7 @@ Algorithm:
    ordinary run directory (resumable: a killed shard reruns the same command). Its manifest
    holds ``shard``: index, count, launcher, the global position of every record it owns and
    the fingerprint of the global selection's content (:func:`selection_sha256`), which is
-   what :mod:`interp.run.merge` checks. Shards of another ``N`` under the same ``OUT``
+   what :mod:`interp.stages.merge` checks. Shards of another ``N`` under the same ``OUT``
    are refused (:func:`check_count`): the records would be dealt out differently.
 5. **Together** (:func:`barrier`): under torchrun every process waits for the others with a
    ``torch.distributed`` (gloo) barrier; rank 0 merges. That is all the process group is used

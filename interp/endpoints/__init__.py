@@ -24,7 +24,7 @@ _HOMES = {
     "PREFIX": "client", "Endpoint": "client", "EndpointConfig": "client",
     "RequestFailed": "client", "is_endpoint_spec": "client",
     "EndpointOracle": "oracle", "endpoint_for": "oracle",
-    "evaluate_served": "study", "oracle_facts": "study", "run_served": "study",
+    "ServedReplies": "study", "oracle_facts": "study", "served_model_info": "study",
 }
 
 __all__ = ["CACHE_FILE", "RequestCache", "request_key", *sorted(_HOMES)]

@@ -26,7 +26,8 @@ from interp.judging.reasoning import MAX_REASONING_TOKENS, judge_reasoning, verd
 from interp.judging.verdict import VerdictScores, verdict_replies
 from interp.models.loading import ModelHandle
 
-__all__ = ["eval_prompt", "judge_candidates", "judge_prompts", "judge_room", "parse_record_verdict"]
+__all__ = ["eval_prompt", "judge_candidates", "judge_prompts", "judge_room", "parse_record_verdict",
+           "verdict_fields"]
 
 
 def judge_room(handle: ModelHandle, template: Template, verdict_max_new_tokens: int,
@@ -158,10 +159,32 @@ def _verdicts(replies: Any, keys: Sequence[int], evals: Sequence[Any],
     scores = VerdictScores(logprob_correct=lps[:, 0], logprob_incorrect=lps[:, 1]).rows()
     out = {}
     for k, v, sc in zip(keys, evals, scores):
-        verdict, source = parse_record_verdict(v.text, candidates[k])
-        out[k] = ({"verdict": verdict, "verdict_source": source, "verdict_text": v.text, **sc,
-                   "verdict_reply_ids": replies.id_lists()}, v)
+        out[k] = (verdict_fields(v.text, candidates[k], sc,
+                                 verdict_reply_ids=replies.id_lists()), v)
     return out
+
+
+def verdict_fields(text: str, candidate: str, scores: Mapping[str, Any],
+                   **extra: Any) -> dict[str, Any]:
+    """A one-word judge's record fields from its reply: the one place a reply becomes a verdict.
+
+    Used for every model, local (:func:`judge_prompts`) or served
+    (:class:`interp.endpoints.study.ServedReplies`), so the same reply gives the same fields.
+
+    Args:
+        text: the judge's decoded reply.
+        candidate: the answer it judged (for a restated answer, :func:`parse_record_verdict`).
+        scores: the whole-reply verdict score (:meth:`interp.judging.verdict.VerdictScores.rows`
+            keys), or why there is none (``verdict_score: "unavailable"``).
+        **extra: fields after the scores (a local judge's ``verdict_reply_ids``).
+
+    Returns:
+        ``verdict``, ``verdict_source``, ``verdict_text``, the scores, then ``extra``, in this
+        order (the order of ``records.jsonl``).
+    """
+    verdict, source = parse_record_verdict(text, candidate)
+    return {"verdict": verdict, "verdict_source": source, "verdict_text": text, **scores,
+            **extra}
 
 
 def parse_record_verdict(text: str, candidate: str) -> tuple[bool | None, str]:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -55,6 +55,7 @@ from interp.analysis.stats import (
     passage_note,
     roc_auc,
 )
+from interp.core.capabilities import IN_PROCESS
 from interp.core.errors import ConfigError, Interrupted, PromptError
 from interp.core.names import dataset_order, in_dataset_order
 from interp.data import QAExample
@@ -67,9 +68,9 @@ from interp.methods.balanced import own_balanced
 from interp.models.loading import ModelHandle
 from interp.store.records import NO_ANSWER, Record, check_verdict_scores
 
-__all__ = ["METRIC_DEFINITIONS", "compute_metrics", "evaluate_examples", "format_balanced",
-           "format_metrics",
-           "group_metrics", "judge_records", "parse_record_verdict"]
+__all__ = ["CAPTURE_NEEDS", "METRIC_DEFINITIONS", "LocalReplies", "ReplySource", "compute_metrics",
+           "evaluate_examples", "format_balanced", "format_metrics", "group_metrics",
+           "judge_records", "parse_record_verdict", "reply_source"]
 
 
 def _example_fields_names() -> tuple[str, ...]:
@@ -99,8 +100,146 @@ def _render(handle: ModelHandle, template: Template, task: str, ex: QAExample,
                   answer=answer, reference=ex.answers[0] if ex.answers else "")
 
 
+CAPTURE_NEEDS = frozenset({"attention", "activations"})
+"""What a reply source must be able to do for the one-pass capture
+(:class:`interp.judging.prefill.Capture`)."""
+
+
+class ReplySource(Protocol):
+    """Where Study 1's replies come from: the one interface of :func:`evaluate_examples`.
+
+    A model loaded in this process (:class:`LocalReplies`, what a
+    :class:`interp.models.loading.ModelHandle` is wrapped in) or one served behind an endpoint
+    (:class:`interp.endpoints.study.ServedReplies`); what each can do beyond replies is
+    :mod:`interp.core.capabilities`. Every method works on examples keyed by an int (their
+    position in the call) and answers by the same keys; the algorithm that turns the replies
+    into records (extract, grade, parse, record fields) is :func:`evaluate_examples`' alone.
+
+    Attributes:
+        spec: the model's spec, the records' ``model``.
+        capabilities: what the model can do (:mod:`interp.core.capabilities`); the one-pass
+            capture needs ``attention`` and ``activations``.
+    """
+
+    spec: str
+    capabilities: frozenset[str]
+
+    def check(self, template: Template, verdict_max_new_tokens: int,
+              max_reasoning_tokens: int) -> None:
+        """Refuse a template whose judge replies cannot be read, before any reply is asked for.
+
+        Raises:
+            interp.core.errors.PromptError: as :func:`interp.judging.judge.judge_room`.
+        """
+
+    def gen_prompts(self, template: Template, examples: Mapping[int, QAExample],
+                    max_new_tokens: int) -> tuple[dict[int, Any], dict[int, str]]:
+        """Step 1's generation prompts: ``(prompts, skipped)``, by key.
+
+        A prompt that cannot be rendered, or leaves no room for ``max_new_tokens``, is
+        skipped with its reason.
+        """
+
+    def generate(self, prompts: Mapping[int, Any], *, max_new_tokens: int, batch_size: int,
+                 rows: bool, pools: Sequence[str], progress: str | None
+                 ) -> dict[int, PromptPass]:
+        """Step 1's replies (``PromptPass.text``: the raw reply, cut after its first line).
+
+        ``max_new_tokens = 0`` decodes nothing (given candidates, with a capture).
+
+        Raises:
+            interp.core.errors.Interrupted: a Ctrl-C (a local model).
+        """
+
+    def judge(self, template: Template, examples: Mapping[int, QAExample],
+              candidates: Mapping[int, str], *, verdict_max_new_tokens: int,
+              max_reasoning_tokens: int, batch_size: int, rows: bool, pools: Sequence[str],
+              progress: str | None) -> tuple[dict[int, Any], dict[int, str],
+                                             dict[int, tuple[dict[str, Any], Any]]]:
+        """Step 3 on the candidates: ``(prompts, skipped, judged)`` by key.
+
+        ``judged[k]`` is ``(verdict fields, pass)``: the fields of
+        :func:`interp.judging.judge.verdict_fields` (or a reasoning judge's), as
+        :func:`interp.judging.judge.judge_candidates` returns them.
+
+        Raises:
+            interp.core.errors.Interrupted: as :func:`interp.judging.judge.judge_candidates`.
+        """
+
+    def prompt_fields(self, gen: Any, ev: Any) -> dict[str, Any]:
+        """The record's fields of its two prompts (``prompts``; none for a served model)."""
+
+
+class LocalReplies:
+    """A :class:`ReplySource` of a model loaded in this process (batched prefills and decodes).
+
+    Step 1 renders with the model's tokenizer and chat template
+    (:func:`interp.judging.prompts.render`; a prompt beyond the model's positions is skipped)
+    and greedy-decodes through :func:`interp.judging.prefill.run_prompts`; step 3 is
+    :func:`interp.judging.judge.judge_candidates`. The one-pass capture (attention rows,
+    pooled residual stream) is recorded in the same forwards.
+
+    Args:
+        handle: the loaded model.
+    """
+
+    def __init__(self, handle: ModelHandle):
+        self.handle = handle
+        self.spec = handle.spec
+        self.capabilities = getattr(handle, "capabilities", IN_PROCESS)
+
+    def check(self, template: Template, verdict_max_new_tokens: int,
+              max_reasoning_tokens: int) -> None:
+        """As :meth:`ReplySource.check` (:func:`interp.judging.judge.judge_room`)."""
+        judge_room(self.handle, template, verdict_max_new_tokens, max_reasoning_tokens)
+
+    def gen_prompts(self, template: Template, examples: Mapping[int, QAExample],
+                    max_new_tokens: int) -> tuple[dict[int, Any], dict[int, str]]:
+        """As :meth:`ReplySource.gen_prompts`: rendered prompts that fit the model."""
+        prompts: dict[int, Any] = {}
+        skipped: dict[int, str] = {}
+        for k, ex in examples.items():
+            try:
+                p = _render(self.handle, template, "gen", ex)
+            except PromptError as err:
+                skipped[k] = str(err)
+                continue
+            if too_long := self.handle.overflow(len(p), max_new_tokens,
+                                                what="generation prompt"):
+                skipped[k] = too_long
+                continue
+            prompts[k] = p
+        return prompts, skipped
+
+    def generate(self, prompts: Mapping[int, Any], *, max_new_tokens: int, batch_size: int,
+                 rows: bool, pools: Sequence[str], progress: str | None
+                 ) -> dict[int, PromptPass]:
+        """As :meth:`ReplySource.generate` (:func:`interp.judging.prefill.run_prompts`)."""
+        gens = run_prompts(self.handle, [p.input_ids for p in prompts.values()],
+                           batch_size=batch_size, rows=rows, pools=pools,
+                           max_new_tokens=max_new_tokens,
+                           progress=progress and f"{progress} gen")
+        return dict(zip(prompts, gens))
+
+    def judge(self, template: Template, examples: Mapping[int, QAExample],
+              candidates: Mapping[int, str], **kw: Any
+              ) -> tuple[dict[int, Any], dict[int, str], dict[int, tuple[dict[str, Any], Any]]]:
+        """As :meth:`ReplySource.judge` (:func:`interp.judging.judge.judge_candidates`)."""
+        return judge_candidates(self.handle, template, examples, candidates, **kw)
+
+    def prompt_fields(self, gen: Any, ev: Any) -> dict[str, Any]:
+        """``prompts``: both rendered prompts' ids, spans and lengths (``to_record``)."""
+        return {"prompts": {"gen": gen.to_record(), "eval": ev.to_record()}}
+
+
+def reply_source(model: ModelHandle | ReplySource) -> ReplySource:
+    """``model`` as a :class:`ReplySource`: a loaded model wrapped in :class:`LocalReplies`."""
+    return model if callable(getattr(model, "gen_prompts", None)) else LocalReplies(
+        model)  # type: ignore[arg-type]
+
+
 def evaluate_examples(
-    handle: ModelHandle,
+    model: ModelHandle | ReplySource,
     examples: Sequence[QAExample],
     *,
     template: Template,
@@ -115,8 +254,13 @@ def evaluate_examples(
 ) -> list[Record]:
     """Run steps 1-3 of the module algorithm on a list of examples; return their records.
 
+    The one harness of Study 1: a local model and a served one differ only in where their
+    replies come from (:class:`ReplySource`); the same replies give the same records, but for
+    ``prompts`` (a served model's tokens are not seen).
+
     Args:
-        handle: the model that generates AND judges (self-evaluation).
+        model: the model that generates AND judges (self-evaluation): a loaded model or any
+            :class:`ReplySource` (a served model: :class:`interp.endpoints.study.ServedReplies`).
         examples: the examples.
         template: prompt variant.
         oracle: grades generated answers (step 2).
@@ -129,7 +273,7 @@ def evaluate_examples(
             transfer and patching studies; GA then describes the candidates).
         capture: when given, also record in the same prefill forwards the last-token
             attention rows and the pooled ``resid_post`` of both prompts of every ok record
-            (:class:`interp.judging.prefill.Capture`; filled in place).
+            (:class:`interp.judging.prefill.Capture`; filled in place; a local model only).
         progress: a tqdm description for per-batch bars (None: none).
 
     Returns:
@@ -139,41 +283,41 @@ def evaluate_examples(
         is neither graded nor judged: an empty candidate has no span to judge).
 
     Raises:
+        interp.core.errors.ConfigError: a capture with a reasoning template, or from a
+            source without :data:`CAPTURE_NEEDS` (a served model).
         interp.core.errors.Interrupted: a Ctrl-C (or SIGTERM); its ``done`` is the list of
             records as above with None for each example not finished before it: the skipped
             ones are, and once the judging has begun those whose judge batch finished
             (``capture`` holds theirs, by the same positions).
+        interp.endpoints.client.RequestFailed, interp.core.errors.EndpointError: a served
+            model's request failed (:meth:`interp.endpoints.client.Endpoint.chat`).
     """
+    source = reply_source(model)
     # refuses a template whose replies cannot be scored, before any generation
-    judge_room(handle, template, verdict_max_new_tokens, max_reasoning_tokens)
+    source.check(template, verdict_max_new_tokens, max_reasoning_tokens)
+    if capture is not None and not CAPTURE_NEEDS <= source.capabilities:
+        raise ConfigError(f"{source.spec} cannot show its attention and activations, so the "
+                          f"one-pass capture does not apply (one_pass = false)")
     if capture is not None and template.judge != "word":
         raise ConfigError(f"template {template.name!r} judges with reasoning: its verdict "
                           f"position lies after the reasoning, so the one-pass capture of the "
                           f"eval prompt does not apply (one_pass = false)")
     records: list[Record | None] = [None] * len(examples)
-    gen_prompts: dict[int, RenderedPrompt] = {}
-    for k, ex in enumerate(examples):
-        try:
-            p = _render(handle, template, "gen", ex)
-        except PromptError as err:
-            records[k] = _skipped(ex, str(err))
-            continue
-        if too_long := handle.overflow(len(p), max_new_tokens, what="generation prompt"):
-            records[k] = _skipped(ex, too_long)
-            continue
-        gen_prompts[k] = p
+    gen_prompts, skipped = source.gen_prompts(template, dict(enumerate(examples)),
+                                              max_new_tokens)
+    for k, reason in skipped.items():
+        records[k] = _skipped(examples[k], reason)
     rows, pools = (capture.rows, capture.pools) if capture is not None else (False, ())
     gen_pools = [x for x in pools if x != "candidate"]
     gen_pass: dict[int, PromptPass] = {}
     if candidates is None or capture is not None:  # given candidates: no answer to decode
         try:
-            gens = run_prompts(handle, [p.input_ids for p in gen_prompts.values()],
-                               batch_size=batch_size, rows=rows, pools=gen_pools,
-                               max_new_tokens=max_new_tokens if candidates is None else 0,
-                               progress=progress and f"{progress} gen")
+            gen_pass = source.generate(gen_prompts, batch_size=batch_size, rows=rows,
+                                       pools=gen_pools,
+                                       max_new_tokens=max_new_tokens if candidates is None
+                                       else 0, progress=progress)
         except KeyboardInterrupt as exc:  # no answer judged yet: the skipped records
             raise Interrupted(records) from exc
-        gen_pass = dict(zip(gen_prompts, gens))
     if candidates is None:
         raw = {k: g.text for k, g in gen_pass.items()}
         answers = {k: extract_answer(t) for k, t in raw.items()}
@@ -183,50 +327,50 @@ def evaluate_examples(
     else:
         raw = answers = {k: candidates[k] for k in gen_prompts}
     try:
-        eval_prompts, skipped, judged = judge_candidates(
-            handle, template, {k: examples[k] for k in answers}, answers, rows=rows,
+        eval_prompts, skipped, judged = source.judge(
+            template, {k: examples[k] for k in answers}, answers, rows=rows,
             pools=pools, batch_size=batch_size, verdict_max_new_tokens=verdict_max_new_tokens,
             max_reasoning_tokens=max_reasoning_tokens, progress=progress)
     except Interrupted as exc:  # the records of the judge batches that finished
         eval_prompts, skipped, judged = exc.done
-        _finish(handle, examples, records, oracle, raw, answers, gen_prompts, gen_pass,
+        _finish(source, examples, records, oracle, raw, answers, gen_prompts, gen_pass,
                 {k: eval_prompts[k] for k in judged}, skipped, judged, capture)
         raise Interrupted(records) from exc
     except KeyboardInterrupt as exc:
         raise Interrupted(records) from exc
-    _finish(handle, examples, records, oracle, raw, answers, gen_prompts, gen_pass,
+    _finish(source, examples, records, oracle, raw, answers, gen_prompts, gen_pass,
             eval_prompts, skipped, judged, capture)
     return records  # type: ignore[return-value]
 
 
-def _finish(handle: ModelHandle, examples: Sequence[QAExample], records: list[Record | None],
+def _finish(source: ReplySource, examples: Sequence[QAExample], records: list[Record | None],
             oracle: BaseOracle, raw: Mapping[int, str], answers: Mapping[int, str],
-            gen_prompts: Mapping[int, RenderedPrompt], gen_pass: Mapping[int, PromptPass],
-            eval_prompts: Mapping[int, RenderedPrompt], skipped: Mapping[int, str],
+            gen_prompts: Mapping[int, Any], gen_pass: Mapping[int, PromptPass],
+            eval_prompts: Mapping[int, Any], skipped: Mapping[int, str],
             judged: Mapping[int, tuple[dict[str, Any], Any]], capture: Capture | None) -> None:
     """Steps 2-3's records (in place) of the judged examples and of the skipped ones."""
     for k, reason in skipped.items():
         records[k] = _skipped(examples[k], reason)
     for k, ep in eval_prompts.items():
         fields, v = judged[k]
-        records[k] = _ok_record(handle, examples[k], oracle, raw[k], answers[k], fields,
+        records[k] = _ok_record(source, examples[k], oracle, raw[k], answers[k], fields,
                                 gen_prompts[k], ep)
         if capture is not None:
             capture.got[k] = {"gen": (gen_prompts[k], gen_pass[k]), "eval": (ep, v)}
 
 
-def _ok_record(handle: ModelHandle, ex: QAExample, oracle: BaseOracle, raw: str, answer: str,
-               judged: Mapping[str, Any], gp: RenderedPrompt, ep: RenderedPrompt) -> Record:
+def _ok_record(source: ReplySource, ex: QAExample, oracle: BaseOracle, raw: str, answer: str,
+               judged: Mapping[str, Any], gp: Any, ep: Any) -> Record:
     """Step 2 (grade) and the record of one fully evaluated example."""
     graded = oracle.grade(answer, ex.answers, dataset=ex.dataset, answerable=ex.answerable,
                           extras={**ex.extras, "context": ex.context, "question": ex.question})
     return {  # type: ignore[typeddict-item]
-        **_example_fields(ex), "status": "ok", "model": handle.spec,
+        **_example_fields(ex), "status": "ok", "model": source.spec,
         "generation": raw, "answer": answer,
         "oracle_label": bool(graded.label),
         "oracle": {"name": oracle.name, "em": graded.em, "f1": graded.f1, "rule": graded.rule},
         **judged,
-        "prompts": {"gen": gp.to_record(), "eval": ep.to_record()},
+        **source.prompt_fields(gp, ep),
     }
 
 

@@ -268,7 +268,7 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
 
     With ``shard`` (:mod:`interp.launch`: ``--shard I/N``, torchrun, a SLURM array) each
     model's Study 1 runs on the shard's records into ``out/<model>/shards/I-of-N``
-    (:func:`interp.run.merge.run_asymmetry`). Under torchrun rank 0 then merges them into
+    (:func:`interp.stages.asymmetry.run`). Under torchrun rank 0 then merges them into
     ``out/<model>`` and runs every stage there, once, over all records (fresh one-pass parts
     are reused), and writes the summary: the run directories an unsharded run leaves; the
     other ranks stop after their shards. A ``--shard`` or SLURM shard stops after its
@@ -407,7 +407,7 @@ def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Pa
     """Step 2 of :func:`run_config` (the module docstring) for every model.
 
     Each stage's summary text is appended to ``texts`` and its time logged. With ``shard``,
-    a process whose Study 1 gives no merged run (:func:`interp.run.merge.run_asymmetry` returns
+    a process whose Study 1 gives no merged run (:func:`interp.stages.asymmetry.run` returns
     None: ``--shard``, a SLURM array) skips the model's stages. Under torchrun every process
     goes on after the merge: a stage that declares ``parts_only``
     (:class:`interp.core.contract.StageSpec`) makes its per-record parts on each process's
@@ -417,7 +417,6 @@ def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Pa
     each step, so a stage reads what the one before it wrote.
     """
     from interp.models.loading import load_model, placement
-    from interp.run.merge import run_asymmetry
     from interp.stages import STAGES, asymmetry
     from interp.stages.common import share_of_records
 
@@ -436,7 +435,7 @@ def _run_models(acfgs: Mapping[str, Any], stage_cfgs: Mapping[str, Any], out: Pa
         log(f"== {spec} -> {run_dir}")
         t0, c0 = time.perf_counter(), time.process_time()
         if not only or "asymmetry" in only:
-            m = run_asymmetry(run_dir, handle, acfg, shard=shard, overwrite=overwrite, log=log)
+            m = asymmetry.run(run_dir, handle, acfg, shard=shard, overwrite=overwrite, log=log)
             if group:
                 barrier(shard)  # the merge (rank 0) is done: every process reads the run
             if m is None and not (group and runs):

@@ -4,7 +4,8 @@
 writes, what it needs and keeps, how its parts are keyed); each stage module provides
 ``run(run_dir, handle, cfg, *, overwrite, log)`` and ``format_summary(summary)``.
 
-* :mod:`interp.stages.asymmetry` creates a run (Study 1) and writes ``metrics.json``;
+* :mod:`interp.stages.asymmetry` creates a run (Study 1) and writes ``metrics.json``, or this
+  process's shard of it (:mod:`interp.launch`), which :mod:`interp.stages.merge` joins;
 * every stage in :data:`STAGES` (the specs after ``asymmetry``, as modules) reads a finished
   run, or (``transfer``) may start in an empty folder.
 

@@ -32,6 +32,12 @@ Algorithm of :func:`run`:
 3. ``metrics.json`` (:func:`interp.methods.asymmetry.compute_metrics`) over every dataset run into
    the directory, and the asymmetry figure; a cross-judged run adds ``answer_sources``
    (:func:`interp.methods.cross_judge.source_metrics`).
+
+A served model (``model = "openai:MODEL"``) runs the same harness on the replies of
+:class:`interp.endpoints.study.ServedReplies` (:func:`_run_served`: no weights, so no one-pass
+parts and no tokenizer check of stale records). With a shard (:mod:`interp.launch`) the steps
+run on the shard's records into ``OUT/shards/I-of-N``, and under torchrun rank 0 merges the
+shards (:mod:`interp.stages.merge`) once every process is done (:func:`run`).
 """
 
 from __future__ import annotations
@@ -48,18 +54,21 @@ import torch
 
 from interp.core.contract import stage_of
 from interp.core.costs import CPU_S_PER_UNIT, SOURCE, format_cpu, wall_prior_s
-from interp.core.errors import ConfigError, Interrupted, RunDirError, ShardError
+from interp.core.errors import ConfigError, EndpointError, Interrupted, RunDirError, ShardError
 from interp.core.inputs import new_run_dir
 from interp.core.io import read_jsonl, write_json, write_jsonl
 from interp.core.progress import Share, tqdm
 from interp.data import DATASETS, QAExample
-from interp.endpoints import is_endpoint_spec, oracle_facts, run_served
+from interp.endpoints.cache import CACHE_FILE
+from interp.endpoints.client import RequestFailed, is_endpoint_spec
+from interp.endpoints.oracle import endpoint_for
+from interp.endpoints.study import ServedReplies, oracle_facts, served_model_info
 from interp.judging.grading import BaseOracle, RuleOracle, make_oracle, parse_oracle_spec
 from interp.judging.prefill import Capture
 from interp.judging.prompts import Template, get_template, render
 from interp.judging.residual_features import POOLS
 from interp.judging.verdict import verdict_replies
-from interp.launch import Shard, assign, selection_sha256
+from interp.launch import Shard, assign, barrier, check_count, heartbeat, selection_sha256
 from interp.methods.agreement import oracle_agreement as grade_agreement
 from interp.methods.asymmetry import evaluate_examples, format_metrics, judge_records
 from interp.methods.balanced import balanced_candidates
@@ -76,6 +85,7 @@ from interp.models.loading import (
 )
 from interp.stages.common import check_run_model, stage_facts, stored_negatives
 from interp.stages.configs.asymmetry import ASYMMETRY_KEY_FIELDS, AsymmetryConfig
+from interp.stages.merge import merge_shards
 from interp.stages.run_metrics import BALANCED_RECORDS, write_metrics
 from interp.stages.stored import store_one_pass
 from interp.store.records import Record, limit_per_dataset, qa_key
@@ -100,13 +110,16 @@ def run(
     log: Callable[[str], None] = print,
     chunk: int | None = None,
     shard: Shard | None = None,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """Run Study 1 into a run directory, resuming finished work; return metrics.json's content.
 
-    The stage contract's signature (:mod:`interp.core.contract`). With ``shard``
-    (:mod:`interp.launch`) only the shard's records are run, into ``run_dir/shards/I-of-N``
-    (an ordinary resumable run whose manifest says which records it owns); its
-    ``metrics.json`` is left to the merge (:mod:`interp.run.merge`), and ``{}`` is returned.
+    The stage contract's signature (:mod:`interp.core.contract`), plus this process's
+    ``shard`` (:mod:`interp.launch`: ``--shard I/N``, torchrun, a SLURM array). With one,
+    only the shard's records are run, into ``run_dir/shards/I-of-N`` (an ordinary resumable
+    run whose manifest says which records it owns; ``run_dir`` may not hold shards of another
+    count); under torchrun every process then waits for the others
+    (:func:`interp.launch.barrier`) and rank 0 merges them into ``run_dir``
+    (:func:`interp.stages.merge.merge_shards`; the shards' writer locks are released by then).
 
     Args:
         run_dir: run directory (created when missing).
@@ -118,6 +131,11 @@ def run(
             batch_size``; the examples of a chunk are sorted by prompt length into batches).
         shard: run only this shard's records (:func:`interp.launch.assign`).
 
+    Returns:
+        ``metrics.json`` of ``run_dir`` (unsharded, or torchrun's rank 0 after the merge);
+        None for a process that only wrote its shard (the other ranks, and ``--shard`` /
+        SLURM shards, which ``interp merge`` joins once all are finished).
+
     Raises:
         interp.core.errors.ConfigError: a count below 1 or an unknown oracle spec (before any
             model loads, as every error of :func:`check_inputs`).
@@ -125,9 +143,35 @@ def run(
             result facts, or stale records (:func:`stale_records`), and not overwrite; or
             another process is writing it (:meth:`interp.store.rundir.RunDir.writer`).
         interp.core.errors.DataError: unknown dataset, malformed file.
+        interp.core.errors.ShardError: a served model with a shard, ``run_dir`` holds shards
+            of another count, or the merge is refused.
+    """
+    out = run_dir.path if isinstance(run_dir, RunDir) else Path(run_dir)
+    if shard is None:
+        return _run_process(out, handle, cfg, overwrite=overwrite, log=log, chunk=chunk)
+    check_count(out, shard)
+    heartbeat(out, shard)   # the others waiting at the barrier see this process is alive
+    _run_process(out, handle, cfg, overwrite=overwrite, log=log, chunk=chunk, shard=shard)
+    if not shard.joined:
+        log(f"[shard {shard.name}] done in {shard.dir(out)}; when all {shard.count} are, "
+            f"join them: interp merge {out / 'shards'}/*-of-{shard.count} --out {out}")
+        return None
+    barrier(shard, what=f"its records in {shard.dir(out)}")
+    if shard.index != 0:
+        return None
+    return merge_shards([Shard(i, shard.count).dir(out) for i in range(shard.count)], out,
+                        overwrite=overwrite, log=log)
+
+
+def _run_process(out: Path, handle: ModelHandle | None, cfg: AsymmetryConfig | None, *,
+                 overwrite: bool, log: Callable[[str], None], chunk: int | None,
+                 shard: Shard | None = None) -> dict[str, Any]:
+    """Steps 0-3 of the module docstring in this process: the whole run, or its shard's.
+
+    A shard's run goes into ``out/shards/I-of-N`` and writes no ``metrics.json`` (``{}`` is
+    returned: the merge writes it).
     """
     config = cfg or AsymmetryConfig()
-    out = run_dir.path if isinstance(run_dir, RunDir) else Path(run_dir)
     loaded = check_inputs(config)
     owned = None
     if shard is not None:
@@ -151,11 +195,10 @@ def run(
             f"{', '.join(f'{len(v)} {k}' for k, v in loaded.items())} records into {out} "
             f"(if interrupted, the same command resumes){cost}")
         if is_endpoint_spec(config.model):  # a served model: its replies, no internals
-            return run_served(config, RunDir(out), loaded, overwrite=overwrite, log=log,
-                              chunk=chunk, key_fields=KEY_FIELDS, stale=stale_records,
-                              finish=write_metrics)
-        return _run(config, RunDir(out), loaded, overwrite=overwrite, handle=handle, log=log,
-                    chunk=chunk, shard=owned)
+            return _run_served(config, RunDir(out), loaded, overwrite=overwrite, log=log,
+                               chunk=chunk)
+        return _run_local(config, RunDir(out), loaded, overwrite=overwrite, handle=handle,
+                          log=log, chunk=chunk, shard=owned)
 
 
 def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
@@ -179,7 +222,7 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
     return config.check_inputs()
 
 
-def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExample]], *,
+def _run_local(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExample]], *,
          overwrite: bool, handle: ModelHandle | None, log: Callable[[str], None],
          chunk: int | None, shard: dict[str, Any] | None = None) -> dict[str, Any]:
     """Steps 1-3 of :func:`run` (the module docstring) on checked inputs.
@@ -222,56 +265,145 @@ def _run(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExampl
     finished = {qa_key(r): r for r in (rd.read_records(status=None)
                                            if rd.records_path.exists() else [])}
     source = load_answer_source(config.answers_from) if config.answers_from else None
-    done = set(finished)
-    chunk = chunk or config.chunk_batches * config.batch_size
-    for ds in config.datasets:
-        examples = loaded[ds]
-        stale = stale_records(finished, examples, handle.tokenizer, template)
+
+    def stale(examples: Sequence[QAExample]) -> dict[tuple[str, str], str]:
+        out = stale_records(finished, examples, handle.tokenizer, template)
         if source is not None:  # a judged answer the source has since replaced
-            stale.update({k: "its source answer changed" for k, r in finished.items()
-                          if k not in stale and r.get("status") == "ok"
-                          and k in source.records and r.get("answer") != (
-                              source.records[k].get("answer"))})
-        done -= rd.redo_stale(stale, ds, overwrite=overwrite)
-        todo = [ex for ex in examples if (ex.dataset, ex.id) not in done]
-        log(f"[{ds}] {len(examples)} examples, {len(examples) - len(todo)} already done")
-        t0 = time.perf_counter()
-        bar = tqdm(total=len(todo), desc=ds, unit="ex", disable=not todo,
-                   prior_s=wall_prior_s(handle.spec, "asymmetry", torch.get_num_threads()))
-        for s in range(0, len(todo), chunk):
-            part = todo[s:s + chunk]
-            # a reasoning judge's verdict position lies after its reasoning: no one-pass
-            cap = Capture(rows=True, pools=POOLS) if config.one_pass and \
-                template.judge == "word" else None
-            kw = dict(template=template, max_new_tokens=config.max_new_tokens,
-                      verdict_max_new_tokens=config.verdict_max_new_tokens,
-                      batch_size=config.batch_size, capture=cap)
-            with Share(bar, len(part), prompts_per_example=1 if source is not None else 2) as share:
-                try:
-                    recs = (judge_from_source(handle, part, source, **kw) if source is not None
-                            else evaluate_examples(
-                                handle, part, oracle=oracle,
-                                max_reasoning_tokens=config.max_reasoning_tokens, **kw))
-                except Interrupted as exc:  # keep the chunk's finished records, then stop
-                    if isinstance(exc.done, list):
-                        _keep(rd, handle, config, exc.done, cap, facts)
-                    raise
-            recs = _keep(rd, handle, config, recs, cap, facts)
-            done.update(qa_key(r) for r in recs)
-            share.done()
-            for r in recs:
-                if r["status"] != "ok":
-                    log(f"[{ds}] {r['status'].replace('_', ' ')} {r['id']}: {r['reason']}")
-        bar.close()
-        if todo:
-            dt = time.perf_counter() - t0
-            log(f"[{ds}] {len(todo)} examples in {dt:.1f} s "
-                f"({60 * len(todo) / dt:.1f} examples/minute)")
+            out.update({k: "its source answer changed" for k, r in finished.items()
+                        if k not in out and r.get("status") == "ok"
+                        and k in source.records and r.get("answer") != (
+                            source.records[k].get("answer"))})
+        return out
+
+    def chunk_records(part: list[QAExample], bar: Any) -> tuple[list[Record], int, None]:
+        # a reasoning judge's verdict position lies after its reasoning: no one-pass
+        cap = Capture(rows=True, pools=POOLS) if config.one_pass and \
+            template.judge == "word" else None
+        kw = dict(template=template, max_new_tokens=config.max_new_tokens,
+                  verdict_max_new_tokens=config.verdict_max_new_tokens,
+                  batch_size=config.batch_size, capture=cap)
+        with Share(bar, len(part), prompts_per_example=1 if source is not None else 2) as share:
+            try:
+                recs = (judge_from_source(handle, part, source, **kw) if source is not None
+                        else evaluate_examples(
+                            handle, part, oracle=oracle,
+                            max_reasoning_tokens=config.max_reasoning_tokens, **kw))
+            except Interrupted as exc:  # keep the chunk's finished records, then stop
+                if isinstance(exc.done, list):
+                    _keep(rd, handle, config, exc.done, cap, facts)
+                raise
+        kept = _keep(rd, handle, config, recs, cap, facts)
+        share.done()
+        return kept, 0, None
+
+    _each_chunk(config, rd, loaded, finished, overwrite=overwrite, log=log, chunk=chunk,
+                stale=stale, chunk_records=chunk_records,
+                prior_s=wall_prior_s(handle.spec, "asymmetry", torch.get_num_threads()))
     if shard is not None:
         return {}
     # metrics.json describes the whole run directory: every dataset run into it
     every = manifest["config"].get("datasets", config.datasets)
     return write_metrics(rd, replace(config, datasets=list(every)))
+
+
+def _run_served(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExample]], *,
+                overwrite: bool, log: Callable[[str], None], chunk: int | None
+                ) -> dict[str, Any]:
+    """Steps 1-3 of :func:`run` for a served model (``model = "openai:MODEL"``).
+
+    The same harness (:func:`interp.methods.asymmetry.evaluate_examples`) on the replies of
+    :class:`interp.endpoints.study.ServedReplies`, one example per call, ``concurrency`` calls
+    at a time (:meth:`interp.endpoints.client.Endpoint.map`). Examples whose requests failed
+    are left undone (a rerun does them); the run stops with one line past ``max_error_rate``,
+    after appending every finished record.
+
+    Raises:
+        interp.core.errors.EndpointError: the preflight fails (before any local oracle model
+            loads), or the failures pass ``max_error_rate`` (finished records kept).
+        interp.core.errors.RunDirError: another config or server, or stale records.
+    """
+    template = get_template(config.template, config.templates_path)
+    endpoint = endpoint_for(config.model, config.endpoint_table("model"), rd,
+                            "asymmetry.model_endpoint")
+    source = ServedReplies(endpoint)
+    finished = {qa_key(r): r for r in (rd.read_records(status=None)
+                                           if rd.records_path.exists() else [])}
+    todo_all = [ex for exs in loaded.values() for ex in exs
+                if (ex.dataset, ex.id) not in finished]
+    facts = endpoint.result_facts() if todo_all or not rd.manifest_path.exists() else None
+    oracle = make_oracle(config.oracle, device=config.device, dtype=config.dtype, run=rd,
+                         endpoint=config.endpoint_table("oracle"),
+                         served={endpoint.spec: endpoint})
+    if facts is not None:
+        facts = {**facts, **oracle_facts(oracle)}
+    manifest = rd.init_manifest(
+        asdict(config), model_info=served_model_info(endpoint) if facts else
+        {"spec": endpoint.spec, "source": "openai-endpoint"}, overwrite=overwrite,
+        key_fields=KEY_FIELDS, runtime=facts, result_facts=facts)
+    kw = dict(template=template, oracle=oracle, max_new_tokens=config.max_new_tokens,
+              verdict_max_new_tokens=config.verdict_max_new_tokens,
+              max_reasoning_tokens=config.max_reasoning_tokens)
+
+    def chunk_records(part: list[QAExample], bar: Any
+                 ) -> tuple[list[Record], int, EndpointError | None]:
+        got = endpoint.map(lambda ex: evaluate_examples(source, [ex], **kw)[0], part)
+        recs = [{**r, "template": config.template} for r in got if isinstance(r, dict)]
+        rd.append_records(recs)
+        bar.update(len(part))
+        errs = [r for r in got if not isinstance(r, dict)]
+        return recs, sum(isinstance(e, RequestFailed) for e in errs), next(
+            (e for e in errs if isinstance(e, EndpointError)), None)
+
+    _each_chunk(config, rd, loaded, finished, overwrite=overwrite, log=log, chunk=chunk,
+                stale=lambda examples: stale_records(finished, examples, None, template),
+                chunk_records=chunk_records)
+    log(f"requests: {endpoint.requests} sent, {endpoint.cache.hits} served from "
+        f"{rd.path / CACHE_FILE}, {endpoint.failed} failed")
+    every = manifest["config"].get("datasets", config.datasets)
+    return write_metrics(rd, replace(config, datasets=list(every)))
+
+
+def _each_chunk(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[QAExample]],
+                finished: Mapping[tuple[str, str], Mapping[str, Any]], *, overwrite: bool,
+                log: Callable[[str], None], chunk: int | None,
+                stale: Callable[[Sequence[QAExample]], Mapping[tuple[str, str], str]],
+                chunk_records: Callable[[list[QAExample], Any],
+                                   tuple[list[Record], int, Exception | None]],
+                prior_s: float | None = None) -> None:
+    """Step 2 of the module docstring for any model: per dataset, the records left, by chunk.
+
+    Stale records are dropped and redone (refused unless ``overwrite``); each chunk of the
+    rest goes to ``chunk_records(part, bar)``, which appends its finished records and returns
+    them, how many examples were left undone after failed requests, and an error that stops
+    the run (raised after the chunk's records are kept).
+    """
+    done = set(finished)
+    chunk = chunk or config.chunk_batches * config.batch_size
+    for ds in config.datasets:
+        examples = loaded[ds]
+        done -= rd.redo_stale(dict(stale(examples)), ds, overwrite=overwrite)
+        todo = [ex for ex in examples if (ex.dataset, ex.id) not in done]
+        log(f"[{ds}] {len(examples)} examples, {len(examples) - len(todo)} already done")
+        t0, failed = time.perf_counter(), 0
+        bar = tqdm(total=len(todo), desc=ds, unit="ex", disable=not todo, prior_s=prior_s)
+        for s in range(0, len(todo), chunk):
+            recs, n_failed, stop = chunk_records(todo[s:s + chunk], bar)
+            done.update(qa_key(r) for r in recs)
+            failed += n_failed
+            for r in recs:
+                if r["status"] != "ok":
+                    log(f"[{ds}] {r['status'].replace('_', ' ')} {r['id']}: {r['reason']}")
+            if stop is not None:
+                bar.close()
+                raise stop
+        bar.close()
+        if todo:
+            dt = time.perf_counter() - t0
+            log(f"[{ds}] {len(todo) - failed} examples in {dt:.1f} s "
+                f"({60 * len(todo) / dt:.1f} examples/minute); {failed} left undone after "
+                f"failed requests (run again to do them)" if failed else
+                f"[{ds}] {len(todo)} examples in {dt:.1f} s "
+                f"({60 * len(todo) / dt:.1f} examples/minute)")
 
 
 def _keep(rd: RunDir, handle: ModelHandle, config: AsymmetryConfig,

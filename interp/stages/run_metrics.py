@@ -1,7 +1,7 @@
 """A run's ``metrics.json``: the one writer, used by every stage that makes records.
 
 The asymmetry stage (:mod:`interp.stages.asymmetry`, its ``tables_only``), the merge of shards
-(:mod:`interp.run.merge`) and the audit of a judged file (:mod:`interp.stages.audit`) write it
+(:mod:`interp.stages.merge`) and the audit of a judged file (:mod:`interp.stages.audit`) write it
 with :func:`write_metrics`. It lives apart from :mod:`interp.stages.stored` because it needs
 the cross-judge metrics (:func:`interp.methods.cross_judge.source_metrics`), whose module reaches
 the probe stage and through it the stored parts.

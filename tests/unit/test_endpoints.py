@@ -17,6 +17,7 @@ from interp.core.errors import ConfigError, EndpointError, ModelSpecError
 from interp.endpoints import CACHE_FILE, Endpoint, EndpointConfig, RequestCache, RequestFailed
 from interp.endpoints.client import DeadlineTransport
 from interp.judging.grading import make_oracle
+from interp.judging.prompts import chat_messages, get_template
 from interp.methods.asymmetry import format_metrics
 from interp.models.loading import load_model
 from interp.stages.asymmetry import AsymmetryConfig, oracle_agreement, run
@@ -481,12 +482,14 @@ def test_a_served_oracle_reads_its_verdict_after_the_reasoning_markup(httpserver
     assert (g.label, g.rule) == (False, "openai:constrained:Incorrect")
 
 
-def forced_choice_server(httpserver, logprob):
+def forced_choice_server(httpserver, logprob, reply=reply_for):
     """A fake llama.cpp: its template, tokenizer and token-grammar replies with ``logprob``.
 
-    ``logprob(word)`` is the value the server reports for the reply's one token; the replies
-    to the gen and eval prompts are the fake model's (:func:`reply_for`).
+    ``logprob(word)`` (or ``logprob(word, body)``, with ``reply`` given) is the value the
+    server reports for the reply's one token; the replies to the gen and eval prompts are
+    ``reply(body)`` (default the fake model's, :func:`reply_for`).
     """
+    two = reply is not reply_for
     head, ids = "<u>X</u><a>", {"Correct": 100, "Incorrect": 101}
 
     def template(request):
@@ -507,9 +510,10 @@ def forced_choice_server(httpserver, logprob):
             word = next(w for w, i in ids.items() if i == tid)
             out = completion(word)
             out["choices"][0]["logprobs"] = {"content": [
-                {"id": tid, "token": word, "logprob": logprob(word)}]}
+                {"id": tid, "token": word,
+                 "logprob": logprob(word, body) if two else logprob(word)}]}
             return Response(json.dumps(out), content_type="application/json")
-        return Response(json.dumps(completion(reply_for(body))), content_type="application/json")
+        return Response(json.dumps(completion(reply(body))), content_type="application/json")
 
     httpserver.expect_request("/v1/models").respond_with_json(MODELS)
     httpserver.expect_request("/apply-template", method="POST").respond_with_handler(template)
@@ -600,3 +604,64 @@ def reply_for_user(body: dict) -> str:
     return reply_for({"messages": [{"role": "system", "content": system},
                                    {"role": "user", "content": rest}], **{
         k: v for k, v in body.items() if k != "messages"}})
+
+
+def test_served_and_local_study_1_give_the_same_records_on_the_same_replies(tiny, httpserver,
+                                                                             tmp_path):
+    """One harness: a fake server replaying a local model's replies gives its records.
+
+    The tiny random model runs Study 1 in process; a fake llama.cpp then answers each chat
+    request with the reply the local model gave to the same prompt (its ``generation`` and
+    ``verdict_text``) and the forced choice with its whole-reply log-probs. The served run's
+    records equal the local run's field for field and in order, less what only a local model
+    has (``prompts``, ``verdict_reply_ids``) and the ``model``; so do the metrics.
+    """
+    kw = dict(datasets=["squad_v2"], limit=4, max_new_tokens=6, verdict_max_new_tokens=3,
+              batch_size=2, n_boot=20)
+    local_m = run(tmp_path / "local", tiny, AsymmetryConfig(model="tiny-llama", **kw),
+                  log=lambda s: None)
+    local = RunDir(tmp_path / "local").read_records(status=None)
+    tpl = get_template()
+
+    def key(task, r, **answer):
+        return json.dumps(chat_messages(tpl, task, context=r["context"], question=r["question"],
+                                        reference=r["answers"][0] if r["answers"] else "",
+                                        **answer))
+
+    replies, scores = {}, {}
+    for r in local:
+        replies[key("gen", r)] = r["generation"]
+        if r["status"] == "ok":
+            replies[key("eval", r, answer=r["answer"])] = r["verdict_text"]
+            scores[key("eval", r, answer=r["answer"])] = {
+                "Correct": r["logprob_correct"], "Incorrect": r["logprob_incorrect"]}
+    forced_choice_server(
+        httpserver, lambda w, body: scores.get(json.dumps(body["messages"]), {}).get(w, -1.0),
+        reply=lambda body: replies.get(json.dumps(body["messages"]), "OK"))
+    served_m = run(tmp_path / "served", None, AsymmetryConfig(
+        model="openai:fake", model_endpoint={"base_url": httpserver.url_for("/v1")}, **kw),
+        log=lambda s: None)
+    served = RunDir(tmp_path / "served").read_records(status=None)
+    assert [r["status"] for r in local] == ["ok"] * 4 and len(served) == 4
+    # every served field came from the replayed replies: answers, verdict texts, and the
+    # whole-reply scores of the server's forced choice (not "unavailable")
+    assert all(r["generation"] and r["verdict_text"] for r in served)
+    assert all(isinstance(r["logit_diff"], float) for r in served)
+    local_only = ("prompts", "verdict_reply_ids", "model")
+    for a, b in zip(local, served):
+        assert b["model"] == "openai:fake" and a["model"] == "tiny-llama"
+        mine = {k: v for k, v in a.items() if k not in local_only}
+        assert json.dumps({k: v for k, v in b.items() if k != "model"}) == json.dumps(mine)
+    assert served_m["overall"] == local_m["overall"]
+    # the one-pass capture needs what a served model cannot show: refused before a request
+    from interp.data import load_examples
+    from interp.endpoints.study import ServedReplies
+    from interp.judging.grading import RuleOracle
+    from interp.judging.prefill import Capture
+    from interp.methods.asymmetry import evaluate_examples
+
+    posts = chat_posts(httpserver)
+    with pytest.raises(ConfigError, match="openai:fake cannot show its attention"):
+        evaluate_examples(ServedReplies(endpoint(httpserver)), load_examples("squad_v2", limit=1),
+                          template=tpl, oracle=RuleOracle(), capture=Capture())
+    assert chat_posts(httpserver) == posts

@@ -1,4 +1,4 @@
-"""Shard identity and record assignment (interp.launch), and merging shards (interp.run.merge).
+"""Shard identity and record assignment (interp.launch), and merging shards (interp.stages.merge).
 
 The merges here join hand-made shard directories (manifests, records, per-record parts and a
 rows-keyed feature cache), so no model runs; the bundled-model runs are in
@@ -19,8 +19,8 @@ from interp.core.errors import ShardError
 from interp.core.io import read_json, save_tensors, write_json, write_jsonl
 from interp.data import QAExample, passage_key
 from interp.launch import Shard, assign, check_count, current_shard, parse_shard
-from interp.run.merge import merge_shards
 from interp.stages.common import own_share, share_of_records
+from interp.stages.merge import merge_shards
 
 
 def test_shard_from_the_launchers():

@@ -1,7 +1,7 @@
 """Finished shards (:mod:`interp.launch`) become one run directory, as an unsharded run leaves it.
 
 Algorithm of :func:`merge_shards` (``interp merge SHARD_DIR... --out DIR``; under torchrun
-rank 0 calls it by itself, :func:`run_asymmetry`):
+rank 0 calls it by itself, :func:`interp.stages.asymmetry.run` with a shard):
 
 1. **Check, writing nothing** (a refused merge changes no input and no output): every
    directory is a shard (its manifest has ``shard``); one count ``N``, each index ``0..N-1``
@@ -23,7 +23,7 @@ rank 0 calls it by itself, :func:`run_asymmetry`):
 3. **Manifest**: shard 0's, with ``shards`` (each shard's name, folder, launcher, records,
    creation, runtime facts and commit) and ``merged`` (when); no ``shard`` entry.
 4. **Tables once**: ``metrics.json`` and the asymmetry figure over all records
-   (:func:`interp.stages.asymmetry.write_metrics`). Stage tables (attention summary, probe
+   (:func:`interp.stages.run_metrics.write_metrics`). Stage tables (attention summary, probe
    sweeps, patching and steering summaries) come from running the stage on the merged run,
    which finds its parts fresh and runs no forward for them (``interp run`` does it next).
 """
@@ -50,11 +50,12 @@ from interp.core.io import (
     write_json,
     write_jsonl,
 )
-from interp.launch import Shard, barrier, check_count, heartbeat
+from interp.stages.configs.asymmetry import ASYMMETRY_KEY_FIELDS, AsymmetryConfig
+from interp.stages.run_metrics import write_metrics
 from interp.store.records import qa_key
 from interp.store.rundir import RunDir
 
-__all__ = ["PROCESS_FIELDS", "merge_shards", "run_asymmetry"]
+__all__ = ["PROCESS_FIELDS", "merge_shards"]
 
 PROCESS_FIELDS = ("device", "device_map", "max_memory", "offload_folder", "shard")
 """Config keys that may differ between shards: where a process computes, not what."""
@@ -256,8 +257,6 @@ def _write(rd: RunDir, ms: Sequence[Mapping[str, Any]], records: list[dict[str, 
            copies: Sequence[tuple[Path, Path]], merged_rows: Mapping[str, tuple[dict, dict]]
            ) -> dict[str, Any]:
     """Steps 2-4 of :func:`merge_shards` on checked shards: parts, manifest, tables."""
-    from interp.stages import asymmetry
-
     rd.path.mkdir(parents=True, exist_ok=True)
     write_jsonl(rd.records_path, records)
     for src, rel in copies:
@@ -288,10 +287,10 @@ def _write(rd: RunDir, ms: Sequence[Mapping[str, Any]], records: list[dict[str, 
                           "records": len(records)}
     write_json(rd.manifest_path, manifest)
     # step 4
-    cfg = asymmetry.AsymmetryConfig.from_mapping(
+    cfg = AsymmetryConfig.from_mapping(
         {k: v for k, v in first["config"].items()
-         if k in asymmetry.AsymmetryConfig.__dataclass_fields__ and k not in PROCESS_FIELDS})
-    metrics = asymmetry.write_metrics(rd, cfg)
+         if k in AsymmetryConfig.__dataclass_fields__ and k not in PROCESS_FIELDS})
+    metrics = write_metrics(rd, cfg)
     return metrics
 
 
@@ -313,8 +312,6 @@ def merge_shards(shard_dirs: Sequence[str | Path], out: str | Path, *,
     Raises:
         ShardError: a refused merge (step 1), one line; nothing is written.
     """
-    from interp.stages import asymmetry
-
     t0 = time.perf_counter()
     dirs = [Path(d) for d in shard_dirs]
     if not dirs:
@@ -330,7 +327,7 @@ def merge_shards(shard_dirs: Sequence[str | Path], out: str | Path, *,
     if rd.manifest_path.exists() and not overwrite:
         old = read_json(rd.manifest_path).get("config", {})
         new = ms[0]["config"]
-        if diff := [k for k in asymmetry.KEY_FIELDS if old.get(k) != new.get(k)]:
+        if diff := [k for k in ASYMMETRY_KEY_FIELDS if old.get(k) != new.get(k)]:
             _refuse(f"{out} holds a run made with another config ({diff[0]}: "
                     f"{old.get(diff[0])!r} vs {new.get(diff[0])!r}); use --overwrite or "
                     f"another --out")
@@ -341,41 +338,3 @@ def merge_shards(shard_dirs: Sequence[str | Path], out: str | Path, *,
     log(f"[merge] {len(ms)} shards, {len(records)} records, {len(copies)} parts copied, "
         f"{len(rows)} row files joined into {out} in {time.perf_counter() - t0:.1f} s")
     return metrics
-
-
-def run_asymmetry(run_dir: str | Path, handle: Any = None, cfg: Any = None, *,
-                  shard: Shard | None, overwrite: bool = False,
-                  log: Callable[[str], None] = print) -> dict[str, Any] | None:
-    """Study 1 for this process: the whole run, or its shard (and, under torchrun, the merge).
-
-    The stage contract's arguments (:mod:`interp.core.contract`), plus ``shard``. Without
-    a shard: :func:`interp.stages.asymmetry.run` into ``run_dir``. With one: the shard into
-    ``run_dir/shards/I-of-N`` (:mod:`interp.launch`); under torchrun every process then waits
-    for the others (:func:`interp.launch.barrier`) and rank 0 merges into ``run_dir`` (the
-    shards' writer locks are released by then; the merge writes ``run_dir`` under its own).
-
-    Returns:
-        ``metrics.json`` of ``run_dir`` (unsharded, or rank 0 after the merge); None for a
-        process that only wrote its shard (the other ranks, and ``--shard`` / SLURM shards,
-        which :func:`merge_shards` joins once all are finished).
-
-    Raises:
-        ShardError: ``run_dir`` holds shards of another count, or the merge is refused.
-    """
-    from interp.stages import asymmetry
-
-    out = Path(run_dir)
-    if shard is None:
-        return asymmetry.run(out, handle, cfg, overwrite=overwrite, log=log)
-    check_count(out, shard)
-    heartbeat(out, shard)   # the others waiting at the barrier see this process is alive
-    asymmetry.run(out, handle, cfg, overwrite=overwrite, log=log, shard=shard)
-    if not shard.joined:
-        log(f"[shard {shard.name}] done in {shard.dir(out)}; when all {shard.count} are, "
-            f"join them: interp merge {out / 'shards'}/*-of-{shard.count} --out {out}")
-        return None
-    barrier(shard, what=f"its records in {shard.dir(out)}")
-    if shard.index != 0:
-        return None
-    return merge_shards([Shard(i, shard.count).dir(out) for i in range(shard.count)], out,
-                        overwrite=overwrite, log=log)
