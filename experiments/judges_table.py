@@ -70,7 +70,13 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def template_rows(figs: Path, model: str) -> list[dict[str, Any]]:
-    """The verdict judges of :mod:`experiments.judge_templates` (own answers, balanced set)."""
+    """The verdict judges of :mod:`experiments.judge_templates` (own answers, balanced set).
+
+    The balanced set also per kind of wrong answer, where that part spans at least
+    :data:`interp.analysis.stats.MIN_PASSAGES` passages.
+    """
+    from interp.analysis.stats import MIN_PASSAGES
+
     s = _read(figs / "judges" / f"{model}__judge_templates.json")
     if s is None:
         return []
@@ -78,15 +84,21 @@ def template_rows(figs: Path, model: str) -> list[dict[str, Any]]:
     rows = []
     for t, sets in s["templates"].items():
         for name, g in sets.items():
-            rows.append(_row(
-                t, name + (" (partial)" if f"{t}/{name}" in partial else ""),
-                f"verdict score logit_diff, first {s['n_records']} records",
-                auc=g["auc_logit_diff"], auc_ci=g["auc_logit_diff_ci"],
-                balanced_accuracy=g["balanced_accuracy"],
-                balanced_accuracy_ci=g["balanced_accuracy_ci"],
-                acceptance_right=g["acceptance_right"], acceptance_wrong=g["acceptance_wrong"],
-                no_verdict_share=g.get("no_verdict_share"), n=g["n"],
-                n_passages=g["n_passages"], source=f"judges/{model}__judge_templates.json"))
+            part = " (partial)" if f"{t}/{name}" in partial else ""
+            subs = [(name + part, g)] + [(f"{name}, {src} pairs{part}", sub) for src, sub in
+                                         (g.get("by_negative_source") or {}).items()]
+            for k, (label, x) in enumerate(subs):
+                if x.get("auc_logit_diff") is None or (k and x["n_passages"] < MIN_PASSAGES):
+                    continue   # a set's part by kind of wrong answer on too few passages
+                rows.append(_row(
+                    t, label, f"verdict score logit_diff, first {s['n_records']} records",
+                    auc=x["auc_logit_diff"], auc_ci=x["auc_logit_diff_ci"],
+                    balanced_accuracy=x["balanced_accuracy"],
+                    balanced_accuracy_ci=x["balanced_accuracy_ci"],
+                    acceptance_right=x["acceptance_right"],
+                    acceptance_wrong=x["acceptance_wrong"],
+                    no_verdict_share=x.get("no_verdict_share"), n=x["n"],
+                    n_passages=x["n_passages"], source=f"judges/{model}__judge_templates.json"))
     return rows
 
 

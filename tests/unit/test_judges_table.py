@@ -55,3 +55,23 @@ def test_a_judge_that_prefers_the_right_answer_in_both_orders_scores_one(tmp_pat
     rows = pairwise_rows(_views(tmp_path, [(1.0 + i, -2.0) for i in range(12)]), "m", n_boot=200)
     a = next(r for r in rows if r["judge"] == "pairwise, order-averaged")
     assert a["auc"] == pytest.approx(1.0) and a["acceptance_right"] == 1.0
+
+
+def test_template_rows_list_a_kind_of_wrong_answer_only_on_enough_passages(tmp_path):
+    from experiments.judges_table import template_rows
+
+    def g(auc, p):
+        return {"auc_logit_diff": auc, "auc_logit_diff_ci": [auc - 0.1, auc + 0.1],
+                "balanced_accuracy": 0.5, "balanced_accuracy_ci": [0.4, 0.6],
+                "acceptance_right": 0.3, "acceptance_wrong": 0.2, "n": 2 * p, "n_passages": p}
+
+    bal = {**g(0.3, 14), "by_negative_source": {"hard_negative": g(0.2, 11),
+                                                "own_wrong_answer": g(0.9, 3)}}
+    s = {"n_records": 20, "partial": {"default/balanced": 28},
+         "templates": {"default": {"own": g(0.55, 20), "balanced": bal}}}
+    (tmp_path / "judges").mkdir()
+    (tmp_path / "judges" / "m__judge_templates.json").write_text(json.dumps(s))
+    rows = template_rows(tmp_path, "m")
+    assert [r["set"] for r in rows] == ["own", "balanced (partial)",
+                                        "balanced, hard_negative pairs (partial)"]
+    assert [r["auc_excludes_chance"] for r in rows] == [False, "below", "below"]
