@@ -12,8 +12,11 @@ the first ``--limit`` SQuAD 2.0 validation records are judged again (judge-only 
 The summary gives, per template and set, the AUC of ``logit_diff`` against the label and the
 balanced accuracy, with 95% passage-cluster bootstrap intervals
 (:func:`interp.methods.balanced.compute_balanced`), and whether each AUC's interval excludes
-0.5. Resumable: judged records are appended per chunk to ``OUT/<model>__<template>__<set>
-.jsonl`` and a rerun judges only the rest; ``--summary-only`` summarises what is stored, and
+0.5; the balanced set also per kind of wrong answer (``by_negative_source``: the pairs whose
+wrong answer is a hard negative, and those whose wrong answer is the model's own).
+
+Resumable: judged records are appended per chunk to ``OUT/<model>__<template>__<set>.jsonl``
+and a rerun judges only the rest; ``--summary-only`` summarises what is stored, and
 the summary's ``partial`` names each set judged only in part (the candidates judged)::
 
     python -m experiments.judge_templates RUNS_FINDINGS MODEL OUT [--limit 150]
@@ -65,6 +68,11 @@ def summarize(out: Path, model: str, templates: list[str], own: list[dict[str, A
             if not rows:
                 continue
             g = compute_balanced(rows)["overall"]
+            if s == "balanced":   # per kind of wrong answer: a hard negative or its own
+                g["by_negative_source"] = {
+                    src: compute_balanced([r for r in rows if r.get("negative_source") == src]
+                                          )["overall"]
+                    for src in sorted({r.get("negative_source") for r in rows} - {None})}
             ci = g.get("auc_logit_diff_ci")
             g["auc_excludes_chance"] = (None if ci is None else
                                         "above" if ci[0] > 0.5 else "below" if ci[1] < 0.5

@@ -23,6 +23,13 @@ scores verdicts). With ``s1`` the score in order ``right_first`` and ``s2`` in `
 * position term ``p = (s1 + s2) / 2`` (> 0: it prefers the first slot, whatever is in it); so
   ``s1 = c + p`` and ``s2 = -c + p`` exactly.
 
+The order-averaged judge (:func:`order_averaged`): each candidate's score is the judge's
+preference for it averaged over both orders, ``+c`` for the right answer and ``-c`` for the
+wrong one, so position bias cancels (a judge that always answers "A" scores 0 for both).
+Its *pair accuracy* is the share of pairs whose right answer scores above its wrong one
+(``c > 0``; a tie counts one half): the AUC over each pair's own two candidates. Its *AUC*
+pools the candidates of all pairs (right ones positive), as a verdict judge's AUC does.
+
 Choices (:func:`order_outcomes`): the judge picks A when ``s > 0`` (B otherwise), so order 1
 is right when ``s1 > 0`` and order 2 when ``s2 <= 0``.
 A pair is *consistent* when the same answer wins in both orders; *accuracy* counts a pair as
@@ -72,7 +79,8 @@ from interp.judging.prompts import render_pairwise
 from interp.models.points import hook_name
 
 __all__ = ["MIN_SWAP_NATS", "ORDERS", "SOURCES", "JudgePair", "build_judge_pairs", "letter_replies",
-           "measure_pair", "order_outcomes", "render_orders", "score_orders", "split_passages"]
+           "measure_pair", "order_averaged", "order_outcomes", "render_orders", "score_orders",
+           "split_passages"]
 
 SOURCES = ("hard_negative", "model")
 """Where a pair's wrong answer comes from (module docstring)."""
@@ -210,6 +218,58 @@ def order_outcomes(s1: Any, s2: Any) -> dict[str, np.ndarray]:
             "flip_first": (a1 & a2).astype(float),
             "flip_second": (~a1 & ~a2).astype(float),
             "content": (s1 - s2) / 2, "position": (s1 + s2) / 2}
+
+
+def order_averaged(s1: Any, s2: Any, passages: Sequence[Any], rng: np.random.Generator,
+                   n_boot: int) -> dict[str, Any]:
+    """The order-averaged judge: how well the two orders' mean preference ranks right over wrong.
+
+    Each candidate's score is the judge's preference for it averaged over both orders (module
+    docstring): the right answer's is the content term ``c = (s1 - s2) / 2`` (its preference
+    as A in order 1, ``s1``, and as B in order 2, ``-s2``), the wrong answer's ``-c``.
+    Position bias cancels: a judge whose score does not depend on what is in each slot
+    (``s1 == s2``) scores every candidate 0, and both measures below are exactly 0.5.
+    Scores averaged over both orders as Wang et al. 2023's "Balanced Position Calibration"
+    ("Large Language Models are not Fair Evaluators", arXiv 2305.17926).
+
+    Args:
+        s1: letter scores ``log P("A") - log P("B")`` (nats) with the right answer as A,
+            ``[n_pairs]``.
+        s2: the same with the right answer as B, ``[n_pairs]``.
+        passages: ``[n_pairs]`` passage group of each pair (the bootstrap's clusters).
+        rng: the generator (advanced by two cluster resamplings).
+        n_boot: resamples of the passages (``<= 0``: no intervals).
+
+    Returns:
+        ``{"pair_accuracy": {"mean", "ci", "n", "n_passages"}`` (share of pairs with
+        ``c > 0``, ties one half), ``"auc": {"auc", "ci", "n", "n_pos", "n_neg",
+        "n_clusters"}`` (ROC AUC of the ``2 n_pairs`` candidates' scores, right answers
+        positive), ``"no_content_share"`` (share of pairs with ``c == 0``: nothing read from
+        the answers), ``"excludes_chance"`` (``"above"`` / ``"below"`` when the AUC's 95%
+        interval lies on one side of 0.5, else False; None without an interval),
+        ``"n", "n_passages"}``; 95% passage-cluster percentile bootstrap intervals
+        (:func:`interp.analysis.stats.mean_stat`,
+        :func:`interp.analysis.stats.cluster_bootstrap_auc`).
+
+    Raises:
+        PairwiseError: ``s1``, ``s2`` and ``passages`` of different lengths, or no pair.
+    """
+    from interp.analysis.stats import cluster_bootstrap_auc, mean_stat
+
+    s1, s2 = np.asarray(s1, dtype=float), np.asarray(s2, dtype=float)
+    g = [str(p) for p in passages]
+    if not (len(s1) == len(s2) == len(g)) or not len(g):
+        raise PairwiseError(f"order_averaged needs one s1, s2 and passage per pair (got "
+                            f"{len(s1)}, {len(s2)}, {len(g)}), and at least one pair")
+    c = (s1 - s2) / 2
+    y = np.r_[np.ones(len(c), bool), np.zeros(len(c), bool)]
+    auc = cluster_bootstrap_auc(y, np.r_[c, -c], g + g, rng, n_boot)
+    ci = auc["ci"]
+    return {"pair_accuracy": mean_stat((c > 0) + 0.5 * (c == 0), g, rng, n_boot),
+            "auc": auc, "no_content_share": float(np.mean(c == 0)),
+            "excludes_chance": (None if ci is None else "above" if ci[0] > 0.5 else
+                                "below" if ci[1] < 0.5 else False),
+            "n": len(c), "n_passages": len(set(g))}
 
 
 def split_passages(passages: Sequence[str], salt: str = "pairwise") -> list[str]:

@@ -21,8 +21,10 @@ Algorithm of :func:`run`:
 3. Summary (:func:`summarise`), per dataset and over all, each with a passage-cluster
    bootstrap 95% CI: accuracy (an inconsistent pair is a miss), position consistency, each
    order's accuracy, flips towards first and second, preference fairness, content and
-   position terms (nats); the band's attention on A and B in both orders; the patching
-   shares per layer and head (ratio of sums); the position term by unit. Held out: passages
+   position terms (nats); the order-averaged judge's pair accuracy and AUC (position bias
+   cancelled, :func:`interp.methods.pairwise.order_averaged`; behaviour only too); the
+   band's attention on A and B in both orders; the patching shares per layer and head (ratio
+   of sums); the position term by unit. Held out: passages
    are split in two by a stable hash (:func:`interp.methods.pairwise.split_passages`); the
    ``top_k`` heads by patching share, and the smallest set of units carrying half the
    position term, are chosen on the ``select`` passages and measured on the ``test`` ones.
@@ -166,6 +168,20 @@ def _outcomes(parts: Sequence[Mapping[str, Any]], rng: np.random.Generator, n_bo
     return out
 
 
+def _order_averaged(groups: Mapping[str, Sequence[Mapping[str, Any]]], cfg: PairwiseConfig
+                    ) -> dict[str, Any]:
+    """Per group: the order-averaged judge (:func:`interp.methods.pairwise.order_averaged`).
+
+    Its own generator (``[seed, 1]``): the other keys' intervals stay as they were.
+    """
+    from interp.methods.pairwise import order_averaged
+
+    rng = np.random.default_rng([cfg.seed, 1])
+    return {k: order_averaged([p["s1"] for p in v], [p["s2"] for p in v],
+                              [p["passage"] for p in v], rng, cfg.n_boot)
+            for k, v in groups.items()}
+
+
 def _unit_names(n_layers: int, n_heads: int, band: Sequence[int]) -> list[tuple[str, Any]]:
     return [(f"L{i}.H{j}", (i, j)) for i in band for j in range(n_heads)] + \
         [(f"L{i}.MLP", (i, None)) for i in band]
@@ -246,7 +262,10 @@ def summarise(parts: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str,
         ``{"model", "n_layers", "n_heads", "band", "n_pairs", "n_passages", "few_passages",
         "note", "skipped", "metric", "outcomes": {"all" | dataset | source: {outcome: {"mean",
         "ci", "n", "n_passages"}, "fairness", "n", "n_passages"}}, "one_letter": None or
-        {"letter", "share"} (:data:`ONE_LETTER_SHARE`), "mass": {order: {span:
+        {"letter", "share"} (:data:`ONE_LETTER_SHARE`), "order_averaged": {"all" | dataset |
+        source: the judge's preference averaged over both orders, its pair accuracy and AUC
+        (:func:`interp.methods.pairwise.order_averaged`; a one-letter judge scores 0.5)},
+        "mass": {order: {span:
         stat}}, "mass_terms": {"first_minus_second", "right_minus_wrong"}, "patching":
         {"resid": [per layer {"share", "ci", ...}], "head_layers": the band, "heads":
         [len(band)][n_heads] shares, "gap"}, "position": {"total", "heads_mean", "mlp_mean",
@@ -282,6 +301,7 @@ def summarise(parts: Sequence[Mapping[str, Any]], skipped: Sequence[Mapping[str,
                key=lambda x: x[1])
     s["one_letter"] = ({"letter": side[0], "share": side[1]}
                        if side[1] >= ONE_LETTER_SHARE else None)
+    s["order_averaged"] = _order_averaged(groups, cfg)
     if cfg.behaviour_only:   # the scores alone: nothing inside the model was read
         s["behaviour_only"] = True
         return s
@@ -396,6 +416,10 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         lines.append(f"a one-letter judge: {ol['letter']} in both orders on {ol['share']:.0%} "
                      f"of pairs; its consistency and accuracy count the other pairs, not how "
                      f"well it reads the answers")
+    for k, a in (summary.get("order_averaged") or {}).items():
+        lines.append(f"{k:<22} averaged over both orders: pair accuracy "
+                     f"{f(a['pair_accuracy'])}  AUC {f(a['auc'], 'auc')} "
+                     f"({a['n']} pairs, {a['n_passages']} passages)")
     h = summary.get("held_out") or {}
     gap = ((summary.get("patching") or {}).get("gap") or {}).get("mean")
     if h.get("order_heads"):

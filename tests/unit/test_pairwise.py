@@ -16,6 +16,7 @@ from interp.methods.pairwise import (
     build_judge_pairs,
     letter_replies,
     measure_pair,
+    order_averaged,
     order_outcomes,
     render_orders,
     score_orders,
@@ -73,6 +74,36 @@ def test_outcomes_follow_the_definitions_on_constructed_scores():
     assert o["flip_second"].tolist() == [0, 0, 1, 0]
     assert np.allclose(o["content"] + o["position"], [2.0, 1.0, -1.0, -2.0])
     assert np.allclose(o["position"] - o["content"], [-2.0, 3.0, -1.0, 0.5])
+
+
+def test_order_averaged_judge_gives_a_one_letter_judge_exactly_chance():
+    rng = np.random.default_rng(0)
+    ps = [f"p{i}" for i in range(30)]
+    # answers "A" whatever the slots hold: the same score in both orders, no content
+    a = order_averaged([3.0] * 30, [3.0] * 30, ps, rng, 200)
+    assert a["pair_accuracy"]["mean"] == 0.5 and a["auc"]["auc"] == 0.5
+    assert a["pair_accuracy"]["ci"] == [0.5, 0.5] and a["auc"]["ci"] == [0.5, 0.5]
+    assert a["no_content_share"] == 1.0 and a["excludes_chance"] is False
+    # a judge that always picks the right answer, wherever it stands
+    r = order_averaged([1.0 + i for i in range(30)], [-1.0] * 30, ps, rng, 200)
+    assert r["pair_accuracy"]["mean"] == 1.0 and r["auc"]["auc"] == 1.0
+    assert r["excludes_chance"] == "above" and r["n"] == 30 and r["n_passages"] == 30
+
+
+def test_order_averaged_judge_on_constructed_scores_and_a_position_shift():
+    # content c = (s1 - s2) / 2 = [2, -1, 0.5, 0]
+    s1, s2 = [2.0, 1.0, 1.5, 3.0], [-2.0, 3.0, 0.5, 3.0]
+    a = order_averaged(s1, s2, ["a", "a", "b", "c"], np.random.default_rng(0), 100)
+    assert a["pair_accuracy"]["mean"] == pytest.approx((1 + 0 + 1 + 0.5) / 4)
+    # right [2, -1, .5, 0] vs wrong [-2, 1, -.5, 0]: 4 + 1 + 3 + 2.5 of 16 pairs
+    assert a["auc"]["auc"] == pytest.approx(10.5 / 16)
+    assert a["no_content_share"] == 0.25 and a["n_passages"] == 3
+    # a position term added to both orders changes nothing
+    b = order_averaged(np.add(s1, 7.0), np.add(s2, 7.0), ["a", "a", "b", "c"],
+                       np.random.default_rng(0), 100)
+    assert b == a
+    with pytest.raises(PairwiseError, match="one s1, s2 and passage per pair"):
+        order_averaged([1.0], [1.0, 2.0], ["a"], np.random.default_rng(0), 10)
 
 
 def test_the_passage_split_is_stable_and_disjoint():
@@ -251,6 +282,15 @@ def test_the_stage_writes_outcomes_held_out_heads_and_figures_and_resumes(tmp_pa
     assert stage._parts(run, handle, cfg, overwrite=False, log=logs.append)[2] == 0
     assert {p: p.stat().st_mtime_ns for p in parts} == before
     assert "consistency" in stage.format_summary(s)
+    # the order-averaged judge, over all and per source: the method on the stored scores
+    stored = [json.loads(p.read_text())["pairwise"] for p in parts]
+    avg = s["order_averaged"]
+    assert set(avg) == set(s["outcomes"]) and avg["all"]["n"] == 12
+    c = np.array([(p["s1"] - p["s2"]) / 2 for p in stored])
+    assert avg["all"]["pair_accuracy"]["mean"] == pytest.approx(np.mean(c > 0))
+    assert avg["all"]["auc"]["auc"] == pytest.approx(
+        np.mean([(a > b) + 0.5 * (a == b) for a in c for b in -c]))
+    assert "averaged over both orders: pair accuracy" in stage.format_summary(s)
     # behaviour only, in a copy without the parts: the same outcomes from the scores alone
     bcfg = stage.PairwiseConfig(limit=None, band="all", n_boot=50, progress=False,
                                 behaviour_only=True)
@@ -261,6 +301,8 @@ def test_the_stage_writes_outcomes_held_out_heads_and_figures_and_resumes(tmp_pa
     assert quick["behaviour_only"] and "patching" not in quick and "held_out" not in quick
     for k in ("accurate", "consistent", "flip_first", "flip_second", "content", "position"):
         assert quick["outcomes"]["all"][k]["mean"] == pytest.approx(o[k]["mean"], abs=1e-5), k
+    assert quick["order_averaged"]["all"]["auc"]["auc"] == pytest.approx(
+        avg["all"]["auc"]["auc"], abs=1e-6)
     assert "consistency" in stage.format_summary(quick)
     assert not list((other.path / "figures").glob("pairwise_*.png"))
     assert stage._parts(other, handle, bcfg, overwrite=False, log=logs.append)[2] == 0
