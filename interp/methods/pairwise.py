@@ -252,15 +252,16 @@ def order_averaged(s1: Any, s2: Any, passages: Sequence[Any], rng: np.random.Gen
         :func:`interp.analysis.stats.cluster_bootstrap_auc`).
 
     Raises:
-        PairwiseError: ``s1``, ``s2`` and ``passages`` of different lengths, or no pair.
+        StageError: ``s1``, ``s2`` and ``passages`` of different lengths, or no pair.
     """
     from interp.analysis.stats import cluster_bootstrap_auc, mean_stat
 
     s1, s2 = np.asarray(s1, dtype=float), np.asarray(s2, dtype=float)
     g = [str(p) for p in passages]
     if not (len(s1) == len(s2) == len(g)) or not len(g):
-        raise PairwiseError(f"order_averaged needs one s1, s2 and passage per pair (got "
-                            f"{len(s1)}, {len(s2)}, {len(g)}), and at least one pair")
+        raise StageError("pairwise",
+                         f"order_averaged needs one s1, s2 and passage per pair (got "
+                         f"{len(s1)}, {len(s2)}, {len(g)}), and at least one pair")
     c = (s1 - s2) / 2
     y = np.r_[np.ones(len(c), bool), np.zeros(len(c), bool)]
     auc = cluster_bootstrap_auc(y, np.r_[c, -c], g + g, rng, n_boot)

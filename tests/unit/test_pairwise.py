@@ -102,7 +102,7 @@ def test_order_averaged_judge_on_constructed_scores_and_a_position_shift():
     b = order_averaged(np.add(s1, 7.0), np.add(s2, 7.0), ["a", "a", "b", "c"],
                        np.random.default_rng(0), 100)
     assert b == a
-    with pytest.raises(PairwiseError, match="one s1, s2 and passage per pair"):
+    with pytest.raises(StageError, match="one s1, s2 and passage per pair"):
         order_averaged([1.0], [1.0, 2.0], ["a"], np.random.default_rng(0), 10)
 
 
