@@ -408,6 +408,8 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: CalibrationConfi
         checks["max_abs_block_none_minus_self_logit_diff"] = float(max(
             abs(r["block"]["none"]["logit_diff"] - r["self_logit_diff"]) for r in rows))
     s = summarise(rows, cfg, {**handle.info, "n_layers": handle.n_layers}, probes, checks)
+    if cfg.directions and records:
+        s["directions"] = _directions(run_dir, handle, cfg, records, groups, facts, log)
     write_jsonl(run_dir.sub(SPEC.folder) / "records.jsonl",
                 [{k: v for k, v in r.items() if k not in ("patch", "block")} for r in rows])
     write_result(run_dir.sub(SPEC.folder) / "summary.json", s, n=len(rows), log=log)
@@ -419,6 +421,20 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: CalibrationConfi
         except Exception as err:  # noqa: BLE001 - figures never block the tables
             log(f"[calibration] figure failed: {err}")
     return s
+
+
+def _directions(run_dir: RunDir, handle: ModelHandle, cfg: CalibrationConfig,
+                records: Sequence[Mapping[str, Any]], groups: Sequence[str],
+                facts: Mapping[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+    """The ``directions`` part (:mod:`interp.stages.calibration_directions`)."""
+    from interp.judging.prompts import rerender
+    from interp.stages.calibration_directions import run_directions
+
+    tp = run_dir.manifest().get("config", {}).get("templates_path")
+    return run_directions(
+        run_dir, handle, cfg, records, groups, facts,
+        self_prompt=lambda r: _self_prompt(r, handle.tokenizer, tp),
+        eval_prompt=lambda r: rerender(r, "eval", handle.tokenizer, templates_path=tp), log=log)
 
 
 def _f(x: Mapping[str, Any] | None, key: str, p: str = ".2f") -> str:
@@ -481,6 +497,10 @@ def format_summary(summary: Mapping[str, Any]) -> str:
             lines.append(f"probe ({task}) layers chosen {pr[task]['chosen']}; largest |cos| with "
                          f"the verdict direction {top['cos_read']:+.3f} at layer {top['layer']} "
                          f"(random directions: +/-{summary['random_band']:.3f})")
+    if summary.get("directions"):
+        from interp.stages.calibration_directions import format_directions
+
+        lines.append(format_directions(summary["directions"]))
     if star:
         lines.append(f"* {g.get('note')}")
     return "\n".join(lines)

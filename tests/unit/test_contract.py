@@ -99,7 +99,8 @@ def test_kept_work_counts_every_declared_part(tmp_path):
                            "feature caches, 1 trained adapters, 1 learning-rate selection "
                            "files, 1 transfer evaluations")
     assert said.endswith(f"1 steering parts, 1 lens parts, 1 tuned lens translators, 1 "
-                         f"calibration parts, 1 pairwise parts, 1 recorded prompts, 2 "
+                         f"calibration parts, 1 direction states, 1 direction steering, 1 "
+                         f"pairwise parts, 1 recorded prompts, 2 "
                          f"reasoning judgments, 1 reasoning span masses in "
                          f"{tmp_path}")
 
