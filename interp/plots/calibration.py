@@ -163,13 +163,12 @@ def plot_calibration(summary: Mapping[str, Any], out_dir: str | Path) -> list[Pa
         The PNG paths written.
     """
     out_dir = Path(out_dir)
+    paths = [plot_directions(summary, out_dir)] if summary.get("directions") else []
     if not summary.get("all"):
-        return []
-    paths = [_reliability(summary, s, out_dir) for s in summary["all"]["cards"]]
+        return paths
+    paths += [_reliability(summary, s, out_dir) for s in summary["all"]["cards"]]
     if (p := _cache(summary, out_dir)) is not None:
         paths.append(p)
-    if summary.get("directions"):
-        paths.append(plot_directions(summary, out_dir))
     return paths
 
 

@@ -121,6 +121,8 @@ def _records(run_dir: RunDir, handle: ModelHandle, cfg: CalibrationConfig, *, ov
             f"self-check; left out")
     records = [r for r in records if (r.get("generation") or "").strip()]
     facts = stage_facts(run_dir, handle, NAME, overwrite=overwrite)
+    if not cfg.card:
+        return records, [], facts, len(skipped)
     replies = verdict_replies(handle.tokenizer)
     tp = manifest.get("config", {}).get("templates_path")
     settings = {"patch": cfg.patch, "patch_layers": patch_layers if cfg.patch else None,
@@ -397,6 +399,16 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: CalibrationConfi
                                                 log=log)
     y = np.array([bool(r["oracle_label"]) for r in records])
     groups = passage_groups(records)
+    if not cfg.card:                       # the directions part alone
+        s = {"model": handle.info.get("spec"), "n_layers": handle.n_layers,
+             "n_records": len(records), "n_passages": len(set(groups)), "all": None,
+             "checks": {"skipped_empty_generation": n_skipped}}
+        if cfg.directions and records:
+            s["directions"] = _directions(run_dir, handle, cfg, records, groups, facts, log)
+        write_result(run_dir.sub(SPEC.folder) / "summary.json", s, n=len(records), log=log)
+        if cfg.figures and s.get("directions"):
+            _figures(s, run_dir, log)
+        return s
     probes = _probe_signals(run_dir, handle, cfg, records, y, groups, facts, log) \
         if len(records) else None
     rows = _rows(records, parts, probes)
@@ -414,13 +426,17 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: CalibrationConfi
                 [{k: v for k, v in r.items() if k not in ("patch", "block")} for r in rows])
     write_result(run_dir.sub(SPEC.folder) / "summary.json", s, n=len(rows), log=log)
     if cfg.figures and rows:
-        try:
-            from interp.plots.calibration import plot_calibration
-
-            plot_calibration(s, run_dir.sub("figures"))
-        except Exception as err:  # noqa: BLE001 - figures never block the tables
-            log(f"[calibration] figure failed: {err}")
+        _figures(s, run_dir, log)
     return s
+
+
+def _figures(s: Mapping[str, Any], run_dir: RunDir, log: Callable[[str], None]) -> None:
+    try:
+        from interp.plots.calibration import plot_calibration
+
+        plot_calibration(s, run_dir.sub("figures"))
+    except Exception as err:  # noqa: BLE001 - figures never block the tables
+        log(f"[calibration] figure failed: {err}")
 
 
 def _directions(run_dir: RunDir, handle: ModelHandle, cfg: CalibrationConfig,

@@ -493,6 +493,8 @@ class CalibrationConfig:
         block: block the self-check verdict position's attention to the first position after
             the answer (and to the control position).
         max_new_tokens: cap of the self-check's greedy verdict.
+        card: the calibration card, the self-check and the cache test (False: only the
+            ``directions`` part, which needs neither).
         directions: also fit the generator's correctness direction at its answer tokens and
             the judge's verdict direction at its verdict position, their cosine, cross-decoding
             and the causal steering test (:mod:`interp.stages.calibration_directions`).
@@ -518,6 +520,7 @@ class CalibrationConfig:
     patch_layers: str | list[int] = option("all", kind="layers")
     block: bool = True
     max_new_tokens: int = option(12, kind="count")
+    card: bool = True
     directions: bool = False
     direction_pool: str = "mean"
     direction_norms: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0])

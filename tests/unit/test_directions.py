@@ -163,3 +163,50 @@ def test_accept_gap_change_on_constructed_cases():
     assert share["difference"] == 0.0 and share["ci"] is None
     assert accept_gap_change(np.ones(3, bool), np.ones(3), np.ones(3), g[:3],
                              np.random.default_rng(0), 10)["difference"] is None
+
+
+def test_the_directions_part_alone_writes_its_summary_and_figure_and_resumes(tmp_path):
+    from interp.core.errors import CalibrationError
+    from interp.stages import calibration as stage
+    from interp.testing import synthetic_probe_run, tiny_llama, tiny_tokenizer
+
+    tok = tiny_tokenizer(vocab_size=280)
+    handle = tiny_llama(tok, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, seed=3)
+    run = synthetic_probe_run(tmp_path / "run", handle, n_good=8, n_bad=8)
+    cfg = stage.CalibrationConfig(card=False, directions=True, folds=2, inner_folds=2,
+                                  n_boot=30, direction_norms=[0.5, 1.0], direction_seeds=2,
+                                  direction_perms=3, progress=False)
+    s = stage.run(run, handle, cfg, log=lambda m: None)
+    d = s["directions"]
+    assert s["all"] is None and d["n"] == 16 and d["pool"] == "mean"
+    assert [r["layer"] for r in d["cosine"]["mass_mean"]] == [0, 1]
+    assert set(d["cross_decoding"]["logistic"]) == {"gen_on_gen", "gen_on_judge",
+                                                   "judge_on_judge", "judge_on_gen"}
+    st = d["steer"]
+    assert st["norms"] == [0.5, 1.0] and len(st["own"]) == 2 and len(st["random_seeds"][0]) == 2
+    assert len(st["folds"]) == 2 and sum(f["n_test"] for f in st["folds"]) == 16
+    for o in st["own"]:
+        assert 0 <= o["flip_share"]["mean"] <= 1 and o["delta_auc"]["b"] == st["base_auc"]
+    # the base score by the steering path is the judge's score by a whole forward
+    steer = sorted((run.path / "calibration/directions/steer").glob("*.json"))
+    assert len(steer) == 16
+    from interp.core.io import read_json
+    from interp.judging.prompts import rerender
+    from interp.judging.verdict import score_verdicts, verdict_replies
+
+    part = read_json(steer[0])["part"]
+    rec = next(r for r in run.read_records(status="ok") if r["id"] == part["id"])
+    ev = rerender(rec, "eval", handle.tokenizer)
+    sc = score_verdicts(handle, [ev.input_ids], replies=verdict_replies(handle.tokenizer))
+    assert part["base"] == pytest.approx(float(sc.logit_diff[0]), abs=1e-4)
+    assert (run.path / "figures/calibration_directions.png").is_file()
+    assert "directions (mean over the answer tokens" in stage.format_summary(s)
+    states = sorted((run.path / "calibration/directions/states").glob("*.safetensors"))
+    before = {p: p.stat().st_mtime_ns for p in [*states, *steer]}
+    s2 = stage.run(run, handle, cfg, log=lambda m: None)
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+    assert s2["directions"]["steer"]["own"] == st["own"]
+    with pytest.raises(CalibrationError, match="direction_pool"):
+        stage.CalibrationConfig.from_mapping({"direction_pool": "max"})
+    with pytest.raises(CalibrationError, match="direction_norms"):
+        stage.CalibrationConfig.from_mapping({"direction_norms": [0.0]})
