@@ -467,9 +467,10 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     nb = summary.get("binning", {}).get("n_bins")
     lines = [f"calibration: {summary.get('n_records')} records, {summary.get('n_passages')} "
              f"passages{star}, GA {g.get('GA', float('nan')):.2f}; ECE with {nb} equal-mass "
-             f"bins (width: {nb} equal-width bins); CIs: bootstrap over passages",
-             f"{'signal':<12} {'AUROC':>18} {'ECE mass':>18} {'ECE width':>18} {'Brier':>18}"
-             f" {'mean p':>7}"]
+             f"bins (width: {nb} equal-width bins); CIs: bootstrap over passages"]
+    if g.get("cards"):
+        lines.append(f"{'signal':<12} {'AUROC':>18} {'ECE mass':>18} {'ECE width':>18} "
+                     f"{'Brier':>18} {'mean p':>7}")
     for sig, c in (g.get("cards") or {}).items():
         lines.append(f"{sig:<12} {_f(c, 'auc'):>18} {_f(c['ece']['mass'], 'value'):>18} "
                      f"{_f(c['ece']['width'], 'value'):>18} {_f(c, 'brier', '.3f'):>18} "
