@@ -31,6 +31,11 @@ Algorithm of :func:`run`:
    control). ``DIR/calibration/records.jsonl`` holds every record's signals.
 5. Figures: ``DIR/figures/calibration_reliability_{signal}.png`` (one reliability diagram
    per signal) and ``DIR/figures/calibration_cache.png`` (:mod:`interp.plots.calibration`).
+6. With ``directions``: the generator's correctness direction at its answer tokens against
+   the judge's verdict direction, on the same records and passage folds
+   (:mod:`interp.stages.calibration_directions`: the summary's ``directions`` key and
+   ``DIR/figures/calibration_directions.png``). ``card = False`` skips steps 2-5 (and the
+   self-check's cost) and runs this part alone.
 """
 
 from __future__ import annotations
