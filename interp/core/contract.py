@@ -342,7 +342,15 @@ SPECS: tuple[StageSpec, ...] = (
         parts=(Part("calibration/parts/{dataset}__{id}.json", "calibration parts", "record",
                     "JSON key 'signature' (model, runtime facts, verdict replies, the eval and "
                     "self-check prompts' token ids, patch and block settings)",
-                    naming="flat"),),
+                    naming="flat"),
+               Part("calibration/directions/states/{dataset}__{id}.safetensors",
+                    "direction states", "record", "safetensors metadata 'signature' (model, "
+                    "runtime facts, the self-check and eval prompts' token ids, answer span)",
+                    naming="flat"),
+               Part("calibration/directions/steer/{dataset}__{id}.json", "direction steering",
+                    "record", "JSON key 'signature' (model, runtime facts, verdict replies, "
+                    "layer, the added vectors' digest, the eval prompt's token ids)",
+                    naming="flat")),
         tables=("calibration/summary.json", "calibration/records.jsonl"),
         summaries={"calibration/summary.json": "calibration_summary.json"},
         figures=("figures/calibration_*.png",)),

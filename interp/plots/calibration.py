@@ -10,7 +10,7 @@ import numpy as np
 
 from interp.plots.common import COLORS, footnote, plt, save
 
-__all__ = ["plot_calibration"]
+__all__ = ["plot_calibration", "plot_directions"]
 
 _TITLES = {"judge": "fresh judge: p_correct", "p_true": "self-check: P(True)",
            "answer_prob": "generator: exp(mean token log-prob)",
@@ -163,9 +163,106 @@ def plot_calibration(summary: Mapping[str, Any], out_dir: str | Path) -> list[Pa
         The PNG paths written.
     """
     out_dir = Path(out_dir)
+    paths = [plot_directions(summary, out_dir)] if summary.get("directions") else []
     if not summary.get("all"):
-        return []
-    paths = [_reliability(summary, s, out_dir) for s in summary["all"]["cards"]]
+        return paths
+    paths += [_reliability(summary, s, out_dir) for s in summary["all"]["cards"]]
     if (p := _cache(summary, out_dir)) is not None:
         paths.append(p)
     return paths
+
+
+_KINDS = {"gen_on_gen": ("generator direction, generator states", COLORS["gen"], "-"),
+          "gen_on_judge": ("generator direction, judge states", COLORS["gen"], "--"),
+          "judge_on_judge": ("judge direction, judge states", COLORS["eval"], "-"),
+          "judge_on_gen": ("judge direction, generator states", COLORS["eval"], "--")}
+
+
+def plot_directions(summary: Mapping[str, Any], out_dir: str | Path) -> Path:
+    """``calibration_directions.png``: one correctness direction or two.
+
+    Top: the cosine of the generator's and the judge's directions per layer (mass-mean and
+    logistic) against the random band and the label-permutation null; the cross-decoding
+    AUCs per layer, one panel per estimator. Bottom: the causal sweep, the generator's
+    direction added at the judge's verdict position against random directions of equal norm:
+    verdict flips, the change of AUC and of (acceptance of right - acceptance of wrong).
+
+    Returns:
+        The PNG path.
+    """
+    d = summary["directions"]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.4))
+    a = axes[0, 0]
+    band = d["random_band"]
+    for m, color in (("mass_mean", COLORS["gen"]), ("logistic", COLORS["eval"])):
+        rows = d["cosine"][m]
+        x = [r["layer"] for r in rows]
+        a.plot(x, [r["cos"] for r in rows], "o-", markersize=3, color=color, label=m)
+        if rows and rows[0].get("perm_q95") is not None:
+            a.plot(x, [r["perm_q95"] for r in rows], ":", color=color,
+                   label=f"{m}: 95% of |cos| under shuffled labels")
+    a.axhspan(-band, band, color="grey", alpha=0.2,
+              label=f"95% of random directions (+/-{band:.3f})")
+    a.axhline(0, color="grey", linewidth=0.6)
+    a.set_xlabel("layer (resid_post)")
+    a.set_ylabel("cosine(generator direction, judge direction)")
+    a.set_title("the two directions' cosine (all records)", fontsize=9)
+    a.legend(fontsize=6.5, loc="best", framealpha=0.6)
+    for a, m in zip(axes[0, 1:], ("mass_mean", "logistic")):
+        for kind, (label, color, ls) in _KINDS.items():
+            rows = d["cross_decoding"][m][kind]
+            x = np.array([r["layer"] for r in rows])
+            y = np.array([np.nan if r["auc"] is None else r["auc"] for r in rows])
+            lo = np.array([(r["ci"] or [np.nan, np.nan])[0] for r in rows], float)
+            hi = np.array([(r["ci"] or [np.nan, np.nan])[1] for r in rows], float)
+            a.plot(x, y, ls, color=color, marker="o" if ls == "-" else "s", markersize=2.5,
+                   label=label)
+            a.fill_between(x, lo, hi, color=color, alpha=0.10 if ls == "-" else 0.06,
+                           linewidth=0)
+        a.axhline(0.5, color="grey", linewidth=0.6)
+        a.set_ylim(0.2, 0.9)
+        a.set_xlabel("layer (resid_post)")
+        a.set_ylabel("out-of-fold AUC against y*")
+        a.set_title(f"cross-decoding, {m} directions (folds by passage)", fontsize=9)
+        a.legend(fontsize=6.5, loc="lower right", framealpha=0.6)
+    st = d.get("steer")
+    if st:
+        x = np.array(st["norms"], float)
+        panels = (("flip_share", "mean", "share of verdicts flipped"),
+                  ("delta_auc", "difference", "change of the verdict logit difference's AUC"),
+                  ("delta_accept_gap", "difference",
+                   "change of (accept right - accept wrong)"))
+        for a, (key, val, label) in zip(axes[1], panels):
+            _band(a, x, [o[key] for o in st["own"]], val, COLORS["gen"],
+                  "generator's direction (mass-mean)")
+            if key == "delta_auc":
+                for s in range(len(st["random_seeds"][0])):
+                    a.plot(x, [seeds[s]["delta_auc"]["difference"]
+                               for seeds in st["random_seeds"]], "x:", color="#777777",
+                           markersize=4, label="random directions (one line per seed)"
+                           if s == 0 else None)
+            else:
+                _band(a, x, [r[key] for r in st["random"]], val, "#777777",
+                      f"random directions (mean of {len(st['random_seeds'][0])} seeds)")
+            a.axhline(0, color="grey", linewidth=0.6)
+            a.set_xscale("log", base=2)
+            a.set_xticks(x)
+            a.set_xticklabels([f"{v:g}" for v in x])
+            a.set_xlabel("added norm (x median |resid_post| at the layer, training records)")
+            a.set_ylabel(label)
+            a.legend(fontsize=6.5, loc="best", framealpha=0.6)
+        layers = sorted({f["layer"] for f in st["folds"]})
+        axes[1, 1].set_title(f"steering the judge's verdict position at layer "
+                             f"{', '.join(map(str, layers))} (chosen per fold on training "
+                             f"passages)\nheld-out records; base AUC {st['base_auc']:.2f}",
+                             fontsize=9)
+    else:
+        for a in axes[1]:
+            a.axis("off")
+    fig.suptitle(f"{summary.get('model')}: one correctness direction or two? n = {d['n']}, "
+                 f"{d['n_passages']} passages; generator states: {d['pool']} over its answer "
+                 f"tokens", fontsize=10)
+    fig.tight_layout()
+    footnote(fig, ["bands: 95% bootstrap over passages; AUC changes paired (same resamples); "
+                   "every steered record's direction, layer and norm come from other passages"])
+    return save(fig, Path(out_dir), "calibration_directions")

@@ -31,6 +31,11 @@ Algorithm of :func:`run`:
    control). ``DIR/calibration/records.jsonl`` holds every record's signals.
 5. Figures: ``DIR/figures/calibration_reliability_{signal}.png`` (one reliability diagram
    per signal) and ``DIR/figures/calibration_cache.png`` (:mod:`interp.plots.calibration`).
+6. With ``directions``: the generator's correctness direction at its answer tokens against
+   the judge's verdict direction, on the same records and passage folds
+   (:mod:`interp.stages.calibration_directions`: the summary's ``directions`` key and
+   ``DIR/figures/calibration_directions.png``). ``card = False`` skips steps 2-5 (and the
+   self-check's cost) and runs this part alone.
 """
 
 from __future__ import annotations
@@ -85,7 +90,6 @@ SIGNALS = {
 }
 """The four signals of the card (the probe read on two prompts), each a probability."""
 
-
 def _self_prompt(rec: Mapping[str, Any], tokenizer: Any, templates_path: str | None) -> Any:
     tpl = get_template(rec.get("template") or "default", templates_path)
     return render_self_check(tokenizer, tpl, context=rec["context"], question=rec["question"],
@@ -114,6 +118,8 @@ def _records(run_dir: RunDir, handle: ModelHandle, cfg: CalibrationConfig, *, ov
             f"self-check; left out")
     records = [r for r in records if (r.get("generation") or "").strip()]
     facts = stage_facts(run_dir, handle, SPEC.name, overwrite=overwrite)
+    if not cfg.card:
+        return records, [], facts, len(skipped)
     replies = verdict_replies(handle.tokenizer)
     tp = manifest.get("config", {}).get("templates_path")
     settings = {"patch": cfg.patch, "patch_layers": patch_layers if cfg.patch else None,
@@ -388,6 +394,16 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: CalibrationConfi
                                                 log=log)
     y = np.array([bool(r["oracle_label"]) for r in records])
     groups = passage_groups(records)
+    if not cfg.card:                       # the directions part alone
+        s = {"model": handle.info.get("spec"), "n_layers": handle.n_layers,
+             "n_records": len(records), "n_passages": len(set(groups)), "all": None,
+             "checks": {"skipped_empty_generation": n_skipped}}
+        if cfg.directions and records:
+            s["directions"] = _directions(run_dir, handle, cfg, records, groups, facts, log)
+        write_result(run_dir.sub(SPEC.folder) / "summary.json", s, n=len(records), log=log)
+        if cfg.figures and s.get("directions"):
+            _figures(s, run_dir, log)
+        return s
     probes = _probe_signals(run_dir, handle, cfg, records, y, groups, facts, log) \
         if len(records) else None
     rows = _rows(records, parts, probes)
@@ -399,17 +415,36 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: CalibrationConfi
         checks["max_abs_block_none_minus_self_logit_diff"] = float(max(
             abs(r["block"]["none"]["logit_diff"] - r["self_logit_diff"]) for r in rows))
     s = summarise(rows, cfg, {**handle.info, "n_layers": handle.n_layers}, probes, checks)
+    if cfg.directions and records:
+        s["directions"] = _directions(run_dir, handle, cfg, records, groups, facts, log)
     write_jsonl(run_dir.sub(SPEC.folder) / "records.jsonl",
                 [{k: v for k, v in r.items() if k not in ("patch", "block")} for r in rows])
     write_result(run_dir.sub(SPEC.folder) / "summary.json", s, n=len(rows), log=log)
     if cfg.figures and rows:
-        try:
-            from interp.plots.calibration import plot_calibration
-
-            plot_calibration(s, run_dir.sub("figures"))
-        except Exception as err:  # noqa: BLE001 - figures never block the tables
-            log(f"[calibration] figure failed: {err}")
+        _figures(s, run_dir, log)
     return s
+
+
+def _figures(s: Mapping[str, Any], run_dir: RunDir, log: Callable[[str], None]) -> None:
+    try:
+        from interp.plots.calibration import plot_calibration
+
+        plot_calibration(s, run_dir.sub("figures"))
+    except Exception as err:  # noqa: BLE001 - figures never block the tables
+        log(f"[calibration] figure failed: {err}")
+
+
+def _directions(run_dir: RunDir, handle: ModelHandle, cfg: CalibrationConfig,
+                records: Sequence[Mapping[str, Any]], groups: Sequence[str],
+                facts: Mapping[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+    """The ``directions`` part (:mod:`interp.stages.calibration_directions`)."""
+    from interp.stages.calibration_directions import run_directions
+
+    tp = run_dir.manifest().get("config", {}).get("templates_path")
+    return run_directions(
+        run_dir, handle, cfg, records, groups, facts,
+        self_prompt=lambda r: _self_prompt(r, handle.tokenizer, tp),
+        eval_prompt=lambda r: rerender(r, "eval", handle.tokenizer, templates_path=tp), log=log)
 
 
 def _f(x: Mapping[str, Any] | None, key: str, p: str = ".2f") -> str:
@@ -426,9 +461,10 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     nb = summary.get("binning", {}).get("n_bins")
     lines = [f"calibration: {summary.get('n_records')} records, {summary.get('n_passages')} "
              f"passages{star}, GA {g.get('GA', float('nan')):.2f}; ECE with {nb} equal-mass "
-             f"bins (width: {nb} equal-width bins); CIs: bootstrap over passages",
-             f"{'signal':<12} {'AUROC':>18} {'ECE mass':>18} {'ECE width':>18} {'Brier':>18}"
-             f" {'mean p':>7}"]
+             f"bins (width: {nb} equal-width bins); CIs: bootstrap over passages"]
+    if g.get("cards"):
+        lines.append(f"{'signal':<12} {'AUROC':>18} {'ECE mass':>18} {'ECE width':>18} "
+                     f"{'Brier':>18} {'mean p':>7}")
     for sig, c in (g.get("cards") or {}).items():
         lines.append(f"{sig:<12} {_f(c, 'auc'):>18} {_f(c['ece']['mass'], 'value'):>18} "
                      f"{_f(c['ece']['width'], 'value'):>18} {_f(c, 'brier', '.3f'):>18} "
@@ -472,6 +508,10 @@ def format_summary(summary: Mapping[str, Any]) -> str:
             lines.append(f"probe ({task}) layers chosen {pr[task]['chosen']}; largest |cos| with "
                          f"the verdict direction {top['cos_read']:+.3f} at layer {top['layer']} "
                          f"(random directions: +/-{summary['random_band']:.3f})")
+    if summary.get("directions"):
+        from interp.stages.calibration_directions import format_directions
+
+        lines.append(format_directions(summary["directions"]))
     if star:
         lines.append(f"* {g.get('note')}")
     return "\n".join(lines)

@@ -99,8 +99,8 @@ def test_kept_work_counts_every_declared_part(tmp_path):
                            "feature caches, 1 trained adapters, 1 learning-rate selection "
                            "files, 1 transfer evaluations, 1 patching parts, 1 steering parts, "
                            "1 lens parts, 1 tuned lens translators, 1 calibration parts, 1 "
-                           "pairwise parts, 1 recorded prompts, 2 reasoning judgments, 1 "
-                           "reasoning span masses")
+                           "direction states, 1 direction steering, 1 pairwise parts, 1 "
+                           "recorded prompts, 2 reasoning judgments, 1 reasoning span masses")
     assert said.endswith(f" in {tmp_path}")
 
 

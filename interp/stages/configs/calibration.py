@@ -6,7 +6,7 @@ stage's module loads (:mod:`interp.stages.configs`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from interp.core.errors import StageError
 from interp.core.options import StageConfig, option
@@ -33,6 +33,16 @@ class CalibrationConfig(StageConfig):
         block: block the self-check verdict position's attention to the first position after
             the answer (and to the control position).
         max_new_tokens: cap of the self-check's greedy verdict.
+        card: the calibration card, the self-check and the cache test (False: only the
+            ``directions`` part, which needs neither).
+        directions: also fit the generator's correctness direction at its answer tokens and
+            the judge's verdict direction at its verdict position, their cosine, cross-decoding
+            and the causal steering test (:mod:`interp.stages.calibration_directions`).
+        direction_pool: the generator's states over its answer tokens: ``mean`` or ``last``.
+        direction_norms: the steering norms, in multiples of the median norm of the judge's
+            resid_post at the chosen layer (training records).
+        direction_seeds: random directions of equal norm (the steering control).
+        direction_perms: label permutations of the cosine's null (0: none).
         n_boot: passage-cluster bootstrap resamples.
         seed: seed of the folds and the bootstrap.
         figures: draw the figures.
@@ -50,6 +60,12 @@ class CalibrationConfig(StageConfig):
     patch_layers: str | list[int] = option("all", kind="layers")
     block: bool = True
     max_new_tokens: int = option(12, kind="count")
+    card: bool = True
+    directions: bool = False
+    direction_pool: str = "mean"
+    direction_norms: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0])
+    direction_seeds: int = option(3, kind="count")
+    direction_perms: int = 50
     n_boot: int = option(1000, kind="count")
     seed: int = 0
     figures: bool = True
@@ -67,3 +83,13 @@ class CalibrationConfig(StageConfig):
             raise StageError("calibration", f"C must be > 0, got {self.C}")
         if self.max_new_tokens < 1:
             raise StageError("calibration", "max_new_tokens must be >= 1")
+        if self.direction_pool not in ("mean", "last"):
+            raise StageError("calibration", f"direction_pool must be 'mean' or 'last', got "
+                                            f"{self.direction_pool!r}")
+        if not self.direction_norms or not all(0 < float(x) < float("inf")
+                                               for x in self.direction_norms):
+            raise StageError("calibration", f"direction_norms must be positive numbers, got "
+                                            f"{self.direction_norms}")
+        if self.direction_perms < 0:
+            raise StageError("calibration",
+                             f"direction_perms must be >= 0, got {self.direction_perms}")
