@@ -12,7 +12,7 @@ from interp.core.contract import SPECS, spec
 from interp.core.errors import ConfigError
 from interp.stages.common import check_capabilities
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_every_stage_declares_known_needs_and_a_model_source():

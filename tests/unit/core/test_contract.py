@@ -18,7 +18,7 @@ from interp.run import pipeline
 from interp.store import RunDir
 from interp.store.recordings import recording_index_path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_every_stage_has_the_same_run_signature():

@@ -29,7 +29,7 @@ def test_format_and_units_say_counts_in_words():
 
 
 def test_the_plan_of_make_first_counts_each_stages_units():
-    cfg = load_config(Path(__file__).resolve().parents[2] / "experiments" / "first.toml")
+    cfg = load_config(Path(__file__).resolve().parents[3] / "experiments" / "first.toml")
     runs = list(_check(cfg, "first.toml", None).items())
     lines = plan({SMOL: {"squad_v2": 10}}, runs)
     assert lines[0].startswith(f"== plan: {SMOL} on 10 squad_v2 records: asymmetry 10 records, "

@@ -17,7 +17,7 @@ from interp.core.contract import SPECS, spec
 from interp.core.errors import InterpError
 from interp.core.options import cli_options, field_help, split_list
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_importing_the_command_line_imports_no_torch():

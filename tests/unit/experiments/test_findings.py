@@ -15,7 +15,7 @@ import pytest
 
 from experiments.findings.report import BEGIN, END, claims, render, update_doc
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]
 
 
@@ -684,7 +684,7 @@ def test_a_truncated_part_with_a_rewritten_checksum_loses_nothing(tmp_path):
     (packed / SUMS).write_text(sums.replace(hashlib.sha256(good).hexdigest(),
                                             hashlib.sha256(good[:len(good) // 2]).hexdigest()))
     before = _tree(runs)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     for argv in (["--restore-state", str(packed), str(runs)],
                  ["--save-state", str(runs), str(packed), "findings"]):
         r = subprocess.run([sys.executable, "-m", "experiments.findings", *argv],

@@ -26,7 +26,7 @@ from interp.judging.grading import (
 )
 from interp.methods.agreement import label_agreement, oracle_agreement
 
-BUNDLED = Path(__file__).resolve().parents[2] / "interp" / "bundled"
+BUNDLED = Path(__file__).resolve().parents[3] / "interp" / "bundled"
 
 
 # ---------------------------------------------------------------- SQuAD v2.0 official metrics
@@ -673,7 +673,7 @@ def test_rule_oracle_sentence_answers(pred, gold, question, dataset, expected):
 
 # ---------------------------------------------------------------- real answers, graded by hand
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 HAND_AGREEMENT_MIN = 0.95
 """The rule oracle must agree with careful hand grading on at least 95% of the 210 real answers
 in tests/data/hand_graded.jsonl (measured: 203/210 = 0.967, kappa 0.92; the main-branch oracle

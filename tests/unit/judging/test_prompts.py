@@ -172,7 +172,7 @@ def test_the_fewshot_judge_shows_train_examples_and_no_validation_passage():
     from pathlib import Path
 
     t = get_template("fewshot")
-    root = Path(__file__).resolve().parents[2] / "interp" / "bundled"
+    root = Path(__file__).resolve().parents[3] / "interp" / "bundled"
     train = {r["id"]: r for r in map(json.loads, (root / "squad_v2/train.jsonl").open())}
     ids = re.findall(r"\b[0-9a-f]{24}\b", t.description)
     assert len(ids) == 4

@@ -305,7 +305,7 @@ def test_probe_figure_best_box_stays_inside_its_axes_and_flags_a_small_fit(tmp_p
 
     from interp.plots import probes as probe_plots
 
-    results = json.loads((Path(__file__).resolve().parents[2] / "figures"
+    results = json.loads((Path(__file__).resolve().parents[3] / "figures"
                           / "smollm2-135m-instruct__probes_results.json").read_text())
     small = {**results, "n_records": 6, "class_counts": {"correct": 3, "incorrect": 3}}
     seen: list[tuple[str, bool]] = []
@@ -363,7 +363,7 @@ def test_the_probe_figure_says_when_a_mean_leaves_out_folds(tmp_path, monkeypatc
 
     from interp.plots import probes as probe_plots
 
-    results = json.loads((Path(__file__).resolve().parents[2] / "figures"
+    results = json.loads((Path(__file__).resolve().parents[3] / "figures"
                           / "smollm2-135m-instruct__probes_results.json").read_text())
     kept: list = []
     monkeypatch.setattr(probe_plots, "save", lambda fig, d, n: kept.append(fig) or n)

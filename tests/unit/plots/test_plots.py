@@ -315,7 +315,7 @@ def test_pairwise_labels_stand_upright_above_narrow_bars_and_a_small_swap_is_nam
         plt.close(f)
 
 
-TINY_RUN = __import__("pathlib").Path(__file__).parents[1] / "data" / "tiny_run"
+TINY_RUN = __import__("pathlib").Path(__file__).parents[2] / "data" / "tiny_run"
 """The stored tables of a small real run (tests/data/SOURCES.md): records made in the order
 squad_v2, drop, hotpotqa."""
 

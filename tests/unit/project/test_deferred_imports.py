@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.unit.test_import_graph import ROOT, _modules
+from tests.unit.project.test_import_graph import ROOT, _modules
 
 HEAVY = ("torch", "transformers", "numpy", "scipy", "pandas", "sklearn", "joblib", "matplotlib",
          "safetensors", "peft", "accelerate", "nnsight", "transformer_lens", "datasets", "gguf",

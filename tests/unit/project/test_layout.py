@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from tests.unit.test_import_graph import ROOT, _modules, find_cycle, import_graph
+from tests.unit.project.test_import_graph import ROOT, _modules, find_cycle, import_graph
 
 ROOMS = ("core", "data", "launch", "store", "analysis", "models", "hooks", "judging", "methods",
          "endpoints", "plots", "stages", "run", "testing", "cli")

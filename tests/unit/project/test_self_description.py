@@ -11,7 +11,7 @@ import re
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 NARRATIVE = re.compile(
     r"\bsessions?\b|\bso far\b|\bhow far it got\b|\bnot yet known\b|\bat the time of writing\b"

@@ -189,7 +189,7 @@ def test_comparison_md_is_one_markdown_table_with_a_cell_per_column(source):
     from interp.run.compare import _MD_COLUMNS
 
     if source == "committed":
-        text = (Path(__file__).parents[2] / "figures" / "comparison.md").read_text()
+        text = (Path(__file__).parents[3] / "figures" / "comparison.md").read_text()
     else:
         row = {"model": "a|b", "dataset": "overall", "n": 3, "n_passages": 2,
                "few_passages": True, "GA": 0.5, "acceptance_rate_incorrect": 0.25}

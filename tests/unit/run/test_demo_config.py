@@ -12,7 +12,7 @@ from pathlib import Path
 from interp.stages.patching import PatchingConfig
 from interp.stages.steering import SteeringConfig
 
-DEMO = Path(__file__).resolve().parents[2] / "experiments" / "demo.toml"
+DEMO = Path(__file__).resolve().parents[3] / "experiments" / "demo.toml"
 
 
 def test_demo_steers_judge_and_generator_on_both_oracle_labels_within_the_patching_budget():

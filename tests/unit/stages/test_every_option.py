@@ -23,7 +23,7 @@ from interp.methods.transfer import HardNegativeSettings, mine_hard_negatives
 from interp.stages.patching import PatchingConfig
 from interp.stages.transfer import TransferConfig
 
-TESTS = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parents[2]
 
 
 def test_every_option_is_exercised_by_a_test():

@@ -215,7 +215,7 @@ _KILLED = textwrap.dedent("""
 
 def test_sigkill_during_the_harness_then_rerun_keeps_every_record_once(tmp_path):
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]),
            "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-c", _KILLED, str(out), "0.5"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

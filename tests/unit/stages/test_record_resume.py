@@ -23,7 +23,7 @@ from interp.models.loading import load_model
 from interp.stages import record as stage
 from interp.testing import synthetic_probe_run
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 KILL_AT = 37
 ARGS = ["--dtype", "float32", "--band", "all", "--shard-mb", "0.02", "--layers", "all"]
 CHILD = f"""

@@ -16,7 +16,7 @@ import pytest
 
 from interp.testing import synthetic_probe_run
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _read_only(src: Path, mnt: Path, command: str) -> subprocess.CompletedProcess:
