@@ -1,6 +1,6 @@
 """Prompt rendering with the bundled SmolLM2 tokenizer.
 
-Every test of ``tests/unit/test_prompts.py`` runs again here with ``tok`` = the bundled
+Every test of ``tests/unit/judging/test_prompts.py`` runs again here with ``tok`` = the bundled
 tokenizer, plus what only SmolLM2's chat template does.
 """
 

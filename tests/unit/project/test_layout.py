@@ -3,7 +3,7 @@
 :data:`ROOMS` is the one declaration of the room order, bottom first. A room is a sub-package
 or a single module of ``interp``; ``interp/__init__.py`` (the lazy re-exports) and
 ``interp/__main__.py`` stand above every room. Every import counts, at module level or inside
-a function (tests/unit/test_import_graph.py builds the graph).
+a function (tests/unit/project/test_import_graph.py builds the graph).
 """
 
 from __future__ import annotations

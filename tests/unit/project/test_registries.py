@@ -5,7 +5,7 @@ so a check made before it refuses a valid name (``--oracle openai:M`` once did).
 imports the registry's home alone, in a fresh interpreter, looks up every declared entry, and
 reports which heavy or higher modules the lookup imported; an entry that lives in a higher
 room is declared by name (``"module:object"``, ``StageSpec.module``) and resolved on first use.
-tests/unit/test_layout.py refuses a module-level write into another module's table.
+tests/unit/project/test_layout.py refuses a module-level write into another module's table.
 """
 
 from __future__ import annotations

@@ -198,7 +198,7 @@ def test_transfer_refuses_other_provenance_and_redoes_eval_for_new_eval_prompts(
 
 def test_another_template_with_the_same_ids_redoes_recordings_and_features(tiny, tmp_path):
     # the stages' own freshness checks: the harness records nothing for them (one_pass off;
-    # tests/unit/test_one_pass.py covers what the one pass writes)
+    # tests/unit/stages/test_one_pass.py covers what the one pass writes)
     cfg = AsymmetryConfig(model="tiny-llama", datasets=["squad_v2"], limit=3, batch_size=3,
                           max_new_tokens=3, verdict_max_new_tokens=2, n_boot=20,
                           one_pass=False)
