@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from interp.judging.prompts import get_template, render
-from tests.unit.test_prompts import *  # noqa: F403 - the same tests, collected with this `tok`
-from tests.unit.test_prompts import CTX, Q
+from tests.unit.judging.test_prompts import *  # noqa: F403 - the same tests, collected with this `tok`
+from tests.unit.judging.test_prompts import CTX, Q
 
 pytestmark = pytest.mark.integration
 
