@@ -6,7 +6,7 @@ their complete runs publish every figure and summary under ``figures/findings/``
 ``figures/findings/matched/``, ``gap/``, ``pool/``). This module reads ONLY those files and
 writes the generated part of ``docs/findings.md`` (between :data:`BEGIN` and :data:`END`; the
 prose around it is kept), so every number in the report is a number in a committed JSON file
-(``tests/unit/test_findings.py`` renders the table again and compares)::
+(``tests/unit/experiments/test_findings.py`` renders the table again and compares)::
 
     python -m experiments.findings figures/findings docs/findings.md
 

@@ -28,8 +28,8 @@ estimate, 95% passage-cluster CI and a decision against the claim's threshold); 
 
 A row whose summaries publish no judge AUC (older summaries) keeps its reading in step (b).
 
-Every rule is declared, never defaulted: ``tests/unit/test_findings.py`` enumerates every row
-and fails on one whose rule leaves any of (a)-(e) unsaid.
+Every rule is declared, never defaulted: ``tests/unit/experiments/test_findings.py``
+enumerates every row and fails on one whose rule leaves any of (a)-(e) unsaid.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ What is scored:
   the token the model ranks highest at its last layer other than that one
   (:func:`token_lens`).
 
-Pitfalls, each covered by a test (``tests/unit/test_lens.py``):
+Pitfalls, each covered by a test (``tests/unit/methods/test_lens.py``):
 
 1. Each layer is normalised with its own statistics. TransformerLens once folded every layer
    of an accumulated stack with the final layer's scale, which makes early layers look flat;

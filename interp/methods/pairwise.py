@@ -320,7 +320,7 @@ def measure_pair(handle: Any, pair: JudgePair, template: Any, replies: Any,
     caches. Letters of more than one token (no bundled tokenizer's) read the lens from
     :func:`interp.methods.lens.reply_lens`'s own forwards, one per order and letter. The
     outputs equal those of each step's own forwards (:func:`_measure_pair_unfused`) up to
-    float rounding (``tests/unit/test_pairwise.py``).
+    float rounding (``tests/unit/methods/test_pairwise.py``).
 
     Args:
         handle: a :class:`interp.models.loading.ModelHandle`.

@@ -2,7 +2,7 @@
 
 One home for the readout that the logit lens, direct logit attribution and the activation
 cache's ``accumulated_resid(apply_ln=True)`` share (:mod:`interp.methods.lens`,
-:mod:`interp.hooks.cache`). Pitfalls (each tested in ``tests/unit/test_lens.py``):
+:mod:`interp.hooks.cache`). Pitfalls (each tested in ``tests/unit/methods/test_lens.py``):
 
 1. Each vector is normalised with its OWN statistics (the norm module applied per vector), not
    with the final layer's scale folded into every layer.

@@ -8,7 +8,7 @@ import torch
 from interp.judging.generation import generate
 from interp.judging.prompts import get_template, render
 from interp.judging.residual_features import POOLS, extract_features, residual_stream
-from tests.unit.test_generation import prompts_of
+from tests.unit.judging.test_generation import prompts_of
 
 GOOD = ["Paris", "Rome", "Berlin", "Madrid", "banana", "seven", "blue sky", "a dog"]
 

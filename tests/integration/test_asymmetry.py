@@ -40,7 +40,7 @@ def test_record_scores_are_teacher_forced_whole_replies(quick_run, bundled):
     """
     from interp.judging.prompts import rerender
     from interp.judging.verdict import verdict_replies
-    from tests.unit.test_verdict import _teacher_forced
+    from tests.unit.judging.test_verdict import _teacher_forced
 
     r = verdict_replies(bundled.tokenizer)
     for rec in quick_run.read_records()[:2]:

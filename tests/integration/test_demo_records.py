@@ -3,7 +3,7 @@
 With the demo's asymmetry limits, each of SQuAD 2.0 and DROP has several eval prompts (gold
 answer as the candidate) within the patching and steering ``max_tokens``, so the patching
 figure of each model has pairs to show and steering has records to choose both oracle labels
-from (``tests/unit/test_demo_config.py`` checks the rest of the config).
+from (``tests/unit/run/test_demo_config.py`` checks the rest of the config).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Prompt rendering with the bundled SmolLM2 tokenizer.
 
-Every test of ``tests/unit/test_prompts.py`` runs again here with ``tok`` = the bundled
+Every test of ``tests/unit/judging/test_prompts.py`` runs again here with ``tok`` = the bundled
 tokenizer, plus what only SmolLM2's chat template does.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from interp.judging.prompts import get_template, render
-from tests.unit.test_prompts import *  # noqa: F403 - the same tests, collected with this `tok`
-from tests.unit.test_prompts import CTX, Q
+from tests.unit.judging.test_prompts import *  # noqa: F403 - the same tests, collected with this `tok`
+from tests.unit.judging.test_prompts import CTX, Q
 
 pytestmark = pytest.mark.integration
 

@@ -204,7 +204,7 @@ def test_an_incomplete_launcher_environment_is_refused_before_any_work(tmp_path)
     ``WORLD_SIZE=2`` without ``RANK`` made every process claim shard 0; ``RANK`` without the
     rendezvous address did its records, then died at the barrier with a ValueError. Both
     commands that shard (``interp asymmetry``, ``interp run``) are refused before any
-    output exists; every combination of the variables is in tests/unit/test_launch.py.
+    output exists; every combination of the variables is in tests/unit/launch/test_launch.py.
     """
     env = {k: v for k, v in _env().items() if k not in
            ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}

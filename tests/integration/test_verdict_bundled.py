@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from interp.judging.verdict import score_verdicts, verdict_replies
-from tests.unit.test_verdict import _teacher_forced
+from tests.unit.judging.test_verdict import _teacher_forced
 
 pytestmark = pytest.mark.integration
 
