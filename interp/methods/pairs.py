@@ -221,8 +221,8 @@ def _incorrect(oracle: Any, answer: str, rec: Mapping[str, Any], golds: Sequence
 
 def candidate_swap_pair(tokenizer: Any, template: Template, rec: Mapping[str, Any],
                         oracle: Any, *, mine: Miner | None = None,
-                        max_tokens: int | None = None, equal_length: bool = False
-                        ) -> PatchPair:
+                        max_tokens: int | None = None, equal_length: bool = False,
+                        others: Sequence[str] = ()) -> PatchPair:
     """Build the candidate-swap pair of a record (module docstring, kind 1).
 
     Args:
@@ -238,6 +238,11 @@ def candidate_swap_pair(tokenizer: Any, template: Template, rec: Mapping[str, An
             candidate span then corresponds position by position and is patched as a unit);
             the first usable answer otherwise. Mining is asked only when no earlier answer is
             usable, or none has the gold's length.
+        others: with ``equal_length``, the last resort: gold answers of OTHER records of the
+            same dataset (:func:`build_pairs` passes them in record order), tried only where
+            their prompt has the gold's token length and the oracle grades them Incorrect for
+            this question (source ``other_gold``: a fluent answer of the right type that is
+            wrong here, the counterfactual of answer-swap designs).
 
     Raises:
         PairError: no gold answer (``no_gold``), a prompt longer than ``max_tokens``
@@ -261,6 +266,11 @@ def candidate_swap_pair(tokenizer: Any, template: Template, rec: Mapping[str, An
             yield a, "hard_negative"
         for a in (mine(rec) if mine else ()):
             yield a, "mined"
+        if equal_length:
+            for a in others:
+                if a.strip() and _norm(a) not in gold_norm and len(render(
+                        tokenizer, template, "eval", answer=a, **kw)) == len(clean):
+                    yield a, "other_gold"
 
     first: PatchPair | None = None
     for answer, src in candidates():
@@ -381,8 +391,8 @@ def build_pairs(records: Sequence[Mapping[str, Any]], kind: str, template: Templ
         mine: closed-book hard negatives per record (candidate-swap; None: none mined).
         limit: accepted pairs per dataset (skipped records do not count; None: all).
         max_tokens: skip pairs with a longer prompt (CPU time).
-        equal_length: candidate-swap: prefer wrong answers of the gold's token length
-            (:func:`candidate_swap_pair`).
+        equal_length: candidate-swap: prefer wrong answers of the gold's token length, the
+            other records' gold answers of the same dataset last (:func:`candidate_swap_pair`).
         accept: called on each built pair; None keeps it, a mapping ``{"reason", "message",
             ...}`` skips it with those fields (the patching stage's ``limit_kept``: a pair
             whose ``|gap|`` is under ``min_gap``). None: every built pair is kept.
@@ -399,9 +409,11 @@ def build_pairs(records: Sequence[Mapping[str, Any]], kind: str, template: Templ
     if oracle is None:
         oracle = RuleOracle()
     build: dict[str, Callable[[Mapping[str, Any]], PatchPair]] = {
-        "candidate-swap": lambda r: candidate_swap_pair(tokenizer, template, r, oracle,
-                                                        mine=mine, max_tokens=max_tokens,
-                                                        equal_length=equal_length),
+        "candidate-swap": lambda r: candidate_swap_pair(
+            tokenizer, template, r, oracle, mine=mine, max_tokens=max_tokens,
+            equal_length=equal_length, others=[
+                (o.get("answers") or [""])[0] for o in by_ds.get(r["dataset"], ())
+                if o is not r] if equal_length else ()),
         "gen-to-eval": lambda r: gen_eval_pair(tokenizer, template, r, "gen-to-eval",
                                                max_tokens=max_tokens),
         "eval-to-gen": lambda r: gen_eval_pair(tokenizer, template, r, "eval-to-gen",

@@ -143,6 +143,17 @@ def test_equal_length_prefers_a_wrong_answer_of_the_gold_s_length(tokenizer, toy
     first = candidate_swap_pair(tokenizer, tpl, rec, oracle, equal_length=True,
                                 mine=lambda r: ["also far too long an answer"])
     assert first.corrupt_answer == long_wrong
+    # another record's gold of the gold's length is the last resort (never its own gold, never
+    # one of another length, never without equal_length)
+    others = ["1889", long_wrong, same]
+    other = candidate_swap_pair(tokenizer, tpl, rec, oracle, equal_length=True,
+                                mine=lambda r: ["also far too long an answer"], others=others)
+    assert (other.corrupt_answer, other.corrupt_source) == (same, "other_gold")
+    assert other.span_units()["candidate"]
+    assert candidate_swap_pair(tokenizer, tpl, rec, oracle, others=others).corrupt_answer \
+        == long_wrong
+    assert candidate_swap_pair(tokenizer, tpl, rec, oracle, equal_length=True,
+                               others=["1889", long_wrong]).corrupt_answer == long_wrong
 
 
 def test_the_patching_stage_skips_a_pair_longer_than_the_models_positions(tokenizer, toy_records,
