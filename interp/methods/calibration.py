@@ -49,7 +49,7 @@ per-position scale), against the probe's direction in raw residual space ``coef 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -68,8 +68,8 @@ from interp.methods.probing import fit_probe
 from interp.models.kv_cache import cache_kwarg, continuation_logprobs, crop_cache, output_cache
 from interp.models.loading import ModelHandle
 
-__all__ = ["BLOCK_ALPHA", "block_verdict_attention", "control_positions", "cosine",
-           "oof_probe", "patch_verdict_position", "probe_direction", "random_cosine_band",
+__all__ = ["BLOCK_ALPHA", "LastPositionVerdict", "block_verdict_attention", "control_positions",
+           "cosine", "oof_probe", "patch_verdict_position", "probe_direction", "random_cosine_band",
            "self_check", "states_after_answer", "verdict_direction"]
 
 BLOCK_ALPHA = 1e-300
@@ -79,6 +79,46 @@ attention weight underflows to exactly 0 in float32."""
 
 def _ld(lp: Tensor) -> Float[Tensor, " batch"]:
     return (lp[:, 0] - lp[:, 1]).double()
+
+
+class LastPositionVerdict:
+    """The verdict's logit difference of one prompt with its last position edited, over a prefix.
+
+    The prompt's KV prefix (every position but the last) is computed once; each call runs the
+    last position alone over it, with ``edits`` (hook name -> function of the hook's value
+    ``[batch, 1, ...]``) at that position (:meth:`interp.hooks.model.HookedModel.hooks`), scores
+    both whole replies (:func:`interp.models.kv_cache.continuation_logprobs`) and crops the
+    prefix back, so the calls are independent. Shared by the cache patching test
+    (:func:`patch_verdict_position`) and the direction steering test
+    (:func:`interp.methods.directions.steer_verdict`).
+
+    Args:
+        model: the hooked model.
+        ids: ``[seq]`` the prompt (the judge's eval prompt).
+        replies: the verdict replies.
+    """
+
+    def __init__(self, model: HookedModel, ids: Sequence[int], replies: VerdictReplies):
+        handle = model.handle
+        self.model, self.handle, self.replies, self.n = model, handle, replies, len(ids)
+        self.t = torch.tensor([list(ids)], device=handle.device)
+        self.prefix = output_cache(handle.model(input_ids=self.t[:, :-1], use_cache=True))
+        self.mask = torch.ones(1, self.n, dtype=torch.long, device=handle.device)
+        self.dtype = next(handle.model.parameters()).dtype
+
+    def __call__(self, edits: Mapping[str, Callable[[Tensor], Tensor]]) -> tuple[float, float]:
+        """``(logit difference of the whole replies, of their first tokens)``, nats."""
+        m = self.handle.model
+        try:
+            with self.model.hooks(edits=dict(edits)):
+                out = m(input_ids=self.t[:, -1:], use_cache=True,
+                        **{cache_kwarg(m): self.prefix})
+            last = out.logits[:, -1].float()
+            lp = continuation_logprobs(m, last, output_cache(out), self.mask, self.replies.ids)
+        finally:
+            crop_cache(self.prefix, self.prefix.get_seq_length() - (self.n - 1))
+        return (float(_ld(lp)[0]),
+                float(last[0, self.replies.correct[0]] - last[0, self.replies.incorrect[0]]))
 
 
 def control_positions(prompt: RenderedPrompt, n: int = 1) -> list[int]:
@@ -293,33 +333,18 @@ def patch_verdict_position(handle: ModelHandle, ids: Sequence[int],
                              f"{tuple(st.shape)}")
     if any(not 0 <= L < handle.n_layers for L in layers):
         raise ValueError(f"layers {layers} outside 0..{handle.n_layers - 1}")
-    n = len(ids)
-    t = torch.tensor([list(ids)], device=handle.device)
-    prefix = output_cache(handle.model(input_ids=t[:, :-1], use_cache=True))
-    model = HookedModel(handle)
-    model_dtype = next(handle.model.parameters()).dtype
-    mask = torch.ones(1, n, dtype=torch.long, device=handle.device)
+    score = LastPositionVerdict(HookedModel(handle), ids, replies)
 
     def one(states: Tensor | None, L: int | None) -> tuple[float, float]:
-        edits = {}
-        if states is not None:
-            v = states[L].to(handle.device, model_dtype)
+        if states is None:
+            return score({})
+        v = states[L].to(handle.device, score.dtype)
 
-            def edit(x: Tensor) -> Tensor:
-                x = x.clone()
-                x[:, -1] = v.to(x.dtype)
-                return x
-            edits[f"blocks.{L}.hook_resid_pre"] = edit
-        try:
-            with model.hooks(edits=edits):
-                out = handle.model(input_ids=t[:, -1:], use_cache=True,
-                                   **{cache_kwarg(handle.model): prefix})
-            last = out.logits[:, -1].float()
-            lp = continuation_logprobs(handle.model, last, output_cache(out), mask, replies.ids)
-        finally:
-            crop_cache(prefix, prefix.get_seq_length() - (n - 1))
-        return (float(_ld(lp)[0]),
-                float(last[0, replies.correct[0]] - last[0, replies.incorrect[0]]))
+        def edit(x: Tensor) -> Tensor:
+            x = x.clone()
+            x[:, -1] = v.to(x.dtype)
+            return x
+        return score({f"blocks.{L}.hook_resid_pre": edit})
 
     base = one(None, None)
     out: dict[str, Any] = {"layers": layers,

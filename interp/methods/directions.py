@@ -49,8 +49,7 @@ from interp.analysis.stats import make_folds, roc_auc
 from interp.hooks.model import HookedModel
 from interp.judging.prompts import RenderedPrompt
 from interp.judging.verdict import VerdictReplies
-from interp.methods.calibration import cosine, probe_direction
-from interp.models.kv_cache import cache_kwarg, continuation_logprobs, crop_cache, output_cache
+from interp.methods.calibration import LastPositionVerdict, cosine, probe_direction
 
 __all__ = ["METHODS", "POOLS", "answer_states", "choose_layer", "cross_decode",
            "direction_cosines", "fit_direction", "mass_mean_direction", "random_directions",
@@ -140,34 +139,19 @@ def steer_verdict(model: HookedModel, ids: Sequence[int], layer: int,
     if vectors.ndim != 2 or vectors.shape[1] != model.d_model:
         raise ValueError(f"vectors must be [k, d_model={model.d_model}], got "
                          f"{tuple(vectors.shape)}")
-    handle = model.handle
-    n = len(ids)
-    t = torch.tensor([list(ids)], device=model.device)
-    prefix = output_cache(handle.model(input_ids=t[:, :-1], use_cache=True))
-    dtype = next(handle.model.parameters()).dtype
-    mask = torch.ones(1, n, dtype=torch.long, device=model.device)
+    score = LastPositionVerdict(model, ids, replies)
     point = f"blocks.{layer}.hook_resid_post"
 
     def one(v: Tensor | None) -> tuple[float, float]:
-        edits = {}
-        if v is not None:
-            v = v.to(model.device, dtype)
+        if v is None:
+            return score({})
+        v = v.to(model.device, score.dtype)
 
-            def edit(x: Tensor) -> Tensor:
-                x = x.clone()
-                x[:, -1] = x[:, -1] + v.to(x.dtype)
-                return x
-            edits[point] = edit
-        try:
-            with model.hooks(edits=edits):
-                out = handle.model(input_ids=t[:, -1:], use_cache=True,
-                                   **{cache_kwarg(handle.model): prefix})
-            last = out.logits[:, -1].float()
-            lp = continuation_logprobs(handle.model, last, output_cache(out), mask, replies.ids)
-        finally:
-            crop_cache(prefix, prefix.get_seq_length() - (n - 1))
-        return (float((lp[0, 0] - lp[0, 1]).double()),
-                float(last[0, replies.correct[0]] - last[0, replies.incorrect[0]]))
+        def edit(x: Tensor) -> Tensor:
+            x = x.clone()
+            x[:, -1] = x[:, -1] + v.to(x.dtype)
+            return x
+        return score({point: edit})
 
     base = one(None)
     got = [one(v) for v in vectors]
