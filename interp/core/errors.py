@@ -122,8 +122,6 @@ class GradingError(InterpError):
     """An oracle or grading request that cannot be carried out (unknown dataset, oracle)."""
 
 
-
-
 class StageError(InterpError):
     """Bad input to one study, its methods or its stage: the one error class of every stage.
 
