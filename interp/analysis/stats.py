@@ -383,7 +383,8 @@ def ratio_stat(num: Float[Array, " n"], den: Float[Array, " n"], groups: Sequenc
 
 def cluster_bootstrap_auc(y: Bool[Array, " n"], score: Float[Array, " n"],
                           groups: Sequence[Any], rng: np.random.Generator,
-                          n_boot: int) -> dict[str, Any]:
+                          n_boot: int, *, strata: Sequence[Any] | None = None
+                          ) -> dict[str, Any]:
     """ROC AUC of ``score`` against ``y`` with a passage-cluster percentile bootstrap 95% CI.
 
     On each resample (:class:`ClusterBootstrap` weights ``w``) the AUC is the weighted
@@ -397,20 +398,23 @@ def cluster_bootstrap_auc(y: Bool[Array, " n"], score: Float[Array, " n"],
         groups: ``[n]`` cluster ids (:func:`passage_groups`).
         rng: the generator (advances by one :func:`resample_indices` call).
         n_boot: resamples of the clusters.
+        strata: ``[n]`` stratum of each example (e.g. its dataset), or None: with them only
+            pairs within a stratum count (:func:`stratified_auc`).
 
     Returns:
-        ``{"auc", "ci", "n", "n_pos", "n_neg", "n_clusters"}``: ``auc`` None with one class,
-        ``ci`` None then or with fewer than two clusters.
+        ``{"auc", "ci", "n", "n_pos", "n_neg", "n_clusters"}``: ``auc`` None with one class
+        (with ``strata``: without a pair in one stratum), ``ci`` None then or with fewer than
+        two clusters.
     """
     y = np.asarray(y, bool)
     score = np.asarray(score, np.float64)
-    auc = roc_auc(y, score)
+    auc = roc_auc(y, score) if strata is None else stratified_auc(y, score, strata)
     bs = ClusterBootstrap([str(g) for g in groups], n_boot, rng)
     out: dict[str, Any] = {"auc": auc, "ci": None, "n": int(len(y)), "n_pos": int(y.sum()),
                            "n_neg": int((~y).sum()), "n_clusters": bs.n_clusters}
     if auc is None or bs.weights is None:
         return out
-    out["ci"] = bs.interval(bs.aucs(y, score))
+    out["ci"] = bs.interval(bs.aucs(y, score, strata))
     return out
 
 

@@ -25,7 +25,10 @@ Algorithm of :func:`run` (methods: :mod:`interp.methods.steering`, intervention:
    share of alpha = 1 answers equal to the record's (a check of the replay). Every alpha but
    1 also gets ``vs_alpha1``: the paired per-record differences from alpha = 1 (judge:
    ``logit_diff``, EA_forced, acceptance on oracle-correct / oracle-incorrect answers;
-   generator: GA), each with its passage-cluster CI, so an effect has an interval of its own.
+   generator: GA), each with its passage-cluster CI, so an effect has an interval of its own;
+   and the judge's ranking (:func:`_ranking`): its AUC at every alpha and, against alpha 1,
+   the change of that AUC and of (acceptance of right - of wrong answers), which a pure
+   threshold shift leaves at 0 (the deciding control of "steering makes it right more often").
 5. The figure ``DIR/figures/steering.png`` (:func:`interp.plots.steering.plot_steering`).
 """
 
@@ -40,12 +43,15 @@ import numpy as np
 from interp.analysis.span_mass import top_heads
 from interp.analysis.stats import (
     MIN_PASSAGES,
+    ClusterBootstrap,
     ci_text,
+    cluster_bootstrap_auc,
     degenerate_note,
     is_degenerate,
     mean_stat,
     passage_groups,
     passage_note,
+    stratified_auc,
 )
 from interp.core.contract import stage_of
 from interp.core.errors import StageError
@@ -62,9 +68,11 @@ from interp.stages.common import ok_records, stage_facts
 from interp.stages.configs import TASKS
 from interp.stages.configs.steering import SteeringConfig
 from interp.stages.stored import read_attention_summary
+from interp.store.records import limit_per_dataset
 from interp.store.rundir import RunDir
 
-__all__ = ["SteeringConfig", "format_summary", "make_parts", "run", "summarise"]
+__all__ = ["SteeringConfig", "format_summary", "make_parts", "run", "summarise",
+           "summarise_stored"]
 
 SPEC = stage_of(__name__)
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
@@ -118,8 +126,12 @@ def _steer_one(handle: ModelHandle, rec: Mapping[str, Any], cfg: SteeringConfig,
 
 
 def _group_summary(g: Any, task: str, rng: np.random.Generator, n_boot: int,
-                   ref: Any) -> dict[str, Any]:
-    """Step 4 for the rows of one (task, alpha, group)."""
+                   ref: Any, rank_rng: np.random.Generator | None = None) -> dict[str, Any]:
+    """Step 4 for the rows of one (task, alpha, group).
+
+    ``rank_rng``: the generator of the judge's AUC and ranking changes (:func:`_ranking`),
+    apart from ``rng`` so that they moved no other interval.
+    """
     grp = g.passage.tolist()
     n_p = int(g.passage.nunique())
     out: dict[str, Any] = {"n": int(len(g)), "n_passages": n_p,
@@ -135,13 +147,18 @@ def _group_summary(g: Any, task: str, rng: np.random.Generator, n_boot: int,
             out[name] = mean_stat(pred[sel], [grp[i] for i in np.flatnonzero(sel)], rng, n_boot)
         out["logit_diff"] = mean_stat(g.logit_diff, grp, rng, n_boot)
         out["verdict_coverage"] = mean_stat(g.verdict_coverage, grp, rng, n_boot)
+        if rank_rng is not None:  # the AUC of logit_diff against y*, within each dataset
+            a = cluster_bootstrap_auc(y, g.logit_diff.to_numpy(float), grp, rank_rng, n_boot,
+                                      strata=g.dataset.tolist())
+            out["auc"] = {"mean": a["auc"], "ci": a["ci"], "n": a["n"], "n_passages": n_p,
+                          "n_pos": a["n_pos"], "n_neg": a["n_neg"]}
     else:
         out["ga"] = mean_stat(g.correct.to_numpy(float), grp, rng, n_boot)
         r = ref.set_index("id").answer.reindex(g.id).to_numpy()
         out["changed_vs_alpha1"] = float(np.mean(g.answer.to_numpy() != r))
         out["alpha1_equals_record"] = float(np.mean(ref.answer == ref.record_answer))
     if len(ref) and float(g.alpha.iloc[0]) != 1.0:
-        out["vs_alpha1"] = _paired(g, ref, task, rng, n_boot)
+        out["vs_alpha1"] = _paired(g, ref, task, rng, n_boot, rank_rng)
     return out
 
 
@@ -149,7 +166,9 @@ def _deltas(g: Any, ref: Any, task: str) -> Any:
     """Per record ``x(alpha) - x(1)`` of one task's rows (step 4).
 
     Columns ``d_correct`` (gen) or ``d_logit_diff``, ``d_right`` (forced-choice correctness)
-    and ``d_accept`` (eval), beside ``dataset``, ``id``, ``passage`` and ``y_star``.
+    and ``d_accept`` (eval) and the two logit differences themselves (``ld`` at alpha,
+    ``ld_1`` at 1: the ranking statistics of :func:`_ranking` need them, not their
+    difference), beside ``dataset``, ``id``, ``passage`` and ``y_star``.
     """
     m = g.merge(ref, on=["dataset", "id"], suffixes=("", "_1"))
     out = m[["dataset", "id", "passage", "y_star"]].copy()
@@ -159,13 +178,61 @@ def _deltas(g: Any, ref: Any, task: str) -> Any:
     y = m.y_star.to_numpy(bool)
     v, v1 = m.verdict.to_numpy(float), m.verdict_1.to_numpy(float)
     out["d_logit_diff"] = (m.logit_diff - m.logit_diff_1).to_numpy(float)
+    out["ld"], out["ld_1"] = m.logit_diff.to_numpy(float), m.logit_diff_1.to_numpy(float)
     out["d_right"] = (v == y) - (v1 == y).astype(float)
     out["d_accept"] = v - v1
     return out
 
 
-def _delta_stats(d: Any, task: str, rng: np.random.Generator, n_boot: int) -> dict[str, Any]:
-    """The paired effects of :func:`_deltas` (or of a difference of two), each with its CI."""
+def _ranking(d: Any, rng: np.random.Generator, n_boot: int) -> dict[str, Any]:
+    """Whether steering makes the judge RANK right above wrong answers better (step 4).
+
+    ``auc``: the change of the AUC of ``logit_diff`` against y* from alpha = 1 to alpha,
+    ``AUC(ld) - AUC(ld_1)`` on the same records; with the control's columns (``ld_c``,
+    ``ld_1_c``, :func:`_context_minus_control`) minus the control's change. ``accept_gap``:
+    the change of (acceptance of right answers - acceptance of wrong answers), the forced
+    choice's balanced form, ``mean(d_accept | y*) - mean(d_accept | not y*)``. A judge that
+    only shifts its threshold (accepting everything a little less) moves neither, while it
+    moves EA_forced on a sample where most answers are wrong: these are the deciding controls
+    of a "steering makes the judge right more often" claim. Each with a passage-cluster
+    percentile CI, every statistic read on the same resamples (:class:`ClusterBootstrap`).
+    ``auc`` also carries ``auc_alpha`` and ``auc_alpha1`` (the context's, without the control).
+    """
+    y = d.y_star.to_numpy(bool)
+    grp, n, n_p = [str(g) for g in d.passage], int(len(d)), int(d.passage.nunique())
+    bs = ClusterBootstrap(grp, n_boot, rng)
+    strata = d.dataset.tolist()  # within a dataset: pooled, a base rate alone would score
+    scores = [(+1, "ld"), (-1, "ld_1")] + ([(-1, "ld_c"), (+1, "ld_1_c")] if "ld_c" in d else [])
+    value, samples = 0.0, 0.0
+    for sign, col in scores:
+        x = d[col].to_numpy(float)
+        auc = stratified_auc(y, x, strata)
+        value = None if value is None or auc is None else value + sign * auc
+        boot = bs.aucs(y, x, strata)
+        samples = None if samples is None or boot is None else samples + sign * boot
+    base = {"n": n, "n_passages": n_p}
+    out = {"auc": {"mean": value, "ci": bs.interval(samples) if value is not None else None,
+                   "auc_alpha": stratified_auc(y, d.ld.to_numpy(float), strata),
+                   "auc_alpha1": stratified_auc(y, d.ld_1.to_numpy(float), strata), **base}}
+    acc = d.d_accept.to_numpy(float)
+    gap = float(acc[y].mean() - acc[~y].mean()) if y.any() and (~y).any() else None
+    ci = None
+    if gap is not None and bs.weights is not None:
+        w = bs.weights
+        with np.errstate(all="ignore"):
+            boot = (w[:, y] @ acc[y]) / w[:, y].sum(1) - (w[:, ~y] @ acc[~y]) / w[:, ~y].sum(1)
+        ci = bs.interval(boot)
+    out["accept_gap"] = {"mean": gap, "ci": ci, **base}
+    return out
+
+
+def _delta_stats(d: Any, task: str, rng: np.random.Generator, n_boot: int,
+                 rank_rng: np.random.Generator | None = None) -> dict[str, Any]:
+    """The paired effects of :func:`_deltas` (or of a difference of two), each with its CI.
+
+    ``rank_rng``: the generator of the judge's ranking statistics (:func:`_ranking`), kept
+    apart from ``rng`` so that adding them moved no other interval; None: without them.
+    """
     grp = d.passage.tolist()
     if task == "gen":
         return {"ga": mean_stat(d.d_correct, grp, rng, n_boot)}
@@ -177,30 +244,35 @@ def _delta_stats(d: Any, task: str, rng: np.random.Generator, n_boot: int) -> di
         for label, sel in (("correct", y), ("incorrect", ~y)):
             out[f"{stat}_{label}"] = mean_stat(col.to_numpy(float)[sel],
                                            [grp[i] for i in np.flatnonzero(sel)], rng, n_boot)
+    if rank_rng is not None:
+        out.update(_ranking(d, rank_rng, n_boot))
     return out
 
 
-def _paired(g: Any, ref: Any, task: str, rng: np.random.Generator, n_boot: int
-            ) -> dict[str, Any]:
+def _paired(g: Any, ref: Any, task: str, rng: np.random.Generator, n_boot: int,
+            rank_rng: np.random.Generator | None = None) -> dict[str, Any]:
     """Paired effects of one alpha against alpha = 1 on the same records (step 4).
 
     Per record ``x(alpha) - x(1)``, averaged with a passage-cluster CI: the judge's
     ``logit_diff`` (nats), forced-choice correctness (EA_forced), acceptance on
     oracle-correct and oracle-incorrect answers and ``logit_diff`` on each
     (``logit_diff_correct``, ``logit_diff_incorrect``: steering that helps the judge raises
-    the first and lowers the second); the generator's correctness (GA).
+    the first and lowers the second); the generator's correctness (GA); with ``rank_rng`` the
+    judge's ranking statistics (:func:`_ranking`: ``auc``, ``accept_gap``).
     """
-    return _delta_stats(_deltas(g, ref, task), task, rng, n_boot)
+    return _delta_stats(_deltas(g, ref, task), task, rng, n_boot, rank_rng)
 
 
-def _context_minus_control(df: Any, cfg: SteeringConfig, rng: np.random.Generator
-                           ) -> dict[str, Any]:
+def _context_minus_control(df: Any, cfg: SteeringConfig, rng: np.random.Generator,
+                           rank_rng: np.random.Generator | None = None) -> dict[str, Any]:
     """The context keys' paired effect minus the control's, per record (step 4).
 
     For each record, ``[x_context(alpha) - x_context(1)] - [x_control(alpha) - x_control(1)]``
     (both steered on the same record), averaged with a passage-cluster CI: whether steering
     the context moves the judge more than steering as many other keys, with the interval of
-    that difference rather than of each side.
+    that difference rather than of each side. With ``rank_rng``, the judge's ranking changes
+    too (:func:`_ranking`): the context's change of AUC minus the control's, and of
+    (acceptance of right - of wrong answers).
     """
     out: dict[str, Any] = {}
     for task in cfg.tasks:
@@ -214,7 +286,7 @@ def _context_minus_control(df: Any, cfg: SteeringConfig, rng: np.random.Generato
                 m[col] = m[col] - m[f"{col}_c"]
             groups = [(ds, g) for ds, g in m.groupby("dataset")] + [("overall", m)]
             out[task][str(a)] = {ds: {"n": int(len(g)), "n_passages": int(g.passage.nunique()),
-                                      **_delta_stats(g, task, rng, cfg.n_boot)}
+                                      **_delta_stats(g, task, rng, cfg.n_boot, rank_rng)}
                                  for ds, g in groups if len(g)}
     return out
 
@@ -237,6 +309,7 @@ def summarise(df: Any, cfg: SteeringConfig, band: list[int], units: Mapping[int,
         ``note`` then says so (:func:`interp.analysis.stats.passage_note`; None otherwise).
     """
     rng = np.random.default_rng(cfg.seed)
+    rank_rng = np.random.default_rng([cfg.seed, 1])  # the ranking statistics' own stream
     s: dict[str, Any] = {"model": model, "alphas": list(cfg.alphas), "band": band,
                          "heads": cfg.heads, "units": {str(k): v for k, v in units.items()},
                          "n_records": int(df.id.nunique()) if len(df) else 0,
@@ -259,9 +332,10 @@ def summarise(df: Any, cfg: SteeringConfig, band: list[int], units: Mapping[int,
                 groups = [(d, g) for d, g in ta.groupby("dataset")] + [("overall", ta)]
                 dest[task][str(a)] = {d: _group_summary(g, task, rng, cfg.n_boot,
                                                         ref[ref.dataset == d] if d != "overall"
-                                                        else ref) for d, g in groups if len(g)}
+                                                        else ref, rank_rng)
+                                      for d, g in groups if len(g)}
     if len(df) and {"context", "control"} <= set(cfg.keys):
-        s["context_minus_control"] = _context_minus_control(df, cfg, rng)
+        s["context_minus_control"] = _context_minus_control(df, cfg, rng, rank_rng)
     return s
 
 
@@ -341,16 +415,23 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
             parts stored under other runtime facts and not ``overwrite``; ``top-diff`` without
             an attention summary; a record whose prompts no longer render as stored.
     """
-    import pandas as pd
-
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     records, rows, band, units, _ = _steer_records(run_dir, handle, cfg, overwrite=overwrite)
+    return _publish(run_dir, rows, cfg, band, units, handle.spec, len(records), log)
+
+
+def _publish(run_dir: RunDir, rows: list[dict[str, Any]], cfg: SteeringConfig, band: list[int],
+             units: Mapping[int, Any], model: str, n: int, log: Callable[[str], None]
+             ) -> dict[str, Any]:
+    """Steps 3-5 of the module algorithm: the rows table, the summary and the figure."""
+    import pandas as pd
+
     root = run_dir.sub(SPEC.folder)
     df = pd.DataFrame(rows)
     if len(df):
         write_table(df, root / "rows.parquet")
-    s = summarise(df, cfg, band, units, handle.spec)
-    write_result(root / "summary.json", s, n=len(records), log=log)
+    s = summarise(df, cfg, band, units, model)
+    write_result(root / "summary.json", s, n=n, log=log)
     if cfg.figures and len(df):
         try:
             from interp.plots.steering import plot_steering
@@ -359,6 +440,56 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: SteeringConfig, 
         except Exception as err:  # noqa: BLE001 - figures never block the tables
             log(f"[steering] figure failed: {err}")
     return s
+
+
+def summarise_stored(run_dir: RunDir | str | Path, cfg: SteeringConfig, *,
+                     log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Steps 3-5 again from the stored parts, without a model: a new statistic, no new forward.
+
+    Every part of the selected records (step 2's selection, from ``DIR/records.jsonl``) is
+    read as stored, whatever the runtime facts it was made under (its signature is not
+    checked: nothing is steered); the band, the steered units and the model come from the
+    stage's previous ``summary.json``, and the context's key counts from the records' stored
+    token spans. Use it after a change to :func:`summarise` (the published summaries of a long
+    study get the new statistic from the same rows); steering again needs :func:`run`.
+
+    Returns:
+        The summary (also ``DIR/steering/summary.json``, with ``rows.parquet`` and the figure).
+
+    Raises:
+        StageError: bad config; no previous summary; a selected record without its part, or
+            a part without a row for one of ``cfg.alphas`` / ``cfg.keys`` / ``cfg.tasks``.
+        RunDirError: the run has no manifest or records.
+    """
+    run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    cfg.validate()
+    prev_path = run_dir.sub(SPEC.folder) / "summary.json"
+    if not prev_path.exists():
+        raise StageError(SPEC.name, f"{prev_path} does not exist: run the stage with its model "
+                                    "once; only a summarised run is summarised again")
+    prev = read_json(prev_path)
+    run_dir.manifest()
+    records = limit_per_dataset(run_dir.read_records(), cfg.limit, per_label=cfg.per_label,
+                                max_tokens=cfg.max_tokens)
+    want = {(t, k, float(a)) for t in cfg.tasks for k in cfg.keys for a in cfg.alphas}
+    rows: list[dict[str, Any]] = []
+    for rec, passage in zip(records, passage_groups(records)):
+        f = SPEC.parts[0].path(run_dir.path, rec["dataset"], rec["id"])
+        if not f.exists():
+            raise StageError(SPEC.name, f"{f} is missing: steer that record first (run the "
+                                        "stage with its model)")
+        spans = {t: tuple(p["token_spans"]["context"])
+                 for t, p in (rec.get("prompts") or {}).items()}
+        part = [{"keys": "context", "n_keys": spans[r["task"]][1] - spans[r["task"]][0]
+                 if r["task"] in spans else None, "steered_mass": r["context_mass"], **r,
+                 "passage": passage} for r in read_json(f)["rows"]]
+        if lack := want - {(r["task"], r["keys"], float(r["alpha"])) for r in part}:
+            raise StageError(SPEC.name, f"{f} has no rows for (task, keys, alpha) "
+                                        f"{sorted(lack)}: steer it again with this config")
+        rows += [r for r in part if (r["task"], r["keys"], float(r["alpha"])) in want]
+    return _publish(run_dir, rows, cfg, prev["band"],
+                    {int(k): v for k, v in (prev.get("units") or {}).items()}, prev["model"],
+                    len(records), log)
 
 
 def format_summary(summary: Mapping[str, Any]) -> str:

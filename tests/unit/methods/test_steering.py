@@ -150,6 +150,13 @@ def test_stage_tables_summary_and_resume(tiny, tmp_path):
     stored = json.loads((run_dir.path / "steering/summary.json").read_text())
     again = run(run_dir, tiny, cfg, log=lambda m: None)
     assert json.loads(json.dumps(again)) == stored
+    # summarised again from the stored parts, without the model: the same summary
+    from interp.stages.steering import summarise_stored
+
+    assert json.loads(json.dumps(summarise_stored(run_dir, cfg, log=lambda m: None))) == stored
+    with pytest.raises(StageError, match="no rows for"):
+        summarise_stored(run_dir, SteeringConfig.from_mapping(
+            {"alphas": [1, 3], "limit": 2, "progress": False}), log=lambda m: None)
 
 
 def _eval_rows(n_records: int, y_star: list[bool]) -> pd.DataFrame:
@@ -294,6 +301,37 @@ def test_context_minus_control_is_the_per_record_difference_of_the_paired_effect
     ev = s["eval"]["4.0"]["overall"]["vs_alpha1"]
     assert ev["accept_correct"]["n_passages"] == 2 and ev["accept_incorrect"]["n_passages"] == 4
     assert ev["logit_diff"]["n_passages"] == 4
+    # the ranking: at x1 every logit_diff is 1.0 (AUC 0.5, all ties); at x4 the right answers
+    # (1.0, 0.5) sit above the wrong ones under both key sets (AUC 1.0): +0.5 each, 0 apart
+    assert (ev["auc"]["mean"], ev["auc"]["auc_alpha1"], ev["auc"]["auc_alpha"]) == (0.5, 0.5, 1.0)
+    assert s["control"]["eval"]["4.0"]["overall"]["vs_alpha1"]["auc"]["mean"] == 0.5
+    assert d["auc"]["mean"] == 0.0 and d["auc"]["ci"] == [0.0, 0.0]
+    # acceptance of right minus wrong: the context flips the 4 wrong answers, not the right
+    assert ev["accept_gap"]["mean"] == 1.0 and d["accept_gap"]["mean"] == 1.0
+    assert s["eval"]["4.0"]["overall"]["auc"]["mean"] == 1.0
+
+
+def test_a_threshold_shift_is_right_more_often_without_ranking_better():
+    """Every logit_diff lowered by the same 1.5 nats: EA_forced rises, the AUC does not move.
+
+    10 records on 10 passages, 2 right answers; at x1 the judge accepts all 10 (EA 0.2), at
+    x4 it rejects those under 1.5 nats: the 8 wrong ones and 1 right one (EA 0.9).
+    """
+    from interp.stages.steering import summarise
+
+    ld1 = [2.0, 1.0, 1.4, 1.3, 1.2, 1.1, 0.9, 0.8, 0.7, 0.6]
+    rows = [{"id": f"r{i}", "passage": f"p{i}", "dataset": "squad_v2", "task": "eval",
+             "keys": "context", "alpha": a, "context_mass": 0.1, "steered_mass": 0.1,
+             "n_keys": 5, "y_star": i < 2, "logit_diff": x - (1.5 if a == 4.0 else 0.0),
+             "verdict": x - (1.5 if a == 4.0 else 0.0) > 0, "verdict_coverage": 0.5}
+            for i, x in enumerate(ld1) for a in (1.0, 4.0)]
+    cfg = SteeringConfig(alphas=[1.0, 4.0], tasks=["eval"], n_boot=200)
+    ev = summarise(pd.DataFrame(rows), cfg, [0], {}, "m")["eval"]["4.0"]["overall"]["vs_alpha1"]
+    assert ev["ea_forced"]["mean"] == pytest.approx(0.7)
+    assert ev["auc"]["mean"] == 0.0 and ev["auc"]["ci"] == [0.0, 0.0]
+    assert ev["auc"]["auc_alpha"] == ev["auc"]["auc_alpha1"] == pytest.approx(12 / 16)
+    # right answers accepted 1 of 2 (was 2), wrong 0 of 8 (was 8): +0.5 for the threshold alone
+    assert ev["accept_gap"]["mean"] == pytest.approx(-0.5 + 1.0)
 
 
 def test_paired_effects_against_alpha_one(tiny, tmp_path):
