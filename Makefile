@@ -54,7 +54,9 @@ study: $(STAMP)
 # sensitivity on the same records (experiments/findings_gap.toml) and, for SmolLM2, on every
 # bundled SQuAD 2.0 and DROP record (experiments/findings_pool.toml); then steering at x8 and x16
 # (experiments/findings_steer.toml); then the verdict lens and the pairwise judge
-# (experiments/findings_views.toml); then the report's table.
+# (experiments/findings_views.toml); then the calibration card, the self-check, the cache test
+# and the correctness directions on their own 150 SQuAD 2.0 records a model
+# (experiments/findings_calibration.toml); then the report's table.
 FINDINGS_PROCS ?= 1
 FINDINGS_RUN = OMP_NUM_THREADS=$$(( $$(nproc) / $(FINDINGS_PROCS) )) $(BIN)/torchrun --standalone \
 	--nproc_per_node $(FINDINGS_PROCS) -m interp run
@@ -62,11 +64,12 @@ FINDINGS_RUN = OMP_NUM_THREADS=$$(( $$(nproc) / $(FINDINGS_PROCS) )) $(BIN)/torc
 # checksummed archives, one per stage and model (a save rewrites the changed ones), restored first, so the study resumes on a fresh machine instead of
 # starting again; `make findings-state` saves it after an interrupted run (docs/findings.md).
 FINDINGS_STATE = experiments/findings/state.parts
-FINDINGS_OUTS = findings findings_matched findings_gap findings_pool findings_steer findings_views
+FINDINGS_OUTS = findings findings_matched findings_gap findings_pool findings_steer findings_views \
+	findings_calibration
 # Each run folder's stored work was made under one transformers version, which its stages check
 # (a part made under another version is refused, never mixed in); each config runs under its
-# own: the study, its matched, gap and pool runs under 5.24.0, the steering past x4 and the two
-# new views (experiments/findings_views.toml) under 5.25.0.
+# own: the study, its matched, gap and pool runs under 5.24.0, the steering past x4, the two
+# new views (experiments/findings_views.toml) and the calibration under 5.25.0.
 FINDINGS_TF = $(BIN)/pip install -q --no-deps transformers==$(1)
 findings: $(STAMP)
 	$(BIN)/python -m experiments.findings --restore-state $(FINDINGS_STATE) runs
@@ -88,6 +91,7 @@ findings: $(STAMP)
 	$(BIN)/python -m experiments.findings --seed-run runs/findings runs/findings_views
 	$(FINDINGS_RUN) experiments/findings_views.toml --only lens,pairwise
 	$(BIN)/python -m experiments.findings --collect runs/findings_views figures/findings/views
+	$(FINDINGS_RUN) experiments/findings_calibration.toml
 	$(MAKE) findings-state
 	$(BIN)/python -m experiments.findings figures/findings docs/findings.md
 

@@ -816,8 +816,155 @@ def _pairwise_held_out(what: str) -> Extract:
     return f
 
 
+def _calib(file: str, path: str, threshold: float, sign: int, *, pick: str = "") -> Extract:
+    """One statistic of the calibration study (experiments/findings_calibration.toml).
+
+    Reads ``calibration/{model}__{file}.json`` at the dotted ``path``: a statistic with
+    ``mean``, ``auc`` or ``difference`` and its ``ci`` (:mod:`interp.stages.calibration`).
+    ``pick``: ``norm=X`` takes the entry of a per-norm list at that norm (the steering sweep
+    of the directions part); ``max`` the entry of a per-layer list with the largest value,
+    leaving out a layer whose interval has zero width (the two states one by construction;
+    the layer is chosen on the records it is read on: the rule says ``selection = same``).
+    ``sign``: as :func:`decide`.
+    """
+    def f(d: Path, m: str) -> Cell:
+        name = f"calibration/{m}__{file}.json"
+        s = _read(d / name)
+        keys, src, label = path.split("."), f"{name}: {path}", ""
+        if pick.startswith("norm="):   # .../own.delta_auc: the entry of own at that norm
+            want = float(pick.split("=")[1])
+            norms = _get(s, *keys[:-2], "norms") or []
+            e = next((x.get(keys[-1]) for x, n in zip(_get(s, *keys[:-1]) or [], norms)
+                      if float(n) == want), None)
+            src += f" (norm {want:g})"
+        else:
+            e = _get(s, *keys)
+        if pick == "max" and isinstance(e, list):
+            layers = _get(s, *keys[:-1], "layers") or list(range(len(e)))
+            e, lay = max(((x, lay) for x, lay in zip(e, layers)   # not a layer where the two
+                          if x and x.get("difference") is not None    # states are one by
+                          and not (x.get("ci") and x["ci"][0] == x["ci"][1])),  # construction
+                         key=lambda t: t[0]["difference"], default=(None, None))
+            label = f"layer {lay}"
+            src += f" (the largest: {label})"
+        if not isinstance(e, dict):
+            return Cell(None, source=name)
+        value = next((e[k] for k in ("mean", "difference", "auc") if e.get(k) is not None),
+                     None)
+        if value is None:
+            return Cell(None, source=name)
+        ci = e.get("ci") if "ci" in e else e.get("auc_ci")
+        n = e.get("n") or _get(s, "all", "n") or _get(s, "directions", "n")
+        n_p = e.get("n_passages") or _get(s, "all", "n_passages") or _get(
+            s, "directions", "n_passages")
+        side = _side(ci, threshold)
+        v = {"yes": "above", "no": "below"}.get(side, side) + (f" {threshold:g}" if side in (
+            "yes", "no") else "") + (f" ({label})" if label else "")
+        return Cell(value, ci, n, n_p, v, src, "+.3f" if threshold == 0 else ".2f",
+                    decide(ci, threshold, sign))
+    return f
+
+
+def _block(d: Path, m: str) -> Cell:
+    """The self-check's verdict without the position after the answer, against an adjacent one.
+
+    Blocking the verdict position's attention to the first position after the answer changes
+    the self-check's logit difference by ``abs_cache_minus_none`` (nats, per record, in
+    absolute value); blocking an adjacent position (the control) by ``abs_control_minus_none``.
+    The claim, that the verdict reads that position in particular, is supported when the first
+    interval lies wholly above the second and contradicted when wholly below it.
+    """
+    name = f"calibration/{m}__calibration_summary.json"
+    b = _get(_read(d / name), "all", "block", "logit_diff")
+    own, ctl = _get(b, "abs_cache_minus_none"), _get(b, "abs_control_minus_none")
+    if not own or own.get("mean") is None or not ctl or ctl.get("mean") is None:
+        return Cell(None, source=name)
+    oc, cc = own.get("ci"), ctl.get("ci")
+    if oc and cc and oc[0] > cc[1]:
+        v, decision = "above the adjacent position's", "supported"
+    elif oc and cc and oc[1] < cc[0]:
+        v, decision = "below the adjacent position's", "contradicted"
+    else:
+        v, decision = "overlaps the adjacent position's", "undecided"
+    v += f" ({ctl['mean']:.3f} [{cc[0]:.3f}, {cc[1]:.3f}] nats)" if cc else ""
+    return Cell(own["mean"], oc, own.get("n"), own.get("n_passages"), v,
+                f"{name}: all.block.logit_diff.abs_cache_minus_none", ".3f", decision)
+
+
 _S1 = "the judge's AUC against y* (base-rate free)"
 _ST = "the same factor on as many non-context keys"
+_RANK = "the change of the judge's AUC (ranking, base-rate free)"
+
+STEER_FACTORS: tuple[tuple[str, str], ...] = (("4", ""), ("8", "steer/"), ("16", "steer/"))
+"""The judge's steering factors with claims rows, and the published folder of each (x4 in the
+study's own run, experiments/findings.toml; x8 and x16 in experiments/findings_steer.toml)."""
+
+
+def steer_claims(a: str) -> dict[str, str]:
+    """The names of the claims rows of the judge steered at x``a`` (:func:`_steer_rows`).
+
+    Keys: ``ea`` (the claim: it makes the judge right more often), ``auc`` (its deciding
+    control: the change of the judge's AUC), ``gap`` (acceptance of right minus of wrong
+    answers), ``wrong`` and ``right`` (acceptance of each), ``ld`` (the logit difference),
+    ``ctrl`` and ``ctrl_ld`` (the non-context keys' EA_forced and logit difference: control
+    rows), ``cmc`` (context minus control, logit difference), ``cmc_auc``, ``cmc_right``,
+    ``cmc_wrong`` (context minus control: AUC, logit difference on right and on wrong
+    answers).
+    """
+    return {"ea": f"steering the judge's context x{a} makes it right more often",
+            "auc": f"... x{a}: it ranks right above wrong answers better (AUC, the deciding "
+                   "control)",
+            "gap": f"... x{a}: acceptance of right minus of wrong answers",
+            "wrong": f"... x{a}: acceptance of wrong answers",
+            "right": f"... x{a}: acceptance of right answers",
+            "ld": f"... x{a}: its logit difference on the verdict",
+            "ctrl": f"... x{a}: the same factor on the non-context keys (control)",
+            "ctrl_ld": f"... x{a}: the non-context keys' logit difference (control)",
+            "cmc": f"... x{a}, context minus control, per record",
+            "cmc_auc": f"... x{a}, context minus control, its AUC",
+            "cmc_right": f"... x{a}, context minus control, on right answers (helping would "
+                         "raise it)",
+            "cmc_wrong": f"... x{a}, context minus control, on wrong answers (helping would "
+                         "lower it)"}
+
+
+def _steer_rows(a: str, sub: str) -> list[tuple[str, str, str, Extract]]:
+    """The same rows for every steering factor of the judge (:data:`STEER_FACTORS`).
+
+    The claim (EA_forced up) is decided by the ranking: a judge pushed towards "Incorrect"
+    on a sample that is mostly wrong gains EA_forced without telling right from wrong any
+    better, so the change of its AUC (and of acceptance of right minus of wrong answers) is
+    shown beside it and decides it (experiments/findings/rules.py), with both halves, right
+    and wrong answers, at every factor.
+    """
+    n, al = steer_claims(a), f"{float(a):.1f}"
+    c = "(this row is the control)"
+    return [
+        (n["ea"], f"dEA_forced, alpha {a}", _RANK, _steer("eval", "ea_forced", al, sub=sub)),
+        (n["auc"], f"d AUC of logit_diff against y*, alpha {a} - 1", _ST,
+         _steer("eval", "auc", al, sub=sub)),
+        (n["gap"], f"d (acceptance given right - given wrong), alpha {a}", _ST,
+         _steer("eval", "accept_gap", al, sub=sub)),
+        (n["wrong"], f"d acceptance given wrong, alpha {a}", _ST,
+         _steer("eval", "accept_incorrect", al, sign=-1, sub=sub)),
+        (n["right"], f"d acceptance given right, alpha {a}", _ST,
+         _steer("eval", "accept_correct", al, sign=0, sub=sub)),
+        (n["ld"], f"d mean logit_diff (nats), alpha {a}", _ST,
+         _steer("eval", "logit_diff", al, sign=-1, sub=sub)),
+        (n["ctrl"], f"dEA_forced, alpha {a}", c,
+         _steer("eval", "ea_forced", al, control=True, sub=sub)),
+        (n["ctrl_ld"], f"d mean logit_diff (nats), alpha {a}", c,
+         _steer("eval", "logit_diff", al, control=True, sub=sub)),
+        (n["cmc"], f"d logit_diff context - control, alpha {a}", _ST,
+         _steer_vs_control("eval", "logit_diff", al, sub=sub)),
+        (n["cmc_auc"], f"d AUC context - control, alpha {a}", _ST,
+         _steer_vs_control("eval", "auc", al, right=+1, sub=sub)),
+        (n["cmc_right"], "the same, oracle-correct answers", _ST,
+         _steer_vs_control("eval", "logit_diff_correct", al, right=+1, sub=sub)),
+        (n["cmc_wrong"], "the same, oracle-incorrect answers", _ST,
+         _steer_vs_control("eval", "logit_diff_incorrect", al, right=-1, sub=sub)),
+    ]
+
 
 CLAIMS: tuple[tuple[str, str, str, Extract], ...] = (
     ("GA > EA on SQuAD 2.0 (3.1)", "EA - GA", _T1, _delta("squad_v2")),
@@ -865,48 +1012,27 @@ CLAIMS: tuple[tuple[str, str, str, Extract], ...] = (
      "judge coverage of the adapter", _transfer("lora_gen", "accept_wrong_base_answers", +1)),
     ("LoRA-Eval degrades generation (3.3)", "GA, LoRA-Eval - base", "paired base model",
      _transfer("lora_eval", "GA", -1)),
-    ("steering the judge's context up (x4) makes it right more often", "dEA_forced, alpha 4",
-     _ST, _steer("eval", "ea_forced", "4.0")),
-    ("... and reject wrong answers more", "d acceptance given wrong, alpha 4", _ST,
-     _steer("eval", "accept_incorrect", "4.0", sign=-1)),
-    ("... and keep accepting right answers", "d acceptance given right, alpha 4", _ST,
-     _steer("eval", "accept_correct", "4.0", sign=0)),
-    ("... and lower its logit difference on the verdict", "d mean logit_diff (nats), alpha 4",
-     _ST, _steer("eval", "logit_diff", "4.0", sign=-1)),
-    ("... control: the NON-context keys x4 (n_keys in the summary)", "dEA_forced, alpha 4",
-     "(this row is the control)", _steer("eval", "ea_forced", "4.0", control=True)),
-    ("... control: its logit difference", "d mean logit_diff (nats), alpha 4",
-     "(this row is the control)", _steer("eval", "logit_diff", "4.0", control=True)),
-    ("... context minus control, per record",
-     "d logit_diff context - control, alpha 4", _ST,
-     _steer_vs_control("eval", "logit_diff", "4.0")),
-    ("... on right answers (helping would raise it)", "the same, oracle-correct answers", _ST,
-     _steer_vs_control("eval", "logit_diff_correct", "4.0", right=+1)),
-    ("... on wrong answers (helping would lower it)", "the same, oracle-incorrect answers", _ST,
-     _steer_vs_control("eval", "logit_diff_incorrect", "4.0", right=-1)),
-    ("steering the judge's context x8 makes it right more often", "dEA_forced, alpha 8", _ST,
-     _steer("eval", "ea_forced", "8.0", sub="steer/")),
-    ("... x8: acceptance of wrong answers", "d acceptance given wrong, alpha 8", _ST,
-     _steer("eval", "accept_incorrect", "8.0", sign=-1, sub="steer/")),
-    ("... x8: acceptance of right answers", "d acceptance given right, alpha 8", _ST,
-     _steer("eval", "accept_correct", "8.0", sign=0, sub="steer/")),
-    ("... x8, context minus control, on wrong answers", "d logit_diff context - control, wrong",
-     _ST, _steer_vs_control("eval", "logit_diff_incorrect", "8.0", right=-1, sub="steer/")),
-    ("... x8, context minus control, on right answers", "d logit_diff context - control, right",
-     _ST, _steer_vs_control("eval", "logit_diff_correct", "8.0", right=+1, sub="steer/")),
-    ("steering the judge's context x16 makes it right more often", "dEA_forced, alpha 16", _ST,
-     _steer("eval", "ea_forced", "16.0", sub="steer/")),
-    ("... x16: acceptance of wrong answers", "d acceptance given wrong, alpha 16", _ST,
-     _steer("eval", "accept_incorrect", "16.0", sign=-1, sub="steer/")),
-    ("... x16: acceptance of right answers", "d acceptance given right, alpha 16", _ST,
-     _steer("eval", "accept_correct", "16.0", sign=0, sub="steer/")),
-    ("... x16: the same factor on the non-context keys (control)", "dEA_forced, alpha 16",
-     "(this row is the control)", _steer("eval", "ea_forced", "16.0", control=True,
-                                         sub="steer/")),
-    ("... x16, context minus control, on wrong answers", "d logit_diff context - control, wrong",
-     _ST, _steer_vs_control("eval", "logit_diff_incorrect", "16.0", right=-1, sub="steer/")),
-    ("... x16, context minus control, on right answers", "d logit_diff context - control, right",
-     _ST, _steer_vs_control("eval", "logit_diff_correct", "16.0", right=+1, sub="steer/")),
+    *(row for a, sub in STEER_FACTORS for row in _steer_rows(a, sub)),
+    ("the generator knows when its answer is right (its answer probability, SQuAD 2.0)",
+     "AUROC of the answer's length-normalised probability", "chance (0.5)",
+     _calib("calibration_summary", "all.cards.answer_prob", 0.5, +1)),
+    ("... its residual stream before answering (probe on the generation prompt)",
+     "AUROC, out of fold", "chance (0.5)",
+     _calib("calibration_summary", "all.cards.probe_gen", 0.5, +1)),
+    ("... the fresh judge of the same records reads it", "AUROC of the verdict probability",
+     "chance (0.5)", _calib("calibration_summary", "all.cards.judge", 0.5, +1)),
+    ("the self-check in the generator's conversation reads it better than the fresh judge",
+     "AUROC, P(True) - fresh judge, paired", "the fresh judge on the same records",
+     _calib("calibration_summary", "all.self_vs_judge.auc_self_minus_judge", 0.0, +1)),
+    ("the state after the answer carries it into the fresh judge (patched at the best layer)",
+     "d AUC, own state - another record's", "another record's state at the same position",
+     _calib("calibration_summary", "all.patch.auc_own_minus_control", 0.0, +1, pick="max")),
+    ("the self-check's verdict reads the position after the answer (blocked)",
+     "abs(d logit_diff), blocked - unblocked (nats)", "an adjacent position blocked", _block),
+    ("adding the generator's correctness direction makes the judge rank better (held out)",
+     "d AUC at one median residual norm", "random directions of equal norm",
+     _calib("calibration_directions_summary", "directions.steer.own.delta_auc", 0.0, +1,
+            pick="norm=1.0")),
     ("lowering the generator's context attention (x0.25) lowers GA", "dGA, alpha 0.25", _ST,
      _steer("gen", "ga", "0.25", sign=-1)),
     ("where the verdict is decided: candidate swap, residual stream", "restored share",

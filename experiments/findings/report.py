@@ -62,7 +62,8 @@ CONFIG_OF = {"": ("findings", "", True), "matched/": ("findings_matched", "", Tr
              "gap/": ("findings_gap", "runs/findings", True),
              "pool/": ("findings_pool", "runs/findings smollm2-135m-instruct", False),
              "steer/": ("findings_steer", "runs/findings", True),
-             "views/": ("findings_views", "runs/findings", True)}
+             "views/": ("findings_views", "runs/findings", True),
+             "calibration/": ("findings_calibration", "", False)}
 """A findings subfolder -> its config (``experiments/<name>.toml``, run into ``runs/<name>``),
 the run (and models) whose Study 1 it starts from (``--seed-run``, empty: none), and whether
 one stage of it is run (``--only``, then published by ``--collect``) or the whole config (it
@@ -80,7 +81,7 @@ HEADLINE: tuple[tuple[str, ...], ...] = (
      "(control)"),
     ("LoRA-Gen over-accepts (3.3)", "over-accepts"),
     ("LoRA-Eval degrades generation (3.3)", "degrades"),
-    ("steering the judge's context up (x4) makes it right more often", "not asked"),
+    ("steering the judge's context x4 makes it right more often", "not asked"),
     ("steering the judge's context x16 makes it right more often", "not asked"),
     ("a probe on the judge's residual stream beats its verdict score", "not asked"),
     ("... and one slot whatever it holds (position bias)", "not asked",

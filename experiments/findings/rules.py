@@ -39,7 +39,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from experiments.findings.claims import MIN_COVERAGE, Cell, _get, _read
+from experiments.findings.claims import (
+    MIN_COVERAGE,
+    STEER_FACTORS,
+    Cell,
+    _get,
+    _read,
+    steer_claims,
+)
 
 __all__ = ["DECIDED", "EXPLORATORY", "NOT_TESTABLE", "PRIMARY", "REVERSED", "RULES", "Rule",
            "apply_rules", "ci_p_value", "controlled", "coverage", "holm", "judge_aucs"]
@@ -351,8 +358,38 @@ _NOT_J_PATCH = "about which unit carries a logit difference, not whether the jud
 _NOT_J_PROBE = "compares the probe's AUC with the judge's: the judge's chance level is part of " \
                "the estimate"
 _IS_CTRL = "it is a control row"
-_ST4 = ("... control: the NON-context keys x4 (n_keys in the summary)",)
-_ST16 = ("... x16: the same factor on the non-context keys (control)",)
+_MOVES = "the logit difference moves whether or not the judge is right"
+_NULL_IS_CHANCE = "an AUROC's null is chance, 0.5: no other baseline"
+_RANKS = ("a change of the judge's ranking is itself the test of discrimination: a judge at "
+          "chance can gain it")
+
+
+def _steer_rules(a: str, sub: str) -> dict[str, Rule]:
+    """The rules of one steering factor's rows (:func:`experiments.findings.claims.steer_claims`).
+
+    The claim (EA_forced up) is controlled by the change of the judge's AUC, by the same
+    change minus the non-context control's, and by the context-minus-control logit
+    difference on right and on wrong answers: a threshold shift that makes a mostly wrong
+    sample "right more often" without better ranking reads undecided or reversed.
+    """
+    n, cov = steer_claims(a), f"steer:{sub}:{float(a):.1f}"
+    cmc = "it is already context minus control"
+    return {
+        n["ea"]: _r("0", (":overall",), cov, (n["auc"], n["cmc_auc"], n["cmc_right"],
+                                              n["cmc_wrong"], n["ctrl"])),
+        n["auc"]: _r("0", _RANKS, cov, (n["cmc_auc"],)),
+        n["gap"]: _r("0", _RANKS, cov, (n["auc"],)),
+        n["wrong"]: _r("0", (":overall",), cov, (n["cmc_wrong"],)),
+        n["right"]: _r("0 (no decrease)", (":overall",), cov, (n["cmc_right"],)),
+        n["ld"]: _r("0", _MOVES, cov, (n["ctrl_ld"], n["cmc"])),
+        n["ctrl"]: _r("0", (":overall",), cov, _IS_CTRL),
+        n["ctrl_ld"]: _r("0", _MOVES, cov, _IS_CTRL),
+        n["cmc"]: _r("0", _MOVES, cov, cmc),
+        n["cmc_auc"]: _r("0", _RANKS, cov, cmc),
+        n["cmc_right"]: _r("0", (":overall",), cov, cmc),
+        n["cmc_wrong"]: _r("0", (":overall",), cov, cmc),
+    }
+
 RULES: dict[str, Rule] = {
     "GA > EA on SQuAD 2.0 (3.1)": _r(
         "0", (":squad_v2",), "verdict::squad_v2",
@@ -409,55 +446,32 @@ RULES: dict[str, Rule] = {
     "LoRA-Eval degrades generation (3.3)": _r(
         "0", "about generation accuracy", "n/a: GA needs no judge",
         "the paired base model is the estimate's own baseline"),
-    "steering the judge's context up (x4) makes it right more often": _r(
-        "0", (":overall",), "steer::4.0", _ST4 + (
-            "... on right answers (helping would raise it)",
-            "... on wrong answers (helping would lower it)")),
-    "... and reject wrong answers more": _r("0", (":overall",), "steer::4.0", _ST4),
-    "... and keep accepting right answers": _r("0 (no decrease)", (":overall",), "steer::4.0",
-                                               _ST4),
-    "... and lower its logit difference on the verdict": _r(
-        "0", "the logit difference moves whether or not the judge is right", "steer::4.0",
-        _ST4),
-    "... control: the NON-context keys x4 (n_keys in the summary)": _r(
-        "0", (":overall",), "steer::4.0", _IS_CTRL),
-    "... control: its logit difference": _r(
-        "0", "the logit difference moves whether or not the judge is right", "steer::4.0",
-        _IS_CTRL),
-    "... context minus control, per record": _r(
-        "0", "the logit difference moves whether or not the judge is right", "steer::4.0",
-        "it is already context minus control"),
-    "... on right answers (helping would raise it)": _r(
-        "0", (":overall",), "steer::4.0", "it is already context minus control"),
-    "... on wrong answers (helping would lower it)": _r(
-        "0", (":overall",), "steer::4.0", "it is already context minus control"),
-    "steering the judge's context x8 makes it right more often": _r(
-        "0", (":overall",), "steer:steer/:8.0",
-        ("... x8, context minus control, on wrong answers",
-         "... x8, context minus control, on right answers")),
-    "... x8: acceptance of wrong answers": _r("0", (":overall",), "steer:steer/:8.0",
-                                              ("... x8, context minus control, on wrong answers",)),
-    "... x8: acceptance of right answers": _r("0 (no decrease)", (":overall",),
-                                              "steer:steer/:8.0",
-                                              "the right-answer half has no per-factor control "
-                                              "row at x8"),
-    "... x8, context minus control, on wrong answers": _r(
-        "0", (":overall",), "steer:steer/:8.0", "it is already context minus control"),
-    "steering the judge's context x16 makes it right more often": _r(
-        "0", (":overall",), "steer:steer/:16.0",
-        _ST16 + ("... x16, context minus control, on wrong answers",
-                 "... x16, context minus control, on right answers")),
-    "... x16: acceptance of wrong answers": _r("0", (":overall",), "steer:steer/:16.0", _ST16),
-    "... x16: acceptance of right answers": _r("0 (no decrease)", (":overall",),
-                                               "steer:steer/:16.0", _ST16),
-    "... x16: the same factor on the non-context keys (control)": _r(
-        "0", (":overall",), "steer:steer/:16.0", _IS_CTRL),
-    "... x16, context minus control, on wrong answers": _r(
-        "0", (":overall",), "steer:steer/:16.0", "it is already context minus control"),
-    "... x16, context minus control, on right answers": _r(
-        "0", (":overall",), "steer:steer/:16.0", "it is already context minus control"),
-    "... x8, context minus control, on right answers": _r(
-        "0", (":overall",), "steer:steer/:8.0", "it is already context minus control"),
+    **{k: v for a, sub in STEER_FACTORS for k, v in _steer_rules(a, sub).items()},
+    "the generator knows when its answer is right (its answer probability, SQuAD 2.0)": _r(
+        "0.5", "about the generator's own answer probability, not a judge",
+        "n/a: every record has an answer probability", _NULL_IS_CHANCE),
+    "... its residual stream before answering (probe on the generation prompt)": _r(
+        "0.5", "about the generator's residual stream, not a judge",
+        "n/a: every record has a generation prompt", _NULL_IS_CHANCE),
+    "... the fresh judge of the same records reads it": _r(
+        "0.5", "it is the judge's AUC itself, the precondition's own measure",
+        "verdict:calibration/:squad_v2", _NULL_IS_CHANCE),
+    "the self-check in the generator's conversation reads it better than the fresh judge": _r(
+        "0", "a paired change of AUC between two judges is itself a test of discrimination",
+        "verdict:calibration/:squad_v2", "the fresh judge on the same records is the paired "
+        "estimate's own baseline"),
+    "the state after the answer carries it into the fresh judge (patched at the best layer)": _r(
+        "0", _RANKS, "n/a: the forced choice's logit difference, every record",
+        "another record's state is the estimate's own baseline (own - control)",
+        selection="same"),
+    "the self-check's verdict reads the position after the answer (blocked)": _r(
+        "the adjacent position's change", _MOVES,
+        "n/a: the self-check's logit difference, every record",
+        "the adjacent position's interval is the estimate's own threshold"),
+    "adding the generator's correctness direction makes the judge rank better (held out)": _r(
+        "0", _RANKS, "n/a: the forced choice's logit difference, every record",
+        "random directions of equal norm are in the summary per seed (own_minus_random), "
+        "not a row", selection="held out"),
     "lowering the generator's context attention (x0.25) lowers GA": _r(
         "0", "about generation accuracy", "n/a: GA needs no judge",
         "the non-context keys at the same factor are in the summary, not a row"),

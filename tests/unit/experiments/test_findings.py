@@ -207,24 +207,24 @@ def test_steering_patching_and_probe_cells(tmp_path):
         "eval": {"best": {"auc": 0.8}, "vs_judge": {"judge_same_folds": {"auc": 0.6}},
                  "permutation": {"n": 100, "p_value": 0.0099}}}})
     cells = _cells(tmp_path, ["m"])
-    up = cells["steering the judge's context up (x4) makes it right more often"]["m"]
+    up = cells["steering the judge's context x4 makes it right more often"]["m"]
     assert (up.value, up.n, up.n_passages, up.verdict) == (
-        0.04, 120, 90, "undecided; its control (on right answers (helping would raise it)) "
-                       "reads contradicted")
+        0.04, 120, 90, "undecided; its control (x4, context minus control, on right answers "
+                       "(helping would raise it)) reads contradicted")
     # steering that pushes right answers down too is a shift, not better judging
     assert up.decision == "reversed under control"
-    rej = cells["... and reject wrong answers more"]["m"]
+    rej = cells["... x4: acceptance of wrong answers"]["m"]
     assert rej.verdict == "down" and rej.text() == "-0.100 [-0.200, -0.050] (n=120, p=90)"
-    assert cells["... control: the NON-context keys x4 (n_keys in the summary)"]["m"].value == 0.0
-    cmc = cells["... context minus control, per record"]["m"]
+    assert cells["... x4: the same factor on the non-context keys (control)"]["m"].value == 0.0
+    cmc = cells["... x4, context minus control, per record"]["m"]
     assert (cmc.value, cmc.n, cmc.verdict) == (-0.27, 120, "context moves it more down")
     # by the oracle's label: down on right answers is the wrong way, on wrong ones the right
-    r = cells["... on right answers (helping would raise it)"]["m"]
+    r = cells["... x4, context minus control, on right answers (helping would raise it)"]["m"]
     assert (r.n, r.n_passages, r.verdict) == (19, 19, "context moves it more down: the wrong way")
-    w = cells["... on wrong answers (helping would lower it)"]["m"]
+    w = cells["... x4, context minus control, on wrong answers (helping would lower it)"]["m"]
     assert (w.n, w.verdict) == (101, "context moves it more down: the right way")
     # a subgroup's own passages, not the group's
-    ac = cells["... and keep accepting right answers"]["m"]
+    ac = cells["... x4: acceptance of right answers"]["m"]
     assert (ac.n, ac.n_passages) == (19, 19) and ac.verdict.endswith("no verdict flipped")
     p = cells["where the verdict is decided: candidate swap, residual stream"]["m"]
     assert (p.value, p.n, p.verdict) == (0.4, 31, "top unit L7 candidate")
