@@ -17,9 +17,10 @@ from pathlib import Path
 
 from interp.core.names import CROSS_JUDGES
 
-__all__ = ["ARCHIVE_SUFFIX", "PART_DEPTH", "SEED_FILES", "STATE_MARK", "STATE_MAX_PART_BYTES",
-           "STATE_SKIP", "STATE_SUFFIXES", "STATE_WHOLE", "SUMS", "UNPACKED", "pack_state",
-           "part_of", "restore_state", "save_state", "seed_run", "unpack_state"]
+__all__ = ["ARCHIVE_SUFFIX", "INPUTS", "PART_DEPTH", "SEED_FILES", "STATE_MARK",
+           "STATE_MAX_PART_BYTES", "STATE_SKIP", "STATE_SUFFIXES", "STATE_WHOLE", "SUMS",
+           "UNPACKED", "pack_state", "part_of", "restore_state", "save_state", "seed_run",
+           "unpack_state"]
 
 
 STATE_SUFFIXES = (".json", ".jsonl")
@@ -248,6 +249,9 @@ folder :func:`save_state` and :func:`restore_state` work on, which :func:`pack_s
 again."""
 SUMS = "SHA256SUMS"
 """The packed state's list of its parts with their sha256 (``sha256sum`` format), written last."""
+INPUTS = "INPUTS"
+"""The packed state's digest of each part's input files (their paths and bytes), beside
+:data:`SUMS`: :func:`pack_state` compresses again only the parts whose files changed."""
 PART_DEPTH = 3
 """A part holds the files of one folder ``<out>/<model>/<stage>`` (with all below it), or the
 files directly in ``<out>/<model>`` or ``<out>``: a stage's work is one part, a model's Study 1
@@ -273,6 +277,25 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def _inputs_digest(folder: Path, files: Sequence[Path]) -> str:
+    """The sha256 of ``files`` (under ``folder``): each one's path and bytes, in sorted order."""
+    import hashlib
+
+    h = hashlib.sha256(b"interp-state-part-1\0")
+    for p in sorted(files):
+        h.update(p.relative_to(folder).as_posix().encode() + b"\0")
+        h.update(bytes.fromhex(_sha256(p)))
+    return h.hexdigest()
+
+
+def _listing(path: Path) -> dict[str, str]:
+    """A ``sha256sum``-format file as ``{name: hex}`` (empty when it does not exist)."""
+    if not path.is_file():
+        return {}
+    return {name: digest for digest, _, name in (
+        line.partition("  ") for line in path.read_text().splitlines() if line.strip())}
 
 
 def _tar_xz(folder: Path, files: Sequence[Path]) -> bytes:
@@ -302,7 +325,9 @@ def pack_state(folder: str | Path, packed: str | Path) -> str:
     (:func:`part_of`), ``<packed>/<part>.tar.xz``, with its path relative to ``folder``, in
     sorted order, mtime 0, owner 0 and mode 0644: the same files pack to the same bytes, and a
     part whose bytes are unchanged is not written again (git keeps its blob; a clone grows by
-    the parts that changed). Each part is written to a temporary file and renamed; parts of
+    the parts that changed). A part whose input files have the digest :data:`INPUTS` records
+    from the last pack, and whose bytes still have the sha256 :data:`SUMS` records, is not
+    compressed again. Each part is written to a temporary file and renamed; parts of
     files no longer in the state are removed; :data:`SUMS` is written last, so a pack cut short
     is refused by :func:`unpack_state` (its sums do not match) and packing again completes it.
 
@@ -319,23 +344,34 @@ def pack_state(folder: str | Path, packed: str | Path) -> str:
         if p.is_file() and not any(s.startswith(".") for s in rel.parts):
             parts.setdefault(part_of(rel), []).append(p)
     packed.mkdir(parents=True, exist_ok=True)
-    lines = []
+    sums, inputs = _listing(packed / SUMS), _listing(packed / INPUTS)
+    lines, input_lines = [], []
     for part, files in sorted(parts.items()):
-        data = _tar_xz(folder, files)
-        dst = packed / f"{part}.tar.xz"
-        if not (dst.is_file() and dst.read_bytes() == data):
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dst.with_name(dst.name + ".tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, dst)
-        lines.append(f"{hashlib.sha256(data).hexdigest()}  {part}.tar.xz\n")
+        name = f"{part}.tar.xz"
+        dst = packed / name
+        digest = _inputs_digest(folder, files)
+        # the same input files as the last pack, and the part's bytes still the ones its sums
+        # record: nothing to compress (a pack cut short leaves a part whose sum differs)
+        if inputs.get(name) == digest and dst.is_file() and sums.get(name) == _sha256(dst):
+            sha = sums[name]
+        else:
+            data = _tar_xz(folder, files)
+            sha = hashlib.sha256(data).hexdigest()
+            if not (dst.is_file() and dst.read_bytes() == data):
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                tmp = dst.with_name(dst.name + ".tmp")
+                tmp.write_bytes(data)
+                os.replace(tmp, dst)
+        lines.append(f"{sha}  {name}\n")
+        input_lines.append(f"{digest}  {name}\n")
     keep = {f"{part}.tar.xz" for part in parts}
     for p in sorted(packed.rglob("*"), reverse=True):  # stale parts, then the folders left empty
         rel = p.relative_to(packed).as_posix()
-        if p.is_file() and rel != SUMS and rel not in keep:
+        if p.is_file() and rel not in (SUMS, INPUTS) and rel not in keep:
             p.unlink()
         elif p.is_dir() and not any(p.iterdir()):
             p.rmdir()
+    (packed / INPUTS).write_text("".join(input_lines))
     text = "".join(lines)
     (packed / SUMS).write_text(text)
     return hashlib.sha256(text.encode()).hexdigest()

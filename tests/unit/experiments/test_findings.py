@@ -624,6 +624,29 @@ def test_the_packed_state_is_deterministic_checked_and_round_trips(tmp_path):
     changed = {p for p in parts if (packed / p).read_bytes() != first[p]}
     assert changed == {"findings/m/steering.tar.xz"}
     assert all((packed / p).stat().st_mtime_ns == stamps[p] for p in parts - changed)
+    # and only that part is compressed again (the others' input digests are unchanged); a
+    # part whose bytes no longer match its sum is made again
+    from experiments.findings import state as st
+
+    made = []
+    real = st._tar_xz
+    st_tar = lambda folder, files: made.append(len(files)) or real(folder, files)  # noqa: E731
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(st, "_tar_xz", st_tar)
+    try:
+        save_archived(tmp_path / "runs", packed, ["findings"])
+        assert made == []
+        (run / "steering/parts/c.json").write_text('{"z": 4}')
+        save_archived(tmp_path / "runs", packed, ["findings"])
+        assert made == [3]
+        (packed / "findings/m/patching.tar.xz").write_bytes(b"cut short")
+        pack_state(tmp_path / "runs" / UNPACKED, packed)
+        assert made == [3, 1] and (packed / "findings/m/patching.tar.xz").read_bytes() == \
+            first["findings/m/patching.tar.xz"]
+    finally:
+        monkey.undo()
+    (run / "steering/parts/c.json").unlink()
+    save_archived(tmp_path / "runs", packed, ["findings"])
     # a fresh machine restores it; a run that exists is kept
     fresh = tmp_path / "fresh"
     assert restore_archived(packed, fresh) == f"4 files restored from {packed}"
