@@ -92,7 +92,9 @@ def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
     Panels (overall, with passage-cluster 95% CIs; alpha on a log axis, 1 = unsteered):
     judge: forced-choice EA, acceptance on oracle-correct and on oracle-incorrect answers;
     generator: GA; both: the context mass actually reached; the judge's mean whole-reply
-    ``logit_diff`` (nats), which moves where no verdict flips. With the non-context control
+    ``logit_diff`` (nats), which moves where no verdict flips; where the summary has it, the
+    judge's AUC (``logit_diff`` against y*, within each dataset): a steering that only moves
+    the threshold leaves it flat. With the non-context control
     (``control`` in the summary) a panel draws the judge under the control, the generator
     panel its GA dashed, and the ``logit_diff`` panel the control's line dashed. Two rows
     (judge, generator, mass; control, ``logit_diff``). The
@@ -104,13 +106,27 @@ def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
         The PNG path.
     """
     control = summary.get("control") or {}
-    cols = 3 if control.get("eval") else 2
+    ranked = bool(_series(summary, "eval", "auc")[0])
+    cols = 3 if control.get("eval") or ranked else 2
     fig, grid = plt.subplots(2, cols, figsize=(5.2 * cols, 8.4))
     cells = list(grid.flat)
     axes = cells[:3] + ([cells[3]] if control.get("eval") else []) + [cells[4 if cols == 3
                                                                             else 3]]
-    for ax in cells[len(axes):]:
-        ax.axis("off")
+    if ranked:   # the judge's ranking: what decides whether it is right more often
+        ax = cells[5]
+        for part, lab, ls, mfc in ((summary, "context keys steered", "-", None),
+                                   (control, "control: non-context keys", "--", "none")):
+            xs, ys, err, bare = _series(part, "eval", "auc")
+            if xs:
+                ax.errorbar(xs, ys, yerr=err, marker="D", ms=5, capsize=3, ls=ls, mfc=mfc,
+                            color=COLORS["eval"], label=_bare_label(lab, bare, xs))
+        ax.axhline(0.5, color="0.5", lw=0.6)
+        ax.set_ylim(-0.04, 1.04)
+        ax.set_title("judge: AUC of logit_diff against y* (0.5: chance)", fontsize=9)
+        ax.set_ylabel("AUC (right above wrong answers)")
+    for ax in cells:
+        if ax not in axes and not (ranked and ax is cells[5]):
+            ax.axis("off")
     judge_panel(axes[0], summary)
     if control.get("eval"):
         judge_panel(axes[3], control, "control: the judge, NON-context keys steered")
@@ -149,7 +165,7 @@ def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
                                 "last-token attention mass on the context")):
         ax.set_ylabel(label)
     axes[-1].set_ylabel("log P('Correct') - log P('Incorrect') (nats)")
-    for ax in axes:
+    for ax in axes + ([cells[5]] if ranked else []):
         if ax.get_legend_handles_labels()[0]:  # under the axis: lines cross every height
             ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2),
                       frameon=False)
