@@ -30,7 +30,9 @@ Algorithm of :class:`Endpoint`:
    401/403 (key) or 404 (model) stops the run at once; any other failure after the retries
    counts against ``max_error_rate``: once ``failed > max_error_rate * max(requests, 20)``
    the run stops with one line (the caller keeps every record finished before).
-3. **Concurrency** (:meth:`Endpoint.map`): at most ``concurrency`` requests in flight.
+3. **Concurrency** (:meth:`Endpoint.map`): at most ``concurrency`` items (a served Study 1
+   example: its requests one after another) in flight, results in the items' order; a
+   server answers them at once only with as many slots (``interp serve --parallel N``).
 
 Reference: the OpenAI chat-completions API as served by llama.cpp's ``llama-server`` and vLLM
 (docs/endpoints.md lists what each gives).
@@ -461,21 +463,51 @@ class Endpoint:
                                 f"{self.config.max_error_rate}; finished records are kept: fix "
                                 f"the server and run again to resume.{hint}")
 
-    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
-        """``fn`` over ``items`` with at most ``concurrency`` in flight, in order.
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any],
+            done: Callable[[], None] | None = None) -> list[Any]:
+        """``fn`` over ``items`` with at most ``concurrency`` in flight; results in ``items``' order.
 
-        Each result is ``fn(item)``, or the :class:`RequestFailed` or
-        :class:`interp.core.errors.EndpointError` it raised (that item is left undone), so the
-        caller keeps every finished item before it stops.
+        A thread pool of ``concurrency`` workers (the ``openai`` client and
+        :class:`interp.endpoints.cache.RequestCache` are thread-safe). Each result is
+        ``fn(item)``, or the :class:`RequestFailed` or :class:`interp.core.errors.EndpointError`
+        it raised (that item is left undone), so the caller keeps every finished item before it
+        stops. After the first ``EndpointError`` (a refused key, model or request; the error
+        rate passed) no further item is started: those not started get the same error, and
+        only the requests already in flight are waited for (each bounded by ``timeout_s``). An
+        exception of another kind, or an interrupt, cancels the items not started and is
+        raised.
+
+        Args:
+            fn: the work of one item (e.g. one example's requests, one after another).
+            items: the items.
+            done: called once per finished item (result or error), one call at a time, from
+                the worker threads (a progress bar's ``update(1)``).
         """
+        stop: list[EndpointError] = []
+        tick = threading.Lock()
+
         def one(item: Any) -> Any:
             try:
-                return fn(item)
-            except (RequestFailed, EndpointError) as err:
-                return err
+                if stop:
+                    return stop[0]
+                try:
+                    return fn(item)
+                except RequestFailed as err:
+                    return err
+                except EndpointError as err:
+                    stop.append(err)
+                    return err
+            finally:
+                if done is not None:
+                    with tick:
+                        done()
 
-        with ThreadPoolExecutor(max_workers=self.config.concurrency) as pool:
-            return list(pool.map(one, items))
+        pool = ThreadPoolExecutor(max_workers=self.config.concurrency)
+        try:
+            futures = [pool.submit(one, item) for item in items]
+            return [f.result() for f in futures]
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _fix(message: str) -> str:
