@@ -465,7 +465,7 @@ class Endpoint:
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any],
             done: Callable[[], None] | None = None) -> list[Any]:
-        """``fn`` over ``items`` with at most ``concurrency`` in flight; results in ``items``' order.
+        """``fn`` over ``items``, at most ``concurrency`` in flight, results in ``items``' order.
 
         A thread pool of ``concurrency`` workers (the ``openai`` client and
         :class:`interp.endpoints.cache.RequestCache` are thread-safe). Each result is

@@ -149,8 +149,9 @@ class AsymmetryConfig(StageConfig):
                               f"{self.datasets}")
 
     def endpoint_table(self, which: str) -> dict[str, Any] | None:
-        """The ``model`` or ``oracle`` endpoint table, with ``timeout_s`` (and, for the model,
-        ``concurrency``) when one is given.
+        """The ``model`` or ``oracle`` endpoint table with the command line's values in it.
+
+        ``timeout_s`` replaces both tables' when given; ``concurrency`` the model's.
 
         Args:
             which: ``"model"`` or ``"oracle"``.
