@@ -145,6 +145,11 @@ class EndpointConfig:
         system_role: False for a server whose chat template rejects the system role ("System
             role not supported"): a system message is sent as the start of the first user
             message instead (the system text, a blank line, then the user's).
+        cache_prompt: llama.cpp's per-request ``cache_prompt``. None: not sent (the server's
+            default: llama.cpp reuses the longest prefix a slot's last prompt shares with the
+            request, so a reply can depend on what that slot answered before, docs/endpoints.md);
+            False: sent with every chat request, so each prompt is evaluated whole (the forced
+            choice always sends False). Part of each request's cache identity when given.
     """
 
     model: str
@@ -156,6 +161,7 @@ class EndpointConfig:
     max_error_rate: float = 0.05
     seed: int | None = 0
     system_role: bool = True
+    cache_prompt: bool | None = None
 
     @classmethod
     def from_spec(cls, spec: str, table: Mapping[str, Any] | None = None,
@@ -182,7 +188,9 @@ class EndpointConfig:
                           cfg.max_retries >= 0),
                          ("max_error_rate", isinstance(cfg.max_error_rate, int | float) and
                           0 <= cfg.max_error_rate <= 1),
-                         ("system_role", isinstance(cfg.system_role, bool))):
+                         ("system_role", isinstance(cfg.system_role, bool)),
+                         ("cache_prompt", cfg.cache_prompt is None or
+                          isinstance(cfg.cache_prompt, bool))):
             if not ok:
                 raise ConfigError(f"[{where}] {name} = {getattr(cfg, name)!r} is out of range")
         return cfg
@@ -369,6 +377,8 @@ class Endpoint:
         if not self.config.system_role:
             messages = without_system_role(messages)
         body = {"temperature": 0, "max_tokens": max_tokens, **params}
+        if self.config.cache_prompt is not None:
+            body.setdefault("cache_prompt", self.config.cache_prompt)
         if self.config.seed is not None:
             body["seed"] = self.config.seed
         ident = {"base_url": self.base_url, "model": self.config.model, "messages": messages,
