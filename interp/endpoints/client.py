@@ -135,7 +135,8 @@ class EndpointConfig:
         base_url: the server's OpenAI base URL (e.g. ``http://127.0.0.1:8080/v1``); None: from
             the environment.
         api_key_env: the environment variable holding the key (None: ``OPENAI_API_KEY``).
-        concurrency: requests in flight at once (>= 1).
+        concurrency: items of :meth:`Endpoint.map` in flight at once (>= 1): a served
+            Study 1's examples, each its requests one after another (``--concurrency``).
         timeout_s: seconds one try of a request may take in all, reply body included
             (:class:`DeadlineTransport`).
         max_retries: retries of a failed try (connection errors, timeouts, 408/409/429/5xx,
