@@ -26,7 +26,11 @@ SMOLLM2 = "smollm2-135m-instruct"
 
 
 def parse_args(doc: str | None) -> argparse.Namespace:
-    """``--n`` (30), ``--dataset`` (squad_v2), ``--threads`` (1), ``--parallel`` (4), ``--out``."""
+    """Both benchmarks' options.
+
+    ``--n`` (30), ``--dataset`` (squad_v2), ``--threads`` (1), ``--parallel`` (4),
+    ``--reverse``, ``--out``.
+    """
     ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0] if doc else None)
     ap.add_argument("--n", type=int, default=30)
     ap.add_argument("--parallel", type=int, default=4,
@@ -34,6 +38,9 @@ def parse_args(doc: str | None) -> argparse.Namespace:
                          "(benchmarks/endpoint_study1.py)")
     ap.add_argument("--dataset", default="squad_v2")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--reverse", action="store_true",
+                    help="the runs in reverse order (the in-process run last), so a drifting "
+                         "machine load is seen from the other side (benchmarks/endpoint_study1.py)")
     ap.add_argument("--out", default="/tmp/interp-bench-endpoints")
     return ap.parse_args()
 

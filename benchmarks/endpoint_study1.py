@@ -25,7 +25,8 @@ Every run resumes: a second call makes no request and no forward (it reads the c
 records), so its times are not throughput; time a fresh ``--out``. Written to
 ``OUT/study1_side_by_side.json``.
 
-    OMP_NUM_THREADS=1 python benchmarks/endpoint_study1.py [--n 30] [--parallel 4] [--out DIR]
+    OMP_NUM_THREADS=1 python benchmarks/endpoint_study1.py [--n 30] [--parallel 4] [--reverse]
+        [--out DIR]
 """
 
 from __future__ import annotations
@@ -84,13 +85,15 @@ def against(out: Path, one: str, par: str) -> dict:
 def main() -> None:
     a = parse_args(__doc__)
     out = Path(a.out)
-    _, local, t_local = inprocess_run(a)
-    print(f"in process: {t_local:.1f} s", flush=True)
     runs = {"served": (1, None), "served_parallel": (a.parallel, None),
             "served_nocache": (1, False), "served_parallel_nocache": (a.parallel, False)}
-    metrics, secs = {}, {"inprocess": t_local}
-    for name, (parallel, cache_prompt) in runs.items():
-        metrics[name], secs[name] = served_run(a, name, parallel, cache_prompt)
+    metrics, secs = {}, {}
+    for name in (["inprocess", *runs][::-1] if a.reverse else ["inprocess", *runs]):
+        if name == "inprocess":
+            _, local, secs[name] = inprocess_run(a)
+            print(f"in process: {secs[name]:.1f} s", flush=True)
+        else:
+            metrics[name], secs[name] = served_run(a, name, *runs[name])
     served = metrics["served"]
     a_recs = {qa_key(r): r for r in RunDir(out / "inprocess").read_records()}
     b_recs = {qa_key(r): r for r in RunDir(out / "served").read_records()}
@@ -120,7 +123,7 @@ def main() -> None:
            "seconds": {k: round(v, 1) for k, v in secs.items()},
            "records_per_s": {k: round(v, 4) for k, v in rate.items()},
            "vs_inprocess": {k: round(rate[k] / rate["inprocess"], 2) for k in runs},
-           "server_threads": a.threads, "parallel": a.parallel}
+           "order": list(secs), "server_threads": a.threads, "parallel": a.parallel}
     (out / "study1_side_by_side.json").write_text(json.dumps(res, indent=1))
     print(json.dumps(res, indent=1))
 
