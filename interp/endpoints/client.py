@@ -527,6 +527,10 @@ def _fix(message: str) -> str:
     if "system" in m and "role" in m:
         return (" Set system_role = false in the endpoint table: the system prompt then goes "
                 "at the start of the user message.")
+    if "exceeds the available context size" in m:  # llama.cpp: one slot's context is too small
+        return (" A llama.cpp server's slot holds its context divided by its slots: start it "
+                "with a larger --n-ctx or fewer --parallel slots (interp serve), or ask for "
+                "shorter prompts or replies.")
     return ""
 
 

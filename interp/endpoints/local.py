@@ -9,9 +9,11 @@ cache's keys still match), waits until ``/v1/models`` answers, and stops it. The
 Slots (``--parallel P``, llama.cpp's ``n_parallel``): the server answers up to ``P`` requests at
 once, batching their tokens into shared forward passes (continuous batching); a request that
 finds every slot busy waits for one. The context is split as llama.cpp splits it (its KV cache
-is not unified across slots here): each slot holds ``n_ctx // P`` tokens, so a prompt and its
-reply must fit in that, and a longer one is refused by the server with a 400 ("exceeds the
-available context size"). The prompt cache is llama.cpp's default (``cache_prompt`` on): a slot
+is not unified across slots here): each slot holds ``n_ctx // P`` tokens (raised to at least
+256 by llama.cpp: ``--n-ctx 128 --parallel 2`` gives two slots of 256), so a prompt and its
+reply must fit in that, and a longer one is refused by the server with a 400 ("request (631
+tokens) exceeds the available context size (512 tokens)"; the run stops with it in one line
+and the fix). The prompt cache is llama.cpp's default (``cache_prompt`` on): a slot
 keeps its last prompt's KV cache and a request reuses the longest common prefix with it, a
 request going to the idle slot whose cached prompt shares most of it
 (``slot_prompt_similarity``); the forced choice turns it off per request

@@ -795,3 +795,31 @@ def test_cache_prompt_false_is_sent_with_every_chat_request_and_keys_the_cache(h
     assert sent()["cache_prompt"] is False
     with pytest.raises(ConfigError, match="cache_prompt = 'no' is out of range"):
         EndpointConfig.from_spec("openai:m", {"cache_prompt": "no"})
+
+
+def test_a_prompt_longer_than_a_slot_stops_the_run_saying_how_to_serve_it(httpserver, tmp_path,
+                                                                         data_file):
+    """llama.cpp's 400 for a prompt over one slot's context (its message as measured)."""
+    def chat(request):
+        if "Say OK." in json.dumps(request.get_json()):
+            return Response(json.dumps(completion()), content_type="application/json")
+        return Response(json.dumps({"error": {
+            "code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 631,
+            "n_ctx": 512, "message": "request (631 tokens) exceeds the available context size "
+                                     "(512 tokens), try increasing it"}}),
+            status=400, content_type="application/json")
+
+    httpserver.expect_request("/v1/models").respond_with_json(MODELS)
+    httpserver.expect_request("/v1/chat/completions", method="POST").respond_with_handler(chat)
+    cfg = AsymmetryConfig(model="openai:fake", datasets=[data_file], limit=3, n_boot=50,
+                          concurrency=2, model_endpoint={"base_url": httpserver.url_for("/v1")})
+    with pytest.raises(EndpointError) as err:
+        run(tmp_path / "run", None, cfg, log=lambda s: None)
+    line = str(err.value)
+    assert "\n" not in line and "exceeds the available context size (512 tokens)" in line
+    assert line.endswith("start it with a larger --n-ctx or fewer --parallel slots (interp "
+                         "serve), or ask for shorter prompts or replies.")
+    # the first refusal stopped the run: no example started after it (3 examples, 2 in flight)
+    gens = [r for r, _ in httpserver.log if r.path == "/v1/chat/completions"
+            and "Say OK." not in r.get_data(as_text=True)]
+    assert len(gens) <= 2
