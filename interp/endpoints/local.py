@@ -94,6 +94,10 @@ class LocalServer:
 
     Attributes:
         base_url: ``http://127.0.0.1:PORT/v1``.
+
+    Raises:
+        interp.core.errors.ConfigError: ``parallel`` below 1, or slots of fewer than
+            :data:`MIN_SLOT_CTX` tokens (:func:`check_slots`).
     """
 
     def __init__(self, gguf: str | Path, alias: str, *, port: int | None = None,
