@@ -24,18 +24,34 @@ builds what it needs), using whatever torch / transformers the machine has:
    (``load_model(device_map=...)``; on a GPU accelerate keeps those weights in CPU memory and
    streams them in; in the dry run the second half is offloaded to disk). Step 3's numbers on
    the same prompts must equal the plain load's on ``--device`` within the tolerances.
-6. Print throughput, peak GPU memory (``torch.cuda.max_memory_allocated``) and wall time;
-   write everything to ``OUT/gpu_check.json``. Exit status 1 when the numbers disagree, 2 on
-   an error, 0 otherwise.
+6. The paper-shaped stand-in by prompt length (``benchmarks/standin.py`` in a child process,
+   rows in ``OUT/standin.jsonl``): Llama-3.1-8B's width, heads, vocabulary and rope scaling
+   with ``--standin-layers`` (4) blocks, each stage's core method (plain forward, last-token
+   rows, ``interp record``, the lens, direct logit attribution) at 512 to 4,096 tokens on
+   ``--device``: peak GPU memory, seconds and bytes written, printed as docs/performance.md's
+   table (:func:`benchmarks.standin.table`), the numbers its H100 model projects from. It runs
+   first, in what ``--budget-s`` (570) leaves beside 450 s for steps 2-5, at most
+   ``--standin-budget-s`` (120); lengths it does not reach print as "not reached".
+7. Print throughput, peak GPU memory (``torch.cuda.max_memory_allocated``) and wall time;
+   write everything to ``OUT/gpu_check.json`` (also after each step, so a run stopped at the
+   budget keeps what it measured). Exit status 1 when the numbers disagree, 2 on an error, 0
+   otherwise.
 
 ``--device cpu`` is the dry run: every step on the CPU (step 3 then compares the CPU with
-itself), so the script is tested end to end on a machine without a GPU.
+itself; step 6 on the reduced stand-in: width 256, 2 layers, 128 and 256 tokens), so the
+script is tested end to end on a machine without a GPU.
+
+Not run here: ``benchmarks/patterns.py`` and ``benchmarks/pairwise.py`` measure the bundled
+SmolLM2 (weights that do not travel to a GPU machine) in CPU seconds and resident memory;
+their GPU counterparts are step 6's ``record``/``rows`` and ``dla`` rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -46,6 +62,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.shard_compare import one_vs_shards  # noqa: E402
+from benchmarks.standin import table as standin_table  # noqa: E402
 from interp.analysis.span_mass import span_mass  # noqa: E402
 from interp.hooks.recorder import record_rows  # noqa: E402
 from interp.judging.prompts import record_prompts  # noqa: E402
@@ -73,7 +90,51 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-device-map", action="store_true", help="skip step 5")
     ap.add_argument("--tol-mass", type=float, default=1e-3)
     ap.add_argument("--tol-logit", type=float, default=1e-2)
+    ap.add_argument("--budget-s", type=float,
+                    default=float(os.environ.get("GPU_CHECK_TIMEOUT", "570")),
+                    help="seconds the whole check may take (gpu_check.sh's limit; 0: none)")
+    ap.add_argument("--standin-layers", type=int, default=None,
+                    help="step 6's decoder blocks (default 4 on a GPU, 2 in the dry run)")
+    ap.add_argument("--standin-lengths", type=int, nargs="+", default=None,
+                    help="step 6's prompt lengths (default 512 1024 2048 4096 on a GPU, "
+                         "128 256 in the dry run)")
+    ap.add_argument("--no-standin", action="store_true", help="skip step 6")
+    ap.add_argument("--standin-budget-s", type=float, default=120.0,
+                    help="the most seconds step 6 may take")
     return ap.parse_args(argv)
+
+
+def standin_check(args: argparse.Namespace, out: Path, left_s: float | None) -> dict:
+    """Step 6: ``benchmarks/standin.py`` on ``--device`` in a child process; its rows.
+
+    ``left_s``: the seconds the child may take (None: ``--standin-budget-s``). Rows already in
+    ``OUT/standin.jsonl`` are kept (the benchmark resumes).
+    """
+    gpu = args.device.startswith("cuda")
+    layers = args.standin_layers or (4 if gpu else 2)
+    lengths = args.standin_lengths or ([512, 1024, 2048, 4096] if gpu else [128, 256])
+    path = out / "standin.jsonl"
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "standin.py"), "--layers", str(layers),
+           "--lengths", *map(str, lengths), "--device", args.device, "--threads",
+           str(torch.get_num_threads()), "--out", str(path)]
+    if not gpu:
+        cmd += ["--narrow", "256"]
+    limit = min(args.standin_budget_s, left_s) if left_s is not None else args.standin_budget_s
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit)
+        status = "done" if r.returncode == 0 else (
+            f"error: {(r.stdout + r.stderr).strip().splitlines()[-1:]}")
+    except subprocess.TimeoutExpired:
+        status = f"stopped after {limit:.0f} s (the budget)"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] \
+        if path.exists() else []
+    rows = [r for r in rows if r.get("device", "cpu") == args.device]
+    return {"layers": layers, "lengths": lengths, "width": 4096 if gpu else 256,
+            "status": status, "seconds": time.perf_counter() - t0, "rows": rows,
+            "table": standin_table(rows, lengths) if rows else ""}
 
 
 def _stages(cfg: dict, only: str | None) -> list[str]:
@@ -193,12 +254,33 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     print(f"gpu_check: torch {torch.__version__}, device {args.device}"
           + (f" ({torch.cuda.get_device_name()})" if args.device.startswith("cuda") else ""))
+    report: dict = {"device": args.device, "torch": torch.__version__}
+
+    def save() -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        report["wall_s"] = time.perf_counter() - t_start
+        (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
+
+    standin = None
+    if not args.no_standin:
+        # steps 2-5 keep 450 s of the budget (they had 480 s before step 6 came first)
+        left = args.budget_s - (time.perf_counter() - t_start) - 450 if args.budget_s else None
+        print(f"the paper-shaped stand-in by prompt length on {args.device} "
+              f"(benchmarks/standin.py):", flush=True)
+        standin = standin_check(args, out, None if left is None else max(left, 30.0))
+        print(standin["table"] or "  no row", flush=True)
+        print(f"  {standin['status']} in {standin['seconds']:.0f} s; rows "
+              f"{out / 'standin.jsonl'}", flush=True)
+        report["standin"] = standin
+        save()
     ckpt = llama31_checkpoint(out / "llama31", seed=args.seed)
     data = rehearsal_datasets(out / "data", n=args.records)
     cfg = swap_sources(args.config, models={PAPER_MODEL: str(ckpt)}, datasets=data,
                        out=out / "runs")
     print(f"stages of {args.config} on {args.device} ({args.records} records per dataset):")
     timings = run_stages(cfg, args.device, args.only)
+    report["timings"] = timings
+    save()
     run = RunDir(out / "runs" / ckpt.name)
     print("CPU vs device on the same prompts (bfloat16):", flush=True)
     agreement = compare(ckpt, run, args.device, args.tol_mass, args.tol_logit)
@@ -227,13 +309,11 @@ def main(argv: list[str] | None = None) -> int:
               f"logit_diff {mapped['logit_diff_max_abs_diff']:.2e} nats")
     peak = (torch.cuda.max_memory_allocated() / 2**20
             if args.device.startswith("cuda") else None)
-    report = {"device": args.device, "torch": torch.__version__, "timings": timings,
-              "agreement": agreement, "shards": shards, "device_map": mapped,
-              "peak_gpu_memory_mib": peak, "wall_s": time.perf_counter() - t_start}
+    report.update({"agreement": agreement, "shards": shards, "device_map": mapped,
+                   "peak_gpu_memory_mib": peak})
     agree = agreement["agree"] and (shards is None or shards["agree"]) and (
         mapped is None or mapped["agree"])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
+    save()
     a = agreement
     print(f"  span mass: max |cpu - {args.device}| = {a['span_mass_max_abs_diff']:.2e} "
           f"(tolerance {args.tol_mass:g}; worst {a['span_mass_worst']}) over "
@@ -243,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"peak GPU memory: {'-' if peak is None else f'{peak:.0f} MiB'}; wall "
           f"{report['wall_s']:.0f} s; {'AGREE' if agree else 'DISAGREE'}; "
           f"report {out / 'gpu_check.json'}")
+    if standin is not None and standin["status"].startswith("error"):
+        print(f"the stand-in step failed: {standin['status']}")
+        return 2
     return 0 if agree else 1
 
 

@@ -413,7 +413,12 @@ def serve_cmd(
     alias: Annotated[str | None, typer.Option(
         help="the model name the server answers to (default: MODEL's name)")] = None,
     threads: Annotated[int, typer.Option(help="CPU threads of the server")] = 1,
-    n_ctx: Annotated[int, typer.Option(help="context length (tokens)")] = 4096,
+    n_ctx: Annotated[int, typer.Option(
+        help="context length (tokens), split between the slots: each holds n_ctx // parallel")
+                     ] = 4096,
+    parallel: Annotated[int, typer.Option(
+        help="slots: requests answered at once, batched together (llama.cpp's -np); a run "
+             "sends up to --concurrency at a time")] = 1,
 ) -> None:
     """Serve a GGUF on 127.0.0.1 as an OpenAI-compatible server (llama.cpp; Ctrl-C stops it)."""
     import importlib.util
@@ -424,8 +429,9 @@ def serve_cmd(
     if not 1 <= port <= 65535 or threads < 1 or n_ctx < 16:
         raise typer.BadParameter(f"--port must be 1-65535, --threads >= 1, --n-ctx >= 16; "
                                  f"got {port}, {threads}, {n_ctx}")
-    from interp.endpoints.local import check_port
+    from interp.endpoints.local import check_port, check_slots
 
+    check_slots(n_ctx, parallel)  # a slot too small for any prompt: one line, exit 2
     check_port(port)  # in use: one line now, not the server's failure after it loaded
     if model.endswith(".gguf"):
         gguf = Path(model)
@@ -438,12 +444,14 @@ def serve_cmd(
     check_gguf(gguf)  # truncated or not a GGUF: said before the server reads it
     name = alias or (Path(model).stem if model.endswith(".gguf") else model)
     base = f"http://127.0.0.1:{port}/v1"
+    slots = (f"; {parallel} slots of {n_ctx // parallel} tokens each: a run with "
+             f"--concurrency {parallel}" if parallel > 1 else "")
     typer.echo(f"serving {gguf.name} as openai:{name} at {base} (Ctrl-C stops it); in a run: "
-               f"--model openai:{name} with INTERP_OPENAI_BASE_URL={base}")
+               f"--model openai:{name} with INTERP_OPENAI_BASE_URL={base}{slots}")
     from interp.endpoints.local import _serve
 
     _serve([str(gguf), "--port", str(port), "--alias", name, "--threads", str(threads),
-            "--n-ctx", str(n_ctx)])
+            "--n-ctx", str(n_ctx), "--parallel", str(parallel)])
 
 
 @app.command("merge")

@@ -30,7 +30,9 @@ Algorithm of :class:`Endpoint`:
    401/403 (key) or 404 (model) stops the run at once; any other failure after the retries
    counts against ``max_error_rate``: once ``failed > max_error_rate * max(requests, 20)``
    the run stops with one line (the caller keeps every record finished before).
-3. **Concurrency** (:meth:`Endpoint.map`): at most ``concurrency`` requests in flight.
+3. **Concurrency** (:meth:`Endpoint.map`): at most ``concurrency`` items (a served Study 1
+   example: its requests one after another) in flight, results in the items' order; a
+   server answers them at once only with as many slots (``interp serve --parallel N``).
 
 Reference: the OpenAI chat-completions API as served by llama.cpp's ``llama-server`` and vLLM
 (docs/endpoints.md lists what each gives).
@@ -133,7 +135,8 @@ class EndpointConfig:
         base_url: the server's OpenAI base URL (e.g. ``http://127.0.0.1:8080/v1``); None: from
             the environment.
         api_key_env: the environment variable holding the key (None: ``OPENAI_API_KEY``).
-        concurrency: requests in flight at once (>= 1).
+        concurrency: items of :meth:`Endpoint.map` in flight at once (>= 1): a served
+            Study 1's examples, each its requests one after another (``--concurrency``).
         timeout_s: seconds one try of a request may take in all, reply body included
             (:class:`DeadlineTransport`).
         max_retries: retries of a failed try (connection errors, timeouts, 408/409/429/5xx,
@@ -143,6 +146,11 @@ class EndpointConfig:
         system_role: False for a server whose chat template rejects the system role ("System
             role not supported"): a system message is sent as the start of the first user
             message instead (the system text, a blank line, then the user's).
+        cache_prompt: llama.cpp's per-request ``cache_prompt``. None: not sent (the server's
+            default: llama.cpp reuses the longest prefix a slot's last prompt shares with the
+            request, so a reply can depend on what that slot answered before, docs/endpoints.md);
+            False: sent with every chat request, so each prompt is evaluated whole (the forced
+            choice always sends False). Part of each request's cache identity when given.
     """
 
     model: str
@@ -154,6 +162,7 @@ class EndpointConfig:
     max_error_rate: float = 0.05
     seed: int | None = 0
     system_role: bool = True
+    cache_prompt: bool | None = None
 
     @classmethod
     def from_spec(cls, spec: str, table: Mapping[str, Any] | None = None,
@@ -180,7 +189,9 @@ class EndpointConfig:
                           cfg.max_retries >= 0),
                          ("max_error_rate", isinstance(cfg.max_error_rate, int | float) and
                           0 <= cfg.max_error_rate <= 1),
-                         ("system_role", isinstance(cfg.system_role, bool))):
+                         ("system_role", isinstance(cfg.system_role, bool)),
+                         ("cache_prompt", cfg.cache_prompt is None or
+                          isinstance(cfg.cache_prompt, bool))):
             if not ok:
                 raise ConfigError(f"[{where}] {name} = {getattr(cfg, name)!r} is out of range")
         return cfg
@@ -367,6 +378,8 @@ class Endpoint:
         if not self.config.system_role:
             messages = without_system_role(messages)
         body = {"temperature": 0, "max_tokens": max_tokens, **params}
+        if self.config.cache_prompt is not None:
+            body.setdefault("cache_prompt", self.config.cache_prompt)
         if self.config.seed is not None:
             body["seed"] = self.config.seed
         ident = {"base_url": self.base_url, "model": self.config.model, "messages": messages,
@@ -461,21 +474,51 @@ class Endpoint:
                                 f"{self.config.max_error_rate}; finished records are kept: fix "
                                 f"the server and run again to resume.{hint}")
 
-    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
-        """``fn`` over ``items`` with at most ``concurrency`` in flight, in order.
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any],
+            done: Callable[[], None] | None = None) -> list[Any]:
+        """``fn`` over ``items``, at most ``concurrency`` in flight, results in ``items``' order.
 
-        Each result is ``fn(item)``, or the :class:`RequestFailed` or
-        :class:`interp.core.errors.EndpointError` it raised (that item is left undone), so the
-        caller keeps every finished item before it stops.
+        A thread pool of ``concurrency`` workers (the ``openai`` client and
+        :class:`interp.endpoints.cache.RequestCache` are thread-safe). Each result is
+        ``fn(item)``, or the :class:`RequestFailed` or :class:`interp.core.errors.EndpointError`
+        it raised (that item is left undone), so the caller keeps every finished item before it
+        stops. After the first ``EndpointError`` (a refused key, model or request; the error
+        rate passed) no further item is started: those not started get the same error, and
+        only the requests already in flight are waited for (each bounded by ``timeout_s``). An
+        exception of another kind, or an interrupt, cancels the items not started and is
+        raised.
+
+        Args:
+            fn: the work of one item (e.g. one example's requests, one after another).
+            items: the items.
+            done: called once per finished item (result or error), one call at a time, from
+                the worker threads (a progress bar's ``update(1)``).
         """
+        stop: list[EndpointError] = []
+        tick = threading.Lock()
+
         def one(item: Any) -> Any:
             try:
-                return fn(item)
-            except (RequestFailed, EndpointError) as err:
-                return err
+                if stop:
+                    return stop[0]
+                try:
+                    return fn(item)
+                except RequestFailed as err:
+                    return err
+                except EndpointError as err:
+                    stop.append(err)
+                    return err
+            finally:
+                if done is not None:
+                    with tick:
+                        done()
 
-        with ThreadPoolExecutor(max_workers=self.config.concurrency) as pool:
-            return list(pool.map(one, items))
+        pool = ThreadPoolExecutor(max_workers=self.config.concurrency)
+        try:
+            futures = [pool.submit(one, item) for item in items]
+            return [f.result() for f in futures]
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _fix(message: str) -> str:
@@ -484,6 +527,10 @@ def _fix(message: str) -> str:
     if "system" in m and "role" in m:
         return (" Set system_role = false in the endpoint table: the system prompt then goes "
                 "at the start of the user message.")
+    if "exceeds the available context size" in m:  # llama.cpp: one slot's context is too small
+        return (" A llama.cpp server's slot holds its context divided by its slots: start it "
+                "with a larger --n-ctx or fewer --parallel slots (interp serve), or ask for "
+                "shorter prompts or replies.")
     return ""
 
 

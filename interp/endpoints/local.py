@@ -4,10 +4,20 @@
 GGUF in a child process on ``127.0.0.1``: :class:`LocalServer` starts it on a free port (or a
 given one, so a stopped server can be started again at the same base URL and the request
 cache's keys still match), waits until ``/v1/models`` answers, and stops it. The child runs
-``python -m interp.endpoints.local GGUF --port N --alias NAME --threads T``.
+``python -m interp.endpoints.local GGUF --port N --alias NAME --threads T --parallel P``.
 
-Not for production serving: one slot (requests are answered one at a time), the prompt cache
-left at the server's default (the forced choice turns it off per request).
+Slots (``--parallel P``, llama.cpp's ``n_parallel``): the server answers up to ``P`` requests at
+once, batching their tokens into shared forward passes (continuous batching); a request that
+finds every slot busy waits for one. The context is split as llama.cpp splits it (its KV cache
+is not unified across slots here): each slot holds ``n_ctx // P`` tokens (raised to at least
+256 by llama.cpp: ``--n-ctx 128 --parallel 2`` gives two slots of 256), so a prompt and its
+reply must fit in that, and a longer one is refused by the server with a 400 ("request (631
+tokens) exceeds the available context size (512 tokens)"; the run stops with it in one line
+and the fix). The prompt cache is llama.cpp's default (``cache_prompt`` on): a slot
+keeps its last prompt's KV cache and a request reuses the longest common prefix with it, a
+request going to the idle slot whose cached prompt shares most of it
+(``slot_prompt_similarity``); the forced choice turns it off per request
+(:mod:`interp.endpoints.scoring`). Not for production serving.
 """
 
 from __future__ import annotations
@@ -24,7 +34,24 @@ import httpx
 
 from interp.core.errors import ConfigError
 
-__all__ = ["LocalServer", "check_port", "free_port"]
+__all__ = ["MIN_SLOT_CTX", "LocalServer", "check_port", "check_slots", "free_port"]
+
+MIN_SLOT_CTX = 16
+"""The fewest tokens of context one slot may hold (``n_ctx // parallel``)."""
+
+
+def check_slots(n_ctx: int, parallel: int) -> None:
+    """Refuse a slot count or a context that leaves a slot less than :data:`MIN_SLOT_CTX` tokens.
+
+    Raises:
+        interp.core.errors.ConfigError: one line naming both values and the fix.
+    """
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise ConfigError(f"--parallel must be a whole number of slots >= 1, not {parallel!r}")
+    if n_ctx // parallel < MIN_SLOT_CTX:
+        raise ConfigError(f"--n-ctx {n_ctx} over --parallel {parallel} slots leaves each slot "
+                          f"{n_ctx // parallel} tokens (at least {MIN_SLOT_CTX}): raise --n-ctx "
+                          f"to {MIN_SLOT_CTX * parallel} or more, or lower --parallel")
 
 
 def check_port(port: int, host: str = "127.0.0.1") -> None:
@@ -61,16 +88,24 @@ class LocalServer:
         alias: the model name the server answers to (``openai:ALIAS``).
         port: the port (None: a free one).
         threads: CPU threads of the server.
-        n_ctx: context length (tokens).
+        n_ctx: context length (tokens), shared by the slots: each holds ``n_ctx // parallel``.
+        parallel: slots, requests answered at once (module docstring).
         api_key: a key the server demands (None: none).
 
     Attributes:
         base_url: ``http://127.0.0.1:PORT/v1``.
+
+    Raises:
+        interp.core.errors.ConfigError: ``parallel`` below 1, or slots of fewer than
+            :data:`MIN_SLOT_CTX` tokens (:func:`check_slots`).
     """
 
     def __init__(self, gguf: str | Path, alias: str, *, port: int | None = None,
-                 threads: int = 1, n_ctx: int = 4096, api_key: str | None = None):
+                 threads: int = 1, n_ctx: int = 4096, parallel: int = 1,
+                 api_key: str | None = None):
+        check_slots(n_ctx, parallel)
         self.gguf, self.alias, self.threads, self.n_ctx = Path(gguf), alias, threads, n_ctx
+        self.parallel = parallel
         self.port = port or free_port()
         self.api_key = api_key
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
@@ -84,7 +119,7 @@ class LocalServer:
         """
         cmd = [sys.executable, "-m", "interp.endpoints.local", str(self.gguf), "--port",
                str(self.port), "--alias", self.alias, "--threads", str(self.threads),
-               "--n-ctx", str(self.n_ctx)]
+               "--n-ctx", str(self.n_ctx), "--parallel", str(self.parallel)]
         env = {**os.environ, "OMP_NUM_THREADS": str(self.threads)}
         if self.api_key:
             env["INTERP_LOCAL_SERVER_KEY"] = self.api_key  # not on the command line
@@ -132,7 +167,9 @@ def _serve(argv: list[str] | None = None) -> None:
     p.add_argument("--alias", required=True)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--n-ctx", type=int, default=4096)
+    p.add_argument("--parallel", type=int, default=1)
     a = p.parse_args(argv)
+    check_slots(a.n_ctx, a.parallel)
     import xllamacpp
 
     params = xllamacpp.CommonParams()
@@ -142,7 +179,8 @@ def _serve(argv: list[str] | None = None) -> None:
     params.model_alias = {a.alias}
     params.cpuparams.n_threads = a.threads
     params.cpuparams_batch.n_threads = a.threads
-    params.n_parallel = 1
+    params.n_parallel = a.parallel
+    params.kv_unified = False  # each slot n_ctx // parallel tokens, as llama-server -np P
     params.n_ctx = a.n_ctx
     if key := os.environ.get("INTERP_LOCAL_SERVER_KEY"):
         params.api_keys = [key]

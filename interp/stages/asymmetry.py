@@ -313,9 +313,12 @@ def _run_served(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[Q
 
     The same harness (:func:`interp.methods.asymmetry.evaluate_examples`) on the replies of
     :class:`interp.endpoints.study.ServedReplies`, one example per call, ``concurrency`` calls
-    at a time (:meth:`interp.endpoints.client.Endpoint.map`). Examples whose requests failed
-    are left undone (a rerun does them); the run stops with one line past ``max_error_rate``,
-    after appending every finished record.
+    at a time (:meth:`interp.endpoints.client.Endpoint.map`; ``--concurrency``), the bar moving
+    as each example finishes. A chunk (at least ``concurrency`` examples) is appended in the
+    examples' order, whichever finished first, so the records equal a one-at-a-time run's on
+    the same replies. Examples whose requests failed are left undone (a rerun does them); the
+    run stops with one line past ``max_error_rate`` or at a refused request, after appending
+    every finished record.
 
     Raises:
         interp.core.errors.EndpointError: the preflight fails (before any local oracle model
@@ -346,14 +349,16 @@ def _run_served(config: AsymmetryConfig, rd: RunDir, loaded: Mapping[str, list[Q
 
     def chunk_records(part: list[QAExample], bar: Any
                  ) -> tuple[list[Record], int, EndpointError | None]:
-        got = endpoint.map(lambda ex: evaluate_examples(source, [ex], **kw)[0], part)
+        got = endpoint.map(lambda ex: evaluate_examples(source, [ex], **kw)[0], part,
+                           done=lambda: bar.update(1))
         recs = [{**r, "template": config.template} for r in got if isinstance(r, dict)]
         rd.append_records(recs)
-        bar.update(len(part))
         errs = [r for r in got if not isinstance(r, dict)]
         return recs, sum(isinstance(e, RequestFailed) for e in errs), next(
             (e for e in errs if isinstance(e, EndpointError)), None)
 
+    # a chunk holds at least one example per request in flight: none waits for a chunk's tail
+    chunk = chunk or max(config.chunk_batches * config.batch_size, endpoint.config.concurrency)
     _each_chunk(config, rd, loaded, finished, overwrite=overwrite, log=log, chunk=chunk,
                 stale=lambda examples: stale_records(finished, examples, None, template),
                 chunk_records=chunk_records)

@@ -77,6 +77,36 @@ def test_forced_choice_is_the_models_own_whole_reply_logprob(server, bundled):
     assert (d_served > 0) == bool(mine.logit_diff[0] > 0)
 
 
+def test_two_slots_and_two_examples_in_flight_give_the_one_slot_records(tmp_path):
+    """``interp serve --parallel 2`` splits the context; with whole prompts the records match.
+
+    Two llama.cpp servers of the same GGUF: one slot of 1,024 tokens, and two slots sharing
+    2,048 (1,024 each, llama.cpp's split). With ``cache_prompt = false`` (each prompt evaluated
+    whole, docs/endpoints.md) Study 1 with two examples in flight on the two-slot server gives
+    the one-slot sequential run's records field for field, in order.
+    """
+    import httpx
+
+    data = tmp_path / "tiny.jsonl"
+    data.write_text("".join(json.dumps(e) + "\n" for e in EXAMPLES))
+    recs = {}
+    for slots in (1, 2):
+        with LocalServer(bundled_gguf("smollm2-135m-instruct"), "smollm2", threads=1,
+                         n_ctx=1024 * slots, parallel=slots) as srv:
+            listed = httpx.get(srv.base_url[:-3] + "/slots").json()
+            assert [s["n_ctx"] for s in listed] == [1024] * slots
+            cfg = AsymmetryConfig(model="openai:smollm2", datasets=[str(data)], n_boot=50,
+                                  max_new_tokens=16, verdict_max_new_tokens=4,
+                                  concurrency=slots,
+                                  model_endpoint={"base_url": srv.base_url,
+                                                  "cache_prompt": False})
+            run(tmp_path / f"s{slots}", None, cfg, log=lambda s: None)
+        recs[slots] = RunDir(tmp_path / f"s{slots}").read_records(status=None)
+    assert [r["id"] for r in recs[1]] == ["q0", "q1"]
+    assert all(isinstance(r["logit_diff"], float) for r in recs[1])
+    assert json.dumps(recs[2]) == json.dumps(recs[1])
+
+
 def test_served_study_resumes_after_the_server_stops_and_reruns_from_the_cache(
         server, tmp_path):
     data = tmp_path / "tiny.jsonl"

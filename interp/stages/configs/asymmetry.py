@@ -93,6 +93,11 @@ class AsymmetryConfig(StageConfig):
         timeout_s: seconds one try of a request to a served model or oracle may take, reply
             included (``--timeout-s``; given, it replaces both tables' ``timeout_s``; None:
             theirs, default 60). A slow server under load needs more; no result depends on it.
+        concurrency: examples of a served model (``model = "openai:MODEL"``) in flight at
+            once, each its own requests in turn (``--concurrency``; given, it replaces the
+            ``model_endpoint`` table's ``concurrency``; None: the table's, default 4). Match
+            the server's slots (``interp serve --parallel N``); records come out in the same
+            order whatever it is.
     """
 
     model: str = DEFAULT_MODEL
@@ -121,6 +126,7 @@ class AsymmetryConfig(StageConfig):
     model_endpoint: dict[str, Any] | None = option(None, cli=False)
     oracle_endpoint: dict[str, Any] | None = option(None, cli=False)
     timeout_s: float | None = None
+    concurrency: int | None = None
     answers_from: str | None = None
 
     def __post_init__(self) -> None:
@@ -143,7 +149,9 @@ class AsymmetryConfig(StageConfig):
                               f"{self.datasets}")
 
     def endpoint_table(self, which: str) -> dict[str, Any] | None:
-        """The ``model`` or ``oracle`` endpoint table, with ``timeout_s`` when one is given.
+        """The ``model`` or ``oracle`` endpoint table with the command line's values in it.
+
+        ``timeout_s`` replaces both tables' when given; ``concurrency`` the model's.
 
         Args:
             which: ``"model"`` or ``"oracle"``.
@@ -152,9 +160,9 @@ class AsymmetryConfig(StageConfig):
             The table (:class:`interp.endpoints.EndpointConfig`'s fields), or None.
         """
         table = self.model_endpoint if which == "model" else self.oracle_endpoint
-        if self.timeout_s is None:
-            return table
-        return {**(table or {}), "timeout_s": self.timeout_s}
+        given = {k: v for k, v in (("timeout_s", self.timeout_s), ("concurrency",
+                 self.concurrency if which == "model" else None)) if v is not None}
+        return {**(table or {}), **given} if given else table
 
     def check_inputs(self) -> dict[str, list[Any]]:
         """Check the config and load its examples, before any model or heavy library loads.
@@ -171,6 +179,11 @@ class AsymmetryConfig(StageConfig):
                                                  and config.timeout_s > 0):
             raise ConfigError(f"--timeout-s ([asymmetry] timeout_s) must be a number of seconds "
                               f"> 0, not {config.timeout_s!r}")
+        if config.concurrency is not None and (isinstance(config.concurrency, bool) or not
+                                               isinstance(config.concurrency, int) or
+                                               config.concurrency < 1):
+            raise ConfigError(f"--concurrency ([asymmetry] concurrency) must be a whole number "
+                              f">= 1, not {config.concurrency!r}")
         for model_spec, table, where in (
                 (config.model, config.endpoint_table("model"), "model_endpoint"),
                 (config.oracle, config.endpoint_table("oracle"), "oracle_endpoint")):

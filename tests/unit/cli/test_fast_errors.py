@@ -40,6 +40,8 @@ def _run(argv, cwd):
     (["asymmetry", "--oracle", "gpt"], "unknown oracle 'gpt'"),
     (["asymmetry", "--model", "openai:m", "--timeout-s", "0"],
      "--timeout-s ([asymmetry] timeout_s) must be a number of seconds > 0, not 0"),
+    (["asymmetry", "--model", "openai:m", "--concurrency", "0"],
+     "--concurrency ([asymmetry] concurrency) must be a whole number >= 1, not 0"),
     # docs/endpoints.md's oracle passes the oracle check (made before the template's)
     (["asymmetry", "--oracle", "openai:my-70b", "--template", "nope"], "unknown template 'nope'"),
     (["steer", "--run", "EMPTY"], "has no manifest.json"),
@@ -193,6 +195,13 @@ def test_serve_on_a_port_in_use_or_a_broken_gguf_is_one_line_at_once(tmp_path):
         lines = [x for x in err.splitlines() if x.strip()]
         assert res["code"] == 2 and len(lines) == 1, err
         assert lines[0].startswith(f"error: port {port} on 127.0.0.1 is not free"), err
+    # slots that leave each a context too small for any prompt: said before the port check
+    res, err = _run(["serve", "smollm2-135m-instruct", "--port", str(port), "--parallel", "4",
+                     "--n-ctx", "32"], tmp_path)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert res["code"] == 2 and len(lines) == 1, err
+    assert lines[0] == ("error: --n-ctx 32 over --parallel 4 slots leaves each slot 8 tokens "
+                        "(at least 16): raise --n-ctx to 64 or more, or lower --parallel"), err
     data = _tiny_gguf(tmp_path / "m.gguf").read_bytes()
     (tmp_path / "m.gguf").write_bytes(data[: len(data) // 2])
     res, err = _run(["serve", "m.gguf", "--port", str(port)], tmp_path)

@@ -7,6 +7,7 @@ retried or refused as docs/endpoints.md says, with nothing lost. No model is loa
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import httpx
@@ -665,3 +666,160 @@ def test_served_and_local_study_1_give_the_same_records_on_the_same_replies(tiny
         evaluate_examples(ServedReplies(endpoint(httpserver)), load_examples("squad_v2", limit=1),
                           template=tpl, oracle=RuleOracle(), capture=Capture())
     assert chat_posts(httpserver) == posts
+
+
+@pytest.fixture
+def threaded_httpserver():
+    """A pytest-httpserver on 127.0.0.1 that answers requests at once, each in its own thread."""
+    from pytest_httpserver import HTTPServer
+
+    srv = HTTPServer(host="127.0.0.1", threaded=True)
+    srv.start()
+    yield srv
+    srv.clear()
+    srv.stop()
+
+
+def test_concurrent_served_study_1_equals_the_sequential_run_and_keeps_the_bound(
+        threaded_httpserver, tmp_path):
+    """``--concurrency 3`` against a server that answers at once: the one-at-a-time records.
+
+    The fake server counts the chat requests in flight and answers the first examples'
+    slowest, so they finish after later ones; the records come out field for field and in
+    order as the sequential run's, the requests in flight reach the bound and never pass it.
+    """
+    examples = [{"id": f"r{i}", "question": f"What is item {i}?",
+                 "context": f"Item {i} is a thing number {i}.", "answers": [f"thing {i}"]}
+                for i in range(7)]
+    data = tmp_path / "seven.jsonl"
+    data.write_text("".join(json.dumps(e) + "\n" for e in examples))
+    lock, state = threading.Lock(), {"now": 0, "peak": 0}
+
+    def chat(request):
+        body = request.get_json()
+        user = body["messages"][-1]["content"]
+        i = next(int(e["id"][1:]) for e in examples if e["question"] in user) \
+            if "item" in user else 6
+        with lock:
+            state["now"] += 1
+            state["peak"] = max(state["peak"], state["now"])
+        time.sleep(0.02 * (7 - i))   # r0 slowest: finished out of order when concurrent
+        with lock:
+            state["now"] -= 1
+        grader = "grader" in body["messages"][0]["content"]
+        text = ("Correct" if i % 2 else "Incorrect") if grader else f"thing {i}\nmore"
+        return Response(json.dumps(completion(text)), content_type="application/json")
+
+    srv = threaded_httpserver
+    srv.expect_request("/v1/models").respond_with_json(MODELS)
+    srv.expect_request("/v1/chat/completions", method="POST").respond_with_handler(chat)
+    base = srv.url_for("/v1")
+    kw = dict(model="openai:fake", datasets=[str(data)], n_boot=50,
+              model_endpoint={"base_url": base, "concurrency": 1})
+    one = run(tmp_path / "one", None, AsymmetryConfig(**kw), log=lambda s: None)
+    assert state["peak"] == 1
+    state["peak"] = 0
+    three = run(tmp_path / "three", None, AsymmetryConfig(**kw, concurrency=3),
+                log=lambda s: None)
+    assert state["peak"] == 3    # reached, never passed
+    seq = RunDir(tmp_path / "one").read_records(status=None)
+    conc = RunDir(tmp_path / "three").read_records(status=None)
+    assert [r["id"] for r in seq] == [f"r{i}" for i in range(7)]
+    assert json.dumps(conc) == json.dumps(seq)
+    assert [r["verdict"] for r in seq] == [bool(i % 2) for i in range(7)]
+    assert three["overall"] == one["overall"] and one["overall"]["GA"] == 1.0
+    assert RunDir(tmp_path / "three").manifest()["config"]["concurrency"] == 3
+
+
+def test_map_moves_the_bar_per_item_and_starts_nothing_after_a_refused_request(httpserver):
+    """A refused request (an EndpointError) stops the items not started; in-flight ones end.
+
+    Ten items, two in flight: item 1 is refused at once while item 0 is still running, so
+    the worker that ran item 1 starts nothing more and item 0 finishes. Every item reports
+    done (the bar reaches the end), each not started gets the same error.
+    """
+    ep = endpoint(httpserver, concurrency=2)
+    started, ticks = [], []
+
+    def fn(i):
+        started.append(i)
+        if i == 1:
+            raise EndpointError("refused")
+        time.sleep(0.3)
+        return {"i": i}
+
+    got = ep.map(fn, range(10), done=lambda: ticks.append(1))
+    assert sorted(started) == [0, 1]
+    assert got[0] == {"i": 0} and all(isinstance(g, EndpointError) for g in got[1:])
+    assert len({id(g) for g in got[1:]}) == 1 and len(ticks) == 10
+    # a failed request is that item's result only: the others run
+    failed = ep.map(lambda i: (_ for _ in ()).throw(RequestFailed("x")) if i == 2 else i,
+                    range(5))
+    assert failed[:2] == [0, 1] and isinstance(failed[2], RequestFailed) and failed[3:] == [3, 4]
+
+
+def test_concurrency_from_the_command_line_replaces_the_model_table_only():
+    cfg = AsymmetryConfig.from_mapping({"model": "openai:m", "oracle": "openai:o",
+                                        "concurrency": 6,
+                                        "model_endpoint": {"concurrency": 2, "seed": 1}})
+    assert cfg.endpoint_table("model") == {"concurrency": 6, "seed": 1}
+    assert cfg.endpoint_table("oracle") is None
+    with pytest.raises(ConfigError, match=r"--concurrency \(\[asymmetry\] concurrency\) must be "
+                                          r"a whole number >= 1, not 0"):
+        AsymmetryConfig(model="openai:m", concurrency=0).check_inputs()
+
+
+def test_cache_prompt_false_is_sent_with_every_chat_request_and_keys_the_cache(httpserver,
+                                                                              tmp_path):
+    """``cache_prompt = false``: each request asks llama.cpp to evaluate its prompt whole.
+
+    Not given, nothing is sent (the server's default); either way a request's own value (the
+    forced choice's False) stays. The value is part of the request's cache identity.
+    """
+    fake_server(httpserver)
+    sent = lambda: [json.loads(r.get_data()) for r, _ in httpserver.log  # noqa: E731
+                    if r.path == "/v1/chat/completions"][-1]
+    plain = endpoint(httpserver, tmp_path)
+    plain.chat(MSGS, prompt_version="t", max_tokens=4)
+    assert "cache_prompt" not in sent()
+    whole = endpoint(httpserver, tmp_path, cache_prompt=False)   # the same run's cache
+    whole.preflight()
+    posts = chat_posts(httpserver)
+    whole.chat(MSGS, prompt_version="t", max_tokens=4)
+    assert sent()["cache_prompt"] is False
+    assert whole.cache.hits == 0 and chat_posts(httpserver) == posts + 1  # another identity
+    whole.chat(MSGS, prompt_version="t", max_tokens=4)
+    assert whole.cache.hits == 1 and chat_posts(httpserver) == posts + 1
+    on = endpoint(httpserver, cache_prompt=True)
+    on.chat(MSGS, prompt_version="t", max_tokens=4, cache_prompt=False)
+    assert sent()["cache_prompt"] is False
+    with pytest.raises(ConfigError, match="cache_prompt = 'no' is out of range"):
+        EndpointConfig.from_spec("openai:m", {"cache_prompt": "no"})
+
+
+def test_a_prompt_longer_than_a_slot_stops_the_run_saying_how_to_serve_it(httpserver, tmp_path,
+                                                                         data_file):
+    """llama.cpp's 400 for a prompt over one slot's context (its message as measured)."""
+    def chat(request):
+        if "Say OK." in json.dumps(request.get_json()):
+            return Response(json.dumps(completion()), content_type="application/json")
+        return Response(json.dumps({"error": {
+            "code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 631,
+            "n_ctx": 512, "message": "request (631 tokens) exceeds the available context size "
+                                     "(512 tokens), try increasing it"}}),
+            status=400, content_type="application/json")
+
+    httpserver.expect_request("/v1/models").respond_with_json(MODELS)
+    httpserver.expect_request("/v1/chat/completions", method="POST").respond_with_handler(chat)
+    cfg = AsymmetryConfig(model="openai:fake", datasets=[data_file], limit=3, n_boot=50,
+                          concurrency=2, model_endpoint={"base_url": httpserver.url_for("/v1")})
+    with pytest.raises(EndpointError) as err:
+        run(tmp_path / "run", None, cfg, log=lambda s: None)
+    line = str(err.value)
+    assert "\n" not in line and "exceeds the available context size (512 tokens)" in line
+    assert line.endswith("start it with a larger --n-ctx or fewer --parallel slots (interp "
+                         "serve), or ask for shorter prompts or replies.")
+    # the first refusal stopped the run: no example started after it (3 examples, 2 in flight)
+    gens = [r for r, _ in httpserver.log if r.path == "/v1/chat/completions"
+            and "Say OK." not in r.get_data(as_text=True)]
+    assert len(gens) <= 2
