@@ -35,6 +35,7 @@ Algorithm of :func:`run` (methods: :mod:`interp.methods.steering`, intervention:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -345,6 +346,9 @@ def _steer_records(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig, *,
     cfg.validate()
     manifest, records = ok_records(run_dir, handle, cfg.limit, stage=SPEC.name,
                                    per_label=cfg.per_label, max_tokens=cfg.max_tokens)
+    if cfg.max_new_tokens is None:  # the run's own cap: alpha 1 replays the record's answer
+        cfg = replace(cfg, max_new_tokens=int(manifest.get("config", {}).get(
+            "max_new_tokens") or 32))
     facts = stage_facts(run_dir, handle, SPEC.name, overwrite=overwrite)
     band, units = _units(run_dir, handle, cfg)
     mcfg = manifest.get("config", {})

@@ -41,7 +41,9 @@ class SteeringConfig(StageConfig):
             has both (:func:`interp.store.records.limit_per_dataset`).
         max_tokens: leave out records whose longer prompt has more tokens (CPU time; None:
             every length), before ``limit`` counts.
-        max_new_tokens: length cap of the steered answers.
+        max_new_tokens: length cap of the steered answers (None: the run's Study 1 cap, so the
+            generator's unsteered answer at alpha 1 replays the record's answer; a shorter cap
+            grades cut answers, and GA at alpha 1 then differs from Study 1's).
         oracle: grades the steered answers (None: the run's oracle).
         n_boot: passage-cluster bootstrap resamples.
         seed: bootstrap seed.
@@ -57,7 +59,7 @@ class SteeringConfig(StageConfig):
     limit: int | None = option(10, kind="count")
     per_label: bool = False
     max_tokens: int | None = option(None, kind="count")
-    max_new_tokens: int = option(32, kind="count")
+    max_new_tokens: int | None = option(None, kind="count")
     oracle: str | None = None
     n_boot: int = option(1000, kind="count")
     seed: int = 0

@@ -378,3 +378,21 @@ def test_shares_of_the_parts_then_the_stage_equal_one_process(tiny, tmp_path):
     assert run(split, tiny, cfg, log=lambda m: None) == s
     assert [p.stat().st_mtime_ns for p in parts] == mtimes  # rank 0 steered nothing
     assert "steering" in json.loads((split.path / "manifest.json").read_text())["stages"]
+
+
+def test_the_generators_cap_defaults_to_the_runs(tiny, tmp_path, monkeypatch):
+    """Without ``max_new_tokens`` the steered answers get Study 1's cap (the manifest's)."""
+    import interp.stages.steering as stage
+
+    seen, real = [], stage.steer_generator
+    monkeypatch.setattr(stage, "steer_generator",
+                        lambda *a, **k: seen.append(k["max_new_tokens"]) or real(*a, **k))
+    run_dir = synthetic_probe_run(tmp_path / "run", tiny, n_good=1, n_bad=1)
+    manifest = json.loads((run_dir.path / "manifest.json").read_text())
+    manifest["config"]["max_new_tokens"] = cap = 7   # as Study 1 would have recorded it
+    (run_dir.path / "manifest.json").write_text(json.dumps(manifest))
+    cfg = SteeringConfig.from_mapping({"band": "0-1", "progress": False, "alphas": [1],
+                                       "tasks": ["gen"], "limit": 1, "n_boot": 10})
+    assert cfg.max_new_tokens is None
+    run(run_dir, tiny, cfg, log=lambda m: None)
+    assert seen and set(seen) == {cap}
