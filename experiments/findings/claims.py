@@ -280,7 +280,10 @@ def _ratio(key: str, sub: str = "", lo: float = 3.0, hi: float = 5.0,
 def _candidate(d: Path, m: str) -> Cell:
     """The judge's attention mass on the candidate.
 
-    ``barely reads`` holds when the candidate gets less attention per token than the context.
+    ``barely reads`` holds when the candidate gets less attention per token than the context
+    (the row's threshold); a short candidate with a small total but more mass per token than
+    the context is read closely, not barely: contradicted. (The per-token ratio has no
+    interval: both its parts are means over the same records.)
     """
     name = f"{m}__attention_summary.json"
     o = _get(_read(d / name), "overall")
@@ -290,10 +293,10 @@ def _candidate(d: Path, m: str) -> Cell:
         return Cell(None, source=name)
     per = mpt["candidate"]["mean"] / ctx
     return Cell(cand["mean"], cand.get("ci"), o.get("n"), o.get("n_passages"),
-                f"yes in total; per token {per:.1f}x the context's" if per >= 1 else
+                f"small in total, but per token {per:.1f}x the context's" if per >= 1 else
                 f"yes, also per token ({per:.2f}x the context's)",
                 f"{name}: overall.eval.candidate, mass_per_token.eval", ".3f",
-                "supported" if per < 1 else "undecided")
+                "supported" if per < 1 else "contradicted")
 
 
 def _transfer(adapter: str, metric: str, claim_sign: float) -> Extract:
