@@ -23,6 +23,7 @@ each tensor with a leading batch axis of 1, and the analyses researchers expect 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,13 +36,14 @@ from interp.analysis.span_mass import span_mass as _span_mass
 from interp.analysis.span_mass import span_names
 from interp.core.errors import HookError
 from interp.core.layers import parse_layers
-from interp.models.points import HOOK_POINTS, parse_hook
+from interp.core.names import did_you_mean
+from interp.models.points import ALL_POINTS, PATTERN_POINT, hook_error, parse_hook
 from interp.models.readout import attribution_names, logit_attribution, readout
 from interp.store.recordings import load_activations
 
 __all__ = ["PATTERN", "SHORTHAND", "ActivationCache", "act_name", "load_cache", "span_mass_of"]
 
-PATTERN = "attn.hook_pattern"
+PATTERN = PATTERN_POINT
 """The attention pattern's point (``[batch, n_heads, q_pos, k_pos]``; rows sum to 1)."""
 
 SHORTHAND: dict[str, str] = {
@@ -51,7 +53,7 @@ SHORTHAND: dict[str, str] = {
 }
 """TransformerLens's short names (``utils.get_act_name``) -> the point of a block."""
 
-POINTS = (*HOOK_POINTS, PATTERN)
+POINTS = ALL_POINTS
 """Every point a cache can hold, in execution order within a block."""
 
 
@@ -73,9 +75,12 @@ def act_name(name: str, layer: int | None = None, n_layers: int | None = None) -
     if name.startswith("blocks."):
         return name if n_layers is None else _full(name, n_layers)
     point = SHORTHAND.get(name, name)
+    if point not in POINTS and re.search(r"\.-?\d+\.", name):    # a full name, misspelt
+        raise hook_error(name, 10**9 if n_layers is None else n_layers, POINTS)
     if point not in POINTS:
-        raise HookError(f"unknown activation {name!r}: use one of {sorted(SHORTHAND)} or a "
-                        f"point of {list(POINTS)}, with a layer: cache[{name!r}, 3]")
+        hint = did_you_mean(name, [*SHORTHAND, *POINTS])
+        raise HookError(f"unknown activation {name!r}{hint}: use one of {sorted(SHORTHAND)} or "
+                        f"a point of {list(POINTS)}, with a layer: cache['pattern', 3]")
     if layer is None:
         raise HookError(f"{name!r} needs a layer: cache[{name!r}, 3]")
     if isinstance(layer, bool) or not isinstance(layer, int):
@@ -85,11 +90,13 @@ def act_name(name: str, layer: int | None = None, n_layers: int | None = None) -
 
 
 def _full(name: str, n_layers: int) -> str:
-    """A full name with its layer checked and made non-negative."""
-    if name.endswith("." + PATTERN):
-        layer, _ = parse_hook(name.removesuffix(PATTERN) + "hook_resid_pre", n_layers)
-        return f"blocks.{layer}.{PATTERN}"
-    layer, point = parse_hook(name, n_layers)
+    """A full name with its layer checked and made non-negative.
+
+    Raises:
+        HookError: :func:`interp.models.points.hook_error` (every valid point, the closest
+            name, or the user's own hook with the valid layers).
+    """
+    layer, point = parse_hook(name, n_layers, POINTS)
     return f"blocks.{layer}.{point}"
 
 
@@ -110,17 +117,20 @@ class ActivationCache(Mapping[str, Tensor]):
         labels: the span label of every position (``context``, ``question``, ``candidate``,
             ``template``, ...), when the prompt carried them.
         token_ids: the prompt's token ids ``[pos]``.
+        source: what the forward ran on, in words (``"a plain string"``, ``"bare token
+            ids"``), for the messages of analyses that need what it lacks.
     """
 
     def __init__(self, acts: Mapping[str, Tensor], *, n_layers: int, model: Any = None,
                  rows: Tensor | None = None, labels: Sequence[str] | None = None,
-                 token_ids: Sequence[int] | None = None) -> None:
+                 token_ids: Sequence[int] | None = None, source: str | None = None) -> None:
         self.cache_dict = dict(acts)
         self.n_layers = int(n_layers)
         self.model = model
         self.rows = rows
         self.labels = list(labels) if labels is not None else None
         self.token_ids = list(token_ids) if token_ids is not None else None
+        self.source = source or "a prompt without span labels"
 
     # --- the mapping ------------------------------------------------------------------------
 
@@ -170,7 +180,8 @@ class ActivationCache(Mapping[str, Tensor]):
         """The same cache with every tensor on ``device``."""
         return ActivationCache({k: v.to(device) for k, v in self.cache_dict.items()},
                                n_layers=self.n_layers, model=self.model, rows=self.rows,
-                               labels=self.labels, token_ids=self.token_ids)
+                               labels=self.labels, token_ids=self.token_ids,
+                               source=self.source)
 
     # --- TransformerLens's analyses ---------------------------------------------------------
 
@@ -227,7 +238,7 @@ class ActivationCache(Mapping[str, Tensor]):
             stack = readout(self._model()).normalized(stack)
         return stack
 
-    def logit_attrs(self, a: int, b: int, *, pos: int = -1) -> dict[str, Any]:
+    def logit_attrs(self, a: int | str, b: int | str, *, pos: int = -1) -> dict[str, Any]:
         """Direct logit attribution of ``logit[a] - logit[b]`` at position ``pos``.
 
         :func:`interp.models.readout.logit_attribution` on this cache (batch row 0): what the
@@ -235,9 +246,19 @@ class ActivationCache(Mapping[str, Tensor]):
         final norm's scale frozen at its value at ``pos``. The parts sum to the model's own
         logit difference (``total``, from the cached final residual stream).
 
+        Tokens are given as TransformerLens's ``ActivationCache.logit_attrs`` takes its
+        ``tokens`` / ``incorrect_tokens``: a token id (an int or a 0-d integer tensor) or a
+        string that the model's tokenizer encodes (without special tokens) as exactly one
+        token (TransformerLens ``to_single_token``). A string of several tokens is refused:
+        pass the id of the token meant (the message lists them); mind a leading space
+        (``" Correct"`` and ``"Correct"`` are different tokens in most vocabularies).
+
+        Example:
+            >>> cache.logit_attrs("Correct", "Incorrect")["heads"]   # [n_layers, n_heads]
+
         Args:
-            a: the token scored up (e.g. the first token of "Correct").
-            b: the token scored down.
+            a: the token scored up (e.g. ``"Correct"``, or the id of its first token).
+            b: the token scored down (e.g. ``"Incorrect"``).
             pos: the position read (default the last: the verdict position of a judge prompt).
 
         Returns:
@@ -248,12 +269,14 @@ class ActivationCache(Mapping[str, Tensor]):
         Raises:
             KeyError: an activation the attribution reads was not cached
                 (:func:`interp.models.readout.attribution_names`).
-            HookError: a cache without a model, a token outside the vocabulary or a position
-                outside the prompt.
+            HookError: a cache without a model, a token that is neither an id nor a string
+                (says what to pass), a string of several tokens (lists their ids), a token
+                outside the vocabulary or a position outside the prompt.
         """
         model = self._model()
         vocab = int(readout(model).weight.shape[0])
-        if bad := [t for t in (a, b) if not 0 <= int(t) < vocab]:
+        a, b = (self._token_id(t) for t in (a, b))
+        if bad := [t for t in (a, b) if not 0 <= t < vocab]:
             raise HookError(f"token ids {bad} are outside the vocabulary 0..{vocab - 1}")
         self._check_pos(pos, self[f"blocks.{self.n_layers - 1}.hook_resid_post"].shape[1])
         acts = {n: self[n][0, pos] for n in attribution_names(self.n_layers)}
@@ -280,12 +303,15 @@ class ActivationCache(Mapping[str, Tensor]):
             The mass, a probability in [0, 1] (float).
 
         Raises:
-            HookError: a cache without labels (run a prompt object, not bare ids) or without
-                attention rows or patterns of the band.
+            HookError: a cache without labels (names what it was run on: a plain string or
+                bare ids carry no spans; run a rendered prompt of
+                :mod:`interp.judging.cases`) or without attention rows or patterns of the band.
         """
         if self.labels is None:
-            raise HookError("this cache has no span labels: run a prompt object "
-                            "(interp.judging.cases) rather than bare token ids")
+            raise HookError(f"this cache has no span labels: it was run on {self.source}, "
+                            f"which carries none; run a prompt with spans instead (a "
+                            f"RenderedPrompt: case(tokenizer, example).judging(answer) or "
+                            f".gen of interp.judging.cases)")
         if span not in span_names(self.labels):
             raise HookError(f"unknown span {span!r}; this prompt's spans: "
                             f"{span_names(self.labels)}")
@@ -300,6 +326,32 @@ class ActivationCache(Mapping[str, Tensor]):
             rows = torch.stack([self["pattern", x][0, :, -1, :] for x in band])
         return span_mass_of(rows, self.labels, span)
 
+    def _token_id(self, token: Any) -> int:
+        """A token id from an id or a one-token string (:meth:`logit_attrs`).
+
+        Raises:
+            HookError: another type, a string of several (or no) tokens, or a string on a
+                cache whose model has no tokenizer.
+        """
+        if isinstance(token, str):
+            tok = getattr(self.model, "tokenizer", None)
+            if tok is None:
+                raise HookError(f"cannot encode {token!r} without the model's tokenizer: pass "
+                                f"a token id, or use run_with_cache on a HookedModel")
+            ids = list(tok.encode(token, add_special_tokens=False))
+            if len(ids) != 1:
+                raise HookError(f"{token!r} is {len(ids)} tokens {ids} "
+                                f"{tok.convert_ids_to_tokens(ids)}, not one: pass one token's "
+                                f"id or a string of one token")
+            return int(ids[0])
+        if isinstance(token, Tensor) and token.numel() == 1 and not (
+                token.is_floating_point() or token.is_complex() or token.dtype == torch.bool):
+            return int(token.item())
+        if not isinstance(token, bool) and hasattr(token, "__index__"):
+            return int(token.__index__())
+        raise HookError(f"a token is an id (int) or a string of one token (\"Correct\"), not "
+                        f"{token!r}")
+
     @staticmethod
     def _check_pos(pos: int, n: int) -> None:
         if not -n <= pos < n:
@@ -310,6 +362,8 @@ class ActivationCache(Mapping[str, Tensor]):
         if self.model is None:
             raise HookError("this analysis reads the model's weights: load the cache with "
                             "model=... (or use run_with_cache)")
+        if callable(getattr(self.model, "get_output_embeddings", None)):
+            return self.model                   # a causal LM itself (its .model is the trunk)
         return getattr(self.model, "model", self.model)
 
 

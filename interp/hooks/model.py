@@ -292,7 +292,7 @@ class HookedModel:
         labels = getattr(prompt, "labels", None)
         return out_logits.detach(), ActivationCache(
             {n: acts[n] for n in wanted}, n_layers=self.n_layers, model=self, rows=rows,
-            labels=labels, token_ids=ids[0].tolist())
+            labels=labels, token_ids=ids[0].tolist(), source=_source(prompt))
 
     def _names(self, names: Iterable[str] | str | Callable[[str], bool] | None) -> list[str]:
         """Full hook names in execution order, checked against the model (before any forward)."""
@@ -389,6 +389,17 @@ class HookedModel:
     def layers(self, spec: str | Sequence[int]) -> list[int]:
         """A layer selection in the one layer grammar (``"24-31"``, ``"last8"``, ``[0, -1]``)."""
         return parse_layers(spec, self.n_layers)
+
+
+def _source(prompt: Prompt) -> str:
+    """What a prompt is, in words, for a cache's messages (a string, ids, an object)."""
+    if isinstance(prompt, str):
+        return f"a plain string ({prompt[:30]!r}{'...' if len(prompt) > 30 else ''})"
+    if isinstance(prompt, (Tensor, list, tuple)):
+        return "bare token ids"
+    if isinstance(prompt, Mapping):
+        return "a mapping with input_ids but no labels"
+    return f"a {type(prompt).__name__} without labels"
 
 
 def _handle(model: Any, tokenizer: Any, spec: str | None) -> ModelHandle:

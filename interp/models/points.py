@@ -42,6 +42,7 @@ Supported architectures (decoder blocks at ``model.layers``, attention at ``self
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,14 +50,17 @@ from interp.core.errors import HookError, ModelSpecError
 from interp.core.names import did_you_mean
 
 __all__ = [
+    "ALL_POINTS",
     "ARCHITECTURES",
     "HEAD_POINTS",
     "HOOK_POINTS",
+    "PATTERN_POINT",
     "HookSite",
     "base_model",
     "check_architecture",
     "check_heads",
     "decoder_layers",
+    "hook_error",
     "hook_name",
     "hook_site",
     "kv_head",
@@ -94,7 +98,15 @@ ARCHITECTURES: dict[str, str] = {
 }
 """``config.model_type`` -> path of the decoder block list from the ``*ForCausalLM`` model."""
 
-_NAME = re.compile(r"^blocks\.(-?\d+)\.(" + "|".join(re.escape(p) for p in HOOK_POINTS) + r")$")
+PATTERN_POINT = "attn.hook_pattern"
+"""The attention pattern's point: no module's input or output holds it under SDPA; it is
+recorded inside the attention function (:mod:`interp.hooks.recorder`) and read through
+:meth:`interp.hooks.model.HookedModel.run_with_cache`, not through module hooks."""
+
+ALL_POINTS: tuple[str, ...] = (*HOOK_POINTS, PATTERN_POINT)
+"""Every point of a block a name can hold (an activation cache's points)."""
+
+_LAYERED = re.compile(r"^blocks\.(-?\d+)\.(.+)$")
 
 
 @dataclass(frozen=True)
@@ -134,24 +146,72 @@ def hook_name(layer: int, point: str) -> str:
     return f"blocks.{int(layer)}.{point}"
 
 
-def parse_hook(name: str, n_layers: int) -> tuple[int, str]:
+def parse_hook(name: str, n_layers: int, points: Iterable[str] = HOOK_POINTS
+               ) -> tuple[int, str]:
     """Split ``blocks.{L}.{point}`` into ``(layer, point)``; negative ``L`` counts from the end.
 
+    Args:
+        name: a full hook name (``blocks.3.attn.hook_z``).
+        n_layers: the model's depth.
+        points: the points valid where the name is used (default :data:`HOOK_POINTS`, the
+            module hook points; :data:`ALL_POINTS` adds the attention pattern).
+
     Raises:
-        HookError: an unknown name or a layer outside ``0 .. n_layers-1`` (the message lists
-            the valid points and layers).
+        HookError: :func:`hook_error`: an unknown name (lists every valid point, suggests the
+            closest full name) or a layer outside ``0 .. n_layers-1`` (names the user's hook).
     """
-    m = _NAME.match(name)
-    if not m:
-        raise HookError(f"unknown hook point {name!r}; use blocks.{{L}}.{{point}} with point in "
-                        f"{list(HOOK_POINTS)} and L in 0..{n_layers - 1}, e.g. "
-                        f"'blocks.0.hook_resid_pre'")
+    points = tuple(points)
+    m = _LAYERED.match(name) if isinstance(name, str) else None
+    if m is None or m.group(2) not in points:
+        raise hook_error(name, n_layers, points)
     layer = int(m.group(1))
     layer = layer + n_layers if layer < 0 else layer
     if not 0 <= layer < n_layers:
-        raise HookError(f"layer {m.group(1)} of {name!r} is out of range; valid layers: "
-                        f"0..{n_layers - 1}")
+        raise hook_error(name, n_layers, points)
     return layer, m.group(2)
+
+
+def hook_error(name: Any, n_layers: int, points: Iterable[str] = HOOK_POINTS) -> HookError:
+    """The one-line error for a hook name that is not ``blocks.{L}.{point}`` of this model.
+
+    Every place that checks a full hook name raises this error, so each says the same: a
+    layer out of range names the user's own hook and the valid layers; an unknown point lists
+    every valid point (per layer, compactly: ``blocks.{L}.{point}``) and suggests the closest
+    full name (``did you mean 'blocks.2.attn.hook_pattern'?``,
+    :func:`interp.core.names.did_you_mean`); a point that exists but not here
+    (``attn.hook_pattern`` for a module hook) says so.
+
+    Args:
+        name: the name the user passed.
+        n_layers: the model's depth.
+        points: the points valid where the name is used.
+
+    Returns:
+        The :class:`interp.core.errors.HookError` to raise.
+    """
+    points = list(points)
+    rng = f"0..{n_layers - 1}" if n_layers < 10**9 else "0, 1, ..."
+    valid = f"valid: blocks.{{L}}.{{point}} with L in {rng} and point in {points}"
+    m = _LAYERED.match(name) if isinstance(name, str) else None
+    if m is not None and m.group(2) in points:
+        return HookError(f"layer {m.group(1)} of {name!r} is out of range: the model has "
+                         f"{n_layers} layers; valid layers: 0..{n_layers - 1} (or -{n_layers}..-1 "
+                         f"from the end)")
+    if m is not None and m.group(2) in ALL_POINTS:
+        return HookError(f"{m.group(2)!r} of {name!r} is not a point here (the attention "
+                         f"pattern is read by run_with_cache, not by module hooks); {valid}")
+    if m is not None:
+        layer = int(m.group(1))
+        shown = m.group(1) if -n_layers <= layer < n_layers else "{L}"
+        hint = did_you_mean(m.group(2), points)
+        hint = hint.replace("'", f"'blocks.{shown}.", 1) if hint else ""
+    else:
+        tail = str(name).rsplit(".", 2)
+        hint = did_you_mean(".".join(tail[-2:]), points) or did_you_mean(tail[-1], points)
+        num = re.search(r"\.(-?\d+)\.", str(name))
+        shown = num.group(1) if num and -n_layers <= int(num.group(1)) < n_layers else "{L}"
+        hint = hint.replace("'", f"'blocks.{shown}.", 1) if hint else ""
+    return HookError(f"unknown hook point {name!r}{hint}; {valid}")
 
 
 def base_model(model: Any) -> Any:

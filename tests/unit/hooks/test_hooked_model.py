@@ -282,3 +282,80 @@ def test_bad_inputs_of_the_front_door_are_one_line(on_disk, hf_run, tiny_tokeniz
     pair = case_pair(case(tiny_tokenizer, ex), "candidate-swap", wrong="Lyon")
     with pytest.raises(BackendError, match="unknown backend 'nnsite'"):
         patch_pair(model, pair, hook="blocks.0.hook_resid_pre", unit="all", backend="nnsite")
+
+
+def test_logit_attrs_takes_token_strings_as_transformer_lens_does(on_disk, hf_run):
+    """A one-token string is its id (TransformerLens ``logit_attrs(tokens=...)``); else one line."""
+    _, cache = hf_run
+    tok = on_disk.tokenizer
+    a, b = (tok.encode(s, add_special_tokens=False) for s in ("Correct", "Incorrect"))
+    assert len(a) == len(b) == 1 and a != b
+    by_id, by_str = cache.logit_attrs(a[0], b[0]), cache.logit_attrs("Correct", "Incorrect")
+    np.testing.assert_array_equal(by_str["heads"], by_id["heads"])
+    assert by_str["total"] == by_id["total"] and abs(by_id["total"]) > 0
+    assert cache.logit_attrs(torch.tensor(a[0]), b[0])["total"] == by_id["total"]
+    # the same difference, swapped, is the negative: the strings went to the right side
+    assert cache.logit_attrs("Incorrect", "Correct")["total"] == pytest.approx(-by_id["total"])
+    several = tok.encode("Yes", add_special_tokens=False)
+    assert len(several) > 1
+    with pytest.raises(HookError, match=rf"^'Yes' is {len(several)} tokens \[.*not one: pass"):
+        cache.logit_attrs("Yes", "Correct")
+    for bad in (1.5, None, True, ["Correct"]):
+        with pytest.raises(HookError, match=r"^a token is an id \(int\) or a string of one"):
+            cache.logit_attrs(bad, b[0])
+    bare_lm = ActivationCache(dict(cache), n_layers=2, model=on_disk.model)  # a causal LM
+    assert bare_lm.logit_attrs(a[0], b[0])["total"] == pytest.approx(by_id["total"], abs=1e-9)
+    with pytest.raises(HookError, match="without the model's tokenizer"):
+        bare_lm.logit_attrs("Correct", 4)
+
+
+def test_hook_name_errors_list_every_point_and_name_the_users_hook(on_disk):
+    """A typo suggests the closest full name; an out-of-range layer names the hook asked for.
+
+    Through run_with_cache, the cache and module hooks alike; the list has attn.hook_pattern.
+    """
+    model = HookedModel(on_disk)
+    typo = r"^unknown hook point 'blocks\.1\.attn\.hook_patern' \(did you mean " \
+           r"'blocks\.1\.attn\.hook_pattern'\?\); valid: blocks\.\{L\}\.\{point\} with L in " \
+           r"0\.\.1 and point in \[.*'attn\.hook_pattern'\]$"
+    with pytest.raises(HookError, match=typo):
+        model.run_with_cache(IDS, names=["blocks.1.attn.hook_patern"])
+    _, cache = model.run_with_cache(IDS, names=["blocks.1.attn.hook_pattern"])
+    with pytest.raises(HookError, match=typo):
+        cache["blocks.1.attn.hook_patern"]
+    try:
+        model.run_with_cache(IDS, names=["blocks.0.hook_resid_psot"])
+    except HookError as e:      # every valid point is listed
+        assert all(f"'{p}'" in str(e) for p in POINTS) and "\n" not in str(e)
+        assert "did you mean 'blocks.0.hook_resid_post'" in str(e)
+    out = r"^layer 99 of 'blocks\.99\.attn\.hook_pattern' is out of range: the model has 2 " \
+          r"layers; valid layers: 0\.\.1 \(or -2\.\.-1 from the end\)$"
+    with pytest.raises(HookError, match=out):
+        model.run_with_cache(IDS, names=["blocks.99.attn.hook_pattern"])
+    with pytest.raises(HookError, match=out):
+        cache["blocks.99.attn.hook_pattern"]
+    with pytest.raises(HookError, match=r"^layer -3 of 'blocks\.-3\.attn\.hook_z' is out"):
+        model.run_with_cache(IDS, names=["blocks.-3.attn.hook_z"])
+    with pytest.raises(HookError, match=r"'block\.1\.hook_resid_post' \(did you mean "
+                                        r"'blocks\.1\.hook_resid_post'\?\)"):
+        model.run_with_cache(IDS, names=["block.1.hook_resid_post"])
+    with pytest.raises(HookError, match=r"unknown activation 'patern' \(did you mean 'pattern'"):
+        cache["patern", 1]
+    # module hooks: the same helper; the pattern is not a module hook point, and says so
+    with pytest.raises(HookError, match=r"^layer 7 of 'blocks\.7\.hook_resid_pre' is out"):
+        with model.hooks(cache=["blocks.7.hook_resid_pre"]):
+            pass
+    with pytest.raises(HookError, match="not a point here.*read by run_with_cache"):
+        with model.hooks(cache=["blocks.0.attn.hook_pattern"]):
+            pass
+
+
+def test_span_mass_without_spans_says_what_was_run_and_what_to_run(on_disk):
+    model = HookedModel(on_disk)
+    for prompt, what in (("The capital of France is", r"a plain string \('The capital"),
+                         (IDS, "bare token ids"), ({"input_ids": IDS}, "a mapping")):
+        _, cache = model.run_with_cache(prompt, names=[])
+        with pytest.raises(HookError, match=rf"^this cache has no span labels: it was run on "
+                                            rf"{what}.*run a prompt with spans.*RenderedPrompt"):
+            cache.span_mass("context")
+        assert cache.to("cpu").source == cache.source
