@@ -112,8 +112,9 @@ transfer: $(STAMP)
 # batched = single), integration (bundled models, real records), the golden pins and the
 # rehearsal of experiments/paper.toml.
 # Each pytest call runs in TEST_WORKERS processes (pytest-xdist; whole files per worker, so a
-# module's fixtures are built once and each worker loads each bundled model once), each with
-# an equal share of the cores as torch threads. TEST_WORKERS=1 runs in one process.
+# module's fixtures are built once and each worker loads each bundled model once; the two
+# notebooks' kernels side by side), each with an equal share of the cores as torch threads.
+# TEST_WORKERS=1 runs in one process.
 TEST_WORKERS ?= 2
 TEST_THREADS = $$(( $$(nproc) > $(TEST_WORKERS) ? $$(nproc) / $(TEST_WORKERS) : 1 ))
 ifeq ($(TEST_WORKERS),1)
@@ -129,7 +130,8 @@ check: $(STAMP)
 	$(PYTEST) -m "not slow"
 
 test: check
-	$(BIN)/python -m pytest -q --nbmake --nbmake-timeout=900 docs/tutorial.ipynb docs/recipes.ipynb
+	OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -q $(XDIST) --nbmake \
+		--nbmake-timeout=900 docs/tutorial.ipynb docs/recipes.ipynb
 	$(PYTEST) -m slow
 
 # The unit tests alone. They need no model file: tests/unit/conftest.py hides the bundled

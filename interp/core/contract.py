@@ -282,7 +282,6 @@ SPECS: tuple[StageSpec, ...] = (
     StageSpec(
         name="transfer",
         model_needs=frozenset({"weights"}), model_from="config", config_file=True,
-        config_module="interp.stages.transfer.config",
         folder="transfer", needs_run=False,
         help="Study 3: hard negatives, LoRA-Gen/Eval/Both adapters, transfer table and figures.",
         parts=(Part("transfer/adapters/{adapter}/adapter_config.json", "trained adapters",

@@ -1,5 +1,9 @@
 """Runs split over processes leave the run an unsharded run leaves (bundled SmolLM2, 10 records).
 
+The records are the first 10 SQuAD 2.0 validation questions (one per passage) with contexts cut
+to their first 300 characters (:func:`interp.testing.rehearsal_datasets`): every run below
+reads the same file, and shorter prompts cost every process less.
+
 One unsharded ``interp run`` of a small config (Study 1 with its one pass, attention, probe,
 steering) is the reference. Then, each against it: ``torchrun --nproc_per_node 2 -m interp
 run`` of the same config (each process steers its share of the steering stage's records);
@@ -27,12 +31,14 @@ import pytest
 from safetensors.torch import load_file
 
 from interp.run.pipeline import run_config
+from interp.testing import rehearsal_datasets
 
 pytestmark = pytest.mark.integration
 
 SLUG = "smollm2-135m-instruct"
-ASYM = {"datasets": ["squad_v2"], "limit": 10, "batch_size": 2, "max_new_tokens": 16}
-"""The settings of ``interp asymmetry`` in :func:`_asym_args` (the rest are its defaults)."""
+ASYM = {"limit": 10, "batch_size": 2, "max_new_tokens": 16}
+"""The settings of ``interp asymmetry`` in :func:`_asym_args` (the rest are its defaults; the
+dataset is the file of the ``squad`` fixture)."""
 STAGES = {"attention": {"band": "last8", "n_boot": 100},
           "probe": {"tasks": ["eval"], "folds": 2, "probes": ["logreg"], "top_k": 1,
                     "layers": [10, 20, 29]},
@@ -41,11 +47,11 @@ STAGES = {"attention": {"band": "last8", "n_boot": 100},
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _toml(path: Path, out: Path) -> Path:
+def _toml(path: Path, out: Path, data: str) -> Path:
     def val(v):
         return json.dumps(v)
     lines = [f'name = "shards"\nout = "{out}"\n[asymmetry]']
-    lines += [f"{k} = {val(v)}" for k, v in ASYM.items()]
+    lines += [f"{k} = {val(v)}" for k, v in {"datasets": [data], **ASYM}.items()]
     for name, table in STAGES.items():
         lines += [f"[{name}]", *(f"{k} = {val(v)}" for k, v in table.items())]
     path.write_text("\n".join(lines) + "\n")
@@ -68,8 +74,8 @@ def _interp(*args: str, torchrun: bool = False, check: bool = True,
     return res
 
 
-def _asym_args(out: Path) -> list[str]:
-    return ["asymmetry", "--dataset", "squad_v2", "--limit", "10", "--batch-size", "2",
+def _asym_args(out: Path, data: str) -> list[str]:
+    return ["asymmetry", "--dataset", data, "--limit", "10", "--batch-size", "2",
             "--max-new-tokens", "16", "--out", str(out)]
 
 
@@ -128,15 +134,22 @@ def assert_same_run(ref: Path, got: Path, stages: bool = False) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def squad(tmp_path_factory) -> str:
+    """The 10 SQuAD 2.0 records (contexts cut to 300 characters) every run here reads."""
+    root = tmp_path_factory.mktemp("squad")
+    return rehearsal_datasets(root, n=10, max_chars=300, names=("squad_v2",))["squad_v2"]
+
+
+@pytest.fixture(scope="module")
+def reference(squad, tmp_path_factory):
     """The unsharded run of the config: ``out/<model>/``."""
     root = tmp_path_factory.mktemp("unsharded")
-    run_config(_toml(root / "cfg.toml", root / "out"), log=lambda s: None)
+    run_config(_toml(root / "cfg.toml", root / "out", squad), log=lambda s: None)
     return root / "out" / SLUG
 
 
-def test_torchrun_interp_run_equals_unsharded(reference, tmp_path):
-    cfg = _toml(tmp_path / "cfg.toml", tmp_path / "out")
+def test_torchrun_interp_run_equals_unsharded(reference, squad, tmp_path):
+    cfg = _toml(tmp_path / "cfg.toml", tmp_path / "out", squad)
     res = _interp("run", str(cfg), torchrun=True)
     for i in (0, 1):  # each process steered its share (a passage) of the 2 steered records
         assert f"== stage steering: 1 parts made by {i}-of-2" in res.stdout, res.stdout[-3000:]
@@ -153,15 +166,15 @@ def test_torchrun_interp_run_equals_unsharded(reference, tmp_path):
     assert (tmp_path / "out" / "summary.json").exists()
 
 
-def test_torchrun_asymmetry_equals_unsharded(reference, tmp_path):
-    _interp(*_asym_args(tmp_path / "run"), torchrun=True)
+def test_torchrun_asymmetry_equals_unsharded(reference, squad, tmp_path):
+    _interp(*_asym_args(tmp_path / "run", squad), torchrun=True)
     assert_same_run(reference, tmp_path / "run")
 
 
-def test_killed_shard_resumes_and_merge_equals_unsharded(reference, tmp_path):
+def test_killed_shard_resumes_and_merge_equals_unsharded(reference, squad, tmp_path):
     out = tmp_path / "run"
     shard0 = out / "shards" / "0-of-2"
-    cmd = [sys.executable, "-m", "interp", *_asym_args(out), "--shard", "0/2"]
+    cmd = [sys.executable, "-m", "interp", *_asym_args(out, squad), "--shard", "0/2"]
     proc = subprocess.Popen(cmd, env=_env(), cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.time() + 600
@@ -177,28 +190,28 @@ def test_killed_shard_resumes_and_merge_equals_unsharded(reference, tmp_path):
     refused = _interp("merge", str(shard0), str(out / "shards" / "1-of-2"), "--out",
                       str(out), check=False)
     assert refused.returncode == 2  # shard 1 does not exist yet
-    _interp(*_asym_args(out), "--shard", "1/2")
+    _interp(*_asym_args(out, squad), "--shard", "1/2")
     unfinished = _interp("merge", str(shard0), str(out / "shards" / "1-of-2"), "--out",
                          str(out), check=False)
     assert unfinished.returncode == 2 and "0-of-2 is unfinished" in unfinished.stderr
     assert len(unfinished.stderr.strip().splitlines()) == 1
-    _interp(*_asym_args(out), "--shard", "0/2")  # the same command resumes
+    _interp(*_asym_args(out, squad), "--shard", "0/2")  # the same command resumes
     rec0 = _records(shard0)
     assert [r["id"] for r in rec0[:len(kept)]] == [r["id"] for r in kept]
     assert len({r["id"] for r in rec0}) == len(rec0)  # nothing done twice
-    other = _interp(*_asym_args(out), "--shard", "0/3", check=False)
+    other = _interp(*_asym_args(out, squad), "--shard", "0/3", check=False)
     assert other.returncode == 2 and "holds shards of 2" in other.stderr
     _interp("merge", str(shard0), str(out / "shards" / "1-of-2"), "--out", str(out))
     assert_same_run(reference, out)
     # the merged run is an ordinary run: an unsharded rerun of the same command has nothing
     # left to do and changes no record
     before = (out / "records.jsonl").read_text()
-    _interp(*_asym_args(out))
+    _interp(*_asym_args(out, squad))
     assert (out / "records.jsonl").read_text() == before
     shutil.rmtree(out / "shards")
 
 
-def test_an_incomplete_launcher_environment_is_refused_before_any_work(tmp_path):
+def test_an_incomplete_launcher_environment_is_refused_before_any_work(squad, tmp_path):
     """A process started with part of torchrun's variables stops at once, in one line.
 
     ``WORLD_SIZE=2`` without ``RANK`` made every process claim shard 0; ``RANK`` without the
@@ -208,9 +221,9 @@ def test_an_incomplete_launcher_environment_is_refused_before_any_work(tmp_path)
     """
     env = {k: v for k, v in _env().items() if k not in
            ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    cases = [(_asym_args(tmp_path / "run"), {"WORLD_SIZE": "2"},
+    cases = [(_asym_args(tmp_path / "run", squad), {"WORLD_SIZE": "2"},
               "RANK, MASTER_ADDR and MASTER_PORT are not"),
-             (["run", str(_toml(tmp_path / "c.toml", tmp_path / "out"))],
+             (["run", str(_toml(tmp_path / "c.toml", tmp_path / "out", squad))],
               {"WORLD_SIZE": "2", "RANK": "1"}, "MASTER_ADDR and MASTER_PORT are not")]
     for cmd, have, named in cases:
         res = _interp(*cmd, check=False, env={**env, **have})
@@ -219,7 +232,7 @@ def test_an_incomplete_launcher_environment_is_refused_before_any_work(tmp_path)
         assert not (tmp_path / "run").exists() and not (tmp_path / "out").exists()
 
 
-def test_a_rank_that_never_arrives_ends_the_wait_and_keeps_the_shard(tmp_path):
+def test_a_rank_that_never_arrives_ends_the_wait_and_keeps_the_shard(squad, tmp_path):
     """Rank 0 of 2 under torchrun's variables, rank 1 never started (as if killed at once).
 
     Under a launcher without torchrun's agent (srun, a Kubernetes job, a shell loop) nothing
@@ -234,7 +247,7 @@ def test_a_rank_that_never_arrives_ends_the_wait_and_keeps_the_shard(tmp_path):
     env = {**_env(), "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "INTERP_BARRIER_TIMEOUT_S": "5"}
-    args = [a if a != "10" else "2" for a in _asym_args(tmp_path / "run")]   # --limit 2
+    args = [a if a != "10" else "2" for a in _asym_args(tmp_path / "run", squad)]  # --limit 2
     t0 = time.time()
     res = _interp(*args, check=False, env=env)
     assert res.returncode == 2, res.stderr[-2000:]

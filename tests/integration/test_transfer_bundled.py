@@ -1,4 +1,10 @@
-"""The transfer stage on the bundled model and real SQuAD records (one optimizer step)."""
+"""The transfer stage on the bundled model and real SQuAD records (one optimizer step).
+
+The two records are the first two of the bundled SQuAD 2.0 validation split with their
+contexts cut to 300 characters (:func:`interp.testing.rehearsal_datasets`), one file that is
+both the training pool and the evaluation set: the stage's every step runs as on the whole
+records, on prompts about half as long (the patching at every position most of all).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,11 @@ import json
 import pytest
 import torch
 
+from interp.core.names import safe_name
 from interp.judging.grading import RuleOracle
 from interp.judging.prompts import get_template
 from interp.stages.transfer import TransferConfig, run
+from interp.testing import rehearsal_datasets
 
 
 def _logits(model, ids):
@@ -21,7 +29,9 @@ def _logits(model, ids):
 def test_transfer_stage_end_to_end(bundled, tmp_path):
     # one optimizer step per adapter: the bundled model trains at minutes per step on a busy
     # 2-core CPU
-    cfg = TransferConfig(max_train_examples=2, eval_limit=2, train_batch_size=2,
+    data = rehearsal_datasets(tmp_path / "data", n=2, max_chars=300, names=("squad_v2",))
+    cfg = TransferConfig(datasets=[data["squad_v2"]], max_train_examples=2, eval_limit=2,
+                         train_batch_size=2,
                          patch_examples=1, patch_layers=[29], n_boot=50,
                          hard_negative_attempts=1, judge_base_answers=False,
                          max_new_tokens=16)
@@ -32,7 +42,7 @@ def test_transfer_stage_end_to_end(bundled, tmp_path):
     table = json.loads((tmp_path / "transfer" / "table.json").read_text())
     assert set(table["self"]) == {"base", "lora_gen", "lora_eval", "lora_both"}
     for m in table["self"].values():
-        g = m["squad_v2"]
+        g = m["squad_v2"]               # the file's records keep their dataset's name
         assert g["n"] == 2 and g["delta"] == pytest.approx(g["EA"] - g["GA"])
     hn = [json.loads(x) for x in (tmp_path / "transfer" / "hard_negatives.jsonl").open()]
     assert len(hn) == 2
@@ -41,12 +51,12 @@ def test_transfer_stage_end_to_end(bundled, tmp_path):
     from interp.data import load_examples
     from interp.methods.asymmetry import evaluate_examples
 
-    recs = evaluate_examples(bundled, load_examples("squad_v2", limit=2),
+    recs = evaluate_examples(bundled, load_examples(data["squad_v2"], limit=2),
                              template=get_template("default"), oracle=RuleOracle(),
                              max_new_tokens=cfg.max_new_tokens,
                              verdict_max_new_tokens=cfg.verdict_max_new_tokens)
-    base = [json.loads(x) for x in (tmp_path / "transfer" / "eval" / "base__squad_v2.jsonl")
-            .open()]
+    evals = tmp_path / "transfer" / "eval"
+    base = [json.loads(x) for x in (evals / f"base__{safe_name(data['squad_v2'])}.jsonl").open()]
     assert [r["answer"] for r in recs] == [r["answer"] for r in base]
     assert [r["logit_diff"] for r in recs] == pytest.approx([r["logit_diff"] for r in base])
     for f in ("transfer_matrix.png", "transfer_acceptance.png", "transfer_patching.png"):

@@ -1,7 +1,6 @@
 """Every stage's config: one light module per stage, and the checks of a config against a run.
 
-Each stage's config dataclass lives in ``interp.stages.configs.<stage>`` (the transfer
-stage's in :mod:`interp.stages.transfer.config`), derives from
+Each stage's config dataclass lives in ``interp.stages.configs.<stage>``, derives from
 :class:`interp.core.options.StageConfig` (one ``from_mapping`` for all) and imports no torch,
 transformers or numpy: a config is built and checked (unknown keys with the nearest known one,
 counts, choices, layer and placement syntax) before its stage's module, and the libraries that

@@ -78,14 +78,12 @@ from interp.methods.transfer import (
 )
 from interp.models.loading import ModelHandle, result_facts, runtime_facts
 from interp.stages.common import current_share, stage_facts
-from interp.stages.transfer.config import (
-    _ALL_OUTPUTS,
+from interp.stages.configs.transfer import (
     EVAL_FIELDS,
     KEY_FIELDS,
     PATCH_FIELDS,
     SELECT_FIELDS,
     TransferConfig,
-    _heldout,
 )
 from interp.stages.transfer.selection import (
     ADAPTERS,
@@ -105,6 +103,18 @@ SPEC = stage_of(__name__)
 # ---------------------------------------------------------------------------------------------
 # Checks
 # ---------------------------------------------------------------------------------------------
+
+
+_ALL_OUTPUTS = ("hard_negatives.jsonl", "train_sets", "adapters", "checkpoints", "select",
+                "select.json", "eval", "table.json", "patching.json", "summary.json")
+"""Everything the stage writes under ``DIR/transfer/`` (removed when a training setting
+changes)."""
+
+
+def _heldout(tdir: Path) -> list[str]:
+    """The held-out record files of the learning-rate selection, relative to ``tdir``."""
+    return [str(p.relative_to(tdir)) for p in sorted((tdir / "select").glob("**/*.jsonl"))
+            if p.parent.name == "heldout" or p.name.startswith("heldout_base")]
 
 
 def _remove(tdir: Path, subs: Sequence[str]) -> None:

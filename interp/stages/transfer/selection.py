@@ -31,7 +31,7 @@ from interp.methods.transfer import (
     selection_score,
 )
 from interp.models.loading import ModelHandle, end_of_turn_ids
-from interp.stages.transfer.config import KEY_FIELDS, TransferConfig
+from interp.stages.configs.transfer import KEY_FIELDS, TransferConfig
 
 ADAPTERS = ("lora_gen", "lora_eval", "lora_both")
 """The three adapters of the paper (section 3.3)."""

@@ -47,6 +47,8 @@ def _run(argv, cwd):
     (["steer", "--run", "EMPTY"], "has no manifest.json"),
     (["lens", "--run", "EMPTY", "--heldout", "2"], "heldout must lie strictly between"),
     (["attention", "--run", "EMPTY", "--backend", "hff"], "unknown backend 'hff'"),
+    (["transfer", "--rank", "0"], "transfer config rank must be >= 1, got 0"),
+    (["transfer", "--patch-positions", "middle"], "patch_positions must be 'all' or 'last'"),
     (["run", "TYPO"], "did you mean 'limit'"),
     (["run", "BAD_STAGE_VALUE"], "heldout must lie strictly between"),
 ])
@@ -63,7 +65,8 @@ def test_a_bad_input_is_one_line_before_any_heavy_import(argv, said, tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["steer", "--help"], ["lens", "--help"],
-                                  ["asymmetry", "--help"], ["run", "--help"]])
+                                  ["asymmetry", "--help"], ["transfer", "--help"],
+                                  ["run", "--help"]])
 def test_help_imports_no_heavy_library(argv, tmp_path):
     res, err = _run(argv, tmp_path)
     assert res["code"] == 0, err

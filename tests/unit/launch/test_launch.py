@@ -462,7 +462,9 @@ def test_live_ranks_pass_the_watched_barrier_twice(tmp_path):
     """The watch does not stop live ranks.
 
     Two processes pass two barriers, one arriving later than the stale age (its heartbeat is
-    fresh), and leave one after the other.
+    fresh), and leave one after the other. The heartbeat is 1 s instead of
+    :data:`interp.launch.HEARTBEAT_S`'s 5 s, so the stale age (5 s, five beats) and the late
+    arrival past it (8 s) take a third of the time of the defaults' (15 s and 25 s).
     """
     import os
     import socket
@@ -473,16 +475,18 @@ def test_live_ranks_pass_the_watched_barrier_twice(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = ("import sys, time\n"
+            "import interp.launch\n"
             "from interp.launch import current_shard, heartbeat, barrier, finish\n"
+            "interp.launch.HEARTBEAT_S = 1.0\n"
             "shard = current_shard()\n"
             "heartbeat(sys.argv[1], shard)\n"
-            "time.sleep(25 * shard.index)\n"          # rank 1 arrives 25 s later
+            "time.sleep(8 * shard.index)\n"           # rank 1 arrives 8 s later
             "barrier(shard)\n"
             "barrier(shard)\n"
             "finish()\n"
             "print('passed', shard.name)\n")
     env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port), "INTERP_HEARTBEAT_STALE_S": "15", "OMP_NUM_THREADS": "1"}
+           "MASTER_PORT": str(port), "INTERP_HEARTBEAT_STALE_S": "5", "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)],
                               env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in (0, 1)]

@@ -2,13 +2,14 @@
 
 :mod:`interp.stages.transfer` runs Study 3 with it; :func:`interp.stages.transfer.reconcile_config`
 compares a stored config with a new one field group by field group (:data:`KEY_FIELDS`,
-:data:`EVAL_FIELDS`, :data:`PATCH_FIELDS`, :data:`SELECT_FIELDS`).
+:data:`EVAL_FIELDS`, :data:`PATCH_FIELDS`, :data:`SELECT_FIELDS`). Light: it imports no torch,
+transformers or numpy, so ``interp transfer`` checks its options before the stage's package
+loads (:mod:`interp.stages.configs`); ``interp.stages.transfer.TransferConfig`` is this class.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from interp.core.errors import StageError
 from interp.core.options import StageConfig, option, split_list
@@ -29,14 +30,6 @@ PATCH_FIELDS = ("patch_examples", "patch_positions", "patch_layers")
 SELECT_FIELDS = ("max_new_tokens", "verdict_max_new_tokens")
 """Config fields whose change redoes the held-out records of the learning-rate selection
 (decoding; the adapters are kept) and so the choice."""
-
-
-def _heldout(tdir: Path) -> list[str]:
-    """The held-out record files of the learning-rate selection, relative to ``tdir``."""
-    return [str(p.relative_to(tdir)) for p in sorted((tdir / "select").glob("**/*.jsonl"))
-            if p.parent.name == "heldout" or p.name.startswith("heldout_base")]
-_ALL_OUTPUTS = ("hard_negatives.jsonl", "train_sets", "adapters", "checkpoints", "select",
-                "select.json", "eval", "table.json", "patching.json", "summary.json")
 
 
 @dataclass
