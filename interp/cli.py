@@ -122,6 +122,14 @@ class _Group(TyperGroup):
         rank = {n: i for i, n in enumerate(ORDER)}
         return sorted(names, key=lambda n: (rank.get(n, len(ORDER)), names.index(n)))
 
+    def format_commands(self, ctx: click.Context, formatter: Any) -> None:
+        """The commands, each with its whole first sentence of help, wrapped (click cuts it)."""
+        rows = [(name, cmd.get_short_help_str(limit=1000)) for name in self.list_commands(ctx)
+                if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
     def format_help(self, ctx: click.Context, formatter: Any) -> None:
         """The group's help, listing the stage commands from their specs."""
         self._listing = True
@@ -281,7 +289,7 @@ def _watch(path: Path) -> Path:
 
 
 app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True,
-                  pretty_exceptions_enable=False,
+                  pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Is an LLM a better judge than a generator? GA/EA asymmetry, attention "
                        "span mass, activation patching, LoRA transfer and probes.")
 
