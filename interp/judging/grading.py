@@ -63,7 +63,6 @@ from interp.judging.qa_metrics import (
     squad_em,
     squad_f1,
 )
-from interp.models.files import check_model_spec
 
 __all__ = [
     "ABSTENTION_PATTERNS",
@@ -557,9 +556,6 @@ def parse_oracle_spec(spec: str, *, kinds: Sequence[str] | None = None,
     Raises:
         ConfigError: an unknown kind, a kind not allowed here, or a missing or extra argument
             (the message lists the accepted forms).
-        interp.core.errors.ModelSpecError: the ``SPEC`` of ``model:SPEC`` is no model spec
-            :func:`interp.models.loading.load_model` can resolve
-            (:func:`interp.models.files.check_model_spec`).
     """
     allowed = list(kinds) if kinds is not None else list(ORACLE_KINDS)
     kind, sep, arg = str(spec).partition(":")
@@ -567,8 +563,6 @@ def parse_oracle_spec(spec: str, *, kinds: Sequence[str] | None = None,
     if kind not in allowed or takes_arg is None or bool(arg) != takes_arg or (sep and not arg):
         forms = " or ".join(f"'{k}:SPEC'" if ORACLE_KINDS[k][0] else f"'{k}'" for k in allowed)
         raise ConfigError(f"unknown {what} {spec!r}: use {forms}")
-    if kind == "model":
-        check_model_spec(arg)
     return OracleSpec(kind, arg)
 
 

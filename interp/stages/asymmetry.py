@@ -215,9 +215,6 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
             another template or oracle.
         interp.core.errors.RunDirError: an ``answers_from`` run that lacks a selected example or
             holds another version of it (:func:`interp.methods.cross_judge.check_answer_source`).
-        interp.core.errors.ModelSpecError: a model (or ``model:SPEC`` oracle) spec that is no
-            bundled alias, existing ``.gguf`` file or checkpoint directory, nor a hub id
-            ``owner/name`` (:func:`interp.models.files.check_model_spec`, with the nearest alias).
         interp.core.errors.PromptError: an unknown template.
         interp.core.errors.DataError: an unknown dataset, a missing or malformed file, a missing
             field, or a dataset with no examples left after filtering.

@@ -20,7 +20,7 @@ from interp.data import load_examples
 from interp.judging.grading import parse_oracle_spec
 from interp.judging.prompts import get_template
 from interp.launch import parse_shard
-from interp.models.files import check_device_map, check_model_spec
+from interp.models.files import check_device_map
 
 __all__ = ["ASYMMETRY_KEY_FIELDS", "AsymmetryConfig"]
 
@@ -183,8 +183,6 @@ class AsymmetryConfig(StageConfig):
                                                config.concurrency < 1):
             raise ConfigError(f"--concurrency ([asymmetry] concurrency) must be a whole number "
                               f">= 1, not {config.concurrency!r}")
-        if not is_served(config.model):
-            check_model_spec(config.model)  # a typo: said before the plan line and any import
         for model_spec, table, where in (
                 (config.model, config.endpoint_table("model"), "model_endpoint"),
                 (config.oracle, config.endpoint_table("oracle"), "oracle_endpoint")):

@@ -56,6 +56,8 @@ def _run(argv, cwd):
     (["asymmetry", "--model", "gone.gguf"], "GGUF file gone.gguf does not exist"),
     (["asymmetry", "--oracle", "model:smolm2-135m-instruct"],
      "(did you mean 'smollm2-135m-instruct'?)"),
+    (["oracle-agreement", "--run", "EMPTY", "--oracle", "model:smolm2-135m-instruct"],
+     "(did you mean 'smollm2-135m-instruct'?)"),
     (["run", "MODEL_TYPO"], "unknown model spec 'qwen2.5-coder-0.5b-instrct' (did you mean "
                             "'qwen2.5-coder-0.5b-instruct'?)"),
     # a hub id passes the model check offline: the template's error comes next
