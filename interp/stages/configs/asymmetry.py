@@ -17,6 +17,7 @@ from interp.core.errors import ConfigError, DataError, InterpError
 from interp.core.options import StageConfig, check_counts, option
 from interp.core.vocab import DEFAULT_MODEL, MAX_REASONING_TOKENS
 from interp.data import load_examples
+from interp.judging.answer_source import check_answer_source, load_answer_source
 from interp.judging.grading import parse_oracle_spec
 from interp.judging.prompts import get_template
 from interp.launch import parse_shard
@@ -201,8 +202,6 @@ class AsymmetryConfig(StageConfig):
                 raise DataError(f"{ds}: no examples to run (every example is unanswerable? pass "
                                 f"--include-unanswerable to keep them)")
         if config.answers_from:
-            from interp.methods.cross_judge import check_answer_source, load_answer_source
-
             check_answer_source(load_answer_source(config.answers_from), loaded,
                                 template=config.template, templates_path=config.templates_path,
                                 oracle=config.oracle)

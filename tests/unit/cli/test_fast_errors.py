@@ -58,6 +58,7 @@ def _run(argv, cwd):
      "(did you mean 'smollm2-135m-instruct'?)"),
     (["oracle-agreement", "--run", "EMPTY", "--oracle", "model:smolm2-135m-instruct"],
      "(did you mean 'smollm2-135m-instruct'?)"),
+    (["asymmetry", "--answers-from", "EMPTY"], "--answers-from EMPTY: not a finished run"),
     (["run", "MODEL_TYPO"], "unknown model spec 'qwen2.5-coder-0.5b-instrct' (did you mean "
                             "'qwen2.5-coder-0.5b-instruct'?)"),
     # a hub id passes the model check offline: the template's error comes next
