@@ -95,6 +95,24 @@ def test_help_imports_no_heavy_library(argv, tmp_path):
     assert res["heavy"] == []
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["steer", "--help"]])
+def test_help_shows_flags_without_a_type_and_each_command_whole(argv):
+    """A flag is ``--debug`` or ``--figures / --no-figures``, never ``--debug <bool>``."""
+    from typer.testing import CliRunner
+
+    from interp import cli
+
+    res = CliRunner().invoke(cli.app, argv, terminal_width=80)
+    assert res.exit_code == 0, res.output
+    assert "<bool>" not in res.output and "--help " in res.output
+    if argv == ["--help"]:
+        assert "  --debug  show the traceback of an error instead of one line" in res.output
+        # each command's first sentence whole, wrapped at the width (click would cut it)
+        assert "run               Run a configured grid (models x datasets) and its stages." \
+            in res.output
+        assert not [x for x in res.output.splitlines()[1:] if x.endswith("...")]
+
+
 def test_study_1_says_what_it_is_about_to_do_before_the_model_loads(tmp_path):
     """Study 1's first line says which model, how many records of which datasets, and where.
 
