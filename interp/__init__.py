@@ -46,7 +46,7 @@ API: dict[str, str] = {
     "align_positions": "interp.methods.pairs",
     "steer_judge": "interp.methods.steering",
     "steer_generator": "interp.methods.steering",
-    "parse_heads": "interp.methods.steering",
+    "parse_heads": "interp.core.layers",
     # the run directory
     "RunDir": "interp.store",
     "Record": "interp.store",

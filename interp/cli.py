@@ -27,6 +27,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
+from interp.core.capabilities import is_served
 from interp.core.contract import SPECS, StageSpec, kept_runs
 from interp.core.errors import ConfigError, InterpError, LayerSpecError, RunDirError
 from interp.core.inputs import read_toml
@@ -37,9 +38,10 @@ from interp.core.options import cli_options, given, parse_count, split_list
 from interp.core.vocab import DEFAULT_MODEL
 from interp.judging.grading import parse_oracle_spec
 from interp.launch import current_shard, finish
+from interp.models.files import check_model_spec
 from interp.models.gguf import check_gguf
 from interp.run.pipeline import out_dir, run_config
-from interp.stages.configs import check_run
+from interp.stages.configs import check_model_specs, check_run
 from interp.store.rundir import RunDir
 
 __all__ = ["app", "main"]
@@ -121,6 +123,14 @@ class _Group(TyperGroup):
         names = list(self.commands)
         rank = {n: i for i, n in enumerate(ORDER)}
         return sorted(names, key=lambda n: (rank.get(n, len(ORDER)), names.index(n)))
+
+    def format_commands(self, ctx: click.Context, formatter: Any) -> None:
+        """The commands, each with its whole first sentence of help, wrapped (click cuts it)."""
+        rows = [(name, cmd.get_short_help_str(limit=1000)) for name in self.list_commands(ctx)
+                if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def format_help(self, ctx: click.Context, formatter: Any) -> None:
         """The group's help, listing the stage commands from their specs."""
@@ -281,7 +291,7 @@ def _watch(path: Path) -> Path:
 
 
 app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True,
-                  pretty_exceptions_enable=False,
+                  pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Is an LLM a better judge than a generator? GA/EA asymmetry, attention "
                        "span mass, activation patching, LoRA transfer and probes.")
 
@@ -362,7 +372,8 @@ def oracle_agreement_cmd(
         help="seconds one try of an openai:MODEL oracle's request may take (default 60)")] = None,
 ) -> None:
     """Cohen's kappa and the confusion table of the rule oracle vs an LLM oracle on a run."""
-    parse_oracle_spec(oracle)
+    if parse_oracle_spec(oracle).kind == "model":
+        check_model_spec(oracle.partition(":")[2])  # a misspelt name: before the run is read
     if timeout_s is not None and not timeout_s > 0:
         raise typer.BadParameter(f"--timeout-s must be > 0 seconds, not {timeout_s}")
     _read_run(run)
@@ -613,6 +624,9 @@ def _run_stage(s: StageSpec, cls: Any, kw: dict[str, Any]) -> None:
     if kw.get("config"):
         values = {**s.load().load_config_file(kw["config"]), **values}
     cfg = cls.from_mapping(values)  # every bad value is refused before any file is read
+    check_model_specs(cfg, model=s.model_from != "run")  # a misspelt name: before torch
+    if kw.get("judged") and isinstance(kw.get("model"), str) and not is_served(kw["model"]):
+        check_model_spec(kw["model"])  # audit --judged's judge
     if callable(getattr(cfg, "check_inputs", None)):
         cfg.check_inputs()  # datasets, template, oracle: before the stage's libraries load
     where = Path(kw.get("run") or kw["out"]) if kw.get("run") or kw.get("out") else None

@@ -42,8 +42,9 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from interp.core import contract
-from interp.core.errors import ConfigError, StageError
+from interp.core.errors import ConfigError, InterpError, StageError
 from interp.core.inputs import check_device, check_dtype
+from interp.core.layers import check_layer_syntax
 from interp.core.names import did_you_mean
 
 __all__ = ["ALL", "CliOption", "StageConfig", "allows_none", "check_counts", "check_numbers",
@@ -226,9 +227,11 @@ def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
         error: ``table`` has keys that are not fields of ``cls`` (the message names the
             section, the unknown keys and the known ones, so a typo is fixed in one look); a
             value of another type (:func:`conform`); a count below 1
-            (:func:`check_counts`); with a ``device`` field, a device or dtype
-            this machine cannot load a model on (:func:`interp.core.inputs.check_device`,
-            :func:`interp.core.inputs.check_dtype`).
+            (:func:`check_counts`); a layer field (``kind="layers"``) whose value is not of
+            the layer grammar (:func:`interp.core.layers.check_layer_syntax`; whether the
+            layers exist is checked once the model is known); with a ``device`` field, a
+            device or dtype this machine cannot load a model on
+            (:func:`interp.core.inputs.check_device`, :func:`interp.core.inputs.check_dtype`).
     """
     known = set(cls.__dataclass_fields__)
     table = renamed_keys(cls, table, section, error)
@@ -244,6 +247,11 @@ def config_from_table(cls: Any, table: Mapping[str, Any], section: str,
     except TypeError as err:  # a value of the wrong type, found by __post_init__
         raise error(f"[{section}]: {err}") from None
     check_counts(cfg, section, error)
+    for name in fields_of_kind(cls, "layers"):
+        try:
+            check_layer_syntax(getattr(cfg, name))
+        except InterpError as err:
+            raise error(f"--{name.replace('_', '-')} ([{section}] {name}): {err}") from None
     return cfg
 
 

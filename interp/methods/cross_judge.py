@@ -7,13 +7,13 @@ answers of a source run S (made by model G) instead of generating its own.
 Algorithm (:func:`judge_answers`, the one harness function that judges given answers; the
 run-directory work is :mod:`interp.stages.asymmetry` with ``answers_from``):
 
-1. Source (:func:`load_answer_source`, before any model loads): the source run's manifest and
-   records; its template, template file and oracle must be the judge run's (the same eval
-   prompt text, the same meaning of y*). Every example the judge run selects must have a
-   record in the source with the same question, context and gold answers
-   (:func:`check_answer_source`); with the rule oracle every source label is graded again
-   and must be the stored one (a label from another oracle version is refused). An LLM oracle's
-   labels are taken as stored (not graded again).
+1. Source (:func:`interp.judging.answer_source.load_answer_source`, before any model
+   loads): the source run's manifest and records; its template, template file and oracle
+   must be the judge run's (the same eval prompt text, the same meaning of y*). Every
+   example the judge run selects must have a record in the source with the same question,
+   context and gold answers (:func:`check_answer_source`); with the rule oracle every source
+   label is graded again and must be the stored one (a label from another oracle version is
+   refused). An LLM oracle's labels are taken as stored (not graded again).
 2. Judge (:func:`judge_answers`): :func:`interp.methods.asymmetry.evaluate_examples` with the
 source's
    extracted answers as candidates (J prefills its generation prompt but decodes no answer),
@@ -42,7 +42,6 @@ representation-as-a-judge"; ``docs/cross_judging.md``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +50,14 @@ import numpy as np
 from interp.analysis.stats import MIN_PASSAGES, ClusterBootstrap, passage_groups, passage_note
 from interp.core.errors import ConfigError, Interrupted, RunDirError
 from interp.data import QAExample
-from interp.judging.grading import BaseOracle, OracleResult, RuleOracle
+from interp.judging.answer_source import (
+    AnswerSource,
+    GivenAnswer,
+    Key,
+    check_answer_source,
+    load_answer_source,
+)
+from interp.judging.grading import BaseOracle, OracleResult
 from interp.judging.prefill import Capture
 from interp.judging.prompts import Template
 from interp.methods.asymmetry import evaluate_examples, group_metrics
@@ -63,27 +69,6 @@ __all__ = ["MATRIX_DEFINITIONS", "SOURCE_KEYS", "AnswerSource", "GivenAnswer", "
            "answer_source_of", "check_answer_source", "format_matrix", "ok_by_key",
            "judge_answers", "judge_from_source", "judge_matrix", "load_answer_source",
            "source_label", "source_metrics"]
-
-Key = tuple[str, str]
-
-
-@dataclass(frozen=True)
-class GivenAnswer:
-    """A candidate answer made elsewhere, with its oracle grade.
-
-    Attributes:
-        answer: the extracted answer the judge sees as candidate.
-        label: y* of that answer (True = Correct).
-        generation: the raw generated text it was extracted from.
-        oracle: ``{"name", "em", "f1", "rule"}`` of the grade (the record's ``oracle``).
-        source: ``{"model", "run"}``: who generated it and in which run directory.
-    """
-
-    answer: str
-    label: bool
-    generation: str
-    oracle: Mapping[str, Any]
-    source: Mapping[str, str]
 
 
 class GivenOracle(BaseOracle):
@@ -179,108 +164,6 @@ def _sourced(recs: list[Any], given: Sequence[GivenAnswer]) -> list[Record]:
 # ---------------------------------------------------------------------------------------------
 # Step 1: the source run
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class AnswerSource:
-    """The answers of a finished run, for another model to judge.
-
-    Attributes:
-        run: the source run directory.
-        model: its model spec.
-        config: its manifest config (``template``, ``templates_path``, ``oracle``, ...).
-        records: every record (ok and skipped) by ``(dataset, id)``.
-    """
-
-    run: Path
-    model: str
-    config: dict[str, Any]
-    records: dict[Key, Mapping[str, Any]]
-
-    def given(self, key: Key) -> GivenAnswer:
-        """The :class:`GivenAnswer` of the ok source record ``key``."""
-        r = self.records[key]
-        src = r.get("answer_source") or {"model": r.get("model", self.model),
-                                         "run": str(self.run)}
-        return GivenAnswer(answer=r["answer"], label=bool(r["oracle_label"]),
-                           generation=r.get("generation", r["answer"]),
-                           oracle=dict(r.get("oracle") or {"name": self.config.get("oracle")}),
-                           source=dict(src))
-
-
-def load_answer_source(path: str | Path) -> AnswerSource:
-    """Read a finished run as an answer source (no model).
-
-    Raises:
-        RunDirError: no manifest, no records or no ok record (names ``interp asymmetry``).
-    """
-    rd = RunDir(path)
-    if not rd.manifest_path.exists() or not rd.records_path.exists():
-        raise RunDirError(f"--answers-from {path}: not a finished run directory (no "
-                          f"manifest.json / records.jsonl); run `interp asymmetry --out {path}`")
-    manifest = rd.manifest()
-    records = {qa_key(r): r for r in rd.read_records(status=None)}
-    if not any(r.get("status") == "ok" for r in records.values()):
-        raise RunDirError(f"--answers-from {path}: the run has no ok record")
-    model = manifest.get("model", {}).get("spec") or manifest.get("config", {}).get("model")
-    return AnswerSource(run=rd.path, model=str(model), config=dict(manifest.get("config", {})),
-                        records=records)
-
-
-def check_answer_source(source: AnswerSource, examples: Mapping[str, Sequence[QAExample]], *,
-                        template: str, templates_path: str | None, oracle: str) -> int:
-    """Step 1: refuse a source that is not the same records, templates and oracle.
-
-    Args:
-        source: the answer source.
-        examples: ``{dataset: examples}`` the judge run selects.
-        template: the judge run's template variant.
-        templates_path: its template file.
-        oracle: its oracle spec.
-
-    Returns:
-        The number of labels graded again and found equal (rule oracle; 0 otherwise).
-
-    Raises:
-        ConfigError: another template, template file or oracle than the source's.
-        RunDirError: an example the source has no record of, or whose question, context or
-            gold answers differ from the source record's, or a label the rule oracle now
-            grades otherwise (the message names the first and the count).
-    """
-    for name, mine in (("template", template), ("templates_path", templates_path),
-                       ("oracle", oracle)):
-        theirs = source.config.get(name, "default" if name == "template" else None)
-        if theirs != mine:
-            raise ConfigError(f"--answers-from {source.run} was made with {name} {theirs!r}, "
-                              f"this run asks for {mine!r}: judge with the source's {name} "
-                              f"(the same eval prompt and the same y*)")
-    missing, changed, regraded = [], [], []
-    rule = RuleOracle() if oracle == "rule" else None
-    for exs in examples.values():
-        for ex in exs:
-            r = source.records.get((ex.dataset, ex.id))
-            if r is None:
-                missing.append(f"{ex.dataset}/{ex.id}")
-                continue
-            for k, now in (("question", ex.question), ("context", ex.context),
-                           ("answers", list(ex.answers))):
-                if r.get(k) != now:
-                    changed.append(f"{ex.dataset}/{ex.id} ({k})")
-                    break
-            else:
-                if rule is not None and r.get("status") == "ok":
-                    g = rule.grade(r["answer"], ex.answers, dataset=ex.dataset,
-                                   answerable=ex.answerable,
-                                   extras={**ex.extras, "context": ex.context,
-                                           "question": ex.question})
-                    (regraded if bool(g.label) == bool(r["oracle_label"]) else changed).append(
-                        f"{ex.dataset}/{ex.id} (oracle_label)")
-    for what, items in (("has no record of", missing), ("differs from", changed)):
-        if items:
-            raise RunDirError(f"--answers-from {source.run} {what} {len(items)} selected "
-                              f"example(s) (first: {items[0]}): judge the same records "
-                              f"(its datasets and --limit) or re-run the source")
-    return len(regraded)
 
 
 def judge_from_source(handle: ModelHandle, examples: Sequence[QAExample],

@@ -40,6 +40,7 @@ import torch
 from jaxtyping import Float
 
 from interp.core.errors import StageError
+from interp.core.layers import parse_heads, top_diff_k
 from interp.core.vocab import ALPHAS, check_backend
 from interp.hooks.backends import get_backend
 from interp.hooks.recorder import context_mass
@@ -52,63 +53,6 @@ __all__ = ["ALPHAS", "parse_heads", "steer_generator", "steer_judge", "top_diff_
 
 
 Units = Mapping[int, Sequence[int] | None]
-
-
-def top_diff_k(spec: str) -> int:
-    """The ``K`` of a ``top-diff:K`` head spec.
-
-    Raises:
-        StageError: ``K`` is not a whole number >= 1.
-    """
-    k = spec.strip().split(":", 1)[1]
-    if not k.isdigit() or int(k) < 1:
-        raise StageError("steering", f"heads {spec!r}: K of top-diff:K must be a whole number >= 1")
-    return int(k)
-
-
-def parse_heads(spec: str | Sequence[str], band: Sequence[int], n_heads: int, *,
-                ranked: Sequence[Mapping[str, Any]] | None = None) -> dict[int, list[int] | None]:
-    """The steered (layer -> heads) from a head spec.
-
-    Args:
-        spec: ``"all"`` (every head of every band layer), ``"top-diff:K"`` (the ``K`` heads with
-            the largest gen-minus-eval context mass, ``ranked`` from ``interp heads``), or
-            ``"L.H,L.H,..."`` (explicit layer.head pairs).
-        band: the steered layers of ``"all"``.
-        n_heads: query heads per layer.
-        ranked: :func:`interp.analysis.span_mass.top_heads` ``["diff"]`` rows (for ``top-diff:K``).
-
-    Returns:
-        ``{layer: None}`` for every band layer, or ``{layer: [heads]}``.
-
-    Raises:
-        StageError: an unparseable spec, a head out of range, or ``top-diff`` without a
-            ranking (run ``interp attention`` first).
-    """
-    if not isinstance(spec, str):
-        spec = ",".join(spec)
-    s = spec.strip().lower()
-    if s == "all":
-        return {int(layer): None for layer in band}
-    pairs: list[tuple[int, int]] = []
-    if s.startswith("top-diff:"):
-        if ranked is None:
-            raise StageError("steering",
-                             "heads 'top-diff:K' needs the attention summary's head ranking; "
-                             "run `interp attention` on the run first")
-        pairs = [(int(r["layer"]), int(r["head"])) for r in list(ranked)[:top_diff_k(spec)]]
-    else:
-        try:
-            pairs = [(int(a), int(b)) for a, b in (x.split(".") for x in s.split(",") if x)]
-        except ValueError as err:
-            raise StageError("steering",
-                             f"heads {spec!r}: use 'all', 'top-diff:K' or 'L.H,L.H'") from err
-    if not pairs or any(not 0 <= h < n_heads for _, h in pairs):
-        raise StageError("steering", f"heads {spec!r}: empty, or a head outside 0..{n_heads - 1}")
-    out: dict[int, list[int] | None] = {}
-    for layer, h in pairs:
-        out.setdefault(layer, []).append(h)  # type: ignore[union-attr]
-    return out
 
 
 @torch.no_grad()

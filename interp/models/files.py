@@ -3,7 +3,9 @@
 :func:`checkpoint_sha256` fingerprints every file of a local checkpoint that can change a
 result; :func:`check_folder` and :func:`check_loaded` refuse folders that would load something
 other than what they hold (an adapter applied twice, a tensor left at its random init);
-:func:`hub_reachable` tells an offline machine at once. Used by :mod:`interp.models.loading`.
+:func:`hub_reachable` tells an offline machine at once. :func:`check_model_spec` and
+:func:`check_device_map` refuse a model spec or a placement that cannot load, without torch, so
+a config check says so before any heavy library loads. Used by :mod:`interp.models.loading`.
 """
 
 from __future__ import annotations
@@ -15,16 +17,139 @@ from pathlib import Path
 from typing import Any
 
 from interp.core.errors import ModelSpecError
+from interp.core.inputs import check_device
+from interp.core.names import did_you_mean
 from interp.models.gguf import BUNDLED, sha256_file
 
-__all__ = ["ADAPTER_FILES", "HUB_PROBE_TIMEOUT_S", "NOT_RESULT_FILES", "WEIGHT_SUFFIXES",
-           "check_folder", "check_loaded", "checkpoint_sha256", "hub_info", "hub_kwargs",
+__all__ = ["ADAPTER_FILES", "DEVICE_MAP_STRATEGIES", "HUB_PROBE_TIMEOUT_S", "NOT_RESULT_FILES",
+           "PAPER_MODEL", "WEIGHT_SUFFIXES", "canonical_spec", "check_device_map", "check_folder",
+           "check_loaded", "check_model_spec", "checkpoint_sha256", "hub_info", "hub_kwargs",
            "hub_reachable", "hub_sha256"]
 
 
 NOT_RESULT_FILES = (".md", ".txt.license", ".gitattributes", ".gitignore", "LICENSE")
 """Suffixes of a checkpoint's files that cannot change a result (docs, licences, git files);
 every other file is part of the fingerprint (:func:`checkpoint_sha256`)."""
+
+
+PAPER_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+"""The paper's model: the example of a hub id in messages."""
+
+
+def canonical_spec(spec: str) -> str:
+    """The bundled alias a spec names, in any letter case or as its upstream hub id.
+
+    ``SmolLM2-135M-Instruct`` and ``HuggingFaceTB/SmolLM2-135M-Instruct`` (the bundled
+    GGUF's upstream model, :attr:`interp.models.gguf.BundledModel.upstream`; without ``@revision``)
+    both name ``smollm2-135m-instruct``, which loads offline from its package. Any other spec
+    is returned unchanged.
+    """
+    low = spec.lower()
+    if low in BUNDLED:
+        return low
+    return next((alias for alias, b in BUNDLED.items() if b.upstream.lower() == low), spec)
+
+
+def check_model_spec(spec: str) -> str:
+    """Refuse a model spec :func:`interp.models.loading.load_model` cannot resolve, without torch.
+
+    Accepted (the loading module's docstring): a bundled alias (:func:`canonical_spec`), an
+    existing ``.gguf`` file, a checkpoint directory holding ``config.json``, or a hub id
+    ``owner/name`` (``@revision`` allowed; whether the hub holds it is left to the load, no
+    network here). A served model (``openai:MODEL``) is not a spec of weights: callers that
+    accept one test :func:`interp.core.capabilities.is_served` first.
+
+    Args:
+        spec: the spec as given.
+
+    Returns:
+        The spec, as its bundled alias where it names one.
+
+    Raises:
+        ModelSpecError: a ``.gguf`` file that does not exist; a directory without
+            ``config.json``; a path (``/``, ``./``, ``../``, ``~`` or two ``/``) that does not
+            exist; or a name that is none of these (with the nearest bundled alias).
+    """
+    spec = canonical_spec(spec)
+    if spec in BUNDLED:
+        return spec
+    if spec.endswith(".gguf"):
+        if not Path(spec).is_file():
+            raise ModelSpecError(f"GGUF file {spec} does not exist")
+        return spec
+    if Path(spec).is_dir():
+        if not (Path(spec) / "config.json").exists():
+            raise ModelSpecError(f"{spec} is a directory without config.json: not a checkpoint")
+        return spec
+    if (spec.startswith(("/", "./", "../", "~")) or spec.count("/") > 1) and \
+            not Path(spec).exists():
+        raise ModelSpecError(f"{spec} does not exist: a model path must be a .gguf file or a "
+                             f"checkpoint directory (a hub id is owner/name)")
+    if "/" not in spec:
+        raise ModelSpecError(
+            f"unknown model spec {spec!r}{did_you_mean(spec, BUNDLED)}: use a bundled alias "
+            f"{sorted(BUNDLED)}, a .gguf "
+            f"file, a checkpoint directory, or a hub id like {PAPER_MODEL!r}")
+    return spec
+
+
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+"""The placement strategies of transformers' ``device_map`` (accelerate's
+``infer_auto_device_map``)."""
+
+
+def check_device_map(device_map: str | Mapping[str, Any] | None,
+                     max_memory: Mapping[Any, Any] | None = None,
+                     offload_folder: str | Path | None = None) -> dict[str, Any]:
+    """Check big-model placement options and return them as ``from_pretrained`` keywords.
+
+    Args:
+        device_map: a strategy of :data:`DEVICE_MAP_STRATEGIES` or module name -> device
+            (an int GPU index, ``"cuda:N"``, ``"cpu"``, ``"disk"``, ``"meta"`` is refused).
+        max_memory: device -> memory (``"20GiB"`` or bytes); keys ``0``/``"0"``/``"cpu"``.
+        offload_folder: folder of the modules mapped to ``"disk"``.
+
+    Returns:
+        ``{}`` without a device map; else ``device_map`` (and ``max_memory`` with GPU indices
+        as ints, ``offload_folder`` as a string) for ``from_pretrained``.
+
+    Raises:
+        ModelSpecError: ``max_memory`` or ``offload_folder`` without ``device_map``; an
+            unknown strategy; a device a mapping names that this machine lacks; ``"disk"``
+            without ``offload_folder``.
+    """
+    if device_map is None:
+        if max_memory is not None or offload_folder is not None:
+            raise ModelSpecError("--max-memory and --offload-folder need --device-map (auto, "
+                                 "balanced, sequential or a module -> device table)")
+        return {}
+    out: dict[str, Any] = {}
+    if isinstance(device_map, str):
+        if device_map not in DEVICE_MAP_STRATEGIES:
+            raise ModelSpecError(f"--device-map {device_map!r}: use one of "
+                                 f"{', '.join(DEVICE_MAP_STRATEGIES)} or a module -> device "
+                                 f"table")
+        out["device_map"] = device_map
+    elif isinstance(device_map, Mapping) and device_map:
+        placed = {}
+        for name, dev in device_map.items():
+            dev = int(dev) if isinstance(dev, str) and dev.isdigit() else dev
+            if dev != "disk":
+                check_device(f"cuda:{dev}" if isinstance(dev, int) else dev, ModelSpecError)
+            placed[str(name)] = dev
+        if "disk" in placed.values() and offload_folder is None:
+            raise ModelSpecError("--device-map puts modules on 'disk': give --offload-folder "
+                                 "DIR for them")
+        out["device_map"] = placed
+    else:
+        raise ModelSpecError(f"--device-map must be a strategy or a non-empty module -> device "
+                             f"table, not {device_map!r}")
+    if max_memory is not None:
+        out["max_memory"] = {int(k) if str(k).isdigit() else str(k): v
+                             for k, v in dict(max_memory).items()}
+    if offload_folder is not None:
+        out["offload_folder"] = str(offload_folder)
+    return out
 
 
 def _result_file(name: str) -> bool:

@@ -36,13 +36,16 @@ import torch
 from interp.core.capabilities import IN_PROCESS, is_served
 from interp.core.errors import ModelSpecError
 from interp.core.inputs import check_device, check_dtype
-from interp.core.names import did_you_mean
 from interp.core.progress import quiet_library_bars
 from interp.core.vocab import DEFAULT_MODEL
 from interp.models.devices import input_device
 from interp.models.files import (
+    PAPER_MODEL,
+    canonical_spec,
+    check_device_map,
     check_folder,
     check_loaded,
+    check_model_spec,
     checkpoint_sha256,
     hub_info,
     hub_kwargs,
@@ -62,11 +65,10 @@ from interp.models.points import check_heads
 
 __all__ = ["BUNDLED", "DEFAULT_MODEL", "PAPER_MODEL", "PLACEMENT_FIELDS", "RESULT_FACTS",
            "ModelHandle", "ModelSpecError", "bundled_gguf", "cache_dir", "canonical_spec",
-           "check_device_map", "end_of_turn_ids", "handle_device", "hub_reachable",
-           "load_model", "load_tokenizer", "placement", "result_facts", "runtime_facts",
-           "sha256_file", "stop_ids"]
+           "check_device_map", "check_model_spec", "end_of_turn_ids", "handle_device",
+           "hub_reachable", "load_model", "load_tokenizer", "placement", "result_facts",
+           "runtime_facts", "sha256_file", "stop_ids"]
 
-PAPER_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
 @dataclass
@@ -176,20 +178,6 @@ def _pick_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
 
 
-def canonical_spec(spec: str) -> str:
-    """The bundled alias a spec names, in any letter case or as its upstream hub id.
-
-    ``SmolLM2-135M-Instruct`` and ``HuggingFaceTB/SmolLM2-135M-Instruct`` (the bundled
-    GGUF's upstream model, :attr:`interp.models.gguf.BundledModel.upstream`; without ``@revision``)
-    both name ``smollm2-135m-instruct``, which loads offline from its package. Any other spec
-    is returned unchanged.
-    """
-    low = spec.lower()
-    if low in BUNDLED:
-        return low
-    return next((alias for alias, b in BUNDLED.items() if b.upstream.lower() == low), spec)
-
-
 def _resolve(spec: str, revision: str | None) -> tuple[Path | str, dict[str, Any]]:
     """Where to load a spec from (a cached or local checkpoint, or a hub id) and its provenance.
 
@@ -213,30 +201,20 @@ def _resolve(spec: str, revision: str | None) -> tuple[Path | str, dict[str, Any
                     quantization=b.quantization)
     elif spec.endswith(".gguf"):
         gguf = Path(spec).resolve()
-        if not gguf.is_file():
-            raise ModelSpecError(f"GGUF file {spec} does not exist")
+        check_model_spec(spec)
         digest = sha256_file(gguf)
         path = gguf_to_cache(gguf, gguf.stem.lower(), digest)
         info.update(source="gguf", path=str(gguf), sha256=digest, revision=None)
     elif Path(spec).is_dir():
+        check_model_spec(spec)
         path = Path(spec).resolve()
-        if not (path / "config.json").exists():
-            raise ModelSpecError(f"{spec} is a directory without config.json: not a checkpoint")
         check_folder(path)
         return path, {**info, "source": "local", "path": str(path),
                       "sha256": checkpoint_sha256(path), "revision": None}
-    elif (spec.startswith(("/", "./", "../", "~")) or spec.count("/") > 1) and \
-            not Path(spec).exists():
-        raise ModelSpecError(f"{spec} does not exist: a model path must be a .gguf file or a "
-                             f"checkpoint directory (a hub id is owner/name)")
-    elif "/" in spec:
+    else:
+        check_model_spec(spec)  # a path that does not exist, or neither a path nor owner/name
         repo, _, rev = spec.partition("@")
         return repo, hub_info(repo, revision or rev or None, info)
-    else:
-        raise ModelSpecError(
-            f"unknown model spec {spec!r}{did_you_mean(spec, BUNDLED)}: use a bundled alias "
-            f"{sorted(BUNDLED)}, a .gguf "
-            f"file, a checkpoint directory, or a hub id like {PAPER_MODEL!r}")
     source = read_source(path)
     info.update(cached_checkpoint=str(path), tokenizer_pre=source["tokenizer"]["pre"],
                 gguf_name=source.get("general", {}).get("name"))
@@ -405,65 +383,6 @@ def placement(config: Mapping[str, Any] | Any) -> dict[str, Any]:
     """The :data:`PLACEMENT_FIELDS` of a config mapping or dataclass (absent: None)."""
     get = config.get if isinstance(config, Mapping) else lambda k: getattr(config, k, None)
     return {k: get(k) for k in PLACEMENT_FIELDS}
-
-
-DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
-"""The placement strategies of transformers' ``device_map`` (accelerate's
-``infer_auto_device_map``)."""
-
-
-def check_device_map(device_map: str | Mapping[str, Any] | None,
-                     max_memory: Mapping[Any, Any] | None = None,
-                     offload_folder: str | Path | None = None) -> dict[str, Any]:
-    """Check big-model placement options and return them as ``from_pretrained`` keywords.
-
-    Args:
-        device_map: a strategy of :data:`DEVICE_MAP_STRATEGIES` or module name -> device
-            (an int GPU index, ``"cuda:N"``, ``"cpu"``, ``"disk"``, ``"meta"`` is refused).
-        max_memory: device -> memory (``"20GiB"`` or bytes); keys ``0``/``"0"``/``"cpu"``.
-        offload_folder: folder of the modules mapped to ``"disk"``.
-
-    Returns:
-        ``{}`` without a device map; else ``device_map`` (and ``max_memory`` with GPU indices
-        as ints, ``offload_folder`` as a string) for ``from_pretrained``.
-
-    Raises:
-        ModelSpecError: ``max_memory`` or ``offload_folder`` without ``device_map``; an
-            unknown strategy; a device a mapping names that this machine lacks; ``"disk"``
-            without ``offload_folder``.
-    """
-    if device_map is None:
-        if max_memory is not None or offload_folder is not None:
-            raise ModelSpecError("--max-memory and --offload-folder need --device-map (auto, "
-                                 "balanced, sequential or a module -> device table)")
-        return {}
-    out: dict[str, Any] = {}
-    if isinstance(device_map, str):
-        if device_map not in DEVICE_MAP_STRATEGIES:
-            raise ModelSpecError(f"--device-map {device_map!r}: use one of "
-                                 f"{', '.join(DEVICE_MAP_STRATEGIES)} or a module -> device "
-                                 f"table")
-        out["device_map"] = device_map
-    elif isinstance(device_map, Mapping) and device_map:
-        placed = {}
-        for name, dev in device_map.items():
-            dev = int(dev) if isinstance(dev, str) and dev.isdigit() else dev
-            if dev != "disk":
-                check_device(f"cuda:{dev}" if isinstance(dev, int) else dev, ModelSpecError)
-            placed[str(name)] = dev
-        if "disk" in placed.values() and offload_folder is None:
-            raise ModelSpecError("--device-map puts modules on 'disk': give --offload-folder "
-                                 "DIR for them")
-        out["device_map"] = placed
-    else:
-        raise ModelSpecError(f"--device-map must be a strategy or a non-empty module -> device "
-                             f"table, not {device_map!r}")
-    if max_memory is not None:
-        out["max_memory"] = {int(k) if str(k).isdigit() else str(k): v
-                             for k, v in dict(max_memory).items()}
-    if offload_folder is not None:
-        out["offload_folder"] = str(offload_folder)
-    return out
 
 
 def handle_device(model: Any) -> torch.device:

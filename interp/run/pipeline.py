@@ -63,6 +63,7 @@ from interp.core.names import did_you_mean, model_slug
 from interp.core.vocab import DEFAULT_MODEL
 from interp.judging.prompts import get_template
 from interp.launch import Shard, barrier, current_shard, heartbeat
+from interp.stages.configs import check_model_specs
 from interp.stages.configs.asymmetry import ASYMMETRY_KEY_FIELDS, AsymmetryConfig
 from interp.store.rundir import RunDir
 
@@ -318,6 +319,10 @@ def run_config(path: str | Path | Mapping[str, Any], *, overwrite: bool = False,
         from interp.run.cross_grid import CrossJudgeConfig
 
         cross = CrossJudgeConfig.from_value(cfg.get("cross_judge"), models)
+    for acfg in acfgs.values():  # a misspelt model or oracle name: before any file is read
+        check_model_specs(acfg)
+    for scfg in stage_cfgs.values():
+        check_model_specs(scfg, model=False)
     counts: dict[str, dict[str, int]] = {}
     for spec, acfg in acfgs.items():
         counts[spec] = {ds: len(exs) for ds, exs in acfg.check_inputs().items()}

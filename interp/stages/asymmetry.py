@@ -214,7 +214,7 @@ def check_inputs(config: AsymmetryConfig) -> dict[str, list[QAExample]]:
             ``openai:MODEL``), a bad endpoint table, or an ``answers_from`` run made with
             another template or oracle.
         interp.core.errors.RunDirError: an ``answers_from`` run that lacks a selected example or
-            holds another version of it (:func:`interp.methods.cross_judge.check_answer_source`).
+            holds another version of it (:func:`interp.judging.answer_source.check_answer_source`).
         interp.core.errors.PromptError: an unknown template.
         interp.core.errors.DataError: an unknown dataset, a missing or malformed file, a missing
             field, or a dataset with no examples left after filtering.

@@ -91,8 +91,10 @@ def test_asymmetry_refuses_bad_input_before_the_model_loads(ws, args, expect):
     (ws / "empty.jsonl").write_text("")
     (ws / "nofield.jsonl").write_text('{"id": "1", "question": "q", "context": "c"}\n')
     out = ws / "refused"
-    # the model does not exist: had it been loaded first, its error would be the one shown
-    proc = cli(ws, "asymmetry", "--model", str(ws / "no-such-model"), "--out", str(out), *args)
+    # a hub id that passes the spec check offline but cannot load: had it been loaded first,
+    # its error would be the one shown
+    proc = cli(ws, "asymmetry", "--model", "no-such-org/no-such-model", "--out", str(out),
+               *args)
     assert expect in one_error(proc)
     assert not out.exists()
 
@@ -100,7 +102,7 @@ def test_asymmetry_refuses_bad_input_before_the_model_loads(ws, args, expect):
 def test_failure_after_the_model_loaded_leaves_no_directory(ws):
     out = ws / "bad_oracle"
     proc = cli(ws, "asymmetry", *TINY, "--dataset", "toy.jsonl", "--out", str(out),
-               "--oracle", f"model:{ws / 'no-such-oracle'}")
+               "--oracle", "model:no-such-org/no-such-oracle")  # fails at its load
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
     assert not out.exists()  # the manifest written before the oracle failed went with it

@@ -9,7 +9,8 @@ error of a config or an option come without the seconds torch and transformers t
 Each stage module re-exports its class (``interp.stages.steering.SteeringConfig``); the stage
 contract names it (:attr:`interp.core.contract.StageSpec.config_class`). The checks of a config
 against the run it reads (:func:`check_against_shape`, :func:`check_run`: layers, needed files,
-records) live here, so their one-line errors also come before those libraries.
+records) live here, so their one-line errors also come before those libraries, as does the
+check of the model specs a command will load (:func:`check_model_specs`).
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from interp.core.capabilities import is_served
 from interp.core.contract import check_needs
 from interp.core.errors import InterpError, LayerSpecError
 from interp.core.layers import band_note, parse_layers
 from interp.core.options import fields_of_kind
+from interp.models.files import check_model_spec
 from interp.store.rundir import RunDir
 
-__all__ = ["TASKS", "check_against_shape", "check_run"]
+__all__ = ["TASKS", "check_against_shape", "check_model_specs", "check_run"]
 
 TASKS = ("eval", "gen")
 """The two prompts a stage can read: the judge's (``eval``) and the generator's (``gen``)."""
@@ -75,6 +78,33 @@ def check_against_shape(name: str, cfg: Any, n_layers: int, n_heads: int | None 
         except InterpError as err:
             raise err.reworded(f"[{name}]{on}: {err}" if model else f"[{name}] {err}") from None
     return notes
+
+
+def check_model_specs(cfg: Any, *, model: bool = True) -> None:
+    """Refuse the model specs a command is about to load, before torch is imported.
+
+    The config's ``model`` (with ``model``; not a served one, ``openai:MODEL``) and the
+    ``SPEC`` of an ``oracle = "model:SPEC"`` must each be a spec
+    :func:`interp.models.loading.load_model` can resolve
+    (:func:`interp.models.files.check_model_spec`: a bundled alias, an existing ``.gguf`` file
+    or checkpoint directory, or a hub id ``owner/name``, whose presence is left to the load).
+    Called by the command line and by ``interp run`` where the spec is loaded; a stage run from
+    Python with a loaded handle takes any label as its model.
+
+    Args:
+        cfg: a stage config.
+        model: check its ``model`` field too (False: the model comes from the run's manifest).
+
+    Raises:
+        interp.core.errors.ModelSpecError: a spec that is none of these (a name gets the
+            nearest bundled alias: "did you mean").
+    """
+    spec = getattr(cfg, "model", None)
+    if model and isinstance(spec, str) and not is_served(spec):
+        check_model_spec(spec)
+    oracle = getattr(cfg, "oracle", None)
+    if isinstance(oracle, str) and oracle.startswith("model:") and oracle[len("model:"):]:
+        check_model_spec(oracle[len("model:"):])
 
 
 def check_run(run_dir: str | Path, stage: str, cfg: Any, *, needs: bool = True) -> None:

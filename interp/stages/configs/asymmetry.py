@@ -17,9 +17,11 @@ from interp.core.errors import ConfigError, DataError, InterpError
 from interp.core.options import StageConfig, check_counts, option
 from interp.core.vocab import DEFAULT_MODEL, MAX_REASONING_TOKENS
 from interp.data import load_examples
+from interp.judging.answer_source import check_answer_source, load_answer_source
 from interp.judging.grading import parse_oracle_spec
 from interp.judging.prompts import get_template
 from interp.launch import parse_shard
+from interp.models.files import check_device_map
 
 __all__ = ["ASYMMETRY_KEY_FIELDS", "AsymmetryConfig"]
 
@@ -135,8 +137,6 @@ class AsymmetryConfig(StageConfig):
             parse_shard(self.shard)  # a malformed I/N is refused with the config
         try:
             if (self.device_map, self.max_memory, self.offload_folder) != (None, None, None):
-                from interp.models.loading import check_device_map
-
                 check_device_map(self.device_map, self.max_memory, self.offload_folder)
         except InterpError as err:
             raise ConfigError(f"[asymmetry] {err}") from None
@@ -202,8 +202,6 @@ class AsymmetryConfig(StageConfig):
                 raise DataError(f"{ds}: no examples to run (every example is unanswerable? pass "
                                 f"--include-unanswerable to keep them)")
         if config.answers_from:
-            from interp.methods.cross_judge import check_answer_source, load_answer_source
-
             check_answer_source(load_answer_source(config.answers_from), loaded,
                                 template=config.template, templates_path=config.templates_path,
                                 oracle=config.oracle)

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from interp.core.errors import StageError
-from interp.core.layers import DEFAULT_BAND, parse_layers
+from interp.core.layers import DEFAULT_BAND, parse_heads, parse_layers, top_diff_k
 from interp.core.options import StageConfig, option
 from interp.core.vocab import ALPHAS
 from interp.stages.configs import TASKS
@@ -30,7 +30,7 @@ class SteeringConfig(StageConfig):
         band: the steered band (:func:`interp.core.layers.parse_layers`; default the attention
             band ``last8``); also the band of the context mass.
         heads: ``all``, ``top-diff:K`` (top gen-minus-eval heads of ``interp heads``) or
-            ``L.H,L.H`` (:func:`interp.methods.steering.parse_heads`).
+            ``L.H,L.H`` (:func:`interp.core.layers.parse_heads`).
         tasks: ``eval`` (the judge) and/or ``gen`` (the generator).
         keys: the steered keys: ``context`` (the causal test) and/or ``control`` (as many
             non-context keys, :func:`interp.hooks.steering.control_keys`: does steering ANY
@@ -90,8 +90,6 @@ class SteeringConfig(StageConfig):
                 outside the model.
         """
         band = parse_layers(self.band, n_layers)
-        from interp.methods.steering import parse_heads, top_diff_k
-
         s = self.heads.strip().lower()
         if s.startswith("top-diff:"):
             top_diff_k(self.heads)

@@ -51,12 +51,37 @@ def _run(argv, cwd):
     (["transfer", "--patch-positions", "middle"], "patch_positions must be 'all' or 'last'"),
     (["run", "TYPO"], "did you mean 'limit'"),
     (["run", "BAD_STAGE_VALUE"], "heldout must lie strictly between"),
+    # a model spec that is no alias, path nor owner/name: before the plan line and torch
+    (["asymmetry", "--model", "smollm2-135m-instrct"],
+     "unknown model spec 'smollm2-135m-instrct' (did you mean 'smollm2-135m-instruct'?)"),
+    (["asymmetry", "--model", "./no-such-dir"], "./no-such-dir does not exist"),
+    (["asymmetry", "--model", "gone.gguf"], "GGUF file gone.gguf does not exist"),
+    (["asymmetry", "--oracle", "model:smolm2-135m-instruct"],
+     "(did you mean 'smollm2-135m-instruct'?)"),
+    (["oracle-agreement", "--run", "EMPTY", "--oracle", "model:smolm2-135m-instruct"],
+     "(did you mean 'smollm2-135m-instruct'?)"),
+    (["asymmetry", "--answers-from", "EMPTY"], "--answers-from EMPTY: not a finished run"),
+    (["run", "MODEL_TYPO"], "unknown model spec 'qwen2.5-coder-0.5b-instrct' (did you mean "
+                            "'qwen2.5-coder-0.5b-instruct'?)"),
+    # a hub id passes the model check offline: the template's error comes next
+    (["asymmetry", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--template", "nope"],
+     "unknown template 'nope'"),
+    (["asymmetry", "--device-map", "everywhere"], "--device-map 'everywhere': use one of auto"),
+    # a layer option's grammar needs no model: before the run is read
+    (["run", "BAD_BAND"], "--band ([steering] band): layers 'lats8': cannot parse 'lats8'"),
+    (["lens", "--run", "EMPTY", "--band", "last0"], "--band ([lens] band): layers 'last0'"),
+    (["patch", "--run", "EMPTY", "--layers", "3-x"], "cannot parse '3-x'"),
 ])
 def test_a_bad_input_is_one_line_before_any_heavy_import(argv, said, tmp_path):
     (tmp_path / "EMPTY").mkdir()
     (tmp_path / "TYPO").write_text('[asymmetry]\ndatasets = ["squad_v2"]\nlimt = 3\n')
     (tmp_path / "BAD_STAGE_VALUE").write_text('[asymmetry]\ndatasets = ["squad_v2"]\n'
                                               '[lens]\nheldout = 3\n')
+    (tmp_path / "MODEL_TYPO").write_text('[asymmetry]\ndatasets = ["squad_v2"]\n'
+                                         'models = ["smollm2-135m-instruct", '
+                                         '"qwen2.5-coder-0.5b-instrct"]\n')
+    (tmp_path / "BAD_BAND").write_text('[asymmetry]\ndatasets = ["squad_v2"]\n'
+                                       '[steering]\nband = "lats8"\n')
     res, err = _run(argv, tmp_path)
     assert res["code"] == 2, err
     lines = [x for x in err.splitlines() if x.strip()]
@@ -73,6 +98,24 @@ def test_help_imports_no_heavy_library(argv, tmp_path):
     assert res["heavy"] == []
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["steer", "--help"]])
+def test_help_shows_flags_without_a_type_and_each_command_whole(argv):
+    """A flag is ``--debug`` or ``--figures / --no-figures``, never ``--debug <bool>``."""
+    from typer.testing import CliRunner
+
+    from interp import cli
+
+    res = CliRunner().invoke(cli.app, argv, terminal_width=80)
+    assert res.exit_code == 0, res.output
+    assert "<bool>" not in res.output and "--help " in res.output
+    if argv == ["--help"]:
+        assert "  --debug  show the traceback of an error instead of one line" in res.output
+        # each command's first sentence whole, wrapped at the width (click would cut it)
+        assert "run               Run a configured grid (models x datasets) and its stages." \
+            in res.output
+        assert not [x for x in res.output.splitlines()[1:] if x.endswith("...")]
+
+
 def test_study_1_says_what_it_is_about_to_do_before_the_model_loads(tmp_path):
     """Study 1's first line says which model, how many records of which datasets, and where.
 
@@ -80,22 +123,24 @@ def test_study_1_says_what_it_is_about_to_do_before_the_model_loads(tmp_path):
     before any model work.
     """
     out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(
-        ["asymmetry", "--limit", "2", "--dataset", "drop", "--model", "no-such-model"]),
+        ["asymmetry", "--limit", "2", "--dataset", "drop", "--model", "no-such/model"]),
         json.dumps(HEAVY)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     first = out.stdout.splitlines()[0]
-    assert first == ("Study 1: no-such-model answers and judges 2 drop records into "
+    assert first == ("Study 1: no-such/model answers and judges 2 drop records into "
                      "runs/asymmetry (if interrupted, the same command resumes)"), out.stdout
     assert json.loads(out.stdout.strip().splitlines()[-1])["code"] == 2   # then refused
     assert not (tmp_path / "runs" / "asymmetry" / "records.jsonl").exists()
 
 
-def _finished_run(root, damaged: bool = False):
+def _finished_run(root, damaged: bool = False, records: bool = True):
     """A run directory as Study 1 leaves it (a 30-layer model), no model needed to read it."""
     run = root / "RUN"
     run.mkdir()
     (run / "manifest.json").write_text(json.dumps({
         "config": {"model": "smollm2-135m-instruct", "datasets": ["squad_v2"]},
         "model": {"spec": "smollm2-135m-instruct", "n_layers": 30, "n_heads": 9}}))
+    if not records:
+        return run
     rows = [json.dumps({"id": i, "dataset": "squad_v2", "status": "ok"}) for i in "abc"]
     if damaged:
         rows[1] = rows[1][:-1]  # a lost brace: the file is damaged, not torn
@@ -120,9 +165,26 @@ def test_a_run_reading_error_is_one_line_before_any_heavy_import(argv, said, tmp
     assert res["heavy"] == [], f"{argv}: imported {res['heavy']} before refusing"
 
 
+@pytest.mark.parametrize(("argv", "said"), [
+    (["steer", "--run", "RUN"], "records.jsonl"),
+    (["steer", "--run", "RUN", "--heads", "2.x"], "heads '2.x': use 'all', 'top-diff:K' or"),
+    (["steer", "--run", "RUN", "--heads", "top-diff:0"], "K of top-diff:K must be a whole"),
+    (["attention", "--run", "RUN"], "records.jsonl"),
+    (["probe", "--run", "RUN"], "records.jsonl"),
+])
+def test_a_run_without_records_or_a_bad_head_spec_is_one_line_before_any_heavy_import(
+        argv, said, tmp_path):
+    """The config's check against the run's model (steering's head spec) imports no torch."""
+    _finished_run(tmp_path, records=False)
+    res, err = _run(argv, tmp_path)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert res["code"] == 2 and len(lines) == 1 and said in lines[0], err
+    assert res["heavy"] == [], f"{argv}: imported {res['heavy']} before refusing"
+
+
 @pytest.mark.parametrize("argv", [
     ["attention", "--run", "RUN"], ["lens", "--run", "RUN"], ["metrics", "--run", "RUN"],
-    ["oracle-agreement", "--run", "RUN", "--oracle", "model:x"],
+    ["oracle-agreement", "--run", "RUN", "--oracle", "model:org/x"],
     ["view", "--run", "RUN", "--id", "a"]])
 def test_a_damaged_records_line_is_named_with_how_to_recover_before_heavy_imports(argv,
                                                                                     tmp_path):

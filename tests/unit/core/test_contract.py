@@ -155,7 +155,7 @@ def test_run_config_refuses_a_missing_need_before_any_model_runs(tiny, tmp_path)
 
 def test_run_config_refuses_stages_on_a_reasoning_judge_before_any_model_runs(tmp_path):
     cfg = {"out": str(tmp_path / "runs"),
-           "asymmetry": {"models": ["no-such-model"], "datasets": ["squad_v2"], "limit": 1,
+           "asymmetry": {"models": ["no-such/model"], "datasets": ["squad_v2"], "limit": 1,
                          "template": "reasoning"},
            "steering": {"layers": "all"}}
     with pytest.raises(ConfigError, match=r"^\[asymmetry\] template 'reasoning' is a reasoning "

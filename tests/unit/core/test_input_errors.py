@@ -42,7 +42,7 @@ def test_cli_refuses_duplicate_ids_before_the_model_loads(tmp_path):
     p = tmp_path / "d4.jsonl"
     p.write_text(_line(0, "q1") + "\n" + _line(1, "q1") + "\n")
     res = CliRunner().invoke(cli.app, ["asymmetry", "--dataset", str(p), "--limit", "2",
-                                       "--model", "no-such-model", "--out", str(tmp_path / "r")])
+                                       "--model", "no-such/model", "--out", str(tmp_path / "r")])
     assert res.exit_code == 2, res.output
     assert res.output.strip().splitlines() == [
         f"error: {p}: duplicate id 'q1' (line 1 and line 2): give every record its own id"]
@@ -147,11 +147,11 @@ def test_stage_layers_are_checked_from_the_manifest_before_the_model_loads(tmp_p
 
 def test_asymmetry_into_another_models_run_is_refused_before_loading(tmp_path):
     run = _manifest_run(tmp_path / "smol", model="smollm2-135m-instruct")
-    res = CliRunner().invoke(cli.app, ["asymmetry", "--model", "no-such-qwen", "--limit", "1",
+    res = CliRunner().invoke(cli.app, ["asymmetry", "--model", "no-such/qwen", "--limit", "1",
                                        "--out", str(run)])
     assert res.exit_code == 2, res.output
     assert res.output.startswith(f"error: {run} was made with another config (model: "
-                                 f"'smollm2-135m-instruct' -> 'no-such-qwen'")
+                                 f"'smollm2-135m-instruct' -> 'no-such/qwen'")
     assert "--overwrite" in res.output
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from interp.core.errors import ConfigError, HookError, InterpError, LayerSpecError
 from interp.core.io import atomic_path, is_fresh, read_jsonl, signature, write_json, write_jsonl
-from interp.core.layers import parse_layers
+from interp.core.layers import check_layer_syntax, parse_layers
 from interp.models.points import HOOK_POINTS, decoder_layers, hook_name, parse_hook, resolve
 from interp.store.records import limit_per_dataset
 
@@ -36,6 +37,47 @@ def test_parse_layers_refuses_with_the_valid_range(spec):
         parse_layers(spec, 30)
     assert isinstance(err.value, InterpError)
     assert "0-29" in str(err.value) or "cannot parse" in str(err.value)
+
+
+@pytest.mark.parametrize("spec", ["all", "last8", " LAST40 ", "24-31", "-8--1", "3--1",
+                                  "0,4,-1", "99", 5, [3, -1], None])
+def test_layer_syntax_accepts_the_grammar_without_the_model(spec):
+    check_layer_syntax(spec)  # a layer outside a model is parse_layers' to refuse
+
+
+@pytest.mark.parametrize(("spec", "said"), [
+    ("lats8", "cannot parse 'lats8'"), ("last0", "lastK needs K >= 1"), ("", "empty"),
+    ("1,,2", "cannot parse ''"), ("3-1", "range 3-1 is empty"), ("-1--3", "range -1--3"),
+    ("3-x", "cannot parse '3-x'"), ([], "not a layer selection"), (True, "not a layer"),
+    (["1"], "not a layer selection"), (1.5, "not a layer selection")])
+def test_layer_syntax_refuses_what_no_model_could_parse(spec, said):
+    with pytest.raises(LayerSpecError, match=re.escape(said)):
+        check_layer_syntax(spec)
+    if isinstance(spec, str):  # the model-aware parser refuses it too
+        with pytest.raises(LayerSpecError):
+            parse_layers(spec, 30)
+
+
+def test_model_spec_check_needs_no_torch_and_names_the_nearest_alias(tmp_path, monkeypatch):
+    from interp.core.errors import ModelSpecError
+    from interp.models.files import check_model_spec
+
+    assert check_model_spec("SmolLM2-135M-Instruct") == "smollm2-135m-instruct"
+    assert check_model_spec("HuggingFaceTB/SmolLM2-135M-Instruct") == "smollm2-135m-instruct"
+    assert check_model_spec("meta-llama/Llama-3.1-8B-Instruct@main") == (
+        "meta-llama/Llama-3.1-8B-Instruct@main")  # a hub id: no network asked
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "config.json").write_text("{}")
+    assert check_model_spec(str(tmp_path / "ck")) == str(tmp_path / "ck")
+    for spec, said in (("smollm2-135m-instrct", "unknown model spec 'smollm2-135m-instrct' "
+                                                "(did you mean 'smollm2-135m-instruct'?)"),
+                       ("zzz", "unknown model spec 'zzz': use a bundled alias"),
+                       (str(tmp_path), "is a directory without config.json"),
+                       (str(tmp_path / "gone"), "does not exist: a model path"),
+                       ("a/b/c", "a/b/c does not exist"),
+                       (str(tmp_path / "m.gguf"), "m.gguf does not exist")):
+        with pytest.raises(ModelSpecError, match=re.escape(said)):
+            check_model_spec(spec)
 
 
 def test_hook_points_resolve_on_tiny_llama(tiny):
