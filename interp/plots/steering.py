@@ -85,6 +85,17 @@ def judge_panel(ax: Any, summary: Mapping[str, Any],
     return labels
 
 
+def _context_and_control(ax: Any, summary: Mapping[str, Any], control: Mapping[str, Any],
+                         key: str, marker: str) -> None:
+    """One judge statistic by alpha: the context keys' line, the control's dashed."""
+    for part, lab, ls, mfc in ((summary, "context keys steered", "-", None),
+                               (control, "control: non-context keys", "--", "none")):
+        xs, ys, err, bare = _series(part, "eval", key)
+        if xs:
+            ax.errorbar(xs, ys, yerr=err, marker=marker, ms=5, capsize=3, ls=ls, mfc=mfc,
+                        color=COLORS["eval"], label=_bare_label(lab, bare, xs))
+
+
 def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
                   name: str = "steering") -> Path:
     """EA and acceptance of the judge, GA of the generator, and context mass vs alpha.
@@ -114,12 +125,7 @@ def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
                                                                             else 3]]
     if ranked:   # the judge's ranking: what decides whether it is right more often
         ax = cells[5]
-        for part, lab, ls, mfc in ((summary, "context keys steered", "-", None),
-                                   (control, "control: non-context keys", "--", "none")):
-            xs, ys, err, bare = _series(part, "eval", "auc")
-            if xs:
-                ax.errorbar(xs, ys, yerr=err, marker="D", ms=5, capsize=3, ls=ls, mfc=mfc,
-                            color=COLORS["eval"], label=_bare_label(lab, bare, xs))
+        _context_and_control(ax, summary, control, "auc", "D")
         ax.axhline(0.5, color="0.5", lw=0.6)
         ax.set_ylim(-0.04, 1.04)
         ax.set_title("judge: AUC of logit_diff against y* (0.5: chance)", fontsize=9)
@@ -131,12 +137,7 @@ def plot_steering(summary: Mapping[str, Any], out_dir: str | Path,
     if control.get("eval"):
         judge_panel(axes[3], control, "control: the judge, NON-context keys steered")
     ax = axes[-1]
-    for part, lab, ls, mfc in ((summary, "context keys steered", "-", None),
-                               (control, "control: non-context keys", "--", "none")):
-        xs, ys, err, bare = _series(part, "eval", "logit_diff")
-        if xs:
-            ax.errorbar(xs, ys, yerr=err, marker="o", ms=5, capsize=3, ls=ls, mfc=mfc,
-                        color=COLORS["eval"], label=_bare_label(lab, bare, xs))
+    _context_and_control(ax, summary, control, "logit_diff", "o")
     ax.axhline(0.0, color="0.5", lw=0.6)
     ax.set_title("judge: mean logit_diff (> 0: 'Correct' more likely)", fontsize=9)
     ax = axes[1]
