@@ -204,17 +204,16 @@ def _ranking(d: Any, rng: np.random.Generator, n_boot: int) -> dict[str, Any]:
     bs = ClusterBootstrap(grp, n_boot, rng)
     strata = d.dataset.tolist()  # within a dataset: pooled, a base rate alone would score
     scores = [(+1, "ld"), (-1, "ld_1")] + ([(-1, "ld_c"), (+1, "ld_1_c")] if "ld_c" in d else [])
-    value, samples = 0.0, 0.0
+    value, samples, aucs = 0.0, 0.0, {}
     for sign, col in scores:
         x = d[col].to_numpy(float)
-        auc = stratified_auc(y, x, strata)
+        aucs[col] = auc = stratified_auc(y, x, strata)
         value = None if value is None or auc is None else value + sign * auc
         boot = bs.aucs(y, x, strata)
         samples = None if samples is None or boot is None else samples + sign * boot
     base = {"n": n, "n_passages": n_p}
     out = {"auc": {"mean": value, "ci": bs.interval(samples) if value is not None else None,
-                   "auc_alpha": stratified_auc(y, d.ld.to_numpy(float), strata),
-                   "auc_alpha1": stratified_auc(y, d.ld_1.to_numpy(float), strata), **base}}
+                   "auc_alpha": aucs["ld"], "auc_alpha1": aucs["ld_1"], **base}}
     acc = d.d_accept.to_numpy(float)
     gap = float(acc[y].mean() - acc[~y].mean()) if y.any() and (~y).any() else None
     ci = None
@@ -340,6 +339,19 @@ def summarise(df: Any, cfg: SteeringConfig, band: list[int], units: Mapping[int,
     return s
 
 
+def _table_rows(part: list[dict[str, Any]], context: Mapping[str, Any], passage: str
+                ) -> list[dict[str, Any]]:
+    """A record's stored rows as rows of the table, with its passage.
+
+    A part written before the control has no ``keys``: its rows steered the context's keys
+    (``n_keys`` the context span's length in that task's prompt, ``context`` its
+    ``(start, end)``; None without the prompt), and their ``steered_mass`` is the context mass.
+    """
+    return [{"keys": "context", "n_keys": context[r["task"]][1] - context[r["task"]][0]
+             if r["task"] in context else None, "steered_mass": r["context_mass"], **r,
+             "passage": passage} for r in part]
+
+
 def _steer_records(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig, *,
                    overwrite: bool) -> tuple[Any, ...]:
     """Steps 1-2 of the module algorithm: ``(records, rows, band, units, made now)``."""
@@ -375,10 +387,8 @@ def _steer_records(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig, *,
                 write_json(f, {"signature": sig, "rows": part})
                 made += 1
                 bar.update(1)
-            ctx = {t: tuple(p.token_spans["context"]) for t, p in prompts.items()}
-            rows += [{"keys": "context", "n_keys": ctx[r["task"]][1] - ctx[r["task"]][0],
-                      "steered_mass": r["context_mass"], **r, "passage": passage}
-                     for r in part]  # parts written before the control: the context's keys
+            rows += _table_rows(part, {t: p.token_spans["context"] for t, p in prompts.items()},
+                                passage)
     return records, rows, band, units, made
 
 
@@ -482,11 +492,9 @@ def summarise_stored(run_dir: RunDir | str | Path, cfg: SteeringConfig, *,
         if not f.exists():
             raise StageError(SPEC.name, f"{f} is missing: steer that record first (run the "
                                         "stage with its model)")
-        spans = {t: tuple(p["token_spans"]["context"])
-                 for t, p in (rec.get("prompts") or {}).items()}
-        part = [{"keys": "context", "n_keys": spans[r["task"]][1] - spans[r["task"]][0]
-                 if r["task"] in spans else None, "steered_mass": r["context_mass"], **r,
-                 "passage": passage} for r in read_json(f)["rows"]]
+        part = _table_rows(read_json(f)["rows"],
+                           {t: p["token_spans"]["context"]
+                            for t, p in (rec.get("prompts") or {}).items()}, passage)
         if lack := want - {(r["task"], r["keys"], float(r["alpha"])) for r in part}:
             raise StageError(SPEC.name, f"{f} has no rows for (task, keys, alpha) "
                                         f"{sorted(lack)}: steer it again with this config")
