@@ -27,6 +27,7 @@ __all__ = [
     "bundled_splits",
     "detect_format",
     "load_examples",
+    "load_study_split",
     "passage_key",
     "passage_turns",
     "round_robin",
@@ -426,6 +427,42 @@ def passage_turns(items: Iterable[Any], count: int,
         raise DataError(f"count must be >= 1, got {count!r}")
     order: dict[Hashable, int] = {}
     return [order.setdefault(key(it), len(order)) % count for it in items]
+
+
+def load_study_split(source: str | os.PathLike[str], split: str, *, limit: int | None = None,
+                     from_hub: bool = False) -> list[QAExample]:
+    """The records of one side of a train/validation study, disjoint from the other by passage.
+
+    A named dataset (:data:`interp.data.DATASETS`) has its own splits: this is
+    :func:`load_examples` of ``split``. A file holds one set of records, which
+    :func:`load_examples` returns whatever split is asked, so training on ``split="train"``
+    and evaluating on ``split="validation"`` of the same file would evaluate on the records
+    trained on. Here its passages are dealt out in turn (:func:`passage_turns`, 2 shares): the
+    1st, 3rd, 5th ... passage (share 0) are the validation side, the 2nd, 4th ... (share 1)
+    the train side, so no passage is on both sides and a file of one record per passage is
+    cut in half.
+
+    Args:
+        source: A dataset name or a file (as :func:`load_examples`).
+        split: ``"train"`` or ``"validation"`` (alias ``"dev"``).
+        limit: Keep the first ``limit`` of this side, in round-robin order (None: all).
+        from_hub: As :func:`load_examples` (named datasets only).
+
+    Returns:
+        The examples of this side, in round-robin passage order.
+
+    Raises:
+        DataError: as :func:`load_examples`; an unknown split.
+    """
+    split = _norm_split(split)
+    if os.fspath(source) in DATASETS:
+        return load_examples(source, split=split, limit=limit, from_hub=from_hub)
+    if split not in ("train", "validation"):
+        raise DataError(f"a file's study split is 'train' or 'validation', got {split!r}")
+    every = load_examples(source, split=split, from_hub=from_hub)
+    side = 0 if split == "validation" else 1
+    kept = [ex for ex, turn in zip(every, passage_turns(every, 2), strict=True) if turn == side]
+    return kept if limit is None else kept[:limit]
 
 
 def round_robin(items: Sequence[T], limit: int | None = None,

@@ -6,7 +6,8 @@ The study around them (training, evaluation, table, cross-model patching, figure
 Algorithm:
 
 1. **Training pool** (:func:`training_pool`). Load the train split of each configured dataset
-   (:func:`interp.data.load_examples`, ``split="train"``; DROP has none: a clear error), keep
+   (:func:`interp.data.load_study_split`: a file's even passages, never those evaluated on;
+   DROP has no bundled train split: a clear error), keep
    answerable records whose longest training sequence (eval prompt + verdict, plus room for a
    hard negative) fits ``max_length`` tokens, and take the first ``max_train_examples`` of
    them (pooled over the datasets, in order).
@@ -75,7 +76,7 @@ from typing import Any, Protocol
 import torch
 
 from interp.core.errors import StageError
-from interp.data import DataError, QAExample, load_examples
+from interp.data import DataError, QAExample, load_study_split
 from interp.hooks.guard import inference_guard
 from interp.judging.grading import BaseOracle, extract_answer, is_abstention, normalize_answer
 from interp.judging.prompts import Template, get_template, render
@@ -436,7 +437,7 @@ def training_pool(config: TransferSettings, tokenizer: Any, template: Template, 
     eot = end_of_turn_ids(tokenizer)[0]
     for ds in config.datasets:
         try:
-            examples = load_examples(ds, split="train", from_hub=config.from_hub)
+            examples = load_study_split(ds, "train", from_hub=config.from_hub)
         except DataError as err:
             raise StageError("transfer",
                              f"the transfer study trains on the train split of {ds!r}, "

@@ -1,9 +1,10 @@
 """The transfer stage on the bundled model and real SQuAD records (one optimizer step).
 
-The two records are the first two of the bundled SQuAD 2.0 validation split with their
-contexts cut to 300 characters (:func:`interp.testing.rehearsal_datasets`), one file that is
-both the training pool and the evaluation set: the stage's every step runs as on the whole
-records, on prompts about half as long (the patching at every position most of all).
+The four records are the first four of the bundled SQuAD 2.0 validation split (four passages)
+with their contexts cut to 300 characters (:func:`interp.testing.rehearsal_datasets`), one
+file whose passages the stage deals out in turn (:func:`interp.data.load_study_split`): the 1st
+and 3rd are evaluated on, the 2nd and 4th trained on. The stage's every step runs as on the
+whole records, on prompts about half as long (the patching at every position most of all).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def _logits(model, ids):
 def test_transfer_stage_end_to_end(bundled, tmp_path):
     # one optimizer step per adapter: the bundled model trains at minutes per step on a busy
     # 2-core CPU
-    data = rehearsal_datasets(tmp_path / "data", n=2, max_chars=300, names=("squad_v2",))
+    data = rehearsal_datasets(tmp_path / "data", n=4, max_chars=300, names=("squad_v2",))
     cfg = TransferConfig(datasets=[data["squad_v2"]], max_train_examples=2, eval_limit=2,
                          train_batch_size=2,
                          patch_examples=1, patch_layers=[29], n_boot=50,
@@ -48,10 +49,14 @@ def test_transfer_stage_end_to_end(bundled, tmp_path):
     assert len(hn) == 2
     assert s["hard_negative_fallback_rate"] == sum(r["fallback"] for r in hn) / 2
     # the base evaluation equals Study 1's harness on the same records
-    from interp.data import load_examples
+    from interp.data import load_study_split
     from interp.methods.asymmetry import evaluate_examples
 
-    recs = evaluate_examples(bundled, load_examples(data["squad_v2"], limit=2),
+    val = load_study_split(data["squad_v2"], "validation", limit=2)
+    trained = [r["id"] for r in hn]                 # the pool: the file's other passages
+    assert trained == [e.id for e in load_study_split(data["squad_v2"], "train")]
+    assert not set(trained) & {e.id for e in val}
+    recs = evaluate_examples(bundled, val,
                              template=get_template("default"), oracle=RuleOracle(),
                              max_new_tokens=cfg.max_new_tokens,
                              verdict_max_new_tokens=cfg.verdict_max_new_tokens)

@@ -65,7 +65,7 @@ from interp.core.io import (
 from interp.core.layers import parse_layers
 from interp.core.names import safe_name
 from interp.core.progress import tqdm
-from interp.data import QAExample, load_examples
+from interp.data import QAExample, load_study_split
 from interp.judging.grading import BaseOracle, make_oracle
 from interp.judging.prompts import Template, get_template, render
 from interp.methods.asymmetry import evaluate_examples
@@ -363,8 +363,8 @@ def _prepare(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferCon
     check_in_memory(handle, "the transfer stage (LoRA training)")
     template = get_template(cfg.template, cfg.templates_path)
     pool = training_pool(cfg, handle.tokenizer, template, log=log)
-    val = {ds: load_examples(ds, split="validation", limit=cfg.eval_limit,
-                             from_hub=cfg.from_hub) for ds in cfg.datasets}
+    val = {ds: load_study_split(ds, "validation", limit=cfg.eval_limit, from_hub=cfg.from_hub)
+           for ds in cfg.datasets}
     reconcile_config(tdir, cfg, overwrite, provenance(handle, cfg, template, pool, val))
     if run_dir.manifest_path.exists():  # the full runtime facts, per stage (checked above)
         stage_facts(run_dir, handle, SPEC.name, overwrite=True)

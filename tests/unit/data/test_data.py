@@ -28,6 +28,7 @@ from interp.data import (
     examples_from_drop,
     examples_from_squad_v2,
     load_examples,
+    load_study_split,
     passage_key,
     round_robin,
     save_examples,
@@ -251,6 +252,24 @@ def test_save_load_roundtrip(tmp_path):
     assert list(first) == ["id", "dataset", "split", "question", "context", "answers",
                            "answerable", "extras"]
     assert detect_format(out) == "jsonl"
+
+
+def test_study_split_of_a_file_is_disjoint_by_passage(tmp_path):
+    """One file for train and validation: its passages dealt out in turn, none on both sides."""
+    exs = load_examples("drop", limit=30)  # DROP: several questions a passage
+    out = save_examples(exs, tmp_path / "drop.jsonl")
+    val, train = load_study_split(out, "validation"), load_study_split(out, "train")
+    keys = lambda side: {passage_key(e) for e in side}  # noqa: E731
+    assert keys(val) & keys(train) == set()
+    assert sorted(e.id for e in val + train) == sorted(e.id for e in exs)
+    first = list(dict.fromkeys(passage_key(e) for e in exs))
+    assert keys(val) == set(first[0::2]) and keys(train) == set(first[1::2])
+    assert load_study_split(out, "dev", limit=3) == val[:3]
+    # a named dataset keeps its own splits
+    assert load_study_split("squad_v2", "train", limit=4) == load_examples(
+        "squad_v2", split="train", limit=4)
+    with pytest.raises(DataError, match="'train' or 'validation'"):
+        load_study_split(out, "test")
 
 
 def test_from_dict_accepts_top_level_and_nested_extras():
