@@ -48,6 +48,7 @@ from interp.core.errors import StageError
 from interp.data import passage_key
 
 __all__ = ["DEGENERATE_MARK", "MIN_FIT_CLASS", "MIN_FIT_RECORDS", "MIN_PASSAGES",
+           "MIN_QUANTILE_PERMUTATIONS", "null_level",
            "ClusterBootstrap", "binary_metrics", "cluster_bootstrap_auc",
            "cluster_bootstrap_auc_difference", "cluster_bootstrap_mean",
            "cluster_bootstrap_ratio", "correlations", "fold_summary", "make_folds", "mcnemar",
@@ -58,6 +59,37 @@ __all__ = ["DEGENERATE_MARK", "MIN_FIT_CLASS", "MIN_FIT_RECORDS", "MIN_PASSAGES"
            "stratified_auc", "wilson_ci"]
 
 Array = np.ndarray
+
+MIN_QUANTILE_PERMUTATIONS = 20
+"""Fewest permutations whose null is reported as a 95th percentile. With fewer draws the 95th
+percentile is an interpolation between the largest two (with 2 draws, 95% of the way from the
+smaller to the larger), not a level that 5% of the null passes: :func:`null_level` gives the
+largest draw instead and says so."""
+
+
+def null_level(null, q95: float | None = None) -> tuple[float, str]:
+    """The level of a permutation null to draw or compare with, and its words.
+
+    Args:
+        null: the null's draws (a sequence of floats; at least one).
+        q95: their stored 95th percentile, if any (else computed).
+
+    Returns:
+        ``(95th percentile, "95th pct (N perms)")`` with at least
+        :data:`MIN_QUANTILE_PERMUTATIONS` draws, else ``(max, "largest of N perms (too few
+        for a 95th pct)")``.
+
+    Raises:
+        ValueError: no draws.
+    """
+    arr = np.asarray(list(null), float)
+    if not arr.size:
+        raise ValueError("a permutation null needs at least one draw")
+    n = arr.size
+    if n >= MIN_QUANTILE_PERMUTATIONS:
+        return float(np.quantile(arr, 0.95) if q95 is None else q95), f"95th pct ({n} perms)"
+    return float(arr.max()), f"largest of {n} perm{'s' * (n != 1)} (too few for a 95th pct)"
+
 
 
 def resample_indices(n: int, n_boot: int, rng: np.random.Generator) -> Int[Array, "n_boot n"]:

@@ -201,6 +201,10 @@ def plot_directions(summary: Mapping[str, Any], out_dir: str | Path) -> Path:
         if rows and rows[0].get("perm_q95") is not None:
             a.plot(x, [r["perm_q95"] for r in rows], ":", color=color,
                    label=f"{m}: 95% of |cos| under shuffled labels")
+        elif rows and rows[0].get("perm_max") is not None:
+            a.plot(x, [r["perm_max"] for r in rows], ":", color=color,
+                   label=f"{m}: largest |cos| of {rows[0]['perm_n']} shuffled labels "
+                         f"(too few for a 95th pct)")
     a.axhspan(-band, band, color="grey", alpha=0.2,
               label=f"95% of random directions (+/-{band:.3f})")
     a.axhline(0, color="grey", linewidth=0.6)

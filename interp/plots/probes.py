@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from interp.analysis.stats import MIN_FIT_RECORDS, fit_note
+from interp.analysis.stats import MIN_FIT_RECORDS, fit_note, null_level
 from interp.plots.common import footnote, plt, save
 
 _PROBE_METRICS = [("auc", "ROC AUC", "auc"), ("f1", "F1 (Correct)", "f1"),
@@ -53,9 +53,10 @@ def _probe_panel(ax: Any, results: Mapping[str, Any], task: str, key: str, label
     pm = t.get("permutation")
     if key == "auc":
         ax.axhline(0.5, color="grey", ls=":", lw=1, label="chance AUC / majority-class accuracy")
-        if pm and pm.get("metric") == "auc" and pm.get("null_q95") is not None:
-            ax.axhline(pm["null_q95"], color="tab:red", ls="-.", lw=1,
-                       label=f"best cell under permuted labels, 95th pct ({pm['n']} perms)")
+        if pm and pm.get("metric") == "auc" and pm.get("null"):
+            level, what = null_level(pm["null"], pm.get("null_q95"))
+            ax.axhline(level, color="tab:red", ls="-.", lw=1,
+                       label=f"best cell under permuted labels, {what}")
     if key == "accuracy":
         ax.axhline(results["majority_baseline_accuracy"], color="grey", ls=":", lw=1,
                    label="chance AUC / majority-class accuracy")

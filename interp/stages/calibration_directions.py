@@ -337,6 +337,15 @@ def _ci(x: Mapping[str, Any], key: str, p: str = "+.2f") -> str:
     return f"{v:{p}}" + (f" [{ci[0]:{p}}, {ci[1]:{p}}]" if ci else "")
 
 
+def _perm_words(row: Mapping[str, Any]) -> str:
+    """A cosine row's label-permutation level in words (its 95th pct, else the largest)."""
+    if row.get("perm_q95") is not None:
+        return f"label-permutation 95%: {row['perm_q95']:.3f}"
+    if row.get("perm_max") is not None:
+        return f"label permutations' largest of {row['perm_n']}: {row['perm_max']:.3f}"
+    return "no label permutation"
+
+
 def format_directions(d: Mapping[str, Any]) -> str:
     """The directions part in a few lines: best cosine, cross-decoding, the causal sweep."""
     lines = [f"directions ({d['pool']} over the answer tokens; resid_post): {d['n']} records, "
@@ -344,7 +353,7 @@ def format_directions(d: Mapping[str, Any]) -> str:
     for m, rows in d["cosine"].items():
         top = max(rows, key=lambda r: abs(r["cos"]))
         lines.append(f"  {m}: largest |cos| {top['cos']:+.3f} at layer {top['layer']} "
-                     f"(label-permutation 95%: {top['perm_q95'] or float('nan'):.3f})")
+                     f"({_perm_words(top)})")
         cd = d["cross_decoding"][m]
         best = max(range(len(cd["gen_on_judge"])),
                    key=lambda i: cd["gen_on_judge"][i]["auc"] or 0)

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from interp.analysis.stats import fit_note, make_folds, passage_groups
+from interp.analysis.stats import fit_note, make_folds, null_level, passage_groups
 from interp.core.contract import stage_of
 from interp.core.errors import StageError
 from interp.core.io import is_fresh, read_json, signature, write_json
@@ -360,7 +360,7 @@ def format_summary(results: Mapping[str, Any]) -> str:
         if pm := t.get("permutation"):
             lines.append(f"   permutation null of the best {pm['probe']} cell ({pm['n']} label "
                          f"permutations): {pm['metric'].upper()} observed {pm['observed']:.3f}, "
-                         f"null mean {pm['null_mean']:.3f}, 95th pct {pm['null_q95']:.3f}, "
+                         f"null mean {pm['null_mean']:.3f}, {_null_words(pm)}, "
                          f"p = {pm['p_value']:.3f}")
     tr = results.get("transfer")
     if tr and tr["possible"]:
@@ -375,3 +375,9 @@ def format_summary(results: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _null_words(pm: Mapping[str, Any]) -> str:
+    """``95th pct 0.612`` (or ``largest of 2 perms ... 0.598``): the null's level in words."""
+    if not pm.get("null"):
+        return "no permutation fitted"
+    level, what = null_level(pm["null"], pm.get("null_q95"))
+    return f"{what} {level:.3f}"

@@ -235,3 +235,17 @@ def test_fit_note_flags_a_fit_on_too_few_records():
     assert fit_note(200, {"correct": 198, "incorrect": 2}) is not None  # one class too rare
     assert fit_note(200, {"correct": 100, "incorrect": 100}) is None
     assert fit_note(MIN_FIT_RECORDS) is None
+
+
+def test_null_level_is_a_95th_percentile_only_with_enough_permutations():
+    from interp.analysis.stats import MIN_QUANTILE_PERMUTATIONS, null_level
+
+    level, words = null_level([0.5, 0.7])           # 2 draws: np.quantile gives 0.69
+    assert level == 0.7 and words == "largest of 2 perms (too few for a 95th pct)"
+    assert null_level([0.6]) == (0.6, "largest of 1 perm (too few for a 95th pct)")
+    draws = np.linspace(0.0, 1.0, MIN_QUANTILE_PERMUTATIONS + 1)
+    level, words = null_level(draws)
+    assert level == pytest.approx(0.95) and words == "95th pct (21 perms)"
+    assert null_level(draws, q95=0.9)[0] == 0.9     # a stored percentile is kept
+    with pytest.raises(ValueError, match="at least one draw"):
+        null_level([])

@@ -119,6 +119,9 @@ def test_one_shared_direction_gives_cosine_near_one_and_cross_decodes():
         assert at[1]["cos"] > 0.9 and at[1]["cos"] > at[1]["perm_q95"]
         assert abs(at[0]["cos"]) < at[0]["perm_q95"] + 0.2
         assert 0 < at[1]["perm_p"] <= 1 / 21 + 1e-12
+        assert at[1]["perm_n"] == 20 and at[1]["perm_max"] >= at[1]["perm_q95"]
+    few = direction_cosines(X, J, y, [1], n_perm=3, seed=0)["mass_mean"][0]
+    assert few["perm_q95"] is None and few["perm_n"] == 3 and few["perm_max"] < few["cos"]
     from interp.analysis.stats import roc_auc
 
     cd = cross_decode(X, J, y, groups, [0, 1, 2], folds=4, seed=0)
