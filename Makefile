@@ -107,8 +107,8 @@ transfer: $(STAMP)
 # Two tiers (docs/development.md says which to run when, and how long each takes).
 # `make check`, before a commit: ruff, the docs site (warnings are errors) and the unit tests
 # (tiny models built in code, no model file): pytest -m "not slow".
-# `make test`, before a push and in CI: `make check`, then the two notebooks (bundled model,
-# a few records) and every test marked slow: equivalence (backends agree, recorder = eager,
+# `make test`, before a push and in CI: `make check`, then, in one pytest call, the two
+# notebooks (bundled model, a few records) and every test marked slow: equivalence (backends agree, recorder = eager,
 # batched = single), integration (bundled models, real records), the golden pins and the
 # rehearsal of experiments/paper.toml.
 # Each pytest call runs in TEST_WORKERS processes (pytest-xdist; whole files per worker, so a
@@ -130,9 +130,7 @@ check: $(STAMP)
 	$(PYTEST) -m "not slow"
 
 test: check
-	OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -q $(XDIST) --nbmake \
-		--nbmake-timeout=900 docs/tutorial.ipynb docs/recipes.ipynb
-	$(PYTEST) -m slow
+	$(PYTEST) -m slow --nbmake --nbmake-timeout=900 tests docs/tutorial.ipynb docs/recipes.ipynb
 
 # The unit tests alone. They need no model file: tests/unit/conftest.py hides the bundled
 # models for the whole test run.

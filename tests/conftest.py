@@ -43,18 +43,28 @@ def _folder(item) -> str | None:
         return None
 
 
+def _notebook(item) -> bool:
+    return str(item.fspath).endswith(".ipynb")
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark each test by its folder: ``slow`` and the folder's name outside ``tests/unit``.
 
-    The rehearsal's tests go first: its module fixture (every stage of the paper config) is
-    the longest single item, so with worker processes (``make test``: ``pytest -n``) one
-    worker starts it while the other takes the rest, instead of it running last, alone.
+    The docs' notebooks (collected with ``--nbmake``) are ``slow`` too, so ``make test`` runs
+    them in the same worker pool as the other slow tests. The rehearsal's tests go first, then
+    the notebooks: the rehearsal's module fixture (every stage of the paper config) is the
+    longest single item and each notebook a long one, so with worker processes (``make
+    test``: ``pytest -n``) they start while the other worker takes the rest, instead of
+    running last, alone.
     """
     for item in items:
         if (folder := _folder(item)) in SLOW_FOLDERS:
             item.add_marker(pytest.mark.slow)
             item.add_marker(getattr(pytest.mark, folder))
-    items.sort(key=lambda item: _folder(item) != "rehearsal")   # stable: order kept otherwise
+        elif _notebook(item):
+            item.add_marker(pytest.mark.slow)
+    # stable: the order is kept otherwise
+    items.sort(key=lambda item: (_folder(item) != "rehearsal", not _notebook(item)))
 
 
 @pytest.fixture(scope="session")
