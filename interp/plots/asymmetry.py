@@ -104,6 +104,7 @@ def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
     axes[1].axhline(0, color="black", lw=0.8)
     axes[1].set_ylabel("EA − GA")
     axes[1].set_title("Asymmetry Δ", fontsize=10)
+    axes[1].legend(frameon=False, fontsize=7, ncol=2, loc="upper center")
     _verdict_split_panel(axes[2], groups, labels)
     axes[2].tick_params(axis="x", labelsize=7)
     fig.suptitle(f"Task asymmetry — {', '.join(metrics.get('models', []))} (CIs: bootstrap "

@@ -70,8 +70,9 @@ def _probe_panel(ax: Any, results: Mapping[str, Any], task: str, key: str, label
         # one clause a line, so the box stays inside a narrow panel
         perm = permutation_text(pm).replace(" (best", "\n(best", 1)
         few = fit_note(results.get("n_records", MIN_FIT_RECORDS), results.get("class_counts"))
-        ax.text(0.02, 0.03, f"best: {b['probe']} L{b['layer']} {b['pool']}\n"
-                f"AUC {b['auc']:.2f}{'*' * bool(few)}, F1 {b['f1']:.2f}{perm}"
+        ax.text(0.02, 0.03, f"best of {len(rows)} cells: {b['probe']} L{b['layer']} "
+                f"{b['pool']}\nfold-mean AUC {b['auc']:.2f}{'*' * bool(few)}, "
+                f"F1 {b['f1']:.2f}{perm}"
                 + (f"\n* {textwrap.fill(few, 48)}" if few else ""),
                 transform=ax.transAxes,
                 fontsize=8, va="bottom", bbox={"fc": "white", "ec": "0.7", "alpha": 0.85})
