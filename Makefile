@@ -54,9 +54,11 @@ study: $(STAMP)
 # sensitivity on the same records (experiments/findings_gap.toml) and, for SmolLM2, on every
 # bundled SQuAD 2.0 and DROP record (experiments/findings_pool.toml); then steering at x8 and x16
 # (experiments/findings_steer.toml); then the verdict lens and the pairwise judge
-# (experiments/findings_views.toml); then the calibration card, the self-check, the cache test
-# and the correctness directions on their own 150 SQuAD 2.0 records a model
-# (experiments/findings_calibration.toml); then the report's table.
+# (experiments/findings_views.toml); then the candidate swap under the matched template, whose
+# SmolLM2 judge separates right from wrong (experiments/findings_matched_swap.toml); then the
+# calibration card, the self-check, the cache test and the correctness directions on their own
+# 150 SQuAD 2.0 records a model (experiments/findings_calibration.toml); then the report's
+# table.
 FINDINGS_PROCS ?= 1
 FINDINGS_RUN = OMP_NUM_THREADS=$$(( $$(nproc) / $(FINDINGS_PROCS) )) $(BIN)/torchrun --standalone \
 	--nproc_per_node $(FINDINGS_PROCS) -m interp run
@@ -65,11 +67,12 @@ FINDINGS_RUN = OMP_NUM_THREADS=$$(( $$(nproc) / $(FINDINGS_PROCS) )) $(BIN)/torc
 # starting again; `make findings-state` saves it after an interrupted run (docs/findings.md).
 FINDINGS_STATE = experiments/findings/state.parts
 FINDINGS_OUTS = findings findings_matched findings_gap findings_pool findings_steer findings_views \
-	findings_calibration
+	findings_matched_swap findings_calibration
 # Each run folder's stored work was made under one transformers version, which its stages check
 # (a part made under another version is refused, never mixed in); each config runs under its
 # own: the study, its matched, gap and pool runs under 5.24.0, the steering past x4, the two
-# new views (experiments/findings_views.toml) and the calibration under 5.25.0.
+# new views (experiments/findings_views.toml), the matched template's candidate swap and the
+# calibration under 5.25.0.
 FINDINGS_TF = $(BIN)/pip install -q --no-deps transformers==$(1)
 findings: $(STAMP)
 	$(BIN)/python -m experiments.findings --restore-state $(FINDINGS_STATE) runs
@@ -91,6 +94,9 @@ findings: $(STAMP)
 	$(BIN)/python -m experiments.findings --seed-run runs/findings runs/findings_views
 	$(FINDINGS_RUN) experiments/findings_views.toml --only lens,pairwise
 	$(BIN)/python -m experiments.findings --collect runs/findings_views figures/findings/views
+	$(BIN)/python -m experiments.findings --seed-run runs/findings_matched runs/findings_matched_swap smollm2-135m-instruct
+	$(FINDINGS_RUN) experiments/findings_matched_swap.toml --only patching
+	$(BIN)/python -m experiments.findings --collect runs/findings_matched_swap figures/findings/matched_swap
 	$(FINDINGS_RUN) experiments/findings_calibration.toml
 	$(MAKE) findings-state
 	$(BIN)/python -m experiments.findings figures/findings docs/findings.md

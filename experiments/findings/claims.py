@@ -400,7 +400,8 @@ def _patch(kind: str, sub: str = "") -> Extract:
 
     ``sub``: the published folder of another run (``gap/``: the candidate swap at another
     ``min_gap``, experiments/findings_gap.toml; ``pool/``: on every bundled record,
-    experiments/findings_pool.toml).
+    experiments/findings_pool.toml; ``matched_swap/``: under the matched template, whose
+    SmolLM2 judge separates right from wrong, experiments/findings_matched_swap.toml).
 
     With ``exact = "topk"`` each pair patches only its own top units, so a unit's ratio can
     rest on one pair; the cell takes the first-ranked unit patched on at least half the kept
@@ -1054,6 +1055,14 @@ CLAIMS: tuple[tuple[str, str, str, Extract], ...] = (
     ("... candidate swap kept at 0.5 nat, attention heads (the gap filter's sensitivity; "
      "its pairs contain the 1-nat pairs: not a replication)",
      "restored share", "system-prompt control", _patch("candidate-swap/heads", "gap/")),
+    ("... candidate swap under the matched template, whose judge separates right from wrong "
+     "(SmolLM2), residual stream", "restored share", "its system-prompt control",
+     _patch("candidate-swap/resid", "matched_swap/")),
+    ("... candidate swap under the matched template, whose judge separates right from wrong "
+     "(SmolLM2), attention heads", "restored share", "its system-prompt control",
+     _patch("candidate-swap/heads", "matched_swap/")),
+    ("... the matched template's system-prompt control", "restored share",
+     "(this row is the control)", _patch("system-prompt-control/resid", "matched_swap/")),
     ("... the top head, chosen on half the passages, restores it on the other half (held out)",
      "restored share, held-out passages", "selection on disjoint passages", _held_out_head),
     ("... generator's run into the judge's: residual stream", "restored share",

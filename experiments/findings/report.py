@@ -1,9 +1,10 @@
 """The findings report: one row per claim, read from the published summaries of a study.
 
-``make findings`` runs ``experiments/findings.toml``, its ``matched`` control and two runs of
-the candidate swap (``experiments/findings_gap.toml``, ``experiments/findings_pool.toml``);
-their complete runs publish every figure and summary under ``figures/findings/`` (and
-``figures/findings/matched/``, ``gap/``, ``pool/``). This module reads ONLY those files and
+``make findings`` runs ``experiments/findings.toml``, its ``matched`` control, three runs of
+the candidate swap (``experiments/findings_gap.toml``, ``experiments/findings_pool.toml``,
+``experiments/findings_matched_swap.toml``) and the other configs of :data:`CONFIG_OF`;
+their runs publish every figure and summary under ``figures/findings/`` (and its
+subfolders, ``matched/``, ``gap/``, ``pool/`` ...). This module reads ONLY those files and
 writes the generated part of ``docs/findings.md`` (between :data:`BEGIN` and :data:`END`; the
 prose around it is kept), so every number in the report is a number in a committed JSON file
 (``tests/unit/experiments/test_findings.py`` renders the table again and compares)::
@@ -60,6 +61,8 @@ STAGE_OF = {"asymmetry_metrics": "asymmetry", "attention_summary": "attention",
 """A published summary's name (after the model prefix) -> the stage that writes it."""
 CONFIG_OF = {"": ("findings", "", True), "matched/": ("findings_matched", "", True),
              "gap/": ("findings_gap", "runs/findings", True),
+             "matched_swap/": ("findings_matched_swap",
+                               "runs/findings_matched smollm2-135m-instruct", True),
              "pool/": ("findings_pool", "runs/findings smollm2-135m-instruct", False),
              "steer/": ("findings_steer", "runs/findings", True),
              "views/": ("findings_views", "runs/findings", True),

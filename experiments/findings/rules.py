@@ -493,6 +493,14 @@ RULES: dict[str, Rule] = {
                  "sensitivity; its pairs contain the 1-nat pairs: not a replication)",
                  "... generator's run into the judge's: residual stream",
                  "... generator's run into the judge's: attention heads")},
+    **{c: _r("0.5", _NOT_J_PATCH, "n/a: pairs kept by the swap's gap",
+             ("... the matched template's system-prompt control",), selection="same")
+       for c in ("... candidate swap under the matched template, whose judge separates right "
+                 "from wrong (SmolLM2), residual stream",
+                 "... candidate swap under the matched template, whose judge separates right "
+                 "from wrong (SmolLM2), attention heads")},
+    "... the matched template's system-prompt control": _r(
+        "0.5", _NOT_J_PATCH, "n/a: pairs kept by the swap's gap", _IS_CTRL, selection="same"),
     "... the top head, chosen on half the passages, restores it on the other half (held out)":
         _r("0.5", _NOT_J_PATCH, "n/a: pairs kept by the swap's gap",
            "chosen on disjoint passages: the selection is its control", selection="held out"),
