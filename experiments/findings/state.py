@@ -29,9 +29,11 @@ result (the records of Study 1, the parts of steering and patching, the permutat
 probe null, the held-out and validation records of transfer, the reasoning replies)."""
 STATE_MAX_PART_BYTES = 1 << 20
 """Besides its JSON, :func:`save_state` keeps every part a stage declares
-(:data:`interp.core.contract.SPECS`) up to this size: the attention recordings (about 12 KB
-a record, a forward each to make again); not the probe feature caches (tens of MB, one
-forward per record to make again)."""
+(:data:`interp.core.contract.SPECS`) and marks ``saved`` up to this size a file: the attention
+recordings (about 12 KB a record, a forward each to make again). Parts marked not ``saved``
+are left out whatever their files' size: the probe feature caches (tens of MB, one forward per
+record to make again) and the calibration's direction states (every layer's residual stream
+at two positions, about 250 KB a record, 150 of them 39 MB, 5 s a record to make again)."""
 STATE_SKIP = ("figures", "record")
 """Folders :func:`save_state` leaves out, as a whole (so what is kept stays consistent): the
 figures (redrawn) and the record stage's per-record folders (an index without its tensors). A
@@ -58,7 +60,7 @@ def _state_files(root: Path) -> list[Path]:
 
     from interp.core.contract import SPECS
 
-    globs = [f"*/{p.glob}" for spec in SPECS for p in spec.parts]
+    globs = [f"*/{p.glob}" for spec in SPECS for p in spec.parts if p.saved]
     folders = {spec.folder for spec in SPECS if spec.folder}
 
     def unfinished(rel: Path) -> bool:  # its stage has not written its summary.json yet

@@ -101,6 +101,10 @@ class Part:
         naming: how ``{dataset}``/``{id}`` become path pieces: ``safe`` (each by
             :func:`safe_name`: ``{dataset}/{id}``) or ``flat`` (one piece,
             :func:`flat_key`: ``{dataset}__{id}``).
+        saved: whether a study's saved state keeps it (``experiments/findings/state.py``):
+            False for a part that is large and cheap to make again (residual-stream states
+            of every layer, feature caches: hundreds of KB a record, one forward to remake),
+            whatever the size of each file.
     """
 
     pattern: str
@@ -109,6 +113,7 @@ class Part:
     signature: str
     unit: Literal["files", "lines"] = "files"
     naming: Literal["safe", "flat"] = "safe"
+    saved: bool = True
 
     @property
     def glob(self) -> str:
@@ -276,7 +281,7 @@ SPECS: tuple[StageSpec, ...] = (
         help="Probes on the residual stream predicting y*: the representation as a judge.",
         parts=(Part("probes/features_{task}.safetensors", "probe feature caches", "rows",
                     "safetensors metadata 'signature' (model, runtime facts) and per row "
-                    "'prompt_sigs' (the prompt's token ids)"),),
+                    "'prompt_sigs' (the prompt's token ids)", saved=False),),
         tables=("probes/results.json",), summaries={"probes/results.json": "probes_results.json"},
         figures=("figures/probes.png",)),
     StageSpec(
@@ -345,7 +350,7 @@ SPECS: tuple[StageSpec, ...] = (
                Part("calibration/directions/states/{dataset}__{id}.safetensors",
                     "direction states", "record", "safetensors metadata 'signature' (model, "
                     "runtime facts, the self-check and eval prompts' token ids, answer span)",
-                    naming="flat"),
+                    naming="flat", saved=False),
                Part("calibration/directions/steer/{dataset}__{id}.json", "direction steering",
                     "record", "JSON key 'signature' (model, runtime facts, verdict replies, "
                     "layer, the added vectors' digest, the eval prompt's token ids)",

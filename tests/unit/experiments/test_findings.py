@@ -415,6 +415,8 @@ def test_state_keeps_the_json_of_a_run_and_restores_it_without_overwriting(tmp_p
              "transfer/select/lr_0.001/heldout/lora_gen.jsonl": "{}\n",
              # left out: tensors and figures (as whole folders)
              "probes/features_eval.safetensors": "x" * (STATE_MAX_PART_BYTES + 1),  # too big
+             # a part marked not saved, whatever its size (states: cheap to make again)
+             "calibration/directions/states/squad_v2__r1.safetensors": "s",
              "figures/steering.json": "{}", ".writer.json": "{}",
              # kept whole, whatever the size: an unfinished training's checkpoint, an adapter
              "transfer/adapters/lora_gen/adapter_model.safetensors": "w",
