@@ -297,8 +297,8 @@ def _cross_model(tdir: Path, handle: ModelHandle, template: Template,
 
     An adapter already in ``patching.json`` on the same prompts, positions and layers is kept
     as it is, so only the adapters of ``config.adapters`` missing there are patched; the file
-    keeps every adapter patched so far (in :data:`ADAPTERS` order), the figure draws the
-    chosen ones.
+    keeps every adapter patched on these prompts (in :data:`ADAPTERS` order), the figure draws
+    the chosen ones.
 
     Returns:
         ``(patching.json's new content, the adapters patched now)``.

@@ -317,9 +317,11 @@ def test_a_subset_of_adapters_trains_only_those_and_equals_the_full_run(tiny, tm
 
 
 def test_a_subset_with_lr_grid_chooses_as_the_full_selection(tiny, tmp_path):
-    """With ``lr_grid``, LoRA-Both alone (whose score is the mean of its own GA and its own
-    judge's balanced accuracy) is scored and chosen as among all three; the shares deal out
-    only its candidates."""
+    """With ``lr_grid``, LoRA-Both alone is scored and chosen as among all three.
+
+    Its score is the mean of its own GA and its own judge's balanced accuracy, so it needs no
+    other adapter; the shares of the training deal out only its candidates.
+    """
     from interp.stages.common import share_of_records
     from interp.stages.transfer import make_parts, selection_candidates
 
