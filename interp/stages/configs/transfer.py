@@ -50,10 +50,10 @@ class TransferConfig(StageConfig):
 
     Attributes:
         model: base model spec (used by the CLI when no handle is given).
-        adapters: which of the three adapters (:data:`ADAPTERS`: ``lora_gen``, ``lora_eval``,
-            ``lora_both``) are trained, evaluated, patched and tabulated (default all three;
-            e.g. ``lora_eval`` alone). Each adapter's training does not depend on which
-            others are chosen, so adding one later trains only it.
+        adapters: the adapters trained, evaluated, patched and tabulated, any of
+            ``lora_gen``, ``lora_eval``, ``lora_both`` (default all three; e.g. ``lora_eval``
+            alone). Each adapter's training does not depend on which others are chosen, so
+            adding one later trains only it.
         datasets: datasets whose TRAIN split trains the adapters (pooled) and whose validation
             split evaluates them. Bundled train splits: ``squad_v2``, ``hotpotqa``, ``musique``.
         from_hub: read the dataset names' train and validation splits from the Hugging Face
