@@ -12,9 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from interp.core.errors import StageError
+from interp.core.names import did_you_mean
 from interp.core.options import StageConfig, option, split_list
 
-__all__ = ["EVAL_FIELDS", "KEY_FIELDS", "PATCH_FIELDS", "SELECT_FIELDS", "TransferConfig"]
+__all__ = ["ADAPTERS", "EVAL_FIELDS", "KEY_FIELDS", "PATCH_FIELDS", "SELECT_FIELDS",
+           "TransferConfig"]
+
+ADAPTERS = ("lora_gen", "lora_eval", "lora_both")
+"""The three adapters of the paper (section 3.3), in the order the stage trains, evaluates
+and tabulates them; :attr:`TransferConfig.adapters` chooses among them."""
 
 KEY_FIELDS = ("model", "datasets", "template", "hard_negative_template", "oracle",
               "max_train_examples", "max_length", "hard_negative_attempts",
@@ -22,7 +28,13 @@ KEY_FIELDS = ("model", "datasets", "template", "hard_negative_template", "oracle
               "hard_negative_max_new_tokens", "hard_negative_max_words", "rank", "alpha",
               "dropout", "target_modules", "lora_layers", "lr", "epochs", "train_batch_size",
               "warmup_steps", "weight_decay", "seed", "lr_grid", "select_holdout")
-"""Config fields whose change invalidates stored hard negatives, training sets or adapters."""
+"""Config fields whose change invalidates stored hard negatives, training sets or adapters.
+
+``adapters`` is not one of them: each adapter's training set and training read only these
+fields (the three sets are built together from the pool, each training seeds itself), so a
+changed choice of adapters keeps every adapter already trained and trains only the new ones;
+the evaluation and patching are stored per adapter, the table, summary and figures are
+redrawn for the adapters chosen."""
 EVAL_FIELDS = ("eval_limit", "max_new_tokens", "verdict_max_new_tokens", "judge_base_answers")
 """Config fields whose change redoes the evaluation (the adapters are kept)."""
 PATCH_FIELDS = ("patch_examples", "patch_positions", "patch_layers")
@@ -38,6 +50,10 @@ class TransferConfig(StageConfig):
 
     Attributes:
         model: base model spec (used by the CLI when no handle is given).
+        adapters: the adapters trained, evaluated, patched and tabulated, any of
+            ``lora_gen``, ``lora_eval``, ``lora_both`` (default all three; e.g. ``lora_eval``
+            alone). Each adapter's training does not depend on which others are chosen, so
+            adding one later trains only it.
         datasets: datasets whose TRAIN split trains the adapters (pooled) and whose validation
             split evaluates them. Bundled train splits: ``squad_v2``, ``hotpotqa``, ``musique``.
         from_hub: read the dataset names' train and validation splits from the Hugging Face
@@ -93,6 +109,7 @@ class TransferConfig(StageConfig):
     StageConfig`)."""
 
     model: str = "smollm2-135m-instruct"
+    adapters: list[str] = option(list(ADAPTERS))
     datasets: list[str] = option(["squad_v2"], flag="dataset", short="d")
     from_hub: bool = False
     eval_limit: int | None = option(50, kind="count")
@@ -135,6 +152,7 @@ class TransferConfig(StageConfig):
 
     def __post_init__(self) -> None:
         self.datasets = split_list(self.datasets)
+        self.adapters = self._chosen_adapters(split_list(self.adapters))
         if self.patch_positions not in ("all", "last"):
             raise StageError("transfer", f"patch_positions must be 'all' or 'last', not "
                                          f"{self.patch_positions!r}")
@@ -155,3 +173,24 @@ class TransferConfig(StageConfig):
                     f"transfer config select_holdout ({self.select_holdout}) must be under "
                     f"max_train_examples ({self.max_train_examples}): the held-out records "
                     f"come out of the training pool")
+
+    @staticmethod
+    def _chosen_adapters(names: list[str]) -> list[str]:
+        """``names`` checked (known, at least one, no repeat), in :data:`ADAPTERS` order.
+
+        Raises:
+            StageError: an unknown name (with the closest known one), none, or a repeat.
+        """
+        known = ", ".join(ADAPTERS)
+        if not names:
+            raise StageError("transfer", f"transfer config adapters is empty; name at least "
+                                         f"one of {known}")
+        if bad := [n for n in names if n not in ADAPTERS]:
+            raise StageError("transfer",
+                             f"transfer config adapters: unknown adapter "
+                             f"{', '.join(map(repr, bad))}{did_you_mean(bad, ADAPTERS)}; "
+                             f"known: {known}")
+        if twice := sorted({n for n in names if names.count(n) > 1}):
+            raise StageError("transfer", f"transfer config adapters lists {', '.join(twice)} "
+                                         f"more than once; name each adapter once")
+        return [a for a in ADAPTERS if a in names]

@@ -13,12 +13,14 @@ template texts and the token ids of the training and evaluation prompts):
 3. **Training sets** (``train_sets/<adapter>.jsonl``,
 :func:`interp.methods.transfer.build_training_sets`).
 4. **Training** (``adapters/<adapter>/``, checkpoints in ``checkpoints/<adapter>/``):
-   :func:`interp.methods.lora.train_adapter` for LoRA-Gen, LoRA-Eval and LoRA-Both. With
+   :func:`interp.methods.lora.train_adapter` for LoRA-Gen, LoRA-Eval and LoRA-Both, or the
+   ones ``adapters`` names (every later step reads only those; an adapter's training does not
+   depend on which others are chosen, so one trained before is kept and reused). With
    ``lr_grid`` the
    learning rate is chosen on held-out TRAIN records first
    (:func:`interp.stages.transfer.selection.select_learning_rates`, :mod:`interp.methods.transfer`
    step 4): per
-   candidate rate, the three adapters are trained on the pool less its last ``select_holdout``
+   candidate rate, the chosen adapters are trained on the pool less its last ``select_holdout``
    records (``select/lr_<rate>/``) and run Study 1 on those held-out records
    (``select/lr_<rate>/heldout/<adapter>.jsonl``, the base model's in
    ``select/heldout_base.jsonl``); each adapter's best candidate is copied to
@@ -37,7 +39,9 @@ template texts and the token ids of the training and evaluation prompts):
    ``judge_base_answers``, training seconds and the hard-negative fallback rate.
 7. **Patching across models** (``patching.json``): on the base model's eval prompts of the
    first ``patch_examples`` ok records, :func:`interp.methods.transfer.cross_model_patching` per
-   adapter (resid_post at ``patch_layers``, ``patch_positions`` = ``all`` or ``last``).
+   adapter (resid_post at ``patch_layers``, ``patch_positions`` = ``all`` or ``last``); an
+   adapter already patched on the same prompts is kept, so a changed ``adapters`` patches only
+   the new ones.
 8. **Figures** (``figures/transfer_matrix.png``, ``transfer_acceptance.png``,
    ``transfer_patching.png``) drawn from ``table.json`` / ``patching.json``; ``summary.json``.
 """
@@ -79,6 +83,7 @@ from interp.methods.transfer import (
 from interp.models.loading import ModelHandle, result_facts, runtime_facts
 from interp.stages.common import current_share, stage_facts
 from interp.stages.configs.transfer import (
+    ADAPTERS,
     EVAL_FIELDS,
     KEY_FIELDS,
     PATCH_FIELDS,
@@ -86,7 +91,6 @@ from interp.stages.configs.transfer import (
     TransferConfig,
 )
 from interp.stages.transfer.selection import (
-    ADAPTERS,
     _eval_kw,
     _Selection,
     _train,
@@ -97,6 +101,8 @@ from interp.stages.transfer.table import build_table, format_table
 from interp.store.rundir import RunDir
 
 MODELS = ("base",) + ADAPTERS
+"""Every model the stage can evaluate: the base model, then each adapter of :data:`ADAPTERS`
+(a run evaluates the base model and ``adapters``)."""
 SPEC = stage_of(__name__)
 """This stage's declared contract (:data:`interp.core.contract.SPECS`)."""
 
@@ -263,22 +269,40 @@ def _evaluate_model(tdir: Path, handle: ModelHandle, mname: str, val: Mapping[st
 def _evaluate(tdir: Path, handle: ModelHandle, template: Template, oracle: BaseOracle,
               val: Mapping[str, list], config: TransferConfig, timings: dict[str, float],
               log: Callable[[str], None]) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """Step 5: ``{"self": {model: records}, "judge_base_answers": {model: records}}``."""
+    """Step 5: ``{"self": {model: records}, "judge_base_answers": {model: records}}``.
+
+    The models: ``base``, then each adapter of ``config.adapters``.
+    """
     evals: dict[str, dict[str, list[dict[str, Any]]]] = {"self": {}, "judge_base_answers": {}}
     kw = _eval_kw(template, oracle, config)
     base_answers: dict[str, list[str | None]] = {}
 
     # one bar over the models (base and each adapter), each evaluated on every dataset
-    for mname in tqdm(MODELS, desc="transfer eval", unit="model", leave=False):
+    for mname in tqdm(["base", *config.adapters], desc="transfer eval", unit="model",
+                      leave=False):
         evals["self"][mname], evals["judge_base_answers"][mname] = _evaluate_model(
             tdir, handle, mname, val, base_answers, config, kw, timings, log)
     return evals
 
 
+def _patched(path: Path) -> dict[str, Any]:
+    """``patching.json``'s content (``{}`` when it is not there yet)."""
+    return read_json(path) if path.exists() else {}
+
+
 def _cross_model(tdir: Path, handle: ModelHandle, template: Template,
                  base_recs: Sequence[Mapping[str, Any]], val: Mapping[str, list],
-                 config: TransferConfig) -> dict[str, Any]:
-    """Step 7: cross-model patching of each adapter on the base model's eval prompts."""
+                 config: TransferConfig) -> tuple[dict[str, Any], list[str]]:
+    """Step 7: cross-model patching of each chosen adapter on the base model's eval prompts.
+
+    An adapter already in ``patching.json`` on the same prompts, positions and layers is kept
+    as it is, so only the adapters of ``config.adapters`` missing there are patched; the file
+    keeps every adapter patched on these prompts (in :data:`ADAPTERS` order), the figure draws
+    the chosen ones.
+
+    Returns:
+        ``(patching.json's new content, the adapters patched now)``.
+    """
     by_id = {(ex.dataset, ex.id): ex for exs in val.values() for ex in exs}
     recs = [r for r in base_recs if r.get("status") == "ok"][: config.patch_examples]
     prompts = []
@@ -289,18 +313,26 @@ def _cross_model(tdir: Path, handle: ModelHandle, template: Template,
     layers = parse_layers(config.patch_layers, handle.n_layers, default="all")
     out = {"positions": config.patch_positions, "n_prompts": len(prompts),
            "ids": [r["id"] for r in recs], "adapters": {}}
-    for name in ADAPTERS:
+    old = _patched(tdir / "patching.json")
+    kept = {n: res for n, res in (old.get("adapters") or {}).items()
+            if all(old.get(k) == out[k] for k in ("positions", "n_prompts", "ids"))
+            and res.get("layers") == list(layers)}
+    made = [n for n in config.adapters if n not in kept]
+    for name in made:
         ah = load_adapter(handle, tdir / "adapters" / name, name=name)
-        out["adapters"][name] = cross_model_patching(handle, ah, prompts,
-                                                     positions=config.patch_positions,
-                                                     layers=layers)
+        kept[name] = cross_model_patching(handle, ah, prompts, positions=config.patch_positions,
+                                          layers=layers)
         del ah
-    return out
+    out["adapters"] = {n: kept[n] for n in ADAPTERS if n in kept}
+    return out, made
 
 
 def _figures(run_dir: RunDir, table: Mapping[str, Any], patch_path: Path,
-             model: str | None = None) -> list[Path]:
-    """Step 8 (``model``: the base model's name, for the titles)."""
+             model: str | None = None, adapters: Sequence[str] = ADAPTERS) -> list[Path]:
+    """Step 8 (``model``: the base model's name, for the titles).
+
+    ``adapters``: the chosen adapters, the only ones of ``patching.json`` drawn.
+    """
     from interp.plots.transfer import (
         plot_transfer_acceptance,
         plot_transfer_matrix,
@@ -310,8 +342,11 @@ def _figures(run_dir: RunDir, table: Mapping[str, Any], patch_path: Path,
     figs = run_dir.sub("figures")
     paths = [plot_transfer_matrix(table, figs, model=model),
              plot_transfer_acceptance(table, figs, model=model)]
-    if patch_path.exists():
-        paths.append(plot_transfer_patching(read_json(patch_path), figs, model=model))
+    patching = _patched(patch_path)
+    drawn = {n: r for n, r in (patching.get("adapters") or {}).items() if n in adapters}
+    if drawn:
+        paths.append(plot_transfer_patching({**patching, "adapters": drawn}, figs,
+                                            model=model))
     return paths
 
 
@@ -383,7 +418,7 @@ def make_parts(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferC
     of :func:`interp.run.pipeline.run_config` under torchrun), steps 1-2 as :func:`run` does them,
     then: with ``lr_grid``, the :func:`selection_candidates` ``k`` with ``k mod count ==
     index`` (each trained into ``select/lr_<rate>/`` and run on the held-out records); without
-    it, the adapters of :data:`ADAPTERS` dealt out the same way (``adapters/<adapter>/``).
+    it, the adapters of ``adapters`` dealt out the same way (``adapters/<adapter>/``).
     Rank 0 then runs :func:`run`, which finds them made and trains nothing again. Outside a
     share, every part. Each part is resumable like :func:`run`'s.
 
@@ -406,11 +441,11 @@ def make_parts(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferC
             sel.score(lr, name)
         log(f"[select] share {index} of {count}: {len(mine)} candidates made")
         return len(mine)
-    mine_names = list(ADAPTERS[index::count])
+    mine_names = list(p.cfg.adapters[index::count])
     if mine_names:
-        _train(p.tdir, handle, p.template, build_training_sets(p.pool, p.negatives,
-                                                                seed=p.cfg.seed),
-               p.cfg, log, names=mine_names)
+        every = build_training_sets(p.pool, p.negatives, seed=p.cfg.seed)
+        _train(p.tdir, handle, p.template, {n: every[n] for n in p.cfg.adapters}, p.cfg, log,
+               names=mine_names)
     return len(mine_names)
 
 
@@ -448,14 +483,16 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig, 
         def need_weights(name: str) -> bool:  # an adapter's weights are still to be used
             kept = [p_self.exists() and (p_fix.exists() or not cfg.judge_base_answers)
                     for p_self, p_fix in (_eval_paths(tdir, name, ds) for ds in val)]
-            patched = cfg.patch_examples == 0 or (tdir / "patching.json").exists()
+            patched = cfg.patch_examples == 0 or name in (
+                _patched(tdir / "patching.json").get("adapters") or {})
             return not (all(kept) and patched)
 
         selection, metas = select_learning_rates(tdir, handle, template, oracle, pool,
                                                  negatives, cfg, log, need_weights)
-        sets = {n: read_jsonl(tdir / "train_sets" / f"{n}.jsonl") for n in ADAPTERS}
+        sets = {n: read_jsonl(tdir / "train_sets" / f"{n}.jsonl") for n in cfg.adapters}
     else:
-        sets = build_training_sets(pool, negatives, seed=cfg.seed)
+        every = build_training_sets(pool, negatives, seed=cfg.seed)  # all three: one rng
+        sets = {n: every[n] for n in cfg.adapters}
         metas = _train(tdir, handle, template, sets, cfg, log)
     evals = _evaluate(tdir, handle, template, oracle, val, cfg, timings, log)
     table = build_table(evals, n_boot=cfg.n_boot, seed=cfg.seed)
@@ -469,14 +506,15 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig, 
             "all_collapsed", "train_seconds")}
     write_json(tdir / "table.json", table)
     patch_path = tdir / "patching.json"
-    if cfg.patch_examples > 0 and not patch_path.exists():
+    if cfg.patch_examples > 0 and set(cfg.adapters) - set(
+            _patched(patch_path).get("adapters") or {}):
         t0 = time.perf_counter()
-        patching = _cross_model(tdir, handle, template, evals["self"]["base"], val, cfg)
+        patching, made = _cross_model(tdir, handle, template, evals["self"]["base"], val, cfg)
         write_json(patch_path, patching)
         timings["patching_s"] = time.perf_counter() - t0
-        log(f"[patching] {patching['n_prompts']} prompts x {len(ADAPTERS)} adapters in "
+        log(f"[patching] {patching['n_prompts']} prompts x {len(made)} adapters in "
             f"{timings['patching_s']:.1f} s")
-    paths = _figures(run_dir, table, patch_path, cfg.model)
+    paths = _figures(run_dir, table, patch_path, cfg.model, cfg.adapters)
     summary = _summary(cfg, pool, negatives, table, sets, timings,
                        time.perf_counter() - t_start, paths)
     write_json(tdir / "summary.json", summary)

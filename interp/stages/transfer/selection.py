@@ -33,20 +33,21 @@ from interp.methods.transfer import (
 from interp.models.loading import ModelHandle, end_of_turn_ids
 from interp.stages.configs.transfer import KEY_FIELDS, TransferConfig
 
-ADAPTERS = ("lora_gen", "lora_eval", "lora_both")
-"""The three adapters of the paper (section 3.3)."""
-
 
 def _train(tdir: Path, handle: ModelHandle, template: Template,
            sets: Mapping[str, list[dict[str, Any]]], config: TransferConfig,
-           log: Callable[[str], None], names: Sequence[str] = ADAPTERS
+           log: Callable[[str], None], names: Sequence[str] | None = None
            ) -> dict[str, dict[str, Any]]:
-    """Steps 3-4: write the training sets, train (or read back) each adapter of ``names``."""
+    """Steps 3-4: write the training sets, train (or read back) each adapter of ``names``.
+
+    ``sets``: the training sets of the chosen adapters (``config.adapters``), each written to
+    ``train_sets/<adapter>.jsonl``; ``names`` (default ``config.adapters``): those trained here.
+    """
     eot = end_of_turn_ids(handle.tokenizer)[0]
     for name, items in sets.items():
         write_jsonl(tdir / "train_sets" / f"{name}.jsonl", items)
     metas = {}
-    for name in names:
+    for name in config.adapters if names is None else names:
         enc = [encode_example(handle.tokenizer, template, it, eot_id=eot) for it in sets[name]]
         metas[name] = train_adapter(handle, enc, config, tdir / "adapters" / name,
                                     checkpoint_dir=tdir / "checkpoints" / name, name=name,
@@ -68,10 +69,15 @@ def selection_candidates(config: TransferConfig) -> list[tuple[float | None, str
     """The parts of the learning-rate selection, in the order :func:`select_learning_rates` runs.
 
     The base model's held-out records ``(None, "base")``, then every ``(rate, adapter)`` of
-    ``lr_grid`` x :data:`ADAPTERS` (rate-major); :func:`interp.stages.transfer.make_parts`
-    deals them out in turn.
+    ``lr_grid`` x ``config.adapters`` (rate-major; by default all three adapters of
+    :data:`interp.stages.configs.transfer.ADAPTERS`);
+    :func:`interp.stages.transfer.make_parts` deals them out in turn. Each adapter's score
+    reads only its own held-out records (:data:`interp.methods.transfer.SELECTION_RULE`:
+    LoRA-Both's is the mean of its own GA and its own judge's balanced accuracy), so a subset
+    is chosen as it would be among all three.
     """
-    return [(None, "base")] + [(lr, name) for lr in config.lr_grid or () for name in ADAPTERS]
+    return [(None, "base")] + [(lr, name) for lr in config.lr_grid or ()
+                               for name in config.adapters]
 
 
 class _Selection:
@@ -95,8 +101,9 @@ class _Selection:
         self.handle, self.template, self.config, self.log = handle, template, config, log
         self.train = [pool[i] for i in train_idx]
         self.held = [pool[i] for i in held_idx]
-        self.sets = build_training_sets(self.train, [negatives[i] for i in train_idx],
-                                        seed=config.seed)
+        sets = build_training_sets(self.train, [negatives[i] for i in train_idx],
+                                   seed=config.seed)
+        self.sets = {n: sets[n] for n in config.adapters}
         # what every judge is scored on: each held-out record's gold answer and hard negative
         self.judged_exs = self.held + self.held
         self.judged_answers = ([ex.answers[0] for ex in self.held]
@@ -171,9 +178,10 @@ def select_learning_rates(tdir: Path, handle: ModelHandle, template: Template,
     """Step 4 with ``lr_grid``: each adapter's learning rate, chosen on held-out TRAIN records.
 
     :func:`interp.methods.transfer.holdout_split` holds ``select_holdout`` pool records out; for
-    every rate of ``lr_grid`` each adapter trains on the rest (``select/lr_<rate>/``, resumable like
-    step 4) and is scored (:func:`interp.methods.transfer.selection_score`) from its records on the
-    held-out ones, stored in ``select/lr_<rate>/heldout/``: ``<adapter>.jsonl``, Study 1 on
+    every rate of ``lr_grid`` each adapter of ``config.adapters`` trains on the rest
+    (``select/lr_<rate>/``, resumable like step 4) and is scored
+    (:func:`interp.methods.transfer.selection_score`) from its records on the held-out ones,
+    stored in ``select/lr_<rate>/heldout/``: ``<adapter>.jsonl``, Study 1 on
     its own answers (LoRA-Gen, LoRA-Both), and ``<adapter>__judge.jsonl``, its verdicts on
     each held-out record's gold answer and hard negative (LoRA-Eval, LoRA-Both); the base
     model's are ``select/heldout_base[__judge].jsonl``.
@@ -191,7 +199,8 @@ def select_learning_rates(tdir: Path, handle: ModelHandle, template: Template,
         ``select.json`` holds the rule, the held-out ids, the base model's held-out score,
         every candidate's score (``candidates[rate][adapter]``), ``chosen`` (rates),
         ``chosen_by``, ``all_collapsed`` (every candidate's judge gave one reply to every
-        judged answer) and ``train_seconds`` of every candidate trained in this folder.
+        judged answer; LoRA-Eval and LoRA-Both where chosen) and ``train_seconds`` of every
+        candidate trained in this folder (also of an adapter chosen by an earlier call only).
 
     Raises:
         StageError: a pool too small to hold out ``select_holdout`` records and still train
@@ -232,7 +241,7 @@ def select_learning_rates(tdir: Path, handle: ModelHandle, template: Template,
         "chosen": {a: ch["lr"] for a, ch in chosen.items()},
         "chosen_by": {a: ch["by"] for a, ch in chosen.items()},
         "all_collapsed": {a: all(scores[lr][a]["collapsed"] is True for lr in scores)
-                          for a in ("lora_eval", "lora_both")},
+                          for a in ("lora_eval", "lora_both") if a in config.adapters},
         # every candidate trained here; kept from the last select.json when its weights are
         # gone (a saved state keeps no adapter)
         "train_seconds": {**(read_json(tdir / "select.json").get("train_seconds", {})

@@ -49,6 +49,10 @@ def _run(argv, cwd):
     (["attention", "--run", "EMPTY", "--backend", "hff"], "unknown backend 'hff'"),
     (["transfer", "--rank", "0"], "transfer config rank must be >= 1, got 0"),
     (["transfer", "--patch-positions", "middle"], "patch_positions must be 'all' or 'last'"),
+    (["transfer", "--adapters", "lora_evl"], "unknown adapter 'lora_evl' (did you mean "
+                                             "'lora_eval'?)"),
+    (["transfer", "--adapters", "lora_eval", "--adapters", "lora_eval"],
+     "adapters lists lora_eval more than once"),
     (["run", "TYPO"], "did you mean 'limit'"),
     (["run", "BAD_STAGE_VALUE"], "heldout must lie strictly between"),
     # a model spec that is no alias, path nor owner/name: before the plan line and torch

@@ -39,3 +39,24 @@ def test_transfer_figures_are_written_with_the_model_in_the_title(tmp_path):
     for plot in (plot_transfer_matrix, plot_transfer_acceptance):
         path = plot(TABLE, tmp_path, model="smollm2-135m-instruct")
         assert path.exists() and path.stat().st_size > 10_000
+
+
+def test_transfer_figures_with_one_adapter(tmp_path):
+    """A run of one adapter (``adapters = ["lora_eval"]``): two rows, one patching curve."""
+    from interp.plots.transfer import plot_transfer_patching
+
+    one = {"self": {m: TABLE["self"][m] for m in ("base", "lora_eval")},
+           "judge_base_answers": TABLE["judge_base_answers"]}
+    assert judge_notes(one) == [
+        "base, squad_v2 (own answers): 23 of 50 verdicts unparseable (EA counts them as "
+        "wrong)",
+        "lora_eval, squad_v2 (own answers): rejects all 50: EA = 1 - GA by construction",
+        "lora_eval, squad_v2 (base answers): rejects all 50: EA = 1 - GA by construction"]
+    for plot in (plot_transfer_matrix, plot_transfer_acceptance):
+        path = plot(one, tmp_path, model="smollm2-135m-instruct")
+        assert path.exists() and path.stat().st_size > 10_000
+    patching = {"positions": "all", "n_prompts": 2, "adapters": {"lora_eval": {
+        "layers": [0, 1], "fraction_a_to_b": [0.4, 1.0], "fraction_b_to_a": [0.7, 1.0],
+        "mean_abs_change": 0.8}}}
+    path = plot_transfer_patching(patching, tmp_path)
+    assert path.exists() and path.stat().st_size > 10_000

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -220,3 +221,184 @@ def test_shares_of_the_training_then_the_stage_equal_one_process(tiny, tmp_path)
     with share_of_records(1, 2):
         assert make_parts(tmp_path / "plain", tiny, cfg, log=lambda x: None) == 1
     assert [p.name for p in (tmp_path / "plain/transfer/adapters").iterdir()] == ["lora_eval"]
+
+
+# --- adapters: a subset of the three --------------------------------------------------------
+
+def _tiny_cfg(**kw):
+    return TransferConfig(**{**dict(
+        max_train_examples=4, eval_limit=2, train_batch_size=2, hard_negative_attempts=1,
+        hard_negative_max_new_tokens=4, max_new_tokens=4, verdict_max_new_tokens=2,
+        patch_examples=1, patch_layers=[1], n_boot=30, rank=2, max_length=400), **kw})
+
+
+def _weights(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "adapter_model.safetensors"))
+
+
+def _stamps(td, names):
+    return {str(p.relative_to(td)): p.stat().st_mtime_ns for n in names
+            for p in [td / "adapters" / n / "adapter_model.safetensors",
+                      td / "eval" / f"{n}__squad_v2.jsonl",
+                      td / "eval" / f"{n}__squad_v2__judge_base_answers.jsonl"]}
+
+
+def test_a_subset_of_adapters_trains_only_those_and_equals_the_full_run(tiny, tmp_path):
+    """``adapters = ["lora_eval"]``: only LoRA-Eval exists, with the full run's numbers.
+
+    Each adapter's training set is built with the other two from one seeded rng and each
+    training seeds itself, so LoRA-Eval trained alone has the full run's weights, records,
+    table row, paired differences and patching. Adding LoRA-Gen later trains only LoRA-Gen;
+    going back to LoRA-Eval alone trains and evaluates nothing and keeps LoRA-Gen's work.
+    """
+    full = run(tmp_path / "full", tiny, _tiny_cfg(), log=lambda x: None)
+    fd, sd = tmp_path / "full" / "transfer", tmp_path / "sub" / "transfer"
+    s = run(tmp_path / "sub", tiny, _tiny_cfg(adapters=["lora_eval"]), log=lambda x: None)
+    assert sorted(p.name for p in (sd / "adapters").iterdir()) == ["lora_eval"]
+    assert sorted(p.name for p in (sd / "train_sets").iterdir()) == ["lora_eval.jsonl"]
+    assert sorted(p.name for p in (sd / "eval").iterdir()) == [
+        "base__squad_v2.jsonl", "lora_eval__squad_v2.jsonl",
+        "lora_eval__squad_v2__judge_base_answers.jsonl"]
+    table, ftable = (json.loads((d / "table.json").read_text()) for d in (sd, fd))
+    assert list(table["self"]) == ["base", "lora_eval"]
+    assert list(table["judge_base_answers"]) == ["base", "lora_eval"]
+    assert list(table["vs_base"]) == list(table["train_seconds"]) == list(table["lr"]) == [
+        "lora_eval"]
+    assert list(s["headline"]) == ["base", "lora_eval"] and s["train_items"] == {"lora_eval": 4}
+    patching, fpatching = (json.loads((d / "patching.json").read_text()) for d in (sd, fd))
+    assert list(patching["adapters"]) == ["lora_eval"]
+    for f in ("transfer_matrix.png", "transfer_acceptance.png", "transfer_patching.png"):
+        assert (tmp_path / "sub" / "figures" / f).stat().st_size > 10_000
+    # the shared adapter: the same weights, records, table rows and patching
+    w, fw = _weights(sd / "adapters" / "lora_eval"), _weights(fd / "adapters" / "lora_eval")
+    assert w.keys() == fw.keys() and all(torch.equal(w[k], fw[k]) for k in w)
+    bw = _weights(fd / "adapters" / "lora_both")  # trained on other items: other weights
+    assert not all(torch.equal(w[k], bw[k]) for k in w)
+    assert (sd / "train_sets" / "lora_eval.jsonl").read_text() == (
+        fd / "train_sets" / "lora_eval.jsonl").read_text()
+    for f in ("lora_eval__squad_v2.jsonl", "lora_eval__squad_v2__judge_base_answers.jsonl",
+              "base__squad_v2.jsonl"):
+        assert (sd / "eval" / f).read_text() == (fd / "eval" / f).read_text()
+    for kind in ("self", "judge_base_answers"):
+        assert table[kind]["lora_eval"] == ftable[kind]["lora_eval"]
+        assert table[kind]["base"] == ftable[kind]["base"]
+    assert table["vs_base"]["lora_eval"] == ftable["vs_base"]["lora_eval"]
+    assert patching["adapters"]["lora_eval"] == fpatching["adapters"]["lora_eval"]
+    assert s["headline"]["lora_eval"] == full["headline"]["lora_eval"]
+
+    # adding LoRA-Gen trains, evaluates and patches LoRA-Gen only
+    kept = _stamps(sd, ["lora_eval"])
+    u = run(tmp_path / "sub", tiny, _tiny_cfg(adapters=["lora_gen", "lora_eval"]),
+            log=lambda x: None)
+    assert _stamps(sd, ["lora_eval"]) == kept
+    assert sorted(p.name for p in (sd / "adapters").iterdir()) == ["lora_eval", "lora_gen"]
+    assert u["train_seconds"]["lora_eval"] == s["train_seconds"]["lora_eval"]
+    table = json.loads((sd / "table.json").read_text())
+    assert list(table["self"]) == ["base", "lora_gen", "lora_eval"]
+    assert table["self"]["lora_gen"] == ftable["self"]["lora_gen"]
+    patching = json.loads((sd / "patching.json").read_text())
+    assert list(patching["adapters"]) == ["lora_gen", "lora_eval"]
+    assert patching["adapters"]["lora_gen"] == fpatching["adapters"]["lora_gen"]
+    # back to LoRA-Eval alone: nothing trained, evaluated or patched; LoRA-Gen's work is kept
+    kept = _stamps(sd, ["lora_gen", "lora_eval"])
+    patched = (sd / "patching.json").stat().st_mtime_ns
+    v = run(tmp_path / "sub", tiny, _tiny_cfg(adapters=["lora_eval"]), log=lambda x: None)
+    assert _stamps(sd, ["lora_gen", "lora_eval"]) == kept
+    assert (sd / "patching.json").stat().st_mtime_ns == patched
+    assert list(v["headline"]) == ["base", "lora_eval"]
+    assert list(json.loads((sd / "table.json").read_text())["self"]) == ["base", "lora_eval"]
+    # a training setting changed with another subset is still refused as before
+    with pytest.raises(StageError, match="another transfer config.*rank: 2 -> 4"):
+        run(tmp_path / "sub", tiny, _tiny_cfg(adapters=["lora_both"], rank=4),
+            log=lambda x: None)
+    assert not (sd / "adapters" / "lora_both").exists()
+
+
+def test_a_subset_with_lr_grid_chooses_as_the_full_selection(tiny, tmp_path):
+    """With ``lr_grid``, LoRA-Both alone is scored and chosen as among all three.
+
+    Its score is the mean of its own GA and its own judge's balanced accuracy, so it needs no
+    other adapter; the shares of the training deal out only its candidates.
+    """
+    from interp.stages.common import share_of_records
+    from interp.stages.transfer import make_parts, selection_candidates
+
+    kw = dict(max_train_examples=6, select_holdout=2, lr_grid=[1e-3, 1e-4], eval_limit=1,
+              patch_examples=0)
+    cfg = _tiny_cfg(adapters=["lora_both"], **kw)
+    assert selection_candidates(cfg) == [(None, "base"), (1e-4, "lora_both"),
+                                         (1e-3, "lora_both")]
+    with share_of_records(1, 2):  # the second of two processes: LoRA-Both at 1e-4
+        assert make_parts(tmp_path / "sub", tiny, cfg, log=lambda x: None) == 1
+    sd = tmp_path / "sub" / "transfer"
+    assert sorted(str(p.relative_to(sd)) for p in sd.glob("select/lr_*/adapters/*")) == [
+        "select/lr_0.0001/adapters/lora_both"]
+    run(tmp_path / "sub", tiny, cfg, log=lambda x: None)
+    run(tmp_path / "full", tiny, _tiny_cfg(**kw), log=lambda x: None)
+    sel, fsel = (json.loads((d / "transfer" / "select.json").read_text())
+                 for d in (tmp_path / "sub", tmp_path / "full"))
+    assert all(list(c) == ["lora_both"] for c in sel["candidates"].values())
+    assert sel["chosen"] == {"lora_both": fsel["chosen"]["lora_both"]}
+    assert list(sel["all_collapsed"]) == ["lora_both"]
+    assert sel["base"] == fsel["base"] and sel["holdout_ids"] == fsel["holdout_ids"]
+    for lr, per in sel["candidates"].items():
+        assert per["lora_both"] == fsel["candidates"][lr]["lora_both"]
+    assert sorted(p.name for p in (sd / "select" / "lr_0.001" / "heldout").iterdir()) == [
+        "lora_both.jsonl", "lora_both__judge.jsonl"]
+    assert sorted(p.name for p in (sd / "adapters").iterdir()) == ["lora_both"]
+    table = json.loads((sd / "table.json").read_text())
+    assert list(table["self"]) == ["base", "lora_both"]
+    assert table["lr"] == sel["chosen"] and table["lr_selection"]["chosen"] == sel["chosen"]
+    # without lr_grid the chosen adapters alone are dealt out
+    cfg = _tiny_cfg(adapters=["lora_gen", "lora_both"])
+    with share_of_records(1, 2):
+        assert make_parts(tmp_path / "plain", tiny, cfg, log=lambda x: None) == 1
+    assert [p.name for p in (tmp_path / "plain/transfer/adapters").iterdir()] == ["lora_both"]
+
+
+@pytest.mark.parametrize(("adapters", "said"), [
+    ("lora_evl", "unknown adapter 'lora_evl' (did you mean 'lora_eval'?); known: lora_gen, "
+                 "lora_eval, lora_both"),
+    ([], "adapters is empty; name at least one of lora_gen, lora_eval, lora_both"),
+    ("lora_eval,lora_gen,lora_eval", "adapters lists lora_eval more than once"),
+])
+def test_a_bad_choice_of_adapters_is_refused_before_any_work(adapters, said, tiny, tmp_path):
+    with pytest.raises(StageError, match=re.escape(said)):
+        TransferConfig.from_mapping({"adapters": adapters})
+    cfg = _tiny_cfg()
+    cfg.adapters = adapters  # set after the checks: run checks it again before any work
+    with pytest.raises(StageError, match=re.escape(said)):
+        run(tmp_path, tiny, cfg, log=lambda x: None)
+    assert not (tmp_path / "transfer").exists()
+
+
+def test_adapters_from_a_toml_table_in_the_order_of_the_paper(tmp_path):
+    from interp.stages.transfer import load_config_file
+
+    p = tmp_path / "t.toml"
+    p.write_text('[transfer]\nadapters = ["lora_both", "lora_eval"]\n')
+    assert TransferConfig.from_mapping(load_config_file(p)).adapters == ["lora_eval",
+                                                                         "lora_both"]
+    assert TransferConfig.from_mapping({"adapters": "lora_eval"}).adapters == ["lora_eval"]
+    assert TransferConfig().adapters == ["lora_gen", "lora_eval", "lora_both"]
+
+
+def test_the_adapters_option_is_a_comma_list_that_may_be_repeated(monkeypatch):
+    from typer.testing import CliRunner
+
+    from interp import cli
+    from interp.core.options import given
+
+    seen: dict = {}
+    monkeypatch.setattr(cli, "_run_stage", lambda s, cls, kw: seen.update(kw))
+    for args, want in ((["--adapters", "lora_eval"], ["lora_eval"]),
+                       (["--adapters", "lora_both,lora_gen"], ["lora_gen", "lora_both"]),
+                       (["--adapters", "lora_eval", "--adapters", "lora_gen"],
+                        ["lora_gen", "lora_eval"]),
+                       ([], ["lora_gen", "lora_eval", "lora_both"])):
+        seen.clear()
+        res = CliRunner().invoke(cli.app, ["transfer", *args])
+        assert res.exit_code == 0, res.output
+        assert TransferConfig.from_mapping(given(TransferConfig, seen)).adapters == want
