@@ -820,21 +820,30 @@ def _pairwise_held_out(what: str) -> Extract:
     return f
 
 
-def _calib(file: str, path: str, threshold: float, sign: int, *, pick: str = "") -> Extract:
+def _calib(file: str | tuple[str, ...], path: str, threshold: float, sign: int, *,
+           pick: str = "") -> Extract:
     """One statistic of the calibration study (experiments/findings_calibration.toml).
 
     Reads ``calibration/{model}__{file}.json`` at the dotted ``path``: a statistic with
     ``mean``, ``auc`` or ``difference`` and its ``ci`` (:mod:`interp.stages.calibration`).
+    ``file`` may name several summaries: the first that holds the path's first key is read
+    (the config's run keeps the directions part in ``calibration_summary``; a run of the
+    directions part alone writes ``calibration_directions_summary``).
     ``pick``: ``norm=X`` takes the entry of a per-norm list at that norm (the steering sweep
     of the directions part); ``max`` the entry of a per-layer list with the largest value,
     leaving out a layer whose interval has zero width (the two states one by construction;
     the layer is chosen on the records it is read on: the rule says ``selection = same``).
     ``sign``: as :func:`decide`.
     """
+    files = (file,) if isinstance(file, str) else file
+
     def f(d: Path, m: str) -> Cell:
-        name = f"calibration/{m}__{file}.json"
+        keys = path.split(".")
+        name = next((n for n in (f"calibration/{m}__{x}.json" for x in files)
+                     if _get(_read(d / n), keys[0]) is not None),
+                    f"calibration/{m}__{files[-1]}.json")
         s = _read(d / name)
-        keys, src, label = path.split("."), f"{name}: {path}", ""
+        src, label = f"{name}: {path}", ""
         if pick.startswith("norm="):   # .../own.delta_auc: the entry of own at that norm
             want = float(pick.split("=")[1])
             norms = _get(s, *keys[:-2], "norms") or []
@@ -1035,7 +1044,8 @@ CLAIMS: tuple[tuple[str, str, str, Extract], ...] = (
      "abs(d logit_diff), blocked - unblocked (nats)", "an adjacent position blocked", _block),
     ("adding the generator's correctness direction makes the judge rank better (held out)",
      "d AUC at one median residual norm", "random directions of equal norm",
-     _calib("calibration_directions_summary", "directions.steer.own.delta_auc", 0.0, +1,
+     _calib(("calibration_summary", "calibration_directions_summary"),
+            "directions.steer.own.delta_auc", 0.0, +1,
             pick="norm=1.0")),
     ("lowering the generator's context attention (x0.25) lowers GA", "dGA, alpha 0.25", _ST,
      _steer("gen", "ga", "0.25", sign=-1)),
