@@ -418,6 +418,16 @@ def _patch(kind: str, sub: str = "") -> Extract:
         name = f"{sub}{m}__patching_summary.json"
         s = _get(_read(d / name), kind)
         field = "top_units" if s and s.get("top_units") else "top_spans"
+        why = (s or {}).get("skipped_by_reason") or {}
+        if s is not None and not s.get("n_pairs") and why.get("control_identity"):
+            # no pair built: the two prompts share the context's prefix (equal system prompts)
+            rest = {k: v for k, v in why.items() if k != "control_identity"}
+            return Cell(None, n=0, verdict=(
+                f"identical by construction: {why['control_identity']} of "
+                f"{s.get('n_skipped')} records' two prompts share the context's prefix (equal "
+                f"system prompts), so no position differs"
+                + "".join(f"; {v} {k.replace('_', ' ')}" for k, v in sorted(rest.items()))),
+                source=name, decision="control")
         if s is not None and s.get("n_pairs_kept") == 0:   # measured: no pair reached min_gap
             small = s.get("small_gaps") or {}
             gaps = [abs(g["gap"]) for g in s.get("gaps", [])] + (

@@ -258,6 +258,15 @@ def test_steering_patching_and_probe_cells(tmp_path):
         "top unit L16.H4; no listed unit is patched in half the 30 pairs, this one in 5; "
         "-0.20 is not a share of the gap (5 passages only)")  # flagged: under 10 passages
     assert sp["m"].source.endswith("candidate-swap/resid.top_spans[0].ratio")
+    # a control with equal system prompts: no pair is built, the cell says why
+    _write(tmp_path / "matched_swap", "m__patching_summary.json", {
+        "system-prompt-control/resid": {"n_pairs": 0, "n_pairs_kept": 0, "n_skipped": 360,
+                                        "skipped_by_reason": {"control_identity": 289,
+                                                              "too_long": 71}}})
+    c = _cells(tmp_path, ["m"])["... the matched template's system-prompt control"]["m"]
+    assert c.value is None and c.decision == "control" and c.verdict == (
+        "identical by construction: 289 of 360 records' two prompts share the context's "
+        "prefix (equal system prompts), so no position differs; 71 too long")
     pr = cells["a probe on the judge's residual stream beats its verdict score"]["m"]
     assert pr.value == 0.8 and "judge AUC 0.60" in pr.verdict
     assert "(100 perms, pooled)" in pr.verdict
