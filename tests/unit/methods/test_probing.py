@@ -319,7 +319,7 @@ def test_probe_figure_best_box_stays_inside_its_axes_and_flags_a_small_fit(tmp_p
         for ax in fig.axes:
             box = ax.get_window_extent(r)
             for t in ax.texts:
-                if t.get_text().startswith("best:"):
+                if t.get_text().startswith("best of "):
                     e = t.get_bbox_patch().get_window_extent(r)
                     seen.append((t.get_text(), box.x0 <= e.x0 and e.x1 <= box.x1))
         return save(fig, *args, **kwargs)
