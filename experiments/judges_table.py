@@ -9,7 +9,9 @@ from a stored summary or computed from stored per-item scores.
 * ``default`` / ``fewshot`` verdict judges (own answers, balanced set): the summary of
   :mod:`experiments.judge_templates` (``FIGS/judges/<model>__judge_templates.json``).
 * ``LoRA-Eval (transfer stage)``: the findings study's adapter judging the base model's
-  answers on its held-out records (``FIGS/<model>__transfer_table.json``).
+  answers on its held-out records (``FIGS/<model>__transfer_table.json``), and the one
+  trained longer on LoRA-Eval alone where its table is there
+  (``FIGS/judges/<model>__lora_eval_converged_table.json``).
 * ``pairwise, order-averaged``: the pairwise stage's stored letter scores of both orders
   (``VIEWS/<model>/pairwise/parts``), :func:`interp.methods.pairwise.order_averaged`, over
   all SQuAD 2.0 pairs and per pair source; beside it a control by construction, the share of
@@ -102,21 +104,34 @@ def template_rows(figs: Path, model: str) -> list[dict[str, Any]]:
     return rows
 
 
+LORA_TABLES = (("LoRA-Eval (transfer stage)", "{model}__transfer_table.json"),
+               ("LoRA-Eval, longer training (transfer stage)",
+                "judges/{model}__lora_eval_converged_table.json"))
+"""The LoRA-Eval adapters read, each a transfer stage's ``table.json`` under ``FIGS``: the
+findings study's, and the one trained longer on LoRA-Eval alone (docs/findings/judges.md, "Not
+run here": its ``transfer/table.json`` copied there once finished)."""
+
+
 def lora_rows(figs: Path, model: str) -> list[dict[str, Any]]:
-    """The transfer stage's LoRA-Eval adapter judging the base model's held-out answers."""
-    s = _read(figs / f"{model}__transfer_table.json")
-    g = (((s or {}).get("judge_base_answers") or {}).get("lora_eval") or {}).get(DATASET)
-    if not g:
-        return []
-    by = g["verdicts_by_label"]
-    right = by["correct"]["accept"] / max(1, sum(by["correct"].values()))
-    wrong = by["incorrect"]["accept"] / max(1, sum(by["incorrect"].values()))
-    return [_row("LoRA-Eval (transfer stage)", "base model's answers, held-out records",
-                 "verdict score logit_diff of the adapted judge", auc=g["auc_logit_diff"],
-                 auc_ci=g.get("auc_logit_diff_ci"), balanced_accuracy=(right + 1 - wrong) / 2,
-                 balanced_accuracy_ci=None, acceptance_right=right, acceptance_wrong=wrong,
-                 no_verdict_share=g["verdict_shares"]["none"], n=g["n"],
-                 n_passages=g["n_passages"], source=f"{model}__transfer_table.json")]
+    """Each LoRA-Eval adapter of :data:`LORA_TABLES` judging the base model's held-out answers."""
+    rows = []
+    for label, pattern in LORA_TABLES:
+        name = pattern.format(model=model)
+        s = _read(figs / name)
+        g = (((s or {}).get("judge_base_answers") or {}).get("lora_eval") or {}).get(DATASET)
+        if not g:
+            continue
+        by = g["verdicts_by_label"]
+        right = by["correct"]["accept"] / max(1, sum(by["correct"].values()))
+        wrong = by["incorrect"]["accept"] / max(1, sum(by["incorrect"].values()))
+        rows.append(_row(label, "base model's answers, held-out records",
+                         "verdict score logit_diff of the adapted judge", auc=g["auc_logit_diff"],
+                         auc_ci=g.get("auc_logit_diff_ci"),
+                         balanced_accuracy=(right + 1 - wrong) / 2, balanced_accuracy_ci=None,
+                         acceptance_right=right, acceptance_wrong=wrong,
+                         no_verdict_share=g["verdict_shares"]["none"], n=g["n"],
+                         n_passages=g["n_passages"], source=name))
+    return rows
 
 
 def pairwise_rows(views: Path, model: str, n_boot: int, seed: int = 0) -> list[dict[str, Any]]:

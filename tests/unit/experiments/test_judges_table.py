@@ -75,3 +75,27 @@ def test_template_rows_list_a_kind_of_wrong_answer_only_on_enough_passages(tmp_p
     assert [r["set"] for r in rows] == ["own", "balanced (partial)",
                                         "balanced, hard_negative pairs (partial)"]
     assert [r["auc_excludes_chance"] for r in rows] == [False, "below", "below"]
+
+
+def test_lora_rows_read_the_study_adapter_and_the_longer_trained_one(tmp_path):
+    from experiments.judges_table import lora_rows
+
+    def table(auc, accept_right, accept_wrong):
+        return {"judge_base_answers": {"lora_eval": {"squad_v2": {
+            "auc_logit_diff": auc, "auc_logit_diff_ci": [auc - 0.1, auc + 0.1], "n": 10,
+            "n_passages": 10, "verdict_shares": {"none": 0.0}, "verdicts_by_label": {
+                "correct": {"accept": accept_right, "reject": 4 - accept_right},
+                "incorrect": {"accept": accept_wrong, "reject": 6 - accept_wrong}}}}}}
+
+    (tmp_path / "m__transfer_table.json").write_text(json.dumps(table(0.5, 2, 3)))
+    (rows,) = lora_rows(tmp_path, "m")                  # the longer run not there yet
+    assert rows["judge"] == "LoRA-Eval (transfer stage)" and rows["auc"] == 0.5
+    (tmp_path / "judges").mkdir()
+    (tmp_path / "judges" / "m__lora_eval_converged_table.json").write_text(
+        json.dumps(table(0.7, 3, 1)))
+    study, longer = lora_rows(tmp_path, "m")
+    assert longer["judge"] == "LoRA-Eval, longer training (transfer stage)"
+    assert (longer["auc"], longer["acceptance_right"], longer["acceptance_wrong"]) == (
+        0.7, 0.75, pytest.approx(1 / 6))
+    assert longer["balanced_accuracy"] == pytest.approx((0.75 + 5 / 6) / 2)
+    assert longer["source"] == "judges/m__lora_eval_converged_table.json"
