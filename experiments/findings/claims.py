@@ -16,6 +16,7 @@ activation patching, probes, the audit, the reasoning judge, self vs other.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,7 +104,13 @@ class Cell:
             return "-"
         out = f"{self.value:{self.fmt}}"
         if self.ci is not None and None not in self.ci:
-            out += f" [{self.ci[0]:{self.fmt}}, {self.ci[1]:{self.fmt}}]"
+            fmt = self.fmt
+            # a bound that prints as a threshold (0 or 0.5) but lies off it gets the digit
+            # that shows which side it is on (0.502 decides; "0.50" looks as if it did not)
+            if any(f"{b:{fmt}}" == f"{t:{fmt}}" and b != t for b in self.ci
+                   for t in (0.0, 0.5)) and (m := re.fullmatch(r"([+]?)\.(\d)f", fmt)):
+                fmt = f"{m.group(1)}.{int(m.group(2)) + 1}f"
+            out += f" [{self.ci[0]:{fmt}}, {self.ci[1]:{fmt}}]"
         if self.n is not None:
             out += f" (n={self.n}" + (f", p={self.n_passages}" if self.n_passages else "") + ")"
         return out
