@@ -107,8 +107,9 @@ class Cell:
             fmt = self.fmt
             # a bound that prints as a threshold (0 or 0.5) but lies off it gets the digit
             # that shows which side it is on (0.502 decides; "0.50" looks as if it did not)
-            if any(f"{b:{fmt}}" == f"{t:{fmt}}" and b != t for b in self.ci
-                   for t in (0.0, 0.5)) and (m := re.fullmatch(r"([+]?)\.(\d)f", fmt)):
+            if (m := re.fullmatch(r"([+]?)\.(\d)f", fmt)) and any(
+                    round(b, int(m.group(2))) == t and b != t for b in self.ci
+                    for t in (0.0, 0.5)):
                 fmt = f"{m.group(1)}.{int(m.group(2)) + 1}f"
             out += f" [{self.ci[0]:{fmt}}, {self.ci[1]:{fmt}}]"
         if self.n is not None:

@@ -1069,3 +1069,13 @@ def test_the_replication_split_is_by_passage_committed_and_read_by_no_selection(
     # the report only names it in a sentence
     assert sorted(p.name for p in code if "replication_ids" in p.read_text()) == [
         "replication.py", "report.py"]
+
+
+def test_a_bound_that_prints_as_its_threshold_gets_the_digit_that_decides():
+    from experiments.findings.claims import Cell
+
+    assert Cell(0.59, [0.502, 0.681], n=150).text() == "0.59 [0.502, 0.681] (n=150)"
+    assert Cell(0.59, [0.4976, 0.68]).text() == "0.59 [0.498, 0.680]"
+    assert Cell(0.59, [0.5, 0.68]).text() == "0.59 [0.50, 0.68]"      # on it: nothing to show
+    assert Cell(0.2, [0.11, 0.3]).text() == "0.20 [0.11, 0.30]"
+    assert Cell(0.01, [-0.0004, 0.02], fmt="+.3f").text() == "+0.010 [-0.0004, +0.0200]"
