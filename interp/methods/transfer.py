@@ -443,6 +443,11 @@ def training_pool(config: TransferSettings, tokenizer: Any, template: Template, 
                              f"the transfer study trains on the train split of {ds!r}, "
                              f"which is not available: {err}. Use squad_v2, hotpotqa or "
                              f"musique (bundled train splits) or a train file.") from err
+        if not examples:
+            raise StageError("transfer", f"{ds!r} gives no train record: a file's passages are "
+                                         f"dealt out in turn (the 1st, 3rd ... evaluated, the "
+                                         f"2nd, 4th ... trained on), so it needs at least two "
+                                         f"passages; give a file with more")
         kept, too_long = [], 0
         for ex in examples:
             if len(kept) >= per_ds:

@@ -52,6 +52,15 @@ def test_missing_train_split_is_a_clear_error(tokenizer):
         training_pool(cfg, tokenizer, get_template("default"), log=lambda s: None)
 
 
+def test_a_file_of_one_passage_has_no_train_side_and_says_so(tokenizer, tmp_path):
+    from interp.data import load_examples, save_examples
+
+    one = save_examples(load_examples("squad_v2", limit=1), tmp_path / "one.jsonl")
+    cfg = TransferConfig(datasets=[str(one)])
+    with pytest.raises(StageError, match="gives no train record.*at least two passages"):
+        training_pool(cfg, tokenizer, get_template("default"), log=lambda s: None)
+
+
 # --- hard negatives ----------------------------------------------------------------------------
 
 
