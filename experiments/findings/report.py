@@ -123,7 +123,8 @@ def render(fig_dir: str | Path, models: Sequence[str]) -> str:
         f"{m}: value [CI] (n, passages) | decision: reading" for m in models) + " |"
     lines = [head, "|" + "---|" * (3 + 2 * len(models))]
     for r in rows:
-        cells = " | ".join(f"{c.text()} | **{c.decision}**{_holm(r, m)}: {c.verdict}"
+        cells = " | ".join(f"{c.text()} | **{c.decision}**{_holm(r, m)}"
+                           + ("" if c.verdict == c.decision else f": {c.verdict}")
                            for m, c in r["cells"].items())
         lines.append(f"| {_named(r)} | {r['measure']} | {r['control']} | {cells} |")
     lines += ["", "Primary rows, named before the next run and Holm-corrected together per "
