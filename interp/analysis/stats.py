@@ -91,7 +91,6 @@ def null_level(null, q95: float | None = None) -> tuple[float, str]:
     return float(arr.max()), f"largest of {n} perm{'s' * (n != 1)} (too few for a 95th pct)"
 
 
-
 def resample_indices(n: int, n_boot: int, rng: np.random.Generator) -> Int[Array, "n_boot n"]:
     """Bootstrap resamples of ``n`` examples: ``n_boot`` rows of indices drawn with replacement.
 

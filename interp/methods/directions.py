@@ -45,7 +45,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from interp.analysis.stats import MIN_QUANTILE_PERMUTATIONS, make_folds, null_level, roc_auc
+from interp.analysis.stats import MIN_QUANTILE_PERMUTATIONS, make_folds, roc_auc
 from interp.hooks.model import HookedModel
 from interp.judging.prompts import RenderedPrompt
 from interp.judging.verdict import VerdictReplies
@@ -281,10 +281,9 @@ def direction_cosines(G: Float[np.ndarray, "n layer d"], J: Float[np.ndarray, "n
             c = cosine(fit_direction(Gl, y, m, C=C), fit_direction(Jl, y, m, C=C))
             null = np.array([abs(cosine(fit_direction(Gl, p, m, C=C),
                                         fit_direction(Jl, p, m, C=C))) for p in perms])
-            level = null_level(null) if n_perm else None
             out[m].append({"layer": int(L), "cos": c,
-                           "perm_q95": level[0] if level and n_perm >= MIN_QUANTILE_PERMUTATIONS
-                           else None,
+                           "perm_q95": float(np.quantile(null, 0.95))
+                           if n_perm >= MIN_QUANTILE_PERMUTATIONS else None,
                            "perm_max": float(null.max()) if n_perm else None,
                            "perm_n": n_perm,
                            "perm_p": float((1 + (null >= abs(c)).sum()) / (n_perm + 1))

@@ -75,7 +75,6 @@ from interp.judging.prompts import Template, get_template, render
 from interp.methods.asymmetry import evaluate_examples
 from interp.methods.lora import check_in_memory, load_adapter
 from interp.methods.transfer import (
-    build_training_sets,
     cross_model_patching,
     mine_hard_negatives,
     training_pool,
@@ -94,6 +93,7 @@ from interp.stages.transfer.selection import (
     _eval_kw,
     _Selection,
     _train,
+    chosen_sets,
     select_learning_rates,
     selection_candidates,
 )
@@ -443,8 +443,7 @@ def make_parts(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferC
         return len(mine)
     mine_names = list(p.cfg.adapters[index::count])
     if mine_names:
-        every = build_training_sets(p.pool, p.negatives, seed=p.cfg.seed)
-        _train(p.tdir, handle, p.template, {n: every[n] for n in p.cfg.adapters}, p.cfg, log,
+        _train(p.tdir, handle, p.template, chosen_sets(p.pool, p.negatives, p.cfg), p.cfg, log,
                names=mine_names)
     return len(mine_names)
 
@@ -491,8 +490,7 @@ def run(run_dir: RunDir | str | Path, handle: ModelHandle, cfg: TransferConfig, 
                                                  negatives, cfg, log, need_weights)
         sets = {n: read_jsonl(tdir / "train_sets" / f"{n}.jsonl") for n in cfg.adapters}
     else:
-        every = build_training_sets(pool, negatives, seed=cfg.seed)  # all three: one rng
-        sets = {n: every[n] for n in cfg.adapters}
+        sets = chosen_sets(pool, negatives, cfg)
         metas = _train(tdir, handle, template, sets, cfg, log)
     evals = _evaluate(tdir, handle, template, oracle, val, cfg, timings, log)
     table = build_table(evals, n_boot=cfg.n_boot, seed=cfg.seed)

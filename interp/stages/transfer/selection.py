@@ -80,6 +80,17 @@ def selection_candidates(config: TransferConfig) -> list[tuple[float | None, str
                                for name in config.adapters]
 
 
+def chosen_sets(pool: Sequence[QAExample], negatives: Sequence[Mapping[str, Any]],
+                config: TransferConfig) -> dict[str, list[dict[str, Any]]]:
+    """The training sets of ``config.adapters``.
+
+    All three are built together (:func:`interp.methods.transfer.build_training_sets`, one
+    seeded draw), so an adapter's set does not depend on which others are chosen.
+    """
+    every = build_training_sets(pool, negatives, seed=config.seed)
+    return {n: every[n] for n in config.adapters}
+
+
 class _Selection:
     """The held-out split, training sets and per-candidate held-out records of the selection.
 
@@ -101,9 +112,7 @@ class _Selection:
         self.handle, self.template, self.config, self.log = handle, template, config, log
         self.train = [pool[i] for i in train_idx]
         self.held = [pool[i] for i in held_idx]
-        sets = build_training_sets(self.train, [negatives[i] for i in train_idx],
-                                   seed=config.seed)
-        self.sets = {n: sets[n] for n in config.adapters}
+        self.sets = chosen_sets(self.train, [negatives[i] for i in train_idx], config)
         # what every judge is scored on: each held-out record's gold answer and hard negative
         self.judged_exs = self.held + self.held
         self.judged_answers = ([ex.answers[0] for ex in self.held]
