@@ -857,10 +857,10 @@ def _calib(file: str | tuple[str, ...], path: str, threshold: float, sign: int, 
 
     def f(d: Path, m: str) -> Cell:
         keys = path.split(".")
-        name = next((n for n in (f"calibration/{m}__{x}.json" for x in files)
-                     if _get(_read(d / n), keys[0]) is not None),
-                    f"calibration/{m}__{files[-1]}.json")
-        s = _read(d / name)
+        for x in files:   # the first summary that holds the path (else the last, for its name)
+            name = f"calibration/{m}__{x}.json"
+            if _get(s := _read(d / name), keys[0]) is not None:
+                break
         src, label = f"{name}: {path}", ""
         if pick.startswith("norm="):   # .../own.delta_auc: the entry of own at that norm
             want = float(pick.split("=")[1])
