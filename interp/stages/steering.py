@@ -358,12 +358,11 @@ def _steer_records(run_dir: RunDir, handle: ModelHandle, cfg: SteeringConfig, *,
     cfg.validate()
     manifest, records = ok_records(run_dir, handle, cfg.limit, stage=SPEC.name,
                                    per_label=cfg.per_label, max_tokens=cfg.max_tokens)
+    mcfg = manifest.get("config", {})
     if cfg.max_new_tokens is None:  # the run's own cap: alpha 1 replays the record's answer
-        cfg = replace(cfg, max_new_tokens=int(manifest.get("config", {}).get(
-            "max_new_tokens") or 32))
+        cfg = replace(cfg, max_new_tokens=int(mcfg.get("max_new_tokens") or 32))
     facts = stage_facts(run_dir, handle, SPEC.name, overwrite=overwrite)
     band, units = _units(run_dir, handle, cfg)
-    mcfg = manifest.get("config", {})
     oracle = make_oracle(cfg.oracle or mcfg.get("oracle") or "rule", device=str(handle.device),
                          dtype=mcfg.get("dtype"), run_model=handle)
     rows, made = [], 0
