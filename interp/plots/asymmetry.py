@@ -97,6 +97,10 @@ def plot_asymmetry(metrics: Mapping[str, Any], out_dir: str | Path,
     axes[3].set_ylabel("0.5: chance")
     axes[3].set_title("Does the judge tell right from wrong? Balanced accuracy and AUC, free of "
                       "the base rate (dotted: a judge that ignores correctness)", fontsize=10)
+    for i, m in enumerate(free):   # a group of one label: no ranking to measure, said so
+        if all(m.get(k) is None for k in free_keys):
+            axes[3].text(x[i], 0.75, "undefined:\nright and wrong\nanswers needed", ha="center",
+                         va="center", fontsize=7, color="0.35")
     ends = [abs(v) for _, m in groups for k in ("delta", "delta_forced")
             for v in [m[k], *(m.get(f"{k}_ci") or [])] if v is not None]
     lim = max(0.1, 1.15 * max(ends, default=0.0))
