@@ -1,13 +1,14 @@
 """Benchmark: where a served Study 1's server time goes, from llama.cpp's own timings.
 
 Replays the first ``--requests`` chat requests of each ``RUN`` directory's request cache
-(``RUN/requests.jsonl``, as sent: messages and parameters) against a fresh one-slot server of
-the bundled SmolLM2 GGUF (:class:`interp.endpoints.local.LocalServer`, ``--threads``), one
-after another, ``--repeats`` times alternating the runs, and prints per replay the wall
-seconds and the sums of the server's ``timings``: prompt tokens evaluated (``prompt_n``) and
-taken from a slot's cache (``cache_n``), milliseconds of prompt evaluation (``prompt_ms``) and
-of decoding (``predicted_ms``), tokens decoded. docs/performance.md reads from it how much of
-a served example is prompt evaluation, and what the prompt cache reuses.
+(``RUN/requests.jsonl``, as sent: messages and parameters; the forced choice's one-token
+``/completion`` continuations are not chat requests and are left out) against a fresh one-slot
+server of the bundled SmolLM2 GGUF (:class:`interp.endpoints.local.LocalServer`,
+``--threads``), one after another, ``--repeats`` times alternating the runs, and prints per
+replay the wall seconds and the sums of the server's ``timings``: prompt tokens evaluated
+(``prompt_n``) and taken from a slot's cache (``cache_n``), milliseconds of prompt evaluation
+(``prompt_ms``) and of decoding (``predicted_ms``), tokens decoded. docs/performance.md reads
+from it how much of a served example is prompt evaluation, and what the prompt cache reuses.
 
     OMP_NUM_THREADS=1 python benchmarks/endpoint_replay.py RUN [RUN ...] [--requests 24]
         [--repeats 2] [--threads 1]
@@ -57,7 +58,7 @@ def main() -> None:
     sent = {}
     for run in a.runs:
         rows = [json.loads(line) for line in (Path(run) / CACHE_FILE).read_text().splitlines()]
-        sent[run] = [r["request"] for r in rows if "messages" in r["request"]][:a.requests]
+        sent[run] = [r["request"] for r in rows if "params" in r["request"]][:a.requests]
     for i in range(a.repeats):
         for run, requests in sent.items():
             print(json.dumps({"run": run, "repeat": i, "requests": len(requests),

@@ -41,10 +41,12 @@ Reference: the OpenAI chat-completions API as served by llama.cpp's ``llama-serv
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -55,8 +57,8 @@ from interp.core.errors import ConfigError, EndpointError
 from interp.core.vocab import VERDICT_WORDS
 from interp.endpoints.cache import RequestCache, request_key
 
-__all__ = ["FORCED_METHOD", "PREFIX", "DeadlineTransport", "Endpoint", "EndpointConfig",
-           "RequestFailed", "grammar", "is_endpoint_spec", "probe_forced_choice",
+__all__ = ["FORCED_METHOD", "PREFIX", "ROUTING_PARAMS", "DeadlineTransport", "Endpoint",
+           "EndpointConfig", "RequestFailed", "grammar", "is_endpoint_spec", "probe_forced_choice",
            "without_system_role"]
 
 class DeadlineTransport(httpx.BaseTransport):
@@ -108,6 +110,10 @@ class DeadlineTransport(httpx.BaseTransport):
         self.inner.close()
 
 
+ROUTING_PARAMS = ("id_slot",)
+"""Request fields that say where a request runs, not what it asks: left out of its cache identity
+(llama.cpp's ``id_slot`` pins a request to one slot, :meth:`Endpoint.slot`)."""
+
 PREFIX = SERVED_PREFIX
 """The spec prefix of a served model: ``openai:MODEL`` (:mod:`interp.core.capabilities`)."""
 FORCED_METHOD = "llama.cpp token grammar, cache_prompt false"
@@ -150,7 +156,8 @@ class EndpointConfig:
             default: llama.cpp reuses the longest prefix a slot's last prompt shares with the
             request, so a reply can depend on what that slot answered before, docs/endpoints.md);
             False: sent with every chat request, so each prompt is evaluated whole (the forced
-            choice always sends False). Part of each request's cache identity when given.
+            choice's requests and served Study 1's verdict request always send False). Part of
+            each request's cache identity when given.
     """
 
     model: str
@@ -250,6 +257,9 @@ class Endpoint:
         self._assumed: dict[str, Any] | None = None  # the cache's facts, taken without a request
         self._last_error: tuple[int, str] | None = None
         self._same = 0  # failures in a row with the message _last_error
+        self._slots: queue.Queue[int] | None = None  # free llama.cpp slot ids (Endpoint.slot)
+        self._nslots = 0
+        self._raw: httpx.Client | None = None  # the server's own routes (continue_forced)
 
     def __repr__(self) -> str:
         return f"Endpoint({self.config.model!r} at {self.base_url!r})"
@@ -369,7 +379,8 @@ class Endpoint:
 
         Returns:
             ``{"content", "finish_reason", "logprobs" ([[token id or None, token, logprob],
-            ...] or None), "system_fingerprint"}``.
+            ...] or None), "system_fingerprint"}``, and ``"top_logprobs"`` (per reply token,
+            ``[[token id or None, logprob], ...]``) when ``top_logprobs`` was asked for.
 
         Raises:
             RequestFailed: the request failed after its retries (counted).
@@ -383,7 +394,8 @@ class Endpoint:
         if self.config.seed is not None:
             body["seed"] = self.config.seed
         ident = {"base_url": self.base_url, "model": self.config.model, "messages": messages,
-                 "params": body, "prompt_version": prompt_version}
+                 "params": {k: v for k, v in body.items() if k not in ROUTING_PARAMS},
+                 "prompt_version": prompt_version}
         key = request_key(ident)
         if (hit := self.cache.get(key)) is not None:
             return hit
@@ -396,6 +408,125 @@ class Endpoint:
             self._count_failure(str(err))
             raise
         self.cache.put(key, ident, out)
+        return out
+
+    @contextmanager
+    def slot(self) -> Iterator[int | None]:
+        """A llama.cpp slot held for one example's requests (``id_slot``), given back after.
+
+        The server's slot count comes from its ``GET /props`` (``total_slots``), asked once;
+        the ids ``0 .. total_slots - 1`` are dealt out to the callers in flight, and a caller
+        waits while all are held (``concurrency`` above the slot count). Pinning keeps an
+        example's requests on the slot whose KV cache holds its prompt
+        (:meth:`continue_forced`); it changes no reply (:data:`ROUTING_PARAMS`).
+
+        Yields:
+            The slot id, or None when the server does not say how many slots it has (not
+            llama.cpp): nothing is pinned then.
+        """
+        with self._lock:
+            if self._slots is None:
+                self._slots = queue.Queue()
+                for i in range(self._total_slots()):
+                    self._slots.put(i)
+                self._nslots = self._slots.qsize()
+        if not self._nslots:
+            yield None
+            return
+        sid = self._slots.get()
+        try:
+            yield sid
+        finally:
+            self._slots.put(sid)
+
+    def _total_slots(self) -> int:
+        try:
+            n = self._raw_client().get("/props").json().get("total_slots")
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return 0
+        return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+
+    def _raw_client(self) -> httpx.Client:
+        """An httpx client for the server's own routes (llama.cpp's, beside ``/v1``)."""
+        if self._raw is None:
+            self._raw = httpx.Client(
+                base_url=_root(self), headers={"Authorization": f"Bearer {self._key}"},
+                timeout=self.config.timeout_s,
+                transport=DeadlineTransport(self.config.timeout_s))
+        return self._raw
+
+    def continue_forced(self, messages: list[dict[str, str]], prefix: list[int],
+                        forced: list[int], *, prompt_version: str,
+                        slot: int | None) -> list[float] | None:
+        """Log-probs of the tokens ``forced`` after the chat prompt continued by ``prefix``.
+
+        Evaluated on a llama.cpp slot that already holds the prompt's KV cache, so the server
+        evaluates only ``prefix``: llama.cpp's ``POST /completion`` with the prompt as token ids
+        (the server's own ``/apply-template`` and ``/tokenize``, as its chat route renders and
+        tokenizes), ``cache_prompt`` on, ``id_slot = slot``, ``forced`` imposed by a token
+        grammar (:func:`grammar`), ``n_probs`` 1. Called by
+        :func:`interp.endpoints.scoring.score_replies` right after the verdict request
+        evaluated the whole prompt on ``slot``: a forced request that evaluates the prompt
+        whole and then decodes ``prefix`` token by token runs the same forwards, so the values
+        are its values (a one-token ``prefix``: the same single-token forward). The server's
+        ``timings.prompt_n`` says what it evaluated; any other count than ``len(prefix)`` (the
+        slot held another prompt: a reply read from the request cache, another caller's
+        request) discards the values, uncached, and returns None: the caller then sends the
+        whole forced request.
+
+        Args:
+            messages: the chat messages of the prompt.
+            prefix: reply tokens after the prompt (ids), evaluated here.
+            forced: reply tokens after ``prefix`` whose log-probs are returned.
+            prompt_version: cache identity of the prompt.
+            slot: the llama.cpp slot (:meth:`slot`), or None (the server picks one).
+
+        Returns:
+            One log-prob (nats) per token of ``forced``, from the request cache when it holds
+            them; None as above.
+
+        Raises:
+            RequestFailed: the request failed (counted), or the reply's tokens are not
+                ``forced``.
+            EndpointError: the failures passed ``max_error_rate``.
+        """
+        if not self.config.system_role:
+            messages = without_system_role(messages)
+        ident = {"base_url": self.base_url, "model": self.config.model, "messages": messages,
+                 "continue": [int(t) for t in prefix], "forced": [int(t) for t in forced],
+                 "prompt_version": prompt_version}
+        key = request_key(ident)
+        if (hit := self.cache.get(key)) is not None:
+            return hit["logprobs"]
+        self.preflight()
+        with self._lock:
+            self.requests += 1
+        raw = self._raw_client()
+        try:
+            text = raw.post("/apply-template", json={"messages": messages}
+                            ).raise_for_status().json()["prompt"]
+            ids = raw.post("/tokenize", json={"content": text, "add_special": True,
+                                              "parse_special": True}
+                           ).raise_for_status().json()["tokens"]
+            body = {"prompt": [*ids, *ident["continue"]], "n_predict": len(forced),
+                    "temperature": 0, "grammar": grammar(ident["forced"]), "n_probs": 1,
+                    "cache_prompt": True}
+            if slot is not None:
+                body["id_slot"] = slot
+            r = raw.post("/completion", json=body).raise_for_status().json()
+            got = r["completion_probabilities"][:len(forced)]
+            evaluated = (r.get("timings") or {}).get("prompt_n")
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as err:
+            failure = f"{type(err).__name__}: {err}".replace(self._key, "***")
+            self._count_failure(failure)
+            raise RequestFailed(failure) from None
+        if [p.get("id") for p in got] != ident["forced"]:
+            raise RequestFailed(f"the forced continuation came back as "
+                                f"{[p.get('token') for p in got]}")
+        if evaluated != len(prefix):
+            return None
+        out = [float(p["logprob"]) for p in got]
+        self.cache.put(key, ident, {"logprobs": out})
         return out
 
     def _send(self, messages: list[dict[str, str]], body: dict[str, Any]) -> dict[str, Any]:
@@ -573,12 +704,23 @@ def _reply(r: Any) -> dict[str, Any]:
     ch = r.choices[0]
     lps = None
     content = getattr(ch.logprobs, "content", None) if ch.logprobs is not None else None
+    top = None
     if content:
-        lps = [[getattr(t, "id", None) if getattr(t, "id", None) is not None
-                else (t.model_extra or {}).get("id"), t.token, float(t.logprob)]
-               for t in content]
-    return {"content": ch.message.content or "", "finish_reason": ch.finish_reason,
-            "logprobs": lps, "system_fingerprint": r.system_fingerprint}
+        lps = [[_token_id(t), t.token, float(t.logprob)] for t in content]
+        if any(getattr(t, "top_logprobs", None) for t in content):
+            top = [[[_token_id(x), float(x.logprob)] for x in (t.top_logprobs or [])]
+                   for t in content]
+    out = {"content": ch.message.content or "", "finish_reason": ch.finish_reason,
+           "logprobs": lps, "system_fingerprint": r.system_fingerprint}
+    if top is not None:
+        out["top_logprobs"] = top
+    return out
+
+
+def _token_id(t: Any) -> int | None:
+    """A returned token's id (llama.cpp's ``id``, outside the OpenAI schema), or None."""
+    tid = getattr(t, "id", None)
+    return tid if tid is not None else (getattr(t, "model_extra", None) or {}).get("id")
 
 
 def _root(endpoint: Endpoint) -> str:

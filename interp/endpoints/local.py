@@ -16,7 +16,8 @@ tokens) exceeds the available context size (512 tokens)"; the run stops with it 
 and the fix). The prompt cache is llama.cpp's default (``cache_prompt`` on): a slot
 keeps its last prompt's KV cache and a request reuses the longest common prefix with it, a
 request going to the idle slot whose cached prompt shares most of it
-(``slot_prompt_similarity``); the forced choice turns it off per request
+(``slot_prompt_similarity``); served Study 1's verdict request turns it off and pins a slot,
+whose cached prompt the forced choice's continuation then reuses
 (:mod:`interp.endpoints.scoring`). Not for production serving.
 """
 

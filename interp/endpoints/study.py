@@ -12,7 +12,12 @@ one example per request slot). Where the replies come from, per example (c, q, a
 2. T_eval: the evaluation prompt with the model's own answer as candidate, at most
    ``verdict_max_new_tokens`` tokens, read by :func:`interp.judging.judge.verdict_fields` as a
    local judge's reply is. Where the server scores whole replies
-   (:func:`interp.endpoints.scoring.score_replies`) the record gets ``logprob_correct``,
+   (:func:`interp.endpoints.scoring.score_replies`), this request is sent with
+   ``top_logprobs`` and ``cache_prompt: false`` (the prompt evaluated whole, whatever the slot
+   held) on a slot pinned for the example (:meth:`interp.endpoints.client.Endpoint.slot`):
+   its reply holds each whole reply's first-token log-prob, and the rest of a reply is one
+   token's evaluation on that slot, so the forced choice adds no second prompt evaluation;
+   the record gets ``logprob_correct``,
    ``logprob_incorrect``, ``logit_diff``, ``p_correct`` and ``verdict_coverage`` exactly as
    in-process (:class:`interp.judging.verdict.VerdictScores`); otherwise none of them and
    ``verdict_score: "unavailable"``, so ``EA_forced`` is reported as unavailable, never as 0
@@ -34,7 +39,7 @@ import torch
 
 from interp.data import QAExample
 from interp.endpoints.client import Endpoint
-from interp.endpoints.scoring import score_replies
+from interp.endpoints.scoring import TOP_LOGPROBS, score_replies
 from interp.judging.grading import BaseOracle
 from interp.judging.judge import verdict_fields
 from interp.judging.prefill import PromptPass
@@ -137,19 +142,31 @@ class ServedReplies:
                 :meth:`generate`.
         """
         pv = prompt_version(template)
+        scored = bool(self.endpoint.known_facts().get("forced_choice"))
         prompts, judged = {}, {}
         for k, ex in examples.items():
             ev = chat_messages(template, "eval", context=ex.context, question=ex.question,
                                answer=candidates[k], reference=_reference(ex))
-            text = self.endpoint.chat(ev, prompt_version=pv,
-                                      max_tokens=verdict_max_new_tokens)["content"]
             prompts[k] = ChatPrompt(ev, pv)
-            judged[k] = (verdict_fields(text, candidates[k], self._scores(ev, pv)), None)
+            if not scored:
+                text = self.endpoint.chat(ev, prompt_version=pv,
+                                          max_tokens=verdict_max_new_tokens)["content"]
+                judged[k] = (verdict_fields(text, candidates[k], self._scores(ev, pv)), None)
+                continue
+            with self.endpoint.slot() as sid:
+                extra = {} if sid is None else {"id_slot": sid}
+                r = self.endpoint.chat(ev, prompt_version=pv, max_tokens=verdict_max_new_tokens,
+                                       logprobs=True, top_logprobs=TOP_LOGPROBS,
+                                       cache_prompt=False, **extra)
+                judged[k] = (verdict_fields(r["content"], candidates[k],
+                                            self._scores(ev, pv, r, sid)), None)
         return prompts, {}, judged
 
-    def _scores(self, messages: list[dict[str, str]], pv: str) -> dict[str, Any]:
+    def _scores(self, messages: list[dict[str, str]], pv: str,
+                reply: dict[str, Any] | None = None, slot: int | None = None
+                ) -> dict[str, Any]:
         """The whole-reply verdict score (:func:`interp.endpoints.scoring.score_replies`)."""
-        sc = score_replies(self.endpoint, messages, prompt_version=pv)
+        sc = score_replies(self.endpoint, messages, prompt_version=pv, reply=reply, slot=slot)
         if sc is None or "unavailable" in sc:  # no method, or values that are not log-probs
             out: dict[str, Any] = {"verdict_score": "unavailable"}
             if sc is not None:

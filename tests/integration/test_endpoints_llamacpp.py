@@ -77,13 +77,55 @@ def test_forced_choice_is_the_models_own_whole_reply_logprob(server, bundled):
     assert (d_served > 0) == bool(mine.logit_diff[0] > 0)
 
 
+@pytest.mark.parametrize("answer", ["Paris", "Berlin", "the Eiffel tower"])
+def test_forced_choice_read_from_the_verdict_reply_equals_the_whole_forced_requests(
+        server, answer, monkeypatch):
+    """The verdict reply's top log-probs and a continuation on its slot: the forced values.
+
+    They equal two forced requests that each evaluate the prompt whole (docs/endpoints.md),
+    with no second evaluation of the prompt: the continuation's server evaluated one token.
+    """
+    from interp.endpoints.client import Endpoint
+    from interp.endpoints.scoring import TOP_LOGPROBS
+
+    msgs = [EVAL[0], {**EVAL[1], "content": EVAL[1]["content"].replace("Paris", answer)}]
+    ep = endpoint_for("openai:smollm2", {"base_url": server.base_url}, None, "t")
+    ep.preflight()
+    seen, orig = [], Endpoint.continue_forced
+
+    def spy(self, *a, **kw):
+        seen.append(orig(self, *a, **kw))
+        return seen[-1]
+
+    monkeypatch.setattr(Endpoint, "continue_forced", spy)
+    before = ep.requests
+    with ep.slot() as sid:
+        assert sid == 0  # one slot on this server
+        r = ep.chat(msgs, prompt_version="t", max_tokens=4, logprobs=True,
+                    top_logprobs=TOP_LOGPROBS, cache_prompt=False, id_slot=sid)
+        new = score_replies(ep, msgs, prompt_version="t", reply=r, slot=sid)
+    # the verdict request, then at most one continuation (none where the reply began "In")
+    assert ep.requests - before == 1 + len(seen) <= 2
+    assert all(v is not None for v in seen)  # the slot held the prompt: one token evaluated
+    old = score_replies(ep, msgs, prompt_version="t")  # two whole forced requests
+    assert ep.requests - before == 3 + len(seen)
+    assert new["logprob_correct"] == pytest.approx(old["logprob_correct"], abs=1e-6)
+    assert new["logprob_incorrect"] == pytest.approx(old["logprob_incorrect"], abs=1e-6)
+    # a continuation on a slot that holds another prompt is discarded, not cached
+    ep.chat(EVAL[:1], prompt_version="t", max_tokens=1, cache_prompt=False, id_slot=0)
+    assert orig(ep, msgs, [788], [18382], prompt_version="u", slot=0) is None
+
+
 def test_two_slots_and_two_examples_in_flight_give_the_one_slot_records(tmp_path):
     """``interp serve --parallel 2`` splits the context; with whole prompts the records match.
 
     Two llama.cpp servers of the same GGUF: one slot of 1,024 tokens, and two slots sharing
     2,048 (1,024 each, llama.cpp's split). With ``cache_prompt = false`` (each prompt evaluated
     whole, docs/endpoints.md) Study 1 with two examples in flight on the two-slot server gives
-    the one-slot sequential run's records field for field, in order.
+    the one-slot sequential run's records, in order: the same answers and verdicts, and the
+    same log-probs up to what llama.cpp's batching of two slots' tokens into one forward moves
+    them (it does not promise bit-identical logits across batch compositions; measured up to
+    0.13 nats on 400-token prompts, docs/endpoints.md).
     """
     import httpx
 
@@ -104,7 +146,12 @@ def test_two_slots_and_two_examples_in_flight_give_the_one_slot_records(tmp_path
         recs[slots] = RunDir(tmp_path / f"s{slots}").read_records(status=None)
     assert [r["id"] for r in recs[1]] == ["q0", "q1"]
     assert all(isinstance(r["logit_diff"], float) for r in recs[1])
-    assert json.dumps(recs[2]) == json.dumps(recs[1])
+    lp = ("logprob_correct", "logprob_incorrect", "logit_diff", "p_correct", "verdict_coverage")
+    assert [{k: v for k, v in r.items() if k not in lp} for r in recs[2]] == \
+        [{k: v for k, v in r.items() if k not in lp} for r in recs[1]]
+    for one, two in zip(recs[1], recs[2]):
+        for k in lp:
+            assert two[k] == pytest.approx(one[k], abs=0.25), k
 
 
 def test_served_study_resumes_after_the_server_stops_and_reruns_from_the_cache(
@@ -144,7 +191,11 @@ def test_served_study_resumes_after_the_server_stops_and_reruns_from_the_cache(
     assert m["overall"]["EA_forced"] is not None and "EA_forced_unavailable" not in m["overall"]
     rows = [json.loads(line) for line in (out / CACHE_FILE).read_text().splitlines()]
     keys = [r["key"] for r in rows if "messages" in r["request"]]
-    assert len(keys) == len(set(keys)) == 8  # gen, eval, 2 forced replies per example
+    cont = [r for r in rows if "continue" in r["request"]]
+    forced = [r for r in rows if "grammar" in r["request"].get("params", {})]
+    # per example: gen, eval (its reply holds the first tokens' log-probs) and at most one
+    # continuation of a reply after its first token; no whole forced request
+    assert len(keys) == len(set(keys)) == 4 + len(cont) and len(cont) <= 2 and not forced
     server.stop()
     again = run(out, None, cfg)  # nothing to do and nothing asked: the server is gone
     assert again["overall"] == m["overall"]  # the module's last test: no restart
