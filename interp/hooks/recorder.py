@@ -441,21 +441,28 @@ def _record_hf(handle: ModelHandle, ids: Tensor, layers: list[int],
         n = ids.shape[1]
         cap.pattern = torch.empty(len(layers), handle.n_heads, n, n, dtype=torch.float32)
         cap.pattern_index = {x: i for i, x in enumerate(layers)}
-    names = [n for layer in layers for n in _act_names(layer).values()]
-    rows, store = _forward(handle, ids, cap, names)
+    # each activation copied once, as it is computed, into one CPU tensor per kind (no clone
+    # kept per hook point and stacked after: that was a second copy of every residual stream)
+    where = {_act_names(x)[k]: (k, i) for i, x in enumerate(layers)
+             for k in ("resid_pre", "resid_post", "z")}
+    bufs: dict[str, Tensor] = {}
+
+    def put(name: str, value: Tensor) -> None:
+        key, i = where[name]
+        if key not in bufs:
+            bufs[key] = torch.empty((len(layers), *value.shape[1:]), dtype=value.dtype)
+        bufs[key][i].copy_(value[0])
+
+    rows, _ = _forward(handle, ids, cap, list(where), stream=put if layers else None)
     acts: dict[str, Tensor] = {}
     if layers:
         res = []
-        for x in layers:  # on the layer's own device (a device map may spread them)
-            z_last = store[_act_names(x)["z"]][0, -1]  # [n_heads, head_dim]
+        for i, x in enumerate(layers):  # on the layer's own device (a device map may spread)
             w_o = module_weight(resolve(model, hook_name(x, "attn.hook_z"))[0])  # [d_model, H*d]
+            z_last = bufs["z"][i, -1].to(w_o.device)  # [n_heads, head_dim]
             n_h, d_h = z_last.shape
             res.append(torch.einsum("hd,mhd->hm", z_last, w_o.view(-1, n_h, d_h).to(z_last)))
-        for key in ("resid_pre", "resid_post", "z"):  # each stacked, then its sources freed
-            names = [_act_names(x)[key] for x in layers]
-            acts[key] = stack_cpu([store[n][0] for n in names])
-            for n in names:
-                del store[n]
+        acts.update(bufs)
         acts["result_last"] = stack_cpu(res)
         if patterns:
             acts["pattern"] = cap.pattern
