@@ -16,7 +16,8 @@ from a stored summary or computed from stored per-item scores.
   (``VIEWS/<model>/pairwise/parts``), :func:`interp.methods.pairwise.order_averaged`, over
   all SQuAD 2.0 pairs and per pair source; beside it a control by construction, the share of
   the candidate's words found in the passage (reads no model: how far lexical overlap alone
-  separates the same candidates).
+  separates the same candidates). The same control on the verdict judges' balanced set
+  (rebuilt from the restored run, no model).
 * ``probe``: the probe stage's nested out-of-fold scores on the judge prompt's residual
   stream (``RUNS/<model>/probes/nested_eval.json``, each outer fold's probe, layer and pool
   chosen on its training records), on the SQuAD 2.0 records only; and, as the probe summary
@@ -136,7 +137,6 @@ def lora_rows(figs: Path, model: str) -> list[dict[str, Any]]:
 
 def pairwise_rows(views: Path, model: str, n_boot: int, seed: int = 0) -> list[dict[str, Any]]:
     """The order-averaged pairwise judge and the lexical-overlap control, per pair source."""
-    from interp.analysis.stats import cluster_bootstrap_auc, mean_stat
     from interp.core.io import read_jsonl
     from interp.methods.pairwise import order_averaged
 
@@ -170,19 +170,67 @@ def pairwise_rows(views: Path, model: str, n_boot: int, seed: int = 0) -> list[d
             acceptance_right=float(np.mean(c > 0)), acceptance_wrong=float(np.mean(c < 0)),
             no_content_share=a["no_content_share"], n=2 * a["n"], n_passages=a["n_passages"],
             source=f"runs/findings_views/{model}/pairwise/parts"))
-        rng = np.random.default_rng(seed)
-        ro = np.array([overlap(it["right"], it["context"]) for it in its])
-        wo = np.array([overlap(it["wrong"], it["context"]) for it in its])
-        y = np.r_[np.ones(len(its), bool), np.zeros(len(its), bool)]
-        auc = cluster_bootstrap_auc(y, np.r_[ro, wo], g + g, rng, n_boot)
-        pa = mean_stat((ro > wo) + 0.5 * (ro == wo), g, rng, n_boot)
-        rows.append(_row(
-            "control: answer words in the passage", name,
-            "no model: share of the candidate's words found in the passage",
-            auc=auc["auc"], auc_ci=auc["ci"], balanced_accuracy=pa["mean"],
-            balanced_accuracy_ci=pa["ci"], acceptance_right=float(np.mean(ro > wo)),
-            acceptance_wrong=float(np.mean(wo > ro)), n=2 * len(its), n_passages=len(set(g)),
-            source=f"runs/findings_views/{model}/pairwise/pairs.jsonl"))
+        rows.append(overlap_row(name, [(it["right"], it["wrong"], it["context"]) for it in its],
+                                g, n_boot, seed,
+                                f"runs/findings_views/{model}/pairwise/pairs.jsonl"))
+    return rows
+
+
+def overlap_row(set_: str, pairs: Sequence[tuple[str, str, str]], groups: Sequence[str],
+                n_boot: int, seed: int, source: str) -> dict[str, Any]:
+    """The lexical control on ``(right, wrong, context)`` pairs, a control by construction.
+
+    The AUC of :func:`overlap` against the label over both candidates of every pair, and the
+    pair accuracy (the share of pairs whose right answer has more of its words in the passage,
+    ties half), each with a 95% passage-cluster bootstrap interval (``groups``: one passage id
+    per pair). A judge's row is read beside it: the gold answers of SQuAD 2.0 are spans of the
+    passage, so this separates them from many wrong answers without reading the question.
+    """
+    from interp.analysis.stats import cluster_bootstrap_auc, mean_stat
+
+    rng = np.random.default_rng(seed)
+    ro = np.array([overlap(r, c) for r, _, c in pairs])
+    wo = np.array([overlap(w, c) for _, w, c in pairs])
+    g = list(groups)
+    y = np.r_[np.ones(len(pairs), bool), np.zeros(len(pairs), bool)]
+    auc = cluster_bootstrap_auc(y, np.r_[ro, wo], g + g, rng, n_boot)
+    pa = mean_stat((ro > wo) + 0.5 * (ro == wo), g, rng, n_boot)
+    return _row("control: answer words in the passage", set_,
+                "no model: share of the candidate's words found in the passage",
+                auc=auc["auc"], auc_ci=auc["ci"], balanced_accuracy=pa["mean"],
+                balanced_accuracy_ci=pa["ci"], acceptance_right=float(np.mean(ro > wo)),
+                acceptance_wrong=float(np.mean(wo > ro)), n=2 * len(pairs),
+                n_passages=len(set(g)), source=source)
+
+
+def balanced_control_rows(runs: Path, figs: Path, model: str, n_boot: int, seed: int = 0
+                          ) -> list[dict[str, Any]]:
+    """The lexical control (:func:`overlap_row`) on the verdict judges' balanced set.
+
+    The same candidates :mod:`experiments.judge_templates` judged (the first ``n_records``
+    SQuAD 2.0 records of the restored run and its stored hard negatives; no model), over all
+    pairs and per kind of wrong answer on at least ``MIN_PASSAGES`` passages, so that every
+    balanced-set row of a verdict judge has its control on the same pairs.
+    """
+    from experiments.judge_templates import _candidates
+    from interp.analysis.stats import MIN_PASSAGES, passage_groups
+
+    s = _read(figs / "judges" / f"{model}__judge_templates.json")
+    if s is None or not any("balanced" in sets for sets in s["templates"].values()):
+        return []
+    _, bal = _candidates(runs / model, s["n_records"])
+    cands = bal["records"]
+    pairs = [(g, w) for g, w in zip(cands[::2], cands[1::2])]   # gold, then its wrong answer
+    groups: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {"balanced": pairs}
+    for p in pairs:
+        groups.setdefault(f"balanced, {p[1]['negative_source']} pairs", []).append(p)
+    rows = []
+    for name, ps in groups.items():
+        g = passage_groups([gold for gold, _ in ps])
+        if name != "balanced" and len(set(g)) < MIN_PASSAGES:
+            continue
+        rows.append(overlap_row(name, [(a["answer"], b["answer"], a["context"]) for a, b in ps],
+                                g, n_boot, seed, f"runs/findings/{model} (the balanced set)"))
     return rows
 
 
@@ -234,10 +282,11 @@ def probe_rows(runs: Path, figs: Path, model: str, n_boot: int, seed: int = 0
 
 def build(runs: Path, views: Path, figs: Path, model: str, n_boot: int) -> dict[str, Any]:
     """Every row of one model (module docstring)."""
-    rows = (template_rows(figs, model) + lora_rows(figs, model)
-            + pairwise_rows(views, model, n_boot) + probe_rows(runs, figs, model, n_boot))
-    disc = sorted({r["judge"] for r in rows if r["auc_excludes_chance"] == "above"
-                   and not r["judge"].startswith("control") and r.get("dataset") != "all"})
+    rows = (template_rows(figs, model) + balanced_control_rows(runs, figs, model, n_boot)
+            + lora_rows(figs, model) + pairwise_rows(views, model, n_boot)
+            + probe_rows(runs, figs, model, n_boot))
+    disc = [f"{r['judge']}: {r['set']}" for r in rows if r["auc_excludes_chance"] == "above"
+            and not r["judge"].startswith("control") and r.get("dataset") != "all"]
     return {"model": model, "dataset": DATASET, "n_boot": n_boot, "rows": rows,
             "discriminates_on_squad_v2": disc,
             "command": "python -m experiments.judges_table runs/findings runs/findings_views "

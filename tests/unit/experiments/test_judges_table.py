@@ -99,3 +99,34 @@ def test_lora_rows_read_the_study_adapter_and_the_longer_trained_one(tmp_path):
         0.7, 0.75, pytest.approx(1 / 6))
     assert longer["balanced_accuracy"] == pytest.approx((0.75 + 5 / 6) / 2)
     assert longer["source"] == "judges/m__lora_eval_converged_table.json"
+
+
+def test_the_balanced_set_gets_its_lexical_control_on_the_same_pairs(tmp_path, monkeypatch):
+    from experiments.judges_table import balanced_control_rows
+
+    run = tmp_path / "runs" / "m"
+    (run / "patching").mkdir(parents=True)
+    recs = [{"dataset": "squad_v2", "id": f"r{i}", "status": "ok", "context": f"Paris {i}.",
+             "title": f"t{i}", "question": "Where?", "answers": ["Paris"],
+             "answer": "Lyon" if i % 2 else "Paris", "oracle_label": not i % 2}
+            for i in range(12)]
+    recs.append({**recs[0], "id": "d0", "dataset": "drop"})   # another dataset: left out
+    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    negs = [{"dataset": "squad_v2", "id": f"r{i}", "hard_negative": "Rome"} for i in (0, 2)]
+    (run / "patching" / "hard_negatives.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in negs))
+    figs = tmp_path / "figs"
+    assert balanced_control_rows(tmp_path / "runs", figs, "m", n_boot=200) == []  # no summary
+    (figs / "judges").mkdir(parents=True)
+    (figs / "judges" / "m__judge_templates.json").write_text(json.dumps(
+        {"n_records": 10, "templates": {"default": {"own": {}, "balanced": {}}}}))
+    rows = {r["set"]: r for r in balanced_control_rows(tmp_path / "runs", figs, "m", n_boot=200)}
+    # the first 10 records: 2 hard negatives, 5 own wrong answers, 3 right without a negative
+    b = rows["balanced"]
+    assert (b["n"], b["n_passages"]) == (14, 7) and b["judge"].startswith("control")
+    assert b["auc"] == 1.0 and b["acceptance_right"] == 1.0 and b["acceptance_wrong"] == 0.0
+    assert rows.keys() == {"balanced"}   # each kind of wrong answer on under 10 passages
+    monkeypatch.setattr("interp.analysis.stats.MIN_PASSAGES", 2)
+    rows = {r["set"]: r for r in balanced_control_rows(tmp_path / "runs", figs, "m", n_boot=200)}
+    assert {k: r["n"] for k, r in rows.items()} == {
+        "balanced": 14, "balanced, hard_negative pairs": 4, "balanced, own_wrong_answer pairs": 10}
