@@ -49,6 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -201,6 +202,7 @@ class EndpointConfig:
                           isinstance(cfg.cache_prompt, bool))):
             if not ok:
                 raise ConfigError(f"[{where}] {name} = {getattr(cfg, name)!r} is out of range")
+        _api_key(cfg)   # a missing key fails here, before any model loads, not at the preflight
         return cfg
 
     def resolved_base_url(self) -> str:
@@ -218,12 +220,26 @@ class EndpointConfig:
         return {**asdict(self), "base_url": self.resolved_base_url()}
 
 
+OPENAI_HOST = "api.openai.com"
+"""The host whose requests always need a key (a local server needs none)."""
+
+
 def _api_key(cfg: EndpointConfig) -> str:
+    """The key to send: the variable :meth:`EndpointConfig.key_variable` names, else "no-key".
+
+    Raises:
+        EndpointError: ``api_key_env`` names an unset variable, or the base URL is OpenAI's
+            (the default) and ``$OPENAI_API_KEY`` is not set.
+    """
     var = cfg.key_variable()
     key = os.environ.get(var)
     if cfg.api_key_env and not key:
         raise EndpointError(f"api_key_env names {var}, which is not set: export it or drop "
                             f"api_key_env for a key-less server")
+    url = cfg.resolved_base_url()
+    if not key and urlsplit(url).hostname == OPENAI_HOST:
+        raise EndpointError(f"{var} is not set, and {url} needs a key: export {var}, or set "
+                            f"base_url (or $INTERP_OPENAI_BASE_URL) to a local server")
     return key or "no-key"  # the openai client insists on a string; local servers ignore it
 
 

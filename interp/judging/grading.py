@@ -562,6 +562,9 @@ def parse_oracle_spec(spec: str, *, kinds: Sequence[str] | None = None,
     takes_arg = ORACLE_KINDS.get(kind, (None,))[0]
     if kind not in allowed or takes_arg is None or bool(arg) != takes_arg or (sep and not arg):
         forms = " or ".join(f"'{k}:SPEC'" if ORACLE_KINDS[k][0] else f"'{k}'" for k in allowed)
+        if kind in allowed and takes_arg and not arg:
+            raise ConfigError(f"{what} {spec!r} names no model: write '{kind}:SPEC' "
+                              f"(e.g. '{kind}:{'gpt-4o-mini' if kind == 'openai' else 'qwen'}')")
         raise ConfigError(f"unknown {what} {spec!r}: use {forms}")
     return OracleSpec(kind, arg)
 

@@ -7,6 +7,7 @@ imported by the time it exited, so the check is about imports, not about seconds
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -27,9 +28,12 @@ print(json.dumps({"code": code, "heavy": [m for m in heavy if m in sys.modules]}
 """
 
 
-def _run(argv, cwd):
+def _run(argv, cwd, key="sk-not-a-real-key"):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "INTERP_OPENAI_BASE_URL")}
+    env.update({"OPENAI_API_KEY": key} if key else {})
     out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv), json.dumps(HEAVY)],
-                         capture_output=True, text=True, cwd=cwd, timeout=120)
+                         capture_output=True, text=True, cwd=cwd, timeout=120, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
 
 
@@ -38,6 +42,7 @@ def _run(argv, cwd):
     (["asymmetry", "--limit", "-3"], "must be a whole number >= 1"),
     (["asymmetry", "--template", "nope"], "unknown template 'nope'"),
     (["asymmetry", "--oracle", "gpt"], "unknown oracle 'gpt'"),
+    (["asymmetry", "--oracle", "openai:"], "oracle 'openai:' names no model: write 'openai:SPEC'"),
     (["asymmetry", "--model", "openai:m", "--timeout-s", "0"],
      "--timeout-s ([asymmetry] timeout_s) must be a number of seconds > 0, not 0"),
     (["asymmetry", "--model", "openai:m", "--concurrency", "0"],
@@ -277,4 +282,13 @@ def test_serve_on_a_port_in_use_or_a_broken_gguf_is_one_line_at_once(tmp_path):
     lines = [x for x in err.splitlines() if x.strip()]
     assert res["code"] == 2 and len(lines) == 1, err
     assert lines[0].startswith("error: m.gguf is not a usable GGUF file: "), err
+    assert res["heavy"] == []
+
+
+def test_openais_own_endpoint_without_a_key_is_refused_before_any_heavy_import(tmp_path):
+    res, err = _run(["asymmetry", "--oracle", "openai:gpt-4o-mini"], tmp_path, key=None)
+    assert res["code"] == 2, err
+    assert err.strip() == ("error: OPENAI_API_KEY is not set, and https://api.openai.com/v1 "
+                           "needs a key: export OPENAI_API_KEY, or set base_url (or "
+                           "$INTERP_OPENAI_BASE_URL) to a local server")
     assert res["heavy"] == []

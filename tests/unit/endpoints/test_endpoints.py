@@ -292,8 +292,15 @@ def test_config_rules(monkeypatch):
         EndpointConfig.from_spec("openai:m", {"concurrency": 0})
     with pytest.raises(ConfigError, match="is not openai:MODEL"):
         EndpointConfig.from_spec("openai:", None)
+    for var in ("OPENAI_API_KEY", "INTERP_OPENAI_BASE_URL", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    # OpenAI's own endpoint (the default) needs a key; a local server does not
+    with pytest.raises(EndpointError, match="OPENAI_API_KEY is not set, and "
+                                            "https://api.openai.com/v1 needs a key"):
+        EndpointConfig.from_spec("openai:m")
+    assert EndpointConfig.from_spec("openai:m", {"base_url": "http://127.0.0.1:8080/v1"})
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     cfg = EndpointConfig.from_spec("openai:m")
-    monkeypatch.delenv("INTERP_OPENAI_BASE_URL", raising=False)
     monkeypatch.setenv("OPENAI_BASE_URL", "http://b/v1/")
     assert cfg.resolved_base_url() == "http://b/v1"
     monkeypatch.setenv("INTERP_OPENAI_BASE_URL", "http://a/v1")

@@ -808,7 +808,10 @@ def test_oracle_spec_is_parsed_in_one_place(tiny, monkeypatch):
     assert parse_oracle_spec("rule") == OracleSpec("rule", "")
     assert parse_oracle_spec("model:org/x") == OracleSpec("model", "org/x")
     assert str(parse_oracle_spec("model:org/x")) == "model:org/x"
-    for bad in ("llm", "model:", "model", "rule:x", ""):
+    for bad in ("model:", "model"):
+        with pytest.raises(ConfigError, match=f"oracle '{bad}' names no model: write 'model:SPEC'"):
+            parse_oracle_spec(bad)
+    for bad in ("llm", "rule:x", ""):
         with pytest.raises(ConfigError, match="use 'rule' or 'model:SPEC'"):
             parse_oracle_spec(bad)
     with pytest.raises(ConfigError, match="unknown oracle 'rule': use 'model:SPEC'"):
