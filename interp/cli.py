@@ -155,7 +155,7 @@ class _Group(TyperGroup):
             if debug:
                 raise
             _close_bars()
-            click.echo("\n" + interrupted_message(_WATCHED, ["interp", *sys.argv[1:]]),
+            click.echo("\n" + interrupted_message(_WATCHED, [*invoked_as(), *sys.argv[1:]]),
                        err=True)
             ctx.exit(128 + caught[0])
         except Exception as err:
@@ -219,6 +219,25 @@ class _Commands(dict):
 
     def values(self) -> Any:  # type: ignore[override]
         return [v for _, v in self.items()]
+
+
+def invoked_as(argv0: str | None = None) -> list[str]:
+    """The command that started this process, as the user can type it again.
+
+    ``["interp"]``, except for an ``interp`` script that is not the one on ``PATH``: its path
+    then (e.g. ``.venv/bin/interp`` under ``make demo``, whose virtual environment is not
+    active). A module run (``python -m interp``) also says ``interp``.
+    """
+    import os
+    import shutil
+
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    on_path = shutil.which("interp")
+    if (Path(argv0).name != "interp" or os.sep not in argv0
+            or (on_path and os.path.realpath(on_path) == os.path.realpath(argv0))):
+        return ["interp"]
+    rel = os.path.relpath(argv0)
+    return [rel if os.sep in rel else f".{os.sep}{rel}"]
 
 
 def interrupted_message(watched: Sequence[Path], argv: Sequence[str]) -> str:

@@ -161,3 +161,18 @@ def test_ctrl_c_while_judging_another_runs_answers_keeps_the_finished_ones(tiny,
     assert all(r["answer_source"]["run"] == str(src) for r in kept), kept[0]["answer_source"]
     run_asymmetry(out, tiny, _cfg(answers_from=str(src)), chunk=6, **QUIET)
     assert len(read_jsonl(out / "records.jsonl")) == 6
+
+
+def test_the_resume_names_the_script_that_ran_when_it_is_not_on_path(tmp_path, monkeypatch):
+    from interp.cli import invoked_as
+
+    script = tmp_path / "venv" / "bin" / "interp"   # make demo's .venv/bin/interp, not active
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert invoked_as(str(script)) == ["venv/bin/interp"]
+    monkeypatch.setenv("PATH", f"{script.parent}:/usr/bin")       # the one on PATH
+    assert invoked_as(str(script)) == ["interp"]
+    assert invoked_as("/x/site-packages/interp/cli.py") == ["interp"]   # python -m interp.cli
