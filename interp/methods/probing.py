@@ -270,13 +270,26 @@ def _class_counts(y: Bool[np.ndarray, " n"], folds: Folds) -> list[tuple[int, in
     return [(int(y[te].sum()), int((~y[te]).sum())) for _, te in folds]
 
 
+def _verdict_balanced_accuracy(y: np.ndarray, accepted: np.ndarray, rejected: np.ndarray
+                               ) -> float | None:
+    """(accepted right + rejected wrong) / 2; a reply without a verdict is in neither.
+
+    None with one class (as :func:`interp.analysis.stats.binary_metrics`).
+    """
+    if y.all() or not y.any():
+        return None
+    return float((accepted[y].mean() + rejected[~y].mean()) / 2)
+
+
 def judge_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]],
                   folds: Folds | None = None) -> dict[str, Any]:
     """The verbal judge scored like a probe, overall and on the probes' test folds.
 
     ``EA`` = accuracy of the parsed verdict against y* (an unparseable verdict counts as wrong,
-    as in :func:`interp.methods.asymmetry.group_metrics`); for F1 and balanced accuracy an
-    unparseable verdict counts as "Incorrect"; the AUC is that of the whole-reply verdict score
+    as in :func:`interp.methods.asymmetry.group_metrics`); balanced accuracy likewise counts
+    it wrong on both sides (neither an acceptance of a right answer nor a rejection of a wrong
+    one: the definition of Study 1's ``balanced_accuracy``); for F1 an unparseable verdict
+    counts as "Incorrect"; the AUC is that of the whole-reply verdict score
     ``logit_diff`` = log P("Correct") - log P("Incorrect") (:mod:`interp.judging.verdict`), and
     ``EA_forced`` the accuracy of its forced choice ``p_correct > 0.5``.
 
@@ -294,16 +307,19 @@ def judge_metrics(records: Sequence[Record] | Sequence[Mapping[str, Any]],
     pred = np.array([x is True for x in v])
     right = np.array([x is not None and x == t for x, t in zip(v, y)])
     score = np.array([float(r["logit_diff"]) for r in records])
+    rejected = np.array([x is False for x in v])
     overall = {"EA": float(right.mean()), **binary_metrics(y, pred, score),
                "EA_forced": float(((score > 0) == y).mean()),
                "invalid_verdicts": int(sum(x is None for x in v))}
     overall["accuracy"] = overall["EA"]
+    overall["balanced_accuracy"] = _verdict_balanced_accuracy(y, pred, rejected)
     out: dict[str, Any] = {"overall": overall}
     if folds is not None:
         per = []
         for _, te in folds:
             m = binary_metrics(y[te], pred[te], None if score is None else score[te])
             m["accuracy"] = float(right[te].mean())
+            m["balanced_accuracy"] = _verdict_balanced_accuracy(y[te], pred[te], rejected[te])
             per.append(m)
         out["folds"] = fold_summary(per, METRICS, _class_counts(y, folds))
     return out

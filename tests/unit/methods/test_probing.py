@@ -424,3 +424,24 @@ def test_nested_selection_never_reads_the_test_fold():
     b = nested_selection(moved, y, range(4), folds, groups, **kw)
     assert b["chosen"][0] == a["chosen"][0]
     assert not np.allclose(b["oof"][te], a["oof"][te])
+
+
+def test_the_verbal_judges_balanced_accuracy_counts_no_verdict_wrong_on_both_sides():
+    """The probe stage's judge line and Study 1's ``balanced_accuracy`` are one number."""
+    from interp.analysis.stats import ClusterBootstrap
+    from interp.methods.balanced import own_balanced
+
+    # right answers: accepted, accepted, no verdict, rejected; wrong: no verdict x2, rejected,
+    # accepted
+    y = [True] * 4 + [False] * 4
+    v = [True, True, None, False, None, None, False, True]
+    recs = [{"id": f"r{i}", "dataset": "squad_v2", "oracle_label": t, "verdict": x,
+             "logit_diff": float(i), "p_correct": 0.5, "logprob_correct": -1.0,
+             "logprob_incorrect": -1.0 - i, "verdict_coverage": 0.9}
+            for i, (t, x) in enumerate(zip(y, v))]
+    j = probing.judge_metrics(recs)["overall"]
+    assert j["balanced_accuracy"] == pytest.approx((2 / 4 + 1 / 4) / 2)   # not (2/4 + 3/4) / 2
+    bs = ClusterBootstrap(list(range(8)), 50, np.random.default_rng(0))
+    ref = own_balanced(bs, np.array(y), v, np.zeros(8, bool))["balanced_accuracy"]
+    assert j["balanced_accuracy"] == pytest.approx(ref)
+    assert j["EA"] == pytest.approx(3 / 8) and j["invalid_verdicts"] == 3
