@@ -8,6 +8,8 @@ from a stored summary or computed from stored per-item scores.
 
 * ``default`` / ``fewshot`` verdict judges (own answers, balanced set): the summary of
   :mod:`experiments.judge_templates` (``FIGS/judges/<model>__judge_templates.json``).
+* ``matched template (its own run)``: the verdict judge under the ``matched`` template on
+  its own run's records (``FIGS/matched/<model>__asymmetry_metrics.json``).
 * ``LoRA-Eval (transfer stage)``: the findings study's adapter judging the base model's
   answers on its held-out records (``FIGS/<model>__transfer_table.json``), and the one
   trained longer on LoRA-Eval alone where its table is there
@@ -103,6 +105,29 @@ def template_rows(figs: Path, model: str) -> list[dict[str, Any]]:
                     no_verdict_share=x.get("no_verdict_share"), n=x["n"],
                     n_passages=x["n_passages"], source=f"judges/{model}__judge_templates.json"))
     return rows
+
+
+def matched_rows(figs: Path, model: str) -> list[dict[str, Any]]:
+    """The verdict judge under the ``matched`` template: its own run's SQuAD 2.0 records.
+
+    Read from ``FIGS/matched/<model>__asymmetry_metrics.json`` (the findings study's
+    ``experiments/findings_matched.toml``: the model's own answers, judged with the template
+    that gives both prompts the same system prompt and framing); its own records, not the
+    first records the other verdict rows judge.
+    """
+    name = f"matched/{model}__asymmetry_metrics.json"
+    g = ((_read(figs / name) or {}).get("per_dataset") or {}).get(DATASET)
+    if not g or g.get("auc_logit_diff") is None:
+        return []
+    return [_row("matched template (its own run)", "own answers",
+                 "verdict score logit_diff, the matched run's records",
+                 auc=g["auc_logit_diff"], auc_ci=g["auc_logit_diff_ci"],
+                 balanced_accuracy=g["balanced_accuracy"],
+                 balanced_accuracy_ci=g["balanced_accuracy_ci"],
+                 acceptance_right=g["acceptance_rate_correct"],
+                 acceptance_wrong=g["acceptance_rate_incorrect"],
+                 no_verdict_share=1 - g["n_valid"] / g["n"], n=g["n"],
+                 n_passages=g["n_passages"], source=name)]
 
 
 LORA_TABLES = (("LoRA-Eval (transfer stage)", "{model}__transfer_table.json"),
@@ -283,8 +308,8 @@ def probe_rows(runs: Path, figs: Path, model: str, n_boot: int, seed: int = 0
 def build(runs: Path, views: Path, figs: Path, model: str, n_boot: int) -> dict[str, Any]:
     """Every row of one model (module docstring)."""
     rows = (template_rows(figs, model) + balanced_control_rows(runs, figs, model, n_boot)
-            + lora_rows(figs, model) + pairwise_rows(views, model, n_boot)
-            + probe_rows(runs, figs, model, n_boot))
+            + matched_rows(figs, model) + lora_rows(figs, model)
+            + pairwise_rows(views, model, n_boot) + probe_rows(runs, figs, model, n_boot))
     disc = [f"{r['judge']}: {r['set']}" for r in rows if r["auc_excludes_chance"] == "above"
             and not r["judge"].startswith("control") and r.get("dataset") != "all"]
     return {"model": model, "dataset": DATASET, "n_boot": n_boot, "rows": rows,

@@ -130,3 +130,19 @@ def test_the_balanced_set_gets_its_lexical_control_on_the_same_pairs(tmp_path, m
     rows = {r["set"]: r for r in balanced_control_rows(tmp_path / "runs", figs, "m", n_boot=200)}
     assert {k: r["n"] for k, r in rows.items()} == {
         "balanced": 14, "balanced, hard_negative pairs": 4, "balanced, own_wrong_answer pairs": 10}
+
+
+def test_the_matched_templates_judge_is_read_from_its_own_runs_metrics(tmp_path):
+    from experiments.judges_table import matched_rows
+
+    assert matched_rows(tmp_path, "m") == []
+    (tmp_path / "matched").mkdir()
+    g = {"auc_logit_diff": 0.64, "auc_logit_diff_ci": [0.55, 0.73], "balanced_accuracy": 0.33,
+         "balanced_accuracy_ci": [0.26, 0.42], "acceptance_rate_correct": 0.36,
+         "acceptance_rate_incorrect": 0.36, "n": 150, "n_valid": 98, "n_passages": 150}
+    (tmp_path / "matched" / "m__asymmetry_metrics.json").write_text(
+        json.dumps({"per_dataset": {"squad_v2": g, "drop": {**g, "auc_logit_diff": 0.1}}}))
+    (r,) = matched_rows(tmp_path, "m")
+    assert (r["auc"], r["auc_excludes_chance"], r["n"]) == (0.64, "above", 150)
+    assert r["no_verdict_share"] == pytest.approx(52 / 150)
+    assert r["source"] == "matched/m__asymmetry_metrics.json"
