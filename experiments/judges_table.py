@@ -134,8 +134,8 @@ LORA_TABLES = (("LoRA-Eval (transfer stage)", "{model}__transfer_table.json"),
                ("LoRA-Eval, longer training (transfer stage)",
                 "judges/{model}__lora_eval_converged_table.json"))
 """The LoRA-Eval adapters read, each a transfer stage's ``table.json`` under ``FIGS``: the
-findings study's, and the one trained longer on LoRA-Eval alone (docs/findings/judges.md, "Not
-run here": its ``transfer/table.json`` copied there once finished)."""
+findings study's, and the one trained longer on LoRA-Eval alone (docs/findings/judges.md,
+"LoRA-Eval trained longer": its ``transfer/table.json`` copied there once finished)."""
 
 
 def lora_rows(figs: Path, model: str) -> list[dict[str, Any]]:
