@@ -463,7 +463,10 @@ class Endpoint:
         return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
 
     def _raw_client(self) -> httpx.Client:
-        """An httpx client for the server's own routes (llama.cpp's, beside ``/v1``)."""
+        """An httpx client for the server's own routes (llama.cpp's, beside ``/v1``).
+
+        One per endpoint: the preflight's probe, the slot count and :meth:`continue_forced`.
+        """
         if self._raw is None:
             self._raw = httpx.Client(
                 base_url=_root(self), headers={"Authorization": f"Bearer {self._key}"},
@@ -780,17 +783,14 @@ def probe_forced_choice(endpoint: Endpoint) -> dict[str, Any] | None:
     Called by :meth:`Endpoint.preflight` (its requests are not cached and not counted);
     the method: :mod:`interp.endpoints.scoring`.
     """
-    headers = {"Authorization": f"Bearer {endpoint._key}"}
+    client = endpoint._raw_client()
     try:
-        with httpx.Client(base_url=_root(endpoint), headers=headers,
-                          timeout=endpoint.config.timeout_s) as client:
-            ids = {w: _server_reply_ids(endpoint, client, w) for w in VERDICT_WORDS}
-            body = {"model": endpoint.config.model, "temperature": 0, "max_tokens": 8,
-                    "logprobs": True, "cache_prompt": False,
-                    "grammar": grammar(ids["Incorrect"]),
-                    "messages": [{"role": "user", "content": "Is 2 + 2 = 5?"}]}
-            r = client.post("/v1/chat/completions", json=body).json()
-            got = r["choices"][0]["logprobs"]["content"][:len(ids["Incorrect"])]
+        ids = {w: _server_reply_ids(endpoint, client, w) for w in VERDICT_WORDS}
+        body = {"model": endpoint.config.model, "temperature": 0, "max_tokens": 8,
+                "logprobs": True, "cache_prompt": False, "grammar": grammar(ids["Incorrect"]),
+                "messages": [{"role": "user", "content": "Is 2 + 2 = 5?"}]}
+        r = client.post("/v1/chat/completions", json=body).json()
+        got = r["choices"][0]["logprobs"]["content"][:len(ids["Incorrect"])]
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
         return None
     if [t.get("id") for t in got] != ids["Incorrect"] or \
